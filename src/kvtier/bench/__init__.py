@@ -1,0 +1,1 @@
+"""The storage benchmark: simulated users driving the tiered store."""

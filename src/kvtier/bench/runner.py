@@ -1,0 +1,268 @@
+"""The benchmark loop: user threads submit requests, I/O workers serve them by QoS priority.
+
+* Users are real threads, closed loop: think (the profile's think time), submit one request,
+  wait for it, repeat. ``--request-rate`` additionally paces submissions globally.
+* ``io_slots`` worker threads (``--max-concurrent-allocs``, or min(users, 32) when 0) take
+  requests from one priority queue (interactive before responsive before batch, FIFO within a
+  class). Each worker owns one reusable aligned buffer of ``--io-chunk-mb``; writes are zero-copy
+  slices of the noise buffer, so bytes in flight are bounded by io_slots x io_chunk.
+* A request: prefill writes the entry for its context; a prefill+decode request then reads it
+  once and again once per decode batch (ceil(generate / batch_size) reads), as the reference
+  does; a decode read that misses re-writes the entry. Then it sleeps generate x per-token time.
+* Stop: --duration, --max-requests, SIGINT/SIGTERM (status partial) or the device filling up
+  (ENOSPC: status partial). In-flight requests finish; queued ones are abandoned and counted.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kvtier.bench.setup import Components
+from kvtier.engine.backend import aligned_buffer
+from kvtier.errors import Cancelled, StorageError, TierFullError
+from kvtier.telemetry.host import proc_io
+from kvtier.telemetry.recorder import Recorder, RequestRecord, clock_ns
+from kvtier.workload.users import Request, UserProfile, make_users, requests_for
+
+
+CUT = "cut: the run stopped while this request was in flight"
+"""Error text of requests cut short by the end of the run; counted apart from failures."""
+
+
+class _Cut(Exception):
+    """The run stopped between two operations of a request."""
+
+
+@dataclass
+class _Job:
+    request: Request
+    submit_ns: int
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _PriorityQueue:
+    """Highest priority first, FIFO within a priority; closable so waiters wake at stop."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, _Job]] = []
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self.closed = False
+
+    def put(self, job: _Job) -> bool:
+        with self._cv:
+            if self.closed:
+                return False
+            heapq.heappush(self._heap, (-job.request.priority, next(self._seq), job))
+            self._cv.notify()
+            return True
+
+    def get(self) -> _Job | None:
+        with self._cv:
+            while not self._heap and not self.closed:
+                self._cv.wait()
+            if self.closed:
+                return None
+            return heapq.heappop(self._heap)[2]
+
+    def close(self) -> list[_Job]:
+        with self._cv:
+            self.closed = True
+            left = [j for _, _, j in self._heap]
+            self._heap.clear()
+            self._cv.notify_all()
+            return left
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+
+class _RateLimiter:
+    def __init__(self, rate_per_s: float) -> None:
+        self.interval_ns = int(1e9 / rate_per_s) if rate_per_s > 0 else 0
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def wait(self, stop: threading.Event) -> bool:
+        """Block until this caller's slot; False if the run stopped meanwhile."""
+        if not self.interval_ns:
+            return not stop.is_set()
+        with self._lock:
+            now = clock_ns()
+            slot = max(now, self._next)
+            self._next = slot + self.interval_ns
+        delay = (slot - clock_ns()) / 1e9
+        return not stop.wait(delay) if delay > 0 else not stop.is_set()
+
+
+@dataclass
+class RunOutcome:
+    start_ns: int
+    load_end_ns: int
+    end_ns: int
+    stop_reason: str
+    status: str  # complete | partial | failed
+    abandoned_requests: int
+    io_before: dict[str, int]
+    io_after: dict[str, int]
+    users: list[UserProfile]
+
+
+class BenchRunner:
+    def __init__(self, comp: Components, recorder: Recorder) -> None:
+        self.c = comp
+        self.cfg = comp.config
+        self.rec = recorder
+        self.stop = comp.stop  # also the store's cancel event: in-flight I/O stops between chunks
+        self.hard_stop = threading.Event()  # set by partial stops: cuts simulated generation short
+        self._stop_reason = ""
+        self._partial = False
+        self._reason_lock = threading.Lock()
+        self.queue = _PriorityQueue()
+        self.limiter = _RateLimiter(self.cfg.request_rate)
+        self.per_token_s = getattr(self.cfg.tuning.generation_timing, self.cfg.generation_mode)
+        self.decode_batch = self.cfg.tuning.decode.batch_size
+        self.users = make_users(self.cfg.num_users, self.cfg.tuning, comp.seed)
+        self.start_ns = 0
+
+    # -- control ---------------------------------------------------------------------------
+    def request_stop(self, reason: str, partial: bool) -> None:
+        with self._reason_lock:
+            if not self._stop_reason:
+                self._stop_reason = reason
+                self._partial = partial
+        if partial:
+            self.hard_stop.set()
+        self.stop.set()
+
+    # -- request service -------------------------------------------------------------------
+    def _entry_bytes(self, tokens: int) -> int:
+        return math.ceil(self.c.model.kv_bytes(tokens) / self.cfg.tensor_parallel)
+
+    def _serve(self, job: _Job, buf: memoryview) -> None:
+        req = job.request
+        store, noise, chunk = self.c.store, self.c.noise, self.c.io_chunk_bytes
+        start = clock_ns()
+        nbytes = self._entry_bytes(req.context_tokens)
+        storage_ns = br = bw = dec = tr = tw = hits = misses = 0
+        ok, err = True, ""
+
+        def source() -> object:
+            return noise.chunks(req.key, nbytes, chunk)
+
+        try:
+            t = store.put(req.key, source, nbytes, buf).timing  # type: ignore[arg-type]
+            storage_ns += t.total_ns
+            bw += nbytes
+            tw += req.context_tokens
+            if req.phase == "prefill_decode":
+                reads = 1 + math.ceil(req.generate_tokens / self.decode_batch)
+                for i in range(reads):
+                    if self.stop.is_set():
+                        raise _Cut
+                    r = store.get(req.key, buf)
+                    if not r.hit:
+                        misses += 1
+                        t = store.put(req.key, source, nbytes, buf).timing  # type: ignore[arg-type]
+                        storage_ns += t.total_ns
+                        bw += nbytes
+                        tw += req.context_tokens
+                        continue
+                    hits += 1
+                    storage_ns += r.timing.total_ns
+                    br += r.nbytes
+                    tr += req.context_tokens
+                    if i > 0:
+                        dec += r.nbytes
+        except (_Cut, Cancelled):
+            ok, err = False, CUT
+        except TierFullError as e:
+            ok, err = False, f"tier_full: {e}"
+            cause = e.__cause__
+            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.request_stop("device full (ENOSPC)", partial=True)
+        except StorageError as e:
+            ok, err = False, f"storage_error: {e}"
+        storage_done = clock_ns()
+        gen_ns = 0
+        if ok and self.per_token_s > 0:
+            if self.hard_stop.wait(req.generate_tokens * self.per_token_s):
+                ok, err = False, CUT
+            gen_ns = clock_ns() - storage_done
+        end = clock_ns()
+        self.rec.request(RequestRecord(
+            req.user_id, req.qos, req.phase, req.context_tokens, req.generate_tokens, job.submit_ns, start,
+            storage_done, end, storage_ns, gen_ns, br, bw, dec, tr, tw, hits, misses, ok, err))
+        if ok and self.cfg.max_requests and self.rec.completed_requests() >= self.cfg.max_requests:
+            self.request_stop(f"--max-requests {self.cfg.max_requests} reached", partial=False)
+
+    def _worker(self) -> None:
+        buf = aligned_buffer(self.c.io_chunk_bytes)
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            try:
+                self._serve(job, buf)
+            finally:
+                job.done.set()
+
+    def _user(self, user: UserProfile) -> None:
+        for req in requests_for(user, self.c.seed):
+            if self.stop.wait(req.think_before_s) or not self.limiter.wait(self.stop):
+                return
+            job = _Job(req, clock_ns())
+            if not self.queue.put(job):
+                return
+            job.done.wait()
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, on_tick: Callable[["BenchRunner", float], None] | None = None,
+            tick_s: float = 5.0) -> RunOutcome:
+        io_before = proc_io()
+        self.start_ns = clock_ns()
+        workers = [threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True)
+                   for i in range(self.c.io_slots)]
+        users = [threading.Thread(target=self._user, args=(u,), name=f"kvtier-user-{u.user_id}", daemon=True)
+                 for u in self.users]
+        for t in workers + users:
+            t.start()
+        deadline = self.start_ns + int(self.cfg.duration * 1e9)
+        next_tick = self.start_ns + int(tick_s * 1e9)
+        while not self.stop.is_set():
+            now = clock_ns()
+            if now >= deadline:
+                self.request_stop(f"--duration {self.cfg.duration:g} s elapsed", partial=False)
+                break
+            self.stop.wait(min(0.1, (deadline - now) / 1e9))
+            if on_tick is not None and clock_ns() >= next_tick:
+                on_tick(self, (clock_ns() - self.start_ns) / 1e9)
+                next_tick += int(tick_s * 1e9)
+        load_end = clock_ns()
+        # Stop admitting: queued requests are abandoned, in-flight ones stop between chunks.
+        abandoned = self._drain(workers)
+        for t in users:
+            t.join(timeout=5)
+        end = clock_ns()
+        status = "partial" if self._partial else "complete"
+        if not any(r.ok for r in self.rec.requests):
+            status = "failed" if not self._partial else "partial"
+        return RunOutcome(self.start_ns, load_end, end, self._stop_reason, status, abandoned, io_before,
+                          proc_io(), self.users)
+
+    def _drain(self, workers: list[threading.Thread]) -> int:
+        """Abandon queued requests, wait for in-flight ones. Returns how many were abandoned."""
+        left = self.queue.close()
+        for j in left:
+            j.done.set()
+        for t in workers:
+            t.join()
+        return len(left)

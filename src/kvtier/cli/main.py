@@ -1,0 +1,36 @@
+"""Entry point: ``kvtier <subcommand>``; maps kvtier errors to one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvtier import __version__
+from kvtier.errors import KvtierError, exit_code_for
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvtier.cli.bench import add_bench_parser  # noqa: PLC0415
+    from kvtier.cli.plan import add_plan_parser  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="kvtier", description="Where should the KV cache live, and what does it cost?")
+    p.add_argument("--version", action="version", version=f"kvtier {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    add_plan_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KvtierError as e:
+        for line in str(e).splitlines() or [type(e).__name__]:
+            print(f"kvtier: error: {line}", file=sys.stderr)
+        return exit_code_for(e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

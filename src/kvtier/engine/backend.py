@@ -1,0 +1,95 @@
+"""What a tier is: the Backend protocol, the timing it returns, and the aligned buffers it uses.
+
+Data moves as *chunks*: memoryviews whose addresses are page aligned and whose lengths are
+multiples of ``ALIGN`` (the logical entry size is passed separately). That lets every tier use
+O_DIRECT or plain copies without re-packing, and lets the benchmark pass slices of one static
+noise buffer without copying them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Protocol, runtime_checkable
+
+ALIGN = 4096
+"""Alignment of every buffer address, chunk length and file offset (the usual O_DIRECT block)."""
+
+
+def round_up(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+@dataclass(slots=True)
+class IOTiming:
+    """Time of one tier operation, integer nanoseconds.
+
+    device_ns: time inside the calls that move the bytes (write+fsync, pread, memory copy);
+    host_ns: everything else the operation did (open, header, bookkeeping, page-cache advice).
+    """
+
+    host_ns: int = 0
+    device_ns: int = 0
+
+    @property
+    def total_ns(self) -> int:
+        return self.host_ns + self.device_ns
+
+    def add(self, other: "IOTiming") -> None:
+        self.host_ns += other.host_ns
+        self.device_ns += other.device_ns
+
+
+def check_cancel(cancel: threading.Event | None, what: str, bytes_done: int = 0) -> None:
+    if cancel is not None and cancel.is_set():
+        from kvtier.errors import Cancelled  # noqa: PLC0415
+
+        raise Cancelled(f"{what}: cancelled", bytes_done)
+
+
+def aligned_buffer(nbytes: int) -> memoryview:
+    """A zero-filled, page-aligned, writable buffer (anonymous mmap; pages materialise on first touch)."""
+    size = max(ALIGN, round_up(nbytes))
+    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One storage tier. Implementations: MemoryTier, FileTier, GpuTier.
+
+    A tier stores opaque entries by key; it does no eviction (the TieredStore decides that)
+    and never refuses for capacity reasons except when the medium itself is out of space.
+    """
+
+    name: str
+    capacity_bytes: int
+
+    def stored_size(self, nbytes: int) -> int:
+        """Bytes an entry of ``nbytes`` logical bytes occupies in this tier (padding, header)."""
+        ...
+
+    def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
+        """Store an entry. On failure nothing of it remains and a StorageError is raised."""
+        ...
+
+    def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
+        """Read the whole entry through ``buf`` (reused; holds the last chunk afterwards).
+
+        Checks ``cancel`` between chunks and raises Cancelled when it is set."""
+        ...
+
+    def export(self, key: str, buf: memoryview, timing: IOTiming) -> Iterator[memoryview]:
+        """Yield the entry's data as aligned chunks (for demotion/promotion); adds read time to ``timing``."""
+        ...
+
+    def delete(self, key: str) -> None:
+        ...
+
+    def stored_bytes(self) -> int:
+        """What the medium really holds now, measured independently of the store's accounting."""
+        ...
+
+    def close(self) -> None:
+        """Release memory and remove every file this tier created."""
+        ...

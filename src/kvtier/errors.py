@@ -1,0 +1,72 @@
+"""The error tree of kvtier.
+
+    KvtierError                 base of everything we raise on purpose
+    ├── ConfigError             bad flag, config key or value (names the key path)
+    ├── DatasetError            missing, empty or malformed input file (names file and line)
+    ├── StorageError            a tier cannot do what was asked
+    │   ├── TierFullError       no room even after eviction (capacity, fragmentation, ENOSPC)
+    │   ├── EntryNotFound       key is not stored in that tier
+    │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
+    └── UnsupportedError        a feature needs hardware or an extra that is not present
+
+The CLI maps each class to one line on stderr and an exit code (see ``EXIT_CODES``).
+Library code translates OS errors at the boundary with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class KvtierError(Exception):
+    """Base class of all deliberate kvtier errors."""
+
+
+class ConfigError(KvtierError):
+    """A configuration value is invalid; the message names the key path or flag."""
+
+
+class DatasetError(KvtierError):
+    """An input dataset is missing, empty or malformed; the message names file and line."""
+
+
+class StorageError(KvtierError):
+    """A storage tier failed an operation."""
+
+
+class TierFullError(StorageError):
+    """A tier has no room for an entry, even after eviction."""
+
+
+class EntryNotFound(StorageError):
+    """The key is not present in the tier."""
+
+
+class Cancelled(StorageError):
+    """An operation stopped early because the run is ending; nothing of it is kept.
+
+    ``bytes_done`` is how many payload bytes had already moved (they reached the device and the
+    kernel's I/O counters, so the result reports them apart from completed work)."""
+
+    def __init__(self, message: str, bytes_done: int = 0) -> None:
+        super().__init__(message)
+        self.bytes_done = bytes_done
+
+
+class UnsupportedError(KvtierError):
+    """The request needs hardware or an optional dependency that is not available."""
+
+
+EXIT_CODES: dict[type[KvtierError], int] = {
+    ConfigError: 2,
+    DatasetError: 3,
+    UnsupportedError: 4,
+    StorageError: 5,
+    KvtierError: 1,
+}
+
+
+def exit_code_for(exc: KvtierError) -> int:
+    """Most specific exit code for an error instance."""
+    for cls in type(exc).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return 1

@@ -1,0 +1,1 @@
+"""Result files: the self-describing result dict and its writers (JSON, XLSX)."""

@@ -1,0 +1,115 @@
+"""Raw samples of every tier operation and request, recorded on one clock (perf_counter_ns).
+
+Hot path: one tuple append per event (list.append is atomic under the GIL), no formatting and
+no per-event logging. Only *completed* operations are recorded as samples; failures go to
+error counters and never count as bytes or work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from kvtier.engine.backend import IOTiming
+
+clock_ns = time.perf_counter_ns
+
+
+class OpSample(NamedTuple):
+    end_ns: int
+    host_ns: int
+    device_ns: int
+    nbytes: int
+    cause: str  # request | demotion | promotion
+
+
+class RequestRecord(NamedTuple):
+    """One finished request; times in ns on the recorder's clock."""
+
+    user: int
+    qos: str
+    phase: str
+    context_tokens: int
+    generate_tokens: int
+    submit_ns: int
+    start_ns: int
+    storage_done_ns: int
+    end_ns: int
+    storage_ns: int     # sum of the request's own tier-op times (host + device)
+    generation_ns: int  # simulated GPU time slept
+    bytes_read: int
+    bytes_written: int
+    decode_bytes_read: int
+    tokens_read: int
+    tokens_written: int
+    hits: int
+    misses: int
+    ok: bool
+    error: str
+
+
+@dataclass
+class Recorder:
+    """Thread-safe sink for engine events and request records (implements engine EventSink)."""
+
+    ops: dict[tuple[str, str], list[OpSample]] = field(default_factory=lambda: defaultdict(list))
+    errors: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
+    error_messages: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    cancelled: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    requests: list[RequestRecord] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # EventSink
+    def tier_op(self, tier: str, op: str, cause: str, nbytes: int, timing: IOTiming) -> None:
+        self.ops[(tier, op)].append(OpSample(clock_ns(), timing.host_ns, timing.device_ns, nbytes, cause))
+
+    def tier_error(self, tier: str, op: str, cause: str, nbytes: int, error: BaseException) -> None:
+        with self._lock:
+            self.errors[(tier, op, cause)] += 1
+            if len(self.error_messages) < 20:
+                self.error_messages.append(f"{tier} {op} ({cause}): {error}")
+
+    def tier_cancelled(self, tier: str, op: str, cause: str, bytes_done: int) -> None:
+        with self._lock:
+            self.cancelled[(tier, op)][0] += 1
+            self.cancelled[(tier, op)][1] += bytes_done
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += n
+
+    def request(self, rec: RequestRecord) -> None:
+        self.requests.append(rec)
+
+    # Progress snapshots (cheap: lengths and running sums over appended lists)
+    def bytes_moved(self, op: str) -> int:
+        total = 0
+        for (tier, o), samples in list(self.ops.items()):
+            if o == op:
+                total += sum(s.nbytes for s in samples[:])
+        return total
+
+    def completed_requests(self) -> int:
+        return len(self.requests)
+
+
+PCTS = (50, 90, 95, 99, 99.9, 99.99)
+PCT_NAMES = ("p50", "p90", "p95", "p99", "p999", "p9999")
+
+
+def latency_stats_ms(samples_ns: np.ndarray | list[int]) -> dict[str, float | int | None]:
+    """mean, percentiles (exact, numpy 'linear'), max and count of ns samples, in ms."""
+    a = np.asarray(samples_ns, dtype=np.float64)
+    if a.size == 0:
+        return {"count": 0, "mean": None, **{n: None for n in PCT_NAMES}, "max": None}
+    q = np.percentile(a, PCTS) / 1e6
+    out: dict[str, float | int | None] = {"count": int(a.size), "mean": round(float(a.mean()) / 1e6, 4)}
+    out.update({n: round(float(v), 4) for n, v in zip(PCT_NAMES, q)})
+    out["max"] = round(float(a.max()) / 1e6, 4)
+    return out

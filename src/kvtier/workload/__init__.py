@@ -1,0 +1,1 @@
+"""What users ask for: profiles, QoS classes and the requests they generate. No I/O here."""
