@@ -1,0 +1,80 @@
+"""Shared fixtures: real directories, small tiers, and helpers to mount tiny filesystems."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.noise import NoiseBuffer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="session")
+def noise() -> NoiseBuffer:
+    return NoiseBuffer(8 * 1024 * 1024, seed=7)
+
+
+@pytest.fixture
+def buf() -> memoryview:
+    return aligned_buffer(1024 * 1024)
+
+
+def _mount(kind: str, size_mb: int, where: Path) -> bool:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    where.mkdir(parents=True, exist_ok=True)
+    if kind == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)]
+    else:
+        img = where.with_suffix(".img")
+        if subprocess.run(["truncate", "-s", f"{size_mb}M", str(img)]).returncode:
+            return False
+        if subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], capture_output=True).returncode:
+            return False
+        cmd = ["mount", "-o", "loop", str(img), str(where)]
+    return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A real, tiny filesystem (ext4 on a loop device, 48 MiB) so ENOSPC really happens."""
+    where = tmp_path / f"smallfs-{uuid.uuid4().hex[:6]}"
+    if not _mount("ext4", 48, where):
+        pytest.skip("needs root and loop-device mounts to make a small filesystem")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs_dir(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs mount: a filesystem that refuses O_DIRECT."""
+    where = tmp_path / "tmpfs"
+    if not _mount("tmpfs", 64, where):
+        pytest.skip("needs root to mount tmpfs")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def kvtier_cmd() -> list[str]:
+    return [sys.executable, "-m", "kvtier"]

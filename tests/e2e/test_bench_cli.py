@@ -1,0 +1,193 @@
+"""``kvtier bench`` as a user runs it: real processes, real files, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import kvtier_cmd
+
+REQUIRED = [
+    ("summary", "avg_throughput_tokens_per_sec"), ("summary", "storage_io_latency_ms", "p95"),
+    ("summary", "cache_stats", "cache_hit_rate"), ("summary", "cache_stats", "tier_storage_kv_bytes_read_gb"),
+    ("summary", "cache_stats", "storage_write_device_p95_ms"), ("summary", "cache_stats", "storage_read_host_p95_ms"),
+    ("summary", "cache_stats", "nvme_read_device_p95_ms"), ("summary", "cache_stats", "decode_bytes_read_gb"),
+    ("summary", "qos_metrics", "interactive", "target_latency_p95_ms"), ("summary", "host_time_fraction"),
+    ("requests_completed",), ("total_tokens_generated",), ("status",), ("kvtier_version",),
+    ("config", "num_users"), ("host", "cpu_model"), ("storage", "direct_io"), ("warnings",), ("errors",),
+]
+
+
+SMALL = """\
+user_templates:
+  chatbot: {context_range: [64, 512], generation_range: [8, 64], think_time_range: [0.01, 0.05]}
+  coding: {context_range: [256, 2048], generation_range: [8, 64], think_time_range: [0.01, 0.05]}
+  document: {context_range: [256, 1024], generation_range: [8, 64], think_time_range: [0.01, 0.05]}
+"""
+
+
+@pytest.fixture
+def small_workload(tmp_path: Path) -> str:
+    """Short requests so that a few-second run completes many of them."""
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    return str(p)
+
+
+def bench(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def dig(d, path):
+    for p in path:
+        d = d[p]
+    return d
+
+
+def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_workload):
+    foreign = cache_dir / "user_file.npy"
+    foreign.write_bytes(b"mine")
+    out, xlsx = tmp_path / "r.json", tmp_path / "r.xlsx"
+    p = bench(["--model", "tiny-1b", "--num-users", "4", "--duration", "3", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+               "0.05", "--generation-mode", "fast", "--seed", "1", "--cache-dir", str(cache_dir),
+               "--output", str(out), "--xlsx-output", str(xlsx), "--max-concurrent-allocs", "2",
+               "--config", small_workload], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    for path in REQUIRED:
+        dig(r, path)
+    assert r["status"] == "complete" and r["requests_completed"] > 0 and r["requests_failed"] == 0
+    assert r["summary"]["generation_latency_ms"]["mean"] > 0  # fast mode sleeps 2 ms per token
+    assert r["config"]["seed"] == 1 and r["seed"] == 1
+    assert foreign.read_bytes() == b"mine"
+    assert sorted(os.listdir(cache_dir)) == ["user_file.npy"]  # our run dir is gone
+    assert "[kvtier] t=" in p.stderr  # plain progress lines without a terminal
+    assert "throughput" in p.stdout
+    import openpyxl
+    wb = openpyxl.load_workbook(xlsx)
+    assert {"Summary", "Cache", "QoS", "Tiers", "Config"} <= set(wb.sheetnames)
+    rows = {row[0].value: row[1].value for row in wb["Summary"].iter_rows(min_row=2)}
+    assert rows["requests_completed"] == r["requests_completed"]
+
+
+def test_bytes_agree_with_process_io_counters(tmp_path, cache_dir):
+    """The 'done when' check at a shorter duration: our byte counts vs /proc/self/io."""
+    out = tmp_path / "r.json"
+    p = bench(["--model", "llama3.1-8b", "--num-users", "10", "--duration", "6", "--gpu-mem-gb", "0",
+               "--cpu-mem-gb", "0", "--max-concurrent-allocs", "4", "--generation-mode", "none", "--seed", "42",
+               "--cache-dir", str(cache_dir), "--output", str(out)], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    io = r["process_io"]
+    assert io["storage_tier_bytes_written_on_disk"] > 0
+    assert 0.9 <= io["write_ratio"] <= 1.1, io
+    if io["storage_tier_bytes_read_on_disk"] > 0:
+        assert 0.9 <= io["read_ratio"] <= 1.1, io
+    assert r["elapsed_s"] < 6 + 5
+    assert r["summary"]["host_time_fraction"] < 0.1
+
+
+def test_cpu_tier_demotes_into_file_tier_with_timed_writes(tmp_path, cache_dir, small_workload):
+    out = tmp_path / "r.json"
+    p = bench(["--model", "tiny-1b", "--num-users", "6", "--duration", "4", "--gpu-mem-gb", "0",
+               "--cpu-mem-gb", "0.02", "--generation-mode", "none", "--seed", "3", "--cache-dir", str(cache_dir),
+               "--output", str(out), "--config", small_workload], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    w = r["tiers"]["storage"]["write"]
+    assert r["summary"]["cache_stats"]["demotions"] > 0
+    assert w["by_cause"]["demotion"]["ops"] == r["summary"]["cache_stats"]["demotions"]
+    assert w["by_cause"]["demotion"]["latency_ms"]["p95"] > 0
+    assert r["summary"]["cache_stats"]["storage_write_p95_ms"] is not None
+    assert r["tier_usage_at_end"]["cpu"]["used_bytes"] <= r["tier_usage_at_end"]["cpu"]["capacity_bytes"]
+
+
+def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_workload):
+    out = tmp_path / "r.json"
+    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "3", "--gpu-mem-gb", "4", "--cpu-mem-gb",
+               "0.01", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--output", str(out),
+               "--config", small_workload], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    except ImportError:
+        pass
+    assert any(w.startswith("GPU tier off") for w in r["warnings"])
+    assert "gpu" not in r["tiers"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-9000"], "--model: unknown model 'llama-9000'"),
+    (["--cache-dir", "/nonexistent/dir"], "--cache-dir: /nonexistent/dir does not exist"),
+    (["--cache-dir", "/proc"], "--cache-dir: cannot create a run directory in /proc"),
+    (["--num-users", "0"], "--num-users"),
+    (["--config", "BAD"], "eviction.target_usage_ratio"),
+    (["--enable-rag"], "--enable-rag: not implemented"),
+    (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
+])
+def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
+    if "BAD" in args:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("eviction:\n  target_usage_ratio: 7\n")
+        args = [str(bad) if a == "BAD" else a for a in args]
+    p = bench(["--duration", "1", "--gpu-mem-gb", "0", "--output", str(tmp_path / "r.json")] + args, tmp_path,
+              timeout=30)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "r.json").exists()
+    assert "kvtier bench:" not in p.stderr  # nothing started
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("kvtier bench:"), line
+    return proc
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_writes_partial_result_and_cleans_up(tmp_path, cache_dir, sig, code):
+    out = tmp_path / "r.json"
+    proc = _start(["--model", "llama3.1-8b", "--num-users", "6", "--duration", "60", "--gpu-mem-gb", "0",
+                   "--cpu-mem-gb", "0.5", "--generation-mode", "realistic", "--cache-dir", str(cache_dir),
+                   "--output", str(out)], tmp_path)
+    time.sleep(3)
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    r = json.loads(out.read_text())
+    assert r["status"] == "partial"
+    assert r["stop_reason"].startswith(("interrupted", "terminated"))
+    assert any("partial" in w for w in r["warnings"])
+    assert os.listdir(cache_dir) == []
+
+
+def test_disk_full_ends_cleanly_with_partial_result(tmp_path, small_fs):
+    out = tmp_path / "r.json"
+    p = bench(["--model", "llama3.1-8b", "--num-users", "4", "--duration", "30", "--gpu-mem-gb", "0",
+               "--cpu-mem-gb", "0", "--storage-capacity-gb", "2", "--generation-mode", "none",
+               "--cache-dir", str(small_fs), "--output", str(out)], tmp_path, timeout=90)
+    assert p.returncode == 5, p.stderr
+    assert "Traceback" not in p.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "partial" and "ENOSPC" in r["stop_reason"]
+    assert r["requests_failed"] >= 1
+    assert r["errors"]["tier_operations"]
+    assert any("errors seen" in w for w in r["warnings"])
+    assert [p for p in os.listdir(small_fs) if p != "lost+found"] == []

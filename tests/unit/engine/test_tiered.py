@@ -1,0 +1,206 @@
+"""The waterfall LRU: placement, demotion, deletion at the bottom, accounting, concurrency."""
+
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtier.engine.backend import ALIGN, aligned_buffer
+from kvtier.engine.memory import MemoryTier
+from kvtier.engine.tiered import StoreConfig, TieredStore
+from kvtier.errors import ConfigError, StorageError, TierFullError
+from kvtier.telemetry.recorder import Recorder
+
+KB4 = ALIGN
+
+
+def put(store, noise, key, n, buf):
+    return store.put(key, lambda: noise.chunks(key, n, 1 << 20), n, buf)
+
+
+class FlakyTier(MemoryTier):
+    """A real memory tier whose writes fail on demand (to test reservation release)."""
+
+    fail = False
+
+    def write(self, key, chunks, nbytes):
+        if self.fail:
+            raise StorageError("injected write failure")
+        return super().write(key, chunks, nbytes)
+
+
+def two_tier(cfg=None, top=10, bottom=20):
+    rec = Recorder()
+    s = TieredStore([MemoryTier(top * KB4, "cpu"), MemoryTier(bottom * KB4, "storage")],
+                    cfg or StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0), rec)
+    return s, rec
+
+
+def test_new_entries_go_to_fastest_tier_then_lru_demotes(noise, buf):
+    s, rec = two_tier()
+    for k in "abcde":
+        put(s, noise, k, 2 * KB4, buf)
+    assert s.lru_keys("cpu") == list("abcde")
+    assert s.get("a", buf).tier == "cpu"  # touch a: b becomes the LRU
+    put(s, noise, "f", 2 * KB4, buf)
+    assert s.location("b") == "storage"
+    assert s.lru_keys("cpu") == list("cdeaf")
+    assert rec.counters["demotions"] == 1
+    causes = {(t, o): [x.cause for x in v] for (t, o), v in rec.ops.items()}
+    assert causes[("cpu", "read")].count("demotion") == 1
+    assert causes[("storage", "write")] == ["demotion"]
+    s.check_accounting()
+
+
+def test_bottom_tier_deletes(noise, buf):
+    s, rec = two_tier(top=2, bottom=2)
+    for k in "abc":
+        put(s, noise, k, 2 * KB4, buf)
+    assert s.location("c") == "cpu" and s.location("b") == "storage"
+    assert s.location("a") is None
+    assert not s.get("a", buf).hit
+    assert rec.counters["evictions_bottom"] == 1
+    s.check_accounting()
+
+
+def test_target_ratio_leaves_headroom(noise, buf):
+    s, _ = two_tier(StoreConfig(target_usage_ratio=0.5, large_entry_limit_ratio=1.0), top=10, bottom=100)
+    for i in range(6):
+        put(s, noise, f"k{i}", KB4, buf)
+    assert s.usage()["cpu"]["used_bytes"] == 5 * KB4
+
+
+def test_large_entry_skips_a_tier(noise, buf):
+    s, _ = two_tier(StoreConfig(target_usage_ratio=0.8, large_entry_limit_ratio=0.95), top=10, bottom=100)
+    assert put(s, noise, "big", 10 * KB4, buf).tier == "storage"  # > 0.95 x 10 pages
+    assert put(s, noise, "mid", 9 * KB4, buf).tier == "cpu"  # > target but <= limit: may use the capacity
+    with pytest.raises(TierFullError):
+        put(s, noise, "huge", 200 * KB4, buf)
+    s.check_accounting()
+
+
+def test_overwrite_replaces_entry(noise, buf):
+    s, _ = two_tier()
+    put(s, noise, "a", 2 * KB4, buf)
+    put(s, noise, "a", 3 * KB4, buf)
+    assert len(s) == 1 and s.get("a", buf).nbytes == 3 * KB4
+    s.check_accounting()
+
+
+def test_failed_write_releases_reservation(noise, buf):
+    flaky = FlakyTier(10 * KB4, "cpu")
+    rec = Recorder()
+    s = TieredStore([flaky], StoreConfig(1.0, 1.0), rec)
+    put(s, noise, "a", 2 * KB4, buf)
+    flaky.fail = True
+    with pytest.raises(StorageError):
+        put(s, noise, "b", 2 * KB4, buf)
+    assert s.usage()["cpu"]["used_bytes"] == 2 * KB4
+    assert rec.errors[("cpu", "write", "request")] == 1
+    s.check_accounting()
+
+
+def test_failed_demotion_drops_entry_and_keeps_accounting(noise, buf):
+    bottom = FlakyTier(20 * KB4, "storage")
+    rec = Recorder()
+    s = TieredStore([MemoryTier(4 * KB4, "cpu"), bottom], StoreConfig(1.0, 1.0), rec)
+    put(s, noise, "a", 2 * KB4, buf)
+    put(s, noise, "b", 2 * KB4, buf)
+    bottom.fail = True
+    put(s, noise, "c", 2 * KB4, buf)
+    assert s.location("a") is None and s.location("c") == "cpu"
+    assert rec.errors[("storage", "write", "demotion")] == 1
+    assert rec.counters["evictions_dropped"] == 1
+    s.check_accounting()
+
+
+def test_promotion_on_read_moves_hit_to_top(noise, buf):
+    s, rec = two_tier(StoreConfig(1.0, 1.0, promotion="on-read"), top=4, bottom=20)
+    for k in "abc":
+        put(s, noise, k, 2 * KB4, buf)
+    assert s.location("a") == "storage"
+    r = s.get("a", buf)
+    assert r.hit and r.tier == "storage"  # served from where it was
+    assert s.location("a") == "cpu" and s.location("b") == "storage"
+    assert rec.counters["promotions"] == 1
+    s.check_accounting()
+
+
+def test_zero_capacity_tier_is_skipped_and_empty_store_is_an_error():
+    s = TieredStore([MemoryTier(0, "cpu"), MemoryTier(8 * KB4, "storage")])
+    assert s.tier_names == ["storage"]
+    with pytest.raises(ConfigError):
+        TieredStore([MemoryTier(0, "cpu")])
+
+
+def test_bad_store_config():
+    with pytest.raises(ConfigError, match="target_usage_ratio"):
+        StoreConfig(target_usage_ratio=1.5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["put", "get", "del"]), st.integers(0, 12), st.integers(1, 6)),
+                    max_size=80),
+       caps=st.tuples(st.integers(0, 12), st.integers(1, 16), st.integers(1, 24)),
+       ratio=st.sampled_from([0.5, 0.8, 1.0]))
+def test_waterfall_properties(noise, ops, caps, ratio):
+    """Usage <= capacity, accounting == stored bytes, LRU order, nothing lost but at the bottom."""
+    buf = aligned_buffer(1 << 16)
+    rec = Recorder()
+    tiers = [MemoryTier(c * KB4, n) for c, n in zip(caps, ("gpu", "cpu", "storage"))]
+    s = TieredStore(tiers, StoreConfig(target_usage_ratio=ratio, large_entry_limit_ratio=1.0), rec)
+    present: set[str] = set()
+    for op, k, pages in ops:
+        key = f"k{k}"
+        if op == "put":
+            try:
+                put(s, noise, key, pages * KB4 - 7, buf)
+                present.add(key)
+            except TierFullError:
+                present.discard(key)
+        elif op == "get":
+            r = s.get(key, buf)
+            if r.hit:
+                top = s.tier_names.index(r.tier)
+                assert s.lru_keys(r.tier)[-1] == key, "a hit becomes most recent in its tier"
+                assert top >= 0
+        else:
+            s.delete(key)
+            present.discard(key)
+        for t, u in s.usage().items():
+            assert u["used_bytes"] <= u["capacity_bytes"], t
+        s.check_accounting()
+        stored = {k for k in present if s.location(k) is not None}
+        lost = present - stored
+        present = stored
+        # anything that vanished left through bottom deletion (or an entry dropped en route)
+        assert len(lost) <= rec.counters["evictions_bottom"] + rec.counters["evictions_dropped"]
+
+
+def test_concurrent_threads_keep_accounting(noise):
+    s, rec = two_tier(StoreConfig(target_usage_ratio=0.8), top=16, bottom=48)
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        b = aligned_buffer(1 << 16)
+        try:
+            for i in range(150):
+                key = f"w{w}-{i % 20}"
+                if i % 3 == 2:
+                    s.get(f"w{(w + 1) % 4}-{i % 20}", b)
+                else:
+                    put(s, noise, key, (1 + (i * 7 + w) % 5) * KB4, b)
+                for u in s.usage().values():
+                    assert u["used_bytes"] <= u["capacity_bytes"]
+        except BaseException as e:  # surface in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert rec.counters["demotions"] > 0 and rec.counters["evictions_bottom"] > 0
+    s.check_accounting()
