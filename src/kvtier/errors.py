@@ -4,7 +4,8 @@
     ├── ConfigError             bad flag, config key or value (names the key path)
     ├── DatasetError            missing, empty or malformed input file (names file and line)
     ├── StorageError            a tier cannot do what was asked
-    │   ├── TierFullError       no room even after eviction (capacity, fragmentation, ENOSPC)
+    │   ├── TierFullError       no room even after eviction (capacity, ENOSPC)
+    │   │   └── TierFragmented  room by count, but no contiguous extent (evicting more helps)
     │   ├── EntryNotFound       key is not stored in that tier
     │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
     └── UnsupportedError        a feature needs hardware or an extra that is not present
@@ -34,6 +35,10 @@ class StorageError(KvtierError):
 
 class TierFullError(StorageError):
     """A tier has no room for an entry, even after eviction."""
+
+
+class TierFragmented(TierFullError):
+    """The tier has the bytes free but not in one piece; evicting more entries can help."""
 
 
 class EntryNotFound(StorageError):

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from kvtier.engine.backend import ALIGN, IOTiming, check_cancel, round_up
-from kvtier.errors import EntryNotFound, TierFullError
+from kvtier.errors import EntryNotFound, TierFragmented
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
 
@@ -92,7 +92,7 @@ class MemoryTier:
                 raise ValueError(f"cpu tier: {key!r} already stored")
             start = self._alloc.alloc(padded)
             if start is None:
-                raise TierFullError(f"cpu tier: no contiguous {padded} bytes free (fragmentation)")
+                raise TierFragmented(f"cpu tier: no contiguous {padded} bytes free (fragmentation)")
             self._index[key] = (start, padded, nbytes)
         t1 = time.perf_counter_ns()
         off = start

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Protocol, Sequence
 
 from kvtier.engine.backend import Backend, IOTiming, check_cancel
-from kvtier.errors import Cancelled, ConfigError, EntryNotFound, StorageError, TierFullError
+from kvtier.errors import Cancelled, ConfigError, EntryNotFound, StorageError, TierFragmented, TierFullError
 
 Promotion = Literal["none", "on-read"]
 ChunkSource = Callable[[], Iterable[memoryview]]
@@ -211,6 +211,37 @@ class TieredStore:
             yield c
             done += len(c)
 
+    def _write_making_room(self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int,
+                           buf: memoryview) -> IOTiming:
+        """Write into tier i (space reserved); on fragmentation evict more LRU entries and retry."""
+        backend = self._tiers[i].backend
+        for attempt in range(4):
+            try:
+                return backend.write(key, chunks(), nbytes)
+            except TierFragmented:
+                if attempt == 3 or not self._evict_lru_bytes(i, backend.stored_size(nbytes), buf):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _evict_lru_bytes(self, i: int, nbytes: int, buf: memoryview) -> bool:
+        """Evict at least ``nbytes`` of tier i's LRU entries (beyond what accounting asks)."""
+        t = self._tiers[i]
+        with self._lock:
+            victims, freed = [], 0
+            for k in t.lru:
+                e = self._entries[k]
+                if not e.moving:
+                    victims.append(e)
+                    freed += e.size
+                    if freed >= nbytes:
+                        break
+            for e in victims:
+                e.moving = True
+                del t.lru[e.key]
+        for e in victims:
+            self._evict(e, i, 0, buf)
+        return bool(victims)
+
     def _release(self, i: int, size: int) -> None:
         with self._lock:
             self._tiers[i].used -= size
@@ -250,8 +281,10 @@ class TieredStore:
         src, dst = self._tiers[i], self._tiers[j]
         read_t = IOTiming()
         try:
-            chunks = self._cancellable(src.backend.export(e.key, buf, read_t), cause)
-            write_t = dst.backend.write(e.key, chunks, e.nbytes)
+            def chunks() -> Iterator[memoryview]:
+                return self._cancellable(src.backend.export(e.key, buf, read_t), cause)
+
+            write_t = self._write_making_room(j, e.key, chunks, e.nbytes, buf)
         except StorageError as exc:
             self._release(j, size)
             if isinstance(exc, Cancelled):
@@ -285,7 +318,8 @@ class TieredStore:
             if not self._reserve(i, size, 0, buf):
                 continue
             try:
-                timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
+                timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"),
+                                                 nbytes, buf)
             except StorageError as exc:
                 self._release(i, size)
                 if isinstance(exc, Cancelled):
