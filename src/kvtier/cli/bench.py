@@ -172,7 +172,7 @@ def print_summary(result: dict[str, Any], path: Path) -> None:
     ]
     for k, v in rows:
         t.add_row(k, v)
-    c = Console(file=sys.stdout)
+    c = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     c.print(t)
     for w in result["warnings"]:
         c.print(f"[yellow]warning:[/yellow] {w}", highlight=False)

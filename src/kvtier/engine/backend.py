@@ -48,10 +48,40 @@ def check_cancel(cancel: threading.Event | None, what: str, bytes_done: int = 0)
         raise Cancelled(f"{what}: cancelled", bytes_done)
 
 
+HUGE_PAGE = 2 * 1024 * 1024
+
+
+def advise_huge_pages(m: mmap.mmap) -> None:
+    """Ask for transparent huge pages (THP is often in 'madvise' mode).
+
+    Measured here: O_DIRECT reads into 4 KiB-page buffers ran at ~1.0 GB/s, into huge-page
+    buffers at ~2.5-2.9 GB/s on the same files (pinning 512x fewer pages per call). Harmless
+    where THP is off or unsupported.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            m.madvise(advice)
+        except OSError:
+            pass
+
+
 def aligned_buffer(nbytes: int) -> memoryview:
-    """A zero-filled, page-aligned, writable buffer (anonymous mmap; pages materialise on first touch)."""
+    """A zero-filled, writable buffer, page aligned, and 2 MiB aligned and huge-page backed when large.
+
+    Anonymous mmap: pages materialise on first touch.
+    """
     size = max(ALIGN, round_up(nbytes))
-    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    if size < HUGE_PAGE:
+        return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advise_huge_pages(m)
+    view = memoryview(m)
+    import ctypes  # noqa: PLC0415
+
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    skip = (-addr) % HUGE_PAGE
+    return view[skip:skip + size]
 
 
 @runtime_checkable

@@ -68,7 +68,8 @@ class FileTier:
     """KV entries as files under a run directory that this tier creates and removes."""
 
     def __init__(self, cache_dir: str | os.PathLike[str], capacity_bytes: int = 0,
-                 direct_io: DirectIO = "auto", name: str = "storage", keep_files: bool = False) -> None:
+                 direct_io: DirectIO = "auto", name: str = "storage", keep_files: bool = False,
+                 preallocate: bool = False) -> None:
         self.name = name
         base = Path(cache_dir)
         if not base.exists():
@@ -93,6 +94,7 @@ class FileTier:
         # Use 90% of the free space when no capacity is given, leaving room for the filesystem.
         self.capacity_bytes = capacity_bytes if capacity_bytes > 0 else int(detected * 0.9) // ALIGN * ALIGN
         self.keep_files = keep_files
+        self.preallocate = preallocate
         self._flags_w = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
         self._flags_r = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
         self._files: dict[str, int] = {}  # key -> file size
@@ -123,6 +125,10 @@ class FileTier:
         fd = -1
         try:
             fd = os.open(path, self._flags_w, 0o600)
+            if self.preallocate:
+                # Optional: one allocation up front. Off by default: under load fallocate waits on
+                # the journal (seconds here) and the write then converts the extents again.
+                os.posix_fallocate(fd, 0, size)
             it = iter(chunks)
             first = next(it, None)
             t = time.perf_counter_ns()

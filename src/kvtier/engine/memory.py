@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from kvtier.engine.backend import ALIGN, IOTiming, check_cancel, round_up
+from kvtier.engine.backend import ALIGN, IOTiming, advise_huge_pages, check_cancel, round_up
 from kvtier.errors import EntryNotFound, TierFragmented
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
@@ -76,6 +76,8 @@ class MemoryTier:
             mmap.mmap(-1, self.capacity_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
             if self.capacity_bytes else None
         )
+        if self._arena is not None:
+            advise_huge_pages(self._arena)
         self._np = np.frombuffer(self._arena, dtype=np.uint8) if self._arena is not None else np.empty(0, np.uint8)
         self._alloc = ExtentAllocator(self.capacity_bytes)
         self._index: dict[str, tuple[int, int, int]] = {}  # key -> (start, padded, nbytes)

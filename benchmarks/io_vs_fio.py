@@ -1,0 +1,202 @@
+"""kvtier's file tier against fio on the same directory, and its CPU tier against np.copyto.
+
+For each entry size (default 64 MiB and 1 GiB), in one run and on one directory, alternating the
+order in each repetition (ABBA) because these machines are noisy:
+  * fio sequential write then read: direct=1, ioengine=psync (one synchronous request per job, as
+    kvtier issues them), bs = kvtier's I/O chunk, numjobs = kvtier workers, each job writing
+    total/jobs bytes as files of the entry size with an fsync at the end of each file, and
+    fallocate=none (kvtier allocates blocks as it writes, too);
+  * kvtier's FileTier writing and then reading the same total bytes as entries of that size, with
+    the same number of worker threads, each with its reused aligned buffer.
+Ratio = kvtier bandwidth / fio bandwidth; the reported figure is the median over repetitions.
+Transparent huge pages: kvtier's buffers ask for them (madvise); fio's malloc'd buffers only get
+them with THP=always, and on these machines O_DIRECT runs ~2.5x faster from huge pages. So, as
+root, THP is set to 'always' for the run and restored after (--no-thp-always leaves it alone).
+CPU tier: MemoryTier write and read of one entry vs np.copyto of the same size into a preallocated
+array (both warm), median of repetitions.
+
+Last line: ``io_vs_fio write=<min over sizes> read=<min over sizes> cpu=<min of write, read>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ensure_tool, median  # noqa: E402
+
+from kvtier.engine.backend import aligned_buffer  # noqa: E402
+from kvtier.engine.file import FileTier  # noqa: E402
+from kvtier.engine.memory import MemoryTier  # noqa: E402
+from kvtier.engine.noise import NoiseBuffer  # noqa: E402
+
+MiB = 1024**2
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_mode() -> str:
+    try:
+        text = THP.read_text()
+        return text[text.index("[") + 1:text.index("]")]
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def set_thp(mode: str) -> bool:
+    try:
+        THP.write_text(mode + "\n")
+        return True
+    except OSError:
+        return False
+
+
+def drop_page_cache() -> None:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError:
+        pass
+
+
+def fio_bandwidth(fio: str, directory: Path, rw: str, entry: int, total: int, jobs: int, bs: int) -> float:
+    per_job = total // jobs
+    nfiles = max(1, per_job // entry)
+    cmd = [fio, "--name=kv", f"--directory={directory}", f"--rw={rw}", "--direct=1", "--ioengine=psync",
+           f"--bs={bs}", f"--numjobs={jobs}", f"--size={nfiles * entry}", f"--nrfiles={nfiles}",
+           f"--filesize={entry}", "--file_service_type=sequential", "--fsync_on_close=1", "--group_reporting",
+           "--output-format=json", "--allow_file_create=1", "--fallocate=none"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    return float(job["write" if rw == "write" else "read"]["bw_bytes"])
+
+
+def kvtier_bandwidth(tier: FileTier, noise: NoiseBuffer, op: str, entry: int, total: int, jobs: int,
+                     chunk: int, bufs: list[memoryview]) -> float:
+    n_entries = max(jobs, total // entry)
+    keys = [f"e{i}" for i in range(n_entries)]
+    errors: list[BaseException] = []
+
+    def work(w: int) -> None:
+        try:
+            for k in keys[w::jobs]:
+                if op == "write":
+                    tier.write(k, noise.chunks(k, entry, chunk), entry)
+                else:
+                    tier.read(k, bufs[w])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(jobs)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return n_entries * entry / dt
+
+
+def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
+    noise = NoiseBuffer(size, seed=1)
+    tier = MemoryTier(size + MiB)
+    buf = aligned_buffer(size)
+    src = np.frombuffer(noise._view, dtype=np.uint8)
+    dst = np.frombuffer(buf, dtype=np.uint8)
+    np.copyto(dst, src)  # warm both
+    tier.write("w", noise.chunks("w", size, size), size)
+    tier.delete("w")
+    w_ratio, r_ratio = [], []
+    for _ in range(reps):
+        t = time.perf_counter(); np.copyto(dst, src); ref = time.perf_counter() - t
+        t = time.perf_counter(); tier.write("x", noise.chunks("x", size, size), size); ours = time.perf_counter() - t
+        w_ratio.append(ref / ours)
+        t = time.perf_counter(); tier.read("x", buf); ours = time.perf_counter() - t
+        t = time.perf_counter(); np.copyto(dst, src); ref = time.perf_counter() - t
+        r_ratio.append(ref / ours)
+        tier.delete("x")
+    tier.close()
+    return median(w_ratio), median(r_ratio)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", help="directory on the device under test (default: a temp dir in /var/tmp)")
+    ap.add_argument("--entry-mb", default="64,1024", help="entry sizes, MiB, comma separated")
+    ap.add_argument("--total-mb", type=int, default=2048, help="bytes per measurement, MiB")
+    ap.add_argument("--jobs", type=int, default=2, help="fio jobs = kvtier worker threads")
+    ap.add_argument("--chunk-mb", type=int, default=64, help="kvtier I/O chunk = fio bs, MiB")
+    ap.add_argument("--reps", type=int, default=5, help="pairs per measurement (median reported)")
+    ap.add_argument("--cpu-mb", type=int, default=256, help="CPU tier entry size, MiB")
+    ap.add_argument("--no-thp-always", dest="thp_always", action="store_false",
+                    help="leave transparent huge pages as they are (fio then uses 4 KiB pages if THP=madvise)")
+    a = ap.parse_args()
+
+    fio = ensure_tool("fio")
+    thp_before = thp_mode()
+    # kvtier asks for huge pages itself (madvise); fio's malloc'd buffers only get them when THP
+    # is 'always'. Huge pages change O_DIRECT speed here by ~2.5x, so give fio the same for the
+    # run (root only) and restore the setting afterwards.
+    thp_changed = a.thp_always and thp_before not in ("always", "unknown") and set_thp("always")
+    print(f"transparent huge pages: {thp_mode()}" + (f" (was {thp_before}, restored at exit)" if thp_changed else ""),
+          flush=True)
+    base = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kvtier-iovsfio-", dir="/var/tmp"))
+    chunk = a.chunk_mb * MiB
+    noise = NoiseBuffer(256 * MiB, seed=1)
+    bufs = [aligned_buffer(chunk) for _ in range(a.jobs)]
+    worst_w, worst_r = float("inf"), float("inf")
+    try:
+        for entry_mb in (int(x) for x in a.entry_mb.split(",")):
+            entry = entry_mb * MiB
+            total = max(a.total_mb * MiB, entry * a.jobs)
+            wr, rr = [], []
+            for rep in range(a.reps):
+                fdir = base / f"fio-{entry_mb}-{rep}"
+                fdir.mkdir()
+                tier = FileTier(base, capacity_bytes=1 << 50, direct_io="on")
+                order = ("fio", "kvtier") if rep % 2 == 0 else ("kvtier", "fio")
+                bw: dict[tuple[str, str], float] = {}
+                for op in ("write", "read"):
+                    for who in order:
+                        drop_page_cache()
+                        if who == "fio":
+                            bw[(who, op)] = fio_bandwidth(fio, fdir, op, entry, total, a.jobs, chunk)
+                        else:
+                            bw[(who, op)] = kvtier_bandwidth(tier, noise, op, entry, total, a.jobs, chunk, bufs)
+                wr.append(bw[("kvtier", "write")] / bw[("fio", "write")])
+                rr.append(bw[("kvtier", "read")] / bw[("fio", "read")])
+                print(f"entry {entry_mb} MiB rep {rep}: write fio {bw[('fio', 'write')] / 1e9:.2f} GB/s "
+                      f"kvtier {bw[('kvtier', 'write')] / 1e9:.2f} GB/s | read fio {bw[('fio', 'read')] / 1e9:.2f} "
+                      f"GB/s kvtier {bw[('kvtier', 'read')] / 1e9:.2f} GB/s", flush=True)
+                tier.close()
+                shutil.rmtree(fdir)
+            mw, mr = median(wr), median(rr)
+            print(f"entry {entry_mb} MiB: median kvtier/fio write={mw:.2f} read={mr:.2f} "
+                  f"(jobs={a.jobs}, bs={a.chunk_mb} MiB, {total // MiB} MiB per measurement)", flush=True)
+            worst_w, worst_r = min(worst_w, mw), min(worst_r, mr)
+    finally:
+        if thp_changed:
+            set_thp(thp_before)
+        if not a.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    cw, cr = cpu_ratios(a.cpu_mb * MiB, max(a.reps, 5))
+    print(f"cpu tier vs np.copyto ({a.cpu_mb} MiB): write={cw:.2f} read={cr:.2f}")
+    print(f"io_vs_fio write={worst_w:.2f} read={worst_r:.2f} cpu={min(cw, cr):.2f}")
+
+
+if __name__ == "__main__":
+    main()

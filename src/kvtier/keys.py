@@ -1,0 +1,108 @@
+"""Canonical, versioned cache keys for KV chunks.
+
+A key identifies KV bytes, so it must change whenever anything that changes those bytes (or who
+may read them) changes: the tokens (through a prefix-chained chunk hash), the model and its
+revision, the tokenizer revision, the KV dtype, the attention layout, the parallel layout
+(world size and this rank), the object group (e.g. a layer group or K/V split), the chunk size, and
+a cache salt that scopes a tenant.
+
+Encoding: every field is written as ``<length>:<utf-8 bytes>`` (netstring-like) into a blake2b
+hash, so no choice of field values can make two different field tuples encode alike
+("a" + "b:c" and "a:b" + "c" differ). The key is ``kvt<version>_<model slug>_<64 hex>``: only
+``[a-z0-9_-]``, no dots or slashes, so it is safe as a file name.
+
+Prefix-chained chunk hashes: chunk i's hash covers chunk i's token ids *and* chunk i-1's hash, so
+equal hashes mean equal whole prefixes (what vLLM's block hashes and LMCache's chunk keys do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+KEY_VERSION = 1
+_ROOT = b"kvtier-prefix-root-v1"
+
+
+def _field(h: "hashlib._Hash", value: object) -> None:
+    data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    h.update(str(len(data)).encode())
+    h.update(b":")
+    h.update(data)
+
+
+def chunk_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """32-byte hash of one chunk chained to its parent's hash (None for the first chunk)."""
+    h = hashlib.blake2b(digest_size=32)
+    _field(h, parent if parent is not None else _ROOT)
+    _field(h, np.asarray(token_ids, dtype="<i8").tobytes())
+    return h.digest()
+
+
+def prefix_chunk_hashes(token_ids: Sequence[int], chunk_size: int, include_partial: bool = False) -> list[bytes]:
+    """Chained hashes of consecutive ``chunk_size`` token chunks (the partial tail only if asked)."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    hashes: list[bytes] = []
+    parent: bytes | None = None
+    n = len(token_ids)
+    end = n if include_partial else n - n % chunk_size
+    for start in range(0, end, chunk_size):
+        parent = chunk_hash(parent, token_ids[start:start + chunk_size])
+        hashes.append(parent)
+    return hashes
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:40] or "model"
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """Everything besides the tokens that decides what a KV chunk's bytes are and who may use them."""
+
+    model_name: str
+    model_revision: str = ""
+    tokenizer_revision: str = ""
+    kv_dtype: str = "float16"
+    attention_layout: str = "gqa"
+    world_size: int = 1
+    kv_rank: int = 0
+    object_group: str = "kv"
+    chunk_size: int = 256
+    cache_salt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.kv_rank < self.world_size:
+            raise ValueError(f"kv_rank {self.kv_rank} must be in [0, world_size={self.world_size})")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+
+    def key(self, chunk: bytes) -> str:
+        """The storage key of one chunk hash in this scope."""
+        h = hashlib.blake2b(digest_size=32)
+        _field(h, f"kvtier-key-v{KEY_VERSION}")
+        for name, value in asdict(self).items():
+            _field(h, name)
+            _field(h, value)
+        _field(h, chunk)
+        return f"kvt{KEY_VERSION}_{_slug(self.model_name)}_{h.hexdigest()}"
+
+    def keys_for_tokens(self, token_ids: Sequence[int], include_partial: bool = False) -> list[str]:
+        return [self.key(c) for c in prefix_chunk_hashes(token_ids, self.chunk_size, include_partial)]
+
+    def keys_for_hashes(self, hashes: Iterable[bytes | int | str]) -> list[str]:
+        """Keys for externally given chunk ids (e.g. a trace's hash_ids), chained in order."""
+        out, parent = [], None
+        for hid in hashes:
+            h = hashlib.blake2b(digest_size=32)
+            _field(h, parent if parent is not None else _ROOT)
+            _field(h, str(hid))
+            parent = h.digest()
+            out.append(self.key(parent))
+        return out

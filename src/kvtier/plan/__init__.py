@@ -1,0 +1,1 @@
+"""Placement economics: KV bytes per token, fetch vs recompute, the fetch gate, capacity."""
