@@ -134,7 +134,7 @@ class MemoryTier:
         # read is inside the consumer's timed write. The store holds the entry lock meanwhile.
         start, padded, _ = self._lookup(key)
         view = memoryview(self._arena)[start:start + padded]
-        step = 256 * 1024 * 1024
+        step = max(ALIGN, len(buf) - len(buf) % ALIGN)  # the caller's I/O size: cancellation granularity
         for off in range(0, padded, step):
             yield view[off:off + step]
 
