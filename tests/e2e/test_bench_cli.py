@@ -191,3 +191,36 @@ def test_disk_full_ends_cleanly_with_partial_result(tmp_path, small_fs):
     assert r["errors"]["tier_operations"]
     assert any("errors seen" in w for w in r["warnings"])
     assert [p for p in os.listdir(small_fs) if p != "lost+found"] == []
+
+
+def _summary(tmp_path, cache_dir, small_workload, extra, name="r.json"):
+    out = tmp_path / name
+    p = bench(["--model", "tiny-1b", "--num-users", "4", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+               "0.05", "--generation-mode", "none", "--seed", "5", "--cache-dir", str(cache_dir), "--output",
+               str(out), "--config", small_workload] + extra, tmp_path)
+    assert p.returncode == 0, p.stderr
+    return json.loads(out.read_text())
+
+
+def test_chunked_layout_reads_less_than_entry_layout(tmp_path, cache_dir, small_workload):
+    entry = _summary(tmp_path, cache_dir, small_workload, ["--kv-layout", "entry"], "e.json")
+    chunked = _summary(tmp_path, cache_dir, small_workload, ["--kv-layout", "chunked", "--kv-chunk-tokens", "64"],
+                       "c.json")
+    ea = entry["summary"]["kv_layout_stats"]["read_amplification"]
+    ca = chunked["summary"]["kv_layout_stats"]["read_amplification"]
+    assert ea is not None and ca is not None and ca < ea
+    assert entry["summary"]["multi_turn_stats"]["turns_max"] >= 2
+    assert chunked["summary"]["multi_turn_stats"]["multi_turn_cache_hits"] > 0
+    assert entry["summary"]["prefix_cache_stats"]["prefix_hits"] + entry["summary"]["prefix_cache_stats"][
+        "prefix_misses"] > 0
+
+
+def test_prefill_only_never_decodes_and_decode_only_never_writes(tmp_path, cache_dir, small_workload):
+    pre = _summary(tmp_path, cache_dir, small_workload, ["--prefill-only"], "p.json")
+    assert pre["summary"]["kv_layout_stats"]["decode"]["hits"] == 0 and pre["requests_completed"] > 0
+    dec = _summary(tmp_path, cache_dir, small_workload, ["--decode-only"], "d.json")
+    assert dec["requests_completed"] > 0
+    assert dec["tiers"]["storage"]["write"]["by_cause"].get("request") is None
+    assert all(t["write"]["by_cause"].get("request") is None for t in dec["tiers"].values())
+    assert dec["summary"]["kv_layout_stats"]["decode"]["hits"] > 0
+    assert any("--decode-only" in w for w in dec["warnings"])

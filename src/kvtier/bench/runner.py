@@ -22,14 +22,18 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from kvtier.bench.setup import Components
 from kvtier.engine.backend import aligned_buffer
 from kvtier.errors import Cancelled, StorageError, TierFullError
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder, RequestRecord, clock_ns
-from kvtier.workload.users import Request, UserProfile, make_users, requests_for
+from kvtier.engine.tiered import NullSink
+from kvtier.keys import KeyScope
+from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
+from kvtier.workload.layout import KVRef
+from kvtier.workload.users import Request, UserProfile, draws, make_users, user_rng
 
 
 CUT = "cut: the run stopped while this request was in flight"
@@ -114,6 +118,7 @@ class RunOutcome:
     io_before: dict[str, int]
     io_after: dict[str, int]
     users: list[UserProfile]
+    workload: dict[str, object] = field(default_factory=dict)
 
 
 class BenchRunner:
@@ -132,6 +137,18 @@ class BenchRunner:
         self.decode_batch = self.cfg.tuning.decode.batch_size
         self.users = make_users(self.cfg.num_users, self.cfg.tuning, comp.seed)
         self.start_ns = 0
+        m = comp.model
+        self.scope = KeyScope(model_name=m.key, kv_dtype=m.dtype, attention_layout=m.attention,
+                              world_size=self.cfg.tensor_parallel, chunk_size=self.cfg.kv_chunk_tokens)
+        conv, pc = self.cfg.tuning.conversation, self.cfg.tuning.prefix_cache
+        self.settings = ConversationSettings(
+            layout=self.cfg.kv_layout, chunk_tokens=self.cfg.kv_chunk_tokens,
+            multi_turn=not self.cfg.disable_multi_turn, prefix_caching=not self.cfg.disable_prefix_caching,
+            end_probability=conv.end_probability, max_turns_per_conv=conv.max_turns_per_conv,
+            max_context_tokens=conv.max_context_tokens, num_system_prompts=pc.num_system_prompts,
+            system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)))
+        self.conversations = ConversationManager(self.cfg.max_conversations)
+        self.prepopulated: list[tuple[str, int]] = []
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, reason: str, partial: bool) -> None:
@@ -149,37 +166,66 @@ class BenchRunner:
 
     def _serve(self, job: _Job, buf: memoryview) -> None:
         req = job.request
-        store, noise, chunk = self.c.store, self.c.noise, self.c.io_chunk_bytes
+        store, noise, chunk, count = self.c.store, self.c.noise, self.c.io_chunk_bytes, self.rec.count
         start = clock_ns()
-        nbytes = self._entry_bytes(req.context_tokens)
         storage_ns = br = bw = dec = tr = tw = hits = misses = 0
         ok, err = True, ""
 
-        def source() -> object:
-            return noise.chunks(req.key, nbytes, chunk)
+        def put(key: str, tokens: int) -> int:
+            nbytes = self._entry_bytes(tokens)
+            t = store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf).timing  # type: ignore[arg-type]
+            return t.total_ns
 
         try:
-            t = store.put(req.key, source, nbytes, buf).timing  # type: ignore[arg-type]
-            storage_ns += t.total_ns
-            bw += nbytes
-            tw += req.context_tokens
-            if req.phase == "prefill_decode":
+            recompute: list[KVRef] = []
+            for i, ref in enumerate(req.reads):
+                if self.stop.is_set():
+                    raise _Cut
+                r = store.get(ref.key, buf)
+                if r.hit:
+                    hits += 1
+                    storage_ns += r.timing.total_ns
+                    br += r.nbytes
+                    tr += ref.tokens
+                    count(f"lookup_{ref.kind}_hits")
+                    count(f"read_{ref.kind}_bytes", r.nbytes)
+                    continue
+                misses += 1
+                count(f"lookup_{ref.kind}_misses")
+                if req.prefix_reads:  # chunked: the prefix ends at the first miss; the rest is recomputed
+                    recompute = list(req.reads[i:])
+                    break
+                if ref.kind == "prefix":  # a shared system prompt evicted from the cache: store it again
+                    recompute.append(ref)
+            for ref in recompute:
+                count(f"restores_{ref.kind}")
+            for ref in (*recompute, *req.writes):
+                if self.stop.is_set():
+                    raise _Cut
+                storage_ns += put(ref.key, ref.tokens)
+                bw += self._entry_bytes(ref.tokens)
+                tw += ref.tokens
+            if req.decode_key is not None and req.phase == "prefill_decode" and not self.cfg.prefill_only:
                 reads = 1 + math.ceil(req.generate_tokens / self.decode_batch)
                 for i in range(reads):
                     if self.stop.is_set():
                         raise _Cut
-                    r = store.get(req.key, buf)
+                    r = store.get(req.decode_key, buf)
                     if not r.hit:
                         misses += 1
-                        t = store.put(req.key, source, nbytes, buf).timing  # type: ignore[arg-type]
-                        storage_ns += t.total_ns
-                        bw += nbytes
-                        tw += req.context_tokens
+                        count("lookup_decode_misses")
+                        if self.cfg.decode_only:
+                            continue
+                        storage_ns += put(req.decode_key, req.decode_tokens)
+                        bw += self._entry_bytes(req.decode_tokens)
+                        tw += req.decode_tokens
                         continue
                     hits += 1
+                    count("lookup_decode_hits")
+                    count("read_decode_bytes", r.nbytes)
                     storage_ns += r.timing.total_ns
                     br += r.nbytes
-                    tr += req.context_tokens
+                    tr += req.decode_tokens
                     if i > 0:
                         dec += r.nbytes
         except (_Cut, Cancelled):
@@ -200,7 +246,8 @@ class BenchRunner:
         end = clock_ns()
         self.rec.request(RequestRecord(
             req.user_id, req.qos, req.phase, req.context_tokens, req.generate_tokens, job.submit_ns, start,
-            storage_done, end, storage_ns, gen_ns, br, bw, dec, tr, tw, hits, misses, ok, err))
+            storage_done, end, storage_ns, gen_ns, br, bw, dec, tr, tw, hits, misses, ok, err, req.new_tokens,
+            req.turn))
         if ok and self.cfg.max_requests and self.rec.completed_requests() >= self.cfg.max_requests:
             self.request_stop(f"--max-requests {self.cfg.max_requests} reached", partial=False)
 
@@ -212,11 +259,49 @@ class BenchRunner:
                 return
             try:
                 self._serve(job, buf)
+            except Exception as e:  # a bug must end the run visibly, not silently lose a worker
+                self.rec.tier_error("runner", "serve", "request", 0, e)
+                self.request_stop(f"internal error serving a request: {type(e).__name__}: {e}", partial=True)
             finally:
                 job.done.set()
 
+    def _requests(self, user: UserProfile) -> Iterator[Request]:
+        if self.cfg.decode_only:
+            rng = user_rng(self.c.seed, user.user_id, stream=3)
+            for seq, (_, gen, think) in enumerate(draws(user, self.c.seed)):
+                key, tokens = self.prepopulated[int(rng.integers(0, len(self.prepopulated)))]
+                yield Request(user.user_id, seq, f"user{user.user_id}_decode_{seq:06d}", user.qos, user.priority,
+                              "prefill_decode", tokens, gen, think, decode_key=key, decode_tokens=tokens)
+            return
+        yield from conversation_requests(user, self.c.seed, self.settings, self.scope, self.conversations)
+
+    def prepopulate(self) -> None:
+        """--decode-only: store num_users x 10 entries first, outside the statistics."""
+        buf = aligned_buffer(self.c.io_chunk_bytes)
+        store, sink = self.c.store, self.c.store.sink
+        store.sink = NullSink()
+        try:
+            for user in self.users:
+                for i, (ctx, _, _) in zip(range(10), draws(user, self.c.seed + 1)):
+                    if self.stop.is_set():
+                        return
+                    key = f"prepop_user{user.user_id}_{i}"
+                    nbytes = self._entry_bytes(ctx)
+                    store.put(key, lambda key=key, nbytes=nbytes: self.c.noise.chunks(key, nbytes, self.c.io_chunk_bytes),
+                              nbytes, buf)
+                    self.prepopulated.append((key, ctx))
+        finally:
+            store.sink = sink
+
     def _user(self, user: UserProfile) -> None:
-        for req in requests_for(user, self.c.seed):
+        try:
+            self._user_loop(user)
+        except Exception as e:  # a bug must end the run visibly, not leave a silent dead user
+            self.rec.tier_error("workload", "generate", "user", 0, e)
+            self.request_stop(f"internal error in user {user.user_id}: {type(e).__name__}: {e}", partial=True)
+
+    def _user_loop(self, user: UserProfile) -> None:
+        for req in self._requests(user):
             if self.stop.wait(req.think_before_s) or not self.limiter.wait(self.stop):
                 return
             job = _Job(req, clock_ns())
@@ -227,6 +312,8 @@ class BenchRunner:
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_tick: Callable[["BenchRunner", float], None] | None = None,
             tick_s: float = 5.0) -> RunOutcome:
+        if self.cfg.decode_only:
+            self.prepopulate()
         io_before = proc_io()
         self.start_ns = clock_ns()
         workers = [threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True)
@@ -255,8 +342,11 @@ class BenchRunner:
         status = "partial" if self._partial else "complete"
         if not any(r.ok for r in self.rec.requests):
             status = "failed" if not self._partial else "partial"
+        workload = {"conversations_started": self.conversations.started,
+                    "conversations_evicted": self.conversations.evicted,
+                    "prepopulated_entries": len(self.prepopulated)}
         return RunOutcome(self.start_ns, load_end, end, self._stop_reason, status, abandoned, io_before,
-                          proc_io(), self.users)
+                          proc_io(), self.users, workload)
 
     def _drain(self, workers: list[threading.Thread]) -> int:
         """Abandon queued requests, wait for in-flight ones. Returns how many were abandoned."""

@@ -77,6 +77,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     g.add_argument("--io-chunk-mb", dest="io_chunk_mb", type=int, help="bytes per I/O call and per-worker buffer, MiB (64)")
     g.add_argument("--noise-mb", dest="noise_mb", type=int, help="static noise buffer, MiB (256)")
     g.add_argument("--progress", choices=["auto", "live", "plain", "none"])
+    g.add_argument("--kv-layout", dest="kv_layout", choices=["entry", "chunked"],
+                   help="entry: one entry per turn (reference); chunked: prefix-chained token chunks (vLLM/LMCache)")
+    g.add_argument("--kv-chunk-tokens", dest="kv_chunk_tokens", type=int, help="tokens per chunk (256)")
     g.add_argument("--progress-interval", dest="progress_interval", type=float, help="seconds between updates (5)")
     p.set_defaults(func=run_bench)
 

@@ -109,6 +109,21 @@ class Decode(_Strict):
     batch_size: int = Field(32, ge=1)
 
 
+class ConversationTuning(_Strict):
+    """Multi-turn conversations (see workload/conversations.py)."""
+
+    max_turns_per_conv: int = Field(10, ge=1)
+    end_probability: float = Field(0.2, ge=0, le=1)
+    max_context_tokens: int = Field(131072, ge=1)
+
+
+class PrefixCacheTuning(_Strict):
+    """Shared system prompts: how many distinct ones, and their lengths in tokens."""
+
+    num_system_prompts: int = Field(8, ge=1)
+    system_prompt_tokens: Range = Field(default_factory=lambda: Range(low=256, high=2048))
+
+
 class ModelEntry(_Strict):
     """A model in the reference's layout (head_dim = hidden_dim / num_heads unless given)."""
 
@@ -138,11 +153,11 @@ class Tuning(_Strict):
     decode: Decode = Field(default_factory=Decode)
     model_configs: dict[str, ModelEntry] = Field(default_factory=dict)
     # Accepted for compatibility with reference config files; their features arrive with later
-    # issues (multi-turn, prefix cache, RAG, autoscaler, ShareGPT) and are validated then.
+    # work (RAG, autoscaler, ShareGPT tuning) and are validated then.
+    conversation: ConversationTuning = Field(default_factory=ConversationTuning)
+    prefix_cache: PrefixCacheTuning = Field(default_factory=PrefixCacheTuning)
     gpu_backend: dict[str, Any] = Field(default_factory=dict)
-    prefix_cache: dict[str, Any] = Field(default_factory=dict)
     rag: dict[str, Any] = Field(default_factory=dict)
-    conversation: dict[str, Any] = Field(default_factory=dict)
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     sharegpt: dict[str, Any] = Field(default_factory=dict)
     saturation_detection: dict[str, Any] = Field(default_factory=dict)
@@ -255,6 +270,8 @@ class BenchConfig(_Strict):
     noise_mb: int = Field(256, ge=1, le=65536)
     progress: Literal["auto", "live", "plain", "none"] = "auto"
     progress_interval: float = Field(5.0, gt=0)
+    kv_layout: Literal["entry", "chunked"] = "entry"
+    kv_chunk_tokens: int = Field(256, ge=1, le=1 << 20)
     tuning: Tuning = Field(default_factory=Tuning)
 
     @field_validator("model")
@@ -275,8 +292,8 @@ class BenchConfig(_Strict):
         flags = {
             "enable_rag": "--enable-rag", "enable_autoscaling": "--enable-autoscaling",
             "use_burst_trace": "--use-burst-trace", "dataset_path": "--dataset-path",
-            "validation_trace": "--validation-trace", "prefill_only": "--prefill-only",
-            "decode_only": "--decode-only", "precondition": "--precondition", "io_trace_log": "--io-trace-log",
+            "validation_trace": "--validation-trace", "precondition": "--precondition",
+            "io_trace_log": "--io-trace-log",
         }
         return [flag for field, flag in flags.items() if getattr(self, field)]
 

@@ -106,8 +106,9 @@ class _Tier:
 
 @dataclass
 class PutResult:
-    tier: str
+    tier: str | None
     timing: IOTiming
+    deduplicated: bool = False  # another thread was writing the same key; no bytes were written
 
 
 @dataclass
@@ -130,6 +131,7 @@ class TieredStore:
         if not self._tiers:
             raise ConfigError("no tier has capacity > 0: give --cpu-mem-gb, --gpu-mem-gb or a cache dir")
         self._entries: dict[str, _Entry] = {}
+        self._writing: dict[str, threading.Event] = {}  # keys whose put is in flight
         self._lock = threading.Lock()
 
     # -- introspection -----------------------------------------------------------------------
@@ -309,7 +311,24 @@ class TieredStore:
         ``source()`` returns the entry's aligned chunks; it may be called once per tier tried.
         ``buf`` is the caller's reusable aligned buffer, used by demotions this write causes.
         Raises TierFullError when no tier can hold it, StorageError when the write fails.
+        Concurrent puts of one key are deduplicated: the later caller waits for the first write
+        and returns ``deduplicated=True`` (keys name content, so the bytes would be the same).
         """
+        with self._lock:
+            busy = self._writing.get(key)
+            if busy is None:
+                self._writing[key] = threading.Event()
+        if busy is not None:
+            busy.wait()
+            self.sink.count("deduplicated_writes")
+            return PutResult(self.location(key), IOTiming(), deduplicated=True)
+        try:
+            return self._put(key, source, nbytes, buf)
+        finally:
+            with self._lock:
+                self._writing.pop(key).set()
+
+    def _put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
         self.delete(key)
         e = _Entry(key, nbytes)
         last_error: StorageError | None = None

@@ -89,6 +89,7 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
         "promotions": rec.counters.get("promotions", 0),
         "evictions": rec.counters.get("evictions_bottom", 0),
         "entries_dropped": rec.counters.get("evictions_dropped", 0),
+        "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
     }
     for name in ("gpu", "cpu", "storage"):
         t = tiers.get(name)
@@ -148,8 +149,9 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
     peak = peak_rss_bytes()
 
     all_warnings = list(comp.warnings) + list(warnings)
-    all_warnings.append("multi-turn, prefix caching and RAG are not implemented in this version: every request is "
-                        "a single independent turn (as with --disable-multi-turn --disable-prefix-caching)")
+    if run.workload.get("prepopulated_entries"):
+        all_warnings.append(f"--decode-only: {run.workload['prepopulated_entries']} entries were written before the "
+                            "run and are excluded from the statistics")
     if ft is not None and not ft.direct and st_write < 0.5 * mem_total_bytes():
         all_warnings.append("working set fits in page cache and direct I/O is off: reads may be served from RAM "
                             "(fadvise DONTNEED is applied, but check process_io)")
@@ -158,6 +160,44 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
         all_warnings.append(f"{n_err} errors seen (failed requests and tier operations); see 'errors'")
     if run.status != "complete":
         all_warnings.append(f"run is {run.status}: {run.stop_reason}")
+
+    ctr = rec.counters
+    kvpt = comp.model.kv_bytes_per_token / cfg.tensor_parallel
+
+    def kind(k: str) -> dict[str, Any]:
+        h, m = ctr.get(f"lookup_{k}_hits", 0), ctr.get(f"lookup_{k}_misses", 0)
+        return {"hits": h, "misses": m, "hit_rate": round(h / (h + m), 6) if h + m else None,
+                "restores": ctr.get(f"restores_{k}", 0), "bytes_read_gb": _gb(ctr.get(f"read_{k}_bytes", 0))}
+
+    new_bytes = sum(r.new_tokens for r in ok) * kvpt
+    read_bytes = sum(r.bytes_read for r in ok)
+    history = kind("history")
+    multi_turn_stats = {
+        "enabled": not cfg.disable_multi_turn,
+        "conversations_started": run.workload.get("conversations_started", 0),
+        "conversations_metadata_evicted": run.workload.get("conversations_evicted", 0),
+        "max_conversations": cfg.max_conversations,
+        "turns_mean": round(float(np.mean([r.turn for r in ok])), 3) if ok else None,
+        "turns_max": max((r.turn for r in ok), default=0),
+        "multi_turn_cache_hits": history["hits"], "multi_turn_cache_misses": history["misses"],
+        "history_hit_rate": history["hit_rate"], "history_bytes_read_gb": history["bytes_read_gb"],
+        "history_restores": history["restores"],
+    }
+    prefix = kind("prefix")
+    prefix_cache_stats = {
+        "enabled": not cfg.disable_prefix_caching,
+        "num_system_prompts": cfg.tuning.prefix_cache.num_system_prompts,
+        "prefix_hits": prefix["hits"], "prefix_misses": prefix["misses"], "prefix_hit_rate": prefix["hit_rate"],
+        "prefix_restores": prefix["restores"], "prefix_bytes_read_gb": prefix["bytes_read_gb"],
+    }
+    kv_layout = {
+        "kv_layout": cfg.kv_layout,
+        "chunk_tokens": cfg.kv_chunk_tokens if cfg.kv_layout == "chunked" else None,
+        "new_context_gb": _gb(new_bytes),
+        "bytes_read_gb": _gb(read_bytes),
+        "read_amplification": round(read_bytes / new_bytes, 4) if new_bytes else None,
+        "decode": kind("decode"),
+    }
 
     summary = {
         "avg_throughput_tokens_per_sec": round(tokens_generated / wall_s, 3),
@@ -172,6 +212,9 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
         "host_time_fraction": round(host_ns / (host_ns + dev_ns), 6) if host_ns + dev_ns else None,
         "cache_stats": cache_stats,
         "qos_metrics": qos,
+        "multi_turn_stats": multi_turn_stats,
+        "prefix_cache_stats": prefix_cache_stats,
+        "kv_layout_stats": kv_layout,
     }
     return {
         "kvtier_version": __version__,

@@ -51,6 +51,8 @@ class RequestRecord(NamedTuple):
     misses: int
     ok: bool
     error: str
+    new_tokens: int = 0  # context tokens not in any cache before this request (amplification base)
+    turn: int = 1
 
 
 @dataclass

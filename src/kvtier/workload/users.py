@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from kvtier.config.bench import Tuning
+from kvtier.workload.layout import KVRef
 
 PREFILL_ONLY_CONTEXT_TOKENS = 10_000
 """Requests with at least this much context are prefill-only (no decode reads), per the spec."""
@@ -36,6 +37,14 @@ class UserProfile:
 
 @dataclass(frozen=True)
 class Request:
+    """One inference request and the KV objects it touches (see workload/layout.py).
+
+    ``reads`` are looked up before the first token; with ``prefix_reads`` the lookup stops at
+    the first miss and the missed object and all after it are recomputed (written). ``writes``
+    are the KV the prefill produces. ``decode_key`` is re-read once plus once per decode batch
+    (reference semantics); None means no decode reads from the offload tiers.
+    """
+
     user_id: int
     seq: int
     key: str
@@ -45,6 +54,15 @@ class Request:
     context_tokens: int
     generate_tokens: int
     think_before_s: float
+    reads: tuple[KVRef, ...] = ()
+    prefix_reads: bool = False
+    writes: tuple[KVRef, ...] = ()
+    decode_key: str | None = None
+    decode_tokens: int = 0
+    new_tokens: int = 0
+    conversation: str | None = None
+    turn: int = 1
+    arrival_s: float | None = None
 
 
 def make_users(num_users: int, tuning: Tuning, seed: int, first_id: int = 0) -> list[UserProfile]:
@@ -71,15 +89,22 @@ def user_rng(seed: int, user_id: int, stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, user_id, stream]))
 
 
-def requests_for(user: UserProfile, seed: int) -> Iterator[Request]:
-    """The user's endless, deterministic request sequence."""
+def draws(user: UserProfile, seed: int) -> Iterator[tuple[int, int, float]]:
+    """The user's endless, deterministic (new context tokens, generate tokens, think seconds) draws."""
     rng = user_rng(seed, user.user_id, stream=1)
-    seq = 0
     while True:
         ctx = int(rng.integers(max(1, user.context_tokens // 4), user.context_tokens + 1))
         gen = int(rng.integers(max(1, user.generation_tokens // 4), user.generation_tokens + 1))
-        think = user.think_time_s * float(rng.uniform(0.8, 1.2))
-        phase = "prefill" if ctx >= PREFILL_ONLY_CONTEXT_TOKENS else "prefill_decode"
-        yield Request(user.user_id, seq, f"user{user.user_id}_req_{seq:06d}", user.qos, user.priority,
-                      phase, ctx, gen, think)
-        seq += 1
+        yield ctx, gen, user.think_time_s * float(rng.uniform(0.8, 1.2))
+
+
+def phase_for(context_tokens: int) -> str:
+    return "prefill" if context_tokens >= PREFILL_ONLY_CONTEXT_TOKENS else "prefill_decode"
+
+
+def requests_for(user: UserProfile, seed: int) -> Iterator[Request]:
+    """Single-turn requests (no conversation, no shared prefix): one entry per request."""
+    for seq, (ctx, gen, think) in enumerate(draws(user, seed)):
+        key = f"user{user.user_id}_req_{seq:06d}"
+        yield Request(user.user_id, seq, key, user.qos, user.priority, phase_for(ctx), ctx, gen, think,
+                      writes=(KVRef(key, ctx, "context"),), decode_key=key, decode_tokens=ctx, new_tokens=ctx)

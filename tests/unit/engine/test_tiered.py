@@ -204,3 +204,30 @@ def test_concurrent_threads_keep_accounting(noise):
     assert not errors, errors
     assert rec.counters["demotions"] > 0 and rec.counters["evictions_bottom"] > 0
     s.check_accounting()
+
+
+def test_concurrent_puts_of_one_key_are_deduplicated(noise):
+    """Two requests recomputing the same shared prefix chunk: one write, both succeed."""
+    s, rec = two_tier(top=64, bottom=64)
+    gate = threading.Event()
+    slow_calls = []
+
+    def slow_source():
+        slow_calls.append(1)
+        gate.wait(5)
+        return noise.chunks("shared", 4 * KB4, KB4)
+
+    results = []
+    t1 = threading.Thread(target=lambda: results.append(s.put("shared", slow_source, 4 * KB4, aligned_buffer(KB4))))
+    t1.start()
+    while not slow_calls:
+        pass
+    t2 = threading.Thread(target=lambda: results.append(put(s, noise, "shared", 4 * KB4, aligned_buffer(KB4))))
+    t2.start()
+    gate.set()
+    t1.join(10)
+    t2.join(10)
+    assert sorted(r.deduplicated for r in results) == [False, True]
+    assert all(r.tier == "cpu" for r in results)
+    assert rec.counters["deduplicated_writes"] == 1 and len(rec.ops[("cpu", "write")]) == 1
+    s.check_accounting()
