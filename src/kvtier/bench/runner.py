@@ -32,8 +32,8 @@ from kvtier.telemetry.recorder import Recorder, RequestRecord, clock_ns
 from kvtier.engine.tiered import NullSink
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
-from kvtier.workload.layout import KVRef
-from kvtier.workload.users import Request, UserProfile, draws, make_users, user_rng
+from kvtier.workload.layout import KVRef, hash_id_chunks, segment_chunks
+from kvtier.workload.users import Request, UserProfile, draws, make_users, phase_for, user_rng
 
 
 CUT = "cut: the run stopped while this request was in flight"
@@ -190,11 +190,14 @@ class BenchRunner:
                     count(f"lookup_{ref.kind}_hits")
                     count(f"read_{ref.kind}_bytes", r.nbytes)
                     continue
-                misses += 1
-                count(f"lookup_{ref.kind}_misses")
                 if req.prefix_reads:  # chunked: the prefix ends at the first miss; the rest is recomputed
                     recompute = list(req.reads[i:])
+                    for x in recompute:
+                        count(f"lookup_{x.kind}_misses")
+                    misses += len(recompute)
                     break
+                misses += 1
+                count(f"lookup_{ref.kind}_misses")
                 if ref.kind == "prefix":  # a shared system prompt evicted from the cache: store it again
                     recompute.append(ref)
             for ref in recompute:
@@ -275,6 +278,65 @@ class BenchRunner:
             return
         yield from conversation_requests(user, self.c.seed, self.settings, self.scope, self.conversations)
 
+    def _trace_requests(self) -> Iterator[Request]:
+        trace = self.c.trace
+        assert trace is not None
+        rng = user_rng(self.c.seed, 0, stream=4)
+        dist = self.cfg.tuning.qos_distribution
+        cycles = max(1, self.cfg.replay_cycles)
+        n = 0
+        for cycle in range(cycles):
+            for i, tr in enumerate(trace.requests):
+                r = rng.random()
+                qos = "interactive" if r < dist.interactive_probability else (
+                    "responsive" if r < dist.responsive_threshold else "batch")
+                prio = self.cfg.tuning.qos_profiles[qos].priority  # type: ignore[index]
+                key = f"trace_c{cycle}_{i:07d}"
+                common = dict(user_id=n % max(1, self.cfg.num_users), seq=n, key=key, qos=qos, priority=prio,
+                              phase=phase_for(tr.input_tokens), context_tokens=tr.input_tokens,
+                              generate_tokens=tr.output_tokens, think_before_s=0.0, new_tokens=tr.input_tokens,
+                              arrival_s=cycle * (trace.requests[-1].arrival_s + 1.0) + tr.arrival_s)
+                if self.cfg.kv_layout == "chunked" and tr.hash_ids is not None:
+                    blocks = hash_id_chunks(tr.hash_ids, tr.input_tokens, trace.block_tokens or 512, self.scope)
+                    yield Request(**common, reads=tuple(blocks), prefix_reads=True)  # type: ignore[arg-type]
+                elif self.cfg.kv_layout == "chunked":
+                    chunks = segment_chunks([(key, tr.input_tokens)], self.cfg.kv_chunk_tokens, self.scope)
+                    yield Request(**common, writes=tuple(KVRef(c.key, c.tokens, "context") for c in chunks))  # type: ignore[arg-type]
+                else:
+                    yield Request(**common, writes=(KVRef(key, tr.input_tokens, "context"),),  # type: ignore[arg-type]
+                                  decode_key=key, decode_tokens=tr.input_tokens)
+                n += 1
+
+    def _dispatch(self) -> None:
+        """Open-loop trace replay: submit at the recorded arrival times (scaled by --trace-speedup)."""
+        try:
+            speed = self.cfg.trace_speedup
+            t0 = clock_ns()
+            jobs: list[_Job] = []
+            limit = self.c.io_slots * 4  # bound what waits in the queue
+            for req in self._trace_requests():
+                if speed > 0 and req.arrival_s is not None:
+                    delay = t0 / 1e9 + req.arrival_s / speed - clock_ns() / 1e9
+                    if delay > 0 and self.stop.wait(delay):
+                        return
+                while len(self.queue) >= limit:
+                    if self.stop.wait(0.001):
+                        return
+                    self.rec.count("dispatch_backpressure_ms")
+                job = _Job(req, clock_ns())
+                if not self.queue.put(job):
+                    return
+                jobs.append(job)
+                jobs = [j for j in jobs if not j.done.is_set()] if len(jobs) > 4 * limit else jobs
+            for j in jobs:
+                while not j.done.wait(0.1):
+                    if self.stop.is_set():
+                        return
+            self.request_stop("trace replay finished", partial=False)
+        except Exception as e:
+            self.rec.tier_error("workload", "dispatch", "trace", 0, e)
+            self.request_stop(f"internal error in trace dispatch: {type(e).__name__}: {e}", partial=True)
+
     def prepopulate(self) -> None:
         """--decode-only: store num_users x 10 entries first, outside the statistics."""
         buf = aligned_buffer(self.c.io_chunk_bytes)
@@ -318,8 +380,11 @@ class BenchRunner:
         self.start_ns = clock_ns()
         workers = [threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True)
                    for i in range(self.c.io_slots)]
-        users = [threading.Thread(target=self._user, args=(u,), name=f"kvtier-user-{u.user_id}", daemon=True)
-                 for u in self.users]
+        if self.c.trace is not None:
+            users = [threading.Thread(target=self._dispatch, name="kvtier-trace", daemon=True)]
+        else:
+            users = [threading.Thread(target=self._user, args=(u,), name=f"kvtier-user-{u.user_id}", daemon=True)
+                     for u in self.users]
         for t in workers + users:
             t.start()
         deadline = self.start_ns + int(self.cfg.duration * 1e9)

@@ -80,6 +80,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     g.add_argument("--kv-layout", dest="kv_layout", choices=["entry", "chunked"],
                    help="entry: one entry per turn (reference); chunked: prefix-chained token chunks (vLLM/LMCache)")
     g.add_argument("--kv-chunk-tokens", dest="kv_chunk_tokens", type=int, help="tokens per chunk (256)")
+    g.add_argument("--trace-path", dest="trace_path",
+                   help="replay a request trace: BurstGPT or Azure CSV, Mooncake JSONL (file or directory)")
+    g.add_argument("--trace-format", dest="trace_format", choices=["auto", "burstgpt", "azure", "mooncake"])
     g.add_argument("--progress-interval", dest="progress_interval", type=float, help="seconds between updates (5)")
     p.set_defaults(func=run_bench)
 

@@ -271,6 +271,8 @@ class BenchConfig(_Strict):
     progress: Literal["auto", "live", "plain", "none"] = "auto"
     progress_interval: float = Field(5.0, gt=0)
     kv_layout: Literal["entry", "chunked"] = "entry"
+    trace_path: str | None = None
+    trace_format: Literal["auto", "burstgpt", "azure", "mooncake"] = "auto"
     kv_chunk_tokens: int = Field(256, ge=1, le=1 << 20)
     tuning: Tuning = Field(default_factory=Tuning)
 
@@ -291,7 +293,7 @@ class BenchConfig(_Strict):
         """Flags whose features are not built in this version (they must fail, not be ignored)."""
         flags = {
             "enable_rag": "--enable-rag", "enable_autoscaling": "--enable-autoscaling",
-            "use_burst_trace": "--use-burst-trace", "dataset_path": "--dataset-path",
+            "dataset_path": "--dataset-path",
             "validation_trace": "--validation-trace", "precondition": "--precondition",
             "io_trace_log": "--io-trace-log",
         }

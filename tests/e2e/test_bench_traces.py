@@ -1,0 +1,89 @@
+"""Trace replay from the CLI on the real files in ../shared/data (and the BurstGPT fixture)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvtier.engine.backend import round_up
+from kvtier.workload.traces import load_trace, prefix_hit_rate
+from tests.conftest import SHARED_DATA, kvtier_cmd
+
+MOONCAKE = SHARED_DATA / "mooncake_fast25" / "conversation_trace.jsonl"
+AZURE = SHARED_DATA / "azure_llm_inference_2023" / "AzureLLMInferenceTrace_conv.csv"
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+pytestmark = pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/data not present")
+
+MICRO = "model_configs:\n  micro: {name: micro, num_layers: 1, kv_heads: 1, head_dim: 16}\n"  # 64 B/token
+
+
+def run(tmp_path: Path, args: list[str], name: str = "r.json") -> tuple[subprocess.CompletedProcess[str], dict]:
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    out = tmp_path / name
+    p = subprocess.run(kvtier_cmd() + ["bench", "--model", "micro", "--config", str(cfg), "--gpu-mem-gb", "0",
+                                       "--cpu-mem-gb", "0", "--generation-mode", "none", "--duration", "300",
+                                       "--seed", "1", "--progress", "none", "--cache-dir", str(cache),
+                                       "--output", str(out)] + args,
+                       capture_output=True, text=True, timeout=300)
+    return p, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def head(tmp_path: Path, src: Path, n: int, name: str) -> Path:
+    p = tmp_path / name
+    with src.open() as f:
+        p.write_text("".join(next(f) for _ in range(n)))
+    return p
+
+
+@pytest.mark.parametrize("capacity_gb", [None, 0.004])
+def test_mooncake_measured_hit_rate_matches_the_trace(tmp_path, capacity_gb):
+    trace = head(tmp_path, MOONCAKE, 250, "mc.jsonl")
+    args = ["--trace-path", str(trace), "--kv-layout", "chunked", "--trace-speedup", "0",
+            "--max-concurrent-allocs", "1", "--storage-capacity-gb", str(capacity_gb or 100)]
+    p, r = run(tmp_path, args)
+    assert p.returncode == 0, p.stderr
+    assert r["status"] == "complete" and r["stop_reason"] == "trace replay finished"
+    assert r["requests_completed"] == 250
+    measured = r["summary"]["cache_stats"]["cache_hit_rate"]
+    reqs = load_trace(trace).requests
+    limit = None if capacity_gb is None else capacity_gb * 2**30 * 0.8  # tiers fill to target_usage_ratio
+    expect = prefix_hit_rate(reqs, 512, lambda tokens: 4096 + round_up(tokens * 64), limit)
+    if capacity_gb is None:
+        assert measured == pytest.approx(expect, abs=1e-6)
+        assert r["summary"]["cache_stats"]["evictions"] == 0
+    else:
+        assert abs(measured - expect) <= 0.02
+        assert r["summary"]["cache_stats"]["evictions"] > 0
+    assert measured > 0
+
+
+def test_azure_replay_in_real_time_scaled(tmp_path):
+    trace = head(tmp_path, AZURE, 31, "az.csv")  # header + 30 requests over ~40 s of real time
+    p, r = run(tmp_path, ["--trace-path", str(trace), "--trace-speedup", "20"])
+    assert p.returncode == 0, p.stderr
+    assert r["requests_completed"] == 30 and r["stop_reason"] == "trace replay finished"
+    span = load_trace(trace).requests[-1].arrival_s
+    assert r["elapsed_s"] >= span / 20 * 0.9  # pacing honoured
+
+
+def test_burstgpt_flag_and_replay_cycles(tmp_path):
+    p, r = run(tmp_path, ["--use-burst-trace", "--burst-trace-path", str(FIX / "burstgpt"), "--trace-speedup", "0",
+                          "--replay-cycles", "2"])
+    assert p.returncode == 0, p.stderr
+    assert r["requests_completed"] == 8
+    assert any("0 response tokens" in w for w in r["warnings"])
+
+
+def test_bad_trace_is_an_error_before_load(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{oops\n')
+    p, r = run(tmp_path, ["--trace-path", str(bad)])
+    assert p.returncode == 3 and f"{bad}:2: not valid JSON" in p.stderr and not r
+    p, r = run(tmp_path, ["--use-burst-trace"])
+    assert p.returncode == 2 and "--burst-trace-path" in p.stderr
