@@ -87,3 +87,17 @@ def test_bad_trace_is_an_error_before_load(tmp_path):
     assert p.returncode == 3 and f"{bad}:2: not valid JSON" in p.stderr and not r
     p, r = run(tmp_path, ["--use-burst-trace"])
     assert p.returncode == 2 and "--burst-trace-path" in p.stderr
+
+
+def test_sharegpt_dataset_replays_every_turn(tmp_path):
+    ds = SHARED_DATA / "sharegpt" / "sharegpt_zh_1K_records_0000-0499.json"
+    p, r = run(tmp_path, ["--dataset-path", str(ds), "--max-conversations", "6", "--num-users", "3",
+                          "--kv-layout", "chunked", "--kv-chunk-tokens", "64"])
+    assert p.returncode == 0, p.stderr
+    src = r["workload_source"]
+    assert src["kind"] == "dataset" and src["conversations"] == 6
+    assert r["stop_reason"] == "dataset replay finished"
+    assert r["requests_completed"] == src["turns"]
+    assert r["summary"]["multi_turn_stats"]["multi_turn_cache_hits"] > 0
+    p, r = run(tmp_path, ["--dataset-path", str(tmp_path / "none.json")], "bad.json")
+    assert p.returncode == 3 and "cannot read" in p.stderr

@@ -33,6 +33,7 @@ from kvtier.engine.tiered import NullSink
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.layout import KVRef, hash_id_chunks, segment_chunks
+from kvtier.workload.sharegpt import dataset_requests
 from kvtier.workload.users import Request, UserProfile, draws, make_users, phase_for, user_rng
 
 
@@ -149,6 +150,7 @@ class BenchRunner:
             system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)))
         self.conversations = ConversationManager(self.cfg.max_conversations)
         self.prepopulated: list[tuple[str, int]] = []
+        self._users_done = 0
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, reason: str, partial: bool) -> None:
@@ -276,6 +278,11 @@ class BenchRunner:
                 yield Request(user.user_id, seq, f"user{user.user_id}_decode_{seq:06d}", user.qos, user.priority,
                               "prefill_decode", tokens, gen, think, decode_key=key, decode_tokens=tokens)
             return
+        if self.c.dataset is not None:
+            mine = self.c.dataset.conversations[user.user_id::len(self.users)]
+            yield from dataset_requests(user, mine, self.c.seed, self.cfg.replay_cycles, self.settings, self.scope,
+                                        self.conversations)
+            return
         yield from conversation_requests(user, self.c.seed, self.settings, self.scope, self.conversations)
 
     def _trace_requests(self) -> Iterator[Request]:
@@ -370,6 +377,12 @@ class BenchRunner:
             if not self.queue.put(job):
                 return
             job.done.wait()
+        if self.c.dataset is not None:  # this user has replayed its share of the dataset
+            with self._reason_lock:
+                self._users_done += 1
+                last = self._users_done == len(self.users)
+            if last:
+                self.request_stop("dataset replay finished", partial=False)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_tick: Callable[["BenchRunner", float], None] | None = None,

@@ -18,6 +18,7 @@ from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.workload.sharegpt import Dataset, load_sharegpt
 from kvtier.workload.traces import Trace, load_trace
 
 GiB = 1024**3
@@ -41,6 +42,7 @@ class Components:
     stop: threading.Event = field(default_factory=threading.Event)
     warnings: list[str] = field(default_factory=list)
     trace: Trace | None = None
+    dataset: Dataset | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -71,6 +73,11 @@ def build_components(cfg: BenchConfig, sink: object) -> Components:
             raise ConfigError("--use-burst-trace: give --burst-trace-path (a BurstGPT CSV file or directory)")
         fmt = "burstgpt" if (cfg.use_burst_trace and cfg.trace_format == "auto") else cfg.trace_format
         trace = load_trace(path, fmt)  # type: ignore[arg-type]
+    dataset = None
+    if cfg.dataset_path:
+        if trace is not None:
+            raise ConfigError("--dataset-path: give either a dataset or a trace, not both")
+        dataset = load_sharegpt(cfg.dataset_path, cfg.max_conversations)
     stop = threading.Event()
     warnings: list[str] = []
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -111,7 +118,9 @@ def build_components(cfg: BenchConfig, sink: object) -> Components:
     if largest_entry > bottom:
         warnings.append(f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage tier "
                         f"accepts ({bottom / GiB:.2f} GiB): such requests will fail")
+    if dataset is not None and dataset.skipped_records:
+        warnings.append(f"dataset: {dataset.skipped_records} records without a human/assistant pair skipped")
     if trace is not None and trace.skipped_rows:
         warnings.append(f"trace: {trace.skipped_rows} rows with 0 response tokens (failed in the source) skipped")
     return Components(cfg, model, seed, store, NoiseBuffer(cfg.noise_mb * MiB, seed), file_tier, slots,
-                      cfg.io_chunk_mb * MiB, cache_dir, owns, stop, warnings, trace)
+                      cfg.io_chunk_mb * MiB, cache_dir, owns, stop, warnings, trace, dataset)

@@ -293,7 +293,6 @@ class BenchConfig(_Strict):
         """Flags whose features are not built in this version (they must fail, not be ignored)."""
         flags = {
             "enable_rag": "--enable-rag", "enable_autoscaling": "--enable-autoscaling",
-            "dataset_path": "--dataset-path",
             "validation_trace": "--validation-trace", "precondition": "--precondition",
             "io_trace_log": "--io-trace-log",
         }

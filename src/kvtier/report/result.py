@@ -31,6 +31,19 @@ def _pct_keys(prefix: str, stats: dict[str, Any]) -> dict[str, Any]:
     return {f"{prefix}_{p}_ms": stats[p] for p in PCT_NAMES}
 
 
+def _source(comp: Components) -> dict[str, Any]:
+    if comp.trace is not None:
+        t = comp.trace
+        return {"kind": "trace", "format": t.format, "files": t.files, "requests": len(t.requests),
+                "skipped_rows": t.skipped_rows, "block_tokens": t.block_tokens}
+    if comp.dataset is not None:
+        d = comp.dataset
+        return {"kind": "dataset", "format": "sharegpt", "path": d.path, "conversations": len(d.conversations),
+                "turns": sum(len(c.turns) for c in d.conversations), "tokenizer": d.tokenizer,
+                "skipped_records": d.skipped_records}
+    return {"kind": "synthetic", "profiles": sorted(comp.config.tuning.user_templates)}
+
+
 def tier_section(rec: Recorder, tier: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for op in ("read", "write"):
@@ -253,6 +266,7 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
             "capacity_bytes": ft.capacity_bytes if ft else 0,
             "detected_free_bytes": ft.detected_free_bytes if ft else 0,
         },
+        "workload_source": _source(comp),
         "host": host_facts(comp.cache_dir),
         "warnings": all_warnings,
         "config": cfg.model_dump(mode="json"),
