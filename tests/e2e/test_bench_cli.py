@@ -132,7 +132,7 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
     (["--cache-dir", "/proc"], "--cache-dir: cannot create a run directory in /proc"),
     (["--num-users", "0"], "--num-users"),
     (["--config", "BAD"], "eviction.target_usage_ratio"),
-    (["--enable-rag"], "--enable-rag: not implemented"),
+    (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
     (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
 ])
 def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
@@ -224,3 +224,48 @@ def test_prefill_only_never_decodes_and_decode_only_never_writes(tmp_path, cache
     assert all(t["write"]["by_cause"].get("request") is None for t in dec["tiers"].values())
     assert dec["summary"]["kv_layout_stats"]["decode"]["hits"] > 0
     assert any("--decode-only" in w for w in dec["warnings"])
+
+
+def test_rag_burst_is_measured_and_ingest_reported(tmp_path, cache_dir, small_workload):
+    cfg = tmp_path / "rag.yaml"
+    cfg.write_text(Path(small_workload).read_text() + "rag:\n  request_probability: 0.6\n  doc_tokens: [600, 1500]\n")
+    out = tmp_path / "r.json"
+    p = bench(["--model", "tiny-1b", "--num-users", "3", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+               "0.05", "--generation-mode", "none", "--seed", "2", "--cache-dir", str(cache_dir), "--output", str(out),
+               "--config", str(cfg), "--enable-rag", "--rag-num-docs", "4", "--rag-top-k", "3"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    rs = json.loads(out.read_text())["summary"]["rag_stats"]
+    assert rs["queries"] > 0 and rs["burst_latency_ms"]["count"] == rs["queries"]
+    assert rs["burst_bytes_gb"] > 0 and rs["chunk_hits"] + rs["chunk_misses"] >= 3 * rs["queries"]
+    assert rs["ingest"]["entries"] > 0 and rs["ingest"]["bytes"] > 0
+
+
+def test_precondition_writes_then_removes(tmp_path, cache_dir, small_workload):
+    out = tmp_path / "r.json"
+    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+               "0.05", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--output", str(out),
+               "--config", small_workload, "--precondition", "--precondition-size-gb", "0.25",
+               "--precondition-threads", "2"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    pc = r["setup"]["precondition"]
+    assert pc["completed"] and pc["written_bytes"] == int(0.25 * 2**30) and pc["threads"] == 2
+    assert r["process_io"]["write_ratio"] is None or r["process_io"]["write_ratio"] < 1.5  # excluded from the run
+    assert os.listdir(cache_dir) == []
+
+
+def test_autoscaling_capacity_really_changes_users(tmp_path, cache_dir, small_workload):
+    cfg = tmp_path / "as.yaml"
+    cfg.write_text(Path(small_workload).read_text() + "autoscaler:\n  interval_s: 1.0\n  max_users: 16\n")
+    out = tmp_path / "r.json"
+    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "25", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+               "0.05", "--generation-mode", "fast", "--seed", "4", "--cache-dir", str(cache_dir), "--output",
+               str(out), "--config", str(cfg), "--enable-autoscaling", "--autoscaler-mode", "capacity"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    a = r["summary"]["autoscaling_stats"]
+    assert a["mode"] == "capacity" and len(a["steps"]) >= 2
+    users = [s["users"] for s in a["steps"]]
+    assert users[1] > users[0]  # the live worker count grew
+    assert a["stop_reason"].startswith("Peak capacity found") and r["stop_reason"] == a["stop_reason"]
+    assert r["status"] == "complete"

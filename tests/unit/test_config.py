@@ -59,5 +59,5 @@ def test_bad_flags_are_named():
 
 def test_unbuilt_features_fail_instead_of_being_ignored():
     from kvtier.bench.setup import check_config
-    with pytest.raises(ConfigError, match="--enable-rag: not implemented"):
-        check_config(build_bench_config({"enable_rag": True}))
+    with pytest.raises(ConfigError, match="--io-trace-log: not implemented"):
+        check_config(build_bench_config({"io_trace_log": "x.log"}))

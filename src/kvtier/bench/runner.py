@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import heapq
 import itertools
@@ -24,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from kvtier.bench.autoscale import Autoscaler
+from kvtier.bench.precondition import GiB, precondition
 from kvtier.bench.setup import Components
 from kvtier.engine.backend import aligned_buffer
 from kvtier.errors import Cancelled, StorageError, TierFullError
@@ -33,6 +36,7 @@ from kvtier.engine.tiered import NullSink
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.layout import KVRef, hash_id_chunks, segment_chunks
+from kvtier.workload.rag import RagCorpus, RagSettings
 from kvtier.workload.sharegpt import dataset_requests
 from kvtier.workload.users import Request, UserProfile, draws, make_users, phase_for, user_rng
 
@@ -150,6 +154,15 @@ class BenchRunner:
             system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)))
         self.conversations = ConversationManager(self.cfg.max_conversations)
         self.prepopulated: list[tuple[str, int]] = []
+        rt = self.cfg.tuning.rag
+        self.rag = RagCorpus(RagSettings(self.cfg.rag_num_docs, self.cfg.rag_top_k, rt.request_probability,
+                                         (int(rt.doc_tokens.low), int(rt.doc_tokens.high)), rt.chunk_tokens,
+                                         rt.popularity_skew), comp.seed) if self.cfg.enable_rag else None
+        self.setup_stats: dict[str, dict[str, float]] = {}
+        self._live: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._next_uid = self.cfg.num_users
+        self.autoscaler = Autoscaler(self.cfg.autoscaler_mode, self.cfg.target_saturation, self.cfg.tuning.autoscaler,
+                                     self.cfg.tuning.qos_profiles) if self.cfg.enable_autoscaling else None  # type: ignore[arg-type]
         self._users_done = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -161,6 +174,9 @@ class BenchRunner:
         if partial:
             self.hard_stop.set()
         self.stop.set()
+        with self._reason_lock:
+            for _, ev in self._live.values():
+                ev.set()
 
     # -- request service -------------------------------------------------------------------
     def _entry_bytes(self, tokens: int) -> int:
@@ -178,7 +194,27 @@ class BenchRunner:
             t = store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf).timing  # type: ignore[arg-type]
             return t.total_ns
 
+        rag_ns = rag_bytes = 0
         try:
+            for ref in req.rag_reads:  # the RAG burst: independent lookups, misses re-ingested
+                if self.stop.is_set():
+                    raise _Cut
+                r = store.get(ref.key, buf)
+                if r.hit:
+                    hits += 1
+                    rag_ns += r.timing.total_ns
+                    rag_bytes += r.nbytes
+                    count("lookup_rag_hits")
+                    count("read_rag_bytes", r.nbytes)
+                else:
+                    misses += 1
+                    count("lookup_rag_misses")
+                    count("restores_rag")
+                    rag_ns += put(ref.key, ref.tokens)
+                    bw += self._entry_bytes(ref.tokens)
+                    tw += ref.tokens
+            storage_ns += rag_ns
+            br += rag_bytes
             recompute: list[KVRef] = []
             for i, ref in enumerate(req.reads):
                 if self.stop.is_set():
@@ -252,7 +288,7 @@ class BenchRunner:
         self.rec.request(RequestRecord(
             req.user_id, req.qos, req.phase, req.context_tokens, req.generate_tokens, job.submit_ns, start,
             storage_done, end, storage_ns, gen_ns, br, bw, dec, tr, tw, hits, misses, ok, err, req.new_tokens,
-            req.turn))
+            req.turn, rag_ns, rag_bytes))
         if ok and self.cfg.max_requests and self.rec.completed_requests() >= self.cfg.max_requests:
             self.request_stop(f"--max-requests {self.cfg.max_requests} reached", partial=False)
 
@@ -283,7 +319,14 @@ class BenchRunner:
             yield from dataset_requests(user, mine, self.c.seed, self.cfg.replay_cycles, self.settings, self.scope,
                                         self.conversations)
             return
-        yield from conversation_requests(user, self.c.seed, self.settings, self.scope, self.conversations)
+        reqs = conversation_requests(user, self.c.seed, self.settings, self.scope, self.conversations)
+        if self.rag is None:
+            yield from reqs
+            return
+        rng = user_rng(self.c.seed, user.user_id, stream=6)
+        p = self.rag.settings.request_probability
+        for req in reqs:
+            yield dataclasses.replace(req, rag_reads=self.rag.retrieve(rng)) if rng.random() < p else req
 
     def _trace_requests(self) -> Iterator[Request]:
         trace = self.c.trace
@@ -344,34 +387,88 @@ class BenchRunner:
             self.rec.tier_error("workload", "dispatch", "trace", 0, e)
             self.request_stop(f"internal error in trace dispatch: {type(e).__name__}: {e}", partial=True)
 
-    def prepopulate(self) -> None:
-        """--decode-only: store num_users x 10 entries first, outside the statistics."""
+    def _fill(self, name: str, entries: Iterator[tuple[str, int]]) -> None:
+        """Write entries before the load, outside the statistics; their cost goes to setup_stats[name]."""
         buf = aligned_buffer(self.c.io_chunk_bytes)
         store, sink = self.c.store, self.c.store.sink
         store.sink = NullSink()
+        t0, nbytes_total, n = clock_ns(), 0, 0
         try:
-            for user in self.users:
-                for i, (ctx, _, _) in zip(range(10), draws(user, self.c.seed + 1)):
-                    if self.stop.is_set():
-                        return
-                    key = f"prepop_user{user.user_id}_{i}"
-                    nbytes = self._entry_bytes(ctx)
-                    store.put(key, lambda key=key, nbytes=nbytes: self.c.noise.chunks(key, nbytes, self.c.io_chunk_bytes),
-                              nbytes, buf)
-                    self.prepopulated.append((key, ctx))
+            for key, tokens in entries:
+                if self.stop.is_set():
+                    return
+                nbytes = self._entry_bytes(tokens)
+                store.put(key, lambda key=key, nbytes=nbytes: self.c.noise.chunks(key, nbytes, self.c.io_chunk_bytes),
+                          nbytes, buf)
+                nbytes_total += nbytes
+                n += 1
         finally:
             store.sink = sink
+            s = (clock_ns() - t0) / 1e9
+            self.setup_stats[name] = {"entries": n, "bytes": nbytes_total, "seconds": round(s, 4),
+                                      "bytes_per_sec": round(nbytes_total / s, 1) if s > 0 else None}
 
-    def _user(self, user: UserProfile) -> None:
+    def prepopulate(self) -> None:
+        """--decode-only: store num_users x 10 entries first, outside the statistics."""
+        def entries() -> Iterator[tuple[str, int]]:
+            for user in self.users:
+                for i, (ctx, _, _) in zip(range(10), draws(user, self.c.seed + 1)):
+                    self.prepopulated.append((f"prepop_user{user.user_id}_{i}", ctx))
+                    yield self.prepopulated[-1]
+        self._fill("decode_only_prepopulation", entries())
+
+    def _start_users(self, profiles: list[UserProfile]) -> None:
+        for u in profiles:
+            ev = threading.Event()
+            t = threading.Thread(target=self._user, args=(u, ev), name=f"kvtier-user-{u.user_id}", daemon=True)
+            with self._reason_lock:
+                self._live[u.user_id] = (t, ev)
+                if self.stop.is_set():
+                    ev.set()
+            t.start()
+
+    def _stop_users(self, n: int) -> None:
+        """Retire the n most recently started users (they finish their in-flight request)."""
+        with self._reason_lock:
+            for uid in sorted(self._live)[-n:]:
+                self._live.pop(uid)[1].set()
+
+    def live_users(self) -> int:
+        with self._reason_lock:
+            return len(self._live)
+
+    def _autoscale(self) -> None:
+        t = self.cfg.tuning.autoscaler
+        scaler = self.autoscaler
+        assert scaler is not None
+        seen = 0
+        last = clock_ns()
+        while not self.stop.wait(t.interval_s):
+            now = clock_ns()
+            window = self.rec.requests[seen:]
+            seen += len(window)
+            users = self.live_users()
+            action, target = scaler.step((now - self.start_ns) / 1e9, (now - last) / 1e9, window, users)
+            last = now
+            if scaler.stop_reason:
+                self.request_stop(scaler.stop_reason, partial=False)
+                return
+            if target > users:
+                self._start_users(make_users(target - users, self.cfg.tuning, self.c.seed, first_id=self._next_uid))
+                self._next_uid += target - users
+            elif target < users:
+                self._stop_users(users - target)
+
+    def _user(self, user: UserProfile, ustop: threading.Event | None = None) -> None:
         try:
-            self._user_loop(user)
+            self._user_loop(user, ustop or self.stop)
         except Exception as e:  # a bug must end the run visibly, not leave a silent dead user
             self.rec.tier_error("workload", "generate", "user", 0, e)
             self.request_stop(f"internal error in user {user.user_id}: {type(e).__name__}: {e}", partial=True)
 
-    def _user_loop(self, user: UserProfile) -> None:
+    def _user_loop(self, user: UserProfile, ustop: threading.Event) -> None:
         for req in self._requests(user):
-            if self.stop.wait(req.think_before_s) or not self.limiter.wait(self.stop):
+            if ustop.wait(req.think_before_s) or self.stop.is_set() or not self.limiter.wait(self.stop):
                 return
             job = _Job(req, clock_ns())
             if not self.queue.put(job):
@@ -387,19 +484,29 @@ class BenchRunner:
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_tick: Callable[["BenchRunner", float], None] | None = None,
             tick_s: float = 5.0) -> RunOutcome:
+        if self.cfg.precondition and self.c.file_tier is not None:
+            ft = self.c.file_tier
+            size = int(self.cfg.precondition_size_gb * GiB) or ft.capacity_bytes
+            self.setup_stats["precondition"] = precondition(
+                ft, self.c.noise, size, self.cfg.precondition_threads or self.c.io_slots, self.c.io_chunk_bytes,
+                self.stop)
         if self.cfg.decode_only:
             self.prepopulate()
+        if self.rag is not None:
+            self._fill("rag_ingest", ((c.key, c.tokens) for c in self.rag.chunks))
         io_before = proc_io()
         self.start_ns = clock_ns()
         workers = [threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True)
                    for i in range(self.c.io_slots)]
+        users: list[threading.Thread] = []
         if self.c.trace is not None:
             users = [threading.Thread(target=self._dispatch, name="kvtier-trace", daemon=True)]
-        else:
-            users = [threading.Thread(target=self._user, args=(u,), name=f"kvtier-user-{u.user_id}", daemon=True)
-                     for u in self.users]
         for t in workers + users:
             t.start()
+        if self.c.trace is None:
+            self._start_users(self.users)
+        if self.autoscaler is not None and self.c.trace is None and self.c.dataset is None:
+            threading.Thread(target=self._autoscale, name="kvtier-autoscaler", daemon=True).start()
         deadline = self.start_ns + int(self.cfg.duration * 1e9)
         next_tick = self.start_ns + int(tick_s * 1e9)
         while not self.stop.is_set():
@@ -414,13 +521,16 @@ class BenchRunner:
         load_end = clock_ns()
         # Stop admitting: queued requests are abandoned, in-flight ones stop between chunks.
         abandoned = self._drain(workers)
+        with self._reason_lock:
+            users += [t for t, _ in self._live.values()]
         for t in users:
             t.join(timeout=5)
         end = clock_ns()
         status = "partial" if self._partial else "complete"
         if not any(r.ok for r in self.rec.requests):
             status = "failed" if not self._partial else "partial"
-        workload = {"conversations_started": self.conversations.started,
+        workload = {"setup": self.setup_stats, "conversations_started": self.conversations.started,
+                    "autoscaling": self.autoscaler.stats(self.live_users()) if self.autoscaler else None,
                     "conversations_evicted": self.conversations.evicted,
                     "prepopulated_entries": len(self.prepopulated)}
         return RunOutcome(self.start_ns, load_end, end, self._stop_reason, status, abandoned, io_before,

@@ -124,6 +124,26 @@ class PrefixCacheTuning(_Strict):
     system_prompt_tokens: Range = Field(default_factory=lambda: Range(low=256, high=2048))
 
 
+class RagTuning(_Strict):
+    """RAG corpus and queries (see workload/rag.py)."""
+
+    request_probability: float = Field(0.1, ge=0, le=1)
+    doc_tokens: Range = Field(default_factory=lambda: Range(low=2048, high=16384))
+    chunk_tokens: int = Field(512, ge=1)
+    popularity_skew: float = Field(1.0, ge=0)
+
+
+class AutoscalerTuning(_Strict):
+    """Autoscaling of live users (see bench/autoscale.py)."""
+
+    interval_s: float = Field(5.0, gt=0)
+    cooldown_s: float = Field(10.0, ge=0)
+    min_users: int = Field(1, ge=1)
+    max_users: int = Field(1000, ge=1)
+    step_users: int = Field(0, ge=0, description="users added/removed per qos step; 0 = 20% of the current")
+    growth_fast: float = Field(0.2, gt=0, description="capacity mode: growth above this doubles users, below x1.5")
+
+
 class ModelEntry(_Strict):
     """A model in the reference's layout (head_dim = hidden_dim / num_heads unless given)."""
 
@@ -156,9 +176,9 @@ class Tuning(_Strict):
     # work (RAG, autoscaler, ShareGPT tuning) and are validated then.
     conversation: ConversationTuning = Field(default_factory=ConversationTuning)
     prefix_cache: PrefixCacheTuning = Field(default_factory=PrefixCacheTuning)
+    rag: RagTuning = Field(default_factory=RagTuning)
+    autoscaler: AutoscalerTuning = Field(default_factory=AutoscalerTuning)
     gpu_backend: dict[str, Any] = Field(default_factory=dict)
-    rag: dict[str, Any] = Field(default_factory=dict)
-    autoscaler: dict[str, Any] = Field(default_factory=dict)
     sharegpt: dict[str, Any] = Field(default_factory=dict)
     saturation_detection: dict[str, Any] = Field(default_factory=dict)
     validation_limits: dict[str, Any] = Field(default_factory=dict)
@@ -292,9 +312,7 @@ class BenchConfig(_Strict):
     def not_yet_implemented(self) -> list[str]:
         """Flags whose features are not built in this version (they must fail, not be ignored)."""
         flags = {
-            "enable_rag": "--enable-rag", "enable_autoscaling": "--enable-autoscaling",
-            "validation_trace": "--validation-trace", "precondition": "--precondition",
-            "io_trace_log": "--io-trace-log",
+            "validation_trace": "--validation-trace", "io_trace_log": "--io-trace-log",
         }
         return [flag for field, flag in flags.items() if getattr(self, field)]
 

@@ -162,6 +162,9 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
     peak = peak_rss_bytes()
 
     all_warnings = list(comp.warnings) + list(warnings)
+    if cfg.enable_rag:
+        all_warnings.append("--enable-rag: the RAG corpus was ingested before the run; its writes are reported in "
+                            "summary.rag_stats.ingest and excluded from the tier statistics")
     if run.workload.get("prepopulated_entries"):
         all_warnings.append(f"--decode-only: {run.workload['prepopulated_entries']} entries were written before the "
                             "run and are excluded from the statistics")
@@ -212,6 +215,20 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
         "decode": kind("decode"),
     }
 
+    rag_reqs = [r for r in ok if r.rag_ns or r.rag_bytes]
+    rag = kind("rag")
+    rag_stats = {
+        "enabled": cfg.enable_rag,
+        "num_docs": cfg.rag_num_docs, "top_k": cfg.rag_top_k,
+        "request_probability": cfg.tuning.rag.request_probability,
+        "queries": len(rag_reqs),
+        "chunk_hits": rag["hits"], "chunk_misses": rag["misses"], "chunk_hit_rate": rag["hit_rate"],
+        "chunks_reingested": rag["restores"],
+        "burst_bytes_gb": _gb(sum(r.rag_bytes for r in rag_reqs)),
+        "burst_latency_ms": latency_stats_ms([r.rag_ns for r in rag_reqs]),
+        "ingest": run.workload.get("setup", {}).get("rag_ingest"),
+    }
+
     summary = {
         "avg_throughput_tokens_per_sec": round(tokens_generated / wall_s, 3),
         "storage_throughput_tokens_per_sec": round(tokens_io / wall_s, 3),
@@ -228,6 +245,8 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
         "multi_turn_stats": multi_turn_stats,
         "prefix_cache_stats": prefix_cache_stats,
         "kv_layout_stats": kv_layout,
+        "rag_stats": rag_stats,
+        "autoscaling_stats": run.workload.get("autoscaling") or {"enabled": False},
     }
     return {
         "kvtier_version": __version__,
@@ -267,6 +286,7 @@ def build_result(comp: Components, rec: Recorder, run: RunOutcome, started_at: d
             "detected_free_bytes": ft.detected_free_bytes if ft else 0,
         },
         "workload_source": _source(comp),
+        "setup": run.workload.get("setup", {}),
         "host": host_facts(comp.cache_dir),
         "warnings": all_warnings,
         "config": cfg.model_dump(mode="json"),

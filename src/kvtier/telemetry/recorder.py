@@ -53,6 +53,8 @@ class RequestRecord(NamedTuple):
     error: str
     new_tokens: int = 0  # context tokens not in any cache before this request (amplification base)
     turn: int = 1
+    rag_ns: int = 0      # storage time of the RAG burst (retrieved chunk reads and re-ingests)
+    rag_bytes: int = 0   # bytes of retrieved chunks read
 
 
 @dataclass

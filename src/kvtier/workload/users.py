@@ -63,6 +63,7 @@ class Request:
     conversation: str | None = None
     turn: int = 1
     arrival_s: float | None = None
+    rag_reads: tuple[KVRef, ...] = ()  # retrieved chunks read before the first token (the RAG burst)
 
 
 def make_users(num_users: int, tuning: Tuning, seed: int, first_id: int = 0) -> list[UserProfile]:
