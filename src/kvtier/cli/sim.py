@@ -1,0 +1,119 @@
+"""``kvtier sim``: run the simulated OpenAI-compatible server until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvtier.errors import ConfigError
+
+
+def load_presets() -> dict[str, dict[str, Any]]:
+    text = resources.files("kvtier.sim").joinpath("presets.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("sim", help="simulated OpenAI-compatible server: modelled GPU, real offload tier")
+    a = p.add_argument
+    a("--preset", default="h100-llama3.1-8b", help="latency preset from sim/presets.yaml (default h100-llama3.1-8b)")
+    a("--model", help="catalog model whose KV bytes per token size the caches (default: the preset's)")
+    a("--served-model-name", help="name clients send as 'model' (default: --model)")
+    a("--gpu-kv-gb", type=float, help="GPU memory for KV cache, GB")
+    a("--prefill-tps", type=float, help="prefill throughput, tokens/s")
+    a("--tpot-ms", type=float, help="time per output token of a lone sequence, ms")
+    a("--prefill-overhead-ms", type=float, help="fixed cost per prefill, ms")
+    a("--batch-slowdown", type=float, help="TPOT grows by this fraction per extra running sequence")
+    a("--max-num-seqs", type=int, default=256, help="running sequences at most (default 256)")
+    a("--offload", choices=["none", "cpu", "nvme"], default="none")
+    a("--cpu-offload-gb", type=float, default=4.0)
+    a("--nvme-dir", help="directory of the NVMe offload tier")
+    a("--nvme-offload-gb", type=float, default=8.0)
+    a("--staging-gb", type=float, default=0.5, help="CPU staging tier in front of NVMe, GB")
+    a("--direct-io", choices=["auto", "on", "off"], default="auto")
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8000, help="0 = any free port (printed)")
+    a("--port-file", help="write the bound port here once the server accepts requests")
+    a("--replica-id", help="value of the x-kvtier-replica header (default host:port)")
+    a("--seed", type=int, default=0)
+    p.set_defaults(func=run_sim)
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from aiohttp import web  # noqa: PLC0415
+
+    from kvtier.keys import KeyScope  # noqa: PLC0415
+    from kvtier.modelspec import build_catalog, resolve_model  # noqa: PLC0415
+    from kvtier.sim.model import Offload, OffloadConfig  # noqa: PLC0415
+    from kvtier.sim.server import SimEngine, SimSettings, make_app  # noqa: PLC0415
+
+    presets = load_presets()
+    if args.preset not in presets:
+        raise ConfigError(f"--preset: unknown preset {args.preset!r} (known: {', '.join(sorted(presets))})")
+    pr = presets[args.preset]
+    model = resolve_model(args.model or pr["model"], build_catalog())
+
+    def pick(name: str) -> float:
+        v = getattr(args, name)
+        v = pr[name] if v is None else v
+        if v is None or v < 0 or (name in ("gpu_kv_gb", "prefill_tps") and v <= 0):
+            raise ConfigError(f"--{name.replace('_', '-')}: must be > 0, got {v}")
+        return float(v)
+
+    if args.max_num_seqs < 1:
+        raise ConfigError("--max-num-seqs: must be >= 1")
+    offload = None
+    if args.offload != "none":
+        if args.offload == "nvme" and (not args.nvme_dir or not Path(args.nvme_dir).is_dir()):
+            raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {args.nvme_dir!r})")
+        scope = KeyScope(model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention,
+                         chunk_size=256)
+        offload = Offload(OffloadConfig(args.offload, args.cpu_offload_gb, args.nvme_dir, args.nvme_offload_gb,
+                                        args.staging_gb, 256, args.direct_io), scope, model.kv_bytes_per_token,
+                          args.seed)
+
+    async def main() -> None:
+        settings = SimSettings(model, args.served_model_name or args.model or pr["model"], pick("gpu_kv_gb"),
+                               pick("prefill_tps"), pick("tpot_ms"), pick("prefill_overhead_ms"),
+                               pick("batch_slowdown"), args.max_num_seqs, args.replica_id or "", args.seed)
+        runner = None
+        try:
+            # the replica id defaults to host:port, known only after binding
+            engine = SimEngine(settings, offload)
+            app = make_app(engine)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, args.host, args.port)
+            await site.start()
+            port = runner.addresses[0][1]
+            if not args.replica_id:
+                object.__setattr__(engine.s, "replica_id", f"{args.host}:{port}")
+            print(f"kvtier sim: {engine.s.served_model_name} on http://{args.host}:{port}/v1 "
+                  f"(replica {engine.s.replica_id}, GPU {engine.gpu.capacity} blocks, offload {args.offload}, "
+                  f"tokenizer {engine.tokenizer})", file=sys.stderr, flush=True)
+            if args.port_file:
+                Path(args.port_file).write_text(f"{port}\n")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        raise ConfigError(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}") from e
+    finally:
+        if offload is not None:
+            offload.close()
+    return 0

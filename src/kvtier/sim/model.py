@@ -1,0 +1,208 @@
+"""The simulated engine: a modelled GPU prefix cache in front of a real kvtier offload tier.
+
+GPU (modelled, like vLLM's prefix cache): capacity in 16-token blocks from --gpu-kv-gb and the
+model's KV bytes per token; prefix blocks are chained hashes of token ids (kvtier.keys); a request
+hits the longest run of leading blocks present; blocks of running requests are pinned; unpinned
+blocks are evicted LRU when new blocks are needed.
+
+Offload (real, like LMCache): 256-token chunks keyed by prefix-chained hashes in a kvtier
+TieredStore (CPU RAM, or a small CPU staging tier in front of the file tier for NVMe). After a
+request's prefill its full chunks are stored (write after prefill, off the request's path). A new
+request first takes its GPU hit, then the contiguous continuation found in the offload tier, loaded
+with real reads whose measured time is added to its TTFT — unless the fetch gate (kvtier plan)
+says recomputing would be faster, judged on the load bandwidth measured so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.file import FileTier
+from kvtier.engine.memory import MemoryTier
+from kvtier.engine.noise import NoiseBuffer
+from kvtier.engine.tiered import StoreConfig, TieredStore
+from kvtier.errors import ConfigError, StorageError
+from kvtier.keys import KeyScope, chunk_hash, prefix_chunk_hashes
+from kvtier.plan.costs import should_fetch
+from kvtier.telemetry.recorder import Recorder
+
+BLOCK_TOKENS = 16
+GiB = 1024**3
+
+
+def block_hashes(token_ids: Sequence[int]) -> list[bytes]:
+    return prefix_chunk_hashes(token_ids, BLOCK_TOKENS)
+
+
+class GpuPrefixCache:
+    """Block-granular prefix cache with pinning and LRU eviction of unpinned blocks. Thread safe."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ConfigError("--gpu-kv-gb: too small to hold one 16-token block of this model")
+        self.capacity = capacity_blocks
+        self._ref: dict[bytes, int] = {}
+        self._free: OrderedDict[bytes, None] = OrderedDict()  # cached, unpinned (LRU first)
+        self._anon = 0  # pinned blocks without a reusable hash (generated tokens, partial tails)
+        self._lock = threading.Lock()
+
+    @property
+    def used_blocks(self) -> int:
+        with self._lock:
+            return len(self._ref) + self._anon
+
+    def match(self, hashes: Sequence[bytes]) -> int:
+        with self._lock:
+            n = 0
+            for h in hashes:
+                if h not in self._ref:
+                    break
+                n += 1
+            return n
+
+    def acquire(self, hashes: Sequence[bytes], anon_blocks: int) -> bool:
+        """Pin the request's prefix blocks (allocating missing ones) plus anonymous blocks; False if no room."""
+        with self._lock:
+            missing = [h for h in hashes if h not in self._ref]
+            need = len(missing) + anon_blocks
+            if len(self._ref) + self._anon + need - len(self._free) > self.capacity:
+                return False
+            while len(self._ref) + self._anon + need > self.capacity:
+                victim, _ = self._free.popitem(last=False)
+                del self._ref[victim]
+            for h in hashes:
+                if self._ref.get(h, 0) == 0:
+                    self._free.pop(h, None)
+                self._ref[h] = self._ref.get(h, 0) + 1
+            self._anon += anon_blocks
+            return True
+
+    def release(self, hashes: Sequence[bytes], anon_blocks: int) -> None:
+        with self._lock:
+            for h in hashes:
+                self._ref[h] -= 1
+                if self._ref[h] == 0:
+                    self._free[h] = None
+            self._anon -= anon_blocks
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    kind: str  # none | cpu | nvme
+    cpu_offload_gb: float = 4.0
+    nvme_dir: str | None = None
+    nvme_offload_gb: float = 8.0
+    staging_gb: float = 0.5
+    chunk_tokens: int = 256
+    direct_io: str = "auto"
+
+
+class Offload:
+    """The real offload tier: chunk KV through kvtier's TieredStore."""
+
+    def __init__(self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int) -> None:
+        self.cfg = cfg
+        self.scope = scope
+        self.kvpt = kv_bytes_per_token
+        self.recorder = Recorder()
+        if cfg.kind == "cpu":
+            tiers = [MemoryTier(int(cfg.cpu_offload_gb * GiB), "cpu")]
+        elif cfg.kind == "nvme":
+            if not cfg.nvme_dir:
+                raise ConfigError("--offload nvme: give --nvme-dir")
+            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu"),
+                     FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io)]  # type: ignore[arg-type]
+        else:
+            raise ConfigError(f"--offload: expected none, cpu or nvme, got {cfg.kind!r}")
+        self.store = TieredStore(tiers, StoreConfig(), self.recorder)
+        self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
+        self._bufs = threading.local()
+        self._lock = threading.Lock()
+        self.loaded_bytes = 0
+        self.load_seconds = 0.0
+        self.loads = 0
+        self.stored_bytes = 0
+        self.store_seconds = 0.0
+        self.chunks_loaded = 0
+
+    def _buf(self) -> memoryview:
+        b = getattr(self._bufs, "b", None)
+        if b is None:
+            b = self._bufs.b = aligned_buffer(16 * 1024 * 1024)
+        return b
+
+    def chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
+        return self.scope.keys_for_tokens(token_ids)
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        n = 0
+        for k in keys:
+            if self.store.location(k) is None:
+                break
+            n += 1
+        return n
+
+    def measured_fetch(self) -> tuple[float, float] | None:
+        """(bytes/s, per-load overhead s) measured so far; None before the first load."""
+        with self._lock:
+            if not self.loads or self.load_seconds <= 0:
+                return None
+            return self.loaded_bytes / self.load_seconds, 0.0
+
+    def load(self, keys: Sequence[str]) -> tuple[float, int, int]:
+        """Really read the chunks; returns (seconds, bytes, chunks found). Runs in a worker thread."""
+        buf = self._buf()
+        t0 = time.perf_counter()
+        nbytes = found = 0
+        for k in keys:
+            try:
+                r = self.store.get(k, buf)
+            except StorageError:
+                break
+            if not r.hit:
+                break  # evicted since the lookup: the rest is recomputed
+            nbytes += r.nbytes
+            found += 1
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self.loaded_bytes += nbytes
+            self.load_seconds += dt
+            self.loads += 1
+            self.chunks_loaded += found
+        return dt, nbytes, found
+
+    def save(self, keys: Sequence[str]) -> None:
+        """Store chunks not already present (the store path after prefill). Runs in a worker thread."""
+        buf = self._buf()
+        chunk_bytes = self.cfg.chunk_tokens * self.kvpt
+        t0 = time.perf_counter()
+        n = 0
+        for k in keys:
+            if self.store.location(k) is not None:
+                continue
+            try:
+                self.store.put(k, lambda k=k: self.noise.chunks(k, chunk_bytes, 16 * 1024 * 1024), chunk_bytes, buf)
+                n += chunk_bytes
+            except StorageError:
+                break
+        with self._lock:
+            self.stored_bytes += n
+            self.store_seconds += time.perf_counter() - t0
+
+    def gate(self, tokens: int, prefill_tps: float) -> bool:
+        m = self.measured_fetch()
+        if m is None:
+            return True  # nothing measured yet: fetch, and measure
+        bw, rtt = m
+        return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
+
+    def close(self) -> None:
+        self.store.close()
+
+
+__all__ = ["GpuPrefixCache", "Offload", "OffloadConfig", "block_hashes", "BLOCK_TOKENS", "chunk_hash"]

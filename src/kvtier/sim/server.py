@@ -1,0 +1,370 @@
+"""The OpenAI-compatible HTTP front of kvtier sim (aiohttp), with vLLM/LMCache-named metrics.
+
+Latency model per request:
+  TTFT = queue wait (real: waiting for a sequence slot and GPU blocks)
+       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept)
+       + offload load time                                   (real reads, measured)
+  then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+from kvtier.modelspec import ModelSpec
+from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, block_hashes
+from kvtier.sim.tokens import make_encoder, render_chat
+
+GiB = 1024**3
+LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: ModelSpec
+    served_model_name: str
+    gpu_kv_gb: float
+    prefill_tps: float
+    tpot_ms: float
+    prefill_overhead_ms: float
+    batch_slowdown: float
+    max_num_seqs: int
+    replica_id: str
+    seed: int
+    default_max_tokens: int = 256
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error_response(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                             status=status)
+
+
+class Metrics:
+    def __init__(self, model_name: str) -> None:
+        disable_created_metrics()  # vLLM exposes no *_created series; scrapers should see the same names
+        self.registry = r = CollectorRegistry()
+        L = ["model_name"]
+        self.labels = (model_name,)
+
+        def c(name: str, doc: str) -> Any:
+            return Counter(name, doc, L, registry=r).labels(*self.labels)
+
+        def g(name: str, doc: str) -> Any:
+            return Gauge(name, doc, L, registry=r).labels(*self.labels)
+
+        def h(name: str, doc: str) -> Any:
+            return Histogram(name, doc, L, buckets=LAT_BUCKETS, registry=r).labels(*self.labels)
+
+        self.running = g("vllm:num_requests_running", "requests in the running batch")
+        self.waiting = g("vllm:num_requests_waiting", "requests waiting for a slot or KV blocks")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "fraction of GPU KV blocks in use (0-1)")
+        self.pc_queries = c("vllm:prefix_cache_queries", "prompt tokens looked up in the GPU prefix cache")
+        self.pc_hits = c("vllm:prefix_cache_hits", "prompt tokens found in the GPU prefix cache")
+        self.ext_queries = c("vllm:external_prefix_cache_queries", "prompt tokens looked up in the offload tier")
+        self.ext_hits = c("vllm:external_prefix_cache_hits", "prompt tokens loaded from the offload tier")
+        self.prompt_tokens = c("vllm:prompt_tokens", "prompt tokens processed")
+        self.gen_tokens = c("vllm:generation_tokens", "tokens generated")
+        self.success = c("vllm:request_success", "requests finished")
+        self.ttft = h("vllm:time_to_first_token_seconds", "time to first token")
+        self.itl = h("vllm:inter_token_latency_seconds", "time between output tokens")
+        self.tpot = h("vllm:request_time_per_output_token_seconds", "mean time per output token of a request")
+        self.e2e = h("vllm:e2e_request_latency_seconds", "request latency")
+        self.queue = h("vllm:request_queue_time_seconds", "time waiting for admission")
+        self.prefill = h("vllm:request_prefill_time_seconds", "prefill time including offload loads")
+        self.decode = h("vllm:request_decode_time_seconds", "decode time")
+        self.gate_recompute = c("kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower")
+        # LMCache-style series for the offload tier
+        self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
+        self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
+        self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")
+        self.lm_l1 = g("lmcache_mp_l1_memory_usage_bytes", "bytes in the CPU tier")
+        self.lm_l1_ratio = g("lmcache_mp_l1_usage_ratio", "CPU tier usage ratio")
+        self.lm_l2 = g("lmcache_mp_l2_usage_bytes", "bytes in the disk tier")
+        self.lm_evicted = g("lmcache_mp_l1_evicted_chunks", "chunks demoted or evicted from the CPU tier")
+        self.lm_load_tp = g("lmcache_mp_l2_load_throughput_GB_per_second", "mean load throughput so far, GB/s")
+        self.lm_store_tp = g("lmcache_mp_l2_store_throughput_GB_per_second", "mean store throughput so far, GB/s")
+
+
+class SimEngine:
+    def __init__(self, s: SimSettings, offload: Offload | None) -> None:
+        self.s = s
+        self.kvpt = s.model.kv_bytes_per_token
+        self.gpu = GpuPrefixCache(int(s.gpu_kv_gb * GiB // (self.kvpt * BLOCK_TOKENS)))
+        self.offload = offload
+        self.encode, self.tokenizer = make_encoder()
+        self.metrics = Metrics(s.served_model_name)
+        self.running = 0
+        self.waiting = 0
+        self._admit = asyncio.Condition()
+        self.external_loaded_tokens = 0
+
+    def _refresh(self) -> None:
+        m = self.metrics
+        m.running.set(self.running)
+        m.waiting.set(self.waiting)
+        m.kv_usage.set(self.gpu.used_blocks / self.gpu.capacity)
+        if self.offload is not None:
+            u = self.offload.store.usage()
+            cpu = u.get("cpu")
+            if cpu:
+                m.lm_l1.set(cpu["used_bytes"])
+                m.lm_l1_ratio.set(cpu["used_bytes"] / cpu["capacity_bytes"])
+            if "storage" in u:
+                m.lm_l2.set(u["storage"]["used_bytes"])
+            ctr = self.offload.recorder.counters
+            m.lm_evicted.set(ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0))
+            o = self.offload
+            if o.load_seconds > 0:
+                m.lm_load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
+            if o.store_seconds > 0:
+                m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
+        """Async generator: yields ('first', info) once, then ('token', i) for each token, then ('done', info)."""
+        s, m = self.s, self.metrics
+        t_arrive = time.perf_counter()
+        hashes = block_hashes(prompt_ids)
+        anon = math.ceil((len(prompt_ids) + max_tokens) / BLOCK_TOKENS) - len(hashes)
+        if len(hashes) + anon > self.gpu.capacity:
+            raise BadRequest(f"prompt + max_tokens need {len(hashes) + anon} KV blocks; the simulated GPU holds "
+                             f"{self.gpu.capacity}", "max_tokens")
+        self.waiting += 1
+        self._refresh()
+        hit: list[int] = []
+
+        def admitted() -> bool:
+            if self.running >= s.max_num_seqs:
+                return False
+            n = self.gpu.match(hashes)
+            if not self.gpu.acquire(hashes, anon):
+                return False
+            hit.append(n)
+            return True
+
+        async with self._admit:
+            await self._admit.wait_for(admitted)
+            self.waiting -= 1
+            self.running += 1
+        try:
+            t_admit = time.perf_counter()
+            m.queue.observe(t_admit - t_arrive)
+            gpu_hit = hit[0] * BLOCK_TOKENS
+            m.pc_queries.inc(len(prompt_ids))
+            m.pc_hits.inc(gpu_hit)
+            load_s, ext = 0.0, 0
+            keys: list[str] = []
+            if self.offload is not None:
+                o = self.offload
+                keys = o.chunk_keys(prompt_ids)
+                m.ext_queries.inc(max(0, len(prompt_ids) - gpu_hit))
+                m.lm_req.inc(len(prompt_ids))
+                n = await asyncio.to_thread(o.lookup, keys)
+                m.lm_hit.inc(n * o.cfg.chunk_tokens)
+                first_chunk = gpu_hit // o.cfg.chunk_tokens
+                cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
+                if cand > 0:
+                    if o.gate(cand, s.prefill_tps):
+                        load_s, nbytes, found = await asyncio.to_thread(o.load, keys[first_chunk:n])
+                        ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
+                        m.lm_loaded.inc(found)
+                    else:
+                        m.gate_recompute.inc()
+                m.ext_hits.inc(ext)
+                self.external_loaded_tokens += ext
+            uncached = len(prompt_ids) - gpu_hit - ext
+            model_s = s.prefill_overhead_ms / 1e3 + uncached / s.prefill_tps
+            await asyncio.sleep(model_s)
+            t_first = time.perf_counter()
+            m.prefill.observe(t_first - t_admit)
+            m.ttft.observe(t_first - t_arrive)
+            m.prompt_tokens.inc(len(prompt_ids))
+            if self.offload is not None:
+                asyncio.get_running_loop().run_in_executor(None, self.offload.save, keys)
+            yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit, "external_tokens": ext,
+                            "load_s": load_s, "queue_s": t_admit - t_arrive}
+            last = t_first
+            for i in range(max_tokens):
+                if i:
+                    await asyncio.sleep(s.tpot_ms / 1e3 * (1 + s.batch_slowdown * max(0, self.running - 1)))
+                    now = time.perf_counter()
+                    m.itl.observe(now - last)
+                    last = now
+                m.gen_tokens.inc()
+                yield "token", i
+            t_end = time.perf_counter()
+            m.decode.observe(t_end - t_first)
+            m.e2e.observe(t_end - t_arrive)
+            if max_tokens > 1:
+                m.tpot.observe((t_end - t_first) / (max_tokens - 1))
+            m.success.inc()
+        finally:
+            self.gpu.release(hashes, anon)
+            async with self._admit:
+                self.running -= 1
+                self._admit.notify_all()
+            self._refresh()
+
+
+WORDS = ("the", "cache", "moves", "tokens", "to", "faster", "tiers", "when", "it", "pays", "and", "recomputes",
+         "otherwise", "because", "bandwidth", "matters")
+
+
+def _word(i: int) -> str:
+    return WORDS[(i * 7 + 3) % len(WORDS)] + " "
+
+
+def _int_param(body: dict[str, Any], *names: str, default: int) -> int:
+    for n in names:
+        if n in body and body[n] is not None:
+            v = body[n]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise BadRequest(f"'{n}' must be a positive integer", n)
+            return v
+    return default
+
+
+async def _parse(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        raise BadRequest("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def make_app(engine: SimEngine) -> web.Application:
+    s = engine.s
+
+    @web.middleware
+    async def replica_header(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        try:
+            resp = await handler(request)
+        except BadRequest as e:
+            resp = error_response(400, str(e), e.param)
+        except web.HTTPException as e:
+            resp = error_response(e.status, e.reason or "error", kind="not_found_error" if e.status == 404 else
+                                  "invalid_request_error")
+        resp.headers["x-kvtier-replica"] = s.replica_id
+        return resp
+
+    async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await _parse(request)
+        if body.get("model") not in (None, s.served_model_name):
+            return error_response(404, f"model {body.get('model')!r} does not exist", "model", "not_found_error")
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise BadRequest("'messages' must be a non-empty list", "messages")
+            for i, msg in enumerate(msgs):
+                if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool",
+                                                                         "developer"):
+                    raise BadRequest(f"messages[{i}] needs a role of system, user, assistant, tool or developer",
+                                     "messages")
+            try:
+                text = render_chat(msgs)
+            except ValueError as e:
+                raise BadRequest(f"messages: {e}", "messages") from None
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if not isinstance(prompt, str) or not prompt:
+                raise BadRequest("'prompt' must be a non-empty string", "prompt")
+            text = prompt
+        max_tokens = _int_param(body, "max_completion_tokens", "max_tokens", default=s.default_max_tokens)
+        stream = bool(body.get("stream", False))
+        so = body.get("stream_options") or {}
+        include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
+        prompt_ids = engine.encode(text)
+        if not prompt_ids:
+            raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        gen = engine.generate(prompt_ids, max_tokens)
+        first_kind, info = await gen.__anext__()  # raises BadRequest before any byte is sent
+        usage = lambda n: {"prompt_tokens": len(prompt_ids), "completion_tokens": n,  # noqa: E731
+                           "total_tokens": len(prompt_ids) + n,
+                           "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]}}
+        if not stream:
+            n = 0
+            async for kind, i in gen:
+                if kind == "token":
+                    n += 1
+            content = "".join(_word(i) for i in range(n))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": content, "finish_reason": "length", "logprobs": None})
+            return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                      "created": created, "model": s.served_model_name, "choices": [choice],
+                                      "usage": usage(n), "kvtier": info})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "x-kvtier-replica": s.replica_id})
+        await resp.prepare(request)
+
+        async def send(payload: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+        def chunk(delta: Any, finish: str | None) -> dict[str, Any]:
+            ch = ({"index": 0, "delta": delta, "finish_reason": finish} if chat
+                  else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None})
+            return {"id": rid, "object": obj, "created": created, "model": s.served_model_name, "choices": [ch]}
+
+        n = 0
+        try:
+            if chat:
+                await send(chunk({"role": "assistant", "content": ""}, None))
+            async for kind, i in gen:
+                if kind != "token":
+                    continue
+                n += 1
+                await send(chunk({"content": _word(i)} if chat else _word(i), None))
+            await send(chunk({} if chat else "", "length"))
+            if include_usage:
+                await send({"id": rid, "object": obj, "created": created, "model": s.served_model_name,
+                            "choices": [], "usage": usage(n)})
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            await gen.aclose()
+            raise
+        return resp
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await completion(request, True)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await completion(request, False)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": s.served_model_name, "object": "model",
+                                                              "created": 0, "owned_by": "kvtier-sim",
+                                                              "max_model_len": 131072}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(request: web.Request) -> web.Response:
+        engine._refresh()
+        return web.Response(body=generate_latest(engine.metrics.registry),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    app = web.Application(middlewares=[replica_header], client_max_size=64 * 1024 * 1024)
+    app.add_routes([web.post("/v1/chat/completions", chat_completions), web.post("/v1/completions", completions),
+                    web.get("/v1/models", models), web.get("/health", health), web.get("/metrics", metrics)])
+    return app

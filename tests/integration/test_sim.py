@@ -1,0 +1,205 @@
+"""kvtier sim as a real server on 127.0.0.1: OpenAI API, errors, metrics, GPU cache and real offload."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.conftest import kvtier_cmd
+
+
+class Sim:
+    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
+        self.proc, self.port = proc, port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def post(self, path: str, body: Any, raw: bytes | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read()), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read()), dict(e.headers)
+
+    def stream(self, body: dict[str, Any]) -> list[str]:
+        req = urllib.request.Request(self.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return [line.decode().strip() for line in r if line.strip()]
+
+    def metrics(self) -> dict[str, float]:
+        text = urllib.request.urlopen(self.base + "/metrics", timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name.split("{")[0]] = out.get(name.split("{")[0], 0.0) + float(value)
+        return out
+
+
+def start_sim(tmp_path: Path, *args: str) -> Sim:
+    port_file = tmp_path / f"port-{time.monotonic_ns()}"
+    proc = subprocess.Popen(kvtier_cmd() + ["sim", "--preset", "cpu-test", "--port", "0", "--port-file",
+                                            str(port_file), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text().strip():
+            return Sim(proc, int(port_file.read_text()))
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "sim died")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("sim did not start")
+
+
+def stop_sim(sim: Sim) -> tuple[int, str]:
+    sim.proc.send_signal(signal.SIGTERM)
+    _, err = sim.proc.communicate(timeout=20)
+    return sim.proc.returncode, err
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Sim]:
+    s = start_sim(tmp_path, "--offload", "cpu", "--cpu-offload-gb", "0.5")
+    yield s
+    stop_sim(s)
+
+
+def chat(text: str, max_tokens: int = 3, **kw: Any) -> dict[str, Any]:
+    return {"model": "tiny-1b", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, **kw}
+
+
+def test_models_health_and_replica_header(sim: Sim):
+    with urllib.request.urlopen(sim.base + "/v1/models") as r:
+        assert r.headers["x-kvtier-replica"] == f"127.0.0.1:{sim.port}"
+        assert json.loads(r.read())["data"][0]["id"] == "tiny-1b"
+    with urllib.request.urlopen(sim.base + "/health") as r:
+        assert r.status == 200
+
+
+def test_chat_stream_with_usage_and_non_stream(sim: Sim):
+    lines = sim.stream(chat("hello there", 4, stream=True, stream_options={"include_usage": True}))
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(x[len("data: "):]) for x in lines[:-1]]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) == 4
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    usage = events[-1]["usage"]
+    assert events[-1]["choices"] == [] and usage["completion_tokens"] == 4
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    status, body, headers = sim.post("/v1/chat/completions", chat("hello there", 5))
+    assert status == 200 and body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
+    assert headers["x-kvtier-replica"]
+    status, body, _ = sim.post("/v1/completions", {"model": "tiny-1b", "prompt": "once upon a time", "max_tokens": 2})
+    assert status == 200 and body["object"] == "text_completion" and body["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("body,raw,status,param", [
+    (None, b"{not json", 400, None),
+    ([1, 2], None, 400, None),
+    ({"messages": []}, None, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, None, 400, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, None, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, None, 400, "max_tokens"),
+    ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, None, 404, "model"),
+])
+def test_bad_requests_get_openai_errors_and_server_stays_up(sim: Sim, body, raw, status, param):
+    code, err, _ = sim.post("/v1/chat/completions", body, raw)
+    assert code == status and err["error"]["param"] == param and err["error"]["message"]
+    assert sim.post("/v1/chat/completions", chat("still alive"))[0] == 200
+
+
+def long_prompt(tag: str, words: int = 700) -> str:
+    return " ".join(f"{tag}{i}" for i in range(words))
+
+
+def test_gpu_prefix_hit_then_eviction_then_offload_hit(sim: Sim):
+    a = long_prompt("alpha")
+    _, r1, _ = sim.post("/v1/chat/completions", chat(a))
+    _, r2, _ = sim.post("/v1/chat/completions", chat(a))
+    assert r2["kvtier"]["gpu_hit_tokens"] > 0 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    time.sleep(0.5)  # the store path runs after prefill
+    sim.post("/v1/chat/completions", chat(long_prompt("beta")))  # pushes alpha out of the small GPU cache
+    time.sleep(0.5)
+    _, r3, _ = sim.post("/v1/chat/completions", chat(a))
+    assert r3["kvtier"]["gpu_hit_tokens"] < r3["usage"]["prompt_tokens"] // 2
+    assert r3["kvtier"]["external_tokens"] >= 256 and r3["kvtier"]["load_s"] > 0
+    m = sim.metrics()
+    ext = sum(r["kvtier"]["external_tokens"] for r in (r1, r2, r3))
+    assert m["vllm:external_prefix_cache_hits_total"] == ext
+    assert m["lmcache_mp_num_chunks_loaded_total"] >= ext // 256
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_count",
+                 "vllm:request_prefill_time_seconds_sum", "lmcache_mp_l1_memory_usage_bytes"):
+        assert name in m, name
+    assert not any(k.endswith("_created") for k in m)
+
+
+def test_without_offload_a_gpu_miss_is_recomputed(tmp_path: Path):
+    s = start_sim(tmp_path, "--offload", "none")
+    try:
+        a = long_prompt("alpha")
+        s.post("/v1/chat/completions", chat(a))
+        s.post("/v1/chat/completions", chat(long_prompt("beta")))
+        _, r, _ = s.post("/v1/chat/completions", chat(a))
+        assert r["kvtier"]["external_tokens"] == 0
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == r["kvtier"]["gpu_hit_tokens"]
+    finally:
+        stop_sim(s)
+
+
+def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
+    d = tmp_path / "nvme"
+    d.mkdir()
+    s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1",
+                  "--staging-gb", "0.01")
+    try:
+        a = long_prompt("alpha")
+        s.post("/v1/chat/completions", chat(a))
+        time.sleep(1.0)
+        files = [p for p in d.rglob("*.kv")]
+        assert files, "chunks spilled from the small staging tier to files"
+        s.post("/v1/chat/completions", chat(long_prompt("beta")))
+        time.sleep(1.0)
+        _, r, _ = s.post("/v1/chat/completions", chat(a))
+        assert r["kvtier"]["external_tokens"] >= 256
+    finally:
+        code, err = stop_sim(s)
+    assert code == 0, err
+    assert list(d.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_plain_curl_stream(sim: Sim):
+    out = subprocess.run(["curl", "-sN", sim.base + "/v1/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", json.dumps(chat("hi", 2, stream=True))], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip().endswith("data: [DONE]") and out.stdout.count("data: ") == 5
+
+
+def test_openai_sdk_if_installed(sim: Sim):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sim.base + "/v1", api_key="none")
+    r = client.chat.completions.create(model="tiny-1b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.usage.completion_tokens == 3
+    chunks = list(client.chat.completions.create(model="tiny-1b", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=3, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_bad_flags(tmp_path: Path):
+    p = subprocess.run(kvtier_cmd() + ["sim", "--preset", "nope"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "unknown preset" in p.stderr
+    p = subprocess.run(kvtier_cmd() + ["sim", "--offload", "nvme", "--nvme-dir", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "--nvme-dir" in p.stderr
