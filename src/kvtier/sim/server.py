@@ -136,7 +136,9 @@ class SimEngine:
                 m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
-        """Async generator: yields ('first', info) once, then ('token', i) for each token, then ('done', info)."""
+        """Async generator: yields ('first', info) after prefill; is then sent an ``emit(i)`` coroutine
+        function (or None) called for every token, and yields ('done', tokens) at the end. Close it
+        (aclose) to release the request's resources."""
         s, m = self.s, self.metrics
         t_arrive = time.perf_counter()
         hashes = block_hashes(prompt_ids)
@@ -196,23 +198,29 @@ class SimEngine:
             m.prompt_tokens.inc(len(prompt_ids))
             if self.offload is not None:
                 asyncio.get_running_loop().run_in_executor(None, self.offload.save, keys)
-            yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit, "external_tokens": ext,
-                            "load_s": load_s, "queue_s": t_admit - t_arrive}
-            last = t_first
-            for i in range(max_tokens):
-                if i:
-                    await asyncio.sleep(s.tpot_ms / 1e3 * (1 + s.batch_slowdown * max(0, self.running - 1)))
-                    now = time.perf_counter()
-                    m.itl.observe(now - last)
-                    last = now
-                m.gen_tokens.inc()
-                yield "token", i
+            emit = yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit,
+                                   "external_tokens": ext, "load_s": load_s, "queue_s": t_admit - t_arrive}
+            # Hot path (per token): one sleep, one clock read; metrics are flushed once at the end.
+            stamps = [t_first]
+            tpot, slow, sleep, clock = s.tpot_ms / 1e3, s.batch_slowdown, asyncio.sleep, time.perf_counter
+            try:
+                for i in range(max_tokens):
+                    if i:
+                        await sleep(tpot * (1 + slow * (self.running - 1)))
+                        stamps.append(clock())
+                    if emit is not None:
+                        await emit(i)
+            finally:
+                m.gen_tokens.inc(len(stamps) if max_tokens else 0)
+                for a, b in zip(stamps, stamps[1:]):
+                    m.itl.observe(b - a)
             t_end = time.perf_counter()
             m.decode.observe(t_end - t_first)
             m.e2e.observe(t_end - t_arrive)
             if max_tokens > 1:
                 m.tpot.observe((t_end - t_first) / (max_tokens - 1))
             m.success.inc()
+            yield "done", max_tokens
         finally:
             self.gpu.release(hashes, anon)
             async with self._admit:
@@ -226,6 +234,7 @@ WORDS = ("the", "cache", "moves", "tokens", "to", "faster", "tiers", "when", "it
 
 
 def _word(i: int) -> str:
+    """Deterministic filler text; periodic in len(WORDS) so per-token chunks can be pre-encoded."""
     return WORDS[(i * 7 + 3) % len(WORDS)] + " "
 
 
@@ -304,10 +313,10 @@ def make_app(engine: SimEngine) -> web.Application:
                            "total_tokens": len(prompt_ids) + n,
                            "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]}}
         if not stream:
-            n = 0
-            async for kind, i in gen:
-                if kind == "token":
-                    n += 1
+            try:
+                _, n = await gen.asend(None)
+            finally:
+                await gen.aclose()
             content = "".join(_word(i) for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
                       if chat else {"index": 0, "text": content, "finish_reason": "length", "logprobs": None})
@@ -326,23 +335,27 @@ def make_app(engine: SimEngine) -> web.Application:
                   else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None})
             return {"id": rid, "object": obj, "created": created, "model": s.served_model_name, "choices": [ch]}
 
+        # Per-token chunks are pre-encoded once per request: the hot path only concatenates bytes.
+        head, tail = (json.dumps(chunk({"content": "\x00"} if chat else "\x00", None), separators=(",", ":"))
+                      .encode().split(b"\\u0000"))
+        lines = [b"data: " + head + w.encode() + tail + b"\n\n" for w in (_word(i) for i in range(len(WORDS)))]
         n = 0
         try:
             if chat:
                 await send(chunk({"role": "assistant", "content": ""}, None))
-            async for kind, i in gen:
-                if kind != "token":
-                    continue
-                n += 1
-                await send(chunk({"content": _word(i)} if chat else _word(i), None))
+            write, L = resp.write, len(WORDS)
+
+            async def emit(i: int) -> None:
+                await write(lines[i % L])
+
+            _, n = await gen.asend(emit)
             await send(chunk({} if chat else "", "length"))
             if include_usage:
                 await send({"id": rid, "object": obj, "created": created, "model": s.served_model_name,
                             "choices": [], "usage": usage(n)})
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
+        finally:
             await gen.aclose()
-            raise
         return resp
 
     async def chat_completions(request: web.Request) -> web.StreamResponse:
