@@ -1,0 +1,249 @@
+"""Datasets of recorded sessions -> turns -> virtual users.
+
+Formats (``--dataset-format``, auto-detected from the first record):
+* ``agent-trace`` — LMCache agent traces: JSONL per session, one LLM call per line
+  ``{timestamp (us), input (full prompt text), output, session_id}``; calls are sorted by timestamp
+  inside a session. A turn sends the recorded ``input`` as one user message.
+* ``tau2`` — tau2-bench results JSON: each assistant message that carries ``usage`` is one agent
+  LLM call; its history is the policy (system) plus every earlier message (user, assistant, tool);
+  tool calls made by the user simulator are dropped.
+* ``sharegpt`` — ``[{conversations: [{from, value}, ...]}]``: each gpt reply is a turn.
+* ``jsonl`` — generic: one session per line, ``{"session_id", "turns": [{"messages": [...],
+  "max_tokens": N, "pre_gap": seconds}]}`` where each turn's messages are its full history.
+A folder holds one session file each (agent-trace) or several files of one format; an empty
+session file is skipped with a warning; an empty dataset or a malformed record is a DatasetError
+naming file and line.
+
+Virtual users: each session, in order, is cut into consecutive chunks of ``num_rounds`` turns;
+every full chunk is one virtual user (a shorter remainder, or a shorter session, gives none).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import DatasetError
+
+FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "jsonl")
+
+
+@dataclass(frozen=True)
+class Turn:
+    messages: tuple[dict[str, Any], ...]
+    max_tokens: int
+    gap_s: float  # recorded time from the previous call's start to this one's (0 for the first)
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    turns: tuple[Turn, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class VirtualUser:
+    user_id: str
+    session_id: str
+    first_turn: int  # index in the session of this chunk's first turn
+    turns: tuple[Turn, ...]
+
+
+def _tokens(text: str) -> int:
+    return max(1, (len(text) + 3) // 4)
+
+
+def _read_json_lines(p: Path) -> list[tuple[int, Any]]:
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+    return out
+
+
+def load_agent_trace(p: Path) -> list[Session]:
+    rows = _read_json_lines(p)
+    calls = []
+    for n, r in rows:
+        if not isinstance(r, dict) or not isinstance(r.get("input"), str) or not isinstance(r.get("timestamp"), int):
+            raise DatasetError(f"{p}:{n}: expected {{timestamp: int, input: str, output: str, session_id}}")
+        calls.append((r["timestamp"], r["input"], str(r.get("output") or ""), r.get("session_id") or p.stem))
+    if not calls:
+        return []
+    calls.sort(key=lambda c: c[0])
+    turns = []
+    prev = None
+    for ts, inp, out, _ in calls:
+        turns.append(Turn(({"role": "user", "content": inp},), _tokens(out), 0.0 if prev is None else (ts - prev) / 1e6))
+        prev = ts
+    return [Session(str(calls[0][3]), tuple(turns), str(p))]
+
+
+def _ts(s: Any) -> float | None:
+    import datetime as dt  # noqa: PLC0415
+    try:
+        return dt.datetime.fromisoformat(str(s)).timestamp()
+    except ValueError:
+        return None
+
+
+def load_tau2(p: Path) -> list[Session]:
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("simulations"), list):
+        raise DatasetError(f"{p}: not a tau2-bench results file (no 'simulations' list)")
+    policy = str(d.get("info", {}).get("environment_info", {}).get("policy") or "")
+    sessions = []
+    for si, sim in enumerate(d["simulations"]):
+        msgs = sim.get("messages") if isinstance(sim, dict) else None
+        if not isinstance(msgs, list):
+            raise DatasetError(f"{p}: simulations[{si}] has no messages list")
+        history: list[dict[str, Any]] = [{"role": "system", "content": policy}] if policy else []
+        turns, prev_ts = [], None
+        for m in msgs:
+            role = m.get("role")
+            if role == "assistant" and m.get("usage"):
+                ts = _ts(m.get("timestamp"))
+                gap = 0.0 if prev_ts is None or ts is None else max(0.0, ts - prev_ts)
+                prev_ts = ts if ts is not None else prev_ts
+                out = int(m["usage"].get("completion_tokens") or 1)
+                turns.append(Turn(tuple(history), max(1, out), gap))
+            entry: dict[str, Any] = {"role": role, "content": m.get("content") or ""}
+            calls = [c for c in (m.get("tool_calls") or []) if c.get("requestor", "assistant") == "assistant"]
+            if role == "user" and m.get("tool_calls"):
+                calls = []  # user-side tool calls are the simulator's, not the agent's
+            if calls and role == "assistant":
+                entry["tool_calls"] = [{"id": c.get("id", ""), "type": "function",
+                                        "function": {"name": c.get("name", ""),
+                                                     "arguments": json.dumps(c.get("arguments", {}))}} for c in calls]
+            if role == "tool":
+                entry["tool_call_id"] = m.get("id", "")
+                if m.get("requestor") == "user":
+                    continue
+            if role in ("user", "assistant", "tool"):
+                history.append(entry)
+        if turns:
+            sessions.append(Session(str(sim.get("id", si)), tuple(turns), f"{p}#simulations[{si}]"))
+    return sessions
+
+
+def load_sharegpt_sessions(p: Path) -> list[Session]:
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, list):
+        raise DatasetError(f"{p}: expected a JSON array of ShareGPT records")
+    sessions = []
+    for i, rec in enumerate(d):
+        conv = rec.get("conversations") if isinstance(rec, dict) else None
+        if not isinstance(conv, list):
+            continue
+        history: list[dict[str, Any]] = []
+        turns = []
+        for m in conv:
+            if not isinstance(m, dict) or not isinstance(m.get("value"), str):
+                continue
+            who = str(m.get("from", "")).lower()
+            if who in ("human", "user"):
+                history.append({"role": "user", "content": m["value"]})
+            elif who in ("gpt", "assistant", "chatgpt", "bard", "model") and history and history[-1]["role"] == "user":
+                turns.append(Turn(tuple(history), _tokens(m["value"]), 0.0))
+                history.append({"role": "assistant", "content": m["value"]})
+        if turns:
+            sessions.append(Session(str(rec.get("id", i)), tuple(turns), f"{p}[{i}]"))
+    return sessions
+
+
+def load_jsonl_sessions(p: Path) -> list[Session]:
+    sessions = []
+    for n, r in _read_json_lines(p):
+        if not isinstance(r, dict) or not isinstance(r.get("turns"), list):
+            raise DatasetError(f"{p}:{n}: expected {{session_id, turns: [{{messages, max_tokens, pre_gap}}]}}")
+        turns = []
+        for k, t in enumerate(r["turns"]):
+            msgs = t.get("messages") if isinstance(t, dict) else None
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+                raise DatasetError(f"{p}:{n}: turns[{k}].messages must be a non-empty list of {{role, content}}")
+            mt = t.get("max_tokens", 128)
+            if not isinstance(mt, int) or mt < 1:
+                raise DatasetError(f"{p}:{n}: turns[{k}].max_tokens must be a positive integer")
+            turns.append(Turn(tuple(msgs), mt, float(t.get("pre_gap", 0.0))))
+        sessions.append(Session(str(r.get("session_id", f"{p.stem}:{n}")), tuple(turns), f"{p}:{n}"))
+    return sessions
+
+
+LOADERS = {"agent-trace": load_agent_trace, "tau2": load_tau2, "sharegpt": load_sharegpt_sessions,
+           "jsonl": load_jsonl_sessions}
+
+
+def detect(p: Path) -> str:
+    text = p.read_text(encoding="utf-8")
+    if not text.strip():
+        return "empty"
+    if p.suffix == ".jsonl":
+        first = text.lstrip().splitlines()[0]
+        if '"turns"' in first:
+            return "jsonl"
+        if '"input"' in first and '"timestamp"' in first:
+            return "agent-trace"
+        raise DatasetError(f"{p}:1: cannot tell the dataset format; give --dataset-format")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if isinstance(d, list):
+        return "sharegpt"
+    if isinstance(d, dict) and "simulations" in d:
+        return "tau2"
+    raise DatasetError(f"{p}: cannot tell the dataset format; give --dataset-format")
+
+
+def load_sessions(path: str | Path, fmt: str = "auto") -> tuple[list[Session], list[str], str]:
+    """(sessions, warnings, format). PATH is a file or a folder of session files."""
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"--dataset: {p} does not exist")
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl")) if p.is_dir() else [p]
+    warnings: list[str] = []
+    sessions: list[Session] = []
+    used = fmt
+    for f in files:
+        try:
+            kind = detect(f) if fmt == "auto" else fmt
+        except UnicodeDecodeError:
+            raise DatasetError(f"{f}: not UTF-8 text") from None
+        if kind == "empty":
+            warnings.append(f"{f}: empty session file skipped")
+            continue
+        used = kind
+        got = LOADERS[kind](f)
+        if not got:
+            warnings.append(f"{f}: no session with a usable turn, skipped")
+        sessions += got
+    if not sessions:
+        raise DatasetError(f"{p}: the dataset holds no session")
+    return sessions, warnings, used
+
+
+def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0) -> list[VirtualUser]:
+    """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user."""
+    if num_rounds < 1:
+        raise ValueError("num_rounds must be >= 1")
+    need = max(num_rounds, min_chunk_rounds)
+    out = []
+    for s in sessions:
+        for start in range(0, len(s.turns) - need + 1, num_rounds):
+            chunk = s.turns[start:start + num_rounds]
+            if len(chunk) == num_rounds:
+                out.append(VirtualUser(f"{s.session_id}#{start // num_rounds}", s.session_id, start, chunk))
+    return out

@@ -1,0 +1,111 @@
+"""Scrape servers' Prometheus /metrics during a replay and reduce them honestly.
+
+Hit rates come from counter *deltas* (never gauges), as a rolling rate over ``rate_window_s``;
+the reported figure is the mean of the final quarter of that series (steady state) and the whole
+series is kept. A counter that goes down was reset: its delta is the new value. KV cache usage is
+the mean of all samples. Mean prefill and queue times are before/after histogram diffs (sum/count).
+A series the server does not expose is null, never zero. When the run ends before a second sample,
+the rates fall back to the before/after diff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+RATES = {
+    "prefix_cache_hit_rate": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    "external_prefix_cache_hit_rate": ("vllm:external_prefix_cache_hits_total",
+                                       "vllm:external_prefix_cache_queries_total"),
+    "lmcache_lookup_hit_rate": ("lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"),
+}
+HISTS = {"prefill_time_s": "vllm:request_prefill_time_seconds", "queue_time_s": "vllm:request_queue_time_seconds",
+         "ttft_server_s": "vllm:time_to_first_token_seconds"}
+
+
+def parse(text: str) -> dict[str, float]:
+    """Sample name -> value summed over label sets (plain text format keeps vLLM's colons)."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+class Scraper:
+    def __init__(self, url: str, interval_s: float, rate_window_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.interval_s = interval_s
+        self.rate_window_s = rate_window_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.errors = 0
+
+    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status == 200:
+                    self.samples.append((time.time(), parse(await r.text())))
+                    return
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+            pass
+        self.errors += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as session:
+            await self.scrape_once(session)
+            while True:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                    break
+                except asyncio.TimeoutError:
+                    await self.scrape_once(session)
+            await self.scrape_once(session)
+
+    @staticmethod
+    def _delta(a: float | None, b: float | None) -> float | None:
+        if a is None or b is None:
+            return None
+        return b - a if b >= a else b  # reset: the counter restarted from 0
+
+    def summary(self) -> dict[str, Any]:
+        s = self.samples
+        out: dict[str, Any] = {"url": self.url, "samples": len(s), "scrape_errors": self.errors}
+        if len(s) < 2:
+            out.update({k: None for k in list(RATES) + list(HISTS) + ["kv_cache_usage_perc_mean"]})
+            return out
+        for name, (hits, queries) in RATES.items():
+            if hits not in s[-1][1] or queries not in s[-1][1]:
+                out[name] = None
+                out[name + "_series"] = None
+                continue
+            # cumulative (reset-corrected) counters, then a rolling rate over the window
+            cum_h, cum_q, H, Q = [0.0], [0.0], 0.0, 0.0
+            for (_, a), (_, b) in zip(s, s[1:]):
+                H += self._delta(a.get(hits), b.get(hits)) or 0.0
+                Q += self._delta(a.get(queries), b.get(queries)) or 0.0
+                cum_h.append(H)
+                cum_q.append(Q)
+            series = []
+            j = 0
+            for i in range(1, len(s)):
+                while s[i][0] - s[j][0] > self.rate_window_s and j < i - 1:
+                    j += 1
+                dq = cum_q[i] - cum_q[j]
+                series.append({"t": round(s[i][0] - s[0][0], 3),
+                               "rate": None if dq <= 0 else round((cum_h[i] - cum_h[j]) / dq, 6)})
+            vals = [x["rate"] for x in series[-max(1, len(series) // 4):] if x["rate"] is not None]
+            out[name] = round(sum(vals) / len(vals), 6) if vals else None
+            out[name + "_overall"] = round(H / Q, 6) if Q > 0 else None
+            out[name + "_series"] = series
+        usage = [x.get("vllm:kv_cache_usage_perc") for _, x in s if "vllm:kv_cache_usage_perc" in x]
+        out["kv_cache_usage_perc_mean"] = round(sum(usage) / len(usage), 6) if usage else None
+        first, last = s[0][1], s[-1][1]
+        for key, h in HISTS.items():
+            dsum = self._delta(first.get(h + "_sum"), last.get(h + "_sum"))
+            dcnt = self._delta(first.get(h + "_count"), last.get(h + "_count"))
+            out[key + "_mean"] = None if dsum is None or not dcnt else round(dsum / dcnt, 6)
+        return out

@@ -1,0 +1,69 @@
+"""Per-request records -> the replay summary (every field in docs/metrics.md, 'kvtier replay')."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+
+def _stats(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
+    a = np.asarray(xs, dtype=float)
+    p = np.percentile(a, [50, 90, 95, 99])
+    return {"count": int(a.size), "mean": round(float(a.mean()), 6), "p50": round(float(p[0]), 6),
+            "p90": round(float(p[1]), 6), "p95": round(float(p[2]), 6), "p99": round(float(p[3]), 6)}
+
+
+def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r["status"] == "ok" and r["ttft_s"] is not None]
+    failed = [r for r in records if r["status"] != "ok"]
+    tpots = [(r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in ok
+             if r.get("completion_tokens") and r["completion_tokens"] > 1]
+    first: dict[str, float] = {}
+    for r in ok:
+        if r["turn"] == 0:
+            first[r["user"]] = r["ttft_s"]
+    changes: list[float] = []
+    by_turn: dict[int, list[float]] = defaultdict(list)
+    for r in ok:
+        t0 = first.get(r["user"])
+        if r["turn"] > 0 and t0:
+            c = (r["ttft_s"] - t0) / t0 * 100
+            changes.append(c)
+            by_turn[r["turn"]].append(c)
+    per_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        per_user[r["user"]].append(r)
+    complete = sum(1 for rs in per_user.values() if len(rs) == turns_per_user and all(r["status"] == "ok" for r in rs))
+    error = sum(1 for rs in per_user.values() if any(r["status"] != "ok" for r in rs))
+    incomplete = users_total - complete - error
+    in_tok = sum(r.get("prompt_tokens") or 0 for r in ok)
+    out_tok = sum(r.get("completion_tokens") or 0 for r in ok)
+    cached = sum(r.get("cached_tokens") or 0 for r in ok)
+    replicas: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.get("replica"):
+            replicas[r["replica"]] += 1
+    return {
+        "requests_total": len(records), "requests_ok": len(ok), "requests_failed": len(failed),
+        "failures_by_status": {k: sum(1 for r in failed if r["status"] == k) for k in sorted({r["status"] for r in failed})},
+        "ttft_s": _stats([r["ttft_s"] for r in ok]),
+        "tpot_s_mean": round(float(np.mean(tpots)), 6) if tpots else None,
+        "e2e_s": _stats([r["e2e_s"] for r in ok]),
+        "input_tokens_per_s": round(in_tok / wall_s, 3) if wall_s > 0 else None,
+        "output_tokens_per_s": round(out_tok / wall_s, 3) if wall_s > 0 else None,
+        "requests_per_s": round(len(ok) / wall_s, 4) if wall_s > 0 else None,
+        "client_cached_token_fraction": round(cached / in_tok, 6) if in_tok else None,
+        "ttft_degradation": {
+            "median_pct": round(float(np.median(changes)), 3) if changes else None,
+            "p95_pct": round(float(np.percentile(changes, 95)), 3) if changes else None,
+            "by_turn_median_pct": {str(k): round(float(np.median(v)), 3) for k, v in sorted(by_turn.items())},
+            "ttft_s_by_turn_p50": {str(k): round(float(np.median([r["ttft_s"] for r in ok if r["turn"] == k])), 6)
+                                   for k in sorted({r["turn"] for r in ok})},
+        },
+        "sessions": {"total": users_total, "complete": complete, "incomplete": incomplete, "error": error},
+        "requests_by_replica": dict(replicas),
+    }

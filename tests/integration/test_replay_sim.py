@@ -1,0 +1,81 @@
+"""kvtier replay against a real kvtier sim on 127.0.0.1: summary, scraped metrics, a dying server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED_DATA, kvtier_cmd
+from tests.integration.test_sim import start_sim, stop_sim
+
+MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
+pytestmark = pytest.mark.skipif(not MINISWE.exists(), reason="../shared/data not present")
+
+
+def replay(sim, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kvtier_cmd() + ["replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b",
+                                          "--dataset", str(MINISWE), "--num-rounds", "5", "--concurrency", "4",
+                                          "--output", str(out), "--gap-scale", "0", "--scrape-interval", "0.5",
+                                          *extra], capture_output=True, text=True, timeout=timeout)
+
+
+def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
+    sim = start_sim(tmp_path, "--offload", "cpu", "--cpu-offload-gb", "2", "--gpu-kv-gb", "0.5")
+    try:
+        p = replay(sim, tmp_path / "out")
+        server = sim.metrics()
+    finally:
+        stop_sim(sim)
+    assert p.returncode == 0, p.stderr
+    assert "virtual users of 5 turns" in p.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    reqs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    summ = s["summary"]
+    assert summ["sessions"]["total"] == s["concurrency"]["virtual_users"] > 0
+    assert summ["sessions"]["complete"] + summ["sessions"]["incomplete"] + summ["sessions"]["error"] == \
+        summ["sessions"]["total"]
+    assert summ["ttft_degradation"]["median_pct"] is not None and summ["ttft_s"]["p50"] > 0
+    assert all(r["replica"] == f"127.0.0.1:{sim.port}" for r in reqs)
+    assert {"user", "turn", "status", "replica", "ttft_s"} <= set(reqs[0])
+    m = s["server_metrics"][0]
+    # the scraper's overall rate equals the server's own counters (warm-up included in both)
+    expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]
+    assert m["prefix_cache_hit_rate_overall"] == pytest.approx(expect, rel=0.05)
+    assert m["kv_cache_usage_perc_mean"] is not None
+
+
+def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
+    sim = start_sim(tmp_path, "--offload", "none", "--tpot-ms", "20")
+    proc = subprocess.Popen(kvtier_cmd() + ["replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b",
+                                            "--dataset", str(MINISWE), "--num-rounds", "5", "--concurrency", "4",
+                                            "--output", str(tmp_path / "out"), "--gap-scale", "0",
+                                            "--scrape-interval", "0.5", "--request-timeout", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    sim.proc.send_signal(signal.SIGKILL)
+    sim.proc.wait()
+    out, err = proc.communicate(timeout=120)
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())["summary"]
+    assert s["requests_failed"] >= 1 and s["sessions"]["error"] >= 1
+    assert proc.returncode == (0 if s["requests_ok"] else 1), err
+
+
+def test_compare_refuses_different_runs(tmp_path):
+    a = {"config": {"model": "m", "concurrency": 4, "num_rounds": 5}, "concurrency": {"achieved": 4},
+         "summary": {"sessions": {"complete": 3}, "ttft_s": {"p50": 1, "p95": 2},
+                     "ttft_degradation": {"median_pct": 5}, "tpot_s_mean": 0.01}}
+    b = json.loads(json.dumps(a))
+    b["config"]["concurrency"] = 8
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "NOT COMPARABLE: concurrency" in p.stderr
+    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "TTFT p50" in p.stdout

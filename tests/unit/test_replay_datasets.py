@@ -1,0 +1,81 @@
+import json
+import re
+
+import pytest
+
+from kvtier.errors import DatasetError
+from kvtier.replay.datasets import load_sessions, virtual_users
+from kvtier.replay.scrape import Scraper, parse
+from kvtier.replay.summary import summarize
+from tests.conftest import SHARED_DATA
+
+AGENT = SHARED_DATA / "lmcache_agent_trace"
+TAU2 = SHARED_DATA / "tau2_bench" / "gpt-4.1_airline_default_gpt-4.1_1trials.json"
+needs = pytest.mark.skipif(not AGENT.exists(), reason="../shared/data not present")
+
+
+@needs
+def test_agent_traces_sorted_by_timestamp_and_sliced():
+    sessions, warnings, fmt = load_sessions(AGENT)
+    assert fmt == "agent-trace" and len(sessions) == 34 and not warnings
+    assert sum(len(s.turns) for s in sessions) == 194 + 238 + 387
+    assert all(t.gap_s >= 0 for s in sessions for t in s.turns)
+    users = virtual_users(sessions, 5)
+    assert users and all(len(u.turns) == 5 for u in users)
+    assert len(users) == sum(len(s.turns) // 5 for s in sessions)
+
+
+@needs
+def test_tau2_calls_and_history():
+    sessions, _, fmt = load_sessions(TAU2)
+    assert fmt == "tau2" and len(sessions) == 20
+    t = sessions[0].turns[1]
+    assert t.messages[0]["role"] == "system" and t.max_tokens >= 1
+    assert all(len(b.messages) > len(a.messages) for a, b in zip(sessions[0].turns, sessions[0].turns[1:]))
+
+
+def test_folder_with_empty_file_and_generic_jsonl(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "pre_gap": 0.5}
+    (tmp_path / "s.jsonl").write_text(json.dumps({"session_id": "a", "turns": [turn] * 7}) + "\n")
+    sessions, warnings, fmt = load_sessions(tmp_path)
+    assert fmt == "jsonl" and len(sessions) == 1 and any("empty" in w for w in warnings)
+    assert [u.first_turn for u in virtual_users(sessions, 3)] == [0, 3]
+    assert virtual_users(sessions, 3, min_chunk_rounds=8) == []
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("a.jsonl", '{"session_id": "x", "turns": [{"messages": []}]}\n', "a.jsonl:1: turns[0].messages"),
+    ("b.jsonl", '{"timestamp": 1, "input": "x"}\n{bad\n', "b.jsonl:2: not valid JSON"),
+    ("c.json", '{"x": 1}', "cannot tell the dataset format"),
+])
+def test_malformed(tmp_path, name, text, needle):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DatasetError, match=re.escape(needle)):
+        load_sessions(tmp_path / name)
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_sessions(tmp_path / "nope")
+
+
+def test_scraper_deltas_resets_and_missing_series():
+    sc = Scraper("http://x", 1, 300)
+    text = "vllm:prefix_cache_hits_total{model_name=\"m\"} {h}\nvllm:prefix_cache_queries_total{model_name=\"m\"} {q}\n"
+    for t, (h, q) in enumerate([(0, 0), (50, 100), (150, 200), (30, 40)]):  # last one: the server restarted
+        sc.samples.append((float(t), parse("# TYPE vllm:prefix_cache_hits counter\n# TYPE vllm:prefix_cache_queries counter\n"
+                                           + text.replace("{h}", str(h)).replace("{q}", str(q)))))
+    out = sc.summary()
+    assert out["prefix_cache_hit_rate_overall"] == pytest.approx((50 + 100 + 30) / (100 + 100 + 40))
+    assert out["external_prefix_cache_hit_rate"] is None  # absent series: null, not zero
+    assert out["prefill_time_s_mean"] is None
+
+
+def test_summary_degradation_and_sessions():
+    def rec(user, turn, ttft, status="ok"):
+        return {"user": user, "turn": turn, "ttft_s": ttft if status == "ok" else None, "e2e_s": ttft + 0.1,
+                "status": status, "completion_tokens": 11, "prompt_tokens": 100, "cached_tokens": 50, "replica": "r1"}
+    recs = [rec("a", 0, 1.0), rec("a", 1, 2.0), rec("b", 0, 1.0), rec("b", 1, 1.5), rec("c", 0, 1.0),
+            rec("c", 1, 0, "error")]
+    s = summarize(recs, 4, 2, 10.0)
+    assert s["ttft_degradation"]["median_pct"] == 75.0
+    assert s["sessions"] == {"total": 4, "complete": 2, "incomplete": 1, "error": 1}
+    assert s["requests_failed"] == 1 and s["requests_by_replica"] == {"r1": 6}
