@@ -56,6 +56,13 @@ def _tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
 
+def _load_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
 def _read_json_lines(p: Path) -> list[tuple[int, Any]]:
     out = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
@@ -95,10 +102,7 @@ def _ts(s: Any) -> float | None:
 
 
 def load_tau2(p: Path) -> list[Session]:
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    d = _load_json(p)
     if not isinstance(d, dict) or not isinstance(d.get("simulations"), list):
         raise DatasetError(f"{p}: not a tau2-bench results file (no 'simulations' list)")
     policy = str(d.get("info", {}).get("environment_info", {}).get("policy") or "")
@@ -137,10 +141,7 @@ def load_tau2(p: Path) -> list[Session]:
 
 
 def load_sharegpt_sessions(p: Path) -> list[Session]:
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    d = _load_json(p)
     if not isinstance(d, list):
         raise DatasetError(f"{p}: expected a JSON array of ShareGPT records")
     sessions = []
@@ -197,10 +198,7 @@ def detect(p: Path) -> str:
         if '"input"' in first and '"timestamp"' in first:
             return "agent-trace"
         raise DatasetError(f"{p}:1: cannot tell the dataset format; give --dataset-format")
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    d = _load_json(p)
     if isinstance(d, list):
         return "sharegpt"
     if isinstance(d, dict) and "simulations" in d:
