@@ -1,0 +1,107 @@
+"""How much latency does kvtier replay's client itself add, at 256 concurrent streams?
+
+A minimal aiohttp test server (in a child process, on 127.0.0.1) streams every token at a known
+schedule: the first after FIRST_MS, then one every ITL_MS, each chunk stamped with the server's send
+time. kvtier's replay client (``kvtier.replay.client._stream``) consumes 256 streams at once; for
+every token the added latency is (client receive time - server send time) on the same clock
+(CLOCK_MONOTONIC is shared by processes). Last line:
+``replay_overhead streams=256 added_latency_p50_ms=... p99_ms=... ok=true|false`` (ok: p50 < 1 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def serve(port_q: "mp.Queue[int]", first_ms: float, itl_ms: float, tokens: int) -> None:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        start = time.monotonic()
+        for i in range(tokens):
+            due = start + (first_ms + i * itl_ms) / 1e3
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            ev = {"choices": [{"index": 0, "delta": {"content": f"t{i} "}}], "sent": time.monotonic()}
+            await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port_q.put(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def consume(url: str, streams: int) -> list[float]:
+    from kvtier.replay.client import ClientConfig  # noqa: PLC0415
+    import kvtier.replay.client as client  # noqa: PLC0415
+
+    added: list[float] = []
+    real_loads = json.loads
+
+    def stamping_loads(data: bytes) -> dict:  # note receive time against the server's send stamp
+        ev = real_loads(data)
+        if "sent" in ev:
+            added.append(time.monotonic() - ev["sent"])
+        return ev
+
+    client.json.loads = stamping_loads  # type: ignore[assignment]
+    cfg = ClientConfig(url, "m", streams)
+    from kvtier.replay.datasets import VirtualUser  # noqa: PLC0415
+
+    user = VirtualUser("u", "s", 0, ())
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        recs = await asyncio.gather(*(client._stream(s, cfg, user, 0, [{"role": "user", "content": "x"}], 8)
+                                      for _ in range(streams)))
+    client.json.loads = real_loads  # type: ignore[assignment]
+    bad = [r for r in recs if r["status"] != "ok"]
+    if bad:
+        raise SystemExit(f"{len(bad)} streams failed: {bad[0]['error']}")
+    return added
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--first-ms", type=float, default=50.0)
+    ap.add_argument("--itl-ms", type=float, default=20.0)
+    a = ap.parse_args()
+    q: "mp.Queue[int]" = mp.Queue()
+    proc = mp.Process(target=serve, args=(q, a.first_ms, a.itl_ms, a.tokens), daemon=True)
+    proc.start()
+    try:
+        port = q.get(timeout=30)
+        asyncio.run(consume(f"http://127.0.0.1:{port}/v1", 8))  # warm up
+        added = np.array(asyncio.run(consume(f"http://127.0.0.1:{port}/v1", a.streams))) * 1e3
+    finally:
+        proc.terminate()
+    p50, p99 = np.percentile(added, [50, 99])
+    print(f"{a.streams} streams x {a.tokens} tokens at {a.itl_ms} ms/token: {added.size} tokens, "
+          f"client-added latency mean {added.mean():.3f} ms")
+    print(f"replay_overhead streams={a.streams} added_latency_p50_ms={p50:.3f} p99_ms={p99:.3f} "
+          f"ok={'true' if p50 < 1.0 else 'false'}")
+
+
+if __name__ == "__main__":
+    main()
