@@ -133,6 +133,7 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
     (["--num-users", "0"], "--num-users"),
     (["--config", "BAD"], "eviction.target_usage_ratio"),
     (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
+    (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000: the CPU tier plus buffers need"),
     (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
 ])
 def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
@@ -140,8 +141,10 @@ def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
         bad = tmp_path / "bad.yaml"
         bad.write_text("eviction:\n  target_usage_ratio: 7\n")
         args = [str(bad) if a == "BAD" else a for a in args]
-    p = bench(["--duration", "1", "--gpu-mem-gb", "0", "--output", str(tmp_path / "r.json")] + args, tmp_path,
-              timeout=30)
+    base = ["--duration", "1", "--gpu-mem-gb", "0", "--output", str(tmp_path / "r.json")]
+    if "--cpu-mem-gb" not in args:
+        base += ["--cpu-mem-gb", "0.1"]
+    p = bench(base + args, tmp_path, timeout=30)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert needle in p.stderr
     assert "Traceback" not in p.stderr

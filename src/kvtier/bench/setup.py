@@ -18,6 +18,7 @@ from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.telemetry.host import mem_available_bytes
 from kvtier.workload.sharegpt import Dataset, load_sharegpt
 from kvtier.workload.traces import Trace, load_trace
 
@@ -82,6 +83,12 @@ def build_components(cfg: BenchConfig, sink: object) -> Components:
     warnings: list[str] = []
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
 
+    slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
+    need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * cfg.io_chunk_mb * MiB
+    avail = mem_available_bytes()
+    if avail and need > avail:
+        raise ConfigError(f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
+                          f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb")
     owns = cfg.cache_dir is None
     cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
     backends: list[Backend] = []
@@ -111,7 +118,6 @@ def build_components(cfg: BenchConfig, sink: object) -> Components:
             shutil.rmtree(cache_dir, ignore_errors=True)
         raise
 
-    slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
     largest_entry = math.ceil(model.kv_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
                               / cfg.tensor_parallel)
     bottom = file_tier.capacity_bytes * cfg.tuning.eviction.large_entry_limit_ratio

@@ -28,6 +28,17 @@ def mem_total_bytes() -> int:
     return 0
 
 
+def mem_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (0 if unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
     """Mount point, device and type of the filesystem holding ``path`` (longest mount prefix)."""
     real = os.path.realpath(path)
