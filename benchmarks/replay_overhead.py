@@ -59,7 +59,7 @@ async def consume(url: str, streams: int) -> list[float]:
     added: list[float] = []
     real_loads = json.loads
 
-    def stamping_loads(data: bytes) -> dict:  # note receive time against the server's send stamp
+    def stamping_loads(data: str) -> dict:  # note receive time against the server's send stamp
         ev = real_loads(data)
         if "sent" in ev:
             added.append(time.monotonic() - ev["sent"])

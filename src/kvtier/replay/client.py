@@ -57,32 +57,44 @@ async def _stream(session: aiohttp.ClientSession, cfg: ClientConfig, user: Virtu
             if r.status != 200:
                 rec["status"], rec["error"] = "error", (await r.text())[:500]
                 return rec
+            # Read whatever arrived and split SSE events ourselves: one call per network chunk
+            # instead of one per line keeps the client's own cost per token low (see
+            # benchmarks/replay_overhead.py). Events in one chunk share its arrival time.
             done = False
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
+            pending = b""
+            loads, clock, itl = json.loads, time.perf_counter, rec["itl_s"]
+            async for data_chunk in r.content.iter_any():
+                now = clock()
+                pending += data_chunk
+                *events, pending = pending.replace(b"\r\n", b"\n").split(b"\n\n")
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            break
+                        ev = loads(data.decode())
+                        if ev.get("usage"):
+                            u = ev["usage"]
+                            rec["prompt_tokens"] = u.get("prompt_tokens")
+                            rec["completion_tokens"] = u.get("completion_tokens")
+                            rec["cached_tokens"] = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        for ch in ev.get("choices") or ():
+                            d = ch.get("delta") or {}
+                            piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                            if piece:
+                                if last is None:
+                                    rec["ttft_s"] = now - t0
+                                else:
+                                    itl.append(now - last)
+                                last = now
+                                parts.append(d.get("content") or "")
+                    if done:
+                        break
+                if done:
                     break
-                ev = json.loads(data)
-                if ev.get("usage"):
-                    u = ev["usage"]
-                    rec["prompt_tokens"] = u.get("prompt_tokens")
-                    rec["completion_tokens"] = u.get("completion_tokens")
-                    rec["cached_tokens"] = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-                for ch in ev.get("choices") or []:
-                    d = ch.get("delta") or {}
-                    piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                    if piece:
-                        now = time.perf_counter()
-                        if last is None:
-                            rec["ttft_s"] = now - t0
-                        else:
-                            rec["itl_s"].append(now - last)
-                        last = now
-                        parts.append(d.get("content") or "")
             if not done:
                 rec["status"], rec["error"] = "cut", "stream ended without [DONE]"
     except asyncio.TimeoutError:
