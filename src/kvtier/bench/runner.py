@@ -190,9 +190,16 @@ class BenchRunner:
         ok, err = True, ""
 
         def put(key: str, tokens: int) -> int:
+            """Write one KV object for this request; returns its storage time, counts its bytes."""
+            nonlocal bw, tw
+            if self.stop.is_set():
+                raise _Cut
             nbytes = self._entry_bytes(tokens)
-            t = store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf).timing  # type: ignore[arg-type]
-            return t.total_ns
+            res = store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf)  # type: ignore[arg-type]
+            if not res.deduplicated:  # a concurrent writer of the same key wrote it, not us
+                bw += nbytes
+                tw += tokens
+            return res.timing.total_ns
 
         rag_ns = rag_bytes = 0
         try:
@@ -211,8 +218,6 @@ class BenchRunner:
                     count("lookup_rag_misses")
                     count("restores_rag")
                     rag_ns += put(ref.key, ref.tokens)
-                    bw += self._entry_bytes(ref.tokens)
-                    tw += ref.tokens
             storage_ns += rag_ns
             br += rag_bytes
             recompute: list[KVRef] = []
@@ -241,11 +246,7 @@ class BenchRunner:
             for ref in recompute:
                 count(f"restores_{ref.kind}")
             for ref in (*recompute, *req.writes):
-                if self.stop.is_set():
-                    raise _Cut
                 storage_ns += put(ref.key, ref.tokens)
-                bw += self._entry_bytes(ref.tokens)
-                tw += ref.tokens
             if req.decode_key is not None and req.phase == "prefill_decode" and not self.cfg.prefill_only:
                 reads = 1 + math.ceil(req.generate_tokens / self.decode_batch)
                 for i in range(reads):
@@ -258,8 +259,6 @@ class BenchRunner:
                         if self.cfg.decode_only:
                             continue
                         storage_ns += put(req.decode_key, req.decode_tokens)
-                        bw += self._entry_bytes(req.decode_tokens)
-                        tw += req.decode_tokens
                         continue
                     hits += 1
                     count("lookup_decode_hits")
