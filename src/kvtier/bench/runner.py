@@ -32,7 +32,7 @@ from kvtier.engine.backend import aligned_buffer
 from kvtier.errors import Cancelled, StorageError, TierFullError
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder, RequestRecord, clock_ns
-from kvtier.engine.tiered import NullSink
+from kvtier.engine.tiered import GetResult, NullSink
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.layout import KVRef, hash_id_chunks, segment_chunks
@@ -201,37 +201,38 @@ class BenchRunner:
                 tw += tokens
             return res.timing.total_ns
 
+        def lookup(ref: KVRef) -> GetResult:
+            """Read one KV object; a hit is counted (tokens, bytes, per-kind counters) here."""
+            nonlocal hits, br, tr, storage_ns
+            if self.stop.is_set():
+                raise _Cut
+            r = store.get(ref.key, buf)
+            if r.hit:
+                hits += 1
+                br += r.nbytes
+                tr += ref.tokens
+                storage_ns += r.timing.total_ns
+                count(f"lookup_{ref.kind}_hits")
+                count(f"read_{ref.kind}_bytes", r.nbytes)
+            return r
+
         rag_ns = rag_bytes = 0
         try:
             for ref in req.rag_reads:  # the RAG burst: independent lookups, misses re-ingested
-                if self.stop.is_set():
-                    raise _Cut
-                r = store.get(ref.key, buf)
+                r = lookup(ref)
                 if r.hit:
-                    hits += 1
                     rag_ns += r.timing.total_ns
                     rag_bytes += r.nbytes
-                    count("lookup_rag_hits")
-                    count("read_rag_bytes", r.nbytes)
                 else:
                     misses += 1
                     count("lookup_rag_misses")
                     count("restores_rag")
-                    rag_ns += put(ref.key, ref.tokens)
-            storage_ns += rag_ns
-            br += rag_bytes
+                    t = put(ref.key, ref.tokens)
+                    rag_ns += t
+                    storage_ns += t
             recompute: list[KVRef] = []
             for i, ref in enumerate(req.reads):
-                if self.stop.is_set():
-                    raise _Cut
-                r = store.get(ref.key, buf)
-                if r.hit:
-                    hits += 1
-                    storage_ns += r.timing.total_ns
-                    br += r.nbytes
-                    tr += ref.tokens
-                    count(f"lookup_{ref.kind}_hits")
-                    count(f"read_{ref.kind}_bytes", r.nbytes)
+                if lookup(ref).hit:
                     continue
                 if req.prefix_reads:  # chunked: the prefix ends at the first miss; the rest is recomputed
                     recompute = list(req.reads[i:])
@@ -248,26 +249,17 @@ class BenchRunner:
             for ref in (*recompute, *req.writes):
                 storage_ns += put(ref.key, ref.tokens)
             if req.decode_key is not None and req.phase == "prefill_decode" and not self.cfg.prefill_only:
-                reads = 1 + math.ceil(req.generate_tokens / self.decode_batch)
-                for i in range(reads):
-                    if self.stop.is_set():
-                        raise _Cut
-                    r = store.get(req.decode_key, buf)
-                    if not r.hit:
-                        misses += 1
-                        count("lookup_decode_misses")
-                        if self.cfg.decode_only:
-                            continue
-                        storage_ns += put(req.decode_key, req.decode_tokens)
+                decode = KVRef(req.decode_key, req.decode_tokens, "decode")
+                for i in range(1 + math.ceil(req.generate_tokens / self.decode_batch)):
+                    r = lookup(decode)
+                    if r.hit:
+                        if i > 0:
+                            dec += r.nbytes
                         continue
-                    hits += 1
-                    count("lookup_decode_hits")
-                    count("read_decode_bytes", r.nbytes)
-                    storage_ns += r.timing.total_ns
-                    br += r.nbytes
-                    tr += req.decode_tokens
-                    if i > 0:
-                        dec += r.nbytes
+                    misses += 1
+                    count("lookup_decode_misses")
+                    if not self.cfg.decode_only:
+                        storage_ns += put(req.decode_key, req.decode_tokens)
         except (_Cut, Cancelled):
             ok, err = False, CUT
         except TierFullError as e:

@@ -27,7 +27,7 @@ from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError
-from kvtier.keys import KeyScope, chunk_hash, prefix_chunk_hashes
+from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.plan.costs import should_fetch
 from kvtier.telemetry.recorder import Recorder
 
@@ -205,4 +205,4 @@ class Offload:
         self.store.close()
 
 
-__all__ = ["GpuPrefixCache", "Offload", "OffloadConfig", "block_hashes", "BLOCK_TOKENS", "chunk_hash"]
+__all__ = ["GpuPrefixCache", "Offload", "OffloadConfig", "block_hashes", "BLOCK_TOKENS"]

@@ -18,25 +18,23 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def mem_total_bytes() -> int:
+def _meminfo_bytes(field: str) -> int:
+    """A /proc/meminfo field in bytes (0 if unknown)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def mem_total_bytes() -> int:
+    return _meminfo_bytes("MemTotal")
 
 
 def mem_available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (0 if unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _meminfo_bytes("MemAvailable")
 
 
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
