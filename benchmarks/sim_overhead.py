@@ -3,6 +3,7 @@
 Starts ``kvtier sim`` (preset cpu-test, tpot 1 ms, no offload) in a child process, runs N concurrent
 streaming chat requests with an aiohttp client, and divides the server process's CPU time
 (user + system, from /proc/<pid>/stat) spent during the load by the tokens it streamed.
+Set SIMPROF="-m cProfile -o FILE" to profile the server process.
 Last line: ``sim_overhead streams=50 tokens=... server_cpu_us_per_token=... target_us=30 ok=true|false``.
 """
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--tpot-ms", type=float, default=1.0)
     a = ap.parse_args()
     port_file = Path(tempfile.mkdtemp()) / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "kvtier", "sim", "--preset", "cpu-test", "--gpu-kv-gb", "4",
+    proc = subprocess.Popen([sys.executable, *os.environ.get("SIMPROF", "").split(), "-m", "kvtier", "sim", "--preset", "cpu-test", "--gpu-kv-gb", "4",
                              "--tpot-ms", str(a.tpot_ms), "--batch-slowdown", "0", "--port", "0",
                              "--port-file", str(port_file)], stderr=subprocess.DEVNULL)
     try:

@@ -203,3 +203,24 @@ def test_bad_flags(tmp_path: Path):
     p = subprocess.run(kvtier_cmd() + ["sim", "--offload", "nvme", "--nvme-dir", str(tmp_path / "x")],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "--nvme-dir" in p.stderr
+
+
+def test_http10_stream_and_client_leaving_mid_stream(sim: Sim):
+    out = subprocess.run(["curl", "-sN", "--http1.0", sim.base + "/v1/chat/completions", "-d",
+                          json.dumps(chat("hi", 3, stream=True))], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip().endswith("data: [DONE]") and out.stdout.count('"content":"') == 4  # role + 3
+    import socket  # noqa: PLC0415
+    body = json.dumps(chat("leave early", 2000, stream=True)).encode()
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while got.count(b"data: ") < 5:
+            got += sock.recv(65536)
+    deadline = time.monotonic() + 10
+    while sim.metrics()["vllm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    m = sim.metrics()
+    assert m["vllm:num_requests_running"] == 0  # the sequence left the batch and freed its slot
+    assert 4 <= m["vllm:generation_tokens_total"] < 2000  # it stopped decoding for a gone client
+    assert sim.post("/v1/chat/completions", chat("still alive"))[0] == 200

@@ -101,6 +101,18 @@ class Metrics:
         self.lm_store_tp = g("lmcache_mp_l2_store_throughput_GB_per_second", "mean store throughput so far, GB/s")
 
 
+class _Seq:
+    """One decoding sequence in the batch: tokens left, the sink for its tokens, token times."""
+
+    __slots__ = ("left", "emit", "stamps", "done")
+
+    def __init__(self, left: int, emit: Any, t_first: float) -> None:
+        self.left = left
+        self.emit = emit
+        self.stamps = [t_first]
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
 class SimEngine:
     def __init__(self, s: SimSettings, offload: Offload | None) -> None:
         self.s = s
@@ -113,6 +125,8 @@ class SimEngine:
         self.waiting = 0
         self._admit = asyncio.Condition()
         self.external_loaded_tokens = 0
+        self._seqs: set[_Seq] = set()
+        self._ticker: asyncio.Task[None] | None = None
 
     def _refresh(self) -> None:
         m = self.metrics
@@ -135,10 +149,45 @@ class SimEngine:
             if o.store_seconds > 0:
                 m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
 
+    def _join(self, seq: "_Seq") -> None:
+        self._seqs.add(seq)
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """Continuous-batching decode: one timer per step for the whole batch (not one per token).
+
+        A step lasts tpot x (1 + batch_slowdown x (running - 1)); at its end every decoding sequence
+        gets its next token. Steps are scheduled on absolute deadlines, so per-step work does not
+        stretch the modelled time unless the host cannot keep up."""
+        s, clock, sleep = self.s, time.perf_counter, asyncio.sleep
+        tpot, slow = s.tpot_ms / 1e3, s.batch_slowdown
+        due = clock()
+        while self._seqs:
+            due += tpot * (1 + slow * (self.running - 1))
+            now = clock()
+            if due > now:
+                await sleep(due - now)
+                now = clock()
+            else:
+                due = now  # behind schedule: do not try to catch up with a burst of steps
+                await sleep(0)
+            for q in list(self._seqs):
+                if q.emit is None or q.emit(len(q.stamps)):
+                    q.stamps.append(now)
+                    q.left -= 1
+                else:
+                    q.left = 0  # the client went away: stop decoding this sequence
+                if q.left <= 0:
+                    self._seqs.discard(q)
+                    if not q.done.done():
+                        q.done.set_result(None)
+
     async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
-        """Async generator: yields ('first', info) after prefill; is then sent an ``emit(i)`` coroutine
-        function (or None) called for every token, and yields ('done', tokens) at the end. Close it
-        (aclose) to release the request's resources."""
+        """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
+        sent a plain function ``emit(i) -> bool`` (or None) that the decode ticker calls for tokens
+        1..max_tokens-1 (False: the client is gone), and yields ('done', tokens sent) at the end.
+        Close it (aclose) to release the request's resources."""
         s, m = self.s, self.metrics
         t_arrive = time.perf_counter()
         hashes = block_hashes(prompt_ids)
@@ -200,20 +249,20 @@ class SimEngine:
                 asyncio.get_running_loop().run_in_executor(None, self.offload.save, keys)
             emit = yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit,
                                    "external_tokens": ext, "load_s": load_s, "queue_s": t_admit - t_arrive}
-            # Hot path (per token): one sleep, one clock read; metrics are flushed once at the end.
-            stamps = [t_first]
-            tpot, slow, sleep, clock = s.tpot_ms / 1e3, s.batch_slowdown, asyncio.sleep, time.perf_counter
+            # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
+            # step ticker, which hands one token to every running sequence per step.
+            seq = _Seq(max_tokens - 1, emit, t_first)
             try:
-                for i in range(max_tokens):
-                    if i:
-                        await sleep(tpot * (1 + slow * (self.running - 1)))
-                        stamps.append(clock())
-                    if emit is not None:
-                        await emit(i)
+                if seq.left > 0:
+                    self._join(seq)
+                    await seq.done
             finally:
+                self._seqs.discard(seq)
+                stamps = seq.stamps
                 m.gen_tokens.inc(len(stamps) if max_tokens else 0)
                 for a, b in zip(stamps, stamps[1:]):
                     m.itl.observe(b - a)
+            max_tokens = len(stamps)
             t_end = time.perf_counter()
             m.decode.observe(t_end - t_first)
             m.e2e.observe(t_end - t_arrive)
@@ -335,7 +384,9 @@ def make_app(engine: SimEngine) -> web.Application:
                   else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None})
             return {"id": rid, "object": obj, "created": created, "model": s.served_model_name, "choices": [ch]}
 
-        # Per-token chunks are pre-encoded once per request: the hot path only concatenates bytes.
+        # Per-token chunks are pre-encoded once per request: the hot path only hands bytes to the
+        # transport. With chunked transfer encoding (HTTP/1.1) the chunk framing is pre-encoded too,
+        # so the decode ticker can write synchronously, one send per token, no task wake-up.
         head, tail = (json.dumps(chunk({"content": "\x00"} if chat else "\x00", None), separators=(",", ":"))
                       .encode().split(b"\\u0000"))
         lines = [b"data: " + head + w.encode() + tail + b"\n\n" for w in (_word(i) for i in range(len(WORDS)))]
@@ -343,10 +394,18 @@ def make_app(engine: SimEngine) -> web.Application:
         try:
             if chat:
                 await send(chunk({"role": "assistant", "content": ""}, None))
-            write, L = resp.write, len(WORDS)
+            await resp.write(lines[0])  # token 0 leaves with the prefill (and flushes the headers)
+            tr, L = request.transport, len(WORDS)
+            if resp.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                frames = [f"{len(x):x}\r\n".encode() + x + b"\r\n" for x in lines]
+            else:
+                frames = lines
 
-            async def emit(i: int) -> None:
-                await write(lines[i % L])
+            def emit(i: int) -> bool:
+                if tr is None or tr.is_closing():
+                    return False
+                tr.write(frames[i % L])
+                return True
 
             _, n = await gen.asend(emit)
             await send(chunk({} if chat else "", "length"))
