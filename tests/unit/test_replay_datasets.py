@@ -100,3 +100,15 @@ def test_agentic_traces_rows_and_tools(tmp_path):
     p.write_text(json.dumps({"session_id": "x", "input": [], "output_length": 3}) + "\n")
     with pytest.raises(DatasetError, match=re.escape(f"{p}:1: 'input' must be")):
         load_sessions(p, "agentic-traces")
+
+
+def test_dispatch_order_interleaves_sessions_by_default():
+    turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    from kvtier.replay.datasets import Session, Turn  # noqa: PLC0415
+    t = Turn(tuple(turn["messages"]), 3, 0.0)
+    sessions = [Session("a", (t,) * 6, "x"), Session("b", (t,) * 2, "x"), Session("c", (t,) * 4, "x")]
+    inter = [u.user_id for u in virtual_users(sessions, 2)]
+    assert inter == ["a#0", "b#0", "c#0", "a#1", "c#1", "a#2"]
+    assert [u.user_id for u in virtual_users(sessions, 2, order="session")] == ["a#0", "a#1", "a#2", "b#0", "c#0",
+                                                                             "c#1"]
+    assert sorted(inter) == sorted(u.user_id for u in virtual_users(sessions, 2, order="session"))

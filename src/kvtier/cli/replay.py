@@ -15,7 +15,7 @@ from typing import Any
 from kvtier import __version__
 from kvtier.errors import ConfigError, DatasetError
 
-FIXED = ("model", "concurrency", "num_rounds", "dataset", "dataset_format", "gap_scale", "history")
+FIXED = ("model", "concurrency", "num_rounds", "dataset", "dataset_format", "gap_scale", "history", "user_order")
 
 
 def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,6 +31,8 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="gpt-oss mode: send a tools schema naming every function the traces call")
     p.add_argument("--num-rounds", type=int, default=5, help="turns per virtual user (5)")
     p.add_argument("--min-chunk-rounds", type=int, default=0, help="sessions shorter than this give no user")
+    p.add_argument("--user-order", choices=["interleave", "session"], default="interleave",
+                   help="dispatch order of virtual users: round-robin over sessions (default) or session by session")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--output", help="result folder (requests.jsonl, summary.json)")
     p.add_argument("--gap-scale", type=float, default=1.0, help="scale of recorded think/tool gaps (0 = none)")
@@ -61,7 +63,7 @@ def run_replay(a: argparse.Namespace) -> int:
     sessions, warnings, fmt = load_sessions(a.dataset, a.dataset_format)
     a.tools = tool_schemas(sessions) if a.agentic_tools else None
     a.tokenizer_used = tokenizer
-    users = virtual_users(sessions, a.num_rounds, a.min_chunk_rounds)
+    users = virtual_users(sessions, a.num_rounds, a.min_chunk_rounds, a.user_order)
     print(f"kvtier replay: {len(sessions)} sessions in {a.dataset} ({fmt}) give {len(users)} virtual users of "
           f"{a.num_rounds} turns", file=sys.stderr)
     for w in warnings:
@@ -135,6 +137,7 @@ async def _run(a: argparse.Namespace, users: list[Any], fmt: str, warnings: list
         "started_at": started.isoformat(timespec="seconds"), "wall_s": round(wall, 3),
         "config": {"base_url": base, "model": a.model, "dataset": str(a.dataset), "dataset_format": fmt,
                    "num_rounds": a.num_rounds, "concurrency": a.concurrency, "gap_scale": a.gap_scale,
+                   "user_order": a.user_order,
                    "history": a.history, "cache_salt": a.cache_salt, "warmup": a.warmup,
                    "tokenizer": a.tokenizer_used, "agentic_tools": [t["function"]["name"] for t in a.tools or []],
                    "scrape_interval_s": a.scrape_interval, "rate_window_s": a.rate_window},

@@ -297,15 +297,29 @@ def load_sessions(path: str | Path, fmt: str = "auto") -> tuple[list[Session], l
     return sessions, warnings, used
 
 
-def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0) -> list[VirtualUser]:
-    """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user."""
+def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0,
+                  order: str = "interleave") -> list[VirtualUser]:
+    """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user.
+
+    Dispatch order: ``interleave`` (default) takes every session's first chunk, then every
+    session's second chunk, and so on, so the users in flight together come from different
+    conversations where the data allows and a conversation's later rounds start after its earlier
+    ones were dispatched (they can find that history in a cache); ``session`` keeps each session's
+    chunks together (file order)."""
     if num_rounds < 1:
         raise ValueError("num_rounds must be >= 1")
+    if order not in ("interleave", "session"):
+        raise ValueError(f"order must be interleave or session, got {order!r}")
     need = max(num_rounds, min_chunk_rounds)
-    out = []
+    per_session: list[list[VirtualUser]] = []
     for s in sessions:
+        mine = []
         for start in range(0, len(s.turns) - need + 1, num_rounds):
             chunk = s.turns[start:start + num_rounds]
             if len(chunk) == num_rounds:
-                out.append(VirtualUser(f"{s.session_id}#{start // num_rounds}", s.session_id, start, chunk))
-    return out
+                mine.append(VirtualUser(f"{s.session_id}#{start // num_rounds}", s.session_id, start, chunk))
+        per_session.append(mine)
+    if order == "session":
+        return [u for mine in per_session for u in mine]
+    deepest = max((len(m) for m in per_session), default=0)
+    return [mine[i] for i in range(deepest) for mine in per_session if i < len(mine)]

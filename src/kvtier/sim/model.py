@@ -105,6 +105,8 @@ class OffloadConfig:
 class Offload:
     """The real offload tier: chunk KV through kvtier's TieredStore."""
 
+    PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
+
     def __init__(self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int) -> None:
         self.cfg = cfg
         self.scope = scope
@@ -129,6 +131,8 @@ class Offload:
         self.stored_bytes = 0
         self.store_seconds = 0.0
         self.chunks_loaded = 0
+        self.last_load_at = 0.0
+        self._bw_ewma: float | None = None
 
     def _buf(self) -> memoryview:
         b = getattr(self._bufs, "b", None)
@@ -148,11 +152,12 @@ class Offload:
         return n
 
     def measured_fetch(self) -> tuple[float, float] | None:
-        """(bytes/s, per-load overhead s) measured so far; None before the first load."""
+        """(bytes/s, per-load overhead s): a moving average over recent loads (weight 0.3 on the
+        newest), so a cold first read does not close the gate for good; None before the first load."""
         with self._lock:
-            if not self.loads or self.load_seconds <= 0:
+            if self._bw_ewma is None:
                 return None
-            return self.loaded_bytes / self.load_seconds, 0.0
+            return self._bw_ewma, 0.0
 
     def load(self, keys: Sequence[str]) -> tuple[float, int, int]:
         """Really read the chunks; returns (seconds, bytes, chunks found). Runs in a worker thread."""
@@ -174,6 +179,10 @@ class Offload:
             self.load_seconds += dt
             self.loads += 1
             self.chunks_loaded += found
+            self.last_load_at = time.monotonic()
+            if nbytes and dt > 0:
+                bw = nbytes / dt
+                self._bw_ewma = bw if self._bw_ewma is None else 0.7 * self._bw_ewma + 0.3 * bw
         return dt, nbytes, found
 
     def save(self, keys: Sequence[str]) -> None:
@@ -195,9 +204,12 @@ class Offload:
             self.store_seconds += time.perf_counter() - t0
 
     def gate(self, tokens: int, prefill_tps: float) -> bool:
+        """Fetch (True) or recompute. Fetches anyway when nothing was measured yet or the last load
+        is older than PROBE_S, so the estimate follows the tier (a gate that only ever recomputes
+        would never learn that the tier got faster)."""
         m = self.measured_fetch()
-        if m is None:
-            return True  # nothing measured yet: fetch, and measure
+        if m is None or time.monotonic() - self.last_load_at > self.PROBE_S:
+            return True
         bw, rtt = m
         return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
 

@@ -2,9 +2,15 @@
 
 Latency model per request:
   TTFT = queue wait (real: waiting for a sequence slot and GPU blocks)
-       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept)
        + offload load time                                   (real reads, measured)
-  then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept).
+       + wait for the GPU's prefill compute                  (modelled: one FIFO, see below)
+       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept)
+  then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept; one
+  batch step hands a token to every decoding sequence).
+Prefill compute is one shared resource: the GPU runs one forward pass at a time, so concurrent
+prefills queue behind each other at prefill_tps in total (a recompute delays everyone), while
+offload loads of different requests overlap (they are I/O). Decode steps are not charged against
+prefill compute (an approximation: vLLM interleaves them).
 """
 
 from __future__ import annotations
@@ -127,6 +133,7 @@ class SimEngine:
         self.external_loaded_tokens = 0
         self._seqs: set[_Seq] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self._prefill_free_at = 0.0  # when the modelled GPU finishes the prefill work queued so far
 
     def _refresh(self) -> None:
         m = self.metrics
@@ -240,7 +247,9 @@ class SimEngine:
                 self.external_loaded_tokens += ext
             uncached = len(prompt_ids) - gpu_hit - ext
             model_s = s.prefill_overhead_ms / 1e3 + uncached / s.prefill_tps
-            await asyncio.sleep(model_s)
+            now = time.perf_counter()
+            self._prefill_free_at = max(now, self._prefill_free_at) + model_s
+            await asyncio.sleep(self._prefill_free_at - now)
             t_first = time.perf_counter()
             m.prefill.observe(t_first - t_admit)
             m.ttft.observe(t_first - t_arrive)
