@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+# Real parts the integration tests start: Caddy in front of sim replicas (kvtier launch), curl.
+bash scripts/install-tools.sh caddy curl || echo "scripts/test.sh: could not install caddy/curl; their tests will skip" >&2
 exec .venv/bin/python -m pytest "$@"

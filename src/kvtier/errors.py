@@ -8,7 +8,8 @@
     │   │   └── TierFragmented  room by count, but no contiguous extent (evicting more helps)
     │   ├── EntryNotFound       key is not stored in that tier
     │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
-    └── UnsupportedError        a feature needs hardware or an extra that is not present
+    ├── UnsupportedError        a feature needs hardware or an extra that is not present
+    └── LaunchError             a process of `kvtier launch` did not start or become healthy
 
 The CLI maps each class to one line on stderr and an exit code (see ``EXIT_CODES``).
 Library code translates OS errors at the boundary with ``raise ... from``.
@@ -60,11 +61,16 @@ class UnsupportedError(KvtierError):
     """The request needs hardware or an optional dependency that is not available."""
 
 
+class LaunchError(KvtierError):
+    """A process of a launch failed to start or to become healthy; the message names its log."""
+
+
 EXIT_CODES: dict[type[KvtierError], int] = {
     ConfigError: 2,
     DatasetError: 3,
     UnsupportedError: 4,
     StorageError: 5,
+    LaunchError: 6,
     KvtierError: 1,
 }
 

@@ -224,3 +224,66 @@ def test_http10_stream_and_client_leaving_mid_stream(sim: Sim):
     assert m["vllm:num_requests_running"] == 0  # the sequence left the batch and freed its slot
     assert 4 <= m["vllm:generation_tokens_total"] < 2000  # it stopped decoding for a gone client
     assert sim.post("/v1/chat/completions", chat("still alive"))[0] == 200
+
+
+def start_cache_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path, int]:
+    sock = tmp_path / "cache.sock"
+    port_file = tmp_path / "cache.port"
+    proc = subprocess.Popen(kvtier_cmd() + ["cache-server", "--model", "tiny-1b", "--socket", str(sock),
+                                            "--port-file", str(port_file), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, sock, int(port_file.read_text())
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "cache-server died")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("cache-server did not start")
+
+
+def test_two_replicas_share_one_cache_server(tmp_path: Path):
+    cache, sock, cport = start_cache_server(tmp_path, "--cpu-offload-gb", "0.2")
+    a = b = None
+    try:
+        a = start_sim(tmp_path, "--offload", "remote", "--cache-server", str(sock), "--replica-id", "A")
+        b = start_sim(tmp_path, "--offload", "remote", "--cache-server", str(sock), "--replica-id", "B")
+        text = long_prompt("shared")
+        _, ra, ha = a.post("/v1/chat/completions", chat(text))
+        assert ha["x-kvtier-replica"] == "A" and ra["kvtier"]["external_tokens"] == 0
+        time.sleep(0.5)  # A's store after prefill reaches the cache server
+        _, rb, hb = b.post("/v1/chat/completions", chat(text))
+        assert hb["x-kvtier-replica"] == "B" and rb["kvtier"]["gpu_hit_tokens"] == 0
+        assert rb["kvtier"]["external_tokens"] >= 256 and rb["kvtier"]["load_s"] > 0  # B fetched what A stored
+        assert b.metrics()["vllm:external_prefix_cache_hits_total"] == rb["kvtier"]["external_tokens"]
+        text_m = urllib.request.urlopen(f"http://127.0.0.1:{cport}/metrics", timeout=10).read().decode()
+        loaded = sum(float(x.rsplit(" ", 1)[1]) for x in text_m.splitlines()
+                     if x.startswith("lmcache_mp_num_chunks_loaded_total"))
+        assert loaded * 256 >= rb["kvtier"]["external_tokens"]
+        # the cache server goes away: replicas keep serving, recomputing, and count the failures
+        cache.send_signal(signal.SIGTERM)
+        cache.wait(timeout=20)
+        code, _, _ = b.post("/v1/chat/completions", chat(long_prompt("after")))
+        assert code == 200 and b.metrics()["kvtier_sim:offload_errors"] >= 1
+    finally:
+        for s in (a, b):
+            if s is not None:
+                stop_sim(s)
+        if cache.poll() is None:
+            cache.kill()
+    assert not sock.exists()  # removed by the cache server on exit
+
+
+def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
+    cache, sock, _ = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
+    try:
+        p = subprocess.run(kvtier_cmd() + ["sim", "--preset", "cpu-test", "--model", "llama3.1-8b", "--gpu-kv-gb", "1",
+                                           "--port", "0", "--offload", "remote", "--cache-server", str(sock)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "this replica needs" in p.stderr
+        p = subprocess.run(kvtier_cmd() + ["sim", "--port", "0", "--offload", "remote"], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and "--cache-server" in p.stderr
+    finally:
+        cache.send_signal(signal.SIGTERM)
+        cache.wait(timeout=20)

@@ -15,11 +15,12 @@ says recomputing would be faster, judged on the load bandwidth measured so far.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.file import FileTier
@@ -102,10 +103,55 @@ class OffloadConfig:
     direct_io: str = "auto"
 
 
-class Offload:
-    """The real offload tier: chunk KV through kvtier's TieredStore."""
+class _Measured:
+    """Load accounting and the fetch gate, shared by the in-process and the remote offload tier."""
 
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
+    kvpt: int
+
+    def _init_measured(self) -> None:
+        self._lock = threading.Lock()
+        self.loaded_bytes = 0
+        self.load_seconds = 0.0
+        self.loads = 0
+        self.stored_bytes = 0
+        self.store_seconds = 0.0
+        self.chunks_loaded = 0
+        self.last_load_at = 0.0
+        self._bw_ewma: float | None = None
+
+    def _note_load(self, dt: float, nbytes: int, found: int) -> None:
+        with self._lock:
+            self.loaded_bytes += nbytes
+            self.load_seconds += dt
+            self.loads += 1
+            self.chunks_loaded += found
+            self.last_load_at = time.monotonic()
+            if nbytes and dt > 0:
+                bw = nbytes / dt
+                self._bw_ewma = bw if self._bw_ewma is None else 0.7 * self._bw_ewma + 0.3 * bw
+
+    def measured_fetch(self) -> tuple[float, float] | None:
+        """(bytes/s, per-load overhead s): a moving average over recent loads (weight 0.3 on the
+        newest), so a cold first read does not close the gate for good; None before the first load."""
+        with self._lock:
+            if self._bw_ewma is None:
+                return None
+            return self._bw_ewma, 0.0
+
+    def gate(self, tokens: int, prefill_tps: float) -> bool:
+        """Fetch (True) or recompute. Fetches anyway when nothing was measured yet or the last load
+        is older than PROBE_S, so the estimate follows the tier (a gate that only ever recomputes
+        would never learn that the tier got faster)."""
+        m = self.measured_fetch()
+        if m is None or time.monotonic() - self.last_load_at > self.PROBE_S:
+            return True
+        bw, rtt = m
+        return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
+
+
+class Offload(_Measured):
+    """The real offload tier, in process: chunk KV through kvtier's TieredStore."""
 
     def __init__(self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int) -> None:
         self.cfg = cfg
@@ -124,15 +170,7 @@ class Offload:
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
         self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
         self._bufs = threading.local()
-        self._lock = threading.Lock()
-        self.loaded_bytes = 0
-        self.load_seconds = 0.0
-        self.loads = 0
-        self.stored_bytes = 0
-        self.store_seconds = 0.0
-        self.chunks_loaded = 0
-        self.last_load_at = 0.0
-        self._bw_ewma: float | None = None
+        self._init_measured()
 
     def _buf(self) -> memoryview:
         b = getattr(self._bufs, "b", None)
@@ -151,14 +189,6 @@ class Offload:
             n += 1
         return n
 
-    def measured_fetch(self) -> tuple[float, float] | None:
-        """(bytes/s, per-load overhead s): a moving average over recent loads (weight 0.3 on the
-        newest), so a cold first read does not close the gate for good; None before the first load."""
-        with self._lock:
-            if self._bw_ewma is None:
-                return None
-            return self._bw_ewma, 0.0
-
     def load(self, keys: Sequence[str]) -> tuple[float, int, int]:
         """Really read the chunks; returns (seconds, bytes, chunks found). Runs in a worker thread."""
         buf = self._buf()
@@ -174,19 +204,12 @@ class Offload:
             nbytes += r.nbytes
             found += 1
         dt = time.perf_counter() - t0
-        with self._lock:
-            self.loaded_bytes += nbytes
-            self.load_seconds += dt
-            self.loads += 1
-            self.chunks_loaded += found
-            self.last_load_at = time.monotonic()
-            if nbytes and dt > 0:
-                bw = nbytes / dt
-                self._bw_ewma = bw if self._bw_ewma is None else 0.7 * self._bw_ewma + 0.3 * bw
+        self._note_load(dt, nbytes, found)
         return dt, nbytes, found
 
-    def save(self, keys: Sequence[str]) -> None:
-        """Store chunks not already present (the store path after prefill). Runs in a worker thread."""
+    def save(self, keys: Sequence[str]) -> int:
+        """Store chunks not already present (the store path after prefill); returns the bytes
+        written. Runs in a worker thread."""
         buf = self._buf()
         chunk_bytes = self.cfg.chunk_tokens * self.kvpt
         t0 = time.perf_counter()
@@ -202,19 +225,125 @@ class Offload:
         with self._lock:
             self.stored_bytes += n
             self.store_seconds += time.perf_counter() - t0
+        return n
 
-    def gate(self, tokens: int, prefill_tps: float) -> bool:
-        """Fetch (True) or recompute. Fetches anyway when nothing was measured yet or the last load
-        is older than PROBE_S, so the estimate follows the tier (a gate that only ever recomputes
-        would never learn that the tier got faster)."""
-        m = self.measured_fetch()
-        if m is None or time.monotonic() - self.last_load_at > self.PROBE_S:
-            return True
-        bw, rtt = m
-        return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
+    # The engine's asynchronous view (the remote tier implements the same four calls).
+    async def alookup(self, keys: Sequence[str]) -> int:
+        return await asyncio.to_thread(self.lookup, keys)
+
+    async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
+        return await asyncio.to_thread(self.load, keys)
+
+    def store_later(self, keys: Sequence[str]) -> None:
+        """The store path after prefill, off the request's path."""
+        asyncio.get_running_loop().run_in_executor(None, self.save, keys)
+
+    def usage(self) -> dict[str, Any] | None:
+        u = self.store.usage()
+        ctr = self.recorder.counters
+        return {"cpu_used_bytes": u.get("cpu", {}).get("used_bytes", 0),
+                "cpu_capacity_bytes": u.get("cpu", {}).get("capacity_bytes", 0),
+                "disk_used_bytes": u.get("storage", {}).get("used_bytes", 0),
+                "evicted_chunks": ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0)}
+
+    async def aclose(self) -> None:
+        pass
 
     def close(self) -> None:
         self.store.close()
 
 
-__all__ = ["GpuPrefixCache", "Offload", "OffloadConfig", "block_hashes", "BLOCK_TOKENS"]
+class RemoteOffload(_Measured):
+    """The offload tier of a kvtier cache server (``kvtier cache-server``) on a Unix socket, shared
+    with other replicas. Same calls as Offload's asynchronous view. A failing server degrades to
+    misses (recompute), counted in ``errors``; it never fails a request."""
+
+    def __init__(self, socket_path: str, scope: KeyScope, kv_bytes_per_token: int, chunk_tokens: int = 256) -> None:
+        self.socket_path = socket_path
+        self.scope = scope
+        self.kvpt = kv_bytes_per_token
+        self.cfg = OffloadConfig("remote", chunk_tokens=chunk_tokens)
+        self.errors = 0
+        self.last_error = ""
+        self._session: Any = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self._init_measured()
+
+    def chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
+        return self.scope.keys_for_tokens(token_ids)
+
+    async def connect(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Open the session and check that the server serves this model's chunk geometry."""
+        import aiohttp  # noqa: PLC0415
+
+        self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
+                                              timeout=aiohttp.ClientTimeout(total=600))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                async with self._session.get("http://cache/v1/info") as r:
+                    info = await r.json()
+                break
+            except (aiohttp.ClientError, OSError) as e:
+                if time.monotonic() > deadline:
+                    await self.aclose()
+                    raise ConfigError(f"--cache-server {self.socket_path}: no kvtier cache server answers ({e})") from e
+                await asyncio.sleep(0.2)
+        want = (self.cfg.chunk_tokens, self.kvpt, self.scope.model_name)
+        got = (info.get("chunk_tokens"), info.get("kv_bytes_per_token"), info.get("model"))
+        if want != got:
+            await self.aclose()
+            raise ConfigError(f"--cache-server {self.socket_path}: serves (chunk tokens, KV bytes/token, model) "
+                              f"{got}, this replica needs {want}")
+        return info
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            async with self._session.post("http://cache" + path, json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
+                return await r.json()
+        except Exception as e:  # noqa: BLE001 - any failure of the shared tier is a miss, counted
+            self.errors += 1
+            self.last_error = f"{path}: {type(e).__name__}: {e}"[:300]
+            return None
+
+    async def alookup(self, keys: Sequence[str]) -> int:
+        r = await self._post("/v1/lookup", {"keys": list(keys)})
+        return int(r["found"]) if r else 0
+
+    async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
+        t0 = time.perf_counter()
+        r = await self._post("/v1/load", {"keys": list(keys)})
+        dt = time.perf_counter() - t0  # the round trip: the server's I/O plus the socket
+        found, nbytes = (int(r["found"]), int(r["bytes"])) if r else (0, 0)
+        self._note_load(dt, nbytes, found)
+        return dt, nbytes, found
+
+    def store_later(self, keys: Sequence[str]) -> None:
+        async def store() -> None:
+            t0 = time.perf_counter()
+            r = await self._post("/v1/store", {"keys": list(keys), "chunk_bytes": self.cfg.chunk_tokens * self.kvpt})
+            with self._lock:
+                self.stored_bytes += int(r["bytes"]) if r else 0
+                self.store_seconds += time.perf_counter() - t0
+
+        t = asyncio.get_running_loop().create_task(store())
+        self._pending.add(t)
+        t.add_done_callback(self._pending.discard)
+
+    def usage(self) -> dict[str, Any] | None:
+        return None  # the cache server reports its tiers on its own /metrics
+
+    async def aclose(self) -> None:
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=10)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["GpuPrefixCache", "Offload", "OffloadConfig", "RemoteOffload", "block_hashes", "BLOCK_TOKENS"]

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from kvtier.modelspec import ModelSpec
-from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, block_hashes
+from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
 from kvtier.sim.tokens import make_encoder, render_chat
 
 GiB = 1024**3
@@ -95,6 +95,7 @@ class Metrics:
         self.prefill = h("vllm:request_prefill_time_seconds", "prefill time including offload loads")
         self.decode = h("vllm:request_decode_time_seconds", "decode time")
         self.gate_recompute = c("kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower")
+        self.offload_errors = g("kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)")
         # LMCache-style series for the offload tier
         self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
         self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
@@ -105,6 +106,22 @@ class Metrics:
         self.lm_evicted = g("lmcache_mp_l1_evicted_chunks", "chunks demoted or evicted from the CPU tier")
         self.lm_load_tp = g("lmcache_mp_l2_load_throughput_GB_per_second", "mean load throughput so far, GB/s")
         self.lm_store_tp = g("lmcache_mp_l2_store_throughput_GB_per_second", "mean store throughput so far, GB/s")
+
+
+def offload_gauges(m: Any, o: Any) -> None:
+    """Set the LMCache-style gauges (lm_l1, lm_l1_ratio, lm_l2, lm_evicted, lm_load_tp, lm_store_tp
+    of ``m``) from an offload tier's usage and load/store accounting."""
+    u = o.usage()
+    if u is not None:
+        m.lm_l1.set(u["cpu_used_bytes"])
+        if u["cpu_capacity_bytes"]:
+            m.lm_l1_ratio.set(u["cpu_used_bytes"] / u["cpu_capacity_bytes"])
+        m.lm_l2.set(u["disk_used_bytes"])
+        m.lm_evicted.set(u["evicted_chunks"])
+    if o.load_seconds > 0:
+        m.lm_load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
+    if o.store_seconds > 0:
+        m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
 
 
 class _Seq:
@@ -120,7 +137,7 @@ class _Seq:
 
 
 class SimEngine:
-    def __init__(self, s: SimSettings, offload: Offload | None) -> None:
+    def __init__(self, s: SimSettings, offload: Offload | RemoteOffload | None) -> None:
         self.s = s
         self.kvpt = s.model.kv_bytes_per_token
         self.gpu = GpuPrefixCache(int(s.gpu_kv_gb * GiB // (self.kvpt * BLOCK_TOKENS)))
@@ -141,20 +158,11 @@ class SimEngine:
         m.waiting.set(self.waiting)
         m.kv_usage.set(self.gpu.used_blocks / self.gpu.capacity)
         if self.offload is not None:
-            u = self.offload.store.usage()
-            cpu = u.get("cpu")
-            if cpu:
-                m.lm_l1.set(cpu["used_bytes"])
-                m.lm_l1_ratio.set(cpu["used_bytes"] / cpu["capacity_bytes"])
-            if "storage" in u:
-                m.lm_l2.set(u["storage"]["used_bytes"])
-            ctr = self.offload.recorder.counters
-            m.lm_evicted.set(ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0))
             o = self.offload
-            if o.load_seconds > 0:
-                m.lm_load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
-            if o.store_seconds > 0:
-                m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
+            offload_gauges(m, o)
+            errors = getattr(o, "errors", 0)
+            if errors:
+                m.offload_errors.set(errors)
 
     def _join(self, seq: "_Seq") -> None:
         self._seqs.add(seq)
@@ -232,13 +240,13 @@ class SimEngine:
                 keys = o.chunk_keys(prompt_ids)
                 m.ext_queries.inc(max(0, len(prompt_ids) - gpu_hit))
                 m.lm_req.inc(len(prompt_ids))
-                n = await asyncio.to_thread(o.lookup, keys)
+                n = await o.alookup(keys)
                 m.lm_hit.inc(n * o.cfg.chunk_tokens)
                 first_chunk = gpu_hit // o.cfg.chunk_tokens
                 cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
                 if cand > 0:
                     if o.gate(cand, s.prefill_tps):
-                        load_s, nbytes, found = await asyncio.to_thread(o.load, keys[first_chunk:n])
+                        load_s, nbytes, found = await o.aload(keys[first_chunk:n])
                         ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
                         m.lm_loaded.inc(found)
                     else:
@@ -255,7 +263,7 @@ class SimEngine:
             m.ttft.observe(t_first - t_arrive)
             m.prompt_tokens.inc(len(prompt_ids))
             if self.offload is not None:
-                asyncio.get_running_loop().run_in_executor(None, self.offload.save, keys)
+                self.offload.store_later(keys)
             emit = yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit,
                                    "external_tokens": ext, "load_s": load_s, "queue_s": t_admit - t_arrive}
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch

@@ -1,0 +1,123 @@
+"""Start, health-wait and stop the processes of a launch, without leaving orphans.
+
+Every process starts in its own session (process group) with its output in ``logs/NAME.log``;
+stopping sends SIGTERM to the whole group, waits, then SIGKILLs what is left, in reverse start
+order. Ports are chosen free on 127.0.0.1 by binding port 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtier.errors import LaunchError
+from kvtier.launch.profiles import ProcPlan
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free TCP ports (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return 200 <= r.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Supervisor:
+    logdir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self, plan: ProcPlan, argv: list[str] | None = None) -> Proc:
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        log = self.logdir / f"{plan.name}.log"
+        argv = argv or plan.argv
+        with open(log, "ab") as f:
+            f.write(("$ " + " ".join(argv) + "\n").encode())
+            f.flush()
+            try:
+                p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **plan.env}, start_new_session=True)
+            except OSError as e:
+                raise LaunchError(f"{plan.name}: cannot start {argv[0]!r}: {e.strerror}") from e
+        proc = Proc(plan.name, argv, p, log)
+        self.procs.append(proc)
+        return proc
+
+    def wait_healthy(self, proc: Proc, url: str, timeout_s: float) -> float:
+        """Seconds until url answered 2xx; LaunchError (with the log's tail) if the process exits
+        or the time runs out."""
+        t0 = time.monotonic()
+        while True:
+            if http_ok(url):
+                return time.monotonic() - t0
+            if proc.popen.poll() is not None:
+                raise LaunchError(f"{proc.name} exited with status {proc.popen.returncode} before {url} answered; "
+                                  f"log {proc.log}:\n{tail(proc.log)}")
+            if time.monotonic() - t0 > timeout_s:
+                raise LaunchError(f"{proc.name}: {url} did not answer within {timeout_s:.0f} s; log {proc.log}:\n"
+                                  f"{tail(proc.log)}")
+            time.sleep(0.1)
+
+    def stop(self, proc: Proc, grace_s: float = 15.0) -> None:
+        if proc.popen.poll() is None:
+            _signal_group(proc.popen.pid, signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # the group may hold children even after the leader exited
+        _signal_group(proc.popen.pid, signal.SIGKILL)
+        try:
+            proc.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+__all__ = ["Supervisor", "Proc", "LaunchError", "free_ports", "http_ok", "tail"]

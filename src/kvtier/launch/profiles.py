@@ -1,0 +1,184 @@
+"""Launch profiles (YAML data, one per engine x build x tier) and their resolution into commands.
+
+A profile names the replica command, the optional cache sidecar (exactly one per run; none for the
+GPU tier), their health and metrics URLs, environment, and for vLLM the ``--kv-transfer-config``.
+``{placeholders}`` are filled from a fixed table (see profiles.yaml); an unknown placeholder, an
+unknown key or a missing required value is an error naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvtier.errors import ConfigError
+
+PLACEHOLDERS = ("model", "host", "port", "replica", "replica_id", "workdir", "sidecar_port", "sidecar_http_port",
+                "sidecar_socket", "nvme_dir", "kv_transfer_config", "sim_model")
+_PH = re.compile(r"\{([a-z_]+)\}")
+
+
+class ProcessSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1)
+    health: str
+    metrics: str | None = None
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    engine: Literal["vllm", "sim"]
+    build: Literal["nvidia", "amd"]
+    tier: Literal["gpu", "cpu", "nvme"]
+    env: dict[str, str] = Field(default_factory=dict)
+    sim_model: str | None = None
+    sidecar_port: int | None = Field(default=None, gt=0, lt=65536, description="fixed data port (else a free one)")
+    sidecar_http_port: int | None = Field(default=None, gt=0, lt=65536, description="fixed HTTP port (else a free one)")
+    replica: ProcessSpec
+    sidecar: ProcessSpec | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], str]:
+    """All profiles of a file (default: the packaged profiles.yaml), validated; (profiles, source)."""
+    if path is None:
+        text, source = resources.files("kvtier.launch").joinpath("profiles.yaml").read_text(), "profiles.yaml (packaged)"
+    else:
+        try:
+            text, source = Path(path).read_text(), str(path)
+        except OSError as e:
+            raise ConfigError(f"--profiles: cannot read {path}: {e.strerror}") from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{source}: expected a mapping of profile name -> profile")
+    out: dict[str, Profile] = {}
+    problems = []
+    for name, body in raw.items():
+        for where, text in _strings(body):
+            for ph in _PH.findall(text):
+                if ph not in PLACEHOLDERS:
+                    problems.append(f"{source}: {name}.{where}: unknown placeholder {{{ph}}} "
+                                    f"(known: {', '.join(PLACEHOLDERS)})")
+        if isinstance(body, dict):
+            tier, has_sidecar = body.get("tier"), body.get("sidecar") is not None
+            if tier == "gpu" and has_sidecar:
+                problems.append(f"{source}: {name}.sidecar: the GPU tier has no cache sidecar")
+            if tier in ("cpu", "nvme") and not has_sidecar:
+                problems.append(f"{source}: {name}.sidecar: required for the {tier} tier")
+            text = json.dumps(body)
+            if "{sim_model}" in text and not body.get("sim_model"):
+                problems.append(f"{source}: {name}.sim_model: required by the {{sim_model}} placeholder")
+            if "{kv_transfer_config}" in text and body.get("kv_transfer_config") is None:
+                problems.append(f"{source}: {name}.kv_transfer_config: required by the {{kv_transfer_config}} "
+                                "placeholder")
+        try:
+            out[name] = Profile.model_validate(body)
+        except ValidationError as e:
+            for err in e.errors():
+                problems.append(f"{source}: {name}.{_where(err['loc'])}: {err['msg']}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out, source
+
+
+def _strings(node: Any, where: str = "") -> list[tuple[str, str]]:
+    if isinstance(node, str):
+        return [(where, node)]
+    if isinstance(node, dict):
+        return [x for k, v in node.items() for x in _strings(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(node, list):
+        return [x for i, v in enumerate(node) for x in _strings(v, f"{where}[{i}]")]
+    return []
+
+
+def pick(profiles: Mapping[str, Profile], engine: str, build: str, tier: str, source: str) -> tuple[str, Profile]:
+    found = [(n, p) for n, p in profiles.items() if (p.engine, p.build, p.tier) == (engine, build, tier)]
+    if not found:
+        raise ConfigError(f"{source}: no profile for engine {engine}, build {build}, tier {tier}")
+    if len(found) > 1:
+        raise ConfigError(f"{source}: several profiles for engine {engine}, build {build}, tier {tier}: "
+                          f"{', '.join(n for n, _ in found)}")
+    return found[0]
+
+
+def fill(s: str, values: Mapping[str, str]) -> str:
+    """Replace {name} placeholders; other braces (JSON in an argument) are left alone."""
+    def one(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            return m.group(0) if key not in PLACEHOLDERS else _missing(key)
+        return values[key]
+
+    return _PH.sub(one, s)
+
+
+def _missing(key: str) -> str:
+    raise ConfigError(f"placeholder {{{key}}} has no value in this run")
+
+
+def _fill_tree(node: Any, values: Mapping[str, str]) -> Any:
+    if isinstance(node, str):
+        return fill(node, values)
+    if isinstance(node, dict):
+        return {fill(k, values): _fill_tree(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill_tree(v, values) for v in node]
+    return node
+
+
+@dataclass(frozen=True)
+class ProcPlan:
+    """One process to start: name, argv, extra environment, health and metrics URLs."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health: str
+    metrics: str | None
+    startup_timeout_s: float
+
+
+def resolve(profile: Profile, values: Mapping[str, str], replica_ports: list[int]) -> tuple[ProcPlan | None, list[ProcPlan]]:
+    """The sidecar (or None) and one plan per replica, every placeholder filled."""
+    base = dict(values)
+    if profile.sim_model:
+        base["sim_model"] = profile.sim_model
+    if profile.kv_transfer_config is not None:
+        ktc = _fill_tree(profile.kv_transfer_config, base)
+        # ports are numbers in the connector's JSON
+        extra = ktc.get("kv_connector_extra_config", {})
+        for k, v in list(extra.items()):
+            if isinstance(v, str) and v.isdigit():
+                extra[k] = int(v)
+        base["kv_transfer_config"] = json.dumps(ktc, separators=(",", ":"))
+    sidecar = None
+    if profile.sidecar is not None:
+        s = profile.sidecar
+        sidecar = ProcPlan("sidecar", [fill(x, base) for x in s.command], {}, fill(s.health, base),
+                           fill(s.metrics, base) if s.metrics else None, s.startup_timeout_s)
+    replicas = []
+    for i, port in enumerate(replica_ports):
+        v = dict(base, port=str(port), replica=str(i), replica_id=f"{values['host']}:{port}")
+        r = profile.replica
+        replicas.append(ProcPlan(f"replica{i}", [fill(x, v) for x in r.command],
+                                 {k: fill(x, v) for k, x in profile.env.items()}, fill(r.health, v),
+                                 fill(r.metrics, v) if r.metrics else None, r.startup_timeout_s))
+    return sidecar, replicas
+
+
+__all__ = ["Profile", "ProcessSpec", "ProcPlan", "load_profiles", "pick", "resolve", "fill", "PLACEHOLDERS"]

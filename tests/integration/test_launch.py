@@ -1,0 +1,262 @@
+"""kvtier launch: profiles and dry runs, and real runs of two sim replicas behind a real Caddy.
+
+The real runs start `kvtier cache-server` (CPU tier), two `kvtier sim` replicas and Caddy on free
+127.0.0.1 ports, replay a small generated conversation set through Caddy, and check where each
+request landed (the x-kvtier-replica header, recorded as `replica`), the shared sidecar's external
+hits, a replica killed mid-run, and that no process of the run is left afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import kvtier_cmd
+
+needs_caddy = pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy not installed (scripts/install-tools.sh)")
+
+
+def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, words: int = 420) -> Path:
+    """Generic JSONL sessions whose prompts pass 256 tokens (so they are stored as offload chunks)."""
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / "sessions.jsonl").open("w") as f:
+        for u in range(users):
+            msgs: list[dict[str, Any]] = [{"role": "system", "content": " ".join(f"s{u}w{i}" for i in range(words))}]
+            recorded = []
+            for t in range(turns):
+                msgs = msgs + [{"role": "user", "content": f"user {u} asks question {t} " + "detail " * 20}]
+                recorded.append({"messages": list(msgs), "max_tokens": max_tokens, "pre_gap": 0.0})
+                msgs = msgs + [{"role": "assistant", "content": f"answer {t} " + "words " * 30}]
+            f.write(json.dumps({"session_id": f"conv{u}", "turns": recorded}) + "\n")
+    return path
+
+
+def launch(out: Path, *args: str, replay: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kvtier_cmd() + ["launch", *args, "--output", str(out), "--", "replay", *replay],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def requests_of(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def assert_no_orphans(out: Path) -> None:
+    rec = json.loads((out / "launch.json").read_text())
+    assert rec["pids"] and not [n for n, pid in rec["pids"].items() if alive(pid)]
+    ports = [*rec["ports"]["replicas"], rec["ports"]["sidecar_http"]]
+    marks = [str(out)] + [f"--port {p}" for p in ports if p]
+    left = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(m in cmd for m in marks) and "pytest" not in cmd and alive(int(d.name)):
+                left.append(cmd)
+    assert not left, left
+
+
+# --- profiles and dry runs (nothing starts) ---
+
+@pytest.mark.parametrize("build,env", [("nvidia", "CUDA_VISIBLE_DEVICES=0"), ("amd", "HIP_VISIBLE_DEVICES=0")])
+def test_dry_run_vllm_prints_recognisable_commands(tmp_path: Path, build: str, env: str):
+    out = tmp_path / "run"
+    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "nvme", "--engine", "vllm", "--build", build, "--replicas",
+                                       "2", "--dry-run", "--output", str(out), "--", "replay", "--model",
+                                       "meta-llama/Llama-3.1-8B-Instruct", "--dataset", "x.jsonl"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[0].startswith("lmcache server --host 127.0.0.1 --port 5555 ")
+    assert "--l2-adapter" in lines[0] and '"type": "fs"' in lines[0] and str(out / "nvme") in lines[0]
+    vllm = [x for x in lines if " vllm serve meta-llama/Llama-3.1-8B-Instruct " in x]
+    assert len(vllm) == 2 and all(x.startswith(env) or f" {env}" in x for x in vllm[:1])
+    ktc = json.loads(vllm[0].split("--kv-transfer-config ", 1)[1].strip("'"))
+    assert ktc["kv_connector"] == "LMCacheMPConnector" and ktc["kv_role"] == "kv_both"
+    assert ktc["kv_connector_extra_config"]["lmcache.mp.port"] == 5555
+    assert ktc["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 300.0
+    assert "--enable-prefix-caching" in vllm[0] and "--gpu-memory-utilization 0.9" in vllm[0]
+    if build == "amd":
+        assert "VLLM_ROCM_USE_AITER=1" in vllm[0]
+    assert lines[3].startswith("caddy run --config") and lines[4].startswith("kvtier replay ")
+    assert "--base-url http://127.0.0.1:" in lines[4] and "caddy" not in lines[0]
+    assert not out.exists()  # a dry run starts and writes nothing
+    gpu = subprocess.run(kvtier_cmd() + ["launch", "--tier", "gpu", "--engine", "vllm", "--dry-run", "--", "--model",
+                                         "m", "--dataset", "x"], capture_output=True, text=True, timeout=60)
+    assert gpu.returncode == 0 and "lmcache" not in gpu.stdout and "--kv-transfer-config" not in gpu.stdout
+
+
+def test_bad_profiles_and_arguments_are_named(tmp_path: Path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("x:\n  engine: sim\n  build: nvidia\n  tier: cpu\n  colour: red\n  replica:\n"
+                   "    command: [kvtier, sim, --port, '{port}', --x, '{nope}']\n")
+    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--profiles", str(bad),
+                                       "--dry-run", "--", "--model", "m", "--dataset", "d"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert f"{bad}: x.colour" in p.stderr and f"{bad}: x.replica.health" in p.stderr
+    assert "x.replica.command[5]: unknown placeholder {nope}" in p.stderr and "x.sidecar: required" in p.stderr
+    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--dry-run", "--", "--model", "m",
+                                       "--dataset", "d", "--base-url", "http://x"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "--base-url is set by kvtier launch" in p.stderr
+
+
+# --- real runs: cache-server + two sim replicas + Caddy ---
+
+@needs_caddy
+def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
+    data = conversations(tmp_path / "data", users=6)
+    out = tmp_path / "run"
+    p = launch(out, "--tier", "gpu", "--engine", "sim", "--replicas", "2",
+               replay=["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "3",
+                       "--warmup", "0", "--scrape-interval", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    reqs = requests_of(out)
+    assert len(reqs) == 30 and all(r["status"] == "ok" for r in reqs)
+    by_user: dict[str, set[str]] = defaultdict(set)
+    for r in reqs:
+        by_user[r["user"]].add(r["replica"])
+    assert all(len(v) == 1 for v in by_user.values()), dict(by_user)  # sticky: one replica per conversation
+    assert len({r["replica"] for r in reqs}) == 2  # and the six conversations use both replicas
+    assert "lb_policy header X-User-Id" in (out / "Caddyfile").read_text()
+    summary = json.loads((out / "replay" / "summary.json").read_text())
+    assert summary["summary"]["sessions"]["complete"] == 6 and len(summary["server_metrics"]) == 2
+    assert sorted(x.name for x in (out / "logs").iterdir()) == ["caddy.log", "replica0.log", "replica1.log"]
+    assert_no_orphans(out)
+
+
+@needs_caddy
+def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_external_hits(tmp_path: Path):
+    data = conversations(tmp_path / "data", users=6)
+    out = tmp_path / "run"
+    p = launch(out, "--tier", "cpu", "--engine", "sim", "--replicas", "2",
+               replay=["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4",
+                       "--warmup", "0", "--scrape-interval", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    reqs = requests_of(out)
+    assert len(reqs) == 30 and all(r["status"] == "ok" for r in reqs)
+    per_replica: dict[str, int] = defaultdict(int)
+    for r in reqs:
+        per_replica[r["replica"]] += 1
+    assert len(per_replica) == 2 and min(per_replica.values()) >= 5, dict(per_replica)  # spread
+    moved = []
+    for user in {r["user"] for r in reqs}:
+        turns = sorted((r for r in reqs if r["user"] == user), key=lambda r: r["turn"])
+        moved += [b for a, b in zip(turns, turns[1:]) if a["replica"] != b["replica"]]
+    assert moved, "least_conn never moved a conversation between replicas"
+    # a moved round finds its history in the shared sidecar: cached (external) instead of recomputed
+    assert sum(1 for r in moved if (r["cached_tokens"] or 0) >= 256) >= len(moved) // 2, moved
+    prom = {f.stem: f.read_text() for f in (out / "metrics").iterdir()}
+    assert set(prom) == {"sidecar", "replica0", "replica1"}
+    ext = sum(metric(prom[r], "vllm:external_prefix_cache_hits_total") for r in ("replica0", "replica1"))
+    assert ext >= 256 and metric(prom["sidecar"], "lmcache_mp_lookup_hit_tokens_total") >= ext
+    assert metric(prom["sidecar"], "lmcache_mp_num_chunks_loaded_total") * 256 >= ext
+    assert "lb_policy least_conn" in (out / "Caddyfile").read_text()
+    rec = json.loads((out / "launch.json").read_text())
+    assert rec["processes"][0]["name"] == "sidecar" and "cache-server" in " ".join(rec["processes"][0]["argv"])
+    assert_no_orphans(out)
+
+
+@needs_caddy
+def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: Path):
+    data = conversations(tmp_path / "data", users=8, max_tokens=120)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--replicas", "2", "--output",
+                                            str(out), "--", "replay", "--model", "m", "--dataset", str(data),
+                                            "--num-rounds", "5", "--concurrency", "4", "--warmup", "0",
+                                            "--scrape-interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "launch.json").exists():
+            time.sleep(0.1)
+        rec = json.loads((out / "launch.json").read_text())
+        time.sleep(2.5)  # the replay is under way: streams are in flight on both replicas
+        os.kill(rec["pids"]["replica1"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
+    reqs = requests_of(out)
+    failed = [r for r in reqs if r["status"] != "ok"]
+    assert failed and summary["requests_failed"] == len(failed)  # cut streams are counted, not dropped
+    assert summary["sessions"]["error"] >= 1 and summary["sessions"]["complete"] >= 1
+    assert summary["sessions"]["total"] == 8
+    dead = rec["endpoints"]["replica1"]
+    last_ok = max((r for r in reqs if r["status"] == "ok"), key=lambda r: r["start_unix_s"])
+    assert last_ok["replica"] != dead  # the run finished on the surviving replica
+    assert_no_orphans(out)
+
+
+@needs_caddy
+def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: Path):
+    data = conversations(tmp_path / "data", users=8, max_tokens=120)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", "nvme", "--engine", "sim", "--replicas", "2",
+                                            "--output", str(out), "--", "replay", "--model", "m", "--dataset",
+                                            str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "launch.json").exists():
+            time.sleep(0.1)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads((out / "replay" / "summary.json").read_text())
+    assert result["status"] == "partial", err[-2000:]
+    assert result["summary"]["sessions"]["complete"] < 8
+    assert json.loads((out / "launch.json").read_text())["exit_status"] == proc.returncode
+    assert not list((out / "nvme").iterdir())  # the cache server removed its files
+    assert_no_orphans(out)
+
+
+def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: Path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "broken:\n  engine: sim\n  build: nvidia\n  tier: cpu\n  sim_model: tiny-1b\n"
+        "  sidecar:\n    command: [kvtier, cache-server, --model, '{sim_model}', --cpu-offload-gb, '0.1', --socket,"
+        " '{sidecar_socket}', --port, '{sidecar_http_port}']\n    health: 'http://{host}:{sidecar_http_port}/health'\n"
+        "  replica:\n    command: [kvtier, sim, --preset, no-such-preset, --port, '{port}']\n"
+        "    health: 'http://{host}:{port}/health'\n")
+    out = tmp_path / "run"
+    missing = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--output", str(out), "--",
+                                             "--model", "m", "--dataset", str(tmp_path / "nope.jsonl")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 3 and "nope.jsonl" in missing.stderr and not out.exists()  # checked before starting
+    data = conversations(tmp_path / "data", users=1)
+    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--profiles", str(prof),
+                                       "--output", str(out), "--", "--model", "m", "--dataset", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 6 and "replica0 exited" in p.stderr and "unknown preset" in p.stderr
+    assert (out / "logs" / "sidecar.log").exists() and (out / "logs" / "replica0.log").exists()
+    assert_no_orphans(out)
