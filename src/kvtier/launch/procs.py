@@ -65,7 +65,8 @@ class Supervisor:
             f.flush()
             try:
                 p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **plan.env}, start_new_session=True)
+                                     env={**os.environ, **plan.env}, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
             except OSError as e:
                 raise LaunchError(f"{plan.name}: cannot start {argv[0]!r}: {e.strerror}") from e
         proc = Proc(plan.name, argv, p, log)
@@ -104,6 +105,16 @@ class Supervisor:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             self.stop(proc)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if kvtier launch itself dies (even by SIGKILL), so nothing is orphaned."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
 
 
 def _signal_group(pid: int, sig: int) -> None:
