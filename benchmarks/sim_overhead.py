@@ -54,10 +54,12 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=2000, help="tokens per stream")
     ap.add_argument("--tpot-ms", type=float, default=1.0)
+    ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"], help="the server's loop")
     a = ap.parse_args()
     port_file = Path(tempfile.mkdtemp()) / "port"
     proc = subprocess.Popen([sys.executable, *os.environ.get("SIMPROF", "").split(), "-m", "kvtier", "sim", "--preset", "cpu-test", "--gpu-kv-gb", "4",
                              "--tpot-ms", str(a.tpot_ms), "--batch-slowdown", "0", "--port", "0",
+                             "--event-loop", a.event_loop,
                              "--port-file", str(port_file)], stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):

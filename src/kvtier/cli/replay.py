@@ -39,6 +39,8 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--request-timeout", type=float, default=64800.0, help="seconds")
     p.add_argument("--warmup", type=int, default=4, help="short throwaway requests first (excluded)")
     p.add_argument("--history", choices=["recorded", "runtime"], default="recorded")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="client event loop: uvloop when installed (auto), or the stock asyncio loop")
     p.add_argument("--cache-salt", help="sent as cache_salt so runs do not share cache entries")
     p.add_argument("--scrape-interval", type=float, default=15.0, help="seconds between /metrics scrapes")
     p.add_argument("--rate-window", type=float, default=300.0, help="seconds of the rolling hit-rate window")
@@ -77,7 +79,11 @@ def run_replay(a: argparse.Namespace) -> int:
         warnings.append(msg)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
-    result = asyncio.run(_run(a, users, fmt, warnings))
+    from kvtier.replay.client import event_loop_kind, loop_factory  # noqa: PLC0415
+
+    a.event_loop_used = event_loop_kind(a.event_loop)
+    with asyncio.Runner(loop_factory=loop_factory(a.event_loop_used)) as runner:
+        result = runner.run(_run(a, users, fmt, warnings))
     with (out / "requests.jsonl").open("w") as f:
         for r in result.pop("records"):
             f.write(json.dumps(r) + "\n")
@@ -137,7 +143,7 @@ async def _run(a: argparse.Namespace, users: list[Any], fmt: str, warnings: list
         "started_at": started.isoformat(timespec="seconds"), "wall_s": round(wall, 3),
         "config": {"base_url": base, "model": a.model, "dataset": str(a.dataset), "dataset_format": fmt,
                    "num_rounds": a.num_rounds, "concurrency": a.concurrency, "gap_scale": a.gap_scale,
-                   "user_order": a.user_order,
+                   "user_order": a.user_order, "event_loop": a.event_loop_used,
                    "history": a.history, "cache_salt": a.cache_salt, "warmup": a.warmup,
                    "tokenizer": a.tokenizer_used, "agentic_tools": [t["function"]["name"] for t in a.tools or []],
                    "scrape_interval_s": a.scrape_interval, "rate_window_s": a.rate_window},

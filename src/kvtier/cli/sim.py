@@ -20,6 +20,14 @@ def load_presets() -> dict[str, dict[str, Any]]:
     return yaml.safe_load(text)
 
 
+def run_loop(coro: Any, kind: str) -> None:
+    """Run a server's main coroutine on uvloop when installed (--event-loop auto), else asyncio."""
+    from kvtier.replay.client import event_loop_kind, loop_factory  # noqa: PLC0415
+
+    with asyncio.Runner(loop_factory=loop_factory(event_loop_kind(kind))) as runner:
+        runner.run(coro)
+
+
 async def serve_until_signal(port_file: str | None, port: int) -> None:
     """Announce the port (for scripts and tests), then wait for SIGINT or SIGTERM."""
     if port_file:
@@ -74,6 +82,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     a("--cache-server", help="Unix socket of a kvtier cache-server, for --offload remote")
     add_tier_flags(p)
     a("--host", default="127.0.0.1")
+    a("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="uvloop when installed (auto)")
     a("--port", type=int, default=8000, help="0 = any free port (printed)")
     a("--port-file", help="write the bound port here once the server accepts requests")
     a("--replica-id", help="value of the x-kvtier-replica header (default host:port)")
@@ -140,7 +149,7 @@ def run_sim(args: argparse.Namespace) -> int:
                 await offload.aclose()
 
     try:
-        asyncio.run(main())
+        run_loop(main(), args.event_loop)
     except OSError as e:
         raise ConfigError(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}") from e
     finally:
@@ -157,6 +166,7 @@ def add_cache_server_parser(sub: argparse._SubParsersAction) -> None:  # type: i
     add_tier_flags(p)
     a("--socket", required=True, help="Unix socket path for the data API (replicas: --cache-server PATH)")
     a("--host", default="127.0.0.1", help="address of /health and /metrics")
+    a("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="uvloop when installed (auto)")
     a("--port", type=int, default=0, help="TCP port of /health and /metrics (0 = any free port)")
     a("--port-file", help="write the TCP port here once the server accepts requests")
     a("--seed", type=int, default=0)
@@ -193,7 +203,7 @@ def run_cache_server(args: argparse.Namespace) -> int:
             await runner.cleanup()
 
     try:
-        asyncio.run(main())
+        run_loop(main(), args.event_loop)
     except OSError as e:
         raise ConfigError(f"cache-server: cannot listen ({e})") from e
     finally:
