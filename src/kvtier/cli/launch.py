@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -105,7 +107,8 @@ def run_launch(a: argparse.Namespace) -> int:
     replica_ports, (sidecar_port, sidecar_http_port, lb_port, admin_port) = ports[: a.replicas], ports[a.replicas:]
     sidecar_port = profile.sidecar_port or sidecar_port
     sidecar_http_port = profile.sidecar_http_port or sidecar_http_port
-    sockdir = Path(tempfile.mkdtemp(prefix="kvtier-launch-")) if not a.dry_run else Path("/tmp/kvtier-launch-XXXX")
+    # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
+    sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
     nvme_dir = Path(a.nvme_dir).resolve() if a.nvme_dir else out / "nvme"
     # the replay's --model names the served model; parse the replay arguments before anything starts
     front = f"http://{host}:{lb_port}" if a.replicas >= 2 else f"http://{host}:{replica_ports[0]}"
@@ -114,7 +117,6 @@ def run_launch(a: argparse.Namespace) -> int:
               "nvme_dir": str(nvme_dir)}
     probe = _replay_namespace(replay_args, front + "/v1", str(out / "replay"), [])
     if not probe.model:
-        shutil.rmtree(sockdir, ignore_errors=True)
         raise ConfigError("replay arguments: --model is required (it is also the served model name)")
     values["model"] = probe.model
     sidecar, replicas = resolve(profile, values, replica_ports)
@@ -149,6 +151,7 @@ def run_launch(a: argparse.Namespace) -> int:
         raise ConfigError("replay arguments: --dataset is required")
     load_sessions(replay_ns.dataset, replay_ns.dataset_format)
     out.mkdir(parents=True, exist_ok=True)
+    sockdir.mkdir(mode=0o700)
     if a.tier == "nvme":
         nvme_dir.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
@@ -200,15 +203,18 @@ def run_launch(a: argparse.Namespace) -> int:
 
         event(f"replay: {shlex.join(replay_cmd)}")
         rc = run_replay(replay_ns)
-        signal.signal(signal.SIGTERM, on_term)  # asyncio.run restored the default handlers
+        signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
         event(f"replay finished with exit status {rc}")
         _save_metrics(out / "metrics", [p for p in plans if p.metrics])
     except KeyboardInterrupt:
         event("interrupted: tearing down")
         rc = 130
     finally:
-        signal.signal(signal.SIGTERM, on_term)
+        # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         sup.stop_all()
+        signal.signal(signal.SIGINT, old_int)
         event("all processes stopped")
         record["exit_status"] = rc
         save_record()
