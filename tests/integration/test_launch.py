@@ -264,3 +264,15 @@ def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: P
     assert p.returncode == 6 and "replica0 exited" in p.stderr and "unknown preset" in p.stderr
     assert (out / "logs" / "sidecar.log").exists() and (out / "logs" / "replica0.log").exists()
     assert_no_orphans(out)
+
+
+@pytest.mark.skipif(shutil.which("lmcache") is not None, reason="lmcache is installed here")
+def test_vllm_engine_without_vllm_installed_fails_cleanly(tmp_path: Path):
+    data = conversations(tmp_path / "data", users=1)
+    out = tmp_path / "run"
+    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "vllm", "--output", str(out), "--",
+                                       "--model", "m", "--dataset", str(data)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 6 and "sidecar: cannot start 'lmcache'" in p.stderr
+    rec = json.loads((out / "launch.json").read_text())
+    assert rec["exit_status"] == 6 and "cannot start 'lmcache'" in rec["error"]

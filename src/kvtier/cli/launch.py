@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, KvtierError, exit_code_for
 
 FORBIDDEN = ("--base-url", "--output", "--metrics-url")
 
@@ -209,6 +209,10 @@ def run_launch(a: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         event("interrupted: tearing down")
         rc = 130
+    except KvtierError as e:
+        rc = exit_code_for(e)
+        record["error"] = str(e)
+        raise
     finally:
         # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
