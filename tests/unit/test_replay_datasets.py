@@ -112,3 +112,16 @@ def test_dispatch_order_interleaves_sessions_by_default():
     assert [u.user_id for u in virtual_users(sessions, 2, order="session")] == ["a#0", "a#1", "a#2", "b#0", "c#0",
                                                                              "c#1"]
     assert sorted(inter) == sorted(u.user_id for u in virtual_users(sessions, 2, order="session"))
+
+
+def test_an_empty_recorded_output_still_asks_for_one_token(tmp_path):
+    from kvtier.replay.datasets import set_tokenizer  # noqa: PLC0415
+    rows = [{"timestamp": 1_000_000 * i, "input": f"call {i}", "output": "" if i % 2 else "some reply text",
+             "session_id": "s"} for i in range(4)]
+    f = tmp_path / "trace.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for kind in ("chars", "auto"):
+        set_tokenizer(kind)
+        sessions, _, fmt = load_sessions(f)
+        assert fmt == "agent-trace" and min(t.max_tokens for t in sessions[0].turns) == 1
+    set_tokenizer("chars")

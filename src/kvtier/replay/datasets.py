@@ -63,7 +63,9 @@ _count = {"fn": _chars4}  # the output-length counter; set by set_tokenizer() be
 
 
 def _tokens(text: str) -> int:
-    return _count["fn"](text)
+    """max_tokens for a recorded output: at least 1 (an empty recorded reply still asks for one
+    token; servers reject max_tokens 0)."""
+    return max(1, _count["fn"](text))
 
 
 def set_tokenizer(kind: str) -> str:
