@@ -115,21 +115,20 @@ def run_launch(a: argparse.Namespace) -> int:
     values = {"model": "", "host": host, "workdir": str(out), "sidecar_port": str(sidecar_port),
               "sidecar_http_port": str(sidecar_http_port), "sidecar_socket": str(sockdir / "cache.sock"),
               "nvme_dir": str(nvme_dir)}
-    probe = _replay_namespace(replay_args, front + "/v1", str(out / "replay"), [])
-    if not probe.model:
+    replay_ns = _replay_namespace(replay_args, front + "/v1", str(out / "replay"), [])
+    if not replay_ns.model:
         raise ConfigError("replay arguments: --model is required (it is also the served model name)")
-    values["model"] = probe.model
+    values["model"] = replay_ns.model
     sidecar, replicas = resolve(profile, values, replica_ports)
     metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
-    replay_ns = _replay_namespace(replay_args, front + "/v1", str(out / "replay"), metrics_roots)
+    replay_ns.metrics_url = metrics_roots  # scrape every replica and the sidecar, never Caddy
     cfile = caddyfile(a.tier, lb_port, admin_port, [f"{host}:{p}" for p in replica_ports]) if a.replicas >= 2 else None
 
     plans = [*([sidecar] if sidecar else []), *replicas]
     commands = [(p.name, p.env, _kvtier_argv(p.argv)) for p in plans]
-    caddy_cmd = None
-    if cfile is not None:
-        cp = caddy_plan(out / "Caddyfile", out / "caddy-home", lb_port) if not a.dry_run else None
-        caddy_cmd = cp.argv if cp else ["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"]
+    cp = caddy_plan(out / "Caddyfile", out / "caddy-home", lb_port) if cfile and not a.dry_run else None
+    caddy_cmd = cp.argv if cp else (["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"]
+                                    if cfile else None)
     replay_cmd = ["kvtier", "replay", *replay_args, "--base-url", front + "/v1", "--output", str(out / "replay"),
                   *[x for m in metrics_roots for x in ("--metrics-url", m)]]
     if a.dry_run:
@@ -192,8 +191,7 @@ def run_launch(a: argparse.Namespace) -> int:
         for plan, proc in zip(replicas, sup.procs[len(plans) - len(replicas):]):
             dt = sup.wait_healthy(proc, plan.health, plan.startup_timeout_s)
             event(f"{plan.name} healthy after {dt:.1f} s ({plan.health})")
-        if cfile:
-            cp = caddy_plan(out / "Caddyfile", out / "caddy-home", lb_port)
+        if cp is not None:
             proc = sup.start(cp)
             record["pids"]["caddy"] = proc.popen.pid
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)

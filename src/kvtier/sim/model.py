@@ -108,6 +108,7 @@ class _Measured:
 
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
     kvpt: int
+    errors = 0  # failed calls to a remote tier (always 0 in process)
 
     def _init_measured(self) -> None:
         self._lock = threading.Lock()
@@ -263,7 +264,6 @@ class RemoteOffload(_Measured):
         self.scope = scope
         self.kvpt = kv_bytes_per_token
         self.cfg = OffloadConfig("remote", chunk_tokens=chunk_tokens)
-        self.errors = 0
         self.last_error = ""
         self._session: Any = None
         self._pending: set[asyncio.Task[None]] = set()

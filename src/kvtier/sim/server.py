@@ -160,9 +160,8 @@ class SimEngine:
         if self.offload is not None:
             o = self.offload
             offload_gauges(m, o)
-            errors = getattr(o, "errors", 0)
-            if errors:
-                m.offload_errors.set(errors)
+            if o.errors:
+                m.offload_errors.set(o.errors)
 
     def _join(self, seq: "_Seq") -> None:
         self._seqs.add(seq)
