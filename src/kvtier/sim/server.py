@@ -187,7 +187,11 @@ class SimEngine:
                 due = now  # behind schedule: do not try to catch up with a burst of steps
                 await sleep(0)
             for q in list(self._seqs):
-                if q.emit is None or q.emit(len(q.stamps)):
+                try:
+                    sent = q.emit is None or q.emit(len(q.stamps))
+                except Exception:  # noqa: BLE001 - one broken stream must not stop the batch
+                    sent = False
+                if sent:
                     q.stamps.append(now)
                     q.left -= 1
                 else:
