@@ -45,6 +45,25 @@ def launch(out: Path, *args: str, replay: list[str], timeout: float = 240) -> su
                           capture_output=True, text=True, timeout=timeout)
 
 
+def launch_then(out: Path, tier: str, replay: list[str], during: Any, wait_s: float) -> tuple[int, str]:
+    """Run a 2-replica sim launch in the background; once its processes are healthy (launch.json
+    exists) wait ``wait_s`` into the replay, call ``during(proc, record)``, and let the run end."""
+    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", tier, "--engine", "sim", "--replicas", "2",
+                                            "--output", str(out), "--", "replay", *replay],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "launch.json").exists():
+            time.sleep(0.1)
+        time.sleep(wait_s)
+        during(proc, json.loads((out / "launch.json").read_text()))
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
 def requests_of(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]
 
@@ -187,23 +206,12 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
     # (it has the fewest connections), and each failure ends its user: 12 users leave room to finish.
     data = conversations(tmp_path / "data", users=12, max_tokens=120)
     out = tmp_path / "run"
-    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--replicas", "2", "--output",
-                                            str(out), "--", "replay", "--model", "m", "--dataset", str(data),
-                                            "--num-rounds", "5", "--concurrency", "4", "--warmup", "0",
-                                            "--scrape-interval", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (out / "launch.json").exists():
-            time.sleep(0.1)
-        rec = json.loads((out / "launch.json").read_text())
-        time.sleep(2.5)  # the replay is under way: streams are in flight on both replicas
-        os.kill(rec["pids"]["replica1"], signal.SIGKILL)
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    rc, err = launch_then(out, "cpu", ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency",
+                                       "4", "--warmup", "0", "--scrape-interval", "1"],
+                          lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
+                          wait_s=2.5)  # the replay is under way: streams are in flight on both replicas
+    assert rc == 0, err[-3000:]
+    rec = json.loads((out / "launch.json").read_text())
     summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
     reqs = requests_of(out)
     failed = [r for r in reqs if r["status"] != "ok"]
@@ -222,24 +230,13 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
 def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: Path):
     data = conversations(tmp_path / "data", users=8, max_tokens=120)
     out = tmp_path / "run"
-    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", "nvme", "--engine", "sim", "--replicas", "2",
-                                            "--output", str(out), "--", "replay", "--model", "m", "--dataset",
-                                            str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (out / "launch.json").exists():
-            time.sleep(0.1)
-        time.sleep(2.0)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    rc, err = launch_then(out, "nvme", ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency",
+                                        "4", "--warmup", "0"],
+                          lambda proc, rec: proc.send_signal(signal.SIGINT), wait_s=2.0)
     result = json.loads((out / "replay" / "summary.json").read_text())
     assert result["status"] == "partial", err[-2000:]
     assert result["summary"]["sessions"]["complete"] < 8
-    assert json.loads((out / "launch.json").read_text())["exit_status"] == proc.returncode
+    assert json.loads((out / "launch.json").read_text())["exit_status"] == rc
     assert not list((out / "nvme").iterdir())  # the cache server removed its files
     assert_no_orphans(out)
 

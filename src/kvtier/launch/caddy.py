@@ -3,11 +3,12 @@
 Policy by tier: CPU/NVMe -> ``least_conn`` (any replica can fetch from the shared sidecar);
 GPU -> sticky ``header X-User-Id`` (a conversation's rounds stay with the replica that holds its
 cache). Active health checks on /health every 10 s, passive failure detection (3 failures within
-30 s), and a short retry window so new requests go to a live replica once one has died. Request
-bodies are buffered (``buffer_requests``): without it Caddy 2.6 retried a request whose body the
-dead upstream had already consumed, failed it on the live one with "invalid Read on closed Body",
-counted that against the live replica and ended with "no upstreams available" (seen in the
-replica-kill test). Responses still stream unbuffered. The sidecar is never behind Caddy.
+30 s). No retries (no lb_try_duration): in Caddy 2.6 a POST retried after a dead upstream
+failed on the live one with "invalid Read on closed Body" or, with buffer_requests, with
+"ContentLength=N with Body length M"; both were counted against the live replica, which was then
+marked down ("no upstreams available"; seen in the replica-kill test, about 1 run in 5). Without
+retries a request sent to the dead replica fails once, is counted against it alone, and after 3
+such failures in 30 s Caddy stops choosing it. Responses stream unbuffered. The sidecar is never behind Caddy.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ def caddyfile(tier: str, listen_port: int, admin_port: int, upstreams: list[str]
 http://127.0.0.1:{listen_port} {{
 	reverse_proxy {ups} {{
 		lb_policy {POLICY[tier]}
-		lb_try_duration 5s
-		lb_try_interval 250ms
-		buffer_requests
 		health_uri /health
 		health_interval 10s
 		health_timeout 5s

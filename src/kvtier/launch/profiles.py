@@ -69,6 +69,8 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
     out: dict[str, Profile] = {}
     problems = []
     for name, body in raw.items():
+        if str(name).startswith("."):
+            continue  # shared pieces for YAML anchors, not a profile
         for where, text in _strings(body):
             for ph in _PH.findall(text):
                 if ph not in PLACEHOLDERS:
