@@ -88,8 +88,9 @@ async def consume(url: str, streams: int) -> list[float]:
 
     user = VirtualUser("u", "s", 0, ())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        recs = await asyncio.gather(*(client._stream(s, cfg, user, 0, [{"role": "user", "content": "x"}], 8)
+        done = await asyncio.gather(*(client.stream_request(s, cfg, user, 0, [{"role": "user", "content": "x"}], 8)
                                       for _ in range(streams)))
+    recs = [rec for rec, _ in done]
     client.json.loads = real_loads  # type: ignore[assignment]
     bad = [r for r in recs if r["status"] != "ok"]
     if bad:

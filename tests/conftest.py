@@ -78,3 +78,24 @@ def tmpfs_dir(tmp_path: Path) -> Iterator[Path]:
 
 def kvtier_cmd() -> list[str]:
     return [sys.executable, "-m", "kvtier"]
+
+
+TINY_TEMPLATES = {"chatbot": {"context_range": [64, 512], "generation_range": [8, 64],
+                              "think_time_range": [0.01, 0.05]}}
+
+
+@pytest.fixture(scope="session")
+def tiny_bench_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real, short bench run in this process (tiny model, CPU + file tiers): a typed BenchResult
+    and the JSON file it wrote, shared by the tests that read results."""
+    from kvtier.bench import run
+    from kvtier.config.bench import BenchConfig, Tuning
+
+    d = tmp_path_factory.mktemp("tiny-bench")
+    (d / "cache").mkdir()
+    tuning = Tuning.model_validate({"user_templates": TINY_TEMPLATES})  # chatbot users only
+    cfg = BenchConfig(model="tiny-1b", num_users=3, duration=1.5, gpu_mem_gb=0, cpu_mem_gb=0.004,
+                      generation_mode="none", seed=2, cache_dir=str(d / "cache"), output=str(d / "r.json"),
+                      progress="none", noise_mb=16, io_chunk_mb=4, tuning=tuning)
+    result = run(cfg, handle_signals=False)
+    return result, d / "r.json"

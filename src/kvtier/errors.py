@@ -4,6 +4,7 @@
     ├── ConfigError             bad flag, config key or value (names the key path)
     ├── DatasetError            missing, empty or malformed input file (names file and line)
     ├── StorageError            a tier cannot do what was asked
+    │   ├── UnusableDirectory   a file tier's directory is missing, unwritable or refuses O_DIRECT
     │   ├── TierFullError       no room even after eviction (capacity, ENOSPC)
     │   │   └── TierFragmented  room by count, but no contiguous extent (evicting more helps)
     │   ├── EntryNotFound       key is not stored in that tier
@@ -12,7 +13,9 @@
     └── LaunchError             a process of `kvtier launch` did not start or become healthy
 
 The CLI maps each class to one line on stderr and an exit code (see ``EXIT_CODES``).
-Library code translates OS errors at the boundary with ``raise ... from``.
+Library code translates OS errors at the boundary with ``raise ... from``. The engine's errors name
+no flag (it serves bench, sim and the cache server alike); the layer that read the flag re-raises
+them as a ConfigError naming it (``--cache-dir``, ``--nvme-dir``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ class DatasetError(KvtierError):
 
 class StorageError(KvtierError):
     """A storage tier failed an operation."""
+
+
+class UnusableDirectory(StorageError):
+    """A file tier cannot use its directory; ``direct_io`` is True when O_DIRECT was required but refused."""
+
+    def __init__(self, message: str, direct_io: bool = False) -> None:
+        super().__init__(message)
+        self.direct_io = direct_io
 
 
 class TierFullError(StorageError):

@@ -29,18 +29,29 @@ _ROOT = b"kvtier-prefix-root-v1"
 
 
 def _field(h: "hashlib._Hash", value: object) -> None:
+    """Length-prefixed (netstring-like) field: no two field sequences encode alike."""
     data = value if isinstance(value, bytes) else str(value).encode("utf-8")
     h.update(str(len(data)).encode())
     h.update(b":")
     h.update(data)
 
 
-def chunk_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
-    """32-byte hash of one chunk chained to its parent's hash (None for the first chunk)."""
+def chain_hash(parent: bytes | None, parts: Iterable[bytes | str]) -> bytes:
+    """32-byte hash of one chunk's content ``parts`` chained to its parent's hash (None: the first).
+
+    The one prefix-chaining rule: token ids (``chunk_hash``), a trace's block ids
+    (``KeyScope.keys_for_hashes``) and the bench's token segment runs (``workload.layout``) all
+    hash through it, so equal hashes mean equal whole prefixes whatever names the content."""
     h = hashlib.blake2b(digest_size=32)
     _field(h, parent if parent is not None else _ROOT)
-    _field(h, np.asarray(token_ids, dtype="<i8").tobytes())
+    for p in parts:
+        _field(h, p)
     return h.digest()
+
+
+def chunk_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """32-byte hash of one chunk of token ids chained to its parent's hash (None for the first chunk)."""
+    return chain_hash(parent, (np.asarray(token_ids, dtype="<i8").tobytes(),))
 
 
 def prefix_chunk_hashes(token_ids: Sequence[int], chunk_size: int, include_partial: bool = False) -> list[bytes]:
@@ -98,11 +109,9 @@ class KeyScope:
 
     def keys_for_hashes(self, hashes: Iterable[bytes | int | str]) -> list[str]:
         """Keys for externally given chunk ids (e.g. a trace's hash_ids), chained in order."""
-        out, parent = [], None
+        out: list[str] = []
+        parent: bytes | None = None
         for hid in hashes:
-            h = hashlib.blake2b(digest_size=32)
-            _field(h, parent if parent is not None else _ROOT)
-            _field(h, str(hid))
-            parent = h.digest()
+            parent = chain_hash(parent, (str(hid),))
             out.append(self.key(parent))
         return out

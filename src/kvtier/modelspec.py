@@ -82,6 +82,38 @@ class ModelSpec:
         """Bytes of a KV entry of ``num_tokens`` tokens."""
         return math.ceil(num_tokens * self.elements_per_token * self.bits_per_element / 8)
 
+    def kv_heads_per_rank(self, tensor_parallel: int = 1) -> int:
+        """KV heads one tensor-parallel rank holds: heads are split across ranks, rounded up, and
+        replicated when there are more ranks than heads (each rank keeps at least one)."""
+        if tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        return max(1, -(-self.kv_heads // tensor_parallel))
+
+    def elements_per_token_per_rank(self, tensor_parallel: int = 1) -> int:
+        """KV elements per token on one tensor-parallel rank.
+
+        MHA/GQA: K and V of ``kv_heads_per_rank`` heads. MLA: the whole joint latent — it has no
+        head dimension to split, so every rank holds all of it (as vLLM does)."""
+        if self.attention == "mla":
+            if tensor_parallel < 1:
+                raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+            return self.elements_per_token
+        return 2 * self.num_layers * self.kv_heads_per_rank(tensor_parallel) * self.head_dim
+
+    def kv_bytes_per_token_per_rank(self, tensor_parallel: int = 1) -> int:
+        """Bytes of KV one token occupies on one tensor-parallel rank (see elements_per_token_per_rank)."""
+        return math.ceil(self.elements_per_token_per_rank(tensor_parallel) * self.bits_per_element / 8)
+
+    def kv_bytes_per_rank(self, num_tokens: int, tensor_parallel: int = 1) -> int:
+        """Bytes of one rank's share of a KV entry of ``num_tokens`` tokens — the size of the object
+        that rank writes and reads. The single rule bench, sim and plan use for TP > 1."""
+        return math.ceil(num_tokens * self.elements_per_token_per_rank(tensor_parallel) * self.bits_per_element / 8)
+
+    def shards_like_reference(self, tensor_parallel: int) -> bool:
+        """Whether this per-rank size equals the MLPerf reference's (which divides every entry by TP):
+        true for TP 1 and for MHA/GQA models whose KV heads divide evenly across the ranks."""
+        return tensor_parallel == 1 or (self.attention != "mla" and self.kv_heads % tensor_parallel == 0)
+
     def entry_shape(self, seq_len: int) -> tuple[int, ...]:
         """Tensor shape of one entry: (layers, 2, seq, kv_heads, head_dim), or (layers, seq, latent) for MLA."""
         if self.attention == "mla":

@@ -21,7 +21,13 @@ REQUIRED = [
     ("summary", "qos_metrics", "interactive", "target_latency_p95_ms"), ("summary", "host_time_fraction"),
     ("requests_completed",), ("total_tokens_generated",), ("status",), ("kvtier_version",),
     ("config", "num_users"), ("host", "cpu_model"), ("storage", "direct_io"), ("warnings",), ("errors",),
+    ("summary", "cache_stats", "storage_health", "overall_status"), ("stop_reason", "code"), ("result_schema_version",),
+    ("host", "directories", "cache_dir", "fs_type"), ("host", "libraries", "numpy"), ("started_at",), ("finished_at",),
 ]
+
+
+def codes(r):
+    return {w["code"] for w in r["warnings"]}
 
 
 SMALL = """\
@@ -122,7 +128,9 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
             pytest.skip("a GPU is present")
     except ImportError:
         pass
-    assert any(w.startswith("GPU tier off") for w in r["warnings"])
+    assert "gpu-tier-off" in codes(r)
+    w = next(w for w in r["warnings"] if w["code"] == "gpu-tier-off")
+    assert w["message"].startswith("GPU tier off") and w["requested_gb"] == 4
     assert "gpu" not in r["tiers"]
 
 
@@ -133,7 +141,9 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
     (["--num-users", "0"], "--num-users"),
     (["--config", "BAD"], "eviction.target_usage_ratio"),
     (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
-    (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000: the CPU tier plus buffers need"),
+    (["--cpu-mem-gb", "1000"], "--cpu-mem-gb 1000: the CPU tier plus buffers need"),
+    (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000 exceeds validation_limits (16384)"),
+    (["--enable-latency-tracing"], "--enable-latency-tracing: not implemented"),
     (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
 ])
 def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
@@ -167,7 +177,10 @@ def test_signal_writes_partial_result_and_cleans_up(tmp_path, cache_dir, sig, co
     proc = _start(["--model", "llama3.1-8b", "--num-users", "6", "--duration", "60", "--gpu-mem-gb", "0",
                    "--cpu-mem-gb", "0.5", "--generation-mode", "realistic", "--cache-dir", str(cache_dir),
                    "--output", str(out)], tmp_path)
-    time.sleep(3)
+    deadline = time.monotonic() + 30  # wait until the load loop reports, not a fixed time
+    while time.monotonic() < deadline and not proc.stderr.readline().startswith("[kvtier] t="):
+        pass
+    assert proc.poll() is None, "the run ended before the signal"
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -176,8 +189,9 @@ def test_signal_writes_partial_result_and_cleans_up(tmp_path, cache_dir, sig, co
     assert "Traceback" not in err
     r = json.loads(out.read_text())
     assert r["status"] == "partial"
-    assert r["stop_reason"].startswith(("interrupted", "terminated"))
-    assert any("partial" in w for w in r["warnings"])
+    assert r["stop_reason"]["code"] == {2: "interrupted", 15: "terminated"}[sig]
+    assert r["stop_reason"]["message"].startswith(("interrupted", "terminated"))
+    assert "run-not-complete" in codes(r)
     assert os.listdir(cache_dir) == []
 
 
@@ -189,10 +203,11 @@ def test_disk_full_ends_cleanly_with_partial_result(tmp_path, small_fs):
     assert p.returncode == 5, p.stderr
     assert "Traceback" not in p.stderr
     r = json.loads(out.read_text())
-    assert r["status"] == "partial" and "ENOSPC" in r["stop_reason"]
+    assert r["status"] == "partial" and r["stop_reason"]["code"] == "device-full"
+    assert "ENOSPC" in r["stop_reason"]["message"]
     assert r["requests_failed"] >= 1
     assert r["errors"]["tier_operations"]
-    assert any("errors seen" in w for w in r["warnings"])
+    assert "errors-seen" in codes(r)
     assert [p for p in os.listdir(small_fs) if p != "lost+found"] == []
 
 
@@ -226,7 +241,7 @@ def test_prefill_only_never_decodes_and_decode_only_never_writes(tmp_path, cache
     assert dec["tiers"]["storage"]["write"]["by_cause"].get("request") is None
     assert all(t["write"]["by_cause"].get("request") is None for t in dec["tiers"].values())
     assert dec["summary"]["kv_layout_stats"]["decode"]["hits"] > 0
-    assert any("--decode-only" in w for w in dec["warnings"])
+    assert "prepopulation-excluded" in codes(dec)
 
 
 def test_rag_burst_is_measured_and_ingest_reported(tmp_path, cache_dir, small_workload):
@@ -270,5 +285,6 @@ def test_autoscaling_capacity_really_changes_users(tmp_path, cache_dir, small_wo
     assert a["mode"] == "capacity" and len(a["steps"]) >= 2
     users = [s["users"] for s in a["steps"]]
     assert users[1] > users[0]  # the live worker count grew
-    assert a["stop_reason"].startswith("Peak capacity found") and r["stop_reason"] == a["stop_reason"]
+    assert a["stop_reason"].startswith("Peak capacity found") and r["stop_reason"]["message"] == a["stop_reason"]
+    assert r["stop_reason"]["code"] == "peak-capacity"
     assert r["status"] == "complete"

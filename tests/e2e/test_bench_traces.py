@@ -48,7 +48,7 @@ def test_mooncake_measured_hit_rate_matches_the_trace(tmp_path, capacity_gb):
             "--max-concurrent-allocs", "1", "--storage-capacity-gb", str(capacity_gb or 100)]
     p, r = run(tmp_path, args)
     assert p.returncode == 0, p.stderr
-    assert r["status"] == "complete" and r["stop_reason"] == "trace replay finished"
+    assert r["status"] == "complete" and r["stop_reason"] == {"code": "trace-finished", "message": "trace replay finished"}
     assert r["requests_completed"] == 250
     measured = r["summary"]["cache_stats"]["cache_hit_rate"]
     reqs = load_trace(trace).requests
@@ -67,7 +67,7 @@ def test_azure_replay_in_real_time_scaled(tmp_path):
     trace = head(tmp_path, AZURE, 31, "az.csv")  # header + 30 requests over ~40 s of real time
     p, r = run(tmp_path, ["--trace-path", str(trace), "--trace-speedup", "20"])
     assert p.returncode == 0, p.stderr
-    assert r["requests_completed"] == 30 and r["stop_reason"] == "trace replay finished"
+    assert r["requests_completed"] == 30 and r["stop_reason"] == {"code": "trace-finished", "message": "trace replay finished"}
     span = load_trace(trace).requests[-1].arrival_s
     assert r["elapsed_s"] >= span / 20 * 0.9  # pacing honoured
 
@@ -77,7 +77,7 @@ def test_burstgpt_flag_and_replay_cycles(tmp_path):
                           "--replay-cycles", "2"])
     assert p.returncode == 0, p.stderr
     assert r["requests_completed"] == 8
-    assert any("0 response tokens" in w for w in r["warnings"])
+    assert [w["count"] for w in r["warnings"] if w["code"] == "trace-rows-skipped"] == [r["workload_source"]["skipped_rows"]]
 
 
 def test_bad_trace_is_an_error_before_load(tmp_path):
@@ -96,7 +96,7 @@ def test_sharegpt_dataset_replays_every_turn(tmp_path):
     assert p.returncode == 0, p.stderr
     src = r["workload_source"]
     assert src["kind"] == "dataset" and src["conversations"] == 6
-    assert r["stop_reason"] == "dataset replay finished"
+    assert r["stop_reason"] == {"code": "dataset-finished", "message": "dataset replay finished"}
     assert r["requests_completed"] == src["turns"]
     assert r["summary"]["multi_turn_stats"]["multi_turn_cache_hits"] > 0
     p, r = run(tmp_path, ["--dataset-path", str(tmp_path / "none.json")], "bad.json")

@@ -74,20 +74,17 @@ def test_bytes_capacity_and_custom_geometry():
     assert "llama3.1-8b" in run(["plan", "bytes", "--list"]).stdout
 
 
-def test_fetch_from_a_real_bench_result(tmp_path):
-    out = tmp_path / "r.json"
-    cache = tmp_path / "c"
-    cache.mkdir()
-    small = tmp_path / "small.yaml"
-    small.write_text("user_templates:\n  chatbot: {context_range: [64, 512], generation_range: [8, 64], "
-                     "think_time_range: [0.01, 0.05]}\n")
-    b = run(["bench", "--model", "tiny-1b", "--num-users", "3", "--duration", "2", "--gpu-mem-gb", "0",
-             "--cpu-mem-gb", "0.01", "--generation-mode", "none", "--seed", "2", "--cache-dir", str(cache),
-             "--output", str(out), "--config", str(small), "--progress", "none"])
-    assert b.returncode == 0, b.stderr
-    p = run(["plan", "fetch", "--from", str(out), "--prefill-tps", "20000", "--context", "256,4096", "--json"])
+def test_fetch_from_a_real_bench_result(tiny_bench_result):
+    result, path = tiny_bench_result
+    p = run(["plan", "fetch", "--from", str(path), "--prefill-tps", "20000", "--context", "256,4096", "--json"])
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["model"] == "tiny-1b" and {r["tier"] for r in d["rows"]} >= {"storage"}
     for r in d["rows"]:
-        assert r["fetch_p95_s"] >= r["fetch_mean_s"] > 0 and r["verdict"] in ("fetch", "recompute")
+        rd = result.tiers[r["tier"]].read  # the measured figures, through the documented formulas
+        mean_op = rd.bytes / rd.ops
+        assert r["measured_mean_op_bytes"] == pytest.approx(mean_op)
+        assert r["fetch_mean_s"] == pytest.approx(r["kv_bytes"] * (rd.latency_ms.mean / 1e3) / mean_op)
+        assert r["fetch_p95_s"] == pytest.approx(r["kv_bytes"] * (rd.latency_ms.p95 / 1e3) / mean_op)
+        assert r["recompute_s"] == pytest.approx(r["context_tokens"] / 20000)
+        assert r["verdict"] == ("fetch" if r["fetch_p95_s"] < r["recompute_s"] else "recompute")

@@ -6,7 +6,7 @@ import pytest
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, round_up
 from kvtier.engine.file import RUN_DIR_PREFIX, FileTier, probe_direct_io
-from kvtier.errors import ConfigError, EntryNotFound, StorageError, TierFullError
+from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 
 def _roundtrip(tier: FileTier, noise, n: int) -> None:
@@ -52,7 +52,7 @@ def test_direct_on_where_unsupported_is_an_error(cache_dir, monkeypatch):
     auto = FileTier(cache_dir, 1 << 20, direct_io="auto")
     assert not auto.direct
     auto.close()
-    with pytest.raises(ConfigError, match="does not support O_DIRECT"):
+    with pytest.raises(UnusableDirectory, match="does not support O_DIRECT"):
         FileTier(cache_dir, 1 << 20, direct_io="on")
     assert not [p for p in os.listdir(cache_dir) if p.startswith(RUN_DIR_PREFIX)]
 
@@ -70,11 +70,11 @@ def test_missing_entry_and_dirs(cache_dir, tmp_path):
     tier = FileTier(cache_dir, 1 << 20)
     with pytest.raises(EntryNotFound):
         tier.read("nope", aligned_buffer(4096))
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(UnusableDirectory, match="does not exist"):
         FileTier(tmp_path / "missing")
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(UnusableDirectory, match="not a directory"):
         FileTier(f)
 
 

@@ -47,6 +47,28 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]
     assert m["prefix_cache_hit_rate_overall"] == pytest.approx(expect, rel=0.05)
     assert m["kv_cache_usage_perc_mean"] is not None
+    assert_envelope_and_compare(tmp_path, tmp_path / "out" / "summary.json")
+
+
+def assert_envelope_and_compare(tmp_path: Path, summary: Path) -> None:
+    """The summary loads back as a typed ReplayResult; compare accepts it against itself and refuses a
+    run with another concurrency."""
+    from kvtier.report import load
+    from kvtier.report.replay import ReplayResult
+
+    r = load(summary)
+    assert isinstance(r, ReplayResult) and r.status == "complete" and r.stop_reason.code == "dataset-finished"
+    assert r.config.dataset_format == "agent-trace" and r.config.event_loop in ("uvloop", "asyncio")
+    assert r.host.directories["output"].path == str((tmp_path / "out").resolve())
+    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(summary), str(summary.parent)], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0 and "TTFT p50" in p.stdout, p.stderr
+    other = json.loads(summary.read_text())
+    other["config"]["concurrency"] = 8
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(summary), str(tmp_path / "b.json")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "NOT COMPARABLE: concurrency: 4 vs 8" in p.stderr
 
 
 def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
@@ -63,19 +85,3 @@ def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
     s = json.loads((tmp_path / "out" / "summary.json").read_text())["summary"]
     assert s["requests_failed"] >= 1 and s["sessions"]["error"] >= 1
     assert proc.returncode == (0 if s["requests_ok"] else 1), err
-
-
-def test_compare_refuses_different_runs(tmp_path):
-    a = {"config": {"model": "m", "concurrency": 4, "num_rounds": 5}, "concurrency": {"achieved": 4},
-         "summary": {"sessions": {"complete": 3}, "ttft_s": {"p50": 1, "p95": 2},
-                     "ttft_degradation": {"median_pct": 5}, "tpot_s_mean": 0.01}}
-    b = json.loads(json.dumps(a))
-    b["config"]["concurrency"] = 8
-    (tmp_path / "a.json").write_text(json.dumps(a))
-    (tmp_path / "b.json").write_text(json.dumps(b))
-    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 2 and "NOT COMPARABLE: concurrency" in p.stderr
-    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0 and "TTFT p50" in p.stdout

@@ -4,14 +4,21 @@ import re
 import pytest
 
 from kvtier.errors import DatasetError
-from kvtier.replay.datasets import load_sessions, virtual_users
+from kvtier.replay.datasets import load_sessions as _load_sessions
+from kvtier.replay.datasets import virtual_users
 from kvtier.replay.scrape import Scraper, parse
 from kvtier.replay.summary import summarize
+from kvtier.tokenizer import chars_tokenizer
 from tests.conftest import SHARED_DATA
 
 AGENT = SHARED_DATA / "lmcache_agent_trace"
 TAU2 = SHARED_DATA / "tau2_bench" / "gpt-4.1_airline_default_gpt-4.1_1trials.json"
 needs = pytest.mark.skipif(not AGENT.exists(), reason="../shared/data not present")
+
+
+def load_sessions(path, fmt="auto", count=None):
+    d = _load_sessions(path, fmt, count or chars_tokenizer().count)
+    return d.sessions, d.warnings, d.format
 
 
 @needs
@@ -39,7 +46,7 @@ def test_folder_with_empty_file_and_generic_jsonl(tmp_path):
     turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "pre_gap": 0.5}
     (tmp_path / "s.jsonl").write_text(json.dumps({"session_id": "a", "turns": [turn] * 7}) + "\n")
     sessions, warnings, fmt = load_sessions(tmp_path)
-    assert fmt == "jsonl" and len(sessions) == 1 and any("empty" in w for w in warnings)
+    assert fmt == "jsonl" and len(sessions) == 1 and any("empty" in w.message and w.code == "dataset-file-skipped" for w in warnings)
     assert [u.first_turn for u in virtual_users(sessions, 3)] == [0, 3]
     assert virtual_users(sessions, 3, min_chunk_rounds=8) == []
 
@@ -64,9 +71,9 @@ def test_scraper_deltas_resets_and_missing_series():
         sc.samples.append((float(t), parse("# TYPE vllm:prefix_cache_hits counter\n# TYPE vllm:prefix_cache_queries counter\n"
                                            + text.replace("{h}", str(h)).replace("{q}", str(q)))))
     out = sc.summary()
-    assert out["prefix_cache_hit_rate_overall"] == pytest.approx((50 + 100 + 30) / (100 + 100 + 40))
-    assert out["external_prefix_cache_hit_rate"] is None  # absent series: null, not zero
-    assert out["prefill_time_s_mean"] is None
+    assert out.prefix_cache_hit_rate_overall == pytest.approx((50 + 100 + 30) / (100 + 100 + 40))
+    assert out.external_prefix_cache_hit_rate is None  # absent series: null, not zero
+    assert out.external_prefix_cache_queries is None and out.prefill_time_s_mean is None
 
 
 def test_summary_degradation_and_sessions():
@@ -115,13 +122,11 @@ def test_dispatch_order_interleaves_sessions_by_default():
 
 
 def test_an_empty_recorded_output_still_asks_for_one_token(tmp_path):
-    from kvtier.replay.datasets import set_tokenizer  # noqa: PLC0415
+    from kvtier.tokenizer import load_tokenizer  # noqa: PLC0415
     rows = [{"timestamp": 1_000_000 * i, "input": f"call {i}", "output": "" if i % 2 else "some reply text",
              "session_id": "s"} for i in range(4)]
     f = tmp_path / "trace.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     for kind in ("chars", "auto"):
-        set_tokenizer(kind)
-        sessions, _, fmt = load_sessions(f)
+        sessions, _, fmt = load_sessions(f, count=load_tokenizer(kind).count)
         assert fmt == "agent-trace" and min(t.max_tokens for t in sessions[0].turns) == 1
-    set_tokenizer("chars")

@@ -3,20 +3,21 @@ import json
 import pytest
 
 from kvtier.errors import DatasetError
-from kvtier.workload.sharegpt import load_sharegpt, make_token_counter
+from kvtier.tokenizer import chars_tokenizer, load_tokenizer
+from kvtier.workload.sharegpt import load_sharegpt, sharegpt_messages
 from tests.conftest import SHARED_DATA
 
 ZH = SHARED_DATA / "sharegpt" / "sharegpt_zh_1K_records_0000-0499.json"
 EN = SHARED_DATA / "sharegpt" / "sharegpt_en_single_turn_sample50.json"
-CHARS = (lambda t: max(1, (len(t) + 3) // 4), "chars/4")
+CHARS = chars_tokenizer()
 
 
 @pytest.mark.skipif(not ZH.exists(), reason="../shared/data not present")
 def test_real_multi_turn_and_single_turn_files():
-    zh = load_sharegpt(ZH, 500)
+    zh = load_sharegpt(ZH, 500, load_tokenizer())
     assert len(zh.conversations) == 500 and max(len(c.turns) for c in zh.conversations) > 5
     assert zh.conversations[0].conv_id == "jyrQzjG"
-    en = load_sharegpt(EN, 10)
+    en = load_sharegpt(EN, 10, load_tokenizer())
     assert len(en.conversations) == 10 and all(len(c.turns) >= 1 for c in en.conversations)
     assert "tiktoken" in zh.tokenizer  # installed by the test extras
 
@@ -33,8 +34,24 @@ def test_roles_merging_skips_and_limits(tmp_path):
     ]))
     d = load_sharegpt(p, 10, CHARS)
     assert [c.turns for c in d.conversations] == [((2, 10), (2, 3)), ((4, 5),)]
-    assert d.skipped_records == 2 and d.tokenizer == "chars/4"
+    assert d.skipped_records == 2 and d.tokenizer.startswith("chars/4")
     assert len(load_sharegpt(p, 1, CHARS).conversations) == 1
+    capped = load_sharegpt(p, 10, CHARS, max_context_tokens=1, max_generation_tokens=4)
+    assert [c.turns for c in capped.conversations] == [((1, 4), (1, 3)), ((1, 4),)]
+
+
+def test_one_reader_for_bench_and_replay():
+    rec = {"conversations": [{"from": "gpt", "value": "orphan"}, {"role": "user", "content": "q1"},
+                             {"from": "human", "value": "q2"}, {"from": "chatgpt", "value": "a1"},
+                             {"from": "gpt", "value": "a1 again"}, {"from": "system", "value": "s"},
+                             {"from": "human", "value": ""}, {"from": "human", "value": "q3"},
+                             {"from": "model", "value": "a2"}]}
+    assert sharegpt_messages(rec) == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
+                                      {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q3"},
+                                      {"role": "assistant", "content": "a2"}]
+    assert sharegpt_messages({"prompt": "p", "response": "r"}) == [{"role": "user", "content": "p"},
+                                                                  {"role": "assistant", "content": "r"}]
+    assert sharegpt_messages("x") == [] and sharegpt_messages({"conversations": "x"}) == []
 
 
 @pytest.mark.parametrize("text,needle", [("[{]", "d.json:1: not valid JSON"), ('{"a": 1}', "expected a JSON array"),
@@ -45,7 +62,7 @@ def test_bad_datasets(tmp_path, text, needle):
     with pytest.raises(DatasetError, match=needle):
         load_sharegpt(p, 10, CHARS)
     with pytest.raises(DatasetError, match="cannot read"):
-        load_sharegpt(tmp_path / "missing.json", 10)
+        load_sharegpt(tmp_path / "missing.json", 10, CHARS)
 
 
 def test_fallback_counter_without_tiktoken(monkeypatch):
@@ -58,5 +75,6 @@ def test_fallback_counter_without_tiktoken(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_tiktoken)
-    count, name = make_token_counter()
-    assert name.startswith("chars/4") and count("abcdefgh") == 2
+    tok = load_tokenizer("auto")
+    assert tok.name.startswith("chars/4") and tok.count("abcdefgh") == 2 == len(tok.encode("abcdefgh"))
+    assert tok.encode("abcdefgh") == load_tokenizer("chars").encode("abcdefgh")  # deterministic ids

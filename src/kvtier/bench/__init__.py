@@ -1,1 +1,107 @@
-"""The storage benchmark: simulated users driving the tiered store."""
+"""The storage benchmark: simulated users driving the tiered store.
+
+Library use::
+
+    from kvtier.bench import run
+    from kvtier.config import BenchConfig
+
+    result = run(BenchConfig(model="llama3.1-8b", num_users=10, duration=15, gpu_mem_gb=0, cpu_mem_gb=1,
+                             cache_dir="/mnt/nvme/kv", output="r.json"))
+    print(result.summary.storage_throughput_tokens_per_sec, result.status)
+
+One path: config -> ``derive`` (setup.py) -> ``build_components`` -> ``BenchRunner`` (runner.py,
+serving through service.py) -> ``build_result`` (results.py) -> a typed ``BenchResult``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtier.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvtier.bench.runner import BenchRunner
+    from kvtier.bench.setup import Components, Plan
+    from kvtier.config.bench import BenchConfig
+    from kvtier.report.bench import BenchResult
+    from kvtier.telemetry.clock import Clock
+
+
+def check_output_path(flag: str, path: str | None) -> None:
+    """The folder of an output file exists and is writable (checked before the load, not after)."""
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{flag}: directory {parent} is not writable")
+
+
+@contextlib.contextmanager
+def stop_on_signals(runner: BenchRunner) -> Iterator[None]:
+    """SIGINT/SIGTERM end the run as partial (from the main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from kvtier.report.envelope import StopCode  # noqa: PLC0415
+
+    codes = {signal.SIGINT: (StopCode.interrupted, "interrupted (SIGINT)"),
+             signal.SIGTERM: (StopCode.terminated, "terminated (SIGTERM)")}
+    previous = {s: signal.signal(s, lambda n, _f: runner.request_stop(*codes[signal.Signals(n)], partial=True))
+                for s in codes}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run(config: BenchConfig, *, on_start: Callable[[Plan, Components], None] | None = None,
+        on_tick: Callable[[BenchRunner, float], None] | None = None, handle_signals: bool = False,
+        clock: Clock | None = None) -> BenchResult:
+    """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
+
+    ``on_start`` is called once the tiers exist, ``on_tick`` every ``progress_interval`` seconds;
+    ``handle_signals`` turns SIGINT/SIGTERM into a partial stop (the CLI sets it). Bad input raises
+    ConfigError or DatasetError before any load starts; a run that stops early still returns its
+    (partial) result."""
+    from kvtier.bench.results import build_result  # noqa: PLC0415
+    from kvtier.bench.runner import BenchRunner  # noqa: PLC0415
+    from kvtier.bench.setup import build_components, derive  # noqa: PLC0415
+    from kvtier.report.envelope import utc_now  # noqa: PLC0415
+    from kvtier.report.writers import write_json, write_xlsx  # noqa: PLC0415
+    from kvtier.telemetry.clock import MONOTONIC  # noqa: PLC0415
+    from kvtier.telemetry.recorder import Recorder  # noqa: PLC0415
+
+    check_output_path("--output", config.output)
+    check_output_path("--xlsx-output", config.xlsx_output)
+    started = utc_now()
+    clock = clock or MONOTONIC
+    plan = derive(config)
+    rec = Recorder(clock=clock)
+    comp = build_components(plan, rec)
+    try:
+        runner = BenchRunner(plan, comp, rec, clock)
+        if on_start is not None:
+            on_start(plan, comp)
+        with stop_on_signals(runner) if handle_signals else contextlib.nullcontext():
+            outcome = runner.run(on_tick=on_tick, tick_s=config.progress_interval)
+        result = build_result(plan, comp, rec, outcome, started)
+        # written before the tiers are torn down: a failing cleanup cannot lose a finished result
+        if config.output:
+            write_json(result, config.output, flag="--output")
+        if config.xlsx_output:
+            write_xlsx(result, config.xlsx_output)
+    finally:
+        comp.close()
+    return result
+
+
+__all__ = ["run", "check_output_path", "stop_on_signals"]

@@ -1,7 +1,17 @@
-"""Turn a validated BenchConfig into live components, checking everything before load starts."""
+"""From a validated BenchConfig to what the runner needs, checking everything before load starts.
+
+Two steps, in this order:
+* ``derive(cfg)`` — no I/O on the device: the model and its per-rank entry size, the seed, the
+  I/O slots, the workload (users, conversations, system prompts, RAG corpus, trace or dataset
+  read and validated, autoscaler), the memory check, and the warnings these imply.
+* ``build_components(plan, sink)`` — the live parts: the tiers, the waterfall store, the noise
+  buffer and the cache directory. Engine errors are translated here into ConfigErrors that name
+  the flag (the engine itself knows no flags).
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -9,45 +19,83 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
 from kvtier.engine.backend import Backend
-from kvtier.engine.file import FileTier
+from kvtier.engine.file import FileTier, UnusableDirectory
 from kvtier.engine.gpu import GpuTier, gpu_available
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
-from kvtier.engine.tiered import StoreConfig, TieredStore
+from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError
+from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.report.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
+from kvtier.tokenizer import load_tokenizer
+from kvtier.workload.conversations import ConversationManager, ConversationSettings
+from kvtier.workload.rag import RagCorpus, RagSettings
 from kvtier.workload.sharegpt import Dataset, load_sharegpt
-from kvtier.workload.traces import Trace, load_trace
+from kvtier.workload.traces import Trace, TraceFormat, load_trace
+from kvtier.workload.users import UserProfile, make_users
 
 GiB = 1024**3
 MiB = 1024**2
 MAX_IMPLICIT_IO_SLOTS = 32
 """I/O slots when --max-concurrent-allocs is 0 (unlimited in the reference): min(users, this)."""
 
+log = logging.getLogger("kvtier.bench")
+
 
 @dataclass
-class Components:
+class Workload:
+    """What the simulated users ask for, derived from the config (no I/O)."""
+
+    users: list[UserProfile]
+    scope: KeyScope
+    settings: ConversationSettings
+    conversations: ConversationManager
+    rag: RagCorpus | None
+    trace: Trace | None
+    dataset: Dataset | None
+    autoscaler: Autoscaler | None
+    per_token_s: float
+    decode_batch: int
+
+
+@dataclass
+class Plan:
+    """The derived run: everything the config implies before any tier exists."""
+
     config: BenchConfig
     model: ModelSpec
     seed: int
-    store: TieredStore
-    noise: NoiseBuffer
-    file_tier: FileTier | None
     io_slots: int
     io_chunk_bytes: int
+    workload: Workload
+    warnings: list[ResultWarning] = field(default_factory=list)
+
+    def entry_bytes(self, tokens: int) -> int:
+        """Bytes of this rank's KV entry of ``tokens`` tokens (ModelSpec's per-rank rule)."""
+        return self.model.kv_bytes_per_rank(tokens, self.config.tensor_parallel)
+
+
+@dataclass
+class Components:
+    """The live parts of a run; ``close()`` releases memory and removes every file of ours."""
+
+    store: TieredStore
+    noise: NoiseBuffer
+    file_tier: FileTier
     cache_dir: str
     owns_cache_dir: bool
+    keep_cache: bool
     stop: threading.Event = field(default_factory=threading.Event)
-    warnings: list[str] = field(default_factory=list)
-    trace: Trace | None = None
-    dataset: Dataset | None = None
+    warnings: list[ResultWarning] = field(default_factory=list)
 
     def close(self) -> None:
         self.store.close()
-        if self.owns_cache_dir and not self.config.keep_cache:
+        if self.owns_cache_dir and not self.keep_cache:
             try:
                 os.rmdir(self.cache_dir)
             except OSError:
@@ -58,75 +106,159 @@ def check_config(cfg: BenchConfig) -> ModelSpec:
     """Checks that need no I/O: model known, flags not silently ignored."""
     missing = cfg.not_yet_implemented()
     if missing:
-        raise ConfigError(f"{missing[0]}: not implemented in this version of kvtier bench "
-                          "(workload modes arrive with the 'realistic workloads' issue)")
+        raise ConfigError(missing[0])
     catalog = build_catalog({k: v.model_dump(exclude_none=True, exclude_defaults=True)
                              for k, v in cfg.tuning.model_configs.items()})
     return resolve_model(cfg.model, catalog)
 
 
-def build_components(cfg: BenchConfig, sink: object) -> Components:
-    model = check_config(cfg)
+def _load_inputs(cfg: BenchConfig) -> tuple[Trace | None, Dataset | None]:
     trace = None
     if cfg.use_burst_trace or cfg.trace_path:
         path = cfg.trace_path or cfg.burst_trace_path
         if not path:
             raise ConfigError("--use-burst-trace: give --burst-trace-path (a BurstGPT CSV file or directory)")
-        fmt = "burstgpt" if (cfg.use_burst_trace and cfg.trace_format == "auto") else cfg.trace_format
-        trace = load_trace(path, fmt)  # type: ignore[arg-type]
+        fmt: TraceFormat = "burstgpt" if (cfg.use_burst_trace and cfg.trace_format == "auto") else cfg.trace_format
+        trace = load_trace(path, fmt)
     dataset = None
     if cfg.dataset_path:
         if trace is not None:
             raise ConfigError("--dataset-path: give either a dataset or a trace, not both")
-        dataset = load_sharegpt(cfg.dataset_path, cfg.max_conversations)
-    stop = threading.Event()
-    warnings: list[str] = []
-    seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
+        sg = cfg.tuning.sharegpt
+        dataset = load_sharegpt(cfg.dataset_path, cfg.max_conversations,
+                                load_tokenizer("auto", chars_per_token=sg.chars_per_token_estimate),
+                                max_context_tokens=sg.max_context_tokens,
+                                max_generation_tokens=sg.max_generation_tokens)
+    return trace, dataset
 
+
+def derive_workload(cfg: BenchConfig, model: ModelSpec, seed: int, trace: Trace | None,
+                    dataset: Dataset | None) -> Workload:
+    t = cfg.tuning
+    conv, pc, rt = t.conversation, t.prefix_cache, t.rag
+    scope = KeyScope(model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention,
+                     world_size=cfg.tensor_parallel, chunk_size=cfg.kv_chunk_tokens)
+    settings = ConversationSettings(
+        layout=cfg.kv_layout, chunk_tokens=cfg.kv_chunk_tokens, multi_turn=not cfg.disable_multi_turn,
+        prefix_caching=not cfg.disable_prefix_caching, end_probability=conv.end_probability,
+        max_turns_per_conv=conv.max_turns_per_conv, max_context_tokens=conv.max_context_tokens,
+        num_system_prompts=pc.num_system_prompts,
+        system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)))
+    rag = RagCorpus(RagSettings(cfg.rag_num_docs, cfg.rag_top_k, rt.request_probability,
+                                (int(rt.doc_tokens.low), int(rt.doc_tokens.high)), rt.chunk_tokens,
+                                rt.popularity_skew), seed) if cfg.enable_rag else None
+    # The autoscaler changes live synthetic users; a trace or dataset replay fixes the load itself.
+    autoscaler = (Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles)
+                  if cfg.enable_autoscaling and trace is None and dataset is None else None)
+    return Workload(users=make_users(cfg.num_users, t, seed), scope=scope, settings=settings,
+                    conversations=ConversationManager(cfg.max_conversations), rag=rag, trace=trace, dataset=dataset,
+                    autoscaler=autoscaler, per_token_s=getattr(t.generation_timing, cfg.generation_mode),
+                    decode_batch=t.decode.batch_size)
+
+
+def derive(cfg: BenchConfig) -> Plan:
+    """Everything the config implies, checked, before any tier is built."""
+    model = check_config(cfg)
+    trace, dataset = _load_inputs(cfg)
+    seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
     slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
     need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * cfg.io_chunk_mb * MiB
     avail = mem_available_bytes()
     if avail and need > avail:
         raise ConfigError(f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
                           f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb")
-    owns = cfg.cache_dir is None
-    cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
+    plan = Plan(cfg, model, seed, slots, cfg.io_chunk_mb * MiB, derive_workload(cfg, model, seed, trace, dataset))
+    tp = cfg.tensor_parallel
+    if not model.shards_like_reference(tp):
+        share = ("the whole MLA latent" if model.attention == "mla"
+                 else f"{model.kv_heads_per_rank(tp)} of {model.kv_heads} KV heads")
+        plan.warnings.append(warning(
+            WarningCode.tp_sharding_differs,
+            f"--tensor-parallel {tp}: each rank stores {model.kv_bytes_per_token_per_rank(tp):,} B/token ({share}); "
+            f"the MLPerf reference divides every entry by {tp}", tensor_parallel=tp,
+            kv_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(tp),
+            reference_kv_bytes_per_token_per_rank=model.kv_bytes_per_token / tp))
+    if dataset is not None and dataset.skipped_records:
+        plan.warnings.append(warning(WarningCode.dataset_records_skipped,
+                                     f"dataset: {dataset.skipped_records} records without a human/assistant pair "
+                                     "skipped", count=dataset.skipped_records))
+    if trace is not None and trace.skipped_rows:
+        plan.warnings.append(warning(WarningCode.trace_rows_skipped,
+                                     f"trace: {trace.skipped_rows} rows with 0 response tokens (failed in the "
+                                     "source) skipped", count=trace.skipped_rows))
+    log.debug("derived: model %s (%d B/token per rank), seed %d, %d I/O slots", model.key,
+             model.kv_bytes_per_token_per_rank(tp), seed, slots)
+    return plan
+
+
+def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[list[Backend], FileTier]:
+    cfg = plan.config
     backends: list[Backend] = []
-    file_tier: FileTier | None = None
     try:
         if cfg.gpu_mem_gb > 0:
             ok, why = gpu_available()
             if ok:
                 backends.append(GpuTier(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)))
             else:
-                warnings.append(f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}")
+                warnings.append(warning(WarningCode.gpu_tier_off,
+                                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
+                                        requested_gb=cfg.gpu_mem_gb, reason=why))
         if cfg.cpu_mem_gb > 0:
             backends.append(MemoryTier(int(cfg.cpu_mem_gb * GiB)))
-        file_tier = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io,
-                             keep_files=cfg.keep_cache)
-        backends.append(file_tier)
-        if not file_tier.direct:
-            why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
-            warnings.append(f"direct I/O off ({why}): buffered write+fsync and fadvise(DONTNEED) are used instead")
-        ev = cfg.tuning.eviction
-        store = TieredStore(backends, StoreConfig(ev.target_usage_ratio, ev.large_entry_limit_ratio,
-                                                  ev.max_recursion_depth, cfg.promotion), sink, stop)  # type: ignore[arg-type]
+        try:
+            file_tier = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io,
+                                 keep_files=cfg.keep_cache)
+        except UnusableDirectory as e:
+            flag_ = "--direct-io on" if e.direct_io else "--cache-dir"
+            raise ConfigError(f"{flag_}: {e}") from e
     except BaseException:
         for b in backends:
             b.close()
+        raise
+    backends.append(file_tier)
+    if not file_tier.direct:
+        why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
+        warnings.append(warning(WarningCode.direct_io_off, f"direct I/O off ({why}): buffered write+fsync and "
+                                "fadvise(DONTNEED) are used instead", reason=why))
+    return backends, file_tier
+
+
+def build_components(plan: Plan, sink: EventSink) -> Components:
+    """The tiers, the store, the noise buffer and the cache directory of a derived run."""
+    cfg = plan.config
+    warnings: list[ResultWarning] = []
+    owns = cfg.cache_dir is None
+    cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
+    stop = threading.Event()
+    try:
+        backends, file_tier = _tiers(plan, cache_dir, warnings)
+        ev = cfg.tuning.eviction
+        try:
+            store = TieredStore(backends, StoreConfig(
+                target_usage_ratio=ev.target_usage_ratio, large_entry_limit_ratio=ev.large_entry_limit_ratio,
+                max_recursion=ev.max_recursion_depth, promotion=cfg.promotion,
+                max_evictions_hard_cap=ev.max_evictions_hard_cap, max_evictions_min=ev.max_evictions_min),
+                sink, stop)
+        except BaseException:
+            for b in backends:
+                b.close()
+            raise
+    except BaseException:
         if owns:
             shutil.rmtree(cache_dir, ignore_errors=True)
         raise
-
-    largest_entry = math.ceil(model.kv_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
-                              / cfg.tensor_parallel)
+    largest_entry = plan.entry_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
     bottom = file_tier.capacity_bytes * cfg.tuning.eviction.large_entry_limit_ratio
     if largest_entry > bottom:
-        warnings.append(f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage tier "
-                        f"accepts ({bottom / GiB:.2f} GiB): such requests will fail")
-    if dataset is not None and dataset.skipped_records:
-        warnings.append(f"dataset: {dataset.skipped_records} records without a human/assistant pair skipped")
-    if trace is not None and trace.skipped_rows:
-        warnings.append(f"trace: {trace.skipped_rows} rows with 0 response tokens (failed in the source) skipped")
-    return Components(cfg, model, seed, store, NoiseBuffer(cfg.noise_mb * MiB, seed), file_tier, slots,
-                      cfg.io_chunk_mb * MiB, cache_dir, owns, stop, warnings, trace, dataset)
+        warnings.append(warning(WarningCode.entry_exceeds_tier,
+                                f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage "
+                                f"tier accepts ({bottom / GiB:.2f} GiB): such requests will fail",
+                                largest_entry_bytes=largest_entry, tier_limit_bytes=int(bottom)))
+    log.debug("components: tiers %s, direct I/O %s, cache dir %s", " > ".join(store.tier_names),
+             "on" if file_tier.direct else "off", cache_dir)
+    return Components(store, NoiseBuffer(cfg.noise_mb * MiB, plan.seed), file_tier, cache_dir, owns, cfg.keep_cache,
+                      stop, warnings)
+
+
+__all__ = ["Plan", "Workload", "Components", "derive", "derive_workload", "build_components", "check_config",
+           "MAX_IMPLICIT_IO_SLOTS"]

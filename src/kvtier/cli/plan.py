@@ -288,8 +288,9 @@ def cmd_capacity(a: argparse.Namespace) -> int:
 def cmd_fetch(a: argparse.Namespace) -> int:
     from kvtier.plan.measured import load_read_costs  # noqa: PLC0415
 
-    tier_costs, meta = load_read_costs(a.from_)
-    m = _model(a) if (a.model or a.layers) else resolve_model(meta["model"] or "", build_catalog())
+    tier_costs, result = load_read_costs(a.from_)
+    meta = {"model": result.model.key, "status": result.status.value, "file": str(a.from_)}
+    m = _model(a) if (a.model or a.layers) else resolve_model(result.model.key, build_catalog())
     kvpt = _kvpt(a, m)
     tps = _positive(a.prefill_tps, "--prefill-tps")
     contexts = [int(_positive(x, "--context")) for x in a.context.split(",")]

@@ -1,5 +1,8 @@
-"""Typed configuration: the bench flags, the reference config.yaml layout, validation."""
+"""Typed configuration of every command: one pydantic model each, whose fields are the flags."""
 
 from kvtier.config.bench import BenchConfig, Tuning, load_tuning
+from kvtier.config.launch import LaunchConfig
+from kvtier.config.replay import ReplayConfig
+from kvtier.config.sim import CacheServerConfig, SimConfig
 
-__all__ = ["BenchConfig", "Tuning", "load_tuning"]
+__all__ = ["BenchConfig", "Tuning", "load_tuning", "ReplayConfig", "SimConfig", "CacheServerConfig", "LaunchConfig"]

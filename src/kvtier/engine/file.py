@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, round_up
-from kvtier.errors import ConfigError, EntryNotFound, StorageError, TierFullError
+from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 MAGIC = b"KVTIER01"
 FORMAT_VERSION = 1
@@ -73,20 +73,20 @@ class FileTier:
         self.name = name
         base = Path(cache_dir)
         if not base.exists():
-            raise ConfigError(f"--cache-dir: {base} does not exist")
+            raise UnusableDirectory(f"{base} does not exist")
         if not base.is_dir():
-            raise ConfigError(f"--cache-dir: {base} is not a directory")
+            raise UnusableDirectory(f"{base} is not a directory")
         if not os.access(base, os.W_OK | os.X_OK):
-            raise ConfigError(f"--cache-dir: {base} is not writable")
+            raise UnusableDirectory(f"{base} is not writable")
         try:
             self.directory = base / f"{RUN_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self.directory.mkdir()
         except OSError as e:
-            raise ConfigError(f"--cache-dir: cannot create a run directory in {base}: {e.strerror}") from e
+            raise UnusableDirectory(f"cannot create a run directory in {base}: {e.strerror}") from e
         supported = probe_direct_io(self.directory)
         if direct_io == "on" and not supported:
             shutil.rmtree(self.directory, ignore_errors=True)
-            raise ConfigError(f"--direct-io on: the filesystem of {base} does not support O_DIRECT")
+            raise UnusableDirectory(f"the filesystem of {base} does not support O_DIRECT", direct_io=True)
         self.direct = supported and direct_io != "off"
         self.direct_io_supported = supported
         detected = free_bytes(self.directory)

@@ -2,8 +2,11 @@
 
 * A new entry goes to the fastest tier that may hold it (an entry larger than
   ``large_entry_limit_ratio`` x capacity skips the tier).
-* Room is made by taking the tier's least-recently-used entries and demoting each to the next
-  tier, recursively (a demotion may itself demote there), down to the bottom tier, which deletes.
+* Room is made by taking the tier's victims — in the order its eviction policy gives (LRU,
+  engine/policy.py) — and demoting each to the next tier, recursively (a demotion may itself
+  demote there), down to the bottom tier, which deletes. One reservation evicts at most
+  min(max_evictions_hard_cap, max(max_evictions_min, entries + 100)) victims, as the reference
+  bounds one ensure-space call; then the entry tries the next tier.
   A tier is filled to ``target_usage_ratio`` x capacity; an entry larger than that target may use
   the whole capacity. Recursion is capped at ``max_recursion``; past it, victims are deleted.
 * Space is *reserved* under the store lock before any byte is written, and only when it fits, so
@@ -12,7 +15,10 @@
 * Every demotion is a real read from the upper tier and a real write to the lower one, timed and
   reported to the event sink with cause "demotion".
 * Promotion (``promotion="on-read"``): a hit below the top tier is moved to the top tier with the
-  read that serves the request, as production engines do.
+  read that serves the request, as production engines do. Demotion and promotion are one copy
+  routine (``_copy``), so both make room the same way and book their I/O the same way.
+* Room held only by writes in flight (nothing evictable) is waited for on a condition variable
+  that every release of space or of a victim notifies, up to ``reserve_wait_s``.
 
 Concurrency: one store lock guards metadata only (no I/O under it); each entry has its own lock
 held during I/O on it. An entry being moved is marked ``moving`` so it is never chosen twice.
@@ -24,12 +30,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 from kvtier.engine.backend import Backend, IOTiming, check_cancel
-from kvtier.errors import Cancelled, ConfigError, EntryNotFound, StorageError, TierFragmented, TierFullError
+from kvtier.engine.policy import EvictionPolicy, LRUPolicy
+from kvtier.errors import Cancelled, EntryNotFound, StorageError, TierFragmented, TierFullError
 
 Promotion = Literal["none", "on-read"]
 ChunkSource = Callable[[], Iterable[memoryview]]
@@ -63,21 +70,35 @@ class NullSink:
 
 @dataclass(frozen=True)
 class StoreConfig:
+    """The waterfall's rules. Bad values raise ValueError (the caller names its own setting)."""
+
     target_usage_ratio: float = 0.8
     large_entry_limit_ratio: float = 0.95
     max_recursion: int = 10
     promotion: Promotion = "none"
     reserve_rounds: int = 16
+    max_evictions_hard_cap: int = 5000
+    max_evictions_min: int = 1000
+    reserve_wait_s: float = 1.0
+    policy: Callable[[], EvictionPolicy] = field(default=LRUPolicy)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_usage_ratio <= 1:
-            raise ConfigError(f"eviction.target_usage_ratio: must be in (0, 1], got {self.target_usage_ratio}")
+            raise ValueError(f"target_usage_ratio must be in (0, 1], got {self.target_usage_ratio}")
         if not 0 < self.large_entry_limit_ratio <= 1:
-            raise ConfigError(f"eviction.large_entry_limit_ratio: must be in (0, 1], got {self.large_entry_limit_ratio}")
+            raise ValueError(f"large_entry_limit_ratio must be in (0, 1], got {self.large_entry_limit_ratio}")
         if self.max_recursion < 1:
-            raise ConfigError(f"eviction.max_recursion_depth: must be >= 1, got {self.max_recursion}")
+            raise ValueError(f"max_recursion must be >= 1, got {self.max_recursion}")
         if self.promotion not in ("none", "on-read"):
-            raise ConfigError(f"--promotion: expected none or on-read, got {self.promotion!r}")
+            raise ValueError(f"promotion must be none or on-read, got {self.promotion!r}")
+        if self.reserve_rounds < 1 or self.max_evictions_hard_cap < 1 or self.max_evictions_min < 1:
+            raise ValueError("reserve_rounds, max_evictions_hard_cap and max_evictions_min must be >= 1")
+        if self.reserve_wait_s < 0:
+            raise ValueError(f"reserve_wait_s must be >= 0, got {self.reserve_wait_s}")
+
+    def eviction_limit(self, entries: int) -> int:
+        """Victims one reservation may evict in a tier holding ``entries`` (the reference's bound)."""
+        return min(self.max_evictions_hard_cap, max(self.max_evictions_min, entries + 100))
 
 
 class _Entry:
@@ -88,12 +109,12 @@ class _Entry:
         self.nbytes = nbytes
         self.tier = -1      # index into the store's tiers; -1 while not stored
         self.size = 0       # bytes it occupies in its tier
-        self.moving = False  # chosen for demotion, promotion or deletion
+        self.moving = False  # chosen for demotion, promotion or deletion (then not in its tier's policy)
         self.lock = threading.Lock()
 
 
 class _Tier:
-    __slots__ = ("backend", "capacity", "target", "max_entry", "used", "lru")
+    __slots__ = ("backend", "capacity", "target", "max_entry", "used", "policy")
 
     def __init__(self, backend: Backend, cfg: StoreConfig) -> None:
         self.backend = backend
@@ -101,7 +122,12 @@ class _Tier:
         self.target = int(self.capacity * cfg.target_usage_ratio)
         self.max_entry = int(self.capacity * cfg.large_entry_limit_ratio)
         self.used = 0
-        self.lru: OrderedDict[str, None] = OrderedDict()  # oldest first
+        self.policy = cfg.policy()  # the entries that may be chosen as victims, in eviction order
+
+    def threshold(self, size: int) -> int:
+        """Fill limit for an entry of ``size``: the target, or the whole capacity for an entry larger
+        than the target (which may still use the tier, up to large_entry_limit_ratio)."""
+        return self.target if size <= self.target else self.capacity
 
 
 @dataclass
@@ -129,10 +155,11 @@ class TieredStore:
         self.sink: EventSink = sink or NullSink()
         self._tiers = [_Tier(b, self.config) for b in backends if b.capacity_bytes > 0]
         if not self._tiers:
-            raise ConfigError("no tier has capacity > 0: give --cpu-mem-gb, --gpu-mem-gb or a cache dir")
+            raise ValueError("no tier has a capacity > 0")
         self._entries: dict[str, _Entry] = {}
         self._writing: dict[str, threading.Event] = {}  # keys whose put is in flight
         self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # notified when room or a victim may have appeared
 
     # -- introspection -----------------------------------------------------------------------
     @property
@@ -142,18 +169,19 @@ class TieredStore:
     def usage(self) -> dict[str, dict[str, int]]:
         with self._lock:
             return {t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity,
-                                     "entries": len(t.lru)} for t in self._tiers}
+                                     "entries": len(t.policy)} for t in self._tiers}
 
     def location(self, key: str) -> str | None:
         with self._lock:
             e = self._entries.get(key)
             return self._tiers[e.tier].backend.name if e is not None and e.tier >= 0 else None
 
-    def lru_keys(self, tier: str) -> list[str]:
+    def eviction_order(self, tier: str) -> list[str]:
+        """The tier's evictable keys, next victim first."""
         with self._lock:
             for t in self._tiers:
                 if t.backend.name == tier:
-                    return list(t.lru)
+                    return list(t.policy.victims())
         raise KeyError(tier)
 
     def __len__(self) -> int:
@@ -161,7 +189,7 @@ class TieredStore:
             return len(self._entries)
 
     def check_accounting(self) -> None:
-        """Raise AssertionError-like StorageError if accounting differs from what tiers hold (quiescent only)."""
+        """Raise StorageError if accounting differs from what the tiers hold (call when quiescent)."""
         with self._lock:
             for i, t in enumerate(self._tiers):
                 expect = sum(e.size for e in self._entries.values() if e.tier == i)
@@ -170,39 +198,89 @@ class TieredStore:
                     raise StorageError(f"{t.backend.name}: used={t.used} entries={expect} medium={real} "
                                        f"capacity={t.capacity}")
 
-    # -- space -------------------------------------------------------------------------------
-    def _threshold(self, t: _Tier, size: int) -> int:
-        return t.target if size <= t.target else t.capacity
+    # -- victims and removal (each in one place) ---------------------------------------------
+    def _pick_victims(self, t: _Tier, enough: Callable[[int], bool], most: int) -> list[_Entry]:
+        """Under the store lock: the tier's next victims (not already moving), in policy order, until
+        ``enough(bytes freed)`` or ``most`` of them. They are marked moving and leave the policy."""
+        victims: list[_Entry] = []
+        freed = 0
+        for k in t.policy.victims():
+            if len(victims) >= most:
+                break
+            e = self._entries[k]
+            if e.moving:
+                continue
+            victims.append(e)
+            freed += e.size
+            if enough(freed):
+                break
+        for e in victims:
+            e.moving = True
+            t.policy.remove(e.key)
+        return victims
 
+    def _remove(self, e: _Entry) -> None:
+        """Delete ``e`` from its tier and forget it (caller holds e.lock; e.tier >= 0)."""
+        t = self._tiers[e.tier]
+        try:
+            t.backend.delete(e.key)
+        finally:
+            with self._lock:
+                t.used -= e.size
+                if self._entries.get(e.key) is e:
+                    del self._entries[e.key]
+                t.policy.remove(e.key)
+                e.tier, e.size, e.moving = -1, 0, False
+                self._space.notify_all()
+
+    def _release(self, i: int, size: int) -> None:
+        with self._lock:
+            self._tiers[i].used -= size
+            self._space.notify_all()
+
+    def _unpin(self, e: _Entry, i: int) -> None:
+        """A move of ``e`` did not happen: it stays in tier i, evictable again."""
+        with self._lock:
+            e.moving = False
+            if e.tier == i and self._entries.get(e.key) is e:
+                self._tiers[i].policy.insert(e.key)
+            self._space.notify_all()
+
+    # -- space -------------------------------------------------------------------------------
     def _reserve(self, i: int, size: int, depth: int, buf: memoryview) -> bool:
-        """Reserve ``size`` bytes in tier ``i``, demoting LRU victims as needed. No lock held on entry."""
+        """Reserve ``size`` bytes in tier ``i``, demoting victims as needed. No lock held on entry.
+
+        False when the entry may not use the tier, when the eviction limit is reached, when room
+        held by writes in flight does not come free within ``reserve_wait_s``, or on cancel."""
         t = self._tiers[i]
         if size > t.max_entry:
             return False
-        thr = self._threshold(t, size)
+        thr = t.threshold(size)
+        limit: int | None = None
+        evicted = 0
+        deadline: float | None = None
         for _ in range(self.config.reserve_rounds):
             with self._lock:
-                if t.used + size <= thr:
-                    t.used += size
-                    return True
-                victims: list[_Entry] = []
-                freed = 0
-                for k in t.lru:
-                    e = self._entries[k]
-                    if e.moving:
-                        continue
-                    victims.append(e)
-                    freed += e.size
-                    if t.used - freed + size <= thr:
+                while True:
+                    if t.used + size <= thr:
+                        t.used += size
+                        return True
+                    if limit is None:
+                        limit = self.config.eviction_limit(len(t.policy))
+                    if evicted >= limit:
+                        return False
+                    victims = self._pick_victims(t, lambda freed: t.used - freed + size <= thr, limit - evicted)
+                    if victims:
                         break
-                for e in victims:
-                    e.moving = True
-                    del t.lru[e.key]
-            if not victims:
-                time.sleep(0.001)  # space is held by writes in flight; let them land
-                continue
+                    # Nothing evictable: the room is held by writes in flight or entries being moved.
+                    now = time.monotonic()
+                    deadline = deadline if deadline is not None else now + self.config.reserve_wait_s
+                    if now >= deadline or (self.cancel is not None and self.cancel.is_set()):
+                        return False
+                    self._space.wait(min(0.1, deadline - now))  # short bound: the cancel event is polled
             for e in victims:
                 self._evict(e, i, depth, buf)
+            evicted += len(victims)
         return False
 
     def _cancellable(self, chunks: Iterable[memoryview], what: str) -> Iterator[memoryview]:
@@ -215,94 +293,83 @@ class TieredStore:
 
     def _write_making_room(self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int,
                            buf: memoryview) -> IOTiming:
-        """Write into tier i (space reserved); on fragmentation evict more LRU entries and retry."""
-        backend = self._tiers[i].backend
+        """Write into tier i (space reserved); on fragmentation evict more victims and retry."""
+        t = self._tiers[i]
+        backend = t.backend
         for attempt in range(4):
             try:
                 return backend.write(key, chunks(), nbytes)
             except TierFragmented:
-                if attempt == 3 or not self._evict_lru_bytes(i, backend.stored_size(nbytes), buf):
+                need = backend.stored_size(nbytes)
+                with self._lock:
+                    victims = self._pick_victims(t, lambda freed: freed >= need,
+                                                 self.config.eviction_limit(len(t.policy)))
+                if attempt == 3 or not victims:
+                    for e in victims:
+                        self._unpin(e, i)
                     raise
+                for e in victims:
+                    self._evict(e, i, 0, buf)
         raise AssertionError("unreachable")
 
-    def _evict_lru_bytes(self, i: int, nbytes: int, buf: memoryview) -> bool:
-        """Evict at least ``nbytes`` of tier i's LRU entries (beyond what accounting asks)."""
-        t = self._tiers[i]
-        with self._lock:
-            victims, freed = [], 0
-            for k in t.lru:
-                e = self._entries[k]
-                if not e.moving:
-                    victims.append(e)
-                    freed += e.size
-                    if freed >= nbytes:
-                        break
-            for e in victims:
-                e.moving = True
-                del t.lru[e.key]
-        for e in victims:
-            self._evict(e, i, 0, buf)
-        return bool(victims)
-
-    def _release(self, i: int, size: int) -> None:
-        with self._lock:
-            self._tiers[i].used -= size
-
-    def _drop(self, e: _Entry, i: int, cause: str) -> None:
-        """Delete ``e`` from tier ``i`` for good (caller holds e.lock)."""
-        t = self._tiers[i]
-        try:
-            t.backend.delete(e.key)
-        finally:
-            with self._lock:
-                t.used -= e.size
-                if self._entries.get(e.key) is e:
-                    del self._entries[e.key]
-                t.lru.pop(e.key, None)
-                e.tier, e.size, e.moving = -1, 0, False
-        self.sink.count(f"evictions_{cause}")
-
     def _evict(self, e: _Entry, i: int, depth: int, buf: memoryview) -> None:
-        """Demote ``e`` out of tier ``i`` (marked moving by the caller) or delete it at the bottom."""
+        """Demote ``e`` out of tier ``i`` (picked as a victim by the caller) or delete it at the bottom."""
         with e.lock:
             if e.tier != i:  # deleted meanwhile
                 return
             if depth < self.config.max_recursion:
                 for j in range(i + 1, len(self._tiers)):
-                    dst = self._tiers[j]
-                    size = dst.backend.stored_size(e.nbytes)
+                    size = self._tiers[j].backend.stored_size(e.nbytes)
                     if self._reserve(j, size, depth + 1, buf):
-                        if self._move(e, i, j, size, buf, cause="demotion"):
+                        if self._copy(e, i, j, size, buf, "demotion", "demotion") is not None:
                             self.sink.count("demotions")
                             return
-                        break  # the move failed and released its reservation: the entry is dropped
-            self._drop(e, i, "bottom" if i == len(self._tiers) - 1 else "dropped")
+                        break  # the copy failed and released its reservation: the entry is dropped
+            self._remove(e)
+            self.sink.count("evictions_bottom" if i == len(self._tiers) - 1 else "evictions_dropped")
 
-    def _move(self, e: _Entry, i: int, j: int, size: int, buf: memoryview, cause: str) -> bool:
-        """Copy ``e`` from tier i to tier j (reservation of ``size`` held in j; caller holds e.lock)."""
+    def _copy(self, e: _Entry, i: int, j: int, size: int, buf: memoryview, read_cause: str,
+              write_cause: str) -> IOTiming | None:
+        """Move ``e`` from tier i to tier j: the one copy routine of demotion and promotion.
+
+        The caller holds e.lock, e is picked (moving), and ``size`` bytes are reserved in j. On
+        success the entry lives in j and the read's timing is returned; on failure the
+        reservation is released, the entry stays in i (still picked) and None is returned. A
+        failed or cancelled move books its read under ``write_cause`` — it served no request."""
         src, dst = self._tiers[i], self._tiers[j]
         read_t = IOTiming()
-        try:
-            def chunks() -> Iterator[memoryview]:
-                return self._cancellable(src.backend.export(e.key, buf, read_t), cause)
+        read_error: list[StorageError] = []
 
+        def chunks() -> Iterator[memoryview]:
+            try:
+                yield from self._cancellable(src.backend.export(e.key, buf, read_t), write_cause)
+            except Cancelled:
+                raise
+            except StorageError as exc:
+                read_error.append(exc)
+                raise
+
+        try:
             write_t = self._write_making_room(j, e.key, chunks, e.nbytes, buf)
         except StorageError as exc:
             self._release(j, size)
             if isinstance(exc, Cancelled):
-                self.sink.tier_cancelled(src.backend.name, "read", cause, exc.bytes_done)
-                self.sink.tier_cancelled(dst.backend.name, "write", cause, exc.bytes_done)
+                self.sink.tier_cancelled(src.backend.name, "read", write_cause, exc.bytes_done)
+                self.sink.tier_cancelled(dst.backend.name, "write", write_cause, exc.bytes_done)
+            elif read_error:
+                self.sink.tier_error(src.backend.name, "read", write_cause, e.nbytes, exc)
             else:
-                self.sink.tier_error(dst.backend.name, "write", cause, e.nbytes, exc)
-            return False
-        self.sink.tier_op(src.backend.name, "read", cause, e.nbytes, read_t)
-        self.sink.tier_op(dst.backend.name, "write", cause, e.nbytes, write_t)
+                self.sink.tier_error(dst.backend.name, "write", write_cause, e.nbytes, exc)
+            return None
         src.backend.delete(e.key)
         with self._lock:
             src.used -= e.size
             e.tier, e.size, e.moving = j, size, False
-            dst.lru[e.key] = None
-        return True
+            dst.policy.insert(e.key)
+            self._space.notify_all()
+        self.sink.tier_op(src.backend.name, "read", read_cause, e.nbytes, read_t)
+        self.sink.tier_op(dst.backend.name, "write", write_cause, e.nbytes, write_t)
+        return read_t
 
     # -- public operations -------------------------------------------------------------------
     def put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
@@ -354,7 +421,8 @@ class TieredStore:
                 if previous is None:
                     e.tier, e.size = i, size
                     self._entries[key] = e
-                    t.lru[key] = None
+                    t.policy.insert(key)
+                    self._space.notify_all()
             if previous is not None:  # a concurrent put of the same key won; keep theirs
                 t.backend.delete(key)
                 self._release(i, size)
@@ -379,8 +447,7 @@ class TieredStore:
                 if self._entries.get(key) is not e or e.tier < 0:
                     return GetResult(hit=False)
                 t = self._tiers[e.tier]
-                if key in t.lru:
-                    t.lru.move_to_end(key)
+                t.policy.touch(key)
             try:
                 timing = t.backend.read(key, buf, self.cancel)
             except StorageError as exc:
@@ -393,46 +460,25 @@ class TieredStore:
         return GetResult(True, t.backend.name, e.nbytes, timing)
 
     def _try_promote(self, e: _Entry, buf: memoryview) -> GetResult | None:
+        """Move a hit below the top tier to the top with the read that serves the request; None
+        (the caller reads it where it is) when there is no room or the copy fails."""
         with self._lock:
             i = e.tier
             if i <= 0 or e.moving or self._entries.get(e.key) is not e:
                 return None
-            e.moving = True
-            self._tiers[i].lru.pop(e.key, None)
-        top = self._tiers[0]
-        size = top.backend.stored_size(e.nbytes)
+            e.moving = True  # pinned before reserving: keeps the entry-lock order acyclic
+            self._tiers[i].policy.remove(e.key)
+        size = self._tiers[0].backend.stored_size(e.nbytes)
         if not self._reserve(0, size, 0, buf):
-            with self._lock:
-                e.moving = False
-                if e.tier == i:
-                    self._tiers[i].lru[e.key] = None
+            self._unpin(e, i)
             return None
         with e.lock:
-            src = self._tiers[i]
-            read_t = IOTiming()
-            try:
-                chunks = self._cancellable(src.backend.export(e.key, buf, read_t), "promotion")
-                write_t = top.backend.write(e.key, chunks, e.nbytes)
-            except StorageError as exc:
-                self._release(0, size)
-                if isinstance(exc, Cancelled):
-                    self.sink.tier_cancelled(src.backend.name, "read", "request", exc.bytes_done)
-                    self.sink.tier_cancelled(top.backend.name, "write", "promotion", exc.bytes_done)
-                else:
-                    self.sink.tier_error(top.backend.name, "write", "promotion", e.nbytes, exc)
-                with self._lock:
-                    e.moving = False
-                    src.lru[e.key] = None
-                return None
-            src.backend.delete(e.key)
-            with self._lock:
-                src.used -= e.size
-                e.tier, e.size, e.moving = 0, size, False
-                top.lru[e.key] = None
-        self.sink.tier_op(src.backend.name, "read", "request", e.nbytes, read_t)
-        self.sink.tier_op(top.backend.name, "write", "promotion", e.nbytes, write_t)
+            read_t = self._copy(e, i, 0, size, buf, "request", "promotion")
+        if read_t is None:
+            self._unpin(e, i)
+            return None
         self.sink.count("promotions")
-        return GetResult(True, src.backend.name, e.nbytes, read_t)
+        return GetResult(True, self._tiers[i].backend.name, e.nbytes, read_t)
 
     def delete(self, key: str) -> bool:
         """Remove ``key`` from whichever tier holds it; False if absent."""
@@ -444,22 +490,14 @@ class TieredStore:
                 if not e.moving:
                     e.moving = True
                     if e.tier >= 0:
-                        self._tiers[e.tier].lru.pop(key, None)
+                        self._tiers[e.tier].policy.remove(key)
                     break
             with e.lock:  # someone is moving it: wait for them, then look again
                 pass
         with e.lock:
             if e.tier < 0:
                 return False
-            t = self._tiers[e.tier]
-            try:
-                t.backend.delete(key)
-            finally:
-                with self._lock:
-                    t.used -= e.size
-                    if self._entries.get(key) is e:
-                        del self._entries[key]
-                    e.tier, e.size, e.moving = -1, 0, False
+            self._remove(e)
         return True
 
     def close(self) -> None:

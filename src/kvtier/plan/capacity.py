@@ -10,13 +10,8 @@ GiB = 2**30
 
 
 def kv_bytes_per_token(model: ModelSpec, tensor_parallel: int = 1) -> float:
-    """Bytes per token this rank stores: KV heads split across tensor-parallel ranks (MLA latent is replicated)."""
-    if tensor_parallel < 1:
-        raise ValueError("tensor_parallel must be >= 1")
-    if model.attention == "mla":
-        return float(model.kv_bytes_per_token)
-    heads_per_rank = max(1, -(-model.kv_heads // tensor_parallel))  # KV heads are replicated when TP > heads
-    return model.kv_bytes_per_token * heads_per_rank / model.kv_heads
+    """Bytes per token one tensor-parallel rank stores (``ModelSpec.kv_bytes_per_token_per_rank``)."""
+    return float(model.kv_bytes_per_token_per_rank(tensor_parallel))
 
 
 @dataclass(frozen=True)

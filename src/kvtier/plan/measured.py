@@ -10,12 +10,11 @@ the linear scaling is an extrapolation there.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvtier.errors import DatasetError
+from kvtier.report.bench import BenchResult
 
 
 @dataclass(frozen=True)
@@ -35,29 +34,30 @@ class TierReadCost:
         return not (self.mean_bytes / 4 <= nbytes <= self.mean_bytes * 4)
 
 
-def load_read_costs(path: str | Path) -> tuple[list[TierReadCost], dict[str, Any]]:
-    p = Path(path)
-    try:
-        r = json.loads(p.read_text())
-    except OSError as e:
-        raise DatasetError(f"--from: cannot read {p}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from e
-    if not isinstance(r, dict) or "tiers" not in r or r.get("benchmark") != "kvtier bench":
-        raise DatasetError(f"{p}: not a kvtier bench result (no 'tiers' section)")
+def read_costs(result: BenchResult) -> list[TierReadCost]:
+    """Per-tier read costs of a bench result (tiers without completed reads are left out)."""
     costs = []
-    for name, t in r["tiers"].items():
-        try:
-            rd = t["read"]
-            ops, nbytes, lat = int(rd["ops"]), int(rd["bytes"]), rd["latency_ms"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{p}: tiers.{name}.read is malformed ({e})") from e
-        if ops == 0 or not lat.get("mean") or not lat.get("p95"):
+    for name, t in result.tiers.items():
+        rd = t.read
+        mean, p95 = rd.latency_ms.mean, rd.latency_ms.p95
+        if rd.ops == 0 or not mean or not p95:
             continue
-        mean_b = nbytes / ops
-        costs.append(TierReadCost(name, ops, mean_b, lat["mean"], lat["p95"],
-                                  mean_b / (lat["mean"] / 1e3), mean_b / (lat["p95"] / 1e3)))
+        mean_b = rd.bytes / rd.ops
+        costs.append(TierReadCost(name, rd.ops, mean_b, mean, p95, mean_b / (mean / 1e3), mean_b / (p95 / 1e3)))
+    return costs
+
+
+def load_read_costs(path: str | Path) -> tuple[list[TierReadCost], BenchResult]:
+    """Read costs of the bench result in ``path`` (loaded and validated by kvtier.report.load)."""
+    from kvtier.report import load  # noqa: PLC0415
+
+    result = load(path)
+    if not isinstance(result, BenchResult):
+        raise DatasetError(f"{path}: a {result.benchmark} result, not a kvtier bench result")
+    costs = read_costs(result)
     if not costs:
-        raise DatasetError(f"{p}: no tier has completed reads to measure")
-    meta = {"model": r.get("model", {}).get("key"), "status": r.get("status"), "file": str(p)}
-    return costs, meta
+        raise DatasetError(f"{path}: no tier has completed reads to measure")
+    return costs, result
+
+
+__all__ = ["TierReadCost", "read_costs", "load_read_costs"]

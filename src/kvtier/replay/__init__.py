@@ -1,1 +1,40 @@
-"""kvtier replay: recorded multi-turn conversations as closed-loop virtual users against a server."""
+"""kvtier replay: recorded multi-turn conversations as closed-loop virtual users against a server.
+
+Library use::
+
+    from kvtier.config import ReplayConfig
+    from kvtier.replay import run
+
+    result = run(ReplayConfig(base_url="http://127.0.0.1:8000/v1", model="llama3.1-8b",
+                              dataset="sessions.jsonl", concurrency=8, output="out/"))
+    print(result.summary.ttft_s.p95, result.summary.ttft_degradation.median_pct)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtier.config.replay import ReplayConfig
+    from kvtier.replay.driver import ReplayPlan
+    from kvtier.report.replay import ReplayResult
+
+
+def run(config: ReplayConfig, *, on_start: Callable[[ReplayPlan], None] | None = None,
+        handle_signals: bool = True) -> ReplayResult:
+    """Replay ``config.dataset`` against ``config.base_url``; returns the result and, with
+    ``config.output``, writes requests.jsonl and summary.json there. Bad flags or data raise before
+    any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial."""
+    from kvtier.replay.driver import execute, prepare, write_outputs  # noqa: PLC0415
+
+    plan = prepare(config)
+    if on_start is not None:
+        on_start(plan)
+    result, records = execute(plan, handle_signals)
+    if config.output:
+        write_outputs(result, records, config.output)
+    return result
+
+
+__all__ = ["run"]

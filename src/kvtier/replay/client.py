@@ -5,19 +5,23 @@ timestamp difference, times ``--gap-scale``, less the previous request's own lat
 0), then streams the request and records TTFT (first content *or reasoning* delta), inter-token
 gaps, e2e latency, usage, status and the ``x-kvtier-replica`` header. Failures are records, not
 exceptions: a virtual user whose request failed stops (its session is counted incomplete/error).
+
+The stream is parsed by ``StreamRecorder``, which is given each network chunk with its arrival
+time from an injected clock — so its accounting (TTFT, gaps, e2e) is unit-tested without a server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from kvtier.replay.datasets import VirtualUser
+from kvtier.telemetry.clock import MONOTONIC, Clock
 
 
 @dataclass
@@ -49,7 +53,7 @@ def event_loop_kind(requested: str = "auto") -> str:
     return "uvloop"
 
 
-def loop_factory(kind: str) -> Any:
+def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """A loop factory for asyncio.Runner (None = the default loop)."""
     if kind == "uvloop":
         import uvloop  # noqa: PLC0415
@@ -58,23 +62,86 @@ def loop_factory(kind: str) -> Any:
     return None
 
 
-async def _stream(session: aiohttp.ClientSession, cfg: ClientConfig, user: VirtualUser, turn_index: int,
-                  messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str, Any]:
+    """The per-request record (one line of requests.jsonl; fields in docs/metrics.md)."""
+    return {"user": user.user_id, "session": user.session_id, "turn": turn_index,
+            "session_turn": user.first_turn + turn_index, "max_tokens": max_tokens,
+            "status": "ok", "error": None, "http_status": None, "replica": None,
+            "ttft_s": None, "itl_s": [], "e2e_s": None, "prompt_tokens": None,
+            "completion_tokens": None, "cached_tokens": None, "start_unix_s": None}
+
+
+class StreamRecorder:
+    """Server-sent events of one chat completion -> TTFT, inter-token gaps, usage and the reply.
+
+    Feed it each network chunk with the time it arrived (seconds on the request's clock, the
+    request sent at ``t0``). Events are split on blank lines; events in one chunk share its arrival
+    time (one parse per chunk, not per line, keeps the client's own cost per token low — see
+    benchmarks/replay_overhead.py). TTFT is the first delta carrying content or reasoning."""
+
+    def __init__(self, rec: dict[str, Any], t0: float) -> None:
+        self.rec = rec
+        self.t0 = t0
+        self.last: float | None = None
+        self.pending = b""
+        self.parts: list[str] = []
+        self.done = False
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Consume one chunk; True once ``data: [DONE]`` arrived. Malformed JSON raises ValueError."""
+        self.pending += data
+        *events, self.pending = self.pending.replace(b"\r\n", b"\n").split(b"\n\n")
+        loads, rec = json.loads, self.rec
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                    return True
+                ev = loads(payload.decode())
+                if not isinstance(ev, dict):
+                    raise ValueError(f"event is not a JSON object: {payload[:80]!r}")
+                usage = ev.get("usage")
+                if usage:
+                    rec["prompt_tokens"] = usage.get("prompt_tokens")
+                    rec["completion_tokens"] = usage.get("completion_tokens")
+                    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                for ch in ev.get("choices") or ():
+                    d = ch.get("delta") or {}
+                    piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                    if piece:
+                        if self.last is None:
+                            rec["ttft_s"] = now - self.t0
+                        else:
+                            rec["itl_s"].append(now - self.last)
+                        self.last = now
+                        self.parts.append(d.get("content") or "")
+        return False
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.parts)
+
+
+async def stream_request(session: aiohttp.ClientSession, cfg: ClientConfig, user: VirtualUser, turn_index: int,
+                         messages: list[dict[str, Any]], max_tokens: int, clock: Clock = MONOTONIC,
+                         wall: Callable[[], float] | None = None) -> tuple[dict[str, Any], str]:
+    """Stream one request; returns its record and the reply text. Never raises for a failed request."""
+    import time  # noqa: PLC0415
+
     body: dict[str, Any] = {"model": cfg.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
                             "stream_options": {"include_usage": True}}
     if cfg.cache_salt:
         body["cache_salt"] = cfg.cache_salt
     if cfg.tools:
         body["tools"] = cfg.tools
-    rec: dict[str, Any] = {"user": user.user_id, "session": user.session_id, "turn": turn_index,
-                           "session_turn": user.first_turn + turn_index, "max_tokens": max_tokens,
-                           "status": "ok", "error": None, "http_status": None, "replica": None,
-                           "ttft_s": None, "itl_s": [], "e2e_s": None, "prompt_tokens": None,
-                           "completion_tokens": None, "cached_tokens": None, "reply": ""}
-    t0 = time.perf_counter()
-    rec["start_unix_s"] = time.time()
-    last = None
-    parts: list[str] = []
+    rec = new_record(user, turn_index, max_tokens)
+    now_s = lambda: clock.now_ns() / 1e9  # noqa: E731 - the hot loop's one clock read
+    t0 = now_s()
+    rec["start_unix_s"] = (wall or time.time)()
+    sr = StreamRecorder(rec, t0)
     try:
         async with session.post(cfg.base_url.rstrip("/") + "/chat/completions", json=body,
                                 headers={"x-user-id": user.user_id}) as r:
@@ -82,58 +149,30 @@ async def _stream(session: aiohttp.ClientSession, cfg: ClientConfig, user: Virtu
             rec["replica"] = r.headers.get("x-kvtier-replica")
             if r.status != 200:
                 rec["status"], rec["error"] = "error", (await r.text())[:500]
-                return rec
-            # Read whatever arrived and split SSE events ourselves: one call per network chunk
-            # instead of one per line keeps the client's own cost per token low (see
-            # benchmarks/replay_overhead.py). Events in one chunk share its arrival time.
-            done = False
-            pending = b""
-            loads, clock, itl = json.loads, time.perf_counter, rec["itl_s"]
+                return rec, ""
             async for data_chunk in r.content.iter_any():
-                now = clock()
-                pending += data_chunk
-                *events, pending = pending.replace(b"\r\n", b"\n").split(b"\n\n")
-                for event in events:
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            done = True
-                            break
-                        ev = loads(data.decode())
-                        if ev.get("usage"):
-                            u = ev["usage"]
-                            rec["prompt_tokens"] = u.get("prompt_tokens")
-                            rec["completion_tokens"] = u.get("completion_tokens")
-                            rec["cached_tokens"] = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-                        for ch in ev.get("choices") or ():
-                            d = ch.get("delta") or {}
-                            piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                            if piece:
-                                if last is None:
-                                    rec["ttft_s"] = now - t0
-                                else:
-                                    itl.append(now - last)
-                                last = now
-                                parts.append(d.get("content") or "")
-                    if done:
-                        break
-                if done:
+                if sr.feed(data_chunk, now_s()):
                     break
-            if not done:
+            if not sr.done:
                 rec["status"], rec["error"] = "cut", "stream ended without [DONE]"
     except asyncio.TimeoutError:
         rec["status"], rec["error"] = "timeout", f"no answer within {cfg.request_timeout_s} s"
-    except (aiohttp.ClientError, OSError, json.JSONDecodeError) as e:
+    except (aiohttp.ClientError, OSError, ValueError) as e:  # ValueError: malformed JSON in an event
         rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"[:500]
     finally:
-        rec["e2e_s"] = time.perf_counter() - t0
-        rec["reply"] = "".join(parts)
-    return rec
+        rec["e2e_s"] = now_s() - t0
+    return rec, sr.reply
 
 
-async def run_users(cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.Event) -> list[dict[str, Any]]:
+@dataclass
+class UsersOutcome:
+    records: list[dict[str, Any]]
+    achieved_concurrency: int
+
+
+async def run_users(cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.Event,
+                    clock: Clock = MONOTONIC) -> UsersOutcome:
+    """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set."""
     records: list[dict[str, Any]] = []
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
     for u in users:
@@ -163,20 +202,17 @@ async def run_users(cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.E
                         msgs = list(turn.messages)
                         if cfg.history == "runtime" and i:
                             msgs = live + [m for m in turn.messages if m.get("role") != "assistant"][-1:]
-                        rec = await _stream(session, cfg, user, i, msgs, turn.max_tokens)
+                        rec, reply = await stream_request(session, cfg, user, i, msgs, turn.max_tokens, clock)
                         records.append(rec)
                         prev_e2e = rec["e2e_s"] or 0.0
-                        live = msgs + [{"role": "assistant", "content": rec["reply"]}]
+                        live = msgs + [{"role": "assistant", "content": reply}]
                         if rec["status"] != "ok":
                             break
                 finally:
                     peak["now"] -= 1
 
         await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
-    for r in records:
-        r.pop("reply", None)
-    records.append({"_achieved_concurrency": peak["max"]})
-    return records
+    return UsersOutcome(records, peak["max"])
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
@@ -185,3 +221,7 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
         return True
     except asyncio.TimeoutError:
         return False
+
+
+__all__ = ["ClientConfig", "StreamRecorder", "stream_request", "run_users", "UsersOutcome", "new_record",
+           "event_loop_kind", "loop_factory"]

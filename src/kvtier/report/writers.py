@@ -1,26 +1,38 @@
-"""Writers of a result dict: JSON (atomic rename) and XLSX (same data, one sheet per section)."""
+"""Writers of results: JSON (atomic rename) and XLSX (the bench result, one sheet per section)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from kvtier.errors import KvtierError
 
+if TYPE_CHECKING:
+    from kvtier.report.bench import BenchResult
 
-def write_json(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+
+def to_jsonable(result: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+
+
+def write_json(result: BaseModel | dict[str, Any], path: str | os.PathLike[str], flag: str = "--output") -> Path:
+    """Write ``result`` as indented JSON: to a temporary file beside ``path``, then renamed over it,
+    so a reader never sees half a file. A failure is a KvtierError naming ``flag``."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
     try:
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True)
-        tmp.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(to_jsonable(result), indent=2) + "\n")
         os.replace(tmp, p)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise KvtierError(f"--output: cannot write {p}: {e.strerror}") from e
+        raise KvtierError(f"{flag}: cannot write {p}: {e.strerror}") from e
     return p
 
 
@@ -38,22 +50,25 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, d
 
 
-def write_xlsx(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     import xlsxwriter  # noqa: PLC0415
 
+    r = result.model_dump(mode="json")
     p = Path(path)
     wb = xlsxwriter.Workbook(str(p))
     bold = wb.add_format({"bold": True})
     sections = {
-        "Summary": {k: v for k, v in result.items() if not isinstance(v, dict)} | {
-            k: v for k, v in result["summary"].items() if k not in ("cache_stats", "qos_metrics")},
-        "Cache": result["summary"]["cache_stats"],
-        "QoS": result["summary"]["qos_metrics"],
-        "Tiers": result["tiers"],
-        "Errors": result["errors"],
-        "Memory+IO": {"memory": result["memory"], "process_io": result["process_io"], "storage": result["storage"]},
-        "Host": result["host"],
-        "Config": result["config"],
+        "Summary": {k: v for k, v in r.items() if not isinstance(v, (dict, list))} | {
+            k: v for k, v in r["summary"].items() if k not in ("cache_stats", "qos_metrics")},
+        "Cache": r["summary"]["cache_stats"],
+        "QoS": r["summary"]["qos_metrics"],
+        "Tiers": r["tiers"],
+        "Errors": r["errors"],
+        "Memory+IO": {"memory": r["memory"], "process_io": r["process_io"], "storage": r["storage"]},
+        "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])} | {
+            "stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
+        "Host": r["host"],
+        "Config": r["config"],
     }
     try:
         for name, data in sections.items():

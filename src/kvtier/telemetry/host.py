@@ -52,21 +52,50 @@ def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
     return best
 
 
-def host_facts(cache_dir: str | None) -> dict[str, Any]:
-    import numpy  # noqa: PLC0415
+LIBRARIES = ("numpy", "pydantic", "aiohttp", "uvloop", "prometheus-client", "PyYAML", "rich", "xlsxwriter",
+             "tiktoken", "torch", "matplotlib")
+"""Distributions whose versions a result records (None: not installed)."""
 
-    facts: dict[str, Any] = {
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def host_basics() -> dict[str, Any]:
+    """CPU, memory, kernel, Python and library versions of this host."""
+    return {
         "hostname": platform.node(),
+        "os": platform.platform(terse=True),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "numpy": numpy.__version__,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "mem_total_bytes": mem_total_bytes(),
+        "libraries": {d: _version(d) for d in LIBRARIES},
     }
-    if cache_dir:
-        facts["cache_filesystem"] = filesystem_of(cache_dir)
-    return facts
+
+
+def block_device_of(path: str | os.PathLike[str]) -> str | None:
+    """Kernel name of the block device holding ``path`` (e.g. ``nvme0n1p2``, ``dm-0``), from its st_dev
+    through /sys/dev/block; None for filesystems without one (tmpfs, overlay, network)."""
+    try:
+        st = os.stat(path)
+        link = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        return link.resolve(strict=True).name
+    except OSError:
+        return None
+
+
+def describe_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The directory's real path, its filesystem (mount point, type, source device) and block device."""
+    fs = filesystem_of(path)
+    return {"path": os.path.realpath(path), "mount_point": fs["mount_point"], "fs_type": fs["fs_type"],
+            "device": fs["device"], "block_device": block_device_of(path)}
 
 
 def proc_io() -> dict[str, int]:

@@ -8,16 +8,12 @@ error counters and never count as bytes or work.
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
 from kvtier.engine.backend import IOTiming
-
-clock_ns = time.perf_counter_ns
+from kvtier.telemetry.clock import MONOTONIC, Clock
 
 
 class OpSample(NamedTuple):
@@ -67,11 +63,12 @@ class Recorder:
     counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     cancelled: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     requests: list[RequestRecord] = field(default_factory=list)
+    clock: Clock = MONOTONIC
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # EventSink
     def tier_op(self, tier: str, op: str, cause: str, nbytes: int, timing: IOTiming) -> None:
-        self.ops[(tier, op)].append(OpSample(clock_ns(), timing.host_ns, timing.device_ns, nbytes, cause))
+        self.ops[(tier, op)].append(OpSample(self.clock.now_ns(), timing.host_ns, timing.device_ns, nbytes, cause))
 
     def tier_error(self, tier: str, op: str, cause: str, nbytes: int, error: BaseException) -> None:
         with self._lock:
@@ -101,19 +98,3 @@ class Recorder:
 
     def completed_requests(self) -> int:
         return len(self.requests)
-
-
-PCTS = (50, 90, 95, 99, 99.9, 99.99)
-PCT_NAMES = ("p50", "p90", "p95", "p99", "p999", "p9999")
-
-
-def latency_stats_ms(samples_ns: np.ndarray | list[int]) -> dict[str, float | int | None]:
-    """mean, percentiles (exact, numpy 'linear'), max and count of ns samples, in ms."""
-    a = np.asarray(samples_ns, dtype=np.float64)
-    if a.size == 0:
-        return {"count": 0, "mean": None, **{n: None for n in PCT_NAMES}, "max": None}
-    q = np.percentile(a, PCTS) / 1e6
-    out: dict[str, float | int | None] = {"count": int(a.size), "mean": round(float(a.mean()) / 1e6, 4)}
-    out.update({n: round(float(v), 4) for n, v in zip(PCT_NAMES, q)})
-    out["max"] = round(float(a.max()) / 1e6, 4)
-    return out

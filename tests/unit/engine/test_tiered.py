@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kvtier.engine.backend import ALIGN, aligned_buffer
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.tiered import StoreConfig, TieredStore
-from kvtier.errors import ConfigError, StorageError, TierFullError
+from kvtier.errors import StorageError, TierFullError
 from kvtier.telemetry.recorder import Recorder
 
 KB4 = ALIGN
@@ -41,11 +41,11 @@ def test_new_entries_go_to_fastest_tier_then_lru_demotes(noise, buf):
     s, rec = two_tier()
     for k in "abcde":
         put(s, noise, k, 2 * KB4, buf)
-    assert s.lru_keys("cpu") == list("abcde")
+    assert s.eviction_order("cpu") == list("abcde")
     assert s.get("a", buf).tier == "cpu"  # touch a: b becomes the LRU
     put(s, noise, "f", 2 * KB4, buf)
     assert s.location("b") == "storage"
-    assert s.lru_keys("cpu") == list("cdeaf")
+    assert s.eviction_order("cpu") == list("cdeaf")
     assert rec.counters["demotions"] == 1
     causes = {(t, o): [x.cause for x in v] for (t, o), v in rec.ops.items()}
     assert causes[("cpu", "read")].count("demotion") == 1
@@ -130,13 +130,15 @@ def test_promotion_on_read_moves_hit_to_top(noise, buf):
 def test_zero_capacity_tier_is_skipped_and_empty_store_is_an_error():
     s = TieredStore([MemoryTier(0, "cpu"), MemoryTier(8 * KB4, "storage")])
     assert s.tier_names == ["storage"]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError, match="no tier"):
         TieredStore([MemoryTier(0, "cpu")])
 
 
 def test_bad_store_config():
-    with pytest.raises(ConfigError, match="target_usage_ratio"):
+    with pytest.raises(ValueError, match="target_usage_ratio"):
         StoreConfig(target_usage_ratio=1.5)
+    with pytest.raises(ValueError, match="promotion"):
+        StoreConfig(promotion="sometimes")  # type: ignore[arg-type]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -161,10 +163,10 @@ def test_waterfall_properties(noise, ops, caps, ratio):
                 present.discard(key)
         elif op == "get":
             r = s.get(key, buf)
+            assert r.hit == (key in present and s.location(key) is not None)
             if r.hit:
-                top = s.tier_names.index(r.tier)
-                assert s.lru_keys(r.tier)[-1] == key, "a hit becomes most recent in its tier"
-                assert top >= 0
+                assert s.location(key) == r.tier, "without promotion a hit stays where it was"
+                assert s.eviction_order(r.tier)[-1] == key, "a hit becomes most recent in its tier"
         else:
             s.delete(key)
             present.discard(key)
@@ -201,6 +203,7 @@ def test_concurrent_threads_keep_accounting(noise):
         t.start()
     for t in threads:
         t.join(timeout=60)
+        assert not t.is_alive(), "a worker hung (deadlock?)"
     assert not errors, errors
     assert rec.counters["demotions"] > 0 and rec.counters["evictions_bottom"] > 0
     s.check_accounting()
@@ -209,24 +212,39 @@ def test_concurrent_threads_keep_accounting(noise):
 def test_concurrent_puts_of_one_key_are_deduplicated(noise):
     """Two requests recomputing the same shared prefix chunk: one write, both succeed."""
     s, rec = two_tier(top=64, bottom=64)
-    gate = threading.Event()
-    slow_calls = []
+    gate, writing = threading.Event(), threading.Event()
 
     def slow_source():
-        slow_calls.append(1)
-        gate.wait(5)
+        writing.set()
+        assert gate.wait(10)
         return noise.chunks("shared", 4 * KB4, KB4)
+
+    class Arrival:
+        """Wraps the store's in-flight-write event to see the second writer start waiting on it."""
+
+        def __init__(self, ev):
+            self.ev, self.arrived = ev, threading.Event()
+
+        def wait(self, timeout=None):
+            self.arrived.set()
+            return self.ev.wait(timeout)
+
+        def set(self):
+            self.ev.set()
 
     results = []
     t1 = threading.Thread(target=lambda: results.append(s.put("shared", slow_source, 4 * KB4, aligned_buffer(KB4))))
     t1.start()
-    while not slow_calls:
-        pass
+    assert writing.wait(10), "the first writer never started"
+    spy = Arrival(s._writing["shared"])
+    s._writing["shared"] = spy
     t2 = threading.Thread(target=lambda: results.append(put(s, noise, "shared", 4 * KB4, aligned_buffer(KB4))))
     t2.start()
-    gate.set()
-    t1.join(10)
-    t2.join(10)
+    assert spy.arrived.wait(10), "the second writer never waited for the first"
+    gate.set()  # only now: the second put is certainly waiting, so it must be deduplicated
+    for t in (t1, t2):
+        t.join(10)
+        assert not t.is_alive()
     assert sorted(r.deduplicated for r in results) == [False, True]
     assert all(r.tier == "cpu" for r in results)
     assert rec.counters["deduplicated_writes"] == 1 and len(rec.ops[("cpu", "write")]) == 1

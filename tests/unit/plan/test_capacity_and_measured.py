@@ -5,7 +5,7 @@ import pytest
 from kvtier.errors import DatasetError
 from kvtier.modelspec import build_catalog
 from kvtier.plan import capacity
-from kvtier.plan.measured import load_read_costs
+from kvtier.plan.measured import load_read_costs, read_costs
 
 CAT = build_catalog()
 
@@ -28,26 +28,32 @@ def test_bytes_users_and_million_tokens():
     assert capacity.users_per_tier(m, 1e9, 1e9) == 0
 
 
-def _result(tmp_path, tiers):
-    p = tmp_path / "r.json"
-    p.write_text(json.dumps({"benchmark": "kvtier bench", "model": {"key": "llama3.1-8b"}, "status": "complete",
-                             "tiers": tiers}))
-    return p
-
-
-def test_measured_costs_scale_with_bytes(tmp_path):
-    p = _result(tmp_path, {"storage": {"read": {"ops": 10, "bytes": 10 * 2**30,
-                                                 "latency_ms": {"mean": 500.0, "p95": 1000.0}}},
-                           "cpu": {"read": {"ops": 0, "bytes": 0, "latency_ms": {"mean": None, "p95": None}}}})
-    costs, meta = load_read_costs(p)
-    assert [c.tier for c in costs] == ["storage"] and meta["model"] == "llama3.1-8b"
+def test_measured_costs_scale_with_bytes(tiny_bench_result):
+    result = tiny_bench_result[0].model_copy(deep=True)
+    rd = result.tiers["storage"].read
+    rd.ops, rd.bytes = 10, 10 * 2**30
+    rd.latency_ms.mean, rd.latency_ms.p95 = 500.0, 1000.0
+    cpu = result.tiers["cpu"].read
+    cpu.ops = 0
+    costs = read_costs(result)
+    assert [c.tier for c in costs] == ["storage"]
     c = costs[0]
     assert c.fetch_s(2**30, conservative=False) == pytest.approx(0.5)
     assert c.fetch_s(2**30) == pytest.approx(1.0)
     assert c.extrapolated(2**20) and not c.extrapolated(2**30)
 
 
-@pytest.mark.parametrize("content,needle", [("{not json", "not valid JSON"), ("{}", "not a kvtier bench result")])
+def test_measured_costs_from_a_real_result_file(tiny_bench_result):
+    result, path = tiny_bench_result
+    costs, loaded = load_read_costs(path)
+    assert loaded == result and loaded.model.key == "tiny-1b"
+    for c in costs:  # the figures are the measured ones, by the documented formulas
+        rd = result.tiers[c.tier].read
+        assert c.ops == rd.ops and c.mean_bytes == rd.bytes / rd.ops
+        assert c.bw_p95 == pytest.approx(c.mean_bytes / (rd.latency_ms.p95 / 1e3))
+
+
+@pytest.mark.parametrize("content,needle", [("{not json", "not valid JSON"), ("{}", "not a kvtier result")])
 def test_measured_bad_files(tmp_path, content, needle):
     p = tmp_path / "bad.json"
     p.write_text(content)

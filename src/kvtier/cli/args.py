@@ -1,0 +1,82 @@
+"""Build argparse options from a config model, and turn parsed options back into that model.
+
+Each field of the model becomes ``--field-name`` (plus its ``aliases``), with the field's
+description as help and the field's default shown; ``Literal`` types become choices, ``bool``
+fields switches, ``list`` fields repeatable options. Options the user did not give are left out of
+the parsed namespace (argparse.SUPPRESS), so the model's own defaults apply — and, for bench, a
+value in the YAML layout is not overridden by a flag's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from kvtier.config.base import M, field_extra, flag_name, validate_config
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _default_text(default: Any) -> str:
+    if default is None or default is PydanticUndefined or isinstance(default, bool) or default in ("", []):
+        return ""
+    return f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel],
+                         skip: tuple[str, ...] = ()) -> None:
+    """Add one option per CLI field of ``model`` (fields with ``cli=False`` or in ``skip`` are left out)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, info in model.model_fields.items():
+        extra = field_extra(info)
+        if name in skip or extra.get("cli") is False:
+            continue
+        tp = _unwrap_optional(info.annotation)
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        help_text = (info.description or "").replace("%", "%%")  # argparse formats help with %
+        if tp is bool:
+            kw["action"] = "store_true"
+        elif get_origin(tp) is Literal:
+            kw["choices"] = list(get_args(tp))
+            help_text += _default_text(info.default)
+        elif get_origin(tp) is list:
+            (inner,) = get_args(tp)
+            kw["action"] = "append"
+            kw["type"] = inner
+            help_text += " (repeat for several)"
+        elif tp in (int, float, str):
+            kw["type"] = tp
+            help_text += _default_text(info.default)
+        else:
+            raise TypeError(f"{model.__name__}.{name}: no command-line form for {tp!r}")
+        if "metavar" in extra:
+            kw["metavar"] = extra["metavar"]
+        target: argparse._ActionsContainer = parser
+        if extra.get("group"):
+            target = groups.setdefault(extra["group"], parser.add_argument_group(extra["group"]))
+        target.add_argument(flag_name(name), *extra.get("aliases", []), help=help_text, **kw)
+
+
+def config_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The options the user gave, by field name (only fields of ``model``)."""
+    return {k: v for k, v in vars(args).items() if k in model.model_fields}
+
+
+def config_from_args(args: argparse.Namespace, model: type[M], **overrides: Any) -> M:
+    """Validate the given options into ``model``; a ConfigError names each bad flag."""
+    return validate_config(model, {**config_values(args, model), **overrides})
+
+
+
+
+__all__ = ["add_config_arguments", "config_values", "config_from_args"]

@@ -1,0 +1,45 @@
+"""Configuration of ``kvtier launch``: a tier's processes, and the replay that runs through them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kvtier.config.base import StrictModel, flag
+from kvtier.config.replay import ReplayConfig
+
+SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
+"""Replay fields that launch fills in: the front URL, OUTDIR/replay and every process's metrics."""
+
+
+class LaunchConfig(StrictModel):
+    """Every input of ``kvtier launch``. ``replay`` is the replay to run (on the command line: the
+    arguments after ``--``); launch sets its base URL, output folder and metrics URLs itself."""
+
+    tier: Literal["gpu", "cpu", "nvme"] = flag(..., "where the KV cache lives beyond the GPU")
+    engine: Literal["vllm", "sim"] = flag(..., "serving engine of the replicas")
+    build: Literal["nvidia", "amd"] = flag("nvidia", "GPU vendor build of the profile")
+    replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
+    dry_run: bool = flag(False, "print every command, one per line; start nothing")
+    output: str | None = flag(None, "result folder (required unless --dry-run)")
+    profiles: str | None = flag(None, "profiles YAML (default: the packaged kvtier/launch/profiles.yaml)")
+    nvme_dir: str | None = flag(None, "folder of the NVMe tier's files (default OUTDIR/nvme)")
+    sim_model: str | None = flag(None, "catalog model that sizes the simulator's KV (default: the profile's)")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="the replay to run through the processes",
+                                 json_schema_extra={"cli": False})
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LaunchConfig":
+        if not self.output and not self.dry_run:
+            raise ValueError("--output: required (the run's result folder)")
+        given = [f"--{name.replace('_', '-')}" for name in SET_BY_LAUNCH if getattr(self.replay, name)]
+        if given:
+            raise ValueError(f"replay arguments: {', '.join(given)} is set by kvtier launch (it points the replay at "
+                             "Caddy or the only replica, writes into OUTDIR/replay and scrapes every process)")
+        if self.replay.model is None:
+            raise ValueError("replay arguments: --model is required (it is also the served model name)")
+        return self
+
+
+__all__ = ["LaunchConfig", "SET_BY_LAUNCH"]

@@ -1,0 +1,66 @@
+"""Configuration of ``kvtier replay``: recorded sessions against an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from kvtier.config.base import StrictModel, flag
+
+DatasetFormat = Literal["auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl"]
+EventLoopKind = Literal["auto", "uvloop", "asyncio"]
+
+
+class ReplayConfig(StrictModel):
+    """Every input of one ``kvtier replay`` run (field = flag with underscores, description = help).
+
+    ``base_url``, ``model`` and ``dataset`` are required to run; ``kvtier launch`` leaves
+    ``base_url``, ``output`` and ``metrics_url`` empty and fills them for the processes it starts.
+    In a result file the config is the effective one: ``auto`` choices are replaced by what ran."""
+
+    base_url: str | None = flag(None, "server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
+    model: str | None = flag(None, "model name sent in each request (the server's served model name)")
+    dataset: str | None = flag(None, "file or folder of recorded sessions")
+    dataset_format: DatasetFormat = flag("auto", "format of --dataset (auto: detected per file)")
+    tokenizer: Literal["auto", "tiktoken", "chars"] = flag(
+        "auto", "counts recorded output text into max_tokens where a dataset has no counts")
+    agentic_tools: bool = flag(False, "gpt-oss mode: send a tools schema naming every function the traces call")
+    num_rounds: int = flag(5, "turns per virtual user", ge=1)
+    min_chunk_rounds: int = flag(0, "sessions shorter than this give no user", ge=0)
+    user_order: Literal["interleave", "session"] = flag(
+        "interleave", "dispatch order of virtual users: round-robin over sessions, or session by session")
+    concurrency: int = flag(4, "virtual users in flight at once", ge=1)
+    output: str | None = flag(None, "result folder (requests.jsonl, summary.json)")
+    gap_scale: float = flag(1.0, "scale of recorded think/tool gaps (0 = none)", ge=0)
+    request_timeout: float = flag(64800.0, "seconds one request may take", gt=0)
+    warmup: int = flag(4, "short throwaway requests first (excluded from the results)", ge=0)
+    history: Literal["recorded", "runtime"] = flag(
+        "recorded", "send each turn's recorded history, or the replies this run received")
+    event_loop: EventLoopKind = flag("auto", "client event loop: uvloop when installed (auto), or asyncio")
+    cache_salt: str | None = flag(None, "sent as cache_salt so runs do not share cache entries")
+    scrape_interval: float = flag(15.0, "seconds between /metrics scrapes", gt=0)
+    rate_window: float = flag(300.0, "seconds of the rolling hit-rate window", gt=0)
+    metrics_url: list[str] = flag([], "server root to scrape (default: the base URL's root)")
+
+    @field_validator("base_url", "metrics_url")
+    @classmethod
+    def _http(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for url in [v] if isinstance(v, str) else v or []:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        return v
+
+    def missing(self) -> list[str]:
+        """Flags a run needs that are not set."""
+        return [f"--{name.replace('_', '-')}" for name in ("base_url", "model", "dataset")
+                if getattr(self, name) is None]
+
+    @property
+    def server_root(self) -> str:
+        """The base URL without its ``/v1`` (where /metrics and /health live)."""
+        base = (self.base_url or "").rstrip("/")
+        return base[:-3] if base.endswith("/v1") else base
+
+
+__all__ = ["ReplayConfig", "DatasetFormat", "EventLoopKind"]

@@ -1,0 +1,60 @@
+"""Configuration of ``kvtier sim`` (the simulated server) and ``kvtier cache-server``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from kvtier.config.base import StrictModel, flag
+from kvtier.config.replay import EventLoopKind
+
+DEFAULT_PRESET = "h100-llama3.1-8b"
+
+
+class OffloadTierConfig(StrictModel):
+    """The real offload tier behind a sim replica or a cache server (kvtier's engine)."""
+
+    cpu_offload_gb: float = flag(4.0, "CPU RAM offload tier, GB (--offload cpu)", gt=0)
+    nvme_dir: str | None = flag(None, "existing directory of the NVMe offload tier's files (--offload nvme)")
+    nvme_offload_gb: float = flag(8.0, "NVMe offload tier capacity, GB", gt=0)
+    staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, GB", gt=0)
+    direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the NVMe tier's files")
+
+
+class SimConfig(OffloadTierConfig):
+    """Every input of ``kvtier sim``. Latency-model fields left unset take the preset's value."""
+
+    preset: str = flag(DEFAULT_PRESET, "latency preset from sim/presets.yaml")
+    model: str | None = flag(None, "catalog model whose KV bytes per token size the caches (default: the preset's)")
+    served_model_name: str | None = flag(None, "name clients send as 'model' (default: --model, or the preset's)")
+    gpu_kv_gb: float | None = flag(None, "GPU memory for KV cache, GB (default: the preset's)", gt=0)
+    prefill_tps: float | None = flag(None, "prefill throughput, tokens/s (default: the preset's)", gt=0)
+    tpot_ms: float | None = flag(None, "time per output token of a lone sequence, ms (default: the preset's)", ge=0)
+    prefill_overhead_ms: float | None = flag(None, "fixed cost per prefill, ms (default: the preset's)", ge=0)
+    batch_slowdown: float | None = flag(None, "TPOT grows by this fraction per extra running sequence "
+                                              "(default: the preset's)", ge=0)
+    max_num_seqs: int = flag(256, "running sequences at most", ge=1)
+    offload: Literal["none", "cpu", "nvme", "remote"] = flag(
+        "none", "offload tier: none, in-process cpu or nvme, or remote (a kvtier cache-server, --cache-server)")
+    cache_server: str | None = flag(None, "Unix socket of a kvtier cache-server, for --offload remote")
+    host: str = flag("127.0.0.1", "address to listen on")
+    event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")
+    port: int = flag(8000, "TCP port (0 = any free port, printed)", ge=0, le=65535)
+    port_file: str | None = flag(None, "write the bound port here once the server accepts requests")
+    replica_id: str | None = flag(None, "value of the x-kvtier-replica header (default host:port)")
+    seed: int = flag(0, "seed of the offload tier's data")
+
+
+class CacheServerConfig(OffloadTierConfig):
+    """Every input of ``kvtier cache-server``: one offload tier shared by sim replicas."""
+
+    model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks")
+    offload: Literal["cpu", "nvme"] = flag("cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files")
+    socket: str = flag(..., "Unix socket path of the data API (replicas: --cache-server PATH)")
+    host: str = flag("127.0.0.1", "address of /health and /metrics")
+    event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")
+    port: int = flag(0, "TCP port of /health and /metrics (0 = any free port)", ge=0, le=65535)
+    port_file: str | None = flag(None, "write the TCP port here once the server accepts requests")
+    seed: int = flag(0, "seed of the tier's data")
+
+
+__all__ = ["OffloadTierConfig", "SimConfig", "CacheServerConfig", "DEFAULT_PRESET"]

@@ -1,0 +1,244 @@
+"""One launch: profile -> process plans -> start in order -> replay through them -> tear down.
+
+Order: the cache sidecar (CPU/NVMe tiers; exactly one) -> health; every replica -> health; with
+``replicas`` >= 2, Caddy in front -> health through it; then the replay against Caddy (or the only
+replica), scraping every replica's and the sidecar's /metrics; then teardown, also on failure and
+Ctrl+C. One result folder: replay/ (requests.jsonl, summary.json), metrics/ (each process's final
+/metrics), logs/, launch.json (a LaunchResult: profile, commands, ports, events) and the Caddyfile.
+
+``plan(cfg)`` resolves everything and starts nothing (``--dry-run`` prints it); ``execute(plan)``
+runs it. The replay's config is the user's, updated with ``model_copy`` — never re-parsed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.config.base import config_argv
+from kvtier.config.launch import LaunchConfig
+from kvtier.config.replay import ReplayConfig
+from kvtier.errors import KvtierError, exit_code_for
+from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
+from kvtier.launch.procs import Supervisor, free_ports
+from kvtier.launch.profiles import Profile, ProcPlan, load_profiles, pick, resolve
+from kvtier.report.envelope import Status, StopCode, StopReason, collect_host, exit_code, iso, utc_now
+from kvtier.report.launch import LaunchResult
+
+HOST = "127.0.0.1"
+
+
+def kvtier_argv(argv: list[str]) -> list[str]:
+    """Profiles say `kvtier ...`; run it with this interpreter, so the run uses this installation."""
+    return [sys.executable, "-m", "kvtier", *argv[1:]] if argv and argv[0] == "kvtier" else argv
+
+
+def show_command(env: dict[str, str], argv: list[str]) -> str:
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
+
+
+def _root(url: str) -> str:
+    return url[: -len("/metrics")] if url.endswith("/metrics") else url
+
+
+@dataclass
+class LaunchPlan:
+    """A resolved launch: every process, port, URL and command; nothing started yet."""
+
+    config: LaunchConfig
+    profile_name: str
+    profile_source: str
+    profile: Profile
+    out: Path
+    sockdir: Path
+    nvme_dir: Path
+    front_url: str
+    sidecar: ProcPlan | None
+    replicas: list[ProcPlan]
+    replica_ports: list[int]
+    ports: dict[str, int | None]
+    replay: ReplayConfig  # the user's replay, pointed at the front URL, writing into OUTDIR/replay
+    caddyfile: str | None
+    caddy_argv: list[str] | None
+    commands: list[tuple[str, dict[str, str], list[str]]] = field(default_factory=list)
+
+    @property
+    def processes(self) -> list[ProcPlan]:
+        return [*([self.sidecar] if self.sidecar else []), *self.replicas]
+
+    @property
+    def replay_argv(self) -> list[str]:
+        return ["kvtier", "replay", *config_argv(self.replay)]
+
+    def lines(self) -> list[str]:
+        """The commands one per line, as --dry-run prints them."""
+        out = [show_command(env, argv) for _, env, argv in self.commands]
+        if self.caddy_argv:
+            out.append(shlex.join(self.caddy_argv))
+        out.append(shlex.join(self.replay_argv))
+        return out
+
+
+def plan(cfg: LaunchConfig) -> LaunchPlan:
+    """Resolve the profile, ports, commands and the replay's config (nothing starts, nothing is written)."""
+    profiles, source = load_profiles(cfg.profiles)
+    name, profile = pick(profiles, cfg.engine, cfg.build, cfg.tier, source)
+    if cfg.sim_model:
+        profile = profile.model_copy(update={"sim_model": cfg.sim_model})
+    out = Path(cfg.output or "OUTDIR").resolve()
+    ports = free_ports(cfg.replicas + 4)
+    replica_ports, (sidecar_port, sidecar_http_port, lb_port, admin_port) = ports[: cfg.replicas], ports[cfg.replicas:]
+    sidecar_port = profile.sidecar_port or sidecar_port
+    sidecar_http_port = profile.sidecar_http_port or sidecar_http_port
+    # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
+    sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
+    nvme_dir = Path(cfg.nvme_dir).resolve() if cfg.nvme_dir else out / "nvme"
+    front = f"http://{HOST}:{lb_port}" if cfg.replicas >= 2 else f"http://{HOST}:{replica_ports[0]}"
+    values = {"model": cfg.replay.model or "", "host": HOST, "workdir": str(out), "sidecar_port": str(sidecar_port),
+              "sidecar_http_port": str(sidecar_http_port), "sidecar_socket": str(sockdir / "cache.sock"),
+              "nvme_dir": str(nvme_dir)}
+    sidecar, replicas = resolve(profile, values, replica_ports)
+    metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
+    replay = cfg.replay.model_copy(update={"base_url": front + "/v1", "output": str(out / "replay"),
+                                           "metrics_url": metrics_roots})  # every replica and the sidecar, never Caddy
+    cfile = caddyfile(cfg.tier, lb_port, admin_port, [f"{HOST}:{p}" for p in replica_ports]) if cfg.replicas >= 2 else None
+    caddy_argv = (["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None)
+    p = LaunchPlan(cfg, name, source, profile, out, sockdir, nvme_dir, front, sidecar, replicas, replica_ports,
+                   {"replicas": None, "sidecar": sidecar_port if sidecar else None,
+                    "sidecar_http": sidecar_http_port if sidecar else None, "caddy": lb_port if cfile else None,
+                    "caddy_admin": admin_port if cfile else None},
+                   replay, cfile, caddy_argv)
+    p.commands = [(x.name, x.env, kvtier_argv(x.argv)) for x in p.processes]
+    return p
+
+
+class _Record:
+    """launch.json as the run goes: saved once the processes are healthy and again at the end."""
+
+    def __init__(self, lp: LaunchPlan) -> None:
+        self.lp = lp
+        self.started = utc_now()
+        self.events: list[dict[str, Any]] = []
+        self.pids: dict[str, int] = {}
+        self.error: str | None = None
+
+    def event(self, what: str) -> None:
+        self.events.append({"t_unix_s": round(time.time(), 3), "event": what})
+        print(f"kvtier launch: {what}", file=sys.stderr, flush=True)
+
+    def result(self, status: Status, stop: StopReason, exit_status: int | None) -> LaunchResult:
+        lp, cfg = self.lp, self.lp.config
+        return LaunchResult.model_validate({
+            "status": status, "stop_reason": stop, "started_at": iso(self.started), "finished_at": iso(utc_now()),
+            "host": collect_host({"output": str(lp.out), "nvme": str(lp.nvme_dir) if cfg.tier == "nvme" else None}),
+            "profile": lp.profile_name, "profile_source": lp.profile_source,
+            "resolved_profile": lp.profile.model_dump(), "tier": cfg.tier, "engine": cfg.engine, "build": cfg.build,
+            "replicas": cfg.replicas, "lb_policy": POLICY[cfg.tier] if lp.caddyfile else None,
+            "front_url": lp.front_url,
+            "processes": [{"name": n, "env": env, "argv": argv} for n, env, argv in lp.commands],
+            "caddy": lp.caddy_argv, "replay": lp.replay_argv, "events": self.events,
+            "ports": {**lp.ports, "replicas": lp.replica_ports},
+            "endpoints": {p.name: f"{HOST}:{port}" for p, port in zip(lp.replicas, lp.replica_ports, strict=True)},
+            "pids": self.pids, "error": self.error, "exit_status": exit_status, "config": cfg,
+        })
+
+    def save(self, result: LaunchResult) -> None:
+        from kvtier.report.writers import write_json  # noqa: PLC0415
+
+        write_json(result, self.lp.out / "launch.json")
+
+
+def _save_metrics(folder: Path, plans: list[ProcPlan]) -> None:
+    """Each process's final /metrics text, beside the replay's scraped series."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in plans:
+        if not p.metrics:
+            continue
+        try:
+            with urllib.request.urlopen(p.metrics, timeout=10) as r:
+                (folder / f"{p.name}.prom").write_bytes(r.read())
+        except OSError as e:
+            (folder / f"{p.name}.prom").write_text(f"# not reachable at the end of the run: {e}\n")
+
+
+def execute(lp: LaunchPlan) -> LaunchResult:
+    """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
+    from kvtier.replay.driver import execute as replay_execute  # noqa: PLC0415
+    from kvtier.replay.driver import prepare, write_outputs  # noqa: PLC0415
+
+    cfg = lp.config
+    replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
+    lp.out.mkdir(parents=True, exist_ok=True)
+    lp.sockdir.mkdir(mode=0o700)
+    if cfg.tier == "nvme":
+        lp.nvme_dir.mkdir(parents=True, exist_ok=True)
+    cp = None
+    if lp.caddyfile:
+        (lp.out / "Caddyfile").write_text(lp.caddyfile)
+        cp = caddy_plan(lp.out / "Caddyfile", lp.out / "caddy-home", int(lp.ports["caddy"] or 0))
+    rec = _Record(lp)
+    sup = Supervisor(lp.out / "logs")
+
+    def on_term(signum: int, frame: Any) -> None:  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
+    try:
+        for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
+            proc = sup.start(p, argv)
+            rec.pids[p.name] = proc.popen.pid
+            if p is lp.sidecar:  # exactly one sidecar, healthy before any replica connects to it
+                dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
+                rec.event(f"sidecar healthy after {dt:.1f} s ({p.health})")
+        for p, proc in zip(lp.replicas, sup.procs[len(lp.processes) - len(lp.replicas):], strict=True):
+            dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
+            rec.event(f"{p.name} healthy after {dt:.1f} s ({p.health})")
+        if cp is not None:
+            proc = sup.start(cp)
+            rec.pids["caddy"] = proc.popen.pid
+            dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)
+            rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {POLICY[cfg.tier]}, {lp.front_url})")
+        rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
+        rec.event(f"replay: {shlex.join(lp.replay_argv)}")
+        result, records = replay_execute(replay_plan)
+        signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
+        write_outputs(result, records, lp.replay.output or str(lp.out / "replay"))
+        status, stop = result.status, result.stop_reason
+        rc = exit_code(status, stop.code)
+        rec.event(f"replay finished with exit status {rc}")
+        _save_metrics(lp.out / "metrics", lp.processes)
+    except KeyboardInterrupt:
+        rec.event("interrupted: tearing down")
+        status, stop, rc = Status.partial, StopReason(code=StopCode.interrupted, message="interrupted"), 130
+    except KvtierError as e:
+        rc = exit_code_for(e)
+        rec.error = str(e)
+        status = Status.failed
+        stop = StopReason(code=StopCode.startup_failed if rc == 6 else StopCode.internal_error, message=str(e))
+        raise
+    finally:
+        # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sup.stop_all()
+        signal.signal(signal.SIGINT, old_int)
+        rec.event("all processes stopped")
+        final = rec.result(status, stop, rc)
+        rec.save(final)
+        signal.signal(signal.SIGTERM, old_term)
+        shutil.rmtree(lp.sockdir, ignore_errors=True)
+    return final
+
+
+__all__ = ["LaunchPlan", "plan", "execute", "kvtier_argv", "show_command"]

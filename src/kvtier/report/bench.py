@@ -1,0 +1,359 @@
+"""The typed result of ``kvtier bench`` (docs/metrics.md defines every field and its formula).
+
+Key names are the MLPerf reference's where the reference has the figure, so a reference user finds
+``summary.storage_throughput_tokens_per_sec`` and ``summary.cache_stats.storage_read_device_p95_ms``
+where they expect them; kvtier's additions say their unit in their name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from kvtier.config.bench import BenchConfig
+from kvtier.report.envelope import Distribution, Envelope, Section
+from kvtier.stats import PERCENTILE_NAMES
+
+TIER_NAMES = ("gpu", "cpu", "storage")
+OPS = ("read", "write")
+
+
+class CauseStats(Section):
+    ops: int
+    bytes: int
+    latency_ms: Distribution
+
+
+class OpStats(Section):
+    ops: int
+    bytes: int
+    latency_ms: Distribution
+    device_latency_ms: Distribution
+    host_latency_ms: Distribution
+    device_bandwidth_bytes_per_sec: float | None
+    by_cause: dict[str, CauseStats]
+    errors: int
+
+
+class TierStats(Section):
+    read: OpStats
+    write: OpStats
+
+
+class TierUsage(Section):
+    used_bytes: int
+    capacity_bytes: int
+    entries: int
+
+
+class Criterion(Section):
+    name: str
+    target: float
+    actual: float
+    unit: str
+    passed: bool
+
+
+class StorageHealth(Section):
+    """Pass/fail criteria of ``--performance-profile`` (the reference's storage_health)."""
+
+    profile: Literal["latency", "throughput"]
+    overall_status: Literal["PASS", "FAIL"]
+    criteria: list[Criterion]
+    passed_count: int
+    total_count: int
+
+
+def pct_key(prefix: str, p: str) -> str:
+    """``pct_key("storage_read_device", "p95")`` -> ``storage_read_device_p95_ms``: the reference's
+    per-percentile key names, made in one place for the builder and the model."""
+    return f"{prefix}_{p}_ms"
+
+
+def percentile_key_prefixes() -> list[str]:
+    return ([f"{t}_{op}" for t in TIER_NAMES for op in OPS]
+            + [f"storage_{op}_{part}" for op in OPS for part in ("device", "host")])
+
+
+class _CacheStatsFixed(Section):
+    cache_hit_rate: float | None
+    cache_hits: int
+    cache_misses: int
+    decode_bytes_read_gb: float
+    prefill_bytes_written_gb: float
+    demotions: int
+    promotions: int
+    evictions: int
+    entries_dropped: int
+    deduplicated_writes: int
+    nvme_read_device_p95_ms: float | None
+    nvme_write_device_p95_ms: float | None
+    storage_health: StorageHealth
+
+
+def _cache_stats_model() -> type[_CacheStatsFixed]:
+    fields: dict[str, Any] = {}
+    for t in TIER_NAMES:
+        for op in OPS:
+            fields[f"tier_{t}_kv_bytes_{'written' if op == 'write' else 'read'}_gb"] = (float, ...)
+    for prefix in percentile_key_prefixes():
+        for p in PERCENTILE_NAMES:
+            fields[pct_key(prefix, p)] = (float | None, ...)
+    return create_model("CacheStats", __base__=_CacheStatsFixed, **fields)
+
+
+if TYPE_CHECKING:
+    CacheStats = _CacheStatsFixed
+else:
+    CacheStats = _cache_stats_model()
+    """summary.cache_stats: the reference's keys (tier_{gpu,cpu,storage}_kv_bytes_{written,read}_gb,
+    {tier}_{read,write}_{p}_ms, storage_{read,write}_{device,host}_{p}_ms, ...) plus kvtier's."""
+
+
+class QoSStats(Section):
+    requests: int
+    failed: int
+    service_latency_ms: Distribution
+    end_to_end_latency_ms: Distribution
+    target_latency_p95_ms: float
+    target_latency_p99_ms: float
+    p95_met: bool | None
+    p99_met: bool | None
+    sla_compliance: float | None
+
+
+class MultiTurnStats(Section):
+    enabled: bool
+    conversations_started: int
+    conversations_metadata_evicted: int
+    max_conversations: int
+    turns_mean: float | None
+    turns_max: int
+    multi_turn_cache_hits: int
+    multi_turn_cache_misses: int
+    history_hit_rate: float | None
+    history_bytes_read_gb: float
+    history_restores: int
+
+
+class PrefixCacheStats(Section):
+    enabled: bool
+    num_system_prompts: int
+    prefix_hits: int
+    prefix_misses: int
+    prefix_hit_rate: float | None
+    prefix_restores: int
+    prefix_bytes_read_gb: float
+
+
+class LookupStats(Section):
+    hits: int
+    misses: int
+    hit_rate: float | None
+    restores: int
+    bytes_read_gb: float
+
+
+class KvLayoutStats(Section):
+    kv_layout: Literal["entry", "chunked"]
+    chunk_tokens: int | None
+    new_context_gb: float
+    bytes_read_gb: float
+    read_amplification: float | None
+    decode: LookupStats
+
+
+class FillStats(Section):
+    """Entries written before the load, outside the statistics."""
+
+    entries: int
+    bytes: int
+    seconds: float
+    bytes_per_sec: float | None
+
+
+class PreconditionStats(Section):
+    requested_bytes: int
+    written_bytes: int
+    files: int
+    threads: int
+    seconds: float
+    bytes_per_sec: float | None
+    completed: bool
+    errors: list[str]
+
+
+class SetupStats(Section):
+    precondition: PreconditionStats | None = None
+    decode_only_prepopulation: FillStats | None = None
+    rag_ingest: FillStats | None = None
+
+
+class RagStats(Section):
+    enabled: bool
+    num_docs: int
+    top_k: int
+    request_probability: float
+    queries: int
+    chunk_hits: int
+    chunk_misses: int
+    chunk_hit_rate: float | None
+    chunks_reingested: int
+    burst_bytes_gb: float
+    burst_latency_ms: Distribution
+    ingest: FillStats | None
+
+
+class AutoscaleStep(Section):
+    t_s: float
+    users: int
+    throughput_tokens_per_sec: float
+    saturation: float | None
+    action: str
+    next_users: int
+
+
+class AutoscalingStats(Section):
+    enabled: bool
+    mode: Literal["qos", "capacity"] | None = None
+    target_saturation: float | None = None
+    steps: list[AutoscaleStep] = Field(default_factory=list)
+    final_users: int | None = None
+    peak_users: int | None = None
+    peak_throughput_tokens_per_sec: float | None = None
+    stop_reason: str | None = None
+
+
+class BenchSummary(Section):
+    avg_throughput_tokens_per_sec: float
+    storage_throughput_tokens_per_sec: float
+    requests_per_second: float
+    storage_read_bytes_per_sec: float
+    storage_write_bytes_per_sec: float
+    end_to_end_latency_ms: Distribution
+    storage_io_latency_ms: Distribution
+    generation_latency_ms: Distribution
+    queue_wait_ms: Distribution
+    host_time_fraction: float | None
+    cache_stats: CacheStats
+    qos_metrics: dict[str, QoSStats]
+    multi_turn_stats: MultiTurnStats
+    prefix_cache_stats: PrefixCacheStats
+    kv_layout_stats: KvLayoutStats
+    rag_stats: RagStats
+    autoscaling_stats: AutoscalingStats
+
+
+class ModelInfo(Section):
+    key: str
+    name: str
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    attention: Literal["mha", "gqa", "mla"]
+    num_heads: int
+    hidden_dim: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    kv_bytes_per_token: int
+    tensor_parallel: int
+    kv_bytes_per_token_per_rank: int
+
+
+class ErrorStats(Section):
+    requests_failed: int
+    tier_operations: dict[str, int]
+    first_messages: list[str]
+
+
+class ReadWrite(Section):
+    write: int
+    read: int
+
+
+class ProcessIO(Section):
+    storage_tier_bytes_written_on_disk: int
+    storage_tier_bytes_read_on_disk: int
+    cancelled_ops: ReadWrite
+    cancelled_bytes: ReadWrite
+    process_write_bytes: int
+    process_read_bytes: int
+    write_ratio: float | None
+    read_ratio: float | None
+
+
+class MemoryStats(Section):
+    peak_rss_bytes: int
+    bound_bytes: int
+    noise_buffer_bytes: int
+    io_slots: int
+    io_chunk_bytes: int
+    cpu_tier_capacity_bytes: int
+    within_bound: bool
+
+
+class StorageFacts(Section):
+    cache_dir: str
+    run_dir: str | None
+    direct_io: bool
+    direct_io_supported: bool
+    capacity_bytes: int
+    detected_free_bytes: int
+
+
+class SyntheticSource(Section):
+    kind: Literal["synthetic"] = "synthetic"
+    profiles: list[str]
+
+
+class TraceSource(Section):
+    kind: Literal["trace"] = "trace"
+    format: str
+    files: list[str]
+    requests: int
+    skipped_rows: int
+    block_tokens: int | None
+
+
+class DatasetSource(Section):
+    kind: Literal["dataset"] = "dataset"
+    format: Literal["sharegpt"] = "sharegpt"
+    path: str
+    conversations: int
+    turns: int
+    tokenizer: str
+    skipped_records: int
+
+
+WorkloadSource = Annotated[SyntheticSource | TraceSource | DatasetSource, Field(discriminator="kind")]
+
+
+class BenchResult(Envelope):
+    """One ``kvtier bench`` run."""
+
+    benchmark: Literal["kvtier bench"] = "kvtier bench"
+    elapsed_s: float
+    load_duration_s: float
+    seed: int
+    model: ModelInfo
+    requests_completed: int
+    requests_failed: int
+    requests_abandoned: int
+    requests_cut_at_stop: int
+    total_tokens_generated: int
+    summary: BenchSummary
+    tiers: dict[str, TierStats]
+    tier_usage_at_end: dict[str, TierUsage]
+    errors: ErrorStats
+    process_io: ProcessIO
+    memory: MemoryStats
+    storage: StorageFacts
+    workload_source: WorkloadSource
+    setup: SetupStats
+    config: BenchConfig
+
+
+__all__ = ["BenchResult", "BenchSummary", "CacheStats", "Distribution", "TierStats", "OpStats", "StorageHealth",
+           "Criterion", "pct_key", "percentile_key_prefixes", "TIER_NAMES", "OPS"]

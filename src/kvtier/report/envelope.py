@@ -1,0 +1,179 @@
+"""The envelope every kvtier result file shares, whatever command wrote it.
+
+    result_schema_version  int; bumped when a key changes meaning or shape
+    kvtier_version         the kvtier that wrote the file
+    benchmark              the command: "kvtier bench" | "kvtier replay" | "kvtier launch"
+    status                 complete | partial | failed
+    stop_reason            {code, message}: why the run ended, as a stable code and a sentence
+    started_at/finished_at ISO 8601, UTC
+    config                 the effective config (each command's own model; autos resolved)
+    host                   CPU, memory, kernel, Python and library versions, and the filesystem
+                           and block device of every directory the run used
+    warnings               [{code, message, ...observed values}] with stable codes
+
+A command's result model extends ``Envelope`` with its own sections. Exit codes come from the
+status and the stop code (``exit_code``), never from searching text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvtier import __version__
+
+SCHEMA_VERSION = 2
+"""2: warnings became coded objects, stop_reason became {code, message}, host gained versions and
+directories, replay and launch files gained the envelope."""
+
+
+class Status(enum.StrEnum):
+    complete = "complete"  # the run ended as configured (duration, request count, data exhausted)
+    partial = "partial"    # stopped early (signal, device full, internal error): what it has is kept
+    failed = "failed"      # nothing usable was measured
+
+
+class StopCode(enum.StrEnum):
+    """Why a run ended. Stable: scripts may switch on these."""
+
+    duration = "duration"                  # --duration elapsed
+    max_requests = "max-requests"          # --max-requests completed
+    trace_finished = "trace-finished"      # every trace request was served
+    dataset_finished = "dataset-finished"  # every dataset turn was served (bench) / every virtual user ran (replay)
+    peak_capacity = "peak-capacity"        # the capacity autoscaler found its peak
+    interrupted = "interrupted"            # SIGINT (Ctrl+C)
+    terminated = "terminated"              # SIGTERM
+    device_full = "device-full"            # ENOSPC / EDQUOT on the storage tier
+    internal_error = "internal-error"      # a bug stopped the run; the message names it
+    startup_failed = "startup-failed"      # launch: a process did not start or become healthy
+    running = "running"                    # launch.json written while the replay was still running
+
+
+class Section(BaseModel):
+    """A part of a result: unknown keys are errors when a file is loaded back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Distribution(Section):
+    """A distribution summary (kvtier.stats) in the unit its key names (``_ms``, ``_s``)."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    p999: float | None
+    p9999: float | None
+    max: float | None
+
+
+class StopReason(Section):
+    code: StopCode
+    message: str
+
+
+class WarningCode(enum.StrEnum):
+    """Stable codes of result warnings (docs/metrics.md describes each)."""
+
+    gpu_tier_off = "gpu-tier-off"
+    direct_io_off = "direct-io-off"
+    working_set_fits_page_cache = "working-set-fits-page-cache"
+    entry_exceeds_tier = "entry-exceeds-tier"
+    tp_sharding_differs = "tp-sharding-differs-from-reference"
+    dataset_records_skipped = "dataset-records-skipped"
+    dataset_file_skipped = "dataset-file-skipped"
+    trace_rows_skipped = "trace-rows-skipped"
+    rag_ingest_excluded = "rag-ingest-excluded"
+    prepopulation_excluded = "prepopulation-excluded"
+    errors_seen = "errors-seen"
+    run_not_complete = "run-not-complete"
+    concurrency_capped = "concurrency-capped"
+    concurrency_not_reached = "concurrency-not-reached"
+    offload_never_exercised = "offload-never-exercised"
+    scrape_failed = "scrape-failed"
+
+
+class ResultWarning(BaseModel):
+    """A coded warning; extra keys carry the observed values it is about."""
+
+    model_config = ConfigDict(extra="allow")
+    code: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")
+    message: str
+
+
+def warning(code: WarningCode, message: str, **observed: Any) -> ResultWarning:
+    return ResultWarning(code=code.value, message=message, **observed)
+
+
+class DirectoryFacts(Section):
+    """Where a directory the run used lives: its filesystem and the block device under it."""
+
+    path: str
+    mount_point: str
+    fs_type: str
+    device: str
+    block_device: str | None = None
+
+
+class HostFacts(Section):
+    hostname: str
+    os: str
+    kernel: str
+    python: str
+    cpu_model: str
+    cpu_count: int | None
+    mem_total_bytes: int
+    libraries: dict[str, str | None]
+    directories: dict[str, DirectoryFacts] = Field(default_factory=dict)
+
+
+def collect_host(directories: dict[str, str | None] | None = None) -> HostFacts:
+    """Facts about this host, and about each named directory (role -> path; None entries skipped)."""
+    from kvtier.telemetry.host import describe_directory, host_basics  # noqa: PLC0415
+
+    dirs = {role: DirectoryFacts(**describe_directory(path)) for role, path in (directories or {}).items() if path}
+    return HostFacts(**host_basics(), directories=dirs)
+
+
+class Envelope(BaseModel):
+    """Fields every result file has (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    result_schema_version: int = SCHEMA_VERSION
+    kvtier_version: str = __version__
+    benchmark: str
+    status: Status
+    stop_reason: StopReason
+    started_at: str
+    finished_at: str
+    host: HostFacts
+    warnings: list[ResultWarning] = Field(default_factory=list)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.isoformat(timespec="seconds")
+
+
+EXIT_BY_STOP = {StopCode.interrupted: 130, StopCode.terminated: 143, StopCode.device_full: 5,
+                StopCode.startup_failed: 6}
+
+
+def exit_code(status: Status, stop: StopCode) -> int:
+    """The process exit status of a run: 0 complete; 130/143 for SIGINT/SIGTERM, 5 device full,
+    6 a launch whose processes did not start; 1 for any other partial or failed run."""
+    if status == Status.complete:
+        return 0
+    return EXIT_BY_STOP.get(stop, 1)
+
+
+__all__ = ["SCHEMA_VERSION", "Section", "Distribution", "Status", "StopCode", "StopReason", "WarningCode", "ResultWarning", "warning",
+           "DirectoryFacts", "HostFacts", "collect_host", "Envelope", "exit_code", "utc_now", "iso"]

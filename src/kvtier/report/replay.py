@@ -1,0 +1,108 @@
+"""The typed result of ``kvtier replay`` (summary.json; docs/metrics.md defines every field).
+
+Per-request records go to requests.jsonl beside it (one JSON object a line, not validated here:
+they are written on the hot path and read by tools, not by kvtier)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from kvtier.config.replay import ReplayConfig
+from kvtier.report.envelope import Distribution, Envelope, Section
+
+
+class Degradation(Section):
+    median_pct: float | None
+    p95_pct: float | None
+    by_turn_median_pct: dict[str, float]
+    ttft_s_by_turn_p50: dict[str, float]
+
+
+class Sessions(Section):
+    total: int
+    complete: int
+    incomplete: int
+    error: int
+
+
+class ReplaySummary(Section):
+    requests_total: int
+    requests_ok: int
+    requests_failed: int
+    failures_by_status: dict[str, int]
+    ttft_s: Distribution
+    tpot_s_mean: float | None
+    e2e_s: Distribution
+    input_tokens_per_s: float | None
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    client_cached_token_fraction: float | None
+    ttft_degradation: Degradation
+    sessions: Sessions
+    requests_by_replica: dict[str, int]
+
+
+class RatePoint(Section):
+    t: float
+    rate: float | None
+
+
+class ScrapeSummary(Section):
+    """One scraped server's /metrics over the run (replay/scrape.py: counter deltas, never gauges)."""
+
+    url: str
+    samples: int
+    scrape_errors: int
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_hit_rate_overall: float | None = None
+    prefix_cache_hit_rate_series: list[RatePoint] | None = None
+    external_prefix_cache_hit_rate: float | None = None
+    external_prefix_cache_hit_rate_overall: float | None = None
+    external_prefix_cache_hit_rate_series: list[RatePoint] | None = None
+    lmcache_lookup_hit_rate: float | None = None
+    lmcache_lookup_hit_rate_overall: float | None = None
+    lmcache_lookup_hit_rate_series: list[RatePoint] | None = None
+    external_prefix_cache_queries: float | None = None
+    external_prefix_cache_hits: float | None = None
+    kv_cache_usage_perc_mean: float | None = None
+    prefill_time_s_mean: float | None = None
+    queue_time_s_mean: float | None = None
+    ttft_server_s_mean: float | None = None
+
+
+class Concurrency(Section):
+    requested: int
+    achieved: int
+    virtual_users: int
+
+
+class DatasetInfo(Section):
+    path: str
+    format: str
+    sessions: int
+    virtual_users: int
+    tokenizer: str
+    agentic_tool_names: list[str]
+
+
+class ServerIdentity(Section):
+    models: Any
+    replica: str | None
+
+
+class ReplayResult(Envelope):
+    """One ``kvtier replay`` run (summary.json)."""
+
+    benchmark: Literal["kvtier replay"] = "kvtier replay"
+    wall_s: float
+    dataset: DatasetInfo
+    concurrency: Concurrency
+    server: ServerIdentity
+    summary: ReplaySummary
+    server_metrics: list[ScrapeSummary]
+    config: ReplayConfig
+
+
+__all__ = ["ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]

