@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ensure_tool, median  # noqa: E402
+from _common import ensure_tool, median
 
-from kvtier.engine.backend import aligned_buffer  # noqa: E402
-from kvtier.engine.file import FileTier  # noqa: E402
-from kvtier.engine.memory import MemoryTier  # noqa: E402
-from kvtier.engine.noise import NoiseBuffer  # noqa: E402
+from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.file import FileTier
+from kvtier.engine.memory import MemoryTier
+from kvtier.engine.noise import NoiseBuffer
 
 MiB = 1024**2
 
@@ -50,7 +50,7 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 def thp_mode() -> str:
     try:
         text = THP.read_text()
-        return text[text.index("[") + 1:text.index("]")]
+        return text[text.index("[") + 1 : text.index("]")]
     except (OSError, ValueError):
         return "unknown"
 
@@ -74,17 +74,33 @@ def drop_page_cache() -> None:
 def fio_bandwidth(fio: str, directory: Path, rw: str, entry: int, total: int, jobs: int, bs: int) -> float:
     per_job = total // jobs
     nfiles = max(1, per_job // entry)
-    cmd = [fio, "--name=kv", f"--directory={directory}", f"--rw={rw}", "--direct=1", "--ioengine=psync",
-           f"--bs={bs}", f"--numjobs={jobs}", f"--size={nfiles * entry}", f"--nrfiles={nfiles}",
-           f"--filesize={entry}", "--file_service_type=sequential", "--fsync_on_close=1", "--group_reporting",
-           "--output-format=json", "--allow_file_create=1", "--fallocate=none"]
+    cmd = [
+        fio,
+        "--name=kv",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        "--direct=1",
+        "--ioengine=psync",
+        f"--bs={bs}",
+        f"--numjobs={jobs}",
+        f"--size={nfiles * entry}",
+        f"--nrfiles={nfiles}",
+        f"--filesize={entry}",
+        "--file_service_type=sequential",
+        "--fsync_on_close=1",
+        "--group_reporting",
+        "--output-format=json",
+        "--allow_file_create=1",
+        "--fallocate=none",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
+    job = json.loads(out[out.index("{") :])["jobs"][0]
     return float(job["write" if rw == "write" else "read"]["bw_bytes"])
 
 
-def kvtier_bandwidth(tier: FileTier, noise: NoiseBuffer, op: str, entry: int, total: int, jobs: int,
-                     chunk: int, bufs: list[memoryview]) -> float:
+def kvtier_bandwidth(
+    tier: FileTier, noise: NoiseBuffer, op: str, entry: int, total: int, jobs: int, chunk: int, bufs: list[memoryview]
+) -> float:
     n_entries = max(jobs, total // entry)
     keys = [f"e{i}" for i in range(n_entries)]
     errors: list[BaseException] = []
@@ -96,7 +112,7 @@ def kvtier_bandwidth(tier: FileTier, noise: NoiseBuffer, op: str, entry: int, to
                     tier.write(k, noise.chunks(k, entry, chunk), entry)
                 else:
                     tier.read(k, bufs[w])
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - any failure in a worker thread is reported by the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(w,)) for w in range(jobs)]
@@ -122,11 +138,19 @@ def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
     tier.delete("w")
     w_ratio, r_ratio = [], []
     for _ in range(reps):
-        t = time.perf_counter(); np.copyto(dst, src); ref = time.perf_counter() - t
-        t = time.perf_counter(); tier.write("x", noise.chunks("x", size, size), size); ours = time.perf_counter() - t
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ref = time.perf_counter() - t
+        t = time.perf_counter()
+        tier.write("x", noise.chunks("x", size, size), size)
+        ours = time.perf_counter() - t
         w_ratio.append(ref / ours)
-        t = time.perf_counter(); tier.read("x", buf); ours = time.perf_counter() - t
-        t = time.perf_counter(); np.copyto(dst, src); ref = time.perf_counter() - t
+        t = time.perf_counter()
+        tier.read("x", buf)
+        ours = time.perf_counter() - t
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ref = time.perf_counter() - t
         r_ratio.append(ref / ours)
         tier.delete("x")
     tier.close()
@@ -142,8 +166,12 @@ def main() -> None:
     ap.add_argument("--chunk-mb", type=int, default=64, help="kvtier I/O chunk = fio bs, MiB")
     ap.add_argument("--reps", type=int, default=5, help="pairs per measurement (median reported)")
     ap.add_argument("--cpu-mb", type=int, default=256, help="CPU tier entry size, MiB")
-    ap.add_argument("--no-thp-always", dest="thp_always", action="store_false",
-                    help="leave transparent huge pages as they are (fio then uses 4 KiB pages if THP=madvise)")
+    ap.add_argument(
+        "--no-thp-always",
+        dest="thp_always",
+        action="store_false",
+        help="leave transparent huge pages as they are (fio then uses 4 KiB pages if THP=madvise)",
+    )
     a = ap.parse_args()
 
     fio = ensure_tool("fio")
@@ -152,8 +180,10 @@ def main() -> None:
     # is 'always'. Huge pages change O_DIRECT speed here by ~2.5x, so give fio the same for the
     # run (root only) and restore the setting afterwards.
     thp_changed = a.thp_always and thp_before not in ("always", "unknown") and set_thp("always")
-    print(f"transparent huge pages: {thp_mode()}" + (f" (was {thp_before}, restored at exit)" if thp_changed else ""),
-          flush=True)
+    print(
+        f"transparent huge pages: {thp_mode()}" + (f" (was {thp_before}, restored at exit)" if thp_changed else ""),
+        flush=True,
+    )
     base = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kvtier-iovsfio-", dir="/var/tmp"))
     chunk = a.chunk_mb * MiB
     noise = NoiseBuffer(256 * MiB, seed=1)
@@ -179,14 +209,20 @@ def main() -> None:
                             bw[(who, op)] = kvtier_bandwidth(tier, noise, op, entry, total, a.jobs, chunk, bufs)
                 wr.append(bw[("kvtier", "write")] / bw[("fio", "write")])
                 rr.append(bw[("kvtier", "read")] / bw[("fio", "read")])
-                print(f"entry {entry_mb} MiB rep {rep}: write fio {bw[('fio', 'write')] / 1e9:.2f} GB/s "
-                      f"kvtier {bw[('kvtier', 'write')] / 1e9:.2f} GB/s | read fio {bw[('fio', 'read')] / 1e9:.2f} "
-                      f"GB/s kvtier {bw[('kvtier', 'read')] / 1e9:.2f} GB/s", flush=True)
+                print(
+                    f"entry {entry_mb} MiB rep {rep}: write fio {bw[('fio', 'write')] / 1e9:.2f} GB/s "
+                    f"kvtier {bw[('kvtier', 'write')] / 1e9:.2f} GB/s | read fio {bw[('fio', 'read')] / 1e9:.2f} "
+                    f"GB/s kvtier {bw[('kvtier', 'read')] / 1e9:.2f} GB/s",
+                    flush=True,
+                )
                 tier.close()
                 shutil.rmtree(fdir)
             mw, mr = median(wr), median(rr)
-            print(f"entry {entry_mb} MiB: median kvtier/fio write={mw:.2f} read={mr:.2f} "
-                  f"(jobs={a.jobs}, bs={a.chunk_mb} MiB, {total // MiB} MiB per measurement)", flush=True)
+            print(
+                f"entry {entry_mb} MiB: median kvtier/fio write={mw:.2f} read={mr:.2f} "
+                f"(jobs={a.jobs}, bs={a.chunk_mb} MiB, {total // MiB} MiB per measurement)",
+                flush=True,
+            )
             worst_w, worst_r = min(worst_w, mw), min(worst_r, mr)
     finally:
         if thp_changed:

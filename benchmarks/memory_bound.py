@@ -28,10 +28,34 @@ def main() -> None:
     base = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kvtier-membound-", dir="/var/tmp"))
     out = base / "result.json"
     try:
-        cmd = [sys.executable, "-m", "kvtier", "bench", "--model", "llama3.1-8b", "--num-users", str(a.users),
-               "--max-concurrent-allocs", str(a.max_concurrent_allocs), "--duration", str(a.duration),
-               "--gpu-mem-gb", "0", "--cpu-mem-gb", str(a.cpu_mem_gb), "--generation-mode", "none",
-               "--seed", "42", "--cache-dir", str(base), "--output", str(out), "--progress", "none"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvtier",
+            "bench",
+            "--model",
+            "llama3.1-8b",
+            "--num-users",
+            str(a.users),
+            "--max-concurrent-allocs",
+            str(a.max_concurrent_allocs),
+            "--duration",
+            str(a.duration),
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            str(a.cpu_mem_gb),
+            "--generation-mode",
+            "none",
+            "--seed",
+            "42",
+            "--cache-dir",
+            str(base),
+            "--output",
+            str(out),
+            "--progress",
+            "none",
+        ]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0 or not out.exists():
             raise SystemExit(f"bench failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -41,12 +65,18 @@ def main() -> None:
             shutil.rmtree(base, ignore_errors=True)
     m = r["memory"]
     gib = 2**30
-    print(f"requests completed {r['requests_completed']}, read {r['summary']['storage_read_bytes_per_sec'] / 1e9:.2f} "
-          f"GB/s, write {r['summary']['storage_write_bytes_per_sec'] / 1e9:.2f} GB/s")
-    print(f"bound = noise {m['noise_buffer_bytes'] / gib:.3f} + {m['io_slots']} x {m['io_chunk_bytes'] / gib:.3f} "
-          f"+ cpu tier {m['cpu_tier_capacity_bytes'] / gib:.3f} + 0.25 GiB")
-    print(f"memory_bound peak_rss_gib={m['peak_rss_bytes'] / gib:.3f} bound_gib={m['bound_bytes'] / gib:.3f} "
-          f"ok={'true' if m['within_bound'] else 'false'}")
+    print(
+        f"requests completed {r['requests_completed']}, read {r['summary']['storage_read_bytes_per_sec'] / 1e9:.2f} "
+        f"GB/s, write {r['summary']['storage_write_bytes_per_sec'] / 1e9:.2f} GB/s"
+    )
+    print(
+        f"bound = noise {m['noise_buffer_bytes'] / gib:.3f} + {m['io_slots']} x {m['io_chunk_bytes'] / gib:.3f} "
+        f"+ cpu tier {m['cpu_tier_capacity_bytes'] / gib:.3f} + 0.25 GiB"
+    )
+    print(
+        f"memory_bound peak_rss_gib={m['peak_rss_bytes'] / gib:.3f} bound_gib={m['bound_bytes'] / gib:.3f} "
+        f"ok={'true' if m['within_bound'] else 'false'}"
+    )
 
 
 if __name__ == "__main__":

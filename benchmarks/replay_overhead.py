@@ -36,7 +36,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def serve(port_q: "mp.Queue[int]", first_ms: float, itl_ms: float, tokens: int, phases: int) -> None:
+def serve(port_q: mp.Queue[int], first_ms: float, itl_ms: float, tokens: int, phases: int) -> None:
     seen = [0]
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -70,8 +70,8 @@ def serve(port_q: "mp.Queue[int]", first_ms: float, itl_ms: float, tokens: int, 
 
 
 async def consume(url: str, streams: int) -> list[float]:
-    from kvtier.replay.client import ClientConfig  # noqa: PLC0415
-    import kvtier.replay.client as client  # noqa: PLC0415
+    import kvtier.replay.client as client
+    from kvtier.replay.client import ClientConfig
 
     added: list[float] = []
     real_loads = json.loads
@@ -84,12 +84,13 @@ async def consume(url: str, streams: int) -> list[float]:
 
     client.json.loads = stamping_loads  # type: ignore[assignment]
     cfg = ClientConfig(url, "m", streams)
-    from kvtier.replay.datasets import VirtualUser  # noqa: PLC0415
+    from kvtier.replay.datasets import VirtualUser
 
     user = VirtualUser("u", "s", 0, ())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        done = await asyncio.gather(*(client.stream_request(s, cfg, user, 0, [{"role": "user", "content": "x"}], 8)
-                                      for _ in range(streams)))
+        done = await asyncio.gather(
+            *(client.stream_request(s, cfg, user, 0, [{"role": "user", "content": "x"}], 8) for _ in range(streams))
+        )
     recs = [rec for rec, _ in done]
     client.json.loads = real_loads  # type: ignore[assignment]
     bad = [r for r in recs if r["status"] != "ok"]
@@ -101,12 +102,12 @@ async def consume(url: str, streams: int) -> list[float]:
 def measure(a: argparse.Namespace, phases: int, loop: str) -> tuple[np.ndarray, float]:
     """Added latency (ms) per token and the client's CPU per token (µs) against one server process
     (always the stock asyncio loop); the client runs on ``loop`` (asyncio or uvloop)."""
-    q: "mp.Queue[int]" = mp.Queue()
+    q: mp.Queue[int] = mp.Queue()
     proc = mp.Process(target=serve, args=(q, a.first_ms, a.itl_ms, a.tokens, phases), daemon=True)
     proc.start()
     factory = None
     if loop == "uvloop":
-        import uvloop  # noqa: PLC0415
+        import uvloop
 
         factory = uvloop.new_event_loop
     try:
@@ -129,7 +130,7 @@ def main() -> None:
     ap.add_argument("--first-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=20.0)
     a = ap.parse_args()
-    from kvtier.replay.client import event_loop_kind  # noqa: PLC0415
+    from kvtier.replay.client import event_loop_kind
 
     loops = ["asyncio"] + (["uvloop"] if event_loop_kind() == "uvloop" else [])
     res = {}
@@ -138,15 +139,21 @@ def main() -> None:
             added, cpu_us = measure(a, phases, loop)
             p50, p99 = np.percentile(added, [50, 99])
             res[loop, mode] = (p50, p99, cpu_us)
-            print(f"{loop:7s} {mode:6s}: {a.streams} streams x {a.tokens} tokens at {a.itl_ms} ms/token: "
-                  f"{added.size} tokens, client-added latency p50 {p50:.3f} ms p99 {p99:.3f} ms mean "
-                  f"{added.mean():.3f} ms; client CPU {cpu_us:.1f} us/token", flush=True)
+            print(
+                f"{loop:7s} {mode:6s}: {a.streams} streams x {a.tokens} tokens at {a.itl_ms} ms/token: "
+                f"{added.size} tokens, client-added latency p50 {p50:.3f} ms p99 {p99:.3f} ms mean "
+                f"{added.mean():.3f} ms; client CPU {cpu_us:.1f} us/token",
+                flush=True,
+            )
     used = loops[-1]  # what kvtier replay runs on here
     p50, p99, cpu_us = res[used, "spread"]
-    print(f"replay_overhead loop={used} streams={a.streams} added_latency_p50_ms={p50:.3f} p99_ms={p99:.3f} "
-          f"burst_p50_ms={res[used, 'burst'][0]:.3f} burst_p99_ms={res[used, 'burst'][1]:.3f} "
-          f"asyncio_burst_p50_ms={res['asyncio', 'burst'][0]:.3f} client_cpu_us_per_token={cpu_us:.1f} "
-          f"ok={'true' if p50 < 1.0 and res[used, 'burst'][0] < 1.0 else 'false'}")
+    print(
+        f"replay_overhead loop={used} streams={a.streams} added_latency_p50_ms={p50:.3f} p99_ms={p99:.3f} "
+        f"burst_p50_ms={res[used, 'burst'][0]:.3f} burst_p99_ms={res[used, 'burst'][1]:.3f} "
+        f"asyncio_burst_p50_ms={res['asyncio', 'burst'][0]:.3f} client_cpu_us_per_token={cpu_us:.1f} "
+        f"ok={'true' if p50 < 1.0 and res[used, 'burst'][0] < 1.0 else 'false'}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -31,8 +31,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def one(session: aiohttp.ClientSession, url: str, tokens: int, i: int) -> int:
-    body = {"model": "tiny-1b", "messages": [{"role": "user", "content": f"stream {i} please"}],
-            "max_tokens": tokens, "stream": True}
+    body = {
+        "model": "tiny-1b",
+        "messages": [{"role": "user", "content": f"stream {i} please"}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
     n = 0
     async with session.post(url, json=body) as r:
         async for line in r.content:
@@ -57,10 +61,30 @@ def main() -> None:
     ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"], help="the server's loop")
     a = ap.parse_args()
     port_file = Path(tempfile.mkdtemp()) / "port"
-    proc = subprocess.Popen([sys.executable, *os.environ.get("SIMPROF", "").split(), "-m", "kvtier", "sim", "--preset", "cpu-test", "--gpu-kv-gb", "4",
-                             "--tpot-ms", str(a.tpot_ms), "--batch-slowdown", "0", "--port", "0",
-                             "--event-loop", a.event_loop,
-                             "--port-file", str(port_file)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *os.environ.get("SIMPROF", "").split(),
+            "-m",
+            "kvtier",
+            "sim",
+            "--preset",
+            "cpu-test",
+            "--gpu-kv-gb",
+            "4",
+            "--tpot-ms",
+            str(a.tpot_ms),
+            "--batch-slowdown",
+            "0",
+            "--port",
+            "0",
+            "--event-loop",
+            a.event_loop,
+            "--port-file",
+            str(port_file),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             if port_file.exists() and port_file.read_text().strip():
@@ -75,10 +99,14 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
     us = (c1 - c0) / tokens * 1e6
-    print(f"{a.streams} streams x {a.tokens} tokens in {t1 - t0:.2f} s: {tokens / (t1 - t0):,.0f} tokens/s streamed, "
-          f"server CPU {c1 - c0:.2f} s")
-    print(f"sim_overhead streams={a.streams} tokens={tokens} server_cpu_us_per_token={us:.1f} target_us=30 "
-          f"ok={'true' if us <= 30 else 'false'}")
+    print(
+        f"{a.streams} streams x {a.tokens} tokens in {t1 - t0:.2f} s: {tokens / (t1 - t0):,.0f} tokens/s streamed, "
+        f"server CPU {c1 - c0:.2f} s"
+    )
+    print(
+        f"sim_overhead streams={a.streams} tokens={tokens} server_cpu_us_per_token={us:.1f} target_us=30 "
+        f"ok={'true' if us <= 30 else 'false'}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,10 +47,26 @@ def metrics(port: int) -> dict[str, float]:
 
 def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
     port_file = work / "port"
-    args = [sys.executable, "-m", "kvtier", "sim", "--preset", a.preset, "--model", a.model,
-            "--gpu-kv-gb", str(a.gpu_kv_gb),
-            "--tpot-ms", str(a.tpot_ms),
-            "--port", "0", "--port-file", str(port_file), "--offload", mode]
+    args = [
+        sys.executable,
+        "-m",
+        "kvtier",
+        "sim",
+        "--preset",
+        a.preset,
+        "--model",
+        a.model,
+        "--gpu-kv-gb",
+        str(a.gpu_kv_gb),
+        "--tpot-ms",
+        str(a.tpot_ms),
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--offload",
+        mode,
+    ]
     if mode == "cpu":
         args += ["--cpu-offload-gb", str(a.offload_gb)]
     if mode == "nvme":
@@ -65,10 +81,32 @@ def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
             time.sleep(0.05)
         port = int(port_file.read_text())
         out = work / f"replay-{mode}"
-        rp = subprocess.run([sys.executable, "-m", "kvtier", "replay", "--base-url", f"http://127.0.0.1:{port}/v1",
-                        "--model", a.model, "--dataset", str(a.dataset), "--num-rounds", str(a.num_rounds),
-                        "--concurrency", str(a.concurrency), "--gap-scale", str(a.gap_scale), "--output", str(out),
-                        "--scrape-interval", "2"], capture_output=True, text=True)
+        rp = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvtier",
+                "replay",
+                "--base-url",
+                f"http://127.0.0.1:{port}/v1",
+                "--model",
+                a.model,
+                "--dataset",
+                str(a.dataset),
+                "--num-rounds",
+                str(a.num_rounds),
+                "--concurrency",
+                str(a.concurrency),
+                "--gap-scale",
+                str(a.gap_scale),
+                "--output",
+                str(out),
+                "--scrape-interval",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if not (out / "summary.json").exists():
             raise SystemExit(f"replay against --offload {mode} failed:\n{rp.stderr[-3000:]}")
         m = metrics(port)
@@ -76,11 +114,16 @@ def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
         sim.send_signal(signal.SIGTERM)
         sim.wait(timeout=60)
     s = json.loads((out / "summary.json").read_text())["summary"]
-    return {"ttft_p50_s": s["ttft_s"]["p50"], "later_ttft_s": later_ttft_s(s), "degradation_median_pct": s["ttft_degradation"]["median_pct"],
-            "degradation_p95_pct": s["ttft_degradation"]["p95_pct"], "sessions": s["sessions"],
-            "external_hits": m.get("vllm:external_prefix_cache_hits_total"),
-            "chunks_loaded": m.get("lmcache_mp_num_chunks_loaded_total"), "gate_recompute":
-            m.get("kvtier_sim:fetch_gate_recompute_total")}
+    return {
+        "ttft_p50_s": s["ttft_s"]["p50"],
+        "later_ttft_s": later_ttft_s(s),
+        "degradation_median_pct": s["ttft_degradation"]["median_pct"],
+        "degradation_p95_pct": s["ttft_degradation"]["p95_pct"],
+        "sessions": s["sessions"],
+        "external_hits": m.get("vllm:external_prefix_cache_hits_total"),
+        "chunks_loaded": m.get("lmcache_mp_num_chunks_loaded_total"),
+        "gate_recompute": m.get("kvtier_sim:fetch_gate_recompute_total"),
+    }
 
 
 def later_ttft_s(summary: dict) -> float | None:
@@ -101,8 +144,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--num-rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--gap-scale", type=float, default=1.0,
-                    help="recorded think/tool gaps (median 1.1 s in miniswe); other users' turns run in them")
+    ap.add_argument(
+        "--gap-scale",
+        type=float,
+        default=1.0,
+        help="recorded think/tool gaps (median 1.1 s in miniswe); other users' turns run in them",
+    )
     a = ap.parse_args()
     modes = ("none", "cpu", "nvme")
     res: dict[str, list[dict]] = {m: [] for m in modes}
@@ -113,11 +160,14 @@ def main() -> None:
                 work.mkdir()
                 r = run(mode, a, work)
                 res[mode].append(r)
-                print(f"{mode:5} #{rep}: TTFT p50 {r['ttft_p50_s']} s, later turns {r['later_ttft_s']:.4f} s, "
-                      f"degradation median {r['degradation_median_pct']} % p95 {r['degradation_p95_pct']} %, "
-                      f"external hit tokens {r['external_hits']}, chunks loaded {r['chunks_loaded']} "
-                      f"(x256 = {None if r['chunks_loaded'] is None else r['chunks_loaded'] * 256}), "
-                      f"gate recomputes {r['gate_recompute']}, sessions {r['sessions']}", flush=True)
+                print(
+                    f"{mode:5} #{rep}: TTFT p50 {r['ttft_p50_s']} s, later turns {r['later_ttft_s']:.4f} s, "
+                    f"degradation median {r['degradation_median_pct']} % p95 {r['degradation_p95_pct']} %, "
+                    f"external hit tokens {r['external_hits']}, chunks loaded {r['chunks_loaded']} "
+                    f"(x256 = {None if r['chunks_loaded'] is None else r['chunks_loaded'] * 256}), "
+                    f"gate recomputes {r['gate_recompute']}, sessions {r['sessions']}",
+                    flush=True,
+                )
 
     def mean(mode: str, key: str) -> float | None:
         vals = [r[key] for r in res[mode]]
@@ -128,10 +178,13 @@ def main() -> None:
     # offload reduces the degradation none shows; nvme sits between cpu and none in later-turn TTFT
     reduced = None not in med.values() and med["none"] > 0 and med["cpu"] < med["none"] and med["nvme"] < med["none"]
     between = None not in later.values() and later["cpu"] < later["nvme"] < later["none"]
-    print(f"sim_threeway median_pct none={med['none']:.1f} cpu={med['cpu']:.1f} nvme={med['nvme']:.1f} "
-          f"later_ttft_ms none={later['none'] * 1e3:.1f} cpu={later['cpu'] * 1e3:.1f} nvme={later['nvme'] * 1e3:.1f} "
-          f"reduced={'true' if reduced else 'false'} between={'true' if between else 'false'} "
-          f"ordered={'true' if reduced and between else 'false'}")
+    print(
+        f"sim_threeway median_pct none={med['none']:.1f} cpu={med['cpu']:.1f} nvme={med['nvme']:.1f} "
+        f"later_ttft_ms none={later['none'] * 1e3:.1f} cpu={later['cpu'] * 1e3:.1f} nvme={later['nvme'] * 1e3:.1f} "
+        f"reduced={'true' if reduced else 'false'} between={'true' if between else 'false'} "
+        f"ordered={'true' if reduced and between else 'false'}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -7,8 +7,8 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -80,8 +80,9 @@ def kvtier_cmd() -> list[str]:
     return [sys.executable, "-m", "kvtier"]
 
 
-TINY_TEMPLATES = {"chatbot": {"context_range": [64, 512], "generation_range": [8, 64],
-                              "think_time_range": [0.01, 0.05]}}
+TINY_TEMPLATES = {
+    "chatbot": {"context_range": [64, 512], "generation_range": [8, 64], "think_time_range": [0.01, 0.05]}
+}
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +95,20 @@ def tiny_bench_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     d = tmp_path_factory.mktemp("tiny-bench")
     (d / "cache").mkdir()
     tuning = Tuning.model_validate({"user_templates": TINY_TEMPLATES})  # chatbot users only
-    cfg = BenchConfig(model="tiny-1b", num_users=3, duration=1.5, gpu_mem_gb=0, cpu_mem_gb=0.004,
-                      generation_mode="none", seed=2, cache_dir=str(d / "cache"), output=str(d / "r.json"),
-                      progress="none", noise_mb=16, io_chunk_mb=4, tuning=tuning)
+    cfg = BenchConfig(
+        model="tiny-1b",
+        num_users=3,
+        duration=1.5,
+        gpu_mem_gb=0,
+        cpu_mem_gb=0.004,
+        generation_mode="none",
+        seed=2,
+        cache_dir=str(d / "cache"),
+        output=str(d / "r.json"),
+        progress="none",
+        noise_mb=16,
+        io_chunk_mb=4,
+        tuning=tuning,
+    )
     result = run(cfg, handle_signals=False)
     return result, d / "r.json"

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ KEY_VERSION = 1
 _ROOT = b"kvtier-prefix-root-v1"
 
 
-def _field(h: "hashlib._Hash", value: object) -> None:
+def _field(h: hashlib.blake2b, value: object) -> None:
     """Length-prefixed (netstring-like) field: no two field sequences encode alike."""
     data = value if isinstance(value, bytes) else str(value).encode("utf-8")
     h.update(str(len(data)).encode())
@@ -63,7 +63,7 @@ def prefix_chunk_hashes(token_ids: Sequence[int], chunk_size: int, include_parti
     n = len(token_ids)
     end = n if include_partial else n - n % chunk_size
     for start in range(0, end, chunk_size):
-        parent = chunk_hash(parent, token_ids[start:start + chunk_size])
+        parent = chunk_hash(parent, token_ids[start : start + chunk_size])
         hashes.append(parent)
     return hashes
 

@@ -13,8 +13,9 @@ compare with the reference, and users can add the real geometry under another na
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from kvtier.errors import ConfigError
 
@@ -22,11 +23,21 @@ AttentionKind = Literal["mha", "gqa", "mla"]
 
 # Bits, not bytes, so that fp4 stays exact.
 DTYPE_BITS: dict[str, int] = {
-    "float32": 32, "fp32": 32,
-    "float16": 16, "fp16": 16,
-    "bfloat16": 16, "bf16": 16,
-    "float8": 8, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8,
-    "float4": 4, "fp4": 4, "nvfp4": 4, "mxfp4": 4,
+    "float32": 32,
+    "fp32": 32,
+    "float16": 16,
+    "fp16": 16,
+    "bfloat16": 16,
+    "bf16": 16,
+    "float8": 8,
+    "fp8": 8,
+    "fp8_e4m3": 8,
+    "fp8_e5m2": 8,
+    "int8": 8,
+    "float4": 4,
+    "fp4": 4,
+    "nvfp4": 4,
+    "mxfp4": 4,
 }
 
 
@@ -132,8 +143,19 @@ def spec_from_reference(key: str, raw: Mapping[str, Any]) -> ModelSpec:
     Accepted fields: name, num_layers, hidden_dim, num_heads, kv_heads, dtype, and optionally
     kv_dim_per_head / head_dim, attention_type (mha|gqa|mla), kv_lora_rank, qk_rope_head_dim.
     """
-    allowed = {"name", "num_layers", "hidden_dim", "num_heads", "kv_heads", "dtype", "kv_dim_per_head",
-               "head_dim", "attention_type", "kv_lora_rank", "qk_rope_head_dim"}
+    allowed = {
+        "name",
+        "num_layers",
+        "hidden_dim",
+        "num_heads",
+        "kv_heads",
+        "dtype",
+        "kv_dim_per_head",
+        "head_dim",
+        "attention_type",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+    }
     where = f"model_configs.{key}"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
@@ -168,10 +190,17 @@ def spec_from_reference(key: str, raw: Mapping[str, Any]) -> ModelSpec:
             raise ConfigError(f"{where}.hidden_dim: {hidden_dim} is not divisible by num_heads {num_heads}")
         head_dim = hidden_dim // num_heads
     return ModelSpec(
-        key=key, name=str(raw.get("name", key)), num_layers=num_layers, kv_heads=kv_heads,
-        head_dim=head_dim, dtype=str(raw.get("dtype", "float16")), attention=attention,  # type: ignore[arg-type]
-        num_heads=num_heads, hidden_dim=hidden_dim,
-        kv_lora_rank=_int("kv_lora_rank", 0), qk_rope_head_dim=_int("qk_rope_head_dim", 0),
+        key=key,
+        name=str(raw.get("name", key)),
+        num_layers=num_layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=str(raw.get("dtype", "float16")),
+        attention=attention,  # type: ignore[arg-type]
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        kv_lora_rank=_int("kv_lora_rank", 0),
+        qk_rope_head_dim=_int("qk_rope_head_dim", 0),
     )
 
 
@@ -181,16 +210,46 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "mistral-7b": {"name": "Mistral 7B", "num_layers": 32, "hidden_dim": 4096, "num_heads": 32, "kv_heads": 8},
     "llama2-7b": {"name": "Llama 2 7B", "num_layers": 32, "hidden_dim": 4096, "num_heads": 32, "kv_heads": 32},
     "llama3.1-8b": {"name": "Llama 3.1 8B", "num_layers": 32, "hidden_dim": 4096, "num_heads": 32, "kv_heads": 8},
-    "llama3.1-70b-instruct": {"name": "Llama 3.1 70B Instruct", "num_layers": 80, "hidden_dim": 8192,
-                              "num_heads": 64, "kv_heads": 8},
-    "deepseek-v3": {"name": "DeepSeek V3", "num_layers": 61, "hidden_dim": 7168, "num_heads": 128,
-                    "kv_heads": 128, "attention_type": "mla", "kv_lora_rank": 512, "qk_rope_head_dim": 64},
-    "qwen3-32b": {"name": "Qwen3 32B (spec geometry)", "num_layers": 64, "hidden_dim": 5120, "num_heads": 64,
-                  "kv_heads": 8},
-    "gpt-oss-120b": {"name": "GPT-OSS 120B", "num_layers": 36, "hidden_dim": 2880, "num_heads": 64,
-                     "kv_heads": 8, "head_dim": 64},
-    "gpt-oss-20b": {"name": "GPT-OSS 20B", "num_layers": 24, "hidden_dim": 2880, "num_heads": 64,
-                    "kv_heads": 8, "head_dim": 64},
+    "llama3.1-70b-instruct": {
+        "name": "Llama 3.1 70B Instruct",
+        "num_layers": 80,
+        "hidden_dim": 8192,
+        "num_heads": 64,
+        "kv_heads": 8,
+    },
+    "deepseek-v3": {
+        "name": "DeepSeek V3",
+        "num_layers": 61,
+        "hidden_dim": 7168,
+        "num_heads": 128,
+        "kv_heads": 128,
+        "attention_type": "mla",
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+    },
+    "qwen3-32b": {
+        "name": "Qwen3 32B (spec geometry)",
+        "num_layers": 64,
+        "hidden_dim": 5120,
+        "num_heads": 64,
+        "kv_heads": 8,
+    },
+    "gpt-oss-120b": {
+        "name": "GPT-OSS 120B",
+        "num_layers": 36,
+        "hidden_dim": 2880,
+        "num_heads": 64,
+        "kv_heads": 8,
+        "head_dim": 64,
+    },
+    "gpt-oss-20b": {
+        "name": "GPT-OSS 20B",
+        "num_layers": 24,
+        "hidden_dim": 2880,
+        "num_heads": 64,
+        "kv_heads": 8,
+        "head_dim": 64,
+    },
 }
 
 

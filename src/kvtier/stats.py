@@ -54,5 +54,12 @@ def empty_summary() -> Summary:
     return summarize([])
 
 
-__all__ = ["PERCENTILES", "PERCENTILE_NAMES", "SUMMARY_KEYS", "percentile", "summarize", "summarize_ns_as_ms",
-           "empty_summary"]
+__all__ = [
+    "PERCENTILES",
+    "PERCENTILE_NAMES",
+    "SUMMARY_KEYS",
+    "percentile",
+    "summarize",
+    "summarize_ns_as_ms",
+    "empty_summary",
+]

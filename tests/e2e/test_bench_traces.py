@@ -26,11 +26,36 @@ def run(tmp_path: Path, args: list[str], name: str = "r.json") -> tuple[subproce
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     out = tmp_path / name
-    p = subprocess.run(kvtier_cmd() + ["bench", "--model", "micro", "--config", str(cfg), "--gpu-mem-gb", "0",
-                                       "--cpu-mem-gb", "0", "--generation-mode", "none", "--duration", "300",
-                                       "--seed", "1", "--progress", "none", "--cache-dir", str(cache),
-                                       "--output", str(out)] + args,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "bench",
+            "--model",
+            "micro",
+            "--config",
+            str(cfg),
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--generation-mode",
+            "none",
+            "--duration",
+            "300",
+            "--seed",
+            "1",
+            "--progress",
+            "none",
+            "--cache-dir",
+            str(cache),
+            "--output",
+            str(out),
+        ]
+        + args,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return p, (json.loads(out.read_text()) if out.exists() else {})
 
 
@@ -44,11 +69,24 @@ def head(tmp_path: Path, src: Path, n: int, name: str) -> Path:
 @pytest.mark.parametrize("capacity_gb", [None, 0.004])
 def test_mooncake_measured_hit_rate_matches_the_trace(tmp_path, capacity_gb):
     trace = head(tmp_path, MOONCAKE, 250, "mc.jsonl")
-    args = ["--trace-path", str(trace), "--kv-layout", "chunked", "--trace-speedup", "0",
-            "--max-concurrent-allocs", "1", "--storage-capacity-gb", str(capacity_gb or 100)]
+    args = [
+        "--trace-path",
+        str(trace),
+        "--kv-layout",
+        "chunked",
+        "--trace-speedup",
+        "0",
+        "--max-concurrent-allocs",
+        "1",
+        "--storage-capacity-gb",
+        str(capacity_gb or 100),
+    ]
     p, r = run(tmp_path, args)
     assert p.returncode == 0, p.stderr
-    assert r["status"] == "complete" and r["stop_reason"] == {"code": "trace-finished", "message": "trace replay finished"}
+    assert r["status"] == "complete" and r["stop_reason"] == {
+        "code": "trace-finished",
+        "message": "trace replay finished",
+    }
     assert r["requests_completed"] == 250
     measured = r["summary"]["cache_stats"]["cache_hit_rate"]
     reqs = load_trace(trace).requests
@@ -67,17 +105,32 @@ def test_azure_replay_in_real_time_scaled(tmp_path):
     trace = head(tmp_path, AZURE, 31, "az.csv")  # header + 30 requests over ~40 s of real time
     p, r = run(tmp_path, ["--trace-path", str(trace), "--trace-speedup", "20"])
     assert p.returncode == 0, p.stderr
-    assert r["requests_completed"] == 30 and r["stop_reason"] == {"code": "trace-finished", "message": "trace replay finished"}
+    assert r["requests_completed"] == 30 and r["stop_reason"] == {
+        "code": "trace-finished",
+        "message": "trace replay finished",
+    }
     span = load_trace(trace).requests[-1].arrival_s
     assert r["elapsed_s"] >= span / 20 * 0.9  # pacing honoured
 
 
 def test_burstgpt_flag_and_replay_cycles(tmp_path):
-    p, r = run(tmp_path, ["--use-burst-trace", "--burst-trace-path", str(FIX / "burstgpt"), "--trace-speedup", "0",
-                          "--replay-cycles", "2"])
+    p, r = run(
+        tmp_path,
+        [
+            "--use-burst-trace",
+            "--burst-trace-path",
+            str(FIX / "burstgpt"),
+            "--trace-speedup",
+            "0",
+            "--replay-cycles",
+            "2",
+        ],
+    )
     assert p.returncode == 0, p.stderr
     assert r["requests_completed"] == 8
-    assert [w["count"] for w in r["warnings"] if w["code"] == "trace-rows-skipped"] == [r["workload_source"]["skipped_rows"]]
+    assert [w["count"] for w in r["warnings"] if w["code"] == "trace-rows-skipped"] == [
+        r["workload_source"]["skipped_rows"]
+    ]
 
 
 def test_bad_trace_is_an_error_before_load(tmp_path):
@@ -91,8 +144,21 @@ def test_bad_trace_is_an_error_before_load(tmp_path):
 
 def test_sharegpt_dataset_replays_every_turn(tmp_path):
     ds = SHARED_DATA / "sharegpt" / "sharegpt_zh_1K_records_0000-0499.json"
-    p, r = run(tmp_path, ["--dataset-path", str(ds), "--max-conversations", "6", "--num-users", "3",
-                          "--kv-layout", "chunked", "--kv-chunk-tokens", "64"])
+    p, r = run(
+        tmp_path,
+        [
+            "--dataset-path",
+            str(ds),
+            "--max-conversations",
+            "6",
+            "--num-users",
+            "3",
+            "--kv-layout",
+            "chunked",
+            "--kv-chunk-tokens",
+            "64",
+        ],
+    )
     assert p.returncode == 0, p.stderr
     src = r["workload_source"]
     assert src["kind"] == "dataset" and src["conversations"] == 6

@@ -7,11 +7,48 @@ import pytest
 
 from tests.conftest import kvtier_cmd
 
-BREAKEVEN = ["plan", "breakeven", "--model", "llama3.1-70b-instruct", "--context", "8192", "--prefill-tps", "5000",
-             "--hbm-bw", "3.35TB/s", "--stages", "4", "--net-bw", "100Gbit/s", "--net-bw", "1Gbit/s",
-             "--rtt", "1ms", "--rtt", "20ms", "--compression", "3.5"]
-GATE = ["plan", "gate", "--model", "llama3.1-70b-instruct", "--context", "8192", "--prefill-tps", "5000",
-        "--case", "100Gbit/s,1ms", "--case", "1Gbit/s,20ms", "--case", "5Gbit/s,20ms", "--case", "5Gbit/s,20ms,3.5"]
+BREAKEVEN = [
+    "plan",
+    "breakeven",
+    "--model",
+    "llama3.1-70b-instruct",
+    "--context",
+    "8192",
+    "--prefill-tps",
+    "5000",
+    "--hbm-bw",
+    "3.35TB/s",
+    "--stages",
+    "4",
+    "--net-bw",
+    "100Gbit/s",
+    "--net-bw",
+    "1Gbit/s",
+    "--rtt",
+    "1ms",
+    "--rtt",
+    "20ms",
+    "--compression",
+    "3.5",
+]
+GATE = [
+    "plan",
+    "gate",
+    "--model",
+    "llama3.1-70b-instruct",
+    "--context",
+    "8192",
+    "--prefill-tps",
+    "5000",
+    "--case",
+    "100Gbit/s,1ms",
+    "--case",
+    "1Gbit/s,20ms",
+    "--case",
+    "5Gbit/s,20ms",
+    "--case",
+    "5Gbit/s,20ms,3.5",
+]
 
 
 def run(args, cwd=None):
@@ -43,30 +80,79 @@ def test_gate_table_json_and_text():
     p = run(GATE + ["--json"])
     assert p.returncode == 0, p.stderr
     rows = [(c["fetch_s"], c["recompute_s"], c["verdict"]) for c in json.loads(p.stdout)["cases"]]
-    assert rows == [(0.2157, 1.6384, "fetch"), (21.4948, 1.6384, "recompute"), (4.315, 1.6384, "recompute"),
-                    (1.2471, 1.6384, "fetch")]
+    assert rows == [
+        (0.2157, 1.6384, "fetch"),
+        (21.4948, 1.6384, "recompute"),
+        (4.315, 1.6384, "recompute"),
+        (1.2471, 1.6384, "fetch"),
+    ]
     t = run(GATE)
     assert "21.4948" in t.stdout and "4.3150" in t.stdout and "1.2471" in t.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["plan", "gate", "--model", "llama3.1-8b", "--context", "100", "--prefill-tps", "10", "--case", "fast,1ms"],
-     "cannot read 'fast' as a bandwidth"),
-    (["plan", "gate", "--model", "llama3.1-8b", "--context", "100", "--prefill-tps", "0", "--case", "1GB/s,1ms"],
-     "--prefill-tps: must be > 0"),
-    (["plan", "breakeven", "--model", "nope", "--context", "1", "--prefill-tps", "1", "--net-bw", "1GB/s"],
-     "unknown model"),
-    (["plan", "breakeven", "--model", "llama3.1-8b", "--context", "1", "--prefill-tps", "1", "--net-bw", "1GB/s",
-      "--net-bw", "2GB/s", "--rtt", "1ms", "--rtt", "2ms", "--rtt", "3ms"], "pair in order"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (
+            ["plan", "gate", "--model", "llama3.1-8b", "--context", "100", "--prefill-tps", "10", "--case", "fast,1ms"],
+            "cannot read 'fast' as a bandwidth",
+        ),
+        (
+            ["plan", "gate", "--model", "llama3.1-8b", "--context", "100", "--prefill-tps", "0", "--case", "1GB/s,1ms"],
+            "--prefill-tps: must be > 0",
+        ),
+        (
+            ["plan", "breakeven", "--model", "nope", "--context", "1", "--prefill-tps", "1", "--net-bw", "1GB/s"],
+            "unknown model",
+        ),
+        (
+            [
+                "plan",
+                "breakeven",
+                "--model",
+                "llama3.1-8b",
+                "--context",
+                "1",
+                "--prefill-tps",
+                "1",
+                "--net-bw",
+                "1GB/s",
+                "--net-bw",
+                "2GB/s",
+                "--rtt",
+                "1ms",
+                "--rtt",
+                "2ms",
+                "--rtt",
+                "3ms",
+            ],
+            "pair in order",
+        ),
+    ],
+)
 def test_bad_input(args, needle):
     p = run(args)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
 
 
 def test_bytes_capacity_and_custom_geometry():
-    p = run(["plan", "bytes", "--layers", "61", "--attention", "mla", "--kv-lora-rank", "512",
-             "--qk-rope-head-dim", "64", "--dtype", "fp8", "--json"])
+    p = run(
+        [
+            "plan",
+            "bytes",
+            "--layers",
+            "61",
+            "--attention",
+            "mla",
+            "--kv-lora-rank",
+            "512",
+            "--qk-rope-head-dim",
+            "64",
+            "--dtype",
+            "fp8",
+            "--json",
+        ]
+    )
     assert json.loads(p.stdout)["kv_bytes_per_token"] == 61 * 576
     p = run(["plan", "capacity", "--model", "llama3.1-8b", "--tokens", "1000000", "--tier", "cpu=512", "--json"])
     d = json.loads(p.stdout)

@@ -41,16 +41,37 @@ def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, w
 
 
 def launch(out: Path, *args: str, replay: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(kvtier_cmd() + ["launch", *args, "--output", str(out), "--", "replay", *replay],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        kvtier_cmd() + ["launch", *args, "--output", str(out), "--", "replay", *replay],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def launch_then(out: Path, tier: str, replay: list[str], during: Any, wait_s: float) -> tuple[int, str]:
     """Run a 2-replica sim launch in the background; once its processes are healthy (launch.json
     exists) wait ``wait_s`` into the replay, call ``during(proc, record)``, and let the run end."""
-    proc = subprocess.Popen(kvtier_cmd() + ["launch", "--tier", tier, "--engine", "sim", "--replicas", "2",
-                                            "--output", str(out), "--", "replay", *replay],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            tier,
+            "--engine",
+            "sim",
+            "--replicas",
+            "2",
+            "--output",
+            str(out),
+            "--",
+            "replay",
+            *replay,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (out / "launch.json").exists():
@@ -69,8 +90,11 @@ def requests_of(out: Path) -> list[dict[str, Any]]:
 
 
 def metric(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def alive(pid: int) -> bool:
@@ -100,13 +124,36 @@ def assert_no_orphans(out: Path) -> None:
 
 # --- profiles and dry runs (nothing starts) ---
 
+
 @pytest.mark.parametrize("build,env", [("nvidia", "CUDA_VISIBLE_DEVICES=0"), ("amd", "HIP_VISIBLE_DEVICES=0")])
 def test_dry_run_vllm_prints_recognisable_commands(tmp_path: Path, build: str, env: str):
     out = tmp_path / "run"
-    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "nvme", "--engine", "vllm", "--build", build, "--replicas",
-                                       "2", "--dry-run", "--output", str(out), "--", "replay", "--model",
-                                       "meta-llama/Llama-3.1-8B-Instruct", "--dataset", "x.jsonl"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "nvme",
+            "--engine",
+            "vllm",
+            "--build",
+            build,
+            "--replicas",
+            "2",
+            "--dry-run",
+            "--output",
+            str(out),
+            "--",
+            "replay",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--dataset",
+            "x.jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert lines[0].startswith("lmcache server --host 127.0.0.1 --port 5555 ")
@@ -123,28 +170,72 @@ def test_dry_run_vllm_prints_recognisable_commands(tmp_path: Path, build: str, e
     assert lines[3].startswith("caddy run --config") and lines[4].startswith("kvtier replay ")
     assert "--base-url http://127.0.0.1:" in lines[4] and "caddy" not in lines[0]
     assert not out.exists()  # a dry run starts and writes nothing
-    gpu = subprocess.run(kvtier_cmd() + ["launch", "--tier", "gpu", "--engine", "vllm", "--dry-run", "--", "--model",
-                                         "m", "--dataset", "x"], capture_output=True, text=True, timeout=60)
+    gpu = subprocess.run(
+        kvtier_cmd()
+        + ["launch", "--tier", "gpu", "--engine", "vllm", "--dry-run", "--", "--model", "m", "--dataset", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert gpu.returncode == 0 and "lmcache" not in gpu.stdout and "--kv-transfer-config" not in gpu.stdout
 
 
 def test_bad_profiles_and_arguments_are_named(tmp_path: Path):
     bad = tmp_path / "p.yaml"
-    bad.write_text("x:\n  engine: sim\n  build: nvidia\n  tier: cpu\n  colour: red\n  replica:\n"
-                   "    command: [kvtier, sim, --port, '{port}', --x, '{nope}']\n")
-    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--profiles", str(bad),
-                                       "--dry-run", "--", "--model", "m", "--dataset", "d"],
-                       capture_output=True, text=True, timeout=60)
+    bad.write_text(
+        "x:\n  engine: sim\n  build: nvidia\n  tier: cpu\n  colour: red\n  replica:\n"
+        "    command: [kvtier, sim, --port, '{port}', --x, '{nope}']\n"
+    )
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "cpu",
+            "--engine",
+            "sim",
+            "--profiles",
+            str(bad),
+            "--dry-run",
+            "--",
+            "--model",
+            "m",
+            "--dataset",
+            "d",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2
     assert f"{bad}: x.colour" in p.stderr and f"{bad}: x.replica.health" in p.stderr
     assert "x.replica.command[5]: unknown placeholder {nope}" in p.stderr and "x.sidecar: required" in p.stderr
-    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--dry-run", "--", "--model", "m",
-                                       "--dataset", "d", "--base-url", "http://x"], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "cpu",
+            "--engine",
+            "sim",
+            "--dry-run",
+            "--",
+            "--model",
+            "m",
+            "--dataset",
+            "d",
+            "--base-url",
+            "http://x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "--base-url is set by kvtier launch" in p.stderr
 
 
 # --- real runs: cache-server + two sim replicas + Caddy ---
+
 
 @needs_caddy
 def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
@@ -152,9 +243,29 @@ def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
     # 16 users, all of them landing on one replica has probability 2 / 2**16.
     data = conversations(tmp_path / "data", users=16)
     out = tmp_path / "run"
-    p = launch(out, "--tier", "gpu", "--engine", "sim", "--replicas", "2",
-               replay=["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4",
-                       "--warmup", "0", "--scrape-interval", "1"])
+    p = launch(
+        out,
+        "--tier",
+        "gpu",
+        "--engine",
+        "sim",
+        "--replicas",
+        "2",
+        replay=[
+            "--model",
+            "m",
+            "--dataset",
+            str(data),
+            "--num-rounds",
+            "5",
+            "--concurrency",
+            "4",
+            "--warmup",
+            "0",
+            "--scrape-interval",
+            "1",
+        ],
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     reqs = requests_of(out)
     assert len(reqs) == 80 and all(r["status"] == "ok" for r in reqs)
@@ -177,9 +288,29 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
     # 1 of 5 runs).
     data = conversations(tmp_path / "data", users=8)
     out = tmp_path / "run"
-    p = launch(out, "--tier", "cpu", "--engine", "sim", "--replicas", "2",
-               replay=["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "3",
-                       "--warmup", "0", "--scrape-interval", "1"])
+    p = launch(
+        out,
+        "--tier",
+        "cpu",
+        "--engine",
+        "sim",
+        "--replicas",
+        "2",
+        replay=[
+            "--model",
+            "m",
+            "--dataset",
+            str(data),
+            "--num-rounds",
+            "5",
+            "--concurrency",
+            "3",
+            "--warmup",
+            "0",
+            "--scrape-interval",
+            "1",
+        ],
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     reqs = requests_of(out)
     assert len(reqs) == 40 and all(r["status"] == "ok" for r in reqs)
@@ -211,18 +342,37 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
     # (it has the fewest connections), and each failure ends its user: 12 users leave room to finish.
     data = conversations(tmp_path / "data", users=12, max_tokens=120)
     out = tmp_path / "run"
-    rc, err = launch_then(out, "cpu", ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency",
-                                       "4", "--warmup", "0", "--scrape-interval", "1"],
-                          lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
-                          wait_s=2.5)  # the replay is under way: streams are in flight on both replicas
+    rc, err = launch_then(
+        out,
+        "cpu",
+        [
+            "--model",
+            "m",
+            "--dataset",
+            str(data),
+            "--num-rounds",
+            "5",
+            "--concurrency",
+            "4",
+            "--warmup",
+            "0",
+            "--scrape-interval",
+            "1",
+        ],
+        lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
+        wait_s=2.5,
+    )  # the replay is under way: streams are in flight on both replicas
     assert rc == 0, err[-3000:]
     rec = json.loads((out / "launch.json").read_text())
     summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
     reqs = requests_of(out)
     failed = [r for r in reqs if r["status"] != "ok"]
     assert failed and summary["requests_failed"] == len(failed)  # cut streams are counted, not dropped
-    detail = "\n".join(f"{r['user']} {r['turn']} {r['status']} {r['http_status']} {r['replica']} {r['error']}"
-                       for r in reqs) + "\n" + (out / "logs" / "caddy.log").read_text()[-4000:]
+    detail = (
+        "\n".join(f"{r['user']} {r['turn']} {r['status']} {r['http_status']} {r['replica']} {r['error']}" for r in reqs)
+        + "\n"
+        + (out / "logs" / "caddy.log").read_text()[-4000:]
+    )
     assert summary["sessions"]["error"] >= 1 and summary["sessions"]["complete"] >= 1, detail
     assert summary["sessions"]["total"] == 12
     dead = rec["endpoints"]["replica1"]
@@ -235,9 +385,13 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
 def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: Path):
     data = conversations(tmp_path / "data", users=8, max_tokens=120)
     out = tmp_path / "run"
-    rc, err = launch_then(out, "nvme", ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency",
-                                        "4", "--warmup", "0"],
-                          lambda proc, rec: proc.send_signal(signal.SIGINT), wait_s=2.0)
+    rc, err = launch_then(
+        out,
+        "nvme",
+        ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
+        lambda proc, rec: proc.send_signal(signal.SIGINT),
+        wait_s=2.0,
+    )
     result = json.loads((out / "replay" / "summary.json").read_text())
     assert result["status"] == "partial", err[-2000:]
     assert result["summary"]["sessions"]["complete"] < 8
@@ -253,16 +407,53 @@ def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: P
         "  sidecar:\n    command: [kvtier, cache-server, --model, '{sim_model}', --cpu-offload-gb, '0.1', --socket,"
         " '{sidecar_socket}', --port, '{sidecar_http_port}']\n    health: 'http://{host}:{sidecar_http_port}/health'\n"
         "  replica:\n    command: [kvtier, sim, --preset, no-such-preset, --port, '{port}']\n"
-        "    health: 'http://{host}:{port}/health'\n")
+        "    health: 'http://{host}:{port}/health'\n"
+    )
     out = tmp_path / "run"
-    missing = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--output", str(out), "--",
-                                             "--model", "m", "--dataset", str(tmp_path / "nope.jsonl")],
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "cpu",
+            "--engine",
+            "sim",
+            "--output",
+            str(out),
+            "--",
+            "--model",
+            "m",
+            "--dataset",
+            str(tmp_path / "nope.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 3 and "nope.jsonl" in missing.stderr and not out.exists()  # checked before starting
     data = conversations(tmp_path / "data", users=1)
-    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "sim", "--profiles", str(prof),
-                                       "--output", str(out), "--", "--model", "m", "--dataset", str(data)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "cpu",
+            "--engine",
+            "sim",
+            "--profiles",
+            str(prof),
+            "--output",
+            str(out),
+            "--",
+            "--model",
+            "m",
+            "--dataset",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 6 and "replica0 exited" in p.stderr and "unknown preset" in p.stderr
     assert (out / "logs" / "sidecar.log").exists() and (out / "logs" / "replica0.log").exists()
     assert_no_orphans(out)
@@ -272,9 +463,26 @@ def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: P
 def test_vllm_engine_without_vllm_installed_fails_cleanly(tmp_path: Path):
     data = conversations(tmp_path / "data", users=1)
     out = tmp_path / "run"
-    p = subprocess.run(kvtier_cmd() + ["launch", "--tier", "cpu", "--engine", "vllm", "--output", str(out), "--",
-                                       "--model", "m", "--dataset", str(data)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        kvtier_cmd()
+        + [
+            "launch",
+            "--tier",
+            "cpu",
+            "--engine",
+            "vllm",
+            "--output",
+            str(out),
+            "--",
+            "--model",
+            "m",
+            "--dataset",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 6 and "sidecar: cannot start 'lmcache'" in p.stderr
     rec = json.loads((out / "launch.json").read_text())
     assert rec["exit_status"] == 6 and "cannot start 'lmcache'" in rec["error"]

@@ -18,10 +18,32 @@ pytestmark = pytest.mark.skipif(not MINISWE.exists(), reason="../shared/data not
 
 
 def replay(sim, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(kvtier_cmd() + ["replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b",
-                                          "--dataset", str(MINISWE), "--num-rounds", "5", "--concurrency", "4",
-                                          "--output", str(out), "--gap-scale", "0", "--scrape-interval", "0.5",
-                                          *extra], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        kvtier_cmd()
+        + [
+            "replay",
+            "--base-url",
+            f"{sim.base}/v1",
+            "--model",
+            "tiny-1b",
+            "--dataset",
+            str(MINISWE),
+            "--num-rounds",
+            "5",
+            "--concurrency",
+            "4",
+            "--output",
+            str(out),
+            "--gap-scale",
+            "0",
+            "--scrape-interval",
+            "0.5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
@@ -37,8 +59,10 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     reqs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     summ = s["summary"]
     assert summ["sessions"]["total"] == s["concurrency"]["virtual_users"] > 0
-    assert summ["sessions"]["complete"] + summ["sessions"]["incomplete"] + summ["sessions"]["error"] == \
-        summ["sessions"]["total"]
+    assert (
+        summ["sessions"]["complete"] + summ["sessions"]["incomplete"] + summ["sessions"]["error"]
+        == summ["sessions"]["total"]
+    )
     assert summ["ttft_degradation"]["median_pct"] is not None and summ["ttft_s"]["p50"] > 0
     assert all(r["replica"] == f"127.0.0.1:{sim.port}" for r in reqs)
     assert {"user", "turn", "status", "replica", "ttft_s"} <= set(reqs[0])
@@ -60,24 +84,54 @@ def assert_envelope_and_compare(tmp_path: Path, summary: Path) -> None:
     assert isinstance(r, ReplayResult) and r.status == "complete" and r.stop_reason.code == "dataset-finished"
     assert r.config.dataset_format == "agent-trace" and r.config.event_loop in ("uvloop", "asyncio")
     assert r.host.directories["output"].path == str((tmp_path / "out").resolve())
-    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(summary), str(summary.parent)], capture_output=True,
-                       text=True, timeout=30)
+    p = subprocess.run(
+        kvtier_cmd() + ["replay", "compare", str(summary), str(summary.parent)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0 and "TTFT p50" in p.stdout, p.stderr
     other = json.loads(summary.read_text())
     other["config"]["concurrency"] = 8
     (tmp_path / "b.json").write_text(json.dumps(other))
-    p = subprocess.run(kvtier_cmd() + ["replay", "compare", str(summary), str(tmp_path / "b.json")],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        kvtier_cmd() + ["replay", "compare", str(summary), str(tmp_path / "b.json")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 2 and "NOT COMPARABLE: concurrency: 4 vs 8" in p.stderr
 
 
 def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
     sim = start_sim(tmp_path, "--offload", "none", "--tpot-ms", "20")
-    proc = subprocess.Popen(kvtier_cmd() + ["replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b",
-                                            "--dataset", str(MINISWE), "--num-rounds", "5", "--concurrency", "4",
-                                            "--output", str(tmp_path / "out"), "--gap-scale", "0",
-                                            "--scrape-interval", "0.5", "--request-timeout", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        kvtier_cmd()
+        + [
+            "replay",
+            "--base-url",
+            f"{sim.base}/v1",
+            "--model",
+            "tiny-1b",
+            "--dataset",
+            str(MINISWE),
+            "--num-rounds",
+            "5",
+            "--concurrency",
+            "4",
+            "--output",
+            str(tmp_path / "out"),
+            "--gap-scale",
+            "0",
+            "--scrape-interval",
+            "0.5",
+            "--request-timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(6)
     sim.proc.send_signal(signal.SIGKILL)
     sim.proc.wait()

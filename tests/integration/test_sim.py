@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -33,8 +33,11 @@ class Sim:
             return e.code, json.loads(e.read()), dict(e.headers)
 
     def stream(self, body: dict[str, Any]) -> list[str]:
-        req = urllib.request.Request(self.base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             return [line.decode().strip() for line in r if line.strip()]
 
@@ -50,9 +53,12 @@ class Sim:
 
 def start_sim(tmp_path: Path, *args: str) -> Sim:
     port_file = tmp_path / f"port-{time.monotonic_ns()}"
-    proc = subprocess.Popen(kvtier_cmd() + ["sim", "--preset", "cpu-test", "--port", "0", "--port-file",
-                                            str(port_file), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        kvtier_cmd() + ["sim", "--preset", "cpu-test", "--port", "0", "--port-file", str(port_file), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for _ in range(200):
         if port_file.exists() and port_file.read_text().strip():
             return Sim(proc, int(port_file.read_text()))
@@ -91,7 +97,7 @@ def test_models_health_and_replica_header(sim: Sim):
 def test_chat_stream_with_usage_and_non_stream(sim: Sim):
     lines = sim.stream(chat("hello there", 4, stream=True, stream_options={"include_usage": True}))
     assert lines[-1] == "data: [DONE]"
-    events = [json.loads(x[len("data: "):]) for x in lines[:-1]]
+    events = [json.loads(x[len("data: ") :]) for x in lines[:-1]]
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) == 4
     assert events[-2]["choices"][0]["finish_reason"] == "length"
@@ -105,16 +111,19 @@ def test_chat_stream_with_usage_and_non_stream(sim: Sim):
     assert status == 200 and body["object"] == "text_completion" and body["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("body,raw,status,param", [
-    (None, b"{not json", 400, None),
-    ([1, 2], None, 400, None),
-    ({"messages": []}, None, 400, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, None, 400, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, None, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, None, 400, "max_tokens"),
-    ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, None, 404, "model"),
-])
+@pytest.mark.parametrize(
+    "body,raw,status,param",
+    [
+        (None, b"{not json", 400, None),
+        ([1, 2], None, 400, None),
+        ({"messages": []}, None, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, None, 400, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, None, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, None, 400, "max_tokens"),
+        ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, None, 404, "model"),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_server_stays_up(sim: Sim, body, raw, status, param):
     code, err, _ = sim.post("/v1/chat/completions", body, raw)
     assert code == status and err["error"]["param"] == param and err["error"]["message"]
@@ -140,8 +149,13 @@ def test_gpu_prefix_hit_then_eviction_then_offload_hit(sim: Sim):
     ext = sum(r["kvtier"]["external_tokens"] for r in (r1, r2, r3))
     assert m["vllm:external_prefix_cache_hits_total"] == ext
     assert m["lmcache_mp_num_chunks_loaded_total"] >= ext // 256
-    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_count",
-                 "vllm:request_prefill_time_seconds_sum", "lmcache_mp_l1_memory_usage_bytes"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:request_prefill_time_seconds_sum",
+        "lmcache_mp_l1_memory_usage_bytes",
+    ):
         assert name in m, name
     assert not any(k.endswith("_created") for k in m)
 
@@ -162,8 +176,7 @@ def test_without_offload_a_gpu_miss_is_recomputed(tmp_path: Path):
 def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
     d = tmp_path / "nvme"
     d.mkdir()
-    s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1",
-                  "--staging-gb", "0.01")
+    s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1", "--staging-gb", "0.01")
     try:
         a = long_prompt("alpha")
         s.post("/v1/chat/completions", chat(a))
@@ -182,8 +195,20 @@ def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 def test_plain_curl_stream(sim: Sim):
-    out = subprocess.run(["curl", "-sN", sim.base + "/v1/chat/completions", "-H", "Content-Type: application/json",
-                          "-d", json.dumps(chat("hi", 2, stream=True))], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            sim.base + "/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(chat("hi", 2, stream=True)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.stdout.strip().endswith("data: [DONE]") and out.stdout.count("data: ") == 5
 
 
@@ -192,28 +217,46 @@ def test_openai_sdk_if_installed(sim: Sim):
     client = openai.OpenAI(base_url=sim.base + "/v1", api_key="none")
     r = client.chat.completions.create(model="tiny-1b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert r.usage.completion_tokens == 3
-    chunks = list(client.chat.completions.create(model="tiny-1b", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=3, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-1b",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage.completion_tokens == 3
 
 
 def test_bad_flags(tmp_path: Path):
     p = subprocess.run(kvtier_cmd() + ["sim", "--preset", "nope"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "unknown preset" in p.stderr
-    p = subprocess.run(kvtier_cmd() + ["sim", "--offload", "nvme", "--nvme-dir", str(tmp_path / "x")],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        kvtier_cmd() + ["sim", "--offload", "nvme", "--nvme-dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 2 and "--nvme-dir" in p.stderr
 
 
 def test_http10_stream_and_client_leaving_mid_stream(sim: Sim):
-    out = subprocess.run(["curl", "-sN", "--http1.0", sim.base + "/v1/chat/completions", "-d",
-                          json.dumps(chat("hi", 3, stream=True))], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["curl", "-sN", "--http1.0", sim.base + "/v1/chat/completions", "-d", json.dumps(chat("hi", 3, stream=True))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.stdout.strip().endswith("data: [DONE]") and out.stdout.count('"content":"') == 4  # role + 3
-    import socket  # noqa: PLC0415
+    import socket
+
     body = json.dumps(chat("leave early", 2000, stream=True)).encode()
     with socket.create_connection(("127.0.0.1", sim.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         got = b""
         while got.count(b"data: ") < 5:
             got += sock.recv(65536)
@@ -229,9 +272,13 @@ def test_http10_stream_and_client_leaving_mid_stream(sim: Sim):
 def start_cache_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path, int]:
     sock = tmp_path / "cache.sock"
     port_file = tmp_path / "cache.port"
-    proc = subprocess.Popen(kvtier_cmd() + ["cache-server", "--model", "tiny-1b", "--socket", str(sock),
-                                            "--port-file", str(port_file), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        kvtier_cmd()
+        + ["cache-server", "--model", "tiny-1b", "--socket", str(sock), "--port-file", str(port_file), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for _ in range(200):
         if port_file.exists() and port_file.read_text().strip():
             return proc, sock, int(port_file.read_text())
@@ -257,8 +304,11 @@ def test_two_replicas_share_one_cache_server(tmp_path: Path):
         assert rb["kvtier"]["external_tokens"] >= 256 and rb["kvtier"]["load_s"] > 0  # B fetched what A stored
         assert b.metrics()["vllm:external_prefix_cache_hits_total"] == rb["kvtier"]["external_tokens"]
         text_m = urllib.request.urlopen(f"http://127.0.0.1:{cport}/metrics", timeout=10).read().decode()
-        loaded = sum(float(x.rsplit(" ", 1)[1]) for x in text_m.splitlines()
-                     if x.startswith("lmcache_mp_num_chunks_loaded_total"))
+        loaded = sum(
+            float(x.rsplit(" ", 1)[1])
+            for x in text_m.splitlines()
+            if x.startswith("lmcache_mp_num_chunks_loaded_total")
+        )
         assert loaded * 256 >= rb["kvtier"]["external_tokens"]
         # the cache server goes away: replicas keep serving, recomputing, and count the failures
         cache.send_signal(signal.SIGTERM)
@@ -277,12 +327,31 @@ def test_two_replicas_share_one_cache_server(tmp_path: Path):
 def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
     cache, sock, _ = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
     try:
-        p = subprocess.run(kvtier_cmd() + ["sim", "--preset", "cpu-test", "--model", "llama3.1-8b", "--gpu-kv-gb", "1",
-                                           "--port", "0", "--offload", "remote", "--cache-server", str(sock)],
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            kvtier_cmd()
+            + [
+                "sim",
+                "--preset",
+                "cpu-test",
+                "--model",
+                "llama3.1-8b",
+                "--gpu-kv-gb",
+                "1",
+                "--port",
+                "0",
+                "--offload",
+                "remote",
+                "--cache-server",
+                str(sock),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 2 and "this replica needs" in p.stderr
-        p = subprocess.run(kvtier_cmd() + ["sim", "--port", "0", "--offload", "remote"], capture_output=True,
-                           text=True, timeout=60)
+        p = subprocess.run(
+            kvtier_cmd() + ["sim", "--port", "0", "--offload", "remote"], capture_output=True, text=True, timeout=60
+        )
         assert p.returncode == 2 and "--cache-server" in p.stderr
     finally:
         cache.send_signal(signal.SIGTERM)

@@ -1,7 +1,6 @@
 """Autoscaler decisions on synthetic windows, and the RAG corpus."""
 
 import numpy as np
-import pytest
 
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import AutoscalerTuning, Tuning
@@ -21,7 +20,7 @@ def scaler(mode: str, **kw) -> Autoscaler:
 def test_qos_adds_below_holds_inside_removes_above():
     a = scaler("qos")
     assert a.step(1, 1, [rec(100)], 10) == ("scale_up", 12)  # batch target 1000 ms: saturation 0.1
-    assert a.step(2, 1, [rec(800)], 12)[0] == "hold"          # 0.8: inside [0.7, 0.9]
+    assert a.step(2, 1, [rec(800)], 12)[0] == "hold"  # 0.8: inside [0.7, 0.9]
     assert a.step(3, 1, [rec(2000)], 12) == ("scale_down", 10)
     assert a.step(4, 1, [rec(20, "interactive")], 10)[1] == 12  # 20/50 = 0.4
     assert a.step(5, 1, [], 12)[0].startswith("hold")

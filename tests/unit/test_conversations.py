@@ -2,8 +2,6 @@
 
 import itertools
 
-import pytest
-
 from kvtier.config.bench import Tuning
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests

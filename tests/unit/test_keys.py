@@ -9,9 +9,18 @@ from hypothesis import strategies as st
 
 from kvtier.keys import KeyScope, chunk_hash, prefix_chunk_hashes
 
-BASE = KeyScope(model_name="meta-llama/Llama-3.1-8B", model_revision="abc", tokenizer_revision="t1",
-                kv_dtype="bfloat16", attention_layout="gqa", world_size=2, kv_rank=1, object_group="kv",
-                chunk_size=256, cache_salt="tenant-a")
+BASE = KeyScope(
+    model_name="meta-llama/Llama-3.1-8B",
+    model_revision="abc",
+    tokenizer_revision="t1",
+    kv_dtype="bfloat16",
+    attention_layout="gqa",
+    world_size=2,
+    kv_rank=1,
+    object_group="kv",
+    chunk_size=256,
+    cache_salt="tenant-a",
+)
 CHUNK = chunk_hash(None, [1, 2, 3])
 SAFE = re.compile(r"^[a-z0-9_-]+$")
 
@@ -20,11 +29,21 @@ def test_identical_inputs_identical_keys():
     assert BASE.key(CHUNK) == dataclasses.replace(BASE).key(chunk_hash(None, [1, 2, 3]))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("model_name", "meta-llama/Llama-3.1-70B"), ("model_revision", "abd"), ("tokenizer_revision", "t2"),
-    ("kv_dtype", "fp8"), ("attention_layout", "mla"), ("world_size", 4), ("kv_rank", 0),
-    ("object_group", "k"), ("chunk_size", 128), ("cache_salt", "tenant-b"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model_name", "meta-llama/Llama-3.1-70B"),
+        ("model_revision", "abd"),
+        ("tokenizer_revision", "t2"),
+        ("kv_dtype", "fp8"),
+        ("attention_layout", "mla"),
+        ("world_size", 4),
+        ("kv_rank", 0),
+        ("object_group", "k"),
+        ("chunk_size", 128),
+        ("cache_salt", "tenant-b"),
+    ],
+)
 def test_every_field_changes_the_key(field, value):
     assert dataclasses.replace(BASE, **{field: value}).key(CHUNK) != BASE.key(CHUNK)
 

@@ -4,9 +4,15 @@ from kvtier.errors import ConfigError
 from kvtier.modelspec import BUILTIN_MODELS, build_catalog, resolve_model, spec_from_reference
 
 SPEC_TABLE = {
-    "tiny-1b": 24_576, "mistral-7b": 131_072, "llama2-7b": 524_288, "llama3.1-8b": 131_072,
-    "llama3.1-70b-instruct": 327_680, "deepseek-v3": 70_272, "qwen3-32b": 163_840,
-    "gpt-oss-120b": 73_728, "gpt-oss-20b": 49_152,
+    "tiny-1b": 24_576,
+    "mistral-7b": 131_072,
+    "llama2-7b": 524_288,
+    "llama3.1-8b": 131_072,
+    "llama3.1-70b-instruct": 327_680,
+    "deepseek-v3": 70_272,
+    "qwen3-32b": 163_840,
+    "gpt-oss-120b": 73_728,
+    "gpt-oss-20b": 49_152,
 }
 
 
@@ -35,8 +41,9 @@ def test_gqa_entry_shape_matches_bytes():
 
 
 def test_user_model_in_reference_layout_and_override():
-    cat = build_catalog({"my": {"name": "Mine", "num_layers": 4, "hidden_dim": 512, "num_heads": 8,
-                                "kv_heads": 2, "dtype": "bfloat16"}})
+    cat = build_catalog(
+        {"my": {"name": "Mine", "num_layers": 4, "hidden_dim": 512, "num_heads": 8, "kv_heads": 2, "dtype": "bfloat16"}}
+    )
     assert cat["my"].kv_bytes_per_token == 2 * 4 * 2 * 64 * 2
     assert cat["my"].attention == "gqa"
     assert len(cat) == len(BUILTIN_MODELS) + 1
@@ -48,14 +55,17 @@ def test_fp4_is_exact_in_bits():
     assert m.kv_bytes(3) == 9
 
 
-@pytest.mark.parametrize("raw,needle", [
-    ({"num_layers": 2, "hidden_dim": 100, "num_heads": 3, "kv_heads": 1}, "not divisible"),
-    ({"num_layers": 2, "kv_heads": 1}, "head_dim"),
-    ({"num_layers": 2, "kv_heads": 1, "head_dim": 8, "dtype": "float13"}, "dtype"),
-    ({"num_layers": 2, "kv_heads": 1, "head_dim": 8, "colour": "red"}, "model_configs.x.colour"),
-    ({"num_layers": 2, "attention_type": "mla"}, "kv_lora_rank"),
-    ({"num_layers": -1, "kv_heads": 1, "head_dim": 8}, "num_layers"),
-])
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        ({"num_layers": 2, "hidden_dim": 100, "num_heads": 3, "kv_heads": 1}, "not divisible"),
+        ({"num_layers": 2, "kv_heads": 1}, "head_dim"),
+        ({"num_layers": 2, "kv_heads": 1, "head_dim": 8, "dtype": "float13"}, "dtype"),
+        ({"num_layers": 2, "kv_heads": 1, "head_dim": 8, "colour": "red"}, "model_configs.x.colour"),
+        ({"num_layers": 2, "attention_type": "mla"}, "kv_lora_rank"),
+        ({"num_layers": -1, "kv_heads": 1, "head_dim": 8}, "num_layers"),
+    ],
+)
 def test_bad_model_entries_name_the_key(raw, needle):
     with pytest.raises(ConfigError, match=needle):
         spec_from_reference("x", raw)

@@ -46,16 +46,23 @@ def test_folder_with_empty_file_and_generic_jsonl(tmp_path):
     turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "pre_gap": 0.5}
     (tmp_path / "s.jsonl").write_text(json.dumps({"session_id": "a", "turns": [turn] * 7}) + "\n")
     sessions, warnings, fmt = load_sessions(tmp_path)
-    assert fmt == "jsonl" and len(sessions) == 1 and any("empty" in w.message and w.code == "dataset-file-skipped" for w in warnings)
+    assert (
+        fmt == "jsonl"
+        and len(sessions) == 1
+        and any("empty" in w.message and w.code == "dataset-file-skipped" for w in warnings)
+    )
     assert [u.first_turn for u in virtual_users(sessions, 3)] == [0, 3]
     assert virtual_users(sessions, 3, min_chunk_rounds=8) == []
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("a.jsonl", '{"session_id": "x", "turns": [{"messages": []}]}\n', "a.jsonl:1: turns[0].messages"),
-    ("b.jsonl", '{"timestamp": 1, "input": "x"}\n{bad\n', "b.jsonl:2: not valid JSON"),
-    ("c.json", '{"x": 1}', "cannot tell the dataset format"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        ("a.jsonl", '{"session_id": "x", "turns": [{"messages": []}]}\n', "a.jsonl:1: turns[0].messages"),
+        ("b.jsonl", '{"timestamp": 1, "input": "x"}\n{bad\n', "b.jsonl:2: not valid JSON"),
+        ("c.json", '{"x": 1}', "cannot tell the dataset format"),
+    ],
+)
 def test_malformed(tmp_path, name, text, needle):
     (tmp_path / name).write_text(text)
     with pytest.raises(DatasetError, match=re.escape(needle)):
@@ -66,10 +73,17 @@ def test_malformed(tmp_path, name, text, needle):
 
 def test_scraper_deltas_resets_and_missing_series():
     sc = Scraper("http://x", 1, 300)
-    text = "vllm:prefix_cache_hits_total{model_name=\"m\"} {h}\nvllm:prefix_cache_queries_total{model_name=\"m\"} {q}\n"
+    text = 'vllm:prefix_cache_hits_total{model_name="m"} {h}\nvllm:prefix_cache_queries_total{model_name="m"} {q}\n'
     for t, (h, q) in enumerate([(0, 0), (50, 100), (150, 200), (30, 40)]):  # last one: the server restarted
-        sc.samples.append((float(t), parse("# TYPE vllm:prefix_cache_hits counter\n# TYPE vllm:prefix_cache_queries counter\n"
-                                           + text.replace("{h}", str(h)).replace("{q}", str(q)))))
+        sc.samples.append(
+            (
+                float(t),
+                parse(
+                    "# TYPE vllm:prefix_cache_hits counter\n# TYPE vllm:prefix_cache_queries counter\n"
+                    + text.replace("{h}", str(h)).replace("{q}", str(q))
+                ),
+            )
+        )
     out = sc.summary()
     assert out.prefix_cache_hit_rate_overall == pytest.approx((50 + 100 + 30) / (100 + 100 + 40))
     assert out.external_prefix_cache_hit_rate is None  # absent series: null, not zero
@@ -78,10 +92,26 @@ def test_scraper_deltas_resets_and_missing_series():
 
 def test_summary_degradation_and_sessions():
     def rec(user, turn, ttft, status="ok"):
-        return {"user": user, "turn": turn, "ttft_s": ttft if status == "ok" else None, "e2e_s": ttft + 0.1,
-                "status": status, "completion_tokens": 11, "prompt_tokens": 100, "cached_tokens": 50, "replica": "r1"}
-    recs = [rec("a", 0, 1.0), rec("a", 1, 2.0), rec("b", 0, 1.0), rec("b", 1, 1.5), rec("c", 0, 1.0),
-            rec("c", 1, 0, "error")]
+        return {
+            "user": user,
+            "turn": turn,
+            "ttft_s": ttft if status == "ok" else None,
+            "e2e_s": ttft + 0.1,
+            "status": status,
+            "completion_tokens": 11,
+            "prompt_tokens": 100,
+            "cached_tokens": 50,
+            "replica": "r1",
+        }
+
+    recs = [
+        rec("a", 0, 1.0),
+        rec("a", 1, 2.0),
+        rec("b", 0, 1.0),
+        rec("b", 1, 1.5),
+        rec("c", 0, 1.0),
+        rec("c", 1, 0, "error"),
+    ]
     s = summarize(recs, 4, 2, 10.0)
     assert s["ttft_degradation"]["median_pct"] == 75.0
     assert s["sessions"] == {"total": 4, "complete": 2, "incomplete": 1, "error": 1}
@@ -90,14 +120,29 @@ def test_summary_degradation_and_sessions():
 
 def test_agentic_traces_rows_and_tools(tmp_path):
     from kvtier.replay.datasets import tool_schemas
+
     call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-    rows = [{"session_id": "s1", "model": "m", "input": [{"role": "user", "content": "fix it"}], "output_length": 12,
-             "pre_gap": 0.0},
-            {"session_id": "s1", "model": "m", "input": [{"role": "user", "content": "fix it"},
-                                                          {"role": "assistant", "content": None, "tool_calls": [call]},
-                                                          {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
-             "output_length": 30, "pre_gap": 1.5},
-            {"session_id": "s2", "model": "m", "input": [{"role": "user", "content": "hi"}], "output_length": 3}]
+    rows = [
+        {
+            "session_id": "s1",
+            "model": "m",
+            "input": [{"role": "user", "content": "fix it"}],
+            "output_length": 12,
+            "pre_gap": 0.0,
+        },
+        {
+            "session_id": "s1",
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ],
+            "output_length": 30,
+            "pre_gap": 1.5,
+        },
+        {"session_id": "s2", "model": "m", "input": [{"role": "user", "content": "hi"}], "output_length": 3},
+    ]
     p = tmp_path / "agentic.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     sessions, _, fmt = load_sessions(p)
@@ -111,20 +156,35 @@ def test_agentic_traces_rows_and_tools(tmp_path):
 
 def test_dispatch_order_interleaves_sessions_by_default():
     turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    from kvtier.replay.datasets import Session, Turn  # noqa: PLC0415
+    from kvtier.replay.datasets import Session, Turn
+
     t = Turn(tuple(turn["messages"]), 3, 0.0)
     sessions = [Session("a", (t,) * 6, "x"), Session("b", (t,) * 2, "x"), Session("c", (t,) * 4, "x")]
     inter = [u.user_id for u in virtual_users(sessions, 2)]
     assert inter == ["a#0", "b#0", "c#0", "a#1", "c#1", "a#2"]
-    assert [u.user_id for u in virtual_users(sessions, 2, order="session")] == ["a#0", "a#1", "a#2", "b#0", "c#0",
-                                                                             "c#1"]
+    assert [u.user_id for u in virtual_users(sessions, 2, order="session")] == [
+        "a#0",
+        "a#1",
+        "a#2",
+        "b#0",
+        "c#0",
+        "c#1",
+    ]
     assert sorted(inter) == sorted(u.user_id for u in virtual_users(sessions, 2, order="session"))
 
 
 def test_an_empty_recorded_output_still_asks_for_one_token(tmp_path):
-    from kvtier.tokenizer import load_tokenizer  # noqa: PLC0415
-    rows = [{"timestamp": 1_000_000 * i, "input": f"call {i}", "output": "" if i % 2 else "some reply text",
-             "session_id": "s"} for i in range(4)]
+    from kvtier.tokenizer import load_tokenizer
+
+    rows = [
+        {
+            "timestamp": 1_000_000 * i,
+            "input": f"call {i}",
+            "output": "" if i % 2 else "some reply text",
+            "session_id": "s",
+        }
+        for i in range(4)
+    ]
     f = tmp_path / "trace.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     for kind in ("chars", "auto"):

@@ -24,14 +24,26 @@ def test_real_multi_turn_and_single_turn_files():
 
 def test_roles_merging_skips_and_limits(tmp_path):
     p = tmp_path / "d.json"
-    p.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "system", "value": "x" * 400}, {"from": "human", "value": "abcd"},
-                                      {"from": "human", "value": "efgh"}, {"from": "gpt", "value": "i" * 40},
-                                      {"from": "human", "value": "j" * 8}, {"from": "gpt", "value": "k" * 12}]},
-        {"id": "b", "conversations": [{"from": "gpt", "value": "orphan reply"}]},
-        {"prompt": "p" * 16, "response": "r" * 20, "extra": 1},
-        "not a record",
-    ]))
+    p.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "system", "value": "x" * 400},
+                        {"from": "human", "value": "abcd"},
+                        {"from": "human", "value": "efgh"},
+                        {"from": "gpt", "value": "i" * 40},
+                        {"from": "human", "value": "j" * 8},
+                        {"from": "gpt", "value": "k" * 12},
+                    ],
+                },
+                {"id": "b", "conversations": [{"from": "gpt", "value": "orphan reply"}]},
+                {"prompt": "p" * 16, "response": "r" * 20, "extra": 1},
+                "not a record",
+            ]
+        )
+    )
     d = load_sharegpt(p, 10, CHARS)
     assert [c.turns for c in d.conversations] == [((2, 10), (2, 3)), ((4, 5),)]
     assert d.skipped_records == 2 and d.tokenizer.startswith("chars/4")
@@ -41,21 +53,37 @@ def test_roles_merging_skips_and_limits(tmp_path):
 
 
 def test_one_reader_for_bench_and_replay():
-    rec = {"conversations": [{"from": "gpt", "value": "orphan"}, {"role": "user", "content": "q1"},
-                             {"from": "human", "value": "q2"}, {"from": "chatgpt", "value": "a1"},
-                             {"from": "gpt", "value": "a1 again"}, {"from": "system", "value": "s"},
-                             {"from": "human", "value": ""}, {"from": "human", "value": "q3"},
-                             {"from": "model", "value": "a2"}]}
-    assert sharegpt_messages(rec) == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
-                                      {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q3"},
-                                      {"role": "assistant", "content": "a2"}]
-    assert sharegpt_messages({"prompt": "p", "response": "r"}) == [{"role": "user", "content": "p"},
-                                                                  {"role": "assistant", "content": "r"}]
+    rec = {
+        "conversations": [
+            {"from": "gpt", "value": "orphan"},
+            {"role": "user", "content": "q1"},
+            {"from": "human", "value": "q2"},
+            {"from": "chatgpt", "value": "a1"},
+            {"from": "gpt", "value": "a1 again"},
+            {"from": "system", "value": "s"},
+            {"from": "human", "value": ""},
+            {"from": "human", "value": "q3"},
+            {"from": "model", "value": "a2"},
+        ]
+    }
+    assert sharegpt_messages(rec) == [
+        {"role": "user", "content": "q1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q3"},
+        {"role": "assistant", "content": "a2"},
+    ]
+    assert sharegpt_messages({"prompt": "p", "response": "r"}) == [
+        {"role": "user", "content": "p"},
+        {"role": "assistant", "content": "r"},
+    ]
     assert sharegpt_messages("x") == [] and sharegpt_messages({"conversations": "x"}) == []
 
 
-@pytest.mark.parametrize("text,needle", [("[{]", "d.json:1: not valid JSON"), ('{"a": 1}', "expected a JSON array"),
-                                         ("[]", "no usable conversation")])
+@pytest.mark.parametrize(
+    "text,needle",
+    [("[{]", "d.json:1: not valid JSON"), ('{"a": 1}', "expected a JSON array"), ("[]", "no usable conversation")],
+)
 def test_bad_datasets(tmp_path, text, needle):
     p = tmp_path / "d.json"
     p.write_text(text)
@@ -67,6 +95,7 @@ def test_bad_datasets(tmp_path, text, needle):
 
 def test_fallback_counter_without_tiktoken(monkeypatch):
     import builtins
+
     real = builtins.__import__
 
     def no_tiktoken(name, *a, **k):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import DatasetError
-from kvtier.workload.traces import detect_format, load_trace, prefix_hit_rate, TraceRequest
+from kvtier.workload.traces import TraceRequest, detect_format, load_trace, prefix_hit_rate
 from tests.conftest import SHARED_DATA
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -38,17 +38,34 @@ def test_burstgpt_v1_directory_and_v2_file():
     assert v2.format == "burstgpt" and [r.output_tokens for r in v2.requests] == [40, 55, 12]
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("a.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n{bad\n',
-     "a.jsonl:2: not valid JSON"),
-    ("b.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}\n', "b.jsonl:1: 1 hash_ids"),
-    ("c.jsonl", '{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}\n', "c.jsonl:1: missing field 'output_length'"),
-    ("d.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,x\n",
-     "d.csv:2: GeneratedTokens must be an integer"),
-    ("e.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,12\n", None),
-    ("f.csv", "Timestamp,Model,Request tokens,Response tokens\n", "no requests"),
-    ("g.csv", "", "empty file"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        (
+            "a.jsonl",
+            '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n{bad\n',
+            "a.jsonl:2: not valid JSON",
+        ),
+        (
+            "b.jsonl",
+            '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}\n',
+            "b.jsonl:1: 1 hash_ids",
+        ),
+        (
+            "c.jsonl",
+            '{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}\n',
+            "c.jsonl:1: missing field 'output_length'",
+        ),
+        (
+            "d.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,x\n",
+            "d.csv:2: GeneratedTokens must be an integer",
+        ),
+        ("e.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,12\n", None),
+        ("f.csv", "Timestamp,Model,Request tokens,Response tokens\n", "no requests"),
+        ("g.csv", "", "empty file"),
+    ],
+)
 def test_malformed_traces_name_file_and_line(tmp_path, name, text, needle):
     p = tmp_path / name
     p.write_text(text)

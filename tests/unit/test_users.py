@@ -1,10 +1,9 @@
 import itertools
 from collections import Counter
 
-from kvtier.config.bench import Tuning
 import numpy as np
 
-from kvtier.config.bench import QoSDistribution
+from kvtier.config.bench import QoSDistribution, Tuning
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.users import PREFILL_ONLY_CONTEXT_TOKENS, draw_qos, draws, make_users
@@ -60,6 +59,12 @@ def test_qos_draw_thresholds():
             return self.r
 
     assert [draw_qos(Fixed(r), dist) for r in (0.0, 0.1999, 0.2, 0.6999, 0.7, 0.99)] == [
-        "interactive", "interactive", "responsive", "responsive", "batch", "batch"]
+        "interactive",
+        "interactive",
+        "responsive",
+        "responsive",
+        "batch",
+        "batch",
+    ]
     rng = np.random.default_rng(0)
     assert {draw_qos(rng, dist) for _ in range(200)} == {"interactive", "responsive", "batch"}

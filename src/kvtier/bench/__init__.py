@@ -50,12 +50,15 @@ def stop_on_signals(runner: BenchRunner) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from kvtier.report.envelope import StopCode  # noqa: PLC0415
+    from kvtier.report.envelope import StopCode
 
-    codes = {signal.SIGINT: (StopCode.interrupted, "interrupted (SIGINT)"),
-             signal.SIGTERM: (StopCode.terminated, "terminated (SIGTERM)")}
-    previous = {s: signal.signal(s, lambda n, _f: runner.request_stop(*codes[signal.Signals(n)], partial=True))
-                for s in codes}
+    codes = {
+        signal.SIGINT: (StopCode.interrupted, "interrupted (SIGINT)"),
+        signal.SIGTERM: (StopCode.terminated, "terminated (SIGTERM)"),
+    }
+    previous = {
+        s: signal.signal(s, lambda n, _f: runner.request_stop(*codes[signal.Signals(n)], partial=True)) for s in codes
+    }
     try:
         yield
     finally:
@@ -63,22 +66,27 @@ def stop_on_signals(runner: BenchRunner) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def run(config: BenchConfig, *, on_start: Callable[[Plan, Components], None] | None = None,
-        on_tick: Callable[[BenchRunner, float], None] | None = None, handle_signals: bool = False,
-        clock: Clock | None = None) -> BenchResult:
+def run(
+    config: BenchConfig,
+    *,
+    on_start: Callable[[Plan, Components], None] | None = None,
+    on_tick: Callable[[BenchRunner, float], None] | None = None,
+    handle_signals: bool = False,
+    clock: Clock | None = None,
+) -> BenchResult:
     """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
 
     ``on_start`` is called once the tiers exist, ``on_tick`` every ``progress_interval`` seconds;
     ``handle_signals`` turns SIGINT/SIGTERM into a partial stop (the CLI sets it). Bad input raises
     ConfigError or DatasetError before any load starts; a run that stops early still returns its
     (partial) result."""
-    from kvtier.bench.results import build_result  # noqa: PLC0415
-    from kvtier.bench.runner import BenchRunner  # noqa: PLC0415
-    from kvtier.bench.setup import build_components, derive  # noqa: PLC0415
-    from kvtier.report.envelope import utc_now  # noqa: PLC0415
-    from kvtier.report.writers import write_json, write_xlsx  # noqa: PLC0415
-    from kvtier.telemetry.clock import MONOTONIC  # noqa: PLC0415
-    from kvtier.telemetry.recorder import Recorder  # noqa: PLC0415
+    from kvtier.bench.results import build_result
+    from kvtier.bench.runner import BenchRunner
+    from kvtier.bench.setup import build_components, derive
+    from kvtier.report.envelope import utc_now
+    from kvtier.report.writers import write_json, write_xlsx
+    from kvtier.telemetry.clock import MONOTONIC
+    from kvtier.telemetry.recorder import Recorder
 
     check_output_path("--output", config.output)
     check_output_path("--xlsx-output", config.xlsx_output)

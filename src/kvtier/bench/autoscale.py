@@ -15,12 +15,13 @@ or stops user threads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from kvtier.config.bench import AutoscalerTuning, QoSProfile
+from kvtier.config.bench import AutoscalerTuning, QoSClass, QoSProfile
 from kvtier.telemetry.recorder import RequestRecord
 
 
@@ -29,7 +30,7 @@ class Autoscaler:
     mode: str
     target_saturation: float
     tuning: AutoscalerTuning
-    qos_profiles: Mapping[str, QoSProfile]
+    qos_profiles: Mapping[QoSClass, QoSProfile]
     history: list[dict[str, Any]] = field(default_factory=list)
     last_change_s: float = -1e9
     prev_throughput: float | None = None
@@ -86,13 +87,25 @@ class Autoscaler:
                 action, self.stop_reason = "stop", "Peak capacity found (max_users reached)"
         if target != users:
             self.last_change_s = t_s
-        self.history.append({"t_s": round(t_s, 3), "users": users, "throughput_tokens_per_sec": round(throughput, 3),
-                             "saturation": None if sat is None else round(sat, 4), "action": action,
-                             "next_users": target})
+        self.history.append(
+            {
+                "t_s": round(t_s, 3),
+                "users": users,
+                "throughput_tokens_per_sec": round(throughput, 3),
+                "saturation": None if sat is None else round(sat, 4),
+                "action": action,
+                "next_users": target,
+            }
+        )
         return action, target
 
     def stats(self, final_users: int) -> dict[str, Any]:
-        return {"mode": self.mode, "target_saturation": self.target_saturation, "steps": self.history,
-                "final_users": final_users, "peak_users": self.peak[0] or None,
-                "peak_throughput_tokens_per_sec": round(self.peak[1], 3) if self.peak[0] else None,
-                "stop_reason": self.stop_reason}
+        return {
+            "mode": self.mode,
+            "target_saturation": self.target_saturation,
+            "steps": self.history,
+            "final_users": final_users,
+            "peak_users": self.peak[0] or None,
+            "peak_throughput_tokens_per_sec": round(self.peak[1], 3) if self.peak[0] else None,
+            "stop_reason": self.stop_reason,
+        }

@@ -20,8 +20,9 @@ from kvtier.errors import StorageError
 GiB = 1024**3
 
 
-def precondition(tier: FileTier, noise: NoiseBuffer, size_bytes: int, threads: int, chunk_bytes: int,
-                 stop: threading.Event) -> dict[str, Any]:
+def precondition(
+    tier: FileTier, noise: NoiseBuffer, size_bytes: int, threads: int, chunk_bytes: int, stop: threading.Event
+) -> dict[str, Any]:
     files = max(1, -(-size_bytes // GiB))
     keys = [f"precondition-{i:06d}" for i in range(files)]
     written = [0] * threads
@@ -49,9 +50,16 @@ def precondition(tier: FileTier, noise: NoiseBuffer, size_bytes: int, threads: i
         t.join()
     seconds = time.perf_counter() - t0
     total = sum(written)
-    return {"requested_bytes": size_bytes, "written_bytes": total, "files": files, "threads": threads,
-            "seconds": round(seconds, 3), "bytes_per_sec": round(total / seconds, 1) if seconds > 0 else None,
-            "completed": total == size_bytes and not errors, "errors": errors[:5]}
+    return {
+        "requested_bytes": size_bytes,
+        "written_bytes": total,
+        "files": files,
+        "threads": threads,
+        "seconds": round(seconds, 3),
+        "bytes_per_sec": round(total / seconds, 1) if seconds > 0 else None,
+        "completed": total == size_bytes and not errors,
+        "errors": errors[:5],
+    }
 
 
 def _until(stop: threading.Event, chunks):  # type: ignore[no-untyped-def]

@@ -6,6 +6,8 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from rich.live import Live
+
     from kvtier.bench.runner import BenchRunner
 
 
@@ -15,12 +17,12 @@ class Progress:
         self.live_mode = mode == "live" or (mode == "auto" and stream.isatty())
         self.enabled = mode != "none"
         self._last = (0.0, 0, 0)
-        self._live = None
+        self._live: Live | None = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled and self.live_mode:
-            from rich.console import Console  # noqa: PLC0415
-            from rich.live import Live  # noqa: PLC0415
+            from rich.console import Console
+            from rich.live import Live
 
             self._live = Live(console=Console(file=self.stream), auto_refresh=False, transient=False)
             self._live.__enter__()
@@ -30,7 +32,7 @@ class Progress:
         if self._live is not None:
             self._live.__exit__(None, None, None)
 
-    def tick(self, runner: "BenchRunner", elapsed_s: float) -> None:
+    def tick(self, runner: BenchRunner, elapsed_s: float) -> None:
         if not self.enabled:
             return
         rec = runner.rec
@@ -42,10 +44,16 @@ class Progress:
         fill = "  ".join(f"{n} {u['used_bytes'] / u['capacity_bytes'] * 100:5.1f}%" for n, u in usage.items())
         done = rec.completed_requests()
         failed = sum(1 for r in rec.requests[:done] if not r.ok)
-        vals = (f"{elapsed_s:6.1f}s", str(done), str(failed), f"{(rd - rd0) / dt / 1e9:6.2f}",
-                f"{(wr - wr0) / dt / 1e9:6.2f}", fill)
+        vals = (
+            f"{elapsed_s:6.1f}s",
+            str(done),
+            str(failed),
+            f"{(rd - rd0) / dt / 1e9:6.2f}",
+            f"{(wr - wr0) / dt / 1e9:6.2f}",
+            fill,
+        )
         if self._live is not None:
-            from rich.table import Table  # noqa: PLC0415
+            from rich.table import Table
 
             table = Table(title="kvtier bench")
             for h in ("elapsed", "requests", "failed", "read GB/s", "write GB/s", "tier fill"):
@@ -53,5 +61,9 @@ class Progress:
             table.add_row(*vals)
             self._live.update(table, refresh=True)
         else:
-            print(f"[kvtier] t={vals[0]} requests={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
-                  f"write={vals[4]} GB/s fill: {fill}", file=self.stream, flush=True)
+            print(
+                f"[kvtier] t={vals[0]} requests={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
+                f"write={vals[4]} GB/s fill: {fill}",
+                file=self.stream,
+                flush=True,
+            )

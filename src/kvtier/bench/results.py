@@ -56,8 +56,12 @@ class _Requests:
     @classmethod
     def of(cls, records: Sequence[RequestRecord]) -> _Requests:
         recs = list(records)
-        return cls(recs, [r for r in recs if r.ok], [r for r in recs if not r.ok and r.error != CUT],
-                   [r for r in recs if r.error == CUT])
+        return cls(
+            recs,
+            [r for r in recs if r.ok],
+            [r for r in recs if not r.ok and r.error != CUT],
+            [r for r in recs if r.error == CUT],
+        )
 
 
 # -- tiers -------------------------------------------------------------------------------------
@@ -68,11 +72,15 @@ def _op_section(rec: Recorder, tier: str, op: str) -> dict[str, Any]:
     by_cause = {}
     for cause in sorted(set(causes.tolist())):
         sel = causes == cause
-        by_cause[cause] = {"ops": int(sel.sum()), "bytes": int(arr[sel, 2].sum()),
-                           "latency_ms": summarize_ns_as_ms(arr[sel, 0] + arr[sel, 1])}
+        by_cause[cause] = {
+            "ops": int(sel.sum()),
+            "bytes": int(arr[sel, 2].sum()),
+            "latency_ms": summarize_ns_as_ms(arr[sel, 0] + arr[sel, 1]),
+        }
     dev_s = arr[:, 1].sum() / 1e9
     return {
-        "ops": int(arr.shape[0]), "bytes": int(arr[:, 2].sum()),
+        "ops": int(arr.shape[0]),
+        "bytes": int(arr[:, 2].sum()),
         "latency_ms": summarize_ns_as_ms(arr[:, 0] + arr[:, 1]),
         "device_latency_ms": summarize_ns_as_ms(arr[:, 1]),
         "host_latency_ms": summarize_ns_as_ms(arr[:, 0]),
@@ -91,15 +99,15 @@ def _pct_keys(prefix: str, stats: Summary) -> dict[str, Any]:
     return {pct_key(prefix, p): stats[p] for p in PERCENTILE_NAMES}
 
 
-def storage_health(profile: str, tiers: dict[str, dict[str, Any]], hit_rate: float | None,
-                   rec: Recorder, wall_s: float) -> dict[str, Any]:
+def storage_health(
+    profile: str, tiers: dict[str, dict[str, Any]], hit_rate: float | None, rec: Recorder, wall_s: float
+) -> dict[str, Any]:
     """The reference's pass/fail criteria for --performance-profile (summary.cache_stats.storage_health)."""
     criteria: list[dict[str, Any]] = []
     st = tiers.get("storage")
 
     def add(name: str, target: float, actual: float, unit: str, passed: bool) -> None:
-        criteria.append({"name": name, "target": target, "actual": round(actual, 6), "unit": unit,
-                         "passed": passed})
+        criteria.append({"name": name, "target": target, "actual": round(actual, 6), "unit": unit, "passed": passed})
 
     if profile == "throughput":
         rd = st["read"]["bytes"] if st else 0
@@ -120,24 +128,39 @@ def storage_health(profile: str, tiers: dict[str, dict[str, Any]], hit_rate: flo
             p95 = float(summarize_ns_as_ms(cpu)["p95"] or 0.0)
             add(f"CPU RAM P95 < {CPU_P95_TARGET_MS:g}ms", CPU_P95_TARGET_MS, p95, "ms", p95 < CPU_P95_TARGET_MS)
         if hit_rate is not None:
-            add(f"Cache Hit Rate > {HIT_RATE_TARGET:.0%}", HIT_RATE_TARGET, hit_rate, "ratio",
-                hit_rate > HIT_RATE_TARGET)
+            add(
+                f"Cache Hit Rate > {HIT_RATE_TARGET:.0%}",
+                HIT_RATE_TARGET,
+                hit_rate,
+                "ratio",
+                hit_rate > HIT_RATE_TARGET,
+            )
     passed = sum(1 for c in criteria if c["passed"])
-    return {"profile": profile, "overall_status": "PASS" if passed == len(criteria) else "FAIL",
-            "criteria": criteria, "passed_count": passed, "total_count": len(criteria)}
+    return {
+        "profile": profile,
+        "overall_status": "PASS" if passed == len(criteria) else "FAIL",
+        "criteria": criteria,
+        "passed_count": passed,
+        "total_count": len(criteria),
+    }
 
 
-def cache_stats(rec: Recorder, reqs: _Requests, tiers: dict[str, dict[str, Any]], profile: str,
-                wall_s: float) -> dict[str, Any]:
+def cache_stats(
+    rec: Recorder, reqs: _Requests, tiers: dict[str, dict[str, Any]], profile: str, wall_s: float
+) -> dict[str, Any]:
     hits = sum(r.hits for r in reqs.all)
     misses = sum(r.misses for r in reqs.all)
     hit_rate = _ratio(hits, hits + misses)
     out: dict[str, Any] = {
-        "cache_hit_rate": hit_rate, "cache_hits": hits, "cache_misses": misses,
+        "cache_hit_rate": hit_rate,
+        "cache_hits": hits,
+        "cache_misses": misses,
         "decode_bytes_read_gb": _gb(sum(r.decode_bytes_read for r in reqs.ok)),
-        "prefill_bytes_written_gb": _gb(sum(t["write"]["by_cause"].get("request", {}).get("bytes", 0)
-                                            for t in tiers.values())),
-        "demotions": rec.counters.get("demotions", 0), "promotions": rec.counters.get("promotions", 0),
+        "prefill_bytes_written_gb": _gb(
+            sum(t["write"]["by_cause"].get("request", {}).get("bytes", 0) for t in tiers.values())
+        ),
+        "demotions": rec.counters.get("demotions", 0),
+        "promotions": rec.counters.get("promotions", 0),
         "evictions": rec.counters.get("evictions_bottom", 0),
         "entries_dropped": rec.counters.get("evictions_dropped", 0),
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
@@ -159,7 +182,7 @@ def cache_stats(rec: Recorder, reqs: _Requests, tiers: dict[str, dict[str, Any]]
 
 # -- summary: per-feature sections -------------------------------------------------------------
 def qos_section(cfg: BenchConfig, reqs: _Requests) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for cls, prof in cfg.tuning.qos_profiles.items():
         rs = [r for r in reqs.ok if r.qos == cls]
         svc = np.array([r.storage_done_ns - r.submit_ns for r in rs], dtype=np.int64)
@@ -183,8 +206,13 @@ def lookup_section(rec: Recorder, kind: str) -> dict[str, Any]:
     """Hits, misses, restores and bytes read of one kind of KV object (prefix, history, rag, decode...)."""
     c = rec.counters
     h, m = c.get(f"lookup_{kind}_hits", 0), c.get(f"lookup_{kind}_misses", 0)
-    return {"hits": h, "misses": m, "hit_rate": _ratio(h, h + m), "restores": c.get(f"restores_{kind}", 0),
-            "bytes_read_gb": _gb(c.get(f"read_{kind}_bytes", 0))}
+    return {
+        "hits": h,
+        "misses": m,
+        "hit_rate": _ratio(h, h + m),
+        "restores": c.get(f"restores_{kind}", 0),
+        "bytes_read_gb": _gb(c.get(f"read_{kind}_bytes", 0)),
+    }
 
 
 def multi_turn_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, Any]:
@@ -192,45 +220,68 @@ def multi_turn_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, 
     conv = plan.workload.conversations
     return {
         "enabled": not plan.config.disable_multi_turn,
-        "conversations_started": conv.started, "conversations_metadata_evicted": conv.evicted,
+        "conversations_started": conv.started,
+        "conversations_metadata_evicted": conv.evicted,
         "max_conversations": plan.config.max_conversations,
         "turns_mean": round(float(np.mean([r.turn for r in reqs.ok])), 3) if reqs.ok else None,
         "turns_max": max((r.turn for r in reqs.ok), default=0),
-        "multi_turn_cache_hits": h["hits"], "multi_turn_cache_misses": h["misses"],
-        "history_hit_rate": h["hit_rate"], "history_bytes_read_gb": h["bytes_read_gb"],
+        "multi_turn_cache_hits": h["hits"],
+        "multi_turn_cache_misses": h["misses"],
+        "history_hit_rate": h["hit_rate"],
+        "history_bytes_read_gb": h["bytes_read_gb"],
         "history_restores": h["restores"],
     }
 
 
 def prefix_section(cfg: BenchConfig, rec: Recorder) -> dict[str, Any]:
     p = lookup_section(rec, "prefix")
-    return {"enabled": not cfg.disable_prefix_caching, "num_system_prompts": cfg.tuning.prefix_cache.num_system_prompts,
-            "prefix_hits": p["hits"], "prefix_misses": p["misses"], "prefix_hit_rate": p["hit_rate"],
-            "prefix_restores": p["restores"], "prefix_bytes_read_gb": p["bytes_read_gb"]}
+    return {
+        "enabled": not cfg.disable_prefix_caching,
+        "num_system_prompts": cfg.tuning.prefix_cache.num_system_prompts,
+        "prefix_hits": p["hits"],
+        "prefix_misses": p["misses"],
+        "prefix_hit_rate": p["hit_rate"],
+        "prefix_restores": p["restores"],
+        "prefix_bytes_read_gb": p["bytes_read_gb"],
+    }
 
 
 def kv_layout_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, Any]:
     cfg = plan.config
     new_bytes = sum(plan.entry_bytes(r.new_tokens) for r in reqs.ok)
     read_bytes = sum(r.bytes_read for r in reqs.ok)
-    return {"kv_layout": cfg.kv_layout, "chunk_tokens": cfg.kv_chunk_tokens if cfg.kv_layout == "chunked" else None,
-            "new_context_gb": _gb(new_bytes), "bytes_read_gb": _gb(read_bytes),
-            "read_amplification": _ratio(read_bytes, new_bytes, 4), "decode": lookup_section(rec, "decode")}
+    return {
+        "kv_layout": cfg.kv_layout,
+        "chunk_tokens": cfg.kv_chunk_tokens if cfg.kv_layout == "chunked" else None,
+        "new_context_gb": _gb(new_bytes),
+        "bytes_read_gb": _gb(read_bytes),
+        "read_amplification": _ratio(read_bytes, new_bytes, 4),
+        "decode": lookup_section(rec, "decode"),
+    }
 
 
 def rag_section(cfg: BenchConfig, rec: Recorder, reqs: _Requests, run: RunOutcome) -> dict[str, Any]:
     rag_reqs = [r for r in reqs.ok if r.rag_ns or r.rag_bytes]
     g = lookup_section(rec, "rag")
-    return {"enabled": cfg.enable_rag, "num_docs": cfg.rag_num_docs, "top_k": cfg.rag_top_k,
-            "request_probability": cfg.tuning.rag.request_probability, "queries": len(rag_reqs),
-            "chunk_hits": g["hits"], "chunk_misses": g["misses"], "chunk_hit_rate": g["hit_rate"],
-            "chunks_reingested": g["restores"], "burst_bytes_gb": _gb(sum(r.rag_bytes for r in rag_reqs)),
-            "burst_latency_ms": summarize_ns_as_ms([r.rag_ns for r in rag_reqs]),
-            "ingest": run.setup.get("rag_ingest")}
+    return {
+        "enabled": cfg.enable_rag,
+        "num_docs": cfg.rag_num_docs,
+        "top_k": cfg.rag_top_k,
+        "request_probability": cfg.tuning.rag.request_probability,
+        "queries": len(rag_reqs),
+        "chunk_hits": g["hits"],
+        "chunk_misses": g["misses"],
+        "chunk_hit_rate": g["hit_rate"],
+        "chunks_reingested": g["restores"],
+        "burst_bytes_gb": _gb(sum(r.rag_bytes for r in rag_reqs)),
+        "burst_latency_ms": summarize_ns_as_ms([r.rag_ns for r in rag_reqs]),
+        "ingest": run.setup.get("rag_ingest"),
+    }
 
 
-def summary_section(plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome, tiers: dict[str, dict[str, Any]],
-                    wall_s: float) -> dict[str, Any]:
+def summary_section(
+    plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome, tiers: dict[str, dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
     cfg, ok = plan.config, reqs.ok
     host_ns = sum(s.host_ns for v in rec.ops.values() for s in v)
     dev_ns = sum(s.device_ns for v in rec.ops.values() for s in v)
@@ -264,10 +315,12 @@ def process_io_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict
     cancelled = {op: rec.cancelled.get(("storage", op), [0, 0]) for op in OPS}
     expect = {op: on_disk[op] + cancelled[op][1] for op in OPS}
     return {
-        "storage_tier_bytes_written_on_disk": on_disk["write"], "storage_tier_bytes_read_on_disk": on_disk["read"],
+        "storage_tier_bytes_written_on_disk": on_disk["write"],
+        "storage_tier_bytes_read_on_disk": on_disk["read"],
         "cancelled_ops": {"write": cancelled["write"][0], "read": cancelled["read"][0]},
         "cancelled_bytes": {"write": cancelled["write"][1], "read": cancelled["read"][1]},
-        "process_write_bytes": delta["write_bytes"], "process_read_bytes": delta["read_bytes"],
+        "process_write_bytes": delta["write_bytes"],
+        "process_read_bytes": delta["read_bytes"],
         "write_ratio": _ratio(delta["write_bytes"], expect["write"], 4),
         "read_ratio": _ratio(delta["read_bytes"], expect["read"], 4),
     }
@@ -277,64 +330,117 @@ def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
     cpu_cap = int(plan.config.cpu_mem_gb * GB)
     bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + cpu_cap + PROCESS_BASE_BYTES
     peak = peak_rss_bytes()
-    return {"peak_rss_bytes": peak, "bound_bytes": bound, "noise_buffer_bytes": comp.noise.nbytes,
-            "io_slots": plan.io_slots, "io_chunk_bytes": plan.io_chunk_bytes, "cpu_tier_capacity_bytes": cpu_cap,
-            "within_bound": peak <= bound}
+    return {
+        "peak_rss_bytes": peak,
+        "bound_bytes": bound,
+        "noise_buffer_bytes": comp.noise.nbytes,
+        "io_slots": plan.io_slots,
+        "io_chunk_bytes": plan.io_chunk_bytes,
+        "cpu_tier_capacity_bytes": cpu_cap,
+        "within_bound": peak <= bound,
+    }
 
 
 def storage_section(comp: Components) -> dict[str, Any]:
     ft = comp.file_tier
-    return {"cache_dir": comp.cache_dir, "run_dir": str(ft.directory), "direct_io": ft.direct,
-            "direct_io_supported": ft.direct_io_supported, "capacity_bytes": ft.capacity_bytes,
-            "detected_free_bytes": ft.detected_free_bytes}
+    return {
+        "cache_dir": comp.cache_dir,
+        "run_dir": str(ft.directory),
+        "direct_io": ft.direct,
+        "direct_io_supported": ft.direct_io_supported,
+        "capacity_bytes": ft.capacity_bytes,
+        "detected_free_bytes": ft.detected_free_bytes,
+    }
 
 
 def source_section(plan: Plan) -> dict[str, Any]:
     w = plan.workload
     if w.trace is not None:
         t = w.trace
-        return {"kind": "trace", "format": t.format, "files": t.files, "requests": len(t.requests),
-                "skipped_rows": t.skipped_rows, "block_tokens": t.block_tokens}
+        return {
+            "kind": "trace",
+            "format": t.format,
+            "files": t.files,
+            "requests": len(t.requests),
+            "skipped_rows": t.skipped_rows,
+            "block_tokens": t.block_tokens,
+        }
     if w.dataset is not None:
         d = w.dataset
-        return {"kind": "dataset", "format": "sharegpt", "path": d.path, "conversations": len(d.conversations),
-                "turns": sum(len(c.turns) for c in d.conversations), "tokenizer": d.tokenizer,
-                "skipped_records": d.skipped_records}
+        return {
+            "kind": "dataset",
+            "format": "sharegpt",
+            "path": d.path,
+            "conversations": len(d.conversations),
+            "turns": sum(len(c.turns) for c in d.conversations),
+            "tokenizer": d.tokenizer,
+            "skipped_records": d.skipped_records,
+        }
     return {"kind": "synthetic", "profiles": sorted(plan.config.tuning.user_templates)}
 
 
 def errors_section(rec: Recorder, reqs: _Requests) -> dict[str, Any]:
-    return {"requests_failed": len(reqs.failed),
-            "tier_operations": {f"{t}.{o}.{c}": n for (t, o, c), n in sorted(rec.errors.items())},
-            "first_messages": rec.error_messages[:20] + sorted({r.error for r in reqs.failed})[:5]}
+    return {
+        "requests_failed": len(reqs.failed),
+        "tier_operations": {f"{t}.{o}.{c}": n for (t, o, c), n in sorted(rec.errors.items())},
+        "first_messages": rec.error_messages[:20] + sorted({r.error for r in reqs.failed})[:5],
+    }
 
 
-def run_warnings(plan: Plan, comp: Components, rec: Recorder, reqs: _Requests, run: RunOutcome,
-                 tiers: dict[str, dict[str, Any]]) -> list[ResultWarning]:
+def run_warnings(
+    plan: Plan, comp: Components, rec: Recorder, reqs: _Requests, run: RunOutcome, tiers: dict[str, dict[str, Any]]
+) -> list[ResultWarning]:
     """Warnings the finished run implies (set-up warnings come first, from plan and components)."""
     cfg = plan.config
     out = [*plan.warnings, *comp.warnings]
     if cfg.enable_rag:
-        out.append(warning(WarningCode.rag_ingest_excluded, "--enable-rag: the RAG corpus was ingested before the "
-                           "run; its writes are reported in summary.rag_stats.ingest and excluded from the tier "
-                           "statistics"))
+        out.append(
+            warning(
+                WarningCode.rag_ingest_excluded,
+                "--enable-rag: the RAG corpus was ingested before the "
+                "run; its writes are reported in summary.rag_stats.ingest and excluded from the tier "
+                "statistics",
+            )
+        )
     if run.prepopulated_entries:
-        out.append(warning(WarningCode.prepopulation_excluded, f"--decode-only: {run.prepopulated_entries} entries "
-                           "were written before the run and are excluded from the statistics",
-                           entries=run.prepopulated_entries))
+        out.append(
+            warning(
+                WarningCode.prepopulation_excluded,
+                f"--decode-only: {run.prepopulated_entries} entries "
+                "were written before the run and are excluded from the statistics",
+                entries=run.prepopulated_entries,
+            )
+        )
     written = tiers["storage"]["write"]["bytes"] if "storage" in tiers else 0
     if not comp.file_tier.direct and written < 0.5 * mem_total_bytes():
-        out.append(warning(WarningCode.working_set_fits_page_cache, "working set fits in page cache and direct I/O "
-                           "is off: reads may be served from RAM (fadvise DONTNEED is applied, but check process_io)",
-                           storage_bytes_written=written, mem_total_bytes=mem_total_bytes()))
+        out.append(
+            warning(
+                WarningCode.working_set_fits_page_cache,
+                "working set fits in page cache and direct I/O "
+                "is off: reads may be served from RAM (fadvise DONTNEED is applied, but check process_io)",
+                storage_bytes_written=written,
+                mem_total_bytes=mem_total_bytes(),
+            )
+        )
     n_tier = sum(rec.errors.values())
     if n_tier + len(reqs.failed):
-        out.append(warning(WarningCode.errors_seen, f"{n_tier + len(reqs.failed)} errors seen (failed requests and "
-                           "tier operations); see 'errors'", failed_requests=len(reqs.failed),
-                           tier_operation_errors=n_tier))
+        out.append(
+            warning(
+                WarningCode.errors_seen,
+                f"{n_tier + len(reqs.failed)} errors seen (failed requests and tier operations); see 'errors'",
+                failed_requests=len(reqs.failed),
+                tier_operation_errors=n_tier,
+            )
+        )
     if run.status != Status.complete:
-        out.append(warning(WarningCode.run_not_complete, f"run is {run.status.value}: {run.stop.message}",
-                           status=run.status.value, stop_code=run.stop.code.value))
+        out.append(
+            warning(
+                WarningCode.run_not_complete,
+                f"run is {run.status.value}: {run.stop.message}",
+                status=run.status.value,
+                stop_code=run.stop.code.value,
+            )
+        )
     return out
 
 
@@ -344,31 +450,40 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
     wall_s = max((run.end_ns - run.start_ns) / 1e9, 1e-9)
     tiers = tier_sections(rec, comp.store.tier_names)
     tp = cfg.tensor_parallel
-    return BenchResult.model_validate({
-        "status": run.status, "stop_reason": run.stop,
-        "started_at": iso(started_at), "finished_at": iso(utc_now()),
-        "host": collect_host({"cache_dir": comp.cache_dir}),
-        "warnings": run_warnings(plan, comp, rec, reqs, run, tiers),
-        "elapsed_s": round(wall_s, 4),
-        "load_duration_s": round((run.load_end_ns - run.start_ns) / 1e9, 4),
-        "seed": plan.seed,
-        "model": {**plan.model.to_dict(), "tensor_parallel": tp,
-                  "kv_bytes_per_token_per_rank": plan.model.kv_bytes_per_token_per_rank(tp)},
-        "requests_completed": len(reqs.ok), "requests_failed": len(reqs.failed),
-        "requests_abandoned": run.abandoned_requests, "requests_cut_at_stop": len(reqs.cut),
-        "total_tokens_generated": sum(r.generate_tokens for r in reqs.ok),
-        "summary": summary_section(plan, rec, reqs, run, tiers, wall_s),
-        "tiers": tiers,
-        "tier_usage_at_end": comp.store.usage(),
-        "errors": errors_section(rec, reqs),
-        "process_io": process_io_section(comp, rec, run),
-        "memory": memory_section(plan, comp),
-        "storage": storage_section(comp),
-        "workload_source": source_section(plan),
-        "setup": run.setup,
-        # the effective config: the seed that ran, so the result re-creates the run
-        "config": cfg.model_copy(update={"seed": plan.seed}),
-    })
+    return BenchResult.model_validate(
+        {
+            "status": run.status,
+            "stop_reason": run.stop,
+            "started_at": iso(started_at),
+            "finished_at": iso(utc_now()),
+            "host": collect_host({"cache_dir": comp.cache_dir}),
+            "warnings": run_warnings(plan, comp, rec, reqs, run, tiers),
+            "elapsed_s": round(wall_s, 4),
+            "load_duration_s": round((run.load_end_ns - run.start_ns) / 1e9, 4),
+            "seed": plan.seed,
+            "model": {
+                **plan.model.to_dict(),
+                "tensor_parallel": tp,
+                "kv_bytes_per_token_per_rank": plan.model.kv_bytes_per_token_per_rank(tp),
+            },
+            "requests_completed": len(reqs.ok),
+            "requests_failed": len(reqs.failed),
+            "requests_abandoned": run.abandoned_requests,
+            "requests_cut_at_stop": len(reqs.cut),
+            "total_tokens_generated": sum(r.generate_tokens for r in reqs.ok),
+            "summary": summary_section(plan, rec, reqs, run, tiers, wall_s),
+            "tiers": tiers,
+            "tier_usage_at_end": comp.store.usage(),
+            "errors": errors_section(rec, reqs),
+            "process_io": process_io_section(comp, rec, run),
+            "memory": memory_section(plan, comp),
+            "storage": storage_section(comp),
+            "workload_source": source_section(plan),
+            "setup": run.setup,
+            # the effective config: the seed that ran, so the result re-creates the run
+            "config": cfg.model_copy(update={"seed": plan.seed}),
+        }
+    )
 
 
 __all__ = ["build_result", "storage_health", "tier_sections", "PROCESS_BASE_BYTES"]

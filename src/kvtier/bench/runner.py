@@ -20,6 +20,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from kvtier.bench.precondition import GiB, precondition
 from kvtier.bench.service import RequestService, ServiceSettings
@@ -133,10 +134,21 @@ class BenchRunner:
         w = plan.workload
         self.users = w.users
         self.service = RequestService(
-            comp.store, comp.noise, plan.io_chunk_bytes, plan.entry_bytes,
-            ServiceSettings(decode_batch=w.decode_batch, per_token_s=w.per_token_s,
-                            prefill_only=self.cfg.prefill_only, decode_only=self.cfg.decode_only),
-            recorder.count, clock, self.stop, self.hard_stop)
+            comp.store,
+            comp.noise,
+            plan.io_chunk_bytes,
+            plan.entry_bytes,
+            ServiceSettings(
+                decode_batch=w.decode_batch,
+                per_token_s=w.per_token_s,
+                prefill_only=self.cfg.prefill_only,
+                decode_only=self.cfg.decode_only,
+            ),
+            recorder.count,
+            clock,
+            self.stop,
+            self.hard_stop,
+        )
         self.start_ns = 0
         self.prepopulated: list[tuple[str, int]] = []
         self.setup_stats: dict[str, dict[str, object]] = {}
@@ -161,8 +173,7 @@ class BenchRunner:
     def _internal_error(self, where: str, e: Exception) -> None:
         """A bug must end the run visibly, not silently lose a thread."""
         self.rec.tier_error("runner", where, "request", 0, e)
-        self.request_stop(StopCode.internal_error, f"internal error in {where}: {type(e).__name__}: {e}",
-                          partial=True)
+        self.request_stop(StopCode.internal_error, f"internal error in {where}: {type(e).__name__}: {e}", partial=True)
 
     # -- threads ---------------------------------------------------------------------------
     def _worker(self) -> None:
@@ -276,8 +287,9 @@ class BenchRunner:
                     self.request_stop(StopCode.peak_capacity, scaler.stop_reason, partial=False)
                     return
                 if target > users:
-                    self._start_users(make_users(target - users, self.cfg.tuning, self.plan.seed,
-                                                 first_id=self._next_uid))
+                    self._start_users(
+                        make_users(target - users, self.cfg.tuning, self.plan.seed, first_id=self._next_uid)
+                    )
                     self._next_uid += target - users
                 elif target < users:
                     self._stop_users(users - target)
@@ -297,22 +309,31 @@ class BenchRunner:
                 if self.stop.is_set():
                     return
                 nbytes = self.plan.entry_bytes(tokens)
-                store.put(key, lambda key=key, nbytes=nbytes: noise.chunks(key, nbytes, chunk), nbytes, buf)
+                store.put(key, partial(noise.chunks, key, nbytes, chunk), nbytes, buf)
                 nbytes_total += nbytes
                 n += 1
         finally:
             store.sink = sink
             s = (self.clock.now_ns() - t0) / 1e9
-            self.setup_stats[name] = {"entries": n, "bytes": nbytes_total, "seconds": round(s, 4),
-                                      "bytes_per_sec": round(nbytes_total / s, 1) if s > 0 else None}
+            self.setup_stats[name] = {
+                "entries": n,
+                "bytes": nbytes_total,
+                "seconds": round(s, 4),
+                "bytes_per_sec": round(nbytes_total / s, 1) if s > 0 else None,
+            }
 
     def _set_up(self) -> None:
         cfg, ft = self.cfg, self.c.file_tier
         if cfg.precondition:
             size = int(cfg.precondition_size_gb * GiB) or ft.capacity_bytes
             self.setup_stats["precondition"] = precondition(
-                ft, self.c.noise, size, cfg.precondition_threads or self.plan.io_slots, self.plan.io_chunk_bytes,
-                self.stop)
+                ft,
+                self.c.noise,
+                size,
+                cfg.precondition_threads or self.plan.io_slots,
+                self.plan.io_chunk_bytes,
+                self.stop,
+            )
         if cfg.decode_only:
             self.prepopulated = prepopulated_entries(self.plan)
             self._fill("decode_only_prepopulation", self.prepopulated)
@@ -321,12 +342,13 @@ class BenchRunner:
             self._fill("rag_ingest", [(c.key, c.tokens) for c in rag.chunks])
 
     # -- the run ---------------------------------------------------------------------------
-    def run(self, on_tick: Callable[["BenchRunner", float], None] | None = None, tick_s: float = 5.0) -> RunOutcome:
+    def run(self, on_tick: Callable[[BenchRunner, float], None] | None = None, tick_s: float = 5.0) -> RunOutcome:
         self._set_up()
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
-        workers = [threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True)
-                   for i in range(self.plan.io_slots)]
+        workers = [
+            threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True) for i in range(self.plan.io_slots)
+        ]
         others: list[threading.Thread] = []
         tracing = self.plan.workload.trace is not None
         if tracing:
@@ -354,11 +376,22 @@ class BenchRunner:
         if not any(r.ok for r in self.rec.requests) and not self._partial:
             status = Status.failed
         scaler = self.plan.workload.autoscaler
-        return RunOutcome(self.start_ns, load_end, end, stop, status, abandoned, io_before, proc_io(), self.users,
-                          self.setup_stats, len(self.prepopulated),
-                          scaler.stats(self.live_users()) if scaler is not None else None)
+        return RunOutcome(
+            self.start_ns,
+            load_end,
+            end,
+            stop,
+            status,
+            abandoned,
+            io_before,
+            proc_io(),
+            self.users,
+            self.setup_stats,
+            len(self.prepopulated),
+            scaler.stats(self.live_users()) if scaler is not None else None,
+        )
 
-    def _wait_for_end(self, on_tick: Callable[["BenchRunner", float], None] | None, tick_s: float) -> None:
+    def _wait_for_end(self, on_tick: Callable[[BenchRunner, float], None] | None, tick_s: float) -> None:
         clock = self.clock
         deadline = self.start_ns + int(self.cfg.duration * 1e9)
         next_tick = self.start_ns + int(tick_s * 1e9)

@@ -66,8 +66,8 @@ class Served(NamedTuple):
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    decode_batch: int          # generated tokens per decode read (decode.batch_size)
-    per_token_s: float         # simulated GPU time per generated token
+    decode_batch: int  # generated tokens per decode read (decode.batch_size)
+    per_token_s: float  # simulated GPU time per generated token
     prefill_only: bool = False
     decode_only: bool = False
 
@@ -75,9 +75,18 @@ class ServiceSettings:
 class RequestService:
     """Serves requests through a TieredStore; thread safe (each caller passes its own buffer)."""
 
-    def __init__(self, store: TieredStore, noise: NoiseBuffer, io_chunk_bytes: int,
-                 entry_bytes: Callable[[int], int], settings: ServiceSettings, count: Callable[[str, int], None],
-                 clock: Clock, stop: threading.Event, hard_stop: threading.Event) -> None:
+    def __init__(
+        self,
+        store: TieredStore,
+        noise: NoiseBuffer,
+        io_chunk_bytes: int,
+        entry_bytes: Callable[[int], int],
+        settings: ServiceSettings,
+        count: Callable[[str, int], None],
+        clock: Clock,
+        stop: threading.Event,
+        hard_stop: threading.Event,
+    ) -> None:
         self.store = store
         self.noise = noise
         self.io_chunk_bytes = io_chunk_bytes
@@ -85,7 +94,7 @@ class RequestService:
         self.settings = settings
         self._count = count
         self.clock = clock
-        self.stop = stop            # no new operation starts once set
+        self.stop = stop  # no new operation starts once set
         self.hard_stop = hard_stop  # also cuts simulated generation short
 
     # -- one operation each ------------------------------------------------------------------
@@ -196,12 +205,31 @@ class RequestService:
             gen_ns = clock.now_ns() - storage_done
         end = clock.now_ns()
         record = RequestRecord(
-            user=req.user_id, qos=req.qos, phase=req.phase, context_tokens=req.context_tokens,
-            generate_tokens=req.generate_tokens, submit_ns=submit_ns, start_ns=start, storage_done_ns=storage_done,
-            end_ns=end, storage_ns=t.storage_ns, generation_ns=gen_ns, bytes_read=t.bytes_read,
-            bytes_written=t.bytes_written, decode_bytes_read=t.decode_bytes_read, tokens_read=t.tokens_read,
-            tokens_written=t.tokens_written, hits=t.hits, misses=t.misses, ok=ok, error=err,
-            new_tokens=req.new_tokens, turn=req.turn, rag_ns=t.rag_ns, rag_bytes=t.rag_bytes)
+            user=req.user_id,
+            qos=req.qos,
+            phase=req.phase,
+            context_tokens=req.context_tokens,
+            generate_tokens=req.generate_tokens,
+            submit_ns=submit_ns,
+            start_ns=start,
+            storage_done_ns=storage_done,
+            end_ns=end,
+            storage_ns=t.storage_ns,
+            generation_ns=gen_ns,
+            bytes_read=t.bytes_read,
+            bytes_written=t.bytes_written,
+            decode_bytes_read=t.decode_bytes_read,
+            tokens_read=t.tokens_read,
+            tokens_written=t.tokens_written,
+            hits=t.hits,
+            misses=t.misses,
+            ok=ok,
+            error=err,
+            new_tokens=req.new_tokens,
+            turn=req.turn,
+            rag_ns=t.rag_ns,
+            rag_bytes=t.rag_bytes,
+        )
         return Served(record, device_full)
 
 

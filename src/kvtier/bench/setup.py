@@ -12,7 +12,6 @@ Two steps, in this order:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -22,12 +21,12 @@ from dataclasses import dataclass, field
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
 from kvtier.engine.backend import Backend
-from kvtier.engine.file import FileTier, UnusableDirectory
+from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import GpuTier, gpu_available
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, UnusableDirectory
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.report.envelope import ResultWarning, WarningCode, warning
@@ -107,8 +106,9 @@ def check_config(cfg: BenchConfig) -> ModelSpec:
     missing = cfg.not_yet_implemented()
     if missing:
         raise ConfigError(missing[0])
-    catalog = build_catalog({k: v.model_dump(exclude_none=True, exclude_defaults=True)
-                             for k, v in cfg.tuning.model_configs.items()})
+    catalog = build_catalog(
+        {k: v.model_dump(exclude_none=True, exclude_defaults=True) for k, v in cfg.tuning.model_configs.items()}
+    )
     return resolve_model(cfg.model, catalog)
 
 
@@ -125,35 +125,72 @@ def _load_inputs(cfg: BenchConfig) -> tuple[Trace | None, Dataset | None]:
         if trace is not None:
             raise ConfigError("--dataset-path: give either a dataset or a trace, not both")
         sg = cfg.tuning.sharegpt
-        dataset = load_sharegpt(cfg.dataset_path, cfg.max_conversations,
-                                load_tokenizer("auto", chars_per_token=sg.chars_per_token_estimate),
-                                max_context_tokens=sg.max_context_tokens,
-                                max_generation_tokens=sg.max_generation_tokens)
+        dataset = load_sharegpt(
+            cfg.dataset_path,
+            cfg.max_conversations,
+            load_tokenizer("auto", chars_per_token=sg.chars_per_token_estimate),
+            max_context_tokens=sg.max_context_tokens,
+            max_generation_tokens=sg.max_generation_tokens,
+        )
     return trace, dataset
 
 
-def derive_workload(cfg: BenchConfig, model: ModelSpec, seed: int, trace: Trace | None,
-                    dataset: Dataset | None) -> Workload:
+def derive_workload(
+    cfg: BenchConfig, model: ModelSpec, seed: int, trace: Trace | None, dataset: Dataset | None
+) -> Workload:
     t = cfg.tuning
     conv, pc, rt = t.conversation, t.prefix_cache, t.rag
-    scope = KeyScope(model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention,
-                     world_size=cfg.tensor_parallel, chunk_size=cfg.kv_chunk_tokens)
+    scope = KeyScope(
+        model_name=model.key,
+        kv_dtype=model.dtype,
+        attention_layout=model.attention,
+        world_size=cfg.tensor_parallel,
+        chunk_size=cfg.kv_chunk_tokens,
+    )
     settings = ConversationSettings(
-        layout=cfg.kv_layout, chunk_tokens=cfg.kv_chunk_tokens, multi_turn=not cfg.disable_multi_turn,
-        prefix_caching=not cfg.disable_prefix_caching, end_probability=conv.end_probability,
-        max_turns_per_conv=conv.max_turns_per_conv, max_context_tokens=conv.max_context_tokens,
+        layout=cfg.kv_layout,
+        chunk_tokens=cfg.kv_chunk_tokens,
+        multi_turn=not cfg.disable_multi_turn,
+        prefix_caching=not cfg.disable_prefix_caching,
+        end_probability=conv.end_probability,
+        max_turns_per_conv=conv.max_turns_per_conv,
+        max_context_tokens=conv.max_context_tokens,
         num_system_prompts=pc.num_system_prompts,
-        system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)))
-    rag = RagCorpus(RagSettings(cfg.rag_num_docs, cfg.rag_top_k, rt.request_probability,
-                                (int(rt.doc_tokens.low), int(rt.doc_tokens.high)), rt.chunk_tokens,
-                                rt.popularity_skew), seed) if cfg.enable_rag else None
+        system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)),
+    )
+    rag = (
+        RagCorpus(
+            RagSettings(
+                cfg.rag_num_docs,
+                cfg.rag_top_k,
+                rt.request_probability,
+                (int(rt.doc_tokens.low), int(rt.doc_tokens.high)),
+                rt.chunk_tokens,
+                rt.popularity_skew,
+            ),
+            seed,
+        )
+        if cfg.enable_rag
+        else None
+    )
     # The autoscaler changes live synthetic users; a trace or dataset replay fixes the load itself.
-    autoscaler = (Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles)
-                  if cfg.enable_autoscaling and trace is None and dataset is None else None)
-    return Workload(users=make_users(cfg.num_users, t, seed), scope=scope, settings=settings,
-                    conversations=ConversationManager(cfg.max_conversations), rag=rag, trace=trace, dataset=dataset,
-                    autoscaler=autoscaler, per_token_s=getattr(t.generation_timing, cfg.generation_mode),
-                    decode_batch=t.decode.batch_size)
+    autoscaler = (
+        Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles)
+        if cfg.enable_autoscaling and trace is None and dataset is None
+        else None
+    )
+    return Workload(
+        users=make_users(cfg.num_users, t, seed),
+        scope=scope,
+        settings=settings,
+        conversations=ConversationManager(cfg.max_conversations),
+        rag=rag,
+        trace=trace,
+        dataset=dataset,
+        autoscaler=autoscaler,
+        per_token_s=getattr(t.generation_timing, cfg.generation_mode),
+        decode_batch=t.decode.batch_size,
+    )
 
 
 def derive(cfg: BenchConfig) -> Plan:
@@ -165,29 +202,52 @@ def derive(cfg: BenchConfig) -> Plan:
     need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * cfg.io_chunk_mb * MiB
     avail = mem_available_bytes()
     if avail and need > avail:
-        raise ConfigError(f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
-                          f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb")
+        raise ConfigError(
+            f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
+            f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb"
+        )
     plan = Plan(cfg, model, seed, slots, cfg.io_chunk_mb * MiB, derive_workload(cfg, model, seed, trace, dataset))
     tp = cfg.tensor_parallel
     if not model.shards_like_reference(tp):
-        share = ("the whole MLA latent" if model.attention == "mla"
-                 else f"{model.kv_heads_per_rank(tp)} of {model.kv_heads} KV heads")
-        plan.warnings.append(warning(
-            WarningCode.tp_sharding_differs,
-            f"--tensor-parallel {tp}: each rank stores {model.kv_bytes_per_token_per_rank(tp):,} B/token ({share}); "
-            f"the MLPerf reference divides every entry by {tp}", tensor_parallel=tp,
-            kv_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(tp),
-            reference_kv_bytes_per_token_per_rank=model.kv_bytes_per_token / tp))
+        share = (
+            "the whole MLA latent"
+            if model.attention == "mla"
+            else f"{model.kv_heads_per_rank(tp)} of {model.kv_heads} KV heads"
+        )
+        plan.warnings.append(
+            warning(
+                WarningCode.tp_sharding_differs,
+                f"--tensor-parallel {tp}: each rank stores {model.kv_bytes_per_token_per_rank(tp):,} B/token "
+                f"({share}); "
+                f"the MLPerf reference divides every entry by {tp}",
+                tensor_parallel=tp,
+                kv_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(tp),
+                reference_kv_bytes_per_token_per_rank=model.kv_bytes_per_token / tp,
+            )
+        )
     if dataset is not None and dataset.skipped_records:
-        plan.warnings.append(warning(WarningCode.dataset_records_skipped,
-                                     f"dataset: {dataset.skipped_records} records without a human/assistant pair "
-                                     "skipped", count=dataset.skipped_records))
+        plan.warnings.append(
+            warning(
+                WarningCode.dataset_records_skipped,
+                f"dataset: {dataset.skipped_records} records without a human/assistant pair skipped",
+                count=dataset.skipped_records,
+            )
+        )
     if trace is not None and trace.skipped_rows:
-        plan.warnings.append(warning(WarningCode.trace_rows_skipped,
-                                     f"trace: {trace.skipped_rows} rows with 0 response tokens (failed in the "
-                                     "source) skipped", count=trace.skipped_rows))
-    log.debug("derived: model %s (%d B/token per rank), seed %d, %d I/O slots", model.key,
-             model.kv_bytes_per_token_per_rank(tp), seed, slots)
+        plan.warnings.append(
+            warning(
+                WarningCode.trace_rows_skipped,
+                f"trace: {trace.skipped_rows} rows with 0 response tokens (failed in the source) skipped",
+                count=trace.skipped_rows,
+            )
+        )
+    log.debug(
+        "derived: model %s (%d B/token per rank), seed %d, %d I/O slots",
+        model.key,
+        model.kv_bytes_per_token_per_rank(tp),
+        seed,
+        slots,
+    )
     return plan
 
 
@@ -200,14 +260,20 @@ def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[l
             if ok:
                 backends.append(GpuTier(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)))
             else:
-                warnings.append(warning(WarningCode.gpu_tier_off,
-                                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
-                                        requested_gb=cfg.gpu_mem_gb, reason=why))
+                warnings.append(
+                    warning(
+                        WarningCode.gpu_tier_off,
+                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
+                        requested_gb=cfg.gpu_mem_gb,
+                        reason=why,
+                    )
+                )
         if cfg.cpu_mem_gb > 0:
             backends.append(MemoryTier(int(cfg.cpu_mem_gb * GiB)))
         try:
-            file_tier = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io,
-                                 keep_files=cfg.keep_cache)
+            file_tier = FileTier(
+                cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io, keep_files=cfg.keep_cache
+            )
         except UnusableDirectory as e:
             flag_ = "--direct-io on" if e.direct_io else "--cache-dir"
             raise ConfigError(f"{flag_}: {e}") from e
@@ -218,8 +284,13 @@ def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[l
     backends.append(file_tier)
     if not file_tier.direct:
         why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
-        warnings.append(warning(WarningCode.direct_io_off, f"direct I/O off ({why}): buffered write+fsync and "
-                                "fadvise(DONTNEED) are used instead", reason=why))
+        warnings.append(
+            warning(
+                WarningCode.direct_io_off,
+                f"direct I/O off ({why}): buffered write+fsync and fadvise(DONTNEED) are used instead",
+                reason=why,
+            )
+        )
     return backends, file_tier
 
 
@@ -234,11 +305,19 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         backends, file_tier = _tiers(plan, cache_dir, warnings)
         ev = cfg.tuning.eviction
         try:
-            store = TieredStore(backends, StoreConfig(
-                target_usage_ratio=ev.target_usage_ratio, large_entry_limit_ratio=ev.large_entry_limit_ratio,
-                max_recursion=ev.max_recursion_depth, promotion=cfg.promotion,
-                max_evictions_hard_cap=ev.max_evictions_hard_cap, max_evictions_min=ev.max_evictions_min),
-                sink, stop)
+            store = TieredStore(
+                backends,
+                StoreConfig(
+                    target_usage_ratio=ev.target_usage_ratio,
+                    large_entry_limit_ratio=ev.large_entry_limit_ratio,
+                    max_recursion=ev.max_recursion_depth,
+                    promotion=cfg.promotion,
+                    max_evictions_hard_cap=ev.max_evictions_hard_cap,
+                    max_evictions_min=ev.max_evictions_min,
+                ),
+                sink,
+                stop,
+            )
         except BaseException:
             for b in backends:
                 b.close()
@@ -250,15 +329,33 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     largest_entry = plan.entry_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
     bottom = file_tier.capacity_bytes * cfg.tuning.eviction.large_entry_limit_ratio
     if largest_entry > bottom:
-        warnings.append(warning(WarningCode.entry_exceeds_tier,
-                                f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage "
-                                f"tier accepts ({bottom / GiB:.2f} GiB): such requests will fail",
-                                largest_entry_bytes=largest_entry, tier_limit_bytes=int(bottom)))
-    log.debug("components: tiers %s, direct I/O %s, cache dir %s", " > ".join(store.tier_names),
-             "on" if file_tier.direct else "off", cache_dir)
-    return Components(store, NoiseBuffer(cfg.noise_mb * MiB, plan.seed), file_tier, cache_dir, owns, cfg.keep_cache,
-                      stop, warnings)
+        warnings.append(
+            warning(
+                WarningCode.entry_exceeds_tier,
+                f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage "
+                f"tier accepts ({bottom / GiB:.2f} GiB): such requests will fail",
+                largest_entry_bytes=largest_entry,
+                tier_limit_bytes=int(bottom),
+            )
+        )
+    log.debug(
+        "components: tiers %s, direct I/O %s, cache dir %s",
+        " > ".join(store.tier_names),
+        "on" if file_tier.direct else "off",
+        cache_dir,
+    )
+    return Components(
+        store, NoiseBuffer(cfg.noise_mb * MiB, plan.seed), file_tier, cache_dir, owns, cfg.keep_cache, stop, warnings
+    )
 
 
-__all__ = ["Plan", "Workload", "Components", "derive", "derive_workload", "build_components", "check_config",
-           "MAX_IMPLICIT_IO_SLOTS"]
+__all__ = [
+    "Plan",
+    "Workload",
+    "Components",
+    "derive",
+    "derive_workload",
+    "build_components",
+    "check_config",
+    "MAX_IMPLICIT_IO_SLOTS",
+]

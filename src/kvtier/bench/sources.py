@@ -30,8 +30,19 @@ def decode_only_requests(plan: Plan, user: UserProfile, entries: list[tuple[str,
     rng = user_rng(plan.seed, user.user_id, stream=3)
     for seq, (_, gen, think) in enumerate(draws(user, plan.seed)):
         key, tokens = entries[int(rng.integers(0, len(entries)))]
-        yield Request(user.user_id, seq, f"user{user.user_id}_decode_{seq:06d}", user.qos, user.priority,
-                      "prefill_decode", tokens, gen, think, decode_key=key, decode_tokens=tokens)
+        yield Request(
+            user.user_id,
+            seq,
+            f"user{user.user_id}_decode_{seq:06d}",
+            user.qos,
+            user.priority,
+            "prefill_decode",
+            tokens,
+            gen,
+            think,
+            decode_key=key,
+            decode_tokens=tokens,
+        )
 
 
 def user_requests(plan: Plan, user: UserProfile) -> Iterator[Request]:
@@ -39,7 +50,7 @@ def user_requests(plan: Plan, user: UserProfile) -> Iterator[Request]:
     RAG queries mixed in when enabled)."""
     w, cfg = plan.workload, plan.config
     if w.dataset is not None:
-        mine = w.dataset.conversations[user.user_id::len(w.users)]
+        mine = w.dataset.conversations[user.user_id :: len(w.users)]
         yield from dataset_requests(user, mine, plan.seed, cfg.replay_cycles, w.settings, w.scope, w.conversations)
         return
     reqs = conversation_requests(user, plan.seed, w.settings, w.scope, w.conversations)
@@ -66,11 +77,19 @@ def trace_requests(plan: Plan) -> Iterator[Request]:
         for i, tr in enumerate(trace.requests):
             qos = draw_qos(rng, cfg.tuning.qos_distribution)
             key = f"trace_c{cycle}_{i:07d}"
-            base = Request(user_id=n % max(1, cfg.num_users), seq=n, key=key, qos=qos,
-                           priority=cfg.tuning.qos_profiles[qos].priority, phase=phase_for(tr.input_tokens),
-                           context_tokens=tr.input_tokens, generate_tokens=tr.output_tokens, think_before_s=0.0,
-                           new_tokens=tr.input_tokens,
-                           arrival_s=cycle * (trace.requests[-1].arrival_s + 1.0) + tr.arrival_s)
+            base = Request(
+                user_id=n % max(1, cfg.num_users),
+                seq=n,
+                key=key,
+                qos=qos,
+                priority=cfg.tuning.qos_profiles[qos].priority,
+                phase=phase_for(tr.input_tokens),
+                context_tokens=tr.input_tokens,
+                generate_tokens=tr.output_tokens,
+                think_before_s=0.0,
+                new_tokens=tr.input_tokens,
+                arrival_s=cycle * (trace.requests[-1].arrival_s + 1.0) + tr.arrival_s,
+            )
             if cfg.kv_layout == "chunked" and tr.hash_ids is not None:
                 blocks = hash_id_chunks(tr.hash_ids, tr.input_tokens, trace.block_tokens or 512, w.scope)
                 yield dataclasses.replace(base, reads=tuple(blocks), prefix_reads=True)
@@ -78,8 +97,12 @@ def trace_requests(plan: Plan) -> Iterator[Request]:
                 chunks = segment_chunks([(key, tr.input_tokens)], cfg.kv_chunk_tokens, w.scope)
                 yield dataclasses.replace(base, writes=tuple(KVRef(c.key, c.tokens, "context") for c in chunks))
             else:
-                yield dataclasses.replace(base, writes=(KVRef(key, tr.input_tokens, "context"),),
-                                          decode_key=key, decode_tokens=tr.input_tokens)
+                yield dataclasses.replace(
+                    base,
+                    writes=(KVRef(key, tr.input_tokens, "context"),),
+                    decode_key=key,
+                    decode_tokens=tr.input_tokens,
+                )
             n += 1
 
 

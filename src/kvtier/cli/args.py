@@ -33,8 +33,7 @@ def _default_text(default: Any) -> str:
     return f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel],
-                         skip: tuple[str, ...] = ()) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = ()) -> None:
     """Add one option per CLI field of ``model`` (fields with ``cli=False`` or in ``skip`` are left out)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, info in model.model_fields.items():
@@ -75,8 +74,6 @@ def config_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str,
 def config_from_args(args: argparse.Namespace, model: type[M], **overrides: Any) -> M:
     """Validate the given options into ``model``; a ConfigError names each bad flag."""
     return validate_config(model, {**config_values(args, model), **overrides})
-
-
 
 
 __all__ = ["add_config_arguments", "config_values", "config_from_args"]

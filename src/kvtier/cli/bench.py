@@ -21,9 +21,12 @@ if TYPE_CHECKING:
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
-    p = sub.add_parser("bench", help="multi-tier KV cache storage benchmark (MLPerf Storage KV Cache flags)",
-                       description="Simulated users write and read KV-cache-sized entries through a waterfall "
-                                   "LRU over GPU (if present), CPU RAM and files on storage.")
+    p = sub.add_parser(
+        "bench",
+        help="multi-tier KV cache storage benchmark (MLPerf Storage KV Cache flags)",
+        description="Simulated users write and read KV-cache-sized entries through a waterfall "
+        "LRU over GPU (if present), CPU RAM and files on storage.",
+    )
     add_config_arguments(p, BenchConfig)
     p.set_defaults(func=run_bench)
 
@@ -46,9 +49,9 @@ def configure_logging(level: str) -> logging.Logger:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from kvtier.bench import run  # noqa: PLC0415
-    from kvtier.bench.progress import Progress  # noqa: PLC0415
-    from kvtier.report.envelope import exit_code, utc_now  # noqa: PLC0415
+    from kvtier.bench import run
+    from kvtier.bench.progress import Progress
+    from kvtier.report.envelope import exit_code, utc_now
 
     cfg = config_from_args(args, BenchConfig)
     log = configure_logging(cfg.log_level)
@@ -56,10 +59,13 @@ def run_bench(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"output": f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"})
 
     def on_start(plan: Plan, comp: Components) -> None:
-        print(f"kvtier bench: {cfg.model} ({plan.model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)} B/token"
-              f"{' per rank' if cfg.tensor_parallel > 1 else ''}), {cfg.num_users} users, {cfg.duration:g} s, "
-              f"tiers {' > '.join(comp.store.tier_names)}, direct I/O {'on' if comp.file_tier.direct else 'off'}, "
-              f"{plan.io_slots} I/O slots, seed {plan.seed}", file=sys.stderr)
+        print(
+            f"kvtier bench: {cfg.model} ({plan.model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)} B/token"
+            f"{' per rank' if cfg.tensor_parallel > 1 else ''}), {cfg.num_users} users, {cfg.duration:g} s, "
+            f"tiers {' > '.join(comp.store.tier_names)}, direct I/O {'on' if comp.file_tier.direct else 'off'}, "
+            f"{plan.io_slots} I/O slots, seed {plan.seed}",
+            file=sys.stderr,
+        )
         for w in [*plan.warnings, *comp.warnings]:
             log.warning(w.message)
 
@@ -70,8 +76,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def print_summary(result: BenchResult, path: Path) -> None:
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
+    from rich.console import Console
+    from rich.table import Table
 
     s = result.summary
     cs = s.cache_stats
@@ -87,19 +93,22 @@ def print_summary(result: BenchResult, path: Path) -> None:
         ("requests completed / failed", f"{result.requests_completed:,} / {result.requests_failed:,}"),
         ("throughput (generated tokens/s)", fmt(s.avg_throughput_tokens_per_sec)),
         ("storage throughput (tokens/s)", fmt(s.storage_throughput_tokens_per_sec)),
-        ("read / write GB/s (all tiers)", f"{s.storage_read_bytes_per_sec / 1e9:.3f} / "
-                                          f"{s.storage_write_bytes_per_sec / 1e9:.3f}"),
-        ("end-to-end latency p50 / p95 ms", f"{fmt(s.end_to_end_latency_ms.p50)} / "
-                                            f"{fmt(s.end_to_end_latency_ms.p95)}"),
+        (
+            "read / write GB/s (all tiers)",
+            f"{s.storage_read_bytes_per_sec / 1e9:.3f} / {s.storage_write_bytes_per_sec / 1e9:.3f}",
+        ),
+        ("end-to-end latency p50 / p95 ms", f"{fmt(s.end_to_end_latency_ms.p50)} / {fmt(s.end_to_end_latency_ms.p95)}"),
         ("storage I/O latency p95 ms", fmt(s.storage_io_latency_ms.p95)),
         ("cache hit rate", fmt(cs.cache_hit_rate)),
-        ("storage write device p95 ms", fmt(getattr(cs, "storage_write_device_p95_ms"))),
-        ("storage read device p95 ms", fmt(getattr(cs, "storage_read_device_p95_ms"))),
+        ("storage write device p95 ms", fmt(cs.percentile_ms("storage_write_device", "p95"))),
+        ("storage read device p95 ms", fmt(cs.percentile_ms("storage_read_device", "p95"))),
         ("demotions / evictions", f"{cs.demotions:,} / {cs.evictions:,}"),
         ("host time fraction", fmt(s.host_time_fraction)),
         (f"storage health ({health.profile})", f"{health.overall_status} {health.passed_count}/{health.total_count}"),
-        ("peak RSS GiB (bound)", f"{result.memory.peak_rss_bytes / 2**30:.2f} "
-                                 f"({result.memory.bound_bytes / 2**30:.2f})"),
+        (
+            "peak RSS GiB (bound)",
+            f"{result.memory.peak_rss_bytes / 2**30:.2f} ({result.memory.bound_bytes / 2**30:.2f})",
+        ),
     ]
     for k, v in rows:
         t.add_row(k, v)

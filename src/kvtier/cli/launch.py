@@ -14,18 +14,24 @@ from kvtier.errors import ConfigError
 
 
 def add_launch_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
-    p = sub.add_parser("launch", help="start a tier's sidecar, replicas and Caddy, run a replay through them, stop",
-                       description="kvtier launch --tier gpu|cpu|nvme --engine vllm|sim [--build nvidia|amd] "
-                                   "[--replicas N] [--dry-run] --output OUTDIR -- <replay arguments>")
+    p = sub.add_parser(
+        "launch",
+        help="start a tier's sidecar, replicas and Caddy, run a replay through them, stop",
+        description="kvtier launch --tier gpu|cpu|nvme --engine vllm|sim [--build nvidia|amd] "
+        "[--replicas N] [--dry-run] --output OUTDIR -- <replay arguments>",
+    )
     add_config_arguments(p, LaunchConfig)
-    p.add_argument("replay_args", nargs=argparse.REMAINDER, help="-- [replay] <replay arguments without --base-url/"
-                                                                 "--output/--metrics-url>")
+    p.add_argument(
+        "replay_args",
+        nargs=argparse.REMAINDER,
+        help="-- [replay] <replay arguments without --base-url/--output/--metrics-url>",
+    )
     p.set_defaults(func=run_launch)
 
 
 def parse_replay_args(raw: list[str]) -> ReplayConfig:
     """The replay arguments after ``--`` (an optional leading ``replay`` is skipped), as a ReplayConfig."""
-    from kvtier.cli.replay import add_replay_arguments  # noqa: PLC0415
+    from kvtier.cli.replay import add_replay_arguments
 
     args = list(raw)
     if args and args[0] == "--":
@@ -42,14 +48,17 @@ def parse_replay_args(raw: list[str]) -> ReplayConfig:
 
 
 def run_launch(a: argparse.Namespace) -> int:
-    from kvtier.launch import plan, run  # noqa: PLC0415
+    from kvtier.launch import plan, run
 
     values = config_values(a, LaunchConfig)
     cfg = validate_config(LaunchConfig, {**values, "replay": parse_replay_args(a.replay_args)})
     if cfg.dry_run:
         lp = plan(cfg)
-        print(f"# kvtier launch --dry-run: profile {lp.profile_name} ({lp.profile_source}); ports are examples "
-              "chosen free now", file=sys.stderr)
+        print(
+            f"# kvtier launch --dry-run: profile {lp.profile_name} ({lp.profile_source}); ports are examples "
+            "chosen free now",
+            file=sys.stderr,
+        )
         for line in lp.lines():
             print(line)
         if lp.caddyfile:

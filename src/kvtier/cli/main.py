@@ -10,11 +10,11 @@ from kvtier.errors import KvtierError, exit_code_for
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvtier.cli.bench import add_bench_parser  # noqa: PLC0415
-    from kvtier.cli.launch import add_launch_parser  # noqa: PLC0415
-    from kvtier.cli.plan import add_plan_parser  # noqa: PLC0415
-    from kvtier.cli.replay import add_replay_parser  # noqa: PLC0415
-    from kvtier.cli.sim import add_cache_server_parser, add_sim_parser  # noqa: PLC0415
+    from kvtier.cli.bench import add_bench_parser
+    from kvtier.cli.launch import add_launch_parser
+    from kvtier.cli.plan import add_plan_parser
+    from kvtier.cli.replay import add_replay_parser
+    from kvtier.cli.sim import add_cache_server_parser, add_sim_parser
 
     p = argparse.ArgumentParser(prog="kvtier", description="Where should the KV cache live, and what does it cost?")
     p.add_argument("--version", action="version", version=f"kvtier {__version__}")

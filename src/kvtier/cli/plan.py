@@ -1,4 +1,7 @@
-"""``kvtier plan``: KV bytes per token, break-even, the fetch gate, capacity, measured fetch costs."""
+"""``kvtier plan``: KV bytes per token, break-even, the fetch gate, capacity, measured fetch costs.
+
+Parses the flags (units, the model), calls ``kvtier.plan.reports``, and prints a table or the JSON
+of the typed report."""
 
 from __future__ import annotations
 
@@ -8,9 +11,11 @@ import math
 import sys
 from typing import Any
 
+from pydantic import BaseModel
+
 from kvtier.errors import ConfigError
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
-from kvtier.plan import capacity, costs
+from kvtier.plan import costs, reports
 from kvtier.plan.units import fmt_bandwidth, fmt_seconds, parse_bandwidth, parse_duration
 
 
@@ -29,15 +34,21 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _model(a: argparse.Namespace) -> ModelSpec:
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
     if a.model:
         m = resolve_model(a.model, build_catalog())
     elif a.layers:
-        raw: dict[str, Any] = {"num_layers": a.layers, "kv_heads": a.kv_heads or 0, "head_dim": a.head_dim or 0,
-                               "attention_type": a.attention or ("mla" if a.kv_lora_rank else "gqa"),
-                               "kv_lora_rank": a.kv_lora_rank, "qk_rope_head_dim": a.qk_rope_head_dim}
-        from kvtier.modelspec import spec_from_reference  # noqa: PLC0415
+        raw: dict[str, Any] = {
+            "num_layers": a.layers,
+            "kv_heads": a.kv_heads or 0,
+            "head_dim": a.head_dim or 0,
+            "attention_type": a.attention or ("mla" if a.kv_lora_rank else "gqa"),
+            "kv_lora_rank": a.kv_lora_rank,
+            "qk_rope_head_dim": a.qk_rope_head_dim,
+        }
+        from kvtier.modelspec import spec_from_reference
+
         m = spec_from_reference("custom", raw)
     else:
         raise ConfigError("--model: give a catalog model or --layers with --kv-heads and --head-dim")
@@ -46,10 +57,6 @@ def _model(a: argparse.Namespace) -> ModelSpec:
     if a.tp < 1:
         raise ConfigError("--tp: must be >= 1")
     return m
-
-
-def _kvpt(a: argparse.Namespace, m: ModelSpec) -> float:
-    return capacity.kv_bytes_per_token(m, a.tp)
 
 
 def _positive(v: str, flag: str) -> float:
@@ -62,12 +69,12 @@ def _positive(v: str, flag: str) -> float:
     return x
 
 
-def _emit(a: argparse.Namespace, data: dict[str, Any], table: Any, lines: list[str]) -> None:
+def _emit(a: argparse.Namespace, report: BaseModel, table: Any, lines: list[str]) -> None:
     if a.json:
-        json.dump(data, sys.stdout, indent=2)
+        json.dump(report.model_dump(mode="json", exclude_unset=True), sys.stdout, indent=2)
         print()
         return
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console
 
     c = Console(width=None if sys.stdout.isatty() else 160)  # no terminal: do not squeeze tables to 80
     for line in lines:
@@ -77,7 +84,7 @@ def _emit(a: argparse.Namespace, data: dict[str, Any], table: Any, lines: list[s
 
 
 def _table(title: str, cols: list[str]) -> Any:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     t = Table(title=title)
     for i, col in enumerate(cols):
@@ -88,29 +95,28 @@ def _table(title: str, cols: list[str]) -> Any:
 # -- bytes ---------------------------------------------------------------------------------------
 def cmd_bytes(a: argparse.Namespace) -> int:
     if a.list or not (a.model or a.layers):
-        rows = []
-        for key, m in build_catalog().items():
-            rows.append({"model": key, "attention": m.attention, "layers": m.num_layers, "kv_heads": m.kv_heads,
-                         "head_dim": m.head_dim, "dtype": m.dtype, "kv_bytes_per_token": m.kv_bytes_per_token,
-                         "gib_per_million_tokens": round(capacity.gib_per_million_tokens(m), 3)})
-        t = _table("KV bytes per token (catalog)", list(rows[0].keys()))
-        for r in rows:
-            t.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()])
-        _emit(a, {"models": rows}, t, [])
+        cat = reports.catalog_report(build_catalog())
+        cols = list(reports.CatalogRow.model_fields)
+        t = _table("KV bytes per token (catalog)", cols)
+        for row in cat.models:
+            t.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in row.model_dump().values()])
+        _emit(a, cat, t, [])
         return 0
-    m = _model(a)
-    kvpt = _kvpt(a, m)
-    data = {"model": m.key, "attention": m.attention, "dtype": m.dtype, "tensor_parallel": a.tp,
-            "kv_bytes_per_token": kvpt, "kv_kib_per_token": kvpt / 1024,
-            "entry_shape_per_token": list(m.entry_shape(1)),
-            "gib_per_million_tokens": capacity.gib_per_million_tokens(m, a.tp)}
-    _emit(a, data, None, [f"{m.key} ({m.attention}, {m.dtype}, TP {a.tp}): {kvpt:,.0f} B/token "
-                          f"({kvpt / 1024:,.2f} KiB); {data['gib_per_million_tokens']:.2f} GiB per million tokens"])
+    r = reports.bytes_report(_model(a), a.tp)
+    _emit(
+        a,
+        r,
+        None,
+        [
+            f"{r.model} ({r.attention}, {r.dtype}, TP {a.tp}): {r.kv_bytes_per_token:,.0f} B/token "
+            f"({r.kv_kib_per_token:,.2f} KiB); {r.gib_per_million_tokens:.2f} GiB per million tokens"
+        ],
+    )
     return 0
 
 
 # -- breakeven -------------------------------------------------------------------------------------
-def _pairs(bws: list[str], rtts: list[str]) -> list[tuple[str, float, str, float]]:
+def _links(bws: list[str], rtts: list[str]) -> list[reports.Link]:
     if not bws:
         raise ConfigError("--net-bw: give at least one link bandwidth")
     rtts = rtts or ["0"]
@@ -119,101 +125,109 @@ def _pairs(bws: list[str], rtts: list[str]) -> list[tuple[str, float, str, float
     if len(bws) == 1:
         bws = bws * len(rtts)
     if len(bws) != len(rtts):
-        raise ConfigError(f"--net-bw / --rtt: {len(bws)} bandwidths and {len(rtts)} round trips; give one RTT, "
-                          "or one per bandwidth (they pair in order)")
-    return [(b, parse_bandwidth(b, "--net-bw"), r, parse_duration(r, "--rtt")) for b, r in zip(bws, rtts)]
+        raise ConfigError(
+            f"--net-bw / --rtt: {len(bws)} bandwidths and {len(rtts)} round trips; give one RTT, "
+            "or one per bandwidth (they pair in order)"
+        )
+    return [reports.Link(b, parse_bandwidth(b, "--net-bw"), r, parse_duration(r, "--rtt")) for b, r in zip(bws, rtts)]
 
 
 def cmd_breakeven(a: argparse.Namespace) -> int:
     m = _model(a)
-    kvpt = _kvpt(a, m)
-    ctx = int(_positive(a.context, "--context"))
-    tps = _positive(a.prefill_tps, "--prefill-tps")
     comp = _positive(a.compression, "--compression")
-    hbm = parse_bandwidth(a.hbm_bw, "--hbm-bw")
-    pairs = _pairs(a.net_bw, a.rtt)
-    rec = costs.recompute_s(ctx, tps)
-    be = costs.breakeven_bandwidth(kvpt, tps)
-    be_c = costs.breakeven_bandwidth(kvpt, tps, comp)
-    links = []
-    for bw_text, bw, rtt_text, rtt in pairs:
-        try:
-            exact: float | None = costs.breakeven_bandwidth_exact(ctx, kvpt, tps, rtt, comp)
-            exact_note = ""
-        except costs.NoBreakEven as e:
-            exact, exact_note = None, str(e)
-        f1 = costs.fetch_s(ctx, kvpt, bw, rtt)
-        fc = costs.fetch_s(ctx, kvpt, bw, rtt, comp)
-        links.append({
-            "net_bw": bw_text, "net_bw_bytes_per_s": bw, "rtt": rtt_text, "rtt_s": rtt,
-            "decode_local_s_per_token": costs.decode_local_s(ctx, kvpt, hbm, a.stages, rtt),
-            "stream_remote_s_per_token": costs.stream_remote_s(ctx, kvpt, bw, rtt),
-            "query_shipping_s_per_token": costs.query_shipping_s(m.num_layers, rtt),
-            "fetch_s": f1, "fetch_compressed_s": fc, "recompute_s": rec,
-            "breakeven_exact_bytes_per_s": exact, "breakeven_exact_note": exact_note,
-            "min_context_for_fetch_tokens": costs.min_context_for_fetch(kvpt, bw, rtt, tps, comp),
-            "verdict": "fetch" if fc < rec else "recompute",
-        })
-    data = {"model": m.key, "kv_bytes_per_token": kvpt, "context_tokens": ctx, "kv_bytes": ctx * kvpt,
-            "prefill_tokens_per_s": tps, "hbm_bytes_per_s": hbm, "stages": a.stages, "compression": comp,
-            "recompute_s": rec, "breakeven_bytes_per_s": be, "breakeven_compressed_bytes_per_s": be_c,
-            "breakeven_gbit_per_s": be * 8 / 1e9, "breakeven_compressed_gbit_per_s": be_c * 8 / 1e9,
-            "links": links}
-    t = _table(f"{m.key}, {ctx:,} tokens of context", ["per link"] + [f"{L['net_bw']}, RTT {L['rtt']}"
-                                                                     for L in links])
-    rows = [
-        (f"decode, KV local ({a.stages} stages), per token", lambda L: fmt_seconds(L["decode_local_s_per_token"])),
-        ("decode, KV streamed from a store, per token", lambda L: fmt_seconds(L["stream_remote_s_per_token"])),
-        ("decode, queries shipped to the store, per token", lambda L: fmt_seconds(L["query_shipping_s_per_token"])),
-        ("prefix fetch, once per request", lambda L: fmt_seconds(L["fetch_s"])),
-        (f"prefix fetch at {comp:g}x compression", lambda L: fmt_seconds(L["fetch_compressed_s"])),
+    links = _links(a.net_bw, a.rtt)
+    r = reports.breakeven_report(
+        m,
+        int(_positive(a.context, "--context")),
+        _positive(a.prefill_tps, "--prefill-tps"),
+        parse_bandwidth(a.hbm_bw, "--hbm-bw"),
+        a.stages,
+        links,
+        comp,
+        a.tp,
+    )
+    rec = r.recompute_s
+    t = _table(
+        f"{m.key}, {r.context_tokens:,} tokens of context", ["per link"] + [f"{L.net_bw}, RTT {L.rtt}" for L in r.links]
+    )
+    rows: list[tuple[str, Any]] = [
+        (f"decode, KV local ({a.stages} stages), per token", lambda L: fmt_seconds(L.decode_local_s_per_token)),
+        ("decode, KV streamed from a store, per token", lambda L: fmt_seconds(L.stream_remote_s_per_token)),
+        ("decode, queries shipped to the store, per token", lambda L: fmt_seconds(L.query_shipping_s_per_token)),
+        ("prefix fetch, once per request", lambda L: fmt_seconds(L.fetch_s)),
+        (f"prefix fetch at {comp:g}x compression", lambda L: fmt_seconds(L.fetch_compressed_s)),
         ("recompute (re-prefill)", lambda L: fmt_seconds(rec)),
-        (f"RTT-aware break-even at this context ({comp:g}x)",
-         lambda L: fmt_bandwidth(L["breakeven_exact_bytes_per_s"]) if L["breakeven_exact_bytes_per_s"] else "none"),
-        ("verdict (uncompressed)", lambda L: "fetch" if L["fetch_s"] < rec else "recompute"),
-        (f"verdict ({comp:g}x)", lambda L: L["verdict"]),
+        (
+            f"RTT-aware break-even at this context ({comp:g}x)",
+            lambda L: fmt_bandwidth(L.breakeven_exact_bytes_per_s) if L.breakeven_exact_bytes_per_s else "none",
+        ),
+        ("verdict (uncompressed)", lambda L: "fetch" if L.fetch_s < rec else "recompute"),
+        (f"verdict ({comp:g}x)", lambda L: L.verdict),
     ]
     for label, cell in rows:
-        t.add_row(label, *[cell(L) for L in links])
-    lines = [f"KV: {kvpt:,.0f} B/token ({kvpt / 1024:,.4g} KiB); {ctx:,} tokens = {ctx * kvpt / 1e9:.3f} GB",
-             f"recompute at {tps:,.0f} tok/s: {fmt_seconds(rec)}",
-             f"break-even bandwidth (long-context closed form): {fmt_bandwidth(be)}; "
-             f"at {comp:g}× compression {fmt_bandwidth(be_c)}"]
+        t.add_row(label, *[cell(L) for L in r.links])
+    kvpt = r.kv_bytes_per_token
+    lines = [
+        f"KV: {kvpt:,.0f} B/token ({kvpt / 1024:,.4g} KiB); {r.context_tokens:,} tokens = {r.kv_bytes / 1e9:.3f} GB",
+        f"recompute at {r.prefill_tokens_per_s:,.0f} tok/s: {fmt_seconds(rec)}",
+        f"break-even bandwidth (long-context closed form): {fmt_bandwidth(r.breakeven_bytes_per_s)}; "
+        f"at {comp:g}× compression {fmt_bandwidth(r.breakeven_compressed_bytes_per_s)}",
+    ]
     if a.plot:
-        plot_breakeven(a.plot, m.key, kvpt, tps, comp, pairs, ctx)
+        plot_breakeven(a.plot, m.key, kvpt, r.prefill_tokens_per_s, comp, links, r.context_tokens)
         lines.append(f"plot: {a.plot}")
-    _emit(a, data, t, lines)
-    for L in links:
-        if L["breakeven_exact_note"] and not a.json:
-            print(f"note ({L['net_bw']}, {L['rtt']}): {L['breakeven_exact_note']}", file=sys.stderr)
+    _emit(a, r, t, lines)
+    for L in r.links:
+        if L.breakeven_exact_note and not a.json:
+            print(f"note ({L.net_bw}, {L.rtt}): {L.breakeven_exact_note}", file=sys.stderr)
     return 0
 
 
-def plot_breakeven(path: str, model: str, kvpt: float, tps: float, comp: float,
-                   pairs: list[tuple[str, float, str, float]], ctx_mark: int) -> None:
+def plot_breakeven(
+    path: str,
+    model: str,
+    kvpt: float,
+    tps: float,
+    comp: float,
+    links: list[reports.Link],
+    ctx_mark: int,
+) -> None:
     try:
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     ctx = np.unique(np.geomspace(1, max(ctx_mark * 16, 1 << 17), 300).astype(int))
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.plot(ctx, ctx / tps, "k-", lw=2, label=f"recompute ({tps:,.0f} tok/s)")
-    for bw_text, bw, rtt_text, rtt in pairs:
+    for link in links:
+        bw_text, bw, rtt_text, rtt = link.bw_label, link.bw_bytes_per_s, link.rtt_label, link.rtt_s
         y = rtt + ctx * kvpt / (bw * comp)
-        line, = ax.plot(ctx, y, label=f"fetch {bw_text}, RTT {rtt_text}" + (f", {comp:g}×" if comp != 1 else ""))
+        (line,) = ax.plot(ctx, y, label=f"fetch {bw_text}, RTT {rtt_text}" + (f", {comp:g}×" if comp != 1 else ""))
         if comp != 1:
-            ax.plot(ctx, rtt + ctx * kvpt / bw, ls="--", lw=1, color=line.get_color(),
-                    label=f"fetch {bw_text}, RTT {rtt_text}, uncompressed")
+            ax.plot(
+                ctx,
+                rtt + ctx * kvpt / bw,
+                ls="--",
+                lw=1,
+                color=line.get_color(),
+                label=f"fetch {bw_text}, RTT {rtt_text}, uncompressed",
+            )
         c0 = costs.min_context_for_fetch(kvpt, bw, rtt, tps, comp)
         if c0 is not None and ctx[0] <= c0 <= ctx[-1]:
             ax.axvline(c0, color=line.get_color(), ls=":", lw=1)
-            ax.annotate(f"break-even {c0:,.0f} tok", (c0, c0 / tps), textcoords="offset points", xytext=(5, -12),
-                        fontsize=8, color=line.get_color())
+            ax.annotate(
+                f"break-even {c0:,.0f} tok",
+                (c0, c0 / tps),
+                textcoords="offset points",
+                xytext=(5, -12),
+                fontsize=8,
+                color=line.get_color(),
+            )
     ax.axvline(ctx_mark, color="grey", ls="--", lw=1, label=f"context {ctx_mark:,}")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -228,90 +242,93 @@ def plot_breakeven(path: str, model: str, kvpt: float, tps: float, comp: float,
 
 
 # -- gate ----------------------------------------------------------------------------------------
+def _case(case: str) -> reports.GateCase:
+    parts = [p.strip() for p in case.split(",")]
+    if len(parts) not in (2, 3):
+        raise ConfigError(f"--case {case!r}: expected BW,RTT or BW,RTT,COMPRESSION")
+    comp = _positive(parts[2], f"--case {case!r}") if len(parts) == 3 else 1.0
+    return reports.GateCase(
+        case, parse_bandwidth(parts[0], f"--case {case!r}"), parse_duration(parts[1], f"--case {case!r}"), comp
+    )
+
+
 def cmd_gate(a: argparse.Namespace) -> int:
     m = _model(a)
-    kvpt = _kvpt(a, m)
-    ctx = int(_positive(a.context, "--context"))
-    tps = _positive(a.prefill_tps, "--prefill-tps")
     if not a.case:
         raise ConfigError("--case: give at least one BW,RTT[,COMPRESSION] case")
-    rows = []
-    for case in a.case:
-        parts = [p.strip() for p in case.split(",")]
-        if len(parts) not in (2, 3):
-            raise ConfigError(f"--case {case!r}: expected BW,RTT or BW,RTT,COMPRESSION")
-        bw = parse_bandwidth(parts[0], f"--case {case!r}")
-        rtt = parse_duration(parts[1], f"--case {case!r}")
-        comp = _positive(parts[2], f"--case {case!r}") if len(parts) == 3 else 1.0
-        d = costs.should_fetch(ctx, kvpt, bw, rtt, tps, comp)
-        rows.append({"case": case, "net_bw_bytes_per_s": bw, "rtt_s": rtt, "compression": comp,
-                     "fetch_s": round(d.fetch_s, 4), "recompute_s": round(d.recompute_s, 4),
-                     "verdict": d.verdict, "reason": d.reason})
-    t = _table(f"fetch gate: {m.key}, {ctx:,} tokens, prefill {tps:,.0f} tok/s",
-               ["case", "fetch (s)", "recompute (s)", "verdict"])
-    for r in rows:
-        t.add_row(r["case"], f"{r['fetch_s']:.4f}", f"{r['recompute_s']:.4f}", r["verdict"])
-    _emit(a, {"model": m.key, "kv_bytes_per_token": kvpt, "context_tokens": ctx, "prefill_tokens_per_s": tps,
-              "cases": rows}, t, [])
+    r = reports.gate_report(
+        m,
+        int(_positive(a.context, "--context")),
+        _positive(a.prefill_tps, "--prefill-tps"),
+        [_case(c) for c in a.case],
+        a.tp,
+    )
+    t = _table(
+        f"fetch gate: {m.key}, {r.context_tokens:,} tokens, prefill {r.prefill_tokens_per_s:,.0f} tok/s",
+        ["case", "fetch (s)", "recompute (s)", "verdict"],
+    )
+    for row in r.cases:
+        t.add_row(row.case, f"{row.fetch_s:.4f}", f"{row.recompute_s:.4f}", row.verdict)
+    _emit(a, r, t, [])
     return 0
 
 
 # -- capacity ------------------------------------------------------------------------------------
+def _tier(spec: str) -> tuple[str, float]:
+    name, _, size = spec.partition("=")
+    if not size:
+        raise ConfigError(f"--tier {spec!r}: expected NAME=SIZE_GB, e.g. cpu=512")
+    return name, _positive(size, f"--tier {spec!r}") * 1e9
+
+
 def cmd_capacity(a: argparse.Namespace) -> int:
     m = _model(a)
-    kvpt = _kvpt(a, m)
-    data: dict[str, Any] = {"model": m.key, "kv_bytes_per_token": kvpt,
-                            "gib_per_million_tokens": capacity.gib_per_million_tokens(m, a.tp)}
-    lines = [f"{m.key}: {kvpt:,.0f} B/token; one million cached tokens = {data['gib_per_million_tokens']:.2f} GiB"]
-    if a.tokens is not None:
-        plan = capacity.bytes_for_tokens(m, a.tokens, a.headroom, a.tp)
-        data["tokens"] = {"tokens": a.tokens, "kv_bytes": plan.kv_bytes, "with_headroom_bytes": plan.with_headroom_bytes,
-                          "headroom": a.headroom}
-        lines.append(f"{a.tokens:,} tokens: {plan.kv_bytes / 2**30:,.2f} GiB of KV, "
-                     f"{plan.with_headroom_bytes / 2**30:,.2f} GiB with {a.headroom:.0%} eviction headroom")
-    tiers = {}
-    for spec in a.tier or []:
-        name, _, size = spec.partition("=")
-        if not size:
-            raise ConfigError(f"--tier {spec!r}: expected NAME=SIZE_GB, e.g. cpu=512")
-        gb = _positive(size, f"--tier {spec!r}")
-        users = capacity.users_per_tier(m, gb * 1e9, a.tokens_per_user, a.target_usage, a.tp)
-        tiers[name] = {"capacity_bytes": gb * 1e9, "tokens": int(gb * 1e9 * a.target_usage / kvpt), "users": users}
-        lines.append(f"tier {name} ({gb:g} GB at {a.target_usage:.0%}): {tiers[name]['tokens']:,} tokens = "
-                     f"{users:,} users of {a.tokens_per_user:,} tokens")
-    data["tiers"] = tiers
-    _emit(a, data, None, lines)
+    r = reports.capacity_report(
+        m, a.tokens, a.headroom, dict(_tier(s) for s in a.tier or []), a.tokens_per_user, a.target_usage, a.tp
+    )
+    lines = [
+        f"{m.key}: {r.kv_bytes_per_token:,.0f} B/token; one million cached tokens = {r.gib_per_million_tokens:.2f} GiB"
+    ]
+    if r.tokens is not None:
+        lines.append(
+            f"{r.tokens.tokens:,} tokens: {r.tokens.kv_bytes / 2**30:,.2f} GiB of KV, "
+            f"{r.tokens.with_headroom_bytes / 2**30:,.2f} GiB with {a.headroom:.0%} eviction headroom"
+        )
+    for name, tier in r.tiers.items():
+        lines.append(
+            f"tier {name} ({tier.capacity_bytes / 1e9:g} GB at {a.target_usage:.0%}): {tier.tokens:,} tokens = "
+            f"{tier.users:,} users of {a.tokens_per_user:,} tokens"
+        )
+    _emit(a, r, None, lines)
     return 0
 
 
 # -- measured fetch costs ------------------------------------------------------------------------
 def cmd_fetch(a: argparse.Namespace) -> int:
-    from kvtier.plan.measured import load_read_costs  # noqa: PLC0415
+    from kvtier.plan.measured import load_read_costs
 
     tier_costs, result = load_read_costs(a.from_)
-    meta = {"model": result.model.key, "status": result.status.value, "file": str(a.from_)}
+    source = reports.FetchSource(model=result.model.key, status=result.status.value, file=str(a.from_))
     m = _model(a) if (a.model or a.layers) else resolve_model(result.model.key, build_catalog())
-    kvpt = _kvpt(a, m)
     tps = _positive(a.prefill_tps, "--prefill-tps")
-    contexts = [int(_positive(x, "--context")) for x in a.context.split(",")]
-    rows = []
-    for tc in tier_costs:
-        for ctx in contexts:
-            nbytes = ctx * kvpt
-            f_mean, f_p95 = tc.fetch_s(nbytes, False), tc.fetch_s(nbytes, True)
-            rec = costs.recompute_s(ctx, tps)
-            rows.append({"tier": tc.tier, "context_tokens": ctx, "kv_bytes": nbytes,
-                         "measured_mean_op_bytes": tc.mean_bytes, "measured_read_mean_ms": tc.mean_ms,
-                         "measured_read_p95_ms": tc.p95_ms, "fetch_mean_s": f_mean, "fetch_p95_s": f_p95,
-                         "recompute_s": rec, "verdict": "fetch" if f_p95 < rec else "recompute",
-                         "extrapolated": tc.extrapolated(nbytes)})
-    t = _table(f"measured fetch vs recompute ({meta['file']}, model {m.key}, {tps:,.0f} tok/s)",
-               ["tier", "context", "fetch mean", "fetch p95", "recompute", "verdict", "note"])
-    for r in rows:
-        t.add_row(r["tier"], f"{r['context_tokens']:,}", fmt_seconds(r["fetch_mean_s"]), fmt_seconds(r["fetch_p95_s"]),
-                  fmt_seconds(r["recompute_s"]), r["verdict"], "extrapolated" if r["extrapolated"] else "")
-    _emit(a, {"source": meta, "model": m.key, "kv_bytes_per_token": kvpt, "rows": rows}, t,
-          ["fetch cost = measured end-to-end read latency of the tier, scaled by bytes; verdict on p95"])
+    r = reports.fetch_report(
+        tier_costs, source, m, tps, [int(_positive(x, "--context")) for x in a.context.split(",")], a.tp
+    )
+    t = _table(
+        f"measured fetch vs recompute ({source.file}, model {m.key}, {tps:,.0f} tok/s)",
+        ["tier", "context", "fetch mean", "fetch p95", "recompute", "verdict", "note"],
+    )
+    for row in r.rows:
+        t.add_row(
+            row.tier,
+            f"{row.context_tokens:,}",
+            fmt_seconds(row.fetch_mean_s),
+            fmt_seconds(row.fetch_p95_s),
+            fmt_seconds(row.recompute_s),
+            row.verdict,
+            "extrapolated" if row.extrapolated else "",
+        )
+    _emit(a, r, t, ["fetch cost = measured end-to-end read latency of the tier, scaled by bytes; verdict on p95"])
     return 0
 
 

@@ -43,27 +43,32 @@ def run_replay(a: argparse.Namespace) -> int:
 
 def replay(cfg: ReplayConfig) -> int:
     """Run a replay as the CLI does (announce, run, print the summary line); returns the exit code."""
-    from kvtier.replay import run  # noqa: PLC0415
-    from kvtier.report.envelope import exit_code  # noqa: PLC0415
+    from kvtier.replay import run
+    from kvtier.report.envelope import exit_code
 
     def on_start(plan: ReplayPlan) -> None:
-        print(f"kvtier replay: {len(plan.dataset.sessions)} sessions in {cfg.dataset} ({plan.dataset.format}) give "
-              f"{len(plan.users)} virtual users of {cfg.num_rounds} turns", file=sys.stderr)
+        print(
+            f"kvtier replay: {len(plan.dataset.sessions)} sessions in {cfg.dataset} ({plan.dataset.format}) give "
+            f"{len(plan.users)} virtual users of {cfg.num_rounds} turns",
+            file=sys.stderr,
+        )
         for w in plan.warnings:
             print(f"kvtier: warning: {w.message}", file=sys.stderr)
 
     result = run(cfg, on_start=on_start)
     s = result.summary
     sessions = s.sessions.model_dump()
-    print(f"replay: {s.requests_ok}/{s.requests_total} requests ok, TTFT p50 {s.ttft_s.p50} s, degradation median "
-          f"{s.ttft_degradation.median_pct} %, sessions {sessions}; {cfg.output}/summary.json")
+    print(
+        f"replay: {s.requests_ok}/{s.requests_total} requests ok, TTFT p50 {s.ttft_s.p50} s, degradation median "
+        f"{s.ttft_degradation.median_pct} %, sessions {sessions}; {cfg.output}/summary.json"
+    )
     return exit_code(result.status, result.stop_reason.code)
 
 
 def compare(pa: str, pb: str) -> int:
-    from kvtier.replay.compare import compare as compare_results  # noqa: PLC0415
-    from kvtier.report import load  # noqa: PLC0415
-    from kvtier.report.replay import ReplayResult  # noqa: PLC0415
+    from kvtier.replay.compare import compare as compare_results
+    from kvtier.report import load
+    from kvtier.report.replay import ReplayResult
 
     results = []
     for p in (pa, pb):

@@ -15,20 +15,22 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    from kvtier.sim import serve  # noqa: PLC0415
+    from kvtier.sim import serve
 
     serve(config_from_args(args, SimConfig))
     return 0
 
 
 def add_cache_server_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("cache-server", help="one offload tier (CPU RAM or NVMe) shared by sim replicas over a Unix socket")
+    p = sub.add_parser(
+        "cache-server", help="one offload tier (CPU RAM or NVMe) shared by sim replicas over a Unix socket"
+    )
     add_config_arguments(p, CacheServerConfig)
     p.set_defaults(func=run_cache_server)
 
 
 def run_cache_server(args: argparse.Namespace) -> int:
-    from kvtier.sim import serve_cache  # noqa: PLC0415
+    from kvtier.sim import serve_cache
 
     serve_cache(config_from_args(args, CacheServerConfig))
     return 0

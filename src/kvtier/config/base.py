@@ -22,8 +22,16 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def flag(default: Any = ..., help: str = "", *, aliases: tuple[str, ...] = (), group: str | None = None,
-         cli: bool = True, metavar: str | None = None, **constraints: Any) -> Any:
+def flag(
+    default: Any = ...,
+    help: str = "",
+    *,
+    aliases: tuple[str, ...] = (),
+    group: str | None = None,
+    cli: bool = True,
+    metavar: str | None = None,
+    **constraints: Any,
+) -> Any:
     """A config field that is also a command-line flag.
 
     ``help`` becomes the field's description and the flag's ``--help`` line; ``aliases`` are
@@ -50,8 +58,7 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def format_validation_error(err: ValidationError, *, source: str = "", flags: bool = False,
-                            prefix: str = "") -> str:
+def format_validation_error(err: ValidationError, *, source: str = "", flags: bool = False, prefix: str = "") -> str:
     """One line per problem. ``flags=True`` names a top-level field as its flag (``--num-users``);
     otherwise as a key path (``eviction.target_usage_ratio``), after ``source`` (a file) if given."""
     lines = []
@@ -113,5 +120,13 @@ def config_argv(config: BaseModel) -> list[str]:
     return out
 
 
-__all__ = ["StrictModel", "flag", "field_extra", "flag_name", "format_validation_error", "validate_config",
-           "deep_merge", "config_argv"]
+__all__ = [
+    "StrictModel",
+    "flag",
+    "field_extra",
+    "flag_name",
+    "format_validation_error",
+    "validate_config",
+    "deep_merge",
+    "config_argv",
+]

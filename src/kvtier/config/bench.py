@@ -41,7 +41,7 @@ class Range(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Range":
+    def _ordered(self) -> Range:
         if self.low < 0 or self.high < self.low:
             raise ValueError(f"expected 0 <= low <= high, got [{self.low}, {self.high}]")
         return self
@@ -53,15 +53,21 @@ class UserTemplate(_Strict):
     think_time_range: Range
 
 
-def _default_templates() -> dict[str, UserTemplate]:
+def _default_templates() -> dict[Literal["chatbot", "coding", "document"], UserTemplate]:
     # MLPerf KV Cache spec section 4.1: tokens, tokens, seconds.
-    raw = {
+    raw: dict[Literal["chatbot", "coding", "document"], tuple[list[float], list[float], list[float]]] = {
         "chatbot": ([512, 4096], [50, 200], [0.1, 0.5]),
         "coding": ([4096, 25000], [100, 500], [0.2, 1.0]),
         "document": ([4096, 16384], [200, 800], [0.3, 1.5]),
     }
-    return {k: UserTemplate(context_range=c, generation_range=g, think_time_range=t)  # type: ignore[arg-type]
-            for k, (c, g, t) in raw.items()}
+    return {
+        k: UserTemplate(
+            context_range=Range(low=c[0], high=c[1]),
+            generation_range=Range(low=g[0], high=g[1]),
+            think_time_range=Range(low=t[0], high=t[1]),
+        )
+        for k, (c, g, t) in raw.items()
+    }
 
 
 class GenerationTiming(_Strict):
@@ -80,11 +86,22 @@ class QoSProfile(_Strict):
     priority: int = Field(ge=0)
 
 
-def _default_qos() -> dict[str, QoSProfile]:
-    rows = {"interactive": (50, 100, 150, 200, 3), "responsive": (100, 200, 350, 500, 2),
-            "batch": (1000, 5000, 7500, 10000, 1)}
-    return {k: QoSProfile(target_latency_p95_ms=a, target_latency_p99_ms=b, target_latency_p999_ms=c,
-                          target_latency_p9999_ms=d, priority=p) for k, (a, b, c, d, p) in rows.items()}
+def _default_qos() -> dict[QoSClass, QoSProfile]:
+    rows: dict[QoSClass, tuple[float, float, float, float, int]] = {
+        "interactive": (50, 100, 150, 200, 3),
+        "responsive": (100, 200, 350, 500, 2),
+        "batch": (1000, 5000, 7500, 10000, 1),
+    }
+    return {
+        k: QoSProfile(
+            target_latency_p95_ms=a,
+            target_latency_p99_ms=b,
+            target_latency_p999_ms=c,
+            target_latency_p9999_ms=d,
+            priority=p,
+        )
+        for k, (a, b, c, d, p) in rows.items()
+    }
 
 
 class QoSDistribution(_Strict):
@@ -94,7 +111,7 @@ class QoSDistribution(_Strict):
     responsive_threshold: float = Field(0.50, ge=0, le=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "QoSDistribution":
+    def _ordered(self) -> QoSDistribution:
         if self.responsive_threshold < self.interactive_probability:
             raise ValueError("responsive_threshold must be >= interactive_probability")
         return self
@@ -196,10 +213,10 @@ class Tuning(_Strict):
     saturation_detection, which kvtier does not implement, must be absent or empty."""
 
     user_templates: dict[Literal["chatbot", "coding", "document"], UserTemplate] = Field(
-        default_factory=_default_templates, min_length=1)
+        default_factory=_default_templates, min_length=1
+    )
     generation_timing: GenerationTiming = Field(default_factory=GenerationTiming)
-    qos_profiles: dict[QoSClass, QoSProfile] = Field(
-        default_factory=_default_qos)
+    qos_profiles: dict[QoSClass, QoSProfile] = Field(default_factory=_default_qos)
     qos_distribution: QoSDistribution = Field(default_factory=QoSDistribution)
     eviction: Eviction = Field(default_factory=Eviction)
     decode: Decode = Field(default_factory=Decode)
@@ -264,33 +281,43 @@ class BenchConfig(_Strict):
     model: str = flag("llama3.1-8b", "model from the catalog or --config model_configs")
     num_users: int = flag(100, "simulated users", aliases=("--num_users",), ge=1, le=100_000)
     duration: float = flag(60, "seconds of load", gt=0)
-    gpu_mem_gb: float = flag(16, "GPU tier per GPU, GB (without a CUDA device the tier is off, with a warning)",
-                             aliases=("--gpu_mem_gb",), ge=0)
+    gpu_mem_gb: float = flag(
+        16,
+        "GPU tier per GPU, GB (without a CUDA device the tier is off, with a warning)",
+        aliases=("--gpu_mem_gb",),
+        ge=0,
+    )
     num_gpus: int = flag(1, "GPUs whose memory forms the GPU tier", ge=1)
-    tensor_parallel: int = flag(1, "tensor-parallel degree: each entry is one rank's share (KV heads split, "
-                                   "MLA latent whole)", ge=1)
+    tensor_parallel: int = flag(
+        1, "tensor-parallel degree: each entry is one rank's share (KV heads split, MLA latent whole)", ge=1
+    )
     cpu_mem_gb: float = flag(32, "CPU RAM tier, GB", aliases=("--cpu_mem_gb",), ge=0)
     cache_dir: str | None = flag(None, "directory of the storage tier (default: a new temporary directory)")
-    generation_mode: GenerationMode = flag("realistic", "simulated GPU time per generated token: "
-                                                        "generation_timing none / fast / realistic (0 / 2 / 30 ms)")
+    generation_mode: GenerationMode = flag(
+        "realistic", "simulated GPU time per generated token: generation_timing none / fast / realistic (0 / 2 / 30 ms)"
+    )
     performance_profile: Literal["latency", "throughput"] = flag(
-        "latency", "pass/fail criteria in summary.cache_stats.storage_health: latency (storage p95 targets, "
-                   "CPU p95, hit rate) or throughput (storage bandwidth > 0)")
+        "latency",
+        "pass/fail criteria in summary.cache_stats.storage_health: latency (storage p95 targets, "
+        "CPU p95, hit rate) or throughput (storage bandwidth > 0)",
+    )
     disable_multi_turn: bool = flag(False, "every request starts a new conversation")
     disable_prefix_caching: bool = flag(False, "no shared system prompts")
     enable_rag: bool = flag(False, "RAG queries read retrieved document chunks before their first token")
     rag_num_docs: int = flag(10, "documents in the RAG corpus", ge=1)
     rag_top_k: int = flag(5, "chunks a RAG query retrieves", ge=1)
     enable_autoscaling: bool = flag(False, "change the number of live users while the run lasts")
-    autoscaler_mode: Literal["qos", "capacity"] = flag("qos", "qos: hold p95 latency at the target saturation; "
-                                                              "capacity: grow users until throughput falls")
+    autoscaler_mode: Literal["qos", "capacity"] = flag(
+        "qos", "qos: hold p95 latency at the target saturation; capacity: grow users until throughput falls"
+    )
     target_saturation: float = flag(0.8, "qos autoscaler target: worst class p95 / its target", gt=0, le=1)
     use_burst_trace: bool = flag(False, "replay the BurstGPT trace at --burst-trace-path")
     burst_trace_path: str | None = flag(None, "BurstGPT CSV file or directory (with --use-burst-trace)")
     validation_trace: str | None = flag(None, "not implemented yet (an error if given)")
     dataset_path: str | None = flag(None, "ShareGPT JSON file: replay its conversations turn by turn")
-    max_conversations: int = flag(500, "conversations whose metadata is kept (LRU); ShareGPT: conversations "
-                                       "read from the dataset", ge=1)
+    max_conversations: int = flag(
+        500, "conversations whose metadata is kept (LRU); ShareGPT: conversations read from the dataset", ge=1
+    )
     output: str | None = flag(None, "result JSON path (CLI default ./kvtier_bench_<timestamp>.json)")
     seed: int | None = flag(None, "seed of users, requests and data (default: random, recorded in the result)")
     max_concurrent_allocs: int = flag(0, "I/O requests in flight at once (0 = min(users, 32))", ge=0)
@@ -300,8 +327,7 @@ class BenchConfig(_Strict):
     config: str | None = flag(None, "YAML in the reference config.yaml layout, merged over the defaults")
     storage_capacity_gb: float = flag(0, "storage tier capacity, GB (0 = 90% of the free space detected)", ge=0)
     precondition: bool = flag(False, "write the storage device towards steady state before the run")
-    precondition_size_gb: float = flag(0, "GB to write when preconditioning (0 = the storage tier's capacity)",
-                                       ge=0)
+    precondition_size_gb: float = flag(0, "GB to write when preconditioning (0 = the storage tier's capacity)", ge=0)
     precondition_threads: int = flag(0, "writer threads when preconditioning (0 = the I/O slots)", ge=0)
     trace_speedup: float = flag(1.0, "trace replay: arrival times divided by this (0 = as fast as possible)", ge=0)
     replay_cycles: int = flag(0, "trace or dataset replay passes (0 = one)", ge=0)
@@ -312,25 +338,33 @@ class BenchConfig(_Strict):
     log_level: LogLevel = flag("INFO", "Python logging level of kvtier's messages on stderr")
     # kvtier additions
     direct_io: Literal["auto", "on", "off"] = flag(
-        "auto", "O_DIRECT for the storage tier: auto (use where supported), on (error if not), off", group=ADDITIONS)
+        "auto", "O_DIRECT for the storage tier: auto (use where supported), on (error if not), off", group=ADDITIONS
+    )
     promotion: Literal["none", "on-read"] = flag("none", "move hits back to the fastest tier", group=ADDITIONS)
     keep_cache: bool = flag(False, "leave entry files at exit", group=ADDITIONS)
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", group=ADDITIONS, ge=1, le=4096)
-    noise_mb: int = flag(256, "static noise buffer the entries are sliced from, MiB", group=ADDITIONS, ge=1,
-                         le=65536)
+    noise_mb: int = flag(256, "static noise buffer the entries are sliced from, MiB", group=ADDITIONS, ge=1, le=65536)
     progress: Literal["auto", "live", "plain", "none"] = flag(
-        "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS)
+        "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS
+    )
     progress_interval: float = flag(5.0, "seconds between progress updates", group=ADDITIONS, gt=0)
     kv_layout: Literal["entry", "chunked"] = flag(
-        "entry", "entry: one entry per turn (reference); chunked: prefix-chained token chunks (vLLM/LMCache)",
-        group=ADDITIONS)
+        "entry",
+        "entry: one entry per turn (reference); chunked: prefix-chained token chunks (vLLM/LMCache)",
+        group=ADDITIONS,
+    )
     kv_chunk_tokens: int = flag(256, "tokens per chunk with --kv-layout chunked", group=ADDITIONS, ge=1, le=1 << 20)
-    trace_path: str | None = flag(None, "replay a request trace: BurstGPT or Azure CSV, Mooncake JSONL "
-                                        "(file or directory)", group=ADDITIONS)
+    trace_path: str | None = flag(
+        None, "replay a request trace: BurstGPT or Azure CSV, Mooncake JSONL (file or directory)", group=ADDITIONS
+    )
     trace_format: Literal["auto", "burstgpt", "azure", "mooncake"] = flag(
-        "auto", "format of --trace-path", group=ADDITIONS)
-    tuning: Tuning = Field(default_factory=Tuning, description="the YAML layout (loaded from --config when not "
-                           "given)", json_schema_extra={"cli": False})
+        "auto", "format of --trace-path", group=ADDITIONS
+    )
+    tuning: Tuning = Field(
+        default_factory=Tuning,
+        description="the YAML layout (loaded from --config when not given)",
+        json_schema_extra={"cli": False},
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -349,14 +383,16 @@ class BenchConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "BenchConfig":
+    def _consistent(self) -> BenchConfig:
         if self.prefill_only and self.decode_only:
             raise ValueError("--prefill-only and --decode-only are mutually exclusive")
         lim = self.tuning.validation_limits
-        checks = [("--num-users", self.num_users, lim.max_users), ("--duration", self.duration,
-                                                                     lim.max_duration_seconds),
-                  ("--gpu-mem-gb", self.gpu_mem_gb, lim.max_gpu_memory_gb),
-                  ("--cpu-mem-gb", self.cpu_mem_gb, lim.max_cpu_memory_gb)]
+        checks = [
+            ("--num-users", self.num_users, lim.max_users),
+            ("--duration", self.duration, lim.max_duration_seconds),
+            ("--gpu-mem-gb", self.gpu_mem_gb, lim.max_gpu_memory_gb),
+            ("--cpu-mem-gb", self.cpu_mem_gb, lim.max_cpu_memory_gb),
+        ]
         for flag_, value, limit in checks:
             if value > limit:
                 raise ValueError(f"{flag_} {value:g} exceeds validation_limits ({limit:g})")
@@ -364,8 +400,11 @@ class BenchConfig(_Strict):
 
     def not_yet_implemented(self) -> list[str]:
         """Flags given whose features are not built in this version (they fail, never no-op)."""
-        return [f"{fl}: not implemented in this version of kvtier bench (arrives with {where})"
-                for field, (fl, where) in NOT_YET_IMPLEMENTED.items() if getattr(self, field)]
+        return [
+            f"{fl}: not implemented in this version of kvtier bench (arrives with {where})"
+            for field, (fl, where) in NOT_YET_IMPLEMENTED.items()
+            if getattr(self, field)
+        ]
 
 
 def build_bench_config(values: dict[str, Any]) -> BenchConfig:

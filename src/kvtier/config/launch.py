@@ -26,17 +26,22 @@ class LaunchConfig(StrictModel):
     profiles: str | None = flag(None, "profiles YAML (default: the packaged kvtier/launch/profiles.yaml)")
     nvme_dir: str | None = flag(None, "folder of the NVMe tier's files (default OUTDIR/nvme)")
     sim_model: str | None = flag(None, "catalog model that sizes the simulator's KV (default: the profile's)")
-    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="the replay to run through the processes",
-                                 json_schema_extra={"cli": False})
+    replay: ReplayConfig = Field(
+        default_factory=ReplayConfig,
+        description="the replay to run through the processes",
+        json_schema_extra={"cli": False},
+    )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LaunchConfig":
+    def _consistent(self) -> LaunchConfig:
         if not self.output and not self.dry_run:
             raise ValueError("--output: required (the run's result folder)")
         given = [f"--{name.replace('_', '-')}" for name in SET_BY_LAUNCH if getattr(self.replay, name)]
         if given:
-            raise ValueError(f"replay arguments: {', '.join(given)} is set by kvtier launch (it points the replay at "
-                             "Caddy or the only replica, writes into OUTDIR/replay and scrapes every process)")
+            raise ValueError(
+                f"replay arguments: {', '.join(given)} is set by kvtier launch (it points the replay at "
+                "Caddy or the only replica, writes into OUTDIR/replay and scrapes every process)"
+            )
         if self.replay.model is None:
             raise ValueError("replay arguments: --model is required (it is also the served model name)")
         return self

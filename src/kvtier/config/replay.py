@@ -24,19 +24,22 @@ class ReplayConfig(StrictModel):
     dataset: str | None = flag(None, "file or folder of recorded sessions")
     dataset_format: DatasetFormat = flag("auto", "format of --dataset (auto: detected per file)")
     tokenizer: Literal["auto", "tiktoken", "chars"] = flag(
-        "auto", "counts recorded output text into max_tokens where a dataset has no counts")
+        "auto", "counts recorded output text into max_tokens where a dataset has no counts"
+    )
     agentic_tools: bool = flag(False, "gpt-oss mode: send a tools schema naming every function the traces call")
     num_rounds: int = flag(5, "turns per virtual user", ge=1)
     min_chunk_rounds: int = flag(0, "sessions shorter than this give no user", ge=0)
     user_order: Literal["interleave", "session"] = flag(
-        "interleave", "dispatch order of virtual users: round-robin over sessions, or session by session")
+        "interleave", "dispatch order of virtual users: round-robin over sessions, or session by session"
+    )
     concurrency: int = flag(4, "virtual users in flight at once", ge=1)
     output: str | None = flag(None, "result folder (requests.jsonl, summary.json)")
     gap_scale: float = flag(1.0, "scale of recorded think/tool gaps (0 = none)", ge=0)
     request_timeout: float = flag(64800.0, "seconds one request may take", gt=0)
     warmup: int = flag(4, "short throwaway requests first (excluded from the results)", ge=0)
     history: Literal["recorded", "runtime"] = flag(
-        "recorded", "send each turn's recorded history, or the replies this run received")
+        "recorded", "send each turn's recorded history, or the replies this run received"
+    )
     event_loop: EventLoopKind = flag("auto", "client event loop: uvloop when installed (auto), or asyncio")
     cache_salt: str | None = flag(None, "sent as cache_salt so runs do not share cache entries")
     scrape_interval: float = flag(15.0, "seconds between /metrics scrapes", gt=0)
@@ -53,8 +56,9 @@ class ReplayConfig(StrictModel):
 
     def missing(self) -> list[str]:
         """Flags a run needs that are not set."""
-        return [f"--{name.replace('_', '-')}" for name in ("base_url", "model", "dataset")
-                if getattr(self, name) is None]
+        return [
+            f"--{name.replace('_', '-')}" for name in ("base_url", "model", "dataset") if getattr(self, name) is None
+        ]
 
     @property
     def server_root(self) -> str:

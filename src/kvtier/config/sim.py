@@ -30,11 +30,13 @@ class SimConfig(OffloadTierConfig):
     prefill_tps: float | None = flag(None, "prefill throughput, tokens/s (default: the preset's)", gt=0)
     tpot_ms: float | None = flag(None, "time per output token of a lone sequence, ms (default: the preset's)", ge=0)
     prefill_overhead_ms: float | None = flag(None, "fixed cost per prefill, ms (default: the preset's)", ge=0)
-    batch_slowdown: float | None = flag(None, "TPOT grows by this fraction per extra running sequence "
-                                              "(default: the preset's)", ge=0)
+    batch_slowdown: float | None = flag(
+        None, "TPOT grows by this fraction per extra running sequence (default: the preset's)", ge=0
+    )
     max_num_seqs: int = flag(256, "running sequences at most", ge=1)
     offload: Literal["none", "cpu", "nvme", "remote"] = flag(
-        "none", "offload tier: none, in-process cpu or nvme, or remote (a kvtier cache-server, --cache-server)")
+        "none", "offload tier: none, in-process cpu or nvme, or remote (a kvtier cache-server, --cache-server)"
+    )
     cache_server: str | None = flag(None, "Unix socket of a kvtier cache-server, for --offload remote")
     host: str = flag("127.0.0.1", "address to listen on")
     event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")

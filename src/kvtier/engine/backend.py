@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import mmap
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 ALIGN = 4096
 """Alignment of every buffer address, chunk length and file offset (the usual O_DIRECT block)."""
@@ -36,14 +37,14 @@ class IOTiming:
     def total_ns(self) -> int:
         return self.host_ns + self.device_ns
 
-    def add(self, other: "IOTiming") -> None:
+    def add(self, other: IOTiming) -> None:
         self.host_ns += other.host_ns
         self.device_ns += other.device_ns
 
 
 def check_cancel(cancel: threading.Event | None, what: str, bytes_done: int = 0) -> None:
     if cancel is not None and cancel.is_set():
-        from kvtier.errors import Cancelled  # noqa: PLC0415
+        from kvtier.errors import Cancelled
 
         raise Cancelled(f"{what}: cancelled", bytes_done)
 
@@ -77,11 +78,11 @@ def aligned_buffer(nbytes: int) -> memoryview:
     m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advise_huge_pages(m)
     view = memoryview(m)
-    import ctypes  # noqa: PLC0415
+    import ctypes
 
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
     skip = (-addr) % HUGE_PAGE
-    return view[skip:skip + size]
+    return view[skip : skip + size]
 
 
 @runtime_checkable
@@ -113,8 +114,7 @@ class Backend(Protocol):
         """Yield the entry's data as aligned chunks (for demotion/promotion); adds read time to ``timing``."""
         ...
 
-    def delete(self, key: str) -> None:
-        ...
+    def delete(self, key: str) -> None: ...
 
     def stored_bytes(self) -> int:
         """What the medium really holds now, measured independently of the store's accounting."""

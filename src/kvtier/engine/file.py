@@ -21,8 +21,9 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, round_up
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
@@ -67,9 +68,15 @@ def free_bytes(directory: Path) -> int:
 class FileTier:
     """KV entries as files under a run directory that this tier creates and removes."""
 
-    def __init__(self, cache_dir: str | os.PathLike[str], capacity_bytes: int = 0,
-                 direct_io: DirectIO = "auto", name: str = "storage", keep_files: bool = False,
-                 preallocate: bool = False) -> None:
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str],
+        capacity_bytes: int = 0,
+        direct_io: DirectIO = "auto",
+        name: str = "storage",
+        keep_files: bool = False,
+        preallocate: bool = False,
+    ) -> None:
         self.name = name
         base = Path(cache_dir)
         if not base.exists():
@@ -180,8 +187,9 @@ class FileTier:
             os.close(fd)
             raise
 
-    def export(self, key: str, buf: memoryview, timing: IOTiming,
-               cancel: threading.Event | None = None) -> Iterator[memoryview]:
+    def export(
+        self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
+    ) -> Iterator[memoryview]:
         t0 = time.perf_counter_ns()
         dev0 = timing.device_ns
         try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from kvtier.engine.backend import IOTiming, check_cancel, round_up
 from kvtier.errors import EntryNotFound, TierFullError, UnsupportedError
@@ -20,14 +21,14 @@ from kvtier.errors import EntryNotFound, TierFullError, UnsupportedError
 def gpu_available() -> tuple[bool, str]:
     """(True, device name) when a CUDA device is usable through torch, else (False, reason)."""
     try:
-        import torch  # noqa: PLC0415 - optional extra
+        import torch
     except ImportError:
         return False, "torch is not installed (pip install 'kvtier[gpu]')"
     try:
         if not torch.cuda.is_available():
             return False, "torch found no CUDA device"
         return True, torch.cuda.get_device_name(0)
-    except Exception as e:  # driver errors surface as various RuntimeErrors
+    except Exception as e:  # noqa: BLE001 - CUDA driver errors surface as assorted exception types
         return False, f"CUDA is not usable: {e}"
 
 
@@ -38,7 +39,7 @@ class GpuTier:
         ok, why = gpu_available()
         if not ok:
             raise UnsupportedError(f"GPU tier: {why}")
-        import torch  # noqa: PLC0415
+        import torch
 
         self._torch = torch
         self._device = torch.device("cuda", device)
@@ -61,7 +62,7 @@ class GpuTier:
         off = 0
         for c in chunks:
             src = torch.frombuffer(c, dtype=torch.uint8)
-            dev[off:off + src.numel()].copy_(src, non_blocking=False)
+            dev[off : off + src.numel()].copy_(src, non_blocking=False)
             off += src.numel()
         torch.cuda.synchronize(self._device)
         t2 = time.perf_counter_ns()
@@ -80,7 +81,7 @@ class GpuTier:
         for off in range(0, dev.numel(), step):
             n = min(step, dev.numel() - off)
             t = time.perf_counter_ns()
-            host[:n].copy_(dev[off:off + n])
+            host[:n].copy_(dev[off : off + n])
             torch.cuda.synchronize(self._device)
             timing.device_ns += time.perf_counter_ns() - t
             yield buf[:n]

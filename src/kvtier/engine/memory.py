@@ -13,7 +13,7 @@ import bisect
 import mmap
 import threading
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -74,7 +74,8 @@ class MemoryTier:
         self.capacity_bytes = round_up(capacity_bytes) if capacity_bytes > 0 else 0
         self._arena = (
             mmap.mmap(-1, self.capacity_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
-            if self.capacity_bytes else None
+            if self.capacity_bytes
+            else None
         )
         if self._arena is not None:
             advise_huge_pages(self._arena)
@@ -101,7 +102,7 @@ class MemoryTier:
         try:
             for c in chunks:
                 n = min(len(c), start + padded - off)
-                np.copyto(self._np[off:off + n], np.frombuffer(c, dtype=np.uint8, count=n))
+                np.copyto(self._np[off : off + n], np.frombuffer(c, dtype=np.uint8, count=n))
                 off += n
         except BaseException:
             self.delete(key)
@@ -125,7 +126,7 @@ class MemoryTier:
         for off in range(start, start + padded, step):
             check_cancel(cancel, "cpu read", off - start)
             n = min(step, start + padded - off)
-            np.copyto(dst[:n], self._np[off:off + n])
+            np.copyto(dst[:n], self._np[off : off + n])
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
@@ -133,10 +134,12 @@ class MemoryTier:
         # Zero copy: the consumer (the next tier's write) reads RAM directly, so the cost of this
         # read is inside the consumer's timed write. The store holds the entry lock meanwhile.
         start, padded, _ = self._lookup(key)
-        view = memoryview(self._arena)[start:start + padded]
+        if self._arena is None:  # a zero-capacity tier stores nothing, so _lookup already raised
+            raise EntryNotFound(f"cpu tier: {key!r} not stored")
+        view = memoryview(self._arena)[start : start + padded]
         step = max(ALIGN, len(buf) - len(buf) % ALIGN)  # the caller's I/O size: cancellation granularity
         for off in range(0, padded, step):
-            yield view[off:off + step]
+            yield view[off : off + step]
 
     def delete(self, key: str) -> None:
         with self._lock:

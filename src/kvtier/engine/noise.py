@@ -8,7 +8,7 @@ zero-copy slices of it, starting at a page-aligned offset derived from the key.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -40,11 +40,11 @@ class NoiseBuffer:
         off = self.offset_for(key)
         while remaining > 0:
             n = min(remaining, chunk_bytes, self.nbytes - off)
-            yield self._view[off:off + n]
+            yield self._view[off : off + n]
             remaining -= n
             off = (off + n) % self.nbytes
 
     def head(self, key: str, n: int) -> bytes:
         """First ``n`` bytes of what ``chunks`` yields for ``key`` (for verifying reads)."""
         off = self.offset_for(key)
-        return bytes(self._view[off:off + min(n, self.nbytes - off)])
+        return bytes(self._view[off : off + min(n, self.nbytes - off)])

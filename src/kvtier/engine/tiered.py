@@ -107,8 +107,8 @@ class _Entry:
     def __init__(self, key: str, nbytes: int) -> None:
         self.key = key
         self.nbytes = nbytes
-        self.tier = -1      # index into the store's tiers; -1 while not stored
-        self.size = 0       # bytes it occupies in its tier
+        self.tier = -1  # index into the store's tiers; -1 while not stored
+        self.size = 0  # bytes it occupies in its tier
         self.moving = False  # chosen for demotion, promotion or deletion (then not in its tier's policy)
         self.lock = threading.Lock()
 
@@ -148,8 +148,13 @@ class GetResult:
 class TieredStore:
     """A KV store over an ordered list of tiers (index 0 = fastest)."""
 
-    def __init__(self, backends: Sequence[Backend], config: StoreConfig | None = None,
-                 sink: EventSink | None = None, cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        config: StoreConfig | None = None,
+        sink: EventSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.config = config or StoreConfig()
         self.cancel = cancel
         self.sink: EventSink = sink or NullSink()
@@ -168,8 +173,10 @@ class TieredStore:
 
     def usage(self) -> dict[str, dict[str, int]]:
         with self._lock:
-            return {t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity,
-                                     "entries": len(t.policy)} for t in self._tiers}
+            return {
+                t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": len(t.policy)}
+                for t in self._tiers
+            }
 
     def location(self, key: str) -> str | None:
         with self._lock:
@@ -195,8 +202,9 @@ class TieredStore:
                 expect = sum(e.size for e in self._entries.values() if e.tier == i)
                 real = t.backend.stored_bytes()
                 if not (t.used == expect == real) or t.used > t.capacity:
-                    raise StorageError(f"{t.backend.name}: used={t.used} entries={expect} medium={real} "
-                                       f"capacity={t.capacity}")
+                    raise StorageError(
+                        f"{t.backend.name}: used={t.used} entries={expect} medium={real} capacity={t.capacity}"
+                    )
 
     # -- victims and removal (each in one place) ---------------------------------------------
     def _pick_victims(self, t: _Tier, enough: Callable[[int], bool], most: int) -> list[_Entry]:
@@ -291,8 +299,9 @@ class TieredStore:
             yield c
             done += len(c)
 
-    def _write_making_room(self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int,
-                           buf: memoryview) -> IOTiming:
+    def _write_making_room(
+        self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int, buf: memoryview
+    ) -> IOTiming:
         """Write into tier i (space reserved); on fragmentation evict more victims and retry."""
         t = self._tiers[i]
         backend = t.backend
@@ -301,9 +310,12 @@ class TieredStore:
                 return backend.write(key, chunks(), nbytes)
             except TierFragmented:
                 need = backend.stored_size(nbytes)
+
+                def enough(freed: int, need: int = need) -> bool:
+                    return freed >= need
+
                 with self._lock:
-                    victims = self._pick_victims(t, lambda freed: freed >= need,
-                                                 self.config.eviction_limit(len(t.policy)))
+                    victims = self._pick_victims(t, enough, self.config.eviction_limit(len(t.policy)))
                 if attempt == 3 or not victims:
                     for e in victims:
                         self._unpin(e, i)
@@ -328,8 +340,9 @@ class TieredStore:
             self._remove(e)
             self.sink.count("evictions_bottom" if i == len(self._tiers) - 1 else "evictions_dropped")
 
-    def _copy(self, e: _Entry, i: int, j: int, size: int, buf: memoryview, read_cause: str,
-              write_cause: str) -> IOTiming | None:
+    def _copy(
+        self, e: _Entry, i: int, j: int, size: int, buf: memoryview, read_cause: str, write_cause: str
+    ) -> IOTiming | None:
         """Move ``e`` from tier i to tier j: the one copy routine of demotion and promotion.
 
         The caller holds e.lock, e is picked (moving), and ``size`` bytes are reserved in j. On
@@ -404,8 +417,7 @@ class TieredStore:
             if not self._reserve(i, size, 0, buf):
                 continue
             try:
-                timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"),
-                                                 nbytes, buf)
+                timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"), nbytes, buf)
             except StorageError as exc:
                 self._release(i, size)
                 if isinstance(exc, Cancelled):

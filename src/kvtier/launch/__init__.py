@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def plan(config: LaunchConfig) -> LaunchPlan:
     """Every command, port and URL of the launch, resolved; nothing starts (``--dry-run``)."""
-    from kvtier.launch.orchestrate import plan as _plan  # noqa: PLC0415
+    from kvtier.launch.orchestrate import plan as _plan
 
     return _plan(config)
 
@@ -30,7 +30,7 @@ def plan(config: LaunchConfig) -> LaunchPlan:
 def run(config: LaunchConfig) -> LaunchResult:
     """Start the processes, run the replay through them, tear everything down; launch.json and the
     replay's results are written under ``config.output``."""
-    from kvtier.launch.orchestrate import execute  # noqa: PLC0415
+    from kvtier.launch.orchestrate import execute
 
     return execute(plan(config))
 

@@ -47,8 +47,10 @@ http://127.0.0.1:{listen_port} {{
 def caddy_binary() -> str:
     path = shutil.which("caddy")
     if path is None:
-        raise LaunchError("caddy not found on PATH: --replicas >= 2 needs it in front of the replicas; install it "
-                          "with `bash scripts/install-tools.sh caddy` (Debian: apt-get install caddy)")
+        raise LaunchError(
+            "caddy not found on PATH: --replicas >= 2 needs it in front of the replicas; install it "
+            "with `bash scripts/install-tools.sh caddy` (Debian: apt-get install caddy)"
+        )
     return path
 
 
@@ -56,8 +58,14 @@ def caddy_plan(config: Path, home: Path, listen_port: int) -> ProcPlan:
     """Caddy with its HOME and XDG folders inside the run (no state outside it)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}
-    return ProcPlan("caddy", [caddy_binary(), "run", "--config", str(config), "--adapter", "caddyfile"], env,
-                    f"http://127.0.0.1:{listen_port}/health", None, 30.0)
+    return ProcPlan(
+        "caddy",
+        [caddy_binary(), "run", "--config", str(config), "--adapter", "caddyfile"],
+        env,
+        f"http://127.0.0.1:{listen_port}/health",
+        None,
+        30.0,
+    )
 
 
 __all__ = ["caddyfile", "caddy_plan", "caddy_binary", "POLICY"]

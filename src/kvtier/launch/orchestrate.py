@@ -31,7 +31,7 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError, exit_code_for
 from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
 from kvtier.launch.procs import Supervisor, free_ports
-from kvtier.launch.profiles import Profile, ProcPlan, load_profiles, pick, resolve
+from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.report.envelope import Status, StopCode, StopReason, collect_host, exit_code, iso, utc_now
 from kvtier.report.launch import LaunchResult
 
@@ -97,27 +97,54 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         profile = profile.model_copy(update={"sim_model": cfg.sim_model})
     out = Path(cfg.output or "OUTDIR").resolve()
     ports = free_ports(cfg.replicas + 4)
-    replica_ports, (sidecar_port, sidecar_http_port, lb_port, admin_port) = ports[: cfg.replicas], ports[cfg.replicas:]
+    replica_ports, (sidecar_port, sidecar_http_port, lb_port, admin_port) = ports[: cfg.replicas], ports[cfg.replicas :]
     sidecar_port = profile.sidecar_port or sidecar_port
     sidecar_http_port = profile.sidecar_http_port or sidecar_http_port
     # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
     sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
     nvme_dir = Path(cfg.nvme_dir).resolve() if cfg.nvme_dir else out / "nvme"
     front = f"http://{HOST}:{lb_port}" if cfg.replicas >= 2 else f"http://{HOST}:{replica_ports[0]}"
-    values = {"model": cfg.replay.model or "", "host": HOST, "workdir": str(out), "sidecar_port": str(sidecar_port),
-              "sidecar_http_port": str(sidecar_http_port), "sidecar_socket": str(sockdir / "cache.sock"),
-              "nvme_dir": str(nvme_dir)}
+    values = {
+        "model": cfg.replay.model or "",
+        "host": HOST,
+        "workdir": str(out),
+        "sidecar_port": str(sidecar_port),
+        "sidecar_http_port": str(sidecar_http_port),
+        "sidecar_socket": str(sockdir / "cache.sock"),
+        "nvme_dir": str(nvme_dir),
+    }
     sidecar, replicas = resolve(profile, values, replica_ports)
     metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
-    replay = cfg.replay.model_copy(update={"base_url": front + "/v1", "output": str(out / "replay"),
-                                           "metrics_url": metrics_roots})  # every replica and the sidecar, never Caddy
-    cfile = caddyfile(cfg.tier, lb_port, admin_port, [f"{HOST}:{p}" for p in replica_ports]) if cfg.replicas >= 2 else None
-    caddy_argv = (["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None)
-    p = LaunchPlan(cfg, name, source, profile, out, sockdir, nvme_dir, front, sidecar, replicas, replica_ports,
-                   {"replicas": None, "sidecar": sidecar_port if sidecar else None,
-                    "sidecar_http": sidecar_http_port if sidecar else None, "caddy": lb_port if cfile else None,
-                    "caddy_admin": admin_port if cfile else None},
-                   replay, cfile, caddy_argv)
+    replay = cfg.replay.model_copy(
+        update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
+    )  # every replica and the sidecar, never Caddy
+    cfile = (
+        caddyfile(cfg.tier, lb_port, admin_port, [f"{HOST}:{p}" for p in replica_ports]) if cfg.replicas >= 2 else None
+    )
+    caddy_argv = ["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None
+    p = LaunchPlan(
+        cfg,
+        name,
+        source,
+        profile,
+        out,
+        sockdir,
+        nvme_dir,
+        front,
+        sidecar,
+        replicas,
+        replica_ports,
+        {
+            "replicas": None,
+            "sidecar": sidecar_port if sidecar else None,
+            "sidecar_http": sidecar_http_port if sidecar else None,
+            "caddy": lb_port if cfile else None,
+            "caddy_admin": admin_port if cfile else None,
+        },
+        replay,
+        cfile,
+        caddy_argv,
+    )
     p.commands = [(x.name, x.env, kvtier_argv(x.argv)) for x in p.processes]
     return p
 
@@ -138,22 +165,37 @@ class _Record:
 
     def result(self, status: Status, stop: StopReason, exit_status: int | None) -> LaunchResult:
         lp, cfg = self.lp, self.lp.config
-        return LaunchResult.model_validate({
-            "status": status, "stop_reason": stop, "started_at": iso(self.started), "finished_at": iso(utc_now()),
-            "host": collect_host({"output": str(lp.out), "nvme": str(lp.nvme_dir) if cfg.tier == "nvme" else None}),
-            "profile": lp.profile_name, "profile_source": lp.profile_source,
-            "resolved_profile": lp.profile.model_dump(), "tier": cfg.tier, "engine": cfg.engine, "build": cfg.build,
-            "replicas": cfg.replicas, "lb_policy": POLICY[cfg.tier] if lp.caddyfile else None,
-            "front_url": lp.front_url,
-            "processes": [{"name": n, "env": env, "argv": argv} for n, env, argv in lp.commands],
-            "caddy": lp.caddy_argv, "replay": lp.replay_argv, "events": self.events,
-            "ports": {**lp.ports, "replicas": lp.replica_ports},
-            "endpoints": {p.name: f"{HOST}:{port}" for p, port in zip(lp.replicas, lp.replica_ports, strict=True)},
-            "pids": self.pids, "error": self.error, "exit_status": exit_status, "config": cfg,
-        })
+        return LaunchResult.model_validate(
+            {
+                "status": status,
+                "stop_reason": stop,
+                "started_at": iso(self.started),
+                "finished_at": iso(utc_now()),
+                "host": collect_host({"output": str(lp.out), "nvme": str(lp.nvme_dir) if cfg.tier == "nvme" else None}),
+                "profile": lp.profile_name,
+                "profile_source": lp.profile_source,
+                "resolved_profile": lp.profile.model_dump(),
+                "tier": cfg.tier,
+                "engine": cfg.engine,
+                "build": cfg.build,
+                "replicas": cfg.replicas,
+                "lb_policy": POLICY[cfg.tier] if lp.caddyfile else None,
+                "front_url": lp.front_url,
+                "processes": [{"name": n, "env": env, "argv": argv} for n, env, argv in lp.commands],
+                "caddy": lp.caddy_argv,
+                "replay": lp.replay_argv,
+                "events": self.events,
+                "ports": {**lp.ports, "replicas": lp.replica_ports},
+                "endpoints": {p.name: f"{HOST}:{port}" for p, port in zip(lp.replicas, lp.replica_ports, strict=True)},
+                "pids": self.pids,
+                "error": self.error,
+                "exit_status": exit_status,
+                "config": cfg,
+            }
+        )
 
     def save(self, result: LaunchResult) -> None:
-        from kvtier.report.writers import write_json  # noqa: PLC0415
+        from kvtier.report.writers import write_json
 
         write_json(result, self.lp.out / "launch.json")
 
@@ -173,8 +215,8 @@ def _save_metrics(folder: Path, plans: list[ProcPlan]) -> None:
 
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
-    from kvtier.replay.driver import execute as replay_execute  # noqa: PLC0415
-    from kvtier.replay.driver import prepare, write_outputs  # noqa: PLC0415
+    from kvtier.replay.driver import execute as replay_execute
+    from kvtier.replay.driver import prepare, write_outputs
 
     cfg = lp.config
     replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
@@ -189,7 +231,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     rec = _Record(lp)
     sup = Supervisor(lp.out / "logs")
 
-    def on_term(signum: int, frame: Any) -> None:  # noqa: ARG001
+    def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     old_term = signal.signal(signal.SIGTERM, on_term)
@@ -201,7 +243,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             if p is lp.sidecar:  # exactly one sidecar, healthy before any replica connects to it
                 dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
                 rec.event(f"sidecar healthy after {dt:.1f} s ({p.health})")
-        for p, proc in zip(lp.replicas, sup.procs[len(lp.processes) - len(lp.replicas):], strict=True):
+        for p, proc in zip(lp.replicas, sup.procs[len(lp.processes) - len(lp.replicas) :], strict=True):
             dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
             rec.event(f"{p.name} healthy after {dt:.1f} s ({p.health})")
         if cp is not None:

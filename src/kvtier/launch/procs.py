@@ -38,7 +38,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return 200 <= r.status < 300
+            status: int = r.status
+            return 200 <= status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
@@ -64,9 +65,15 @@ class Supervisor:
             f.write(("$ " + " ".join(argv) + "\n").encode())
             f.flush()
             try:
-                p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **plan.env}, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                p = subprocess.Popen(
+                    argv,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, **plan.env},
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
             except OSError as e:
                 raise LaunchError(f"{plan.name}: cannot start {argv[0]!r}: {e.strerror}") from e
         proc = Proc(plan.name, argv, p, log)
@@ -81,11 +88,14 @@ class Supervisor:
             if http_ok(url):
                 return time.monotonic() - t0
             if proc.popen.poll() is not None:
-                raise LaunchError(f"{proc.name} exited with status {proc.popen.returncode} before {url} answered; "
-                                  f"log {proc.log}:\n{tail(proc.log)}")
+                raise LaunchError(
+                    f"{proc.name} exited with status {proc.popen.returncode} before {url} answered; "
+                    f"log {proc.log}:\n{tail(proc.log)}"
+                )
             if time.monotonic() - t0 > timeout_s:
-                raise LaunchError(f"{proc.name}: {url} did not answer within {timeout_s:.0f} s; log {proc.log}:\n"
-                                  f"{tail(proc.log)}")
+                raise LaunchError(
+                    f"{proc.name}: {url} did not answer within {timeout_s:.0f} s; log {proc.log}:\n{tail(proc.log)}"
+                )
             time.sleep(0.1)
 
     def stop(self, proc: Proc, grace_s: float = 15.0) -> None:
@@ -110,7 +120,7 @@ class Supervisor:
 def _die_with_parent() -> None:
     """In the child: get SIGTERM if kvtier launch itself dies (even by SIGKILL), so nothing is orphaned."""
     try:
-        import ctypes  # noqa: PLC0415
+        import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except OSError:

@@ -10,18 +10,31 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvtier.errors import ConfigError
 
-PLACEHOLDERS = ("model", "host", "port", "replica", "replica_id", "workdir", "sidecar_port", "sidecar_http_port",
-                "sidecar_socket", "nvme_dir", "kv_transfer_config", "sim_model")
+PLACEHOLDERS = (
+    "model",
+    "host",
+    "port",
+    "replica",
+    "replica_id",
+    "workdir",
+    "sidecar_port",
+    "sidecar_http_port",
+    "sidecar_socket",
+    "nvme_dir",
+    "kv_transfer_config",
+    "sim_model",
+)
 _PH = re.compile(r"\{([a-z_]+)\}")
 
 
@@ -54,7 +67,10 @@ def _where(loc: tuple[Any, ...]) -> str:
 def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], str]:
     """All profiles of a file (default: the packaged profiles.yaml), validated; (profiles, source)."""
     if path is None:
-        text, source = resources.files("kvtier.launch").joinpath("profiles.yaml").read_text(), "profiles.yaml (packaged)"
+        text, source = (
+            resources.files("kvtier.launch").joinpath("profiles.yaml").read_text(),
+            "profiles.yaml (packaged)",
+        )
     else:
         try:
             text, source = Path(path).read_text(), str(path)
@@ -74,8 +90,9 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
         for where, text in _strings(body):
             for ph in _PH.findall(text):
                 if ph not in PLACEHOLDERS:
-                    problems.append(f"{source}: {name}.{where}: unknown placeholder {{{ph}}} "
-                                    f"(known: {', '.join(PLACEHOLDERS)})")
+                    problems.append(
+                        f"{source}: {name}.{where}: unknown placeholder {{{ph}}} (known: {', '.join(PLACEHOLDERS)})"
+                    )
         if isinstance(body, dict):
             tier, has_sidecar = body.get("tier"), body.get("sidecar") is not None
             if tier == "gpu" and has_sidecar:
@@ -86,8 +103,9 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
             if "{sim_model}" in text and not body.get("sim_model"):
                 problems.append(f"{source}: {name}.sim_model: required by the {{sim_model}} placeholder")
             if "{kv_transfer_config}" in text and body.get("kv_transfer_config") is None:
-                problems.append(f"{source}: {name}.kv_transfer_config: required by the {{kv_transfer_config}} "
-                                "placeholder")
+                problems.append(
+                    f"{source}: {name}.kv_transfer_config: required by the {{kv_transfer_config}} placeholder"
+                )
         try:
             out[name] = Profile.model_validate(body)
         except ValidationError as e:
@@ -113,13 +131,16 @@ def pick(profiles: Mapping[str, Profile], engine: str, build: str, tier: str, so
     if not found:
         raise ConfigError(f"{source}: no profile for engine {engine}, build {build}, tier {tier}")
     if len(found) > 1:
-        raise ConfigError(f"{source}: several profiles for engine {engine}, build {build}, tier {tier}: "
-                          f"{', '.join(n for n, _ in found)}")
+        raise ConfigError(
+            f"{source}: several profiles for engine {engine}, build {build}, tier {tier}: "
+            f"{', '.join(n for n, _ in found)}"
+        )
     return found[0]
 
 
 def fill(s: str, values: Mapping[str, str]) -> str:
     """Replace {name} placeholders; other braces (JSON in an argument) are left alone."""
+
     def one(m: re.Match[str]) -> str:
         key = m.group(1)
         if key not in values:
@@ -155,7 +176,9 @@ class ProcPlan:
     startup_timeout_s: float
 
 
-def resolve(profile: Profile, values: Mapping[str, str], replica_ports: list[int]) -> tuple[ProcPlan | None, list[ProcPlan]]:
+def resolve(
+    profile: Profile, values: Mapping[str, str], replica_ports: list[int]
+) -> tuple[ProcPlan | None, list[ProcPlan]]:
     """The sidecar (or None) and one plan per replica, every placeholder filled."""
     base = dict(values)
     if profile.sim_model:
@@ -171,15 +194,28 @@ def resolve(profile: Profile, values: Mapping[str, str], replica_ports: list[int
     sidecar = None
     if profile.sidecar is not None:
         s = profile.sidecar
-        sidecar = ProcPlan("sidecar", [fill(x, base) for x in s.command], {}, fill(s.health, base),
-                           fill(s.metrics, base) if s.metrics else None, s.startup_timeout_s)
+        sidecar = ProcPlan(
+            "sidecar",
+            [fill(x, base) for x in s.command],
+            {},
+            fill(s.health, base),
+            fill(s.metrics, base) if s.metrics else None,
+            s.startup_timeout_s,
+        )
     replicas = []
     for i, port in enumerate(replica_ports):
         v = dict(base, port=str(port), replica=str(i), replica_id=f"{values['host']}:{port}")
         r = profile.replica
-        replicas.append(ProcPlan(f"replica{i}", [fill(x, v) for x in r.command],
-                                 {k: fill(x, v) for k, x in profile.env.items()}, fill(r.health, v),
-                                 fill(r.metrics, v) if r.metrics else None, r.startup_timeout_s))
+        replicas.append(
+            ProcPlan(
+                f"replica{i}",
+                [fill(x, v) for x in r.command],
+                {k: fill(x, v) for k, x in profile.env.items()},
+                fill(r.health, v),
+                fill(r.metrics, v) if r.metrics else None,
+                r.startup_timeout_s,
+            )
+        )
     return sidecar, replicas
 
 

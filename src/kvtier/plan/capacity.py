@@ -29,8 +29,9 @@ def bytes_for_tokens(model: ModelSpec, tokens: int, headroom: float = 0.25, tens
     return TierPlan(tokens, b, b * (1 + headroom))
 
 
-def users_per_tier(model: ModelSpec, tier_bytes: float, tokens_per_user: float, target_usage: float = 0.8,
-                   tensor_parallel: int = 1) -> int:
+def users_per_tier(
+    model: ModelSpec, tier_bytes: float, tokens_per_user: float, target_usage: float = 0.8, tensor_parallel: int = 1
+) -> int:
     """How many users' KV (``tokens_per_user`` each) fit in a tier filled to ``target_usage``."""
     per_user = tokens_per_user * kv_bytes_per_token(model, tensor_parallel)
     if per_user <= 0:

@@ -70,19 +70,23 @@ def breakeven_bandwidth(kvpt: float, prefill_tps: float, compression: float = 1.
     return kvpt * prefill_tps / compression
 
 
-def breakeven_bandwidth_exact(ctx: int, kvpt: float, prefill_tps: float, rtt_s: float,
-                              compression: float = 1.0) -> float:
+def breakeven_bandwidth_exact(
+    ctx: int, kvpt: float, prefill_tps: float, rtt_s: float, compression: float = 1.0
+) -> float:
     """RTT-aware break-even for one context length, bytes/s; raises NoBreakEven when none exists."""
     _check(ctx=ctx, kvpt=kvpt, prefill_tps=prefill_tps, rtt_s=rtt_s, compression=compression)
     slack = ctx / prefill_tps - rtt_s
     if slack <= 0:
-        raise NoBreakEven(f"recompute of {ctx} tokens takes {ctx / prefill_tps * 1e3:.3g} ms, not more than one "
-                          f"round trip ({rtt_s * 1e3:.3g} ms): no bandwidth makes fetching pay; recompute")
+        raise NoBreakEven(
+            f"recompute of {ctx} tokens takes {ctx / prefill_tps * 1e3:.3g} ms, not more than one "
+            f"round trip ({rtt_s * 1e3:.3g} ms): no bandwidth makes fetching pay; recompute"
+        )
     return ctx * kvpt / (compression * slack)
 
 
-def breakeven_bandwidth_numeric(ctx: int, kvpt: float, prefill_tps: float, rtt_s: float,
-                                compression: float = 1.0, rel_tol: float = 1e-12) -> float:
+def breakeven_bandwidth_numeric(
+    ctx: int, kvpt: float, prefill_tps: float, rtt_s: float, compression: float = 1.0, rel_tol: float = 1e-12
+) -> float:
     """The same crossover found by bisection on fetch_s(bw) = recompute_s (a cross-check of the algebra)."""
     target = recompute_s(ctx, prefill_tps)
     if fetch_s(ctx, kvpt, 1e30, rtt_s, compression) >= target:
@@ -99,8 +103,9 @@ def breakeven_bandwidth_numeric(ctx: int, kvpt: float, prefill_tps: float, rtt_s
     return hi
 
 
-def min_context_for_fetch(kvpt: float, net_bw: float, rtt_s: float, prefill_tps: float,
-                          compression: float = 1.0) -> float | None:
+def min_context_for_fetch(
+    kvpt: float, net_bw: float, rtt_s: float, prefill_tps: float, compression: float = 1.0
+) -> float | None:
     """Smallest context (tokens) from which fetching beats recompute at this bandwidth; None if never."""
     _check(kvpt=kvpt, net_bw=net_bw, rtt_s=rtt_s, prefill_tps=prefill_tps, compression=compression)
     per_token_gain = 1.0 / prefill_tps - kvpt / (net_bw * compression)
@@ -121,8 +126,9 @@ class GateDecision:
         return "fetch" if self.fetch else "recompute"
 
 
-def should_fetch(ctx: int, kvpt: float, bw: float, rtt_s: float, prefill_tps: float,
-                 compression: float = 1.0) -> GateDecision:
+def should_fetch(
+    ctx: int, kvpt: float, bw: float, rtt_s: float, prefill_tps: float, compression: float = 1.0
+) -> GateDecision:
     """The fetch gate: fetch a cached prefix only when it is strictly faster than recomputing it.
 
     Fails closed: inputs that are missing, non-finite or non-positive give "recompute" with the

@@ -25,7 +25,7 @@ class TierReadCost:
     mean_ms: float
     p95_ms: float
     bw_mean: float  # bytes/s
-    bw_p95: float   # bytes/s
+    bw_p95: float  # bytes/s
 
     def fetch_s(self, nbytes: float, conservative: bool = True) -> float:
         return nbytes / (self.bw_p95 if conservative else self.bw_mean)
@@ -49,7 +49,7 @@ def read_costs(result: BenchResult) -> list[TierReadCost]:
 
 def load_read_costs(path: str | Path) -> tuple[list[TierReadCost], BenchResult]:
     """Read costs of the bench result in ``path`` (loaded and validated by kvtier.report.load)."""
-    from kvtier.report import load  # noqa: PLC0415
+    from kvtier.report import load
 
     result = load(path)
     if not isinstance(result, BenchResult):

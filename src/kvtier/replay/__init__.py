@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     from kvtier.report.replay import ReplayResult
 
 
-def run(config: ReplayConfig, *, on_start: Callable[[ReplayPlan], None] | None = None,
-        handle_signals: bool = True) -> ReplayResult:
+def run(
+    config: ReplayConfig, *, on_start: Callable[[ReplayPlan], None] | None = None, handle_signals: bool = True
+) -> ReplayResult:
     """Replay ``config.dataset`` against ``config.base_url``; returns the result and, with
     ``config.output``, writes requests.jsonl and summary.json there. Bad flags or data raise before
     any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial."""
-    from kvtier.replay.driver import execute, prepare, write_outputs  # noqa: PLC0415
+    from kvtier.replay.driver import execute, prepare, write_outputs
 
     plan = prepare(config)
     if on_start is not None:

@@ -43,10 +43,10 @@ def event_loop_kind(requested: str = "auto") -> str:
     if requested == "asyncio":
         return "asyncio"
     try:
-        import uvloop  # noqa: F401, PLC0415
+        import uvloop  # noqa: F401
     except ImportError:
         if requested == "uvloop":
-            from kvtier.errors import UnsupportedError  # noqa: PLC0415
+            from kvtier.errors import UnsupportedError
 
             raise UnsupportedError("--event-loop uvloop: uvloop is not installed (pip install uvloop)") from None
         return "asyncio"
@@ -56,7 +56,7 @@ def event_loop_kind(requested: str = "auto") -> str:
 def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """A loop factory for asyncio.Runner (None = the default loop)."""
     if kind == "uvloop":
-        import uvloop  # noqa: PLC0415
+        import uvloop
 
         return uvloop.new_event_loop
     return None
@@ -64,11 +64,24 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str, Any]:
     """The per-request record (one line of requests.jsonl; fields in docs/metrics.md)."""
-    return {"user": user.user_id, "session": user.session_id, "turn": turn_index,
-            "session_turn": user.first_turn + turn_index, "max_tokens": max_tokens,
-            "status": "ok", "error": None, "http_status": None, "replica": None,
-            "ttft_s": None, "itl_s": [], "e2e_s": None, "prompt_tokens": None,
-            "completion_tokens": None, "cached_tokens": None, "start_unix_s": None}
+    return {
+        "user": user.user_id,
+        "session": user.session_id,
+        "turn": turn_index,
+        "session_turn": user.first_turn + turn_index,
+        "max_tokens": max_tokens,
+        "status": "ok",
+        "error": None,
+        "http_status": None,
+        "replica": None,
+        "ttft_s": None,
+        "itl_s": [],
+        "e2e_s": None,
+        "prompt_tokens": None,
+        "completion_tokens": None,
+        "cached_tokens": None,
+        "start_unix_s": None,
+    }
 
 
 class StreamRecorder:
@@ -125,26 +138,42 @@ class StreamRecorder:
         return "".join(self.parts)
 
 
-async def stream_request(session: aiohttp.ClientSession, cfg: ClientConfig, user: VirtualUser, turn_index: int,
-                         messages: list[dict[str, Any]], max_tokens: int, clock: Clock = MONOTONIC,
-                         wall: Callable[[], float] | None = None) -> tuple[dict[str, Any], str]:
+async def stream_request(
+    session: aiohttp.ClientSession,
+    cfg: ClientConfig,
+    user: VirtualUser,
+    turn_index: int,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    clock: Clock = MONOTONIC,
+    wall: Callable[[], float] | None = None,
+) -> tuple[dict[str, Any], str]:
     """Stream one request; returns its record and the reply text. Never raises for a failed request."""
-    import time  # noqa: PLC0415
+    import time
 
-    body: dict[str, Any] = {"model": cfg.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if cfg.cache_salt:
         body["cache_salt"] = cfg.cache_salt
     if cfg.tools:
         body["tools"] = cfg.tools
     rec = new_record(user, turn_index, max_tokens)
-    now_s = lambda: clock.now_ns() / 1e9  # noqa: E731 - the hot loop's one clock read
+
+    def now_s() -> float:  # the one clock read per network chunk
+        return clock.now_ns() / 1e9
+
     t0 = now_s()
     rec["start_unix_s"] = (wall or time.time)()
     sr = StreamRecorder(rec, t0)
     try:
-        async with session.post(cfg.base_url.rstrip("/") + "/chat/completions", json=body,
-                                headers={"x-user-id": user.user_id}) as r:
+        async with session.post(
+            cfg.base_url.rstrip("/") + "/chat/completions", json=body, headers={"x-user-id": user.user_id}
+        ) as r:
             rec["http_status"] = r.status
             rec["replica"] = r.headers.get("x-kvtier-replica")
             if r.status != 200:
@@ -155,7 +184,7 @@ async def stream_request(session: aiohttp.ClientSession, cfg: ClientConfig, user
                     break
             if not sr.done:
                 rec["status"], rec["error"] = "cut", "stream ended without [DONE]"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         rec["status"], rec["error"] = "timeout", f"no answer within {cfg.request_timeout_s} s"
     except (aiohttp.ClientError, OSError, ValueError) as e:  # ValueError: malformed JSON in an event
         rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"[:500]
@@ -170,8 +199,9 @@ class UsersOutcome:
     achieved_concurrency: int
 
 
-async def run_users(cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.Event,
-                    clock: Clock = MONOTONIC) -> UsersOutcome:
+async def run_users(
+    cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.Event, clock: Clock = MONOTONIC
+) -> UsersOutcome:
     """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set."""
     records: list[dict[str, Any]] = []
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
@@ -182,6 +212,7 @@ async def run_users(cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.E
     peak = {"now": 0, "max": 0}
 
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+
         async def worker() -> None:
             while not stop.is_set():
                 try:
@@ -219,9 +250,17 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     try:
         await asyncio.wait_for(stop.wait(), seconds)
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 
-__all__ = ["ClientConfig", "StreamRecorder", "stream_request", "run_users", "UsersOutcome", "new_record",
-           "event_loop_kind", "loop_factory"]
+__all__ = [
+    "ClientConfig",
+    "StreamRecorder",
+    "stream_request",
+    "run_users",
+    "UsersOutcome",
+    "new_record",
+    "event_loop_kind",
+    "loop_factory",
+]

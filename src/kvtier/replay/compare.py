@@ -25,12 +25,16 @@ def compare(a: ReplayResult, b: ReplayResult) -> Comparison:
     problems = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in FIXED if ca[k] != cb[k]]
     sa, sb = a.summary.sessions, b.summary.sessions
     if sa.complete != sb.complete or a.concurrency.achieved != b.concurrency.achieved:
-        problems.append(f"achieved sessions/concurrency differ: {sa.model_dump()} / {a.concurrency.achieved} vs "
-                        f"{sb.model_dump()} / {b.concurrency.achieved}")
-    rows = [("TTFT p50 s", a.summary.ttft_s.p50, b.summary.ttft_s.p50),
-            ("TTFT p95 s", a.summary.ttft_s.p95, b.summary.ttft_s.p95),
-            ("degradation median %", a.summary.ttft_degradation.median_pct, b.summary.ttft_degradation.median_pct),
-            ("TPOT mean s", a.summary.tpot_s_mean, b.summary.tpot_s_mean)]
+        problems.append(
+            f"achieved sessions/concurrency differ: {sa.model_dump()} / {a.concurrency.achieved} vs "
+            f"{sb.model_dump()} / {b.concurrency.achieved}"
+        )
+    rows = [
+        ("TTFT p50 s", a.summary.ttft_s.p50, b.summary.ttft_s.p50),
+        ("TTFT p95 s", a.summary.ttft_s.p95, b.summary.ttft_s.p95),
+        ("degradation median %", a.summary.ttft_degradation.median_pct, b.summary.ttft_degradation.median_pct),
+        ("TPOT mean s", a.summary.tpot_s_mean, b.summary.tpot_s_mean),
+    ]
     return Comparison(rows, problems)
 
 

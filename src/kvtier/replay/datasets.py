@@ -100,14 +100,18 @@ def load_agent_trace(p: Path, count: Counter) -> list[Session]:
     turns = []
     prev = None
     for ts, inp, out, _ in calls:
-        turns.append(Turn(({"role": "user", "content": inp},), _max_tokens(count, out),
-                          0.0 if prev is None else (ts - prev) / 1e6))
+        turns.append(
+            Turn(
+                ({"role": "user", "content": inp},), _max_tokens(count, out), 0.0 if prev is None else (ts - prev) / 1e6
+            )
+        )
         prev = ts
     return [Session(str(calls[0][3]), tuple(turns), str(p))]
 
 
 def _ts(s: Any) -> float | None:
-    import datetime as dt  # noqa: PLC0415
+    import datetime as dt
+
     try:
         return dt.datetime.fromisoformat(str(s)).timestamp()
     except ValueError:
@@ -139,9 +143,14 @@ def load_tau2(p: Path, count: Counter) -> list[Session]:
             if role == "user" and m.get("tool_calls"):
                 calls = []  # user-side tool calls are the simulator's, not the agent's
             if calls and role == "assistant":
-                entry["tool_calls"] = [{"id": c.get("id", ""), "type": "function",
-                                        "function": {"name": c.get("name", ""),
-                                                     "arguments": json.dumps(c.get("arguments", {}))}} for c in calls]
+                entry["tool_calls"] = [
+                    {
+                        "id": c.get("id", ""),
+                        "type": "function",
+                        "function": {"name": c.get("name", ""), "arguments": json.dumps(c.get("arguments", {}))},
+                    }
+                    for c in calls
+                ]
             if role == "tool":
                 entry["tool_call_id"] = m.get("id", "")
                 if m.get("requestor") == "user":
@@ -159,8 +168,11 @@ def load_sharegpt_sessions(p: Path, count: Counter) -> list[Session]:
     sessions = []
     for i, rec in enumerate(read_sharegpt_records(p)):
         msgs = sharegpt_messages(rec)
-        turns = [Turn(tuple(msgs[:k]), _max_tokens(count, m["content"]), 0.0)
-                 for k, m in enumerate(msgs) if m["role"] == "assistant"]
+        turns = [
+            Turn(tuple(msgs[:k]), _max_tokens(count, m["content"]), 0.0)
+            for k, m in enumerate(msgs)
+            if m["role"] == "assistant"
+        ]
         if turns:
             sessions.append(Session(sharegpt_id(rec, i), tuple(turns), f"{p}[{i}]"))
     return sessions
@@ -169,7 +181,7 @@ def load_sharegpt_sessions(p: Path, count: Counter) -> list[Session]:
 def load_agentic_traces(p: Path, count: Counter) -> list[Session]:
     if p.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq  # noqa: PLC0415
+            import pyarrow.parquet as pq
         except ImportError:
             raise DatasetError(f"{p}: reading Parquet needs pyarrow (pip install pyarrow)") from None
         rows = list(enumerate(pq.read_table(p).to_pylist(), start=1))
@@ -184,7 +196,8 @@ def load_agentic_traces(p: Path, count: Counter) -> list[Session]:
         if not isinstance(out, int) or out < 1:
             raise DatasetError(f"{p}:{n}: 'output_length' must be a positive integer")
         by_session.setdefault(str(r.get("session_id", p.stem)), []).append(
-            Turn(tuple(msgs), out, float(r.get("pre_gap") or 0.0)))
+            Turn(tuple(msgs), out, float(r.get("pre_gap") or 0.0))
+        )
     return [Session(sid, tuple(turns), str(p)) for sid, turns in by_session.items()]
 
 
@@ -207,8 +220,12 @@ def load_jsonl_sessions(p: Path, count: Counter) -> list[Session]:
 
 
 LOADERS: dict[str, Callable[[Path, Counter], list[Session]]] = {
-    "agent-trace": load_agent_trace, "tau2": load_tau2, "sharegpt": load_sharegpt_sessions,
-    "agentic-traces": load_agentic_traces, "jsonl": load_jsonl_sessions}
+    "agent-trace": load_agent_trace,
+    "tau2": load_tau2,
+    "sharegpt": load_sharegpt_sessions,
+    "agentic-traces": load_agentic_traces,
+    "jsonl": load_jsonl_sessions,
+}
 
 
 def tool_schemas(sessions: list[Session]) -> list[dict[str, Any]]:
@@ -221,9 +238,17 @@ def tool_schemas(sessions: list[Session]) -> list[dict[str, Any]]:
                     name = (c.get("function") or {}).get("name") if isinstance(c, dict) else None
                     if name:
                         names.add(str(name))
-    return [{"type": "function", "function": {"name": n, "description": f"recorded tool {n}",
-                                              "parameters": {"type": "object", "additionalProperties": True}}}
-            for n in sorted(names)]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": n,
+                "description": f"recorded tool {n}",
+                "parameters": {"type": "object", "additionalProperties": True},
+            },
+        }
+        for n in sorted(names)
+    ]
 
 
 def detect(p: Path) -> str:
@@ -260,8 +285,11 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"--dataset: {p} does not exist")
-    files = (sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".parquet"))
-             if p.is_dir() else [p])
+    files = (
+        sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".parquet"))
+        if p.is_dir()
+        else [p]
+    )
     warnings: list[ResultWarning] = []
     sessions: list[Session] = []
     used = fmt
@@ -271,22 +299,23 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
         except UnicodeDecodeError:
             raise DatasetError(f"{f}: not UTF-8 text") from None
         if kind == "empty":
-            warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: empty session file skipped",
-                                    file=str(f)))
+            warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: empty session file skipped", file=str(f)))
             continue
         used = kind
         got = LOADERS[kind](f, count)
         if not got:
-            warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: no session with a usable turn, "
-                                    "skipped", file=str(f)))
+            warnings.append(
+                warning(WarningCode.dataset_file_skipped, f"{f}: no session with a usable turn, skipped", file=str(f))
+            )
         sessions += got
     if not sessions:
         raise DatasetError(f"{p}: the dataset holds no session")
     return LoadedDataset(sessions, used, warnings)
 
 
-def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0,
-                  order: str = "interleave") -> list[VirtualUser]:
+def virtual_users(
+    sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0, order: str = "interleave"
+) -> list[VirtualUser]:
     """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user.
 
     Dispatch order: ``interleave`` (default) takes every session's first chunk, then every
@@ -303,7 +332,7 @@ def virtual_users(sessions: list[Session], num_rounds: int, min_chunk_rounds: in
     for s in sessions:
         mine = []
         for start in range(0, len(s.turns) - need + 1, num_rounds):
-            chunk = s.turns[start:start + num_rounds]
+            chunk = s.turns[start : start + num_rounds]
             if len(chunk) == num_rounds:
                 mine.append(VirtualUser(f"{s.session_id}#{start // num_rounds}", s.session_id, start, chunk))
         per_session.append(mine)

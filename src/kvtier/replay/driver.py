@@ -18,8 +18,17 @@ from typing import Any
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
-from kvtier.report.envelope import (ResultWarning, Status, StopCode, StopReason, WarningCode, collect_host, iso,
-                                    utc_now, warning)
+from kvtier.report.envelope import (
+    ResultWarning,
+    Status,
+    StopCode,
+    StopReason,
+    WarningCode,
+    collect_host,
+    iso,
+    utc_now,
+    warning,
+)
 from kvtier.report.replay import ReplayResult
 from kvtier.report.writers import write_json
 from kvtier.telemetry.clock import MONOTONIC, Clock
@@ -40,7 +49,7 @@ class ReplayPlan:
 
 def prepare(cfg: ReplayConfig) -> ReplayPlan:
     """Check the flags, read the dataset and cut it into virtual users (no request is sent)."""
-    from kvtier.replay.client import event_loop_kind  # noqa: PLC0415
+    from kvtier.replay.client import event_loop_kind
 
     if cfg.base_url is None or cfg.model is None or cfg.dataset is None:
         raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
@@ -54,36 +63,51 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
             Path(cfg.output).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--output: cannot create {cfg.output}: {e.strerror}") from e
-    effective = cfg.model_copy(update={"dataset_format": loaded.format, "tokenizer": tokenizer.kind,
-                                       "event_loop": event_loop_kind(cfg.event_loop)})
-    plan = ReplayPlan(effective, loaded, users, tokenizer, tool_schemas(loaded.sessions) if cfg.agentic_tools else None,
-                      list(loaded.warnings))
+    effective = cfg.model_copy(
+        update={
+            "dataset_format": loaded.format,
+            "tokenizer": tokenizer.kind,
+            "event_loop": event_loop_kind(cfg.event_loop),
+        }
+    )
+    plan = ReplayPlan(
+        effective,
+        loaded,
+        users,
+        tokenizer,
+        tool_schemas(loaded.sessions) if cfg.agentic_tools else None,
+        list(loaded.warnings),
+    )
     if cfg.concurrency > len(users):
-        plan.warnings.append(warning(
-            WarningCode.concurrency_capped,
-            f"--concurrency {cfg.concurrency} exceeds the {len(users)} virtual users this dataset yields at "
-            f"--num-rounds {cfg.num_rounds}: achieved concurrency is capped at {len(users)}",
-            requested=cfg.concurrency, virtual_users=len(users)))
+        plan.warnings.append(
+            warning(
+                WarningCode.concurrency_capped,
+                f"--concurrency {cfg.concurrency} exceeds the {len(users)} virtual users this dataset yields at "
+                f"--num-rounds {cfg.num_rounds}: achieved concurrency is capped at {len(users)}",
+                requested=cfg.concurrency,
+                virtual_users=len(users),
+            )
+        )
     return plan
 
 
 async def _probe(cfg: ReplayConfig) -> dict[str, Any]:
     """The server's identity (GET /models) and the throwaway warm-up requests."""
-    import aiohttp  # noqa: PLC0415
+    import aiohttp
 
     base = (cfg.base_url or "").rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         try:
             async with s.get(base + "/models") as r:
                 server = {"models": await r.json(), "replica": r.headers.get("x-kvtier-replica")}
-        except (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
             raise ConfigError(f"--base-url: {base} does not answer GET /models ({type(e).__name__})") from None
         for i in range(cfg.warmup):
             body = {"model": cfg.model, "messages": [{"role": "user", "content": f"warmup {i}"}], "max_tokens": 4}
             try:
                 async with s.post(base + "/chat/completions", json=body) as r:
                     await r.read()
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
     return server
 
@@ -102,9 +126,9 @@ class _Stop:
 
 
 async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple[ReplayResult, list[dict[str, Any]]]:
-    from kvtier.replay.client import ClientConfig, run_users  # noqa: PLC0415
-    from kvtier.replay.scrape import Scraper  # noqa: PLC0415
-    from kvtier.replay.summary import summarize  # noqa: PLC0415
+    from kvtier.replay.client import ClientConfig, run_users
+    from kvtier.replay.scrape import Scraper
+    from kvtier.replay.summary import summarize
 
     cfg = plan.config
     started = utc_now()
@@ -118,8 +142,16 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     scrape_stop = asyncio.Event()
     scrape_tasks = [asyncio.create_task(sc.run(scrape_stop)) for sc in scrapers]
     t0 = clock.now_ns()
-    client = ClientConfig((cfg.base_url or "").rstrip("/"), cfg.model or "", cfg.concurrency, cfg.gap_scale, cfg.request_timeout,
-                          cfg.history, cfg.cache_salt, plan.tools)
+    client = ClientConfig(
+        (cfg.base_url or "").rstrip("/"),
+        cfg.model or "",
+        cfg.concurrency,
+        cfg.gap_scale,
+        cfg.request_timeout,
+        cfg.history,
+        cfg.cache_salt,
+        plan.tools,
+    )
     try:
         outcome = await run_users(client, plan.users, stop.event, clock)
     finally:
@@ -135,46 +167,86 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     warnings = list(plan.warnings)
     if stop.code is not None:
         status = Status.partial
-        reason = StopReason(code=stop.code, message=f"{stop.code.value}: the replay stopped early; the result is "
-                                                    "partial")
+        reason = StopReason(
+            code=stop.code, message=f"{stop.code.value}: the replay stopped early; the result is partial"
+        )
     else:
         status = Status.complete if summary["requests_ok"] > 0 else Status.failed
         reason = StopReason(code=StopCode.dataset_finished, message="every virtual user ran")
     if status != Status.complete:
-        warnings.append(warning(WarningCode.run_not_complete, f"run is {status.value}: {reason.message}",
-                                status=status.value, stop_code=reason.code.value))
+        warnings.append(
+            warning(
+                WarningCode.run_not_complete,
+                f"run is {status.value}: {reason.message}",
+                status=status.value,
+                stop_code=reason.code.value,
+            )
+        )
     if outcome.achieved_concurrency < cfg.concurrency:
-        warnings.append(warning(WarningCode.concurrency_not_reached,
-                                f"achieved concurrency {outcome.achieved_concurrency} < requested {cfg.concurrency}",
-                                requested=cfg.concurrency, achieved=outcome.achieved_concurrency))
+        warnings.append(
+            warning(
+                WarningCode.concurrency_not_reached,
+                f"achieved concurrency {outcome.achieved_concurrency} < requested {cfg.concurrency}",
+                requested=cfg.concurrency,
+                achieved=outcome.achieved_concurrency,
+            )
+        )
     for m in metrics:
         if m.samples < 2:
-            warnings.append(warning(WarningCode.scrape_failed, f"{m.url}/metrics: {m.samples} scrapes succeeded "
-                                    f"({m.scrape_errors} failed): no server figures", url=m.url,
-                                    scrape_errors=m.scrape_errors))
+            warnings.append(
+                warning(
+                    WarningCode.scrape_failed,
+                    f"{m.url}/metrics: {m.samples} scrapes succeeded ({m.scrape_errors} failed): no server figures",
+                    url=m.url,
+                    scrape_errors=m.scrape_errors,
+                )
+            )
         elif m.external_prefix_cache_queries and not m.external_prefix_cache_hits:
-            warnings.append(warning(WarningCode.offload_never_exercised,
-                                    f"{m.url}: the server looked up {m.external_prefix_cache_queries:,.0f} tokens in "
-                                    "its offload tier and found none: the offload tier never served a hit",
-                                    url=m.url, external_queries_tokens=m.external_prefix_cache_queries))
-    result = ReplayResult.model_validate({
-        "status": status, "stop_reason": reason, "started_at": iso(started), "finished_at": iso(utc_now()),
-        "host": collect_host({"output": cfg.output, "dataset": cfg.dataset}),
-        "warnings": warnings, "wall_s": round(wall, 3),
-        "dataset": {"path": str(cfg.dataset), "format": plan.dataset.format, "sessions": len(plan.dataset.sessions),
-                    "virtual_users": len(plan.users), "tokenizer": plan.tokenizer.name,
-                    "agentic_tool_names": [t["function"]["name"] for t in plan.tools or []]},
-        "concurrency": {"requested": cfg.concurrency, "achieved": outcome.achieved_concurrency,
-                        "virtual_users": len(plan.users)},
-        "server": server, "summary": summary, "server_metrics": metrics, "config": cfg,
-    })
+            warnings.append(
+                warning(
+                    WarningCode.offload_never_exercised,
+                    f"{m.url}: the server looked up {m.external_prefix_cache_queries:,.0f} tokens in "
+                    "its offload tier and found none: the offload tier never served a hit",
+                    url=m.url,
+                    external_queries_tokens=m.external_prefix_cache_queries,
+                )
+            )
+    result = ReplayResult.model_validate(
+        {
+            "status": status,
+            "stop_reason": reason,
+            "started_at": iso(started),
+            "finished_at": iso(utc_now()),
+            "host": collect_host({"output": cfg.output, "dataset": cfg.dataset}),
+            "warnings": warnings,
+            "wall_s": round(wall, 3),
+            "dataset": {
+                "path": str(cfg.dataset),
+                "format": plan.dataset.format,
+                "sessions": len(plan.dataset.sessions),
+                "virtual_users": len(plan.users),
+                "tokenizer": plan.tokenizer.name,
+                "agentic_tool_names": [t["function"]["name"] for t in plan.tools or []],
+            },
+            "concurrency": {
+                "requested": cfg.concurrency,
+                "achieved": outcome.achieved_concurrency,
+                "virtual_users": len(plan.users),
+            },
+            "server": server,
+            "summary": summary,
+            "server_metrics": metrics,
+            "config": cfg,
+        }
+    )
     return result, records
 
 
-def execute(plan: ReplayPlan, handle_signals: bool = True,
-            clock: Clock = MONOTONIC) -> tuple[ReplayResult, list[dict[str, Any]]]:
+def execute(
+    plan: ReplayPlan, handle_signals: bool = True, clock: Clock = MONOTONIC
+) -> tuple[ReplayResult, list[dict[str, Any]]]:
     """Run the plan on its event loop; returns the result and the per-request records."""
-    from kvtier.replay.client import loop_factory  # noqa: PLC0415
+    from kvtier.replay.client import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory(plan.config.event_loop)) as runner:
         return runner.run(_replay(plan, handle_signals, clock))

@@ -21,12 +21,17 @@ from kvtier.report.replay import ScrapeSummary
 
 RATES = {
     "prefix_cache_hit_rate": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-    "external_prefix_cache_hit_rate": ("vllm:external_prefix_cache_hits_total",
-                                       "vllm:external_prefix_cache_queries_total"),
+    "external_prefix_cache_hit_rate": (
+        "vllm:external_prefix_cache_hits_total",
+        "vllm:external_prefix_cache_queries_total",
+    ),
     "lmcache_lookup_hit_rate": ("lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"),
 }
-HISTS = {"prefill_time_s": "vllm:request_prefill_time_seconds", "queue_time_s": "vllm:request_queue_time_seconds",
-         "ttft_server_s": "vllm:time_to_first_token_seconds"}
+HISTS = {
+    "prefill_time_s": "vllm:request_prefill_time_seconds",
+    "queue_time_s": "vllm:request_queue_time_seconds",
+    "ttft_server_s": "vllm:time_to_first_token_seconds",
+}
 
 
 def parse(text: str) -> dict[str, float]:
@@ -52,7 +57,7 @@ class Scraper:
                 if r.status == 200:
                     self.samples.append((time.time(), parse(await r.text())))
                     return
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             pass
         self.errors += 1
 
@@ -63,7 +68,7 @@ class Scraper:
                 try:
                     await asyncio.wait_for(stop.wait(), self.interval_s)
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await self.scrape_once(session)
             await self.scrape_once(session)
 
@@ -95,15 +100,19 @@ class Scraper:
                 while s[i][0] - s[j][0] > self.rate_window_s and j < i - 1:
                     j += 1
                 dq = cum_q[i] - cum_q[j]
-                series.append({"t": round(s[i][0] - s[0][0], 3),
-                               "rate": None if dq <= 0 else round((cum_h[i] - cum_h[j]) / dq, 6)})
-            vals = [x["rate"] for x in series[-max(1, len(series) // 4):] if x["rate"] is not None]
+                series.append(
+                    {
+                        "t": round(s[i][0] - s[0][0], 3),
+                        "rate": None if dq <= 0 else round((cum_h[i] - cum_h[j]) / dq, 6),
+                    }
+                )
+            vals = [x["rate"] for x in series[-max(1, len(series) // 4) :] if x["rate"] is not None]
             out[name] = round(sum(vals) / len(vals), 6) if vals else None
             out[name + "_overall"] = round(H / Q, 6) if Q > 0 else None
             out[name + "_series"] = series
             if name == "external_prefix_cache_hit_rate":
                 out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
-        usage = [x.get("vllm:kv_cache_usage_perc") for _, x in s if "vllm:kv_cache_usage_perc" in x]
+        usage = [x["vllm:kv_cache_usage_perc"] for _, x in s if "vllm:kv_cache_usage_perc" in x]
         out["kv_cache_usage_perc_mean"] = round(sum(usage) / len(usage), 6) if usage else None
         first, last = s[0][1], s[-1][1]
         for key, h in HISTS.items():

@@ -18,8 +18,11 @@ def _stats(xs: list[float]) -> dict[str, float | int | None]:
 def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == "ok" and r["ttft_s"] is not None]
     failed = [r for r in records if r["status"] != "ok"]
-    tpots = [(r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in ok
-             if r.get("completion_tokens") and r["completion_tokens"] > 1]
+    tpots = [
+        (r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1)
+        for r in ok
+        if r.get("completion_tokens") and r["completion_tokens"] > 1
+    ]
     first: dict[str, float] = {}
     for r in ok:
         if r["turn"] == 0:
@@ -46,8 +49,12 @@ def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: i
         if r.get("replica"):
             replicas[r["replica"]] += 1
     return {
-        "requests_total": len(records), "requests_ok": len(ok), "requests_failed": len(failed),
-        "failures_by_status": {k: sum(1 for r in failed if r["status"] == k) for k in sorted({r["status"] for r in failed})},
+        "requests_total": len(records),
+        "requests_ok": len(ok),
+        "requests_failed": len(failed),
+        "failures_by_status": {
+            k: sum(1 for r in failed if r["status"] == k) for k in sorted({r["status"] for r in failed})
+        },
         "ttft_s": _stats([r["ttft_s"] for r in ok]),
         "tpot_s_mean": round(float(np.mean(tpots)), 6) if tpots else None,
         "e2e_s": _stats([r["e2e_s"] for r in ok]),
@@ -59,8 +66,10 @@ def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: i
             "median_pct": round(float(np.median(changes)), 3) if changes else None,
             "p95_pct": round(float(stats.percentile(changes, 95) or 0.0), 3) if changes else None,
             "by_turn_median_pct": {str(k): round(float(np.median(v)), 3) for k, v in sorted(by_turn.items())},
-            "ttft_s_by_turn_p50": {str(k): round(float(np.median([r["ttft_s"] for r in ok if r["turn"] == k])), 6)
-                                   for k in sorted({r["turn"] for r in ok})},
+            "ttft_s_by_turn_p50": {
+                str(k): round(float(np.median([r["ttft_s"] for r in ok if r["turn"] == k])), 6)
+                for k in sorted({r["turn"] for r in ok})
+            },
         },
         "sessions": {"total": users_total, "complete": complete, "incomplete": incomplete, "error": error},
         "requests_by_replica": dict(replicas),

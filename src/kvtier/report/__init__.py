@@ -25,15 +25,15 @@ if TYPE_CHECKING:
 
 def _model_for(benchmark: Any) -> Any:
     if benchmark == "kvtier bench":
-        from kvtier.report.bench import BenchResult  # noqa: PLC0415
+        from kvtier.report.bench import BenchResult
 
         return BenchResult
     if benchmark == "kvtier replay":
-        from kvtier.report.replay import ReplayResult  # noqa: PLC0415
+        from kvtier.report.replay import ReplayResult
 
         return ReplayResult
     if benchmark == "kvtier launch":
-        from kvtier.report.launch import LaunchResult  # noqa: PLC0415
+        from kvtier.report.launch import LaunchResult
 
         return LaunchResult
     return None
@@ -50,7 +50,7 @@ def _file(path: Path) -> Path:
 
 def load(path: str | Path) -> AnyResult:
     """The typed result in ``path`` (a result file, or a replay/launch result folder)."""
-    from kvtier.report.envelope import SCHEMA_VERSION  # noqa: PLC0415
+    from kvtier.report.envelope import SCHEMA_VERSION
 
     p = _file(Path(path))
     try:
@@ -68,8 +68,10 @@ def load(path: str | Path) -> AnyResult:
         raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
     version = raw.get("result_schema_version")
     if version != SCHEMA_VERSION:
-        raise DatasetError(f"{p}: result_schema_version: {version!r}; this kvtier reads version {SCHEMA_VERSION} "
-                           "(re-run with this kvtier to get a file it can read)")
+        raise DatasetError(
+            f"{p}: result_schema_version: {version!r}; this kvtier reads version {SCHEMA_VERSION} "
+            "(re-run with this kvtier to get a file it can read)"
+        )
     try:
         return model.model_validate(raw)  # type: ignore[no-any-return]
     except ValidationError as e:

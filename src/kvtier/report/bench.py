@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import Field, create_model
 
 from kvtier.config.bench import BenchConfig
 from kvtier.report.envelope import Distribution, Envelope, Section
@@ -72,8 +72,9 @@ def pct_key(prefix: str, p: str) -> str:
 
 
 def percentile_key_prefixes() -> list[str]:
-    return ([f"{t}_{op}" for t in TIER_NAMES for op in OPS]
-            + [f"storage_{op}_{part}" for op in OPS for part in ("device", "host")])
+    return [f"{t}_{op}" for t in TIER_NAMES for op in OPS] + [
+        f"storage_{op}_{part}" for op in OPS for part in ("device", "host")
+    ]
 
 
 class _CacheStatsFixed(Section):
@@ -90,6 +91,11 @@ class _CacheStatsFixed(Section):
     nvme_read_device_p95_ms: float | None
     nvme_write_device_p95_ms: float | None
     storage_health: StorageHealth
+
+    def percentile_ms(self, prefix: str, p: str) -> float | None:
+        """A generated percentile key, e.g. ``percentile_ms("storage_read_device", "p95")``."""
+        value: float | None = getattr(self, pct_key(prefix, p))
+        return value
 
 
 def _cache_stats_model() -> type[_CacheStatsFixed]:
@@ -355,5 +361,17 @@ class BenchResult(Envelope):
     config: BenchConfig
 
 
-__all__ = ["BenchResult", "BenchSummary", "CacheStats", "Distribution", "TierStats", "OpStats", "StorageHealth",
-           "Criterion", "pct_key", "percentile_key_prefixes", "TIER_NAMES", "OPS"]
+__all__ = [
+    "BenchResult",
+    "BenchSummary",
+    "CacheStats",
+    "Distribution",
+    "TierStats",
+    "OpStats",
+    "StorageHealth",
+    "Criterion",
+    "pct_key",
+    "percentile_key_prefixes",
+    "TIER_NAMES",
+    "OPS",
+]

@@ -32,24 +32,24 @@ directories, replay and launch files gained the envelope."""
 
 class Status(enum.StrEnum):
     complete = "complete"  # the run ended as configured (duration, request count, data exhausted)
-    partial = "partial"    # stopped early (signal, device full, internal error): what it has is kept
-    failed = "failed"      # nothing usable was measured
+    partial = "partial"  # stopped early (signal, device full, internal error): what it has is kept
+    failed = "failed"  # nothing usable was measured
 
 
 class StopCode(enum.StrEnum):
     """Why a run ended. Stable: scripts may switch on these."""
 
-    duration = "duration"                  # --duration elapsed
-    max_requests = "max-requests"          # --max-requests completed
-    trace_finished = "trace-finished"      # every trace request was served
+    duration = "duration"  # --duration elapsed
+    max_requests = "max-requests"  # --max-requests completed
+    trace_finished = "trace-finished"  # every trace request was served
     dataset_finished = "dataset-finished"  # every dataset turn was served (bench) / every virtual user ran (replay)
-    peak_capacity = "peak-capacity"        # the capacity autoscaler found its peak
-    interrupted = "interrupted"            # SIGINT (Ctrl+C)
-    terminated = "terminated"              # SIGTERM
-    device_full = "device-full"            # ENOSPC / EDQUOT on the storage tier
-    internal_error = "internal-error"      # a bug stopped the run; the message names it
-    startup_failed = "startup-failed"      # launch: a process did not start or become healthy
-    running = "running"                    # launch.json written while the replay was still running
+    peak_capacity = "peak-capacity"  # the capacity autoscaler found its peak
+    interrupted = "interrupted"  # SIGINT (Ctrl+C)
+    terminated = "terminated"  # SIGTERM
+    device_full = "device-full"  # ENOSPC / EDQUOT on the storage tier
+    internal_error = "internal-error"  # a bug stopped the run; the message names it
+    startup_failed = "startup-failed"  # launch: a process did not start or become healthy
+    running = "running"  # launch.json written while the replay was still running
 
 
 class Section(BaseModel):
@@ -134,7 +134,7 @@ class HostFacts(Section):
 
 def collect_host(directories: dict[str, str | None] | None = None) -> HostFacts:
     """Facts about this host, and about each named directory (role -> path; None entries skipped)."""
-    from kvtier.telemetry.host import describe_directory, host_basics  # noqa: PLC0415
+    from kvtier.telemetry.host import describe_directory, host_basics
 
     dirs = {role: DirectoryFacts(**describe_directory(path)) for role, path in (directories or {}).items() if path}
     return HostFacts(**host_basics(), directories=dirs)
@@ -156,15 +156,19 @@ class Envelope(BaseModel):
 
 
 def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def iso(t: dt.datetime) -> str:
     return t.isoformat(timespec="seconds")
 
 
-EXIT_BY_STOP = {StopCode.interrupted: 130, StopCode.terminated: 143, StopCode.device_full: 5,
-                StopCode.startup_failed: 6}
+EXIT_BY_STOP = {
+    StopCode.interrupted: 130,
+    StopCode.terminated: 143,
+    StopCode.device_full: 5,
+    StopCode.startup_failed: 6,
+}
 
 
 def exit_code(status: Status, stop: StopCode) -> int:
@@ -175,5 +179,21 @@ def exit_code(status: Status, stop: StopCode) -> int:
     return EXIT_BY_STOP.get(stop, 1)
 
 
-__all__ = ["SCHEMA_VERSION", "Section", "Distribution", "Status", "StopCode", "StopReason", "WarningCode", "ResultWarning", "warning",
-           "DirectoryFacts", "HostFacts", "collect_host", "Envelope", "exit_code", "utc_now", "iso"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Section",
+    "Distribution",
+    "Status",
+    "StopCode",
+    "StopReason",
+    "WarningCode",
+    "ResultWarning",
+    "warning",
+    "DirectoryFacts",
+    "HostFacts",
+    "collect_host",
+    "Envelope",
+    "exit_code",
+    "utc_now",
+    "iso",
+]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier.config.launch import LaunchConfig
 from kvtier.report.envelope import Envelope, Section
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier.config.replay import ReplayConfig
 from kvtier.report.envelope import Distribution, Envelope, Section
 

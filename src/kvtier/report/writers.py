@@ -51,22 +51,22 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
-    import xlsxwriter  # noqa: PLC0415
+    import xlsxwriter
 
     r = result.model_dump(mode="json")
     p = Path(path)
     wb = xlsxwriter.Workbook(str(p))
     bold = wb.add_format({"bold": True})
     sections = {
-        "Summary": {k: v for k, v in r.items() if not isinstance(v, (dict, list))} | {
-            k: v for k, v in r["summary"].items() if k not in ("cache_stats", "qos_metrics")},
+        "Summary": {k: v for k, v in r.items() if not isinstance(v, (dict, list))}
+        | {k: v for k, v in r["summary"].items() if k not in ("cache_stats", "qos_metrics")},
         "Cache": r["summary"]["cache_stats"],
         "QoS": r["summary"]["qos_metrics"],
         "Tiers": r["tiers"],
         "Errors": r["errors"],
         "Memory+IO": {"memory": r["memory"], "process_io": r["process_io"], "storage": r["storage"]},
-        "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])} | {
-            "stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
+        "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])}
+        | {"stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
         "Host": r["host"],
         "Config": r["config"],
     }

@@ -22,26 +22,26 @@ if TYPE_CHECKING:
 
 def serve(config: SimConfig) -> None:
     """Run the simulated server until SIGINT/SIGTERM."""
-    from kvtier.sim.servers import serve as _serve  # noqa: PLC0415
+    from kvtier.sim.servers import serve as _serve
 
     _serve(config)
 
 
 def serve_cache(config: CacheServerConfig) -> None:
     """Run the cache server until SIGINT/SIGTERM."""
-    from kvtier.sim.servers import serve_cache as _serve_cache  # noqa: PLC0415
+    from kvtier.sim.servers import serve_cache as _serve_cache
 
     _serve_cache(config)
 
 
 async def start_sim(config: SimConfig) -> RunningSim:
-    from kvtier.sim.servers import start_sim as _start  # noqa: PLC0415
+    from kvtier.sim.servers import start_sim as _start
 
     return await _start(config)
 
 
 async def start_cache_server(config: CacheServerConfig) -> RunningServer:
-    from kvtier.sim.servers import start_cache_server as _start  # noqa: PLC0415
+    from kvtier.sim.servers import start_cache_server as _start
 
     return await _start(config)
 

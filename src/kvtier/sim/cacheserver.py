@@ -31,8 +31,13 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
 
     def refresh() -> dict[str, Any]:
         m.lmcache.update(o)
-        return {**(o.usage() or {}), "loaded_bytes": o.loaded_bytes, "load_seconds": o.load_seconds,
-                "stored_bytes": o.stored_bytes, "store_seconds": o.store_seconds}
+        return {
+            **(o.usage() or {}),
+            "loaded_bytes": o.loaded_bytes,
+            "load_seconds": o.load_seconds,
+            "stored_bytes": o.stored_bytes,
+            "store_seconds": o.store_seconds,
+        }
 
     async def keys_of(request: web.Request) -> list[str]:
         try:
@@ -43,8 +48,10 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
         if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
             raise web.HTTPBadRequest(text="'keys' must be a list of non-empty strings")
         if isinstance(body, dict) and body.get("chunk_bytes") not in (None, chunk_bytes):
-            raise web.HTTPBadRequest(text=f"chunk_bytes {body.get('chunk_bytes')} differs from this server's "
-                                          f"{chunk_bytes}: the replicas and the cache server must serve one model")
+            raise web.HTTPBadRequest(
+                text=f"chunk_bytes {body.get('chunk_bytes')} differs from this server's "
+                f"{chunk_bytes}: the replicas and the cache server must serve one model"
+            )
         return keys
 
     async def lookup(request: web.Request) -> web.Response:
@@ -72,8 +79,16 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
         return web.json_response({"bytes": stored, "seconds": time.perf_counter() - t0})
 
     async def info(request: web.Request) -> web.Response:
-        return web.json_response({"server": server_id, "kind": o.cfg.kind, "chunk_tokens": o.cfg.chunk_tokens,
-                                  "kv_bytes_per_token": o.kvpt, "model": o.scope.model_name, **refresh()})
+        return web.json_response(
+            {
+                "server": server_id,
+                "kind": o.cfg.kind,
+                "chunk_tokens": o.cfg.chunk_tokens,
+                "kv_bytes_per_token": o.kvpt,
+                "model": o.scope.model_name,
+                **refresh(),
+            }
+        )
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -83,8 +98,16 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
         return web.Response(body=exposition(m.registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.add_routes([web.post("/v1/lookup", lookup), web.post("/v1/load", load), web.post("/v1/store", store),
-                    web.get("/v1/info", info), web.get("/health", health), web.get("/metrics", metrics)])
+    app.add_routes(
+        [
+            web.post("/v1/lookup", lookup),
+            web.post("/v1/load", load),
+            web.post("/v1/store", store),
+            web.get("/v1/info", info),
+            web.get("/health", health),
+            web.get("/metrics", metrics),
+        ]
+    )
     return app
 
 

@@ -13,8 +13,27 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
+LAT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -32,7 +51,7 @@ class _WithoutCreated:
 
 def exposition(registry: CollectorRegistry) -> bytes:
     """The registry in the Prometheus plain text format (0.0.4), without ``*_created`` series."""
-    return generate_latest(_WithoutCreated(registry))  # type: ignore[arg-type]  # duck-typed collector
+    return generate_latest(_WithoutCreated(registry))  # type: ignore[arg-type,unused-ignore]  # duck-typed collector
 
 
 class OffloadView(Protocol):
@@ -49,8 +68,9 @@ class OffloadView(Protocol):
 class LMCacheGauges:
     """LMCache MP server gauges of an offload tier (facts: the ``lmcache_mp_`` metric prefix)."""
 
-    def __init__(self, registry: CollectorRegistry, labelnames: Iterable[str] = (),
-                 labels: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, labelnames: Iterable[str] = (), labels: tuple[str, ...] = ()
+    ) -> None:
         def g(name: str, doc: str) -> Any:
             gauge = Gauge(name, doc, list(labelnames), registry=registry)
             return gauge.labels(*labels) if labels else gauge
@@ -112,8 +132,12 @@ class VllmMetrics:
         self.queue = h("vllm:request_queue_time_seconds", "time waiting for admission")
         self.prefill = h("vllm:request_prefill_time_seconds", "prefill time including offload loads")
         self.decode = h("vllm:request_decode_time_seconds", "decode time")
-        self.gate_recompute = c("kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower")
-        self.offload_errors = g("kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)")
+        self.gate_recompute = c(
+            "kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower"
+        )
+        self.offload_errors = g(
+            "kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)"
+        )
         self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
         self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
         self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")

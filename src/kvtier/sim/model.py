@@ -19,10 +19,11 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal
 
-from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.backend import Backend, aligned_buffer
 from kvtier.engine.file import FileTier
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
@@ -100,7 +101,7 @@ class OffloadConfig:
     nvme_offload_gb: float = 8.0
     staging_gb: float = 0.5
     chunk_tokens: int = 256
-    direct_io: str = "auto"
+    direct_io: Literal["auto", "on", "off"] = "auto"
 
 
 class _Measured:
@@ -159,13 +160,16 @@ class Offload(_Measured):
         self.scope = scope
         self.kvpt = kv_bytes_per_token
         self.recorder = Recorder()
+        tiers: list[Backend]
         if cfg.kind == "cpu":
             tiers = [MemoryTier(int(cfg.cpu_offload_gb * GiB), "cpu")]
         elif cfg.kind == "nvme":
             if not cfg.nvme_dir:
                 raise ConfigError("--offload nvme: give --nvme-dir")
-            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu"),
-                     FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io)]  # type: ignore[arg-type]
+            tiers = [
+                MemoryTier(int(cfg.staging_gb * GiB), "cpu"),
+                FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io),
+            ]
         else:
             raise ConfigError(f"--offload: expected none, cpu or nvme, got {cfg.kind!r}")
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
@@ -181,6 +185,10 @@ class Offload(_Measured):
 
     def chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
         return self.scope.keys_for_tokens(token_ids)
+
+    def _chunks(self, key: str, nbytes: int) -> Callable[[], Iterator[memoryview]]:
+        """The store's chunk source for one entry: aligned slices of the noise buffer."""
+        return lambda: self.noise.chunks(key, nbytes, 16 * 1024 * 1024)
 
     def lookup(self, keys: Sequence[str]) -> int:
         n = 0
@@ -219,7 +227,7 @@ class Offload(_Measured):
             if self.store.location(k) is not None:
                 continue
             try:
-                self.store.put(k, lambda k=k: self.noise.chunks(k, chunk_bytes, 16 * 1024 * 1024), chunk_bytes, buf)
+                self.store.put(k, self._chunks(k, chunk_bytes), chunk_bytes, buf)
                 n += chunk_bytes
             except StorageError:
                 break
@@ -242,10 +250,12 @@ class Offload(_Measured):
     def usage(self) -> dict[str, Any] | None:
         u = self.store.usage()
         ctr = self.recorder.counters
-        return {"cpu_used_bytes": u.get("cpu", {}).get("used_bytes", 0),
-                "cpu_capacity_bytes": u.get("cpu", {}).get("capacity_bytes", 0),
-                "disk_used_bytes": u.get("storage", {}).get("used_bytes", 0),
-                "evicted_chunks": ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0)}
+        return {
+            "cpu_used_bytes": u.get("cpu", {}).get("used_bytes", 0),
+            "cpu_capacity_bytes": u.get("cpu", {}).get("capacity_bytes", 0),
+            "disk_used_bytes": u.get("storage", {}).get("used_bytes", 0),
+            "evicted_chunks": ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0),
+        }
 
     async def aclose(self) -> None:
         pass
@@ -274,15 +284,16 @@ class RemoteOffload(_Measured):
 
     async def connect(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """Open the session and check that the server serves this model's chunk geometry."""
-        import aiohttp  # noqa: PLC0415
+        import aiohttp
 
-        self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
-                                              timeout=aiohttp.ClientTimeout(total=600))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=aiohttp.ClientTimeout(total=600)
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 async with self._session.get("http://cache/v1/info") as r:
-                    info = await r.json()
+                    info: dict[str, Any] = await r.json()
                 break
             except (aiohttp.ClientError, OSError) as e:
                 if time.monotonic() > deadline:
@@ -293,8 +304,10 @@ class RemoteOffload(_Measured):
         got = (info.get("chunk_tokens"), info.get("kv_bytes_per_token"), info.get("model"))
         if want != got:
             await self.aclose()
-            raise ConfigError(f"--cache-server {self.socket_path}: serves (chunk tokens, KV bytes/token, model) "
-                              f"{got}, this replica needs {want}")
+            raise ConfigError(
+                f"--cache-server {self.socket_path}: serves (chunk tokens, KV bytes/token, model) "
+                f"{got}, this replica needs {want}"
+            )
         return info
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -302,7 +315,8 @@ class RemoteOffload(_Measured):
             async with self._session.post("http://cache" + path, json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
-                return await r.json()
+                reply: dict[str, Any] = await r.json()
+                return reply
         except Exception as e:  # noqa: BLE001 - any failure of the shared tier is a miss, counted
             self.errors += 1
             self.last_error = f"{path}: {type(e).__name__}: {e}"[:300]

@@ -56,9 +56,12 @@ class BadRequest(Exception):
         self.param = param
 
 
-def error_response(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                             status=status)
+def error_response(
+    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status
+    )
 
 
 class _Seq:
@@ -79,8 +82,13 @@ class SimEngine:
     ``replica_id`` names the replica in the ``x-kvtier-replica`` header; the server sets it once
     it knows the port it listens on."""
 
-    def __init__(self, s: SimSettings, offload: Offload | RemoteOffload | None,
-                 tokenizer: Tokenizer | None = None, replica_id: str = "") -> None:
+    def __init__(
+        self,
+        s: SimSettings,
+        offload: Offload | RemoteOffload | None,
+        tokenizer: Tokenizer | None = None,
+        replica_id: str = "",
+    ) -> None:
         self.s = s
         self.replica_id = replica_id
         self.kvpt = s.model.kv_bytes_per_token
@@ -107,7 +115,7 @@ class SimEngine:
             if o.errors:
                 m.offload_errors.set(o.errors)
 
-    def _join(self, seq: "_Seq") -> None:
+    def _join(self, seq: _Seq) -> None:
         self._seqs.add(seq)
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
@@ -155,8 +163,10 @@ class SimEngine:
         hashes = block_hashes(prompt_ids)
         anon = math.ceil((len(prompt_ids) + max_tokens) / BLOCK_TOKENS) - len(hashes)
         if len(hashes) + anon > self.gpu.capacity:
-            raise BadRequest(f"prompt + max_tokens need {len(hashes) + anon} KV blocks; the simulated GPU holds "
-                             f"{self.gpu.capacity}", "max_tokens")
+            raise BadRequest(
+                f"prompt + max_tokens need {len(hashes) + anon} KV blocks; the simulated GPU holds {self.gpu.capacity}",
+                "max_tokens",
+            )
         self.waiting += 1
         self.refresh_metrics()
         hit: list[int] = []
@@ -210,8 +220,16 @@ class SimEngine:
             m.prompt_tokens.inc(len(prompt_ids))
             if self.offload is not None:
                 self.offload.store_later(keys)
-            emit = yield "first", {"cached_tokens": gpu_hit + ext, "gpu_hit_tokens": gpu_hit,
-                                   "external_tokens": ext, "load_s": load_s, "queue_s": t_admit - t_arrive}
+            emit = yield (
+                "first",
+                {
+                    "cached_tokens": gpu_hit + ext,
+                    "gpu_hit_tokens": gpu_hit,
+                    "external_tokens": ext,
+                    "load_s": load_s,
+                    "queue_s": t_admit - t_arrive,
+                },
+            )
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
             # step ticker, which hands one token to every running sequence per step.
             seq = _Seq(max_tokens - 1, emit, t_first)
@@ -241,8 +259,24 @@ class SimEngine:
             self.refresh_metrics()
 
 
-WORDS = ("the", "cache", "moves", "tokens", "to", "faster", "tiers", "when", "it", "pays", "and", "recomputes",
-         "otherwise", "because", "bandwidth", "matters")
+WORDS = (
+    "the",
+    "cache",
+    "moves",
+    "tokens",
+    "to",
+    "faster",
+    "tiers",
+    "when",
+    "it",
+    "pays",
+    "and",
+    "recomputes",
+    "otherwise",
+    "because",
+    "bandwidth",
+    "matters",
+)
 
 
 def _word(i: int) -> str:
@@ -280,8 +314,9 @@ def make_app(engine: SimEngine) -> web.Application:
         except BadRequest as e:
             resp = error_response(400, str(e), e.param)
         except web.HTTPException as e:
-            resp = error_response(e.status, e.reason or "error", kind="not_found_error" if e.status == 404 else
-                                  "invalid_request_error")
+            resp = error_response(
+                e.status, e.reason or "error", kind="not_found_error" if e.status == 404 else "invalid_request_error"
+            )
         resp.headers["x-kvtier-replica"] = engine.replica_id
         return resp
 
@@ -294,10 +329,16 @@ def make_app(engine: SimEngine) -> web.Application:
             if not isinstance(msgs, list) or not msgs:
                 raise BadRequest("'messages' must be a non-empty list", "messages")
             for i, msg in enumerate(msgs):
-                if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool",
-                                                                         "developer"):
-                    raise BadRequest(f"messages[{i}] needs a role of system, user, assistant, tool or developer",
-                                     "messages")
+                if not isinstance(msg, dict) or msg.get("role") not in (
+                    "system",
+                    "user",
+                    "assistant",
+                    "tool",
+                    "developer",
+                ):
+                    raise BadRequest(
+                        f"messages[{i}] needs a role of system, user, assistant, tool or developer", "messages"
+                    )
             try:
                 text = render_chat(msgs)
             except ValueError as e:
@@ -321,37 +362,65 @@ def make_app(engine: SimEngine) -> web.Application:
         obj = "chat.completion.chunk" if chat else "text_completion"
         gen = engine.generate(prompt_ids, max_tokens)
         first_kind, info = await gen.__anext__()  # raises BadRequest before any byte is sent
-        usage = lambda n: {"prompt_tokens": len(prompt_ids), "completion_tokens": n,  # noqa: E731
-                           "total_tokens": len(prompt_ids) + n,
-                           "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]}}
+
+        def usage(n: int) -> dict[str, Any]:
+            return {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": n,
+                "total_tokens": len(prompt_ids) + n,
+                "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]},
+            }
+
         if not stream:
             try:
                 _, n = await gen.asend(None)
             finally:
                 await gen.aclose()
             content = "".join(_word(i) for i in range(n))
-            choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": content, "finish_reason": "length", "logprobs": None})
-            return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                      "created": created, "model": s.served_model_name, "choices": [choice],
-                                      "usage": usage(n), "kvtier": info})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "x-kvtier-replica": engine.replica_id})
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": content, "finish_reason": "length", "logprobs": None}
+            )
+            return web.json_response(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": s.served_model_name,
+                    "choices": [choice],
+                    "usage": usage(n),
+                    "kvtier": info,
+                }
+            )
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-kvtier-replica": engine.replica_id,
+            }
+        )
         await resp.prepare(request)
 
         async def send(payload: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
 
         def chunk(delta: Any, finish: str | None) -> dict[str, Any]:
-            ch = ({"index": 0, "delta": delta, "finish_reason": finish} if chat
-                  else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None})
+            ch = (
+                {"index": 0, "delta": delta, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
+            )
             return {"id": rid, "object": obj, "created": created, "model": s.served_model_name, "choices": [ch]}
 
         # Per-token chunks are pre-encoded once per request: the hot path only hands bytes to the
         # transport. With chunked transfer encoding (HTTP/1.1) the chunk framing is pre-encoded too,
         # so the decode ticker can write synchronously, one send per token, no task wake-up.
-        head, tail = (json.dumps(chunk({"content": "\x00"} if chat else "\x00", None), separators=(",", ":"))
-                      .encode().split(b"\\u0000"))
+        head, tail = (
+            json.dumps(chunk({"content": "\x00"} if chat else "\x00", None), separators=(",", ":"))
+            .encode()
+            .split(b"\\u0000")
+        )
         lines = [b"data: " + head + w.encode() + tail + b"\n\n" for w in (_word(i) for i in range(len(WORDS)))]
         n = 0
         try:
@@ -373,8 +442,16 @@ def make_app(engine: SimEngine) -> web.Application:
             _, n = await gen.asend(emit)
             await send(chunk({} if chat else "", "length"))
             if include_usage:
-                await send({"id": rid, "object": obj, "created": created, "model": s.served_model_name,
-                            "choices": [], "usage": usage(n)})
+                await send(
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": s.served_model_name,
+                        "choices": [],
+                        "usage": usage(n),
+                    }
+                )
             await resp.write(b"data: [DONE]\n\n")
         finally:
             await gen.aclose()
@@ -387,9 +464,20 @@ def make_app(engine: SimEngine) -> web.Application:
         return await completion(request, False)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": s.served_model_name, "object": "model",
-                                                              "created": 0, "owned_by": "kvtier-sim",
-                                                              "max_model_len": 131072}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": s.served_model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "kvtier-sim",
+                        "max_model_len": 131072,
+                    }
+                ],
+            }
+        )
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -399,6 +487,13 @@ def make_app(engine: SimEngine) -> web.Application:
         return web.Response(body=exposition(engine.metrics.registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(middlewares=[replica_header], client_max_size=64 * 1024 * 1024)
-    app.add_routes([web.post("/v1/chat/completions", chat_completions), web.post("/v1/completions", completions),
-                    web.get("/v1/models", models), web.get("/health", health), web.get("/metrics", metrics)])
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", chat_completions),
+            web.post("/v1/completions", completions),
+            web.get("/v1/models", models),
+            web.get("/health", health),
+            web.get("/metrics", metrics),
+        ]
+    )
     return app

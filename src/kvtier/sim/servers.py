@@ -43,20 +43,30 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         raise ConfigError(f"--preset: unknown preset {cfg.preset!r} (known: {', '.join(sorted(presets))})")
     pr = presets[cfg.preset]
     model = resolve_model(cfg.model or pr["model"], build_catalog())
-    values = {}
+    values: dict[str, float] = {}
     for name in MODEL_FIELDS:
         v = getattr(cfg, name)
         v = pr.get(name) if v is None else v
         if v is None or v < 0 or (name in ("gpu_kv_gb", "prefill_tps") and v <= 0):
             raise ConfigError(f"--{name.replace('_', '-')}: must be > 0, got {v}")
         values[name] = float(v)
-    return SimSettings(model=model, served_model_name=cfg.served_model_name or cfg.model or pr["model"],
-                       max_num_seqs=cfg.max_num_seqs, seed=cfg.seed, **values)
+    return SimSettings(
+        model=model,
+        served_model_name=cfg.served_model_name or cfg.model or pr["model"],
+        gpu_kv_gb=values["gpu_kv_gb"],
+        prefill_tps=values["prefill_tps"],
+        tpot_ms=values["tpot_ms"],
+        prefill_overhead_ms=values["prefill_overhead_ms"],
+        batch_slowdown=values["batch_slowdown"],
+        max_num_seqs=cfg.max_num_seqs,
+        seed=cfg.seed,
+    )
 
 
 def scope_for(model: ModelSpec, chunk_tokens: int = 256) -> KeyScope:
-    return KeyScope(model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention,
-                    chunk_size=chunk_tokens)
+    return KeyScope(
+        model_name=model.key, kv_dtype=model.dtype, attention_layout=model.attention, chunk_size=chunk_tokens
+    )
 
 
 def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int) -> Offload:
@@ -64,8 +74,14 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
     if kind == "nvme" and (not tier.nvme_dir or not Path(tier.nvme_dir).is_dir()):
         raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {tier.nvme_dir!r})")
     try:
-        return Offload(OffloadConfig(kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb,
-                                     256, tier.direct_io), scope_for(model), model.kv_bytes_per_token, seed)
+        return Offload(
+            OffloadConfig(
+                kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, 256, tier.direct_io
+            ),
+            scope_for(model),
+            model.kv_bytes_per_token,
+            seed,
+        )
     except UnusableDirectory as e:
         raise ConfigError(f"{'--direct-io on' if e.direct_io else '--nvme-dir'}: {e}") from e
 
@@ -132,7 +148,7 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
 
 async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
     """The shared offload tier on its Unix socket (data API) and a TCP port (/health, /metrics)."""
-    from kvtier.sim.cacheserver import make_cache_app  # noqa: PLC0415
+    from kvtier.sim.cacheserver import make_cache_app
 
     model = resolve_model(cfg.model, build_catalog())
     sock = Path(cfg.socket)
@@ -179,7 +195,7 @@ async def _until_signal(port_file: str | None, port: int) -> None:
 
 def _run_loop(main: Callable[[], Awaitable[None]], kind: str) -> None:
     """Run a server's main coroutine on uvloop when installed (--event-loop auto), else asyncio."""
-    from kvtier.replay.client import event_loop_kind, loop_factory  # noqa: PLC0415
+    from kvtier.replay.client import event_loop_kind, loop_factory
 
     async def wrapped() -> None:
         await main()
@@ -190,13 +206,18 @@ def _run_loop(main: Callable[[], Awaitable[None]], kind: str) -> None:
 
 def serve(cfg: SimConfig) -> None:
     """Run the simulated server until SIGINT/SIGTERM."""
+
     async def main() -> None:
         server = await start_sim(cfg)
         engine = server.sim
         try:
-            print(f"kvtier sim: {engine.s.served_model_name} on http://{cfg.host}:{server.port}/v1 "
-                  f"(replica {engine.replica_id}, GPU {engine.gpu.capacity} blocks, offload {cfg.offload}, "
-                  f"tokenizer {engine.tokenizer.name})", file=sys.stderr, flush=True)
+            print(
+                f"kvtier sim: {engine.s.served_model_name} on http://{cfg.host}:{server.port}/v1 "
+                f"(replica {engine.replica_id}, GPU {engine.gpu.capacity} blocks, offload {cfg.offload}, "
+                f"tokenizer {engine.tokenizer.name})",
+                file=sys.stderr,
+                flush=True,
+            )
             await _until_signal(cfg.port_file, server.port)
         finally:
             await server.close()
@@ -206,11 +227,16 @@ def serve(cfg: SimConfig) -> None:
 
 def serve_cache(cfg: CacheServerConfig) -> None:
     """Run the cache server until SIGINT/SIGTERM."""
+
     async def main() -> None:
         server = await start_cache_server(cfg)
         try:
-            print(f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
-                  f"http://{cfg.host}:{server.port})", file=sys.stderr, flush=True)
+            print(
+                f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
+                f"http://{cfg.host}:{server.port})",
+                file=sys.stderr,
+                flush=True,
+            )
             await _until_signal(cfg.port_file, server.port)
         finally:
             await server.close()
@@ -218,5 +244,14 @@ def serve_cache(cfg: CacheServerConfig) -> None:
     _run_loop(main, cfg.event_loop)
 
 
-__all__ = ["serve", "serve_cache", "start_sim", "start_cache_server", "resolve_settings", "load_presets",
-           "make_offload", "RunningServer", "RunningSim"]
+__all__ = [
+    "serve",
+    "serve_cache",
+    "start_sim",
+    "start_cache_server",
+    "resolve_settings",
+    "load_presets",
+    "make_offload",
+    "RunningServer",
+    "RunningSim",
+]

@@ -37,8 +37,11 @@ def render_chat(messages: Sequence[dict[str, Any]]) -> str:
         text = content_text(m.get("content"))
         calls = m.get("tool_calls")
         if calls:
-            text += "".join(f"<|tool_call|>{c.get('function', {}).get('name', '')}("
-                            f"{c.get('function', {}).get('arguments', '')})" for c in calls if isinstance(c, dict))
+            text += "".join(
+                f"<|tool_call|>{c.get('function', {}).get('name', '')}({c.get('function', {}).get('arguments', '')})"
+                for c in calls
+                if isinstance(c, dict)
+            )
         parts.append(f"<|{m['role']}|>\n{text}<|end|>\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)

@@ -52,13 +52,24 @@ def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
     return best
 
 
-LIBRARIES = ("numpy", "pydantic", "aiohttp", "uvloop", "prometheus-client", "PyYAML", "rich", "xlsxwriter",
-             "tiktoken", "torch", "matplotlib")
+LIBRARIES = (
+    "numpy",
+    "pydantic",
+    "aiohttp",
+    "uvloop",
+    "prometheus-client",
+    "PyYAML",
+    "rich",
+    "xlsxwriter",
+    "tiktoken",
+    "torch",
+    "matplotlib",
+)
 """Distributions whose versions a result records (None: not installed)."""
 
 
 def _version(dist: str) -> str | None:
-    from importlib import metadata  # noqa: PLC0415
+    from importlib import metadata
 
     try:
         return metadata.version(dist)
@@ -94,8 +105,13 @@ def block_device_of(path: str | os.PathLike[str]) -> str | None:
 def describe_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The directory's real path, its filesystem (mount point, type, source device) and block device."""
     fs = filesystem_of(path)
-    return {"path": os.path.realpath(path), "mount_point": fs["mount_point"], "fs_type": fs["fs_type"],
-            "device": fs["device"], "block_device": block_device_of(path)}
+    return {
+        "path": os.path.realpath(path),
+        "mount_point": fs["mount_point"],
+        "fs_type": fs["fs_type"],
+        "device": fs["device"],
+        "block_device": block_device_of(path),
+    }
 
 
 def proc_io() -> dict[str, int]:

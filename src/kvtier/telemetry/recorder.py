@@ -36,7 +36,7 @@ class RequestRecord(NamedTuple):
     start_ns: int
     storage_done_ns: int
     end_ns: int
-    storage_ns: int     # sum of the request's own tier-op times (host + device)
+    storage_ns: int  # sum of the request's own tier-op times (host + device)
     generation_ns: int  # simulated GPU time slept
     bytes_read: int
     bytes_written: int
@@ -49,8 +49,8 @@ class RequestRecord(NamedTuple):
     error: str
     new_tokens: int = 0  # context tokens not in any cache before this request (amplification base)
     turn: int = 1
-    rag_ns: int = 0      # storage time of the RAG burst (retrieved chunk reads and re-ingests)
-    rag_bytes: int = 0   # bytes of retrieved chunks read
+    rag_ns: int = 0  # storage time of the RAG burst (retrieved chunk reads and re-ingests)
+    rag_bytes: int = 0  # bytes of retrieved chunks read
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Recorder:
     # Progress snapshots (cheap: lengths and running sums over appended lists)
     def bytes_moved(self, op: str) -> int:
         total = 0
-        for (tier, o), samples in list(self.ops.items()):
+        for (_, o), samples in list(self.ops.items()):
             if o == op:
                 total += sum(s.nbytes for s in samples[:])
         return total

@@ -12,15 +12,15 @@ of that user starts a new conversation) but leaves its KV in the store until the
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from kvtier.keys import KeyScope
 from kvtier.workload.layout import KVRef, Layout, segment_chunks, system_prompt_key
 from kvtier.workload.users import Request, UserProfile, draws, phase_for, user_rng
-
 
 SHARED_STREAM = 2**31 - 1
 """Pseudo user id of random streams shared by all users (system prompts)."""
@@ -96,8 +96,9 @@ def system_prompts(settings: ConversationSettings, seed: int) -> list[tuple[str,
     return [(f"system-{i}", int(rng.integers(lo, hi + 1))) for i in range(settings.num_system_prompts)]
 
 
-def conversation_requests(user: UserProfile, seed: int, settings: ConversationSettings, scope: KeyScope,
-                          manager: ConversationManager) -> Iterator[Request]:
+def conversation_requests(
+    user: UserProfile, seed: int, settings: ConversationSettings, scope: KeyScope, manager: ConversationManager
+) -> Iterator[Request]:
     """The user's endless, deterministic stream of (multi-turn) requests in the chosen layout."""
     rng = user_rng(seed, user.user_id, stream=2)
     prompts = system_prompts(settings, seed) if settings.prefix_caching else []
@@ -107,7 +108,7 @@ def conversation_requests(user: UserProfile, seed: int, settings: ConversationSe
         if conv is not None and not manager.touch(conv.conv_id):
             conv = None  # metadata evicted: history forgotten
         if conv is None:
-            sp, sp_tokens = (prompts[int(rng.integers(0, len(prompts)))] if prompts else (None, 0))
+            sp, sp_tokens = prompts[int(rng.integers(0, len(prompts)))] if prompts else (None, 0)
             conv = Conversation(f"conv_u{user.user_id}_{n_conv:05d}", user.user_id, sp, sp_tokens)
             n_conv += 1
             if sp is not None:
@@ -118,19 +119,41 @@ def conversation_requests(user: UserProfile, seed: int, settings: ConversationSe
         req = _turn_request(user, seq, conv, new_tokens, gen, think, settings, scope)
         conv.last_reply_tokens = gen
         yield req
-        if (not settings.multi_turn or conv.turns >= settings.max_turns_per_conv
-                or conv.tokens + gen >= settings.max_context_tokens
-                or rng.random() < settings.end_probability):
+        if (
+            not settings.multi_turn
+            or conv.turns >= settings.max_turns_per_conv
+            or conv.tokens + gen >= settings.max_context_tokens
+            or rng.random() < settings.end_probability
+        ):
             manager.end(conv.conv_id)
             conv = None
 
 
-def _turn_request(user: UserProfile, seq: int, conv: Conversation, new_tokens: int, gen: int, think: float,
-                  settings: ConversationSettings, scope: KeyScope) -> Request:
+def _turn_request(
+    user: UserProfile,
+    seq: int,
+    conv: Conversation,
+    new_tokens: int,
+    gen: int,
+    think: float,
+    settings: ConversationSettings,
+    scope: KeyScope,
+) -> Request:
     key = f"{conv.conv_id}_turn_{conv.turns}"
-    common = dict(user_id=user.user_id, seq=seq, key=key, qos=user.qos, priority=user.priority,
-                  generate_tokens=gen, think_before_s=think, conversation=conv.conv_id, turn=conv.turns,
-                  new_tokens=new_tokens)
+    base = Request(
+        user_id=user.user_id,
+        seq=seq,
+        key=key,
+        qos=user.qos,
+        priority=user.priority,
+        phase="prefill",
+        context_tokens=0,
+        generate_tokens=gen,
+        think_before_s=think,
+        conversation=conv.conv_id,
+        turn=conv.turns,
+        new_tokens=new_tokens,
+    )
     if settings.layout == "entry":
         reads = []
         if conv.system_prompt is not None:
@@ -138,12 +161,24 @@ def _turn_request(user: UserProfile, seq: int, conv: Conversation, new_tokens: i
         reads += [KVRef(k, n, "history") for k, n in conv.turn_keys]
         conv.turn_keys.append((key, new_tokens))
         conv.segments.append((f"{conv.conv_id}/t{conv.turns}", new_tokens))
-        return Request(**common, phase=phase_for(new_tokens), context_tokens=conv.tokens,  # type: ignore[arg-type]
-                       reads=tuple(reads), writes=(KVRef(key, new_tokens, "context"),),
-                       decode_key=key, decode_tokens=new_tokens)
+        return dataclasses.replace(
+            base,
+            phase=phase_for(new_tokens),
+            context_tokens=conv.tokens,
+            reads=tuple(reads),
+            writes=(KVRef(key, new_tokens, "context"),),
+            decode_key=key,
+            decode_tokens=new_tokens,
+        )
     cached = segment_chunks(conv.segments, settings.chunk_tokens, scope, conv.system_prompt)
     conv.segments.append((f"{conv.conv_id}/t{conv.turns}", new_tokens))
     full = segment_chunks(conv.segments, settings.chunk_tokens, scope, conv.system_prompt)
-    new_chunks = tuple(KVRef(r.key, r.tokens, "context") for r in full[len(cached):])
-    return Request(**common, phase=phase_for(conv.tokens), context_tokens=conv.tokens,  # type: ignore[arg-type]
-                   reads=tuple(cached), prefix_reads=True, writes=new_chunks)
+    new_chunks = tuple(KVRef(r.key, r.tokens, "context") for r in full[len(cached) :])
+    return dataclasses.replace(
+        base,
+        phase=phase_for(conv.tokens),
+        context_tokens=conv.tokens,
+        reads=tuple(cached),
+        prefix_reads=True,
+        writes=new_chunks,
+    )

@@ -23,8 +23,9 @@ Read amplification = bytes read by a request / bytes of its new context tokens.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from kvtier.keys import KeyScope, chain_hash
 
@@ -44,8 +45,9 @@ def system_prompt_key(prompt_id: str) -> str:
     return f"kv_system_{hashlib.sha256(prompt_id.encode()).hexdigest()[:16]}"
 
 
-def segment_chunks(segments: Sequence[tuple[str, int]], chunk_tokens: int, scope: KeyScope,
-                   prefix_segment: str | None = None) -> list[KVRef]:
+def segment_chunks(
+    segments: Sequence[tuple[str, int]], chunk_tokens: int, scope: KeyScope, prefix_segment: str | None = None
+) -> list[KVRef]:
     """Keys of the full chunks of a token sequence given as (segment id, length) runs.
 
     A chunk's hash chains its parent's hash and the (segment id, start, end) runs it covers,

@@ -101,8 +101,14 @@ def read_sharegpt_records(p: Path) -> list[object]:
     return data
 
 
-def load_sharegpt(path: str | Path, max_conversations: int, tokenizer: Tokenizer, *,
-                  max_context_tokens: int = 0, max_generation_tokens: int = 0) -> Dataset:
+def load_sharegpt(
+    path: str | Path,
+    max_conversations: int,
+    tokenizer: Tokenizer,
+    *,
+    max_context_tokens: int = 0,
+    max_generation_tokens: int = 0,
+) -> Dataset:
     """At most ``max_conversations`` usable conversations as (user tokens, reply tokens) turns;
     consecutive user messages form one turn's context. Caps of 0 mean none."""
     p = Path(path)
@@ -122,8 +128,9 @@ def load_sharegpt(path: str | Path, max_conversations: int, tokenizer: Tokenizer
     return Dataset(str(p), convs, tokenizer.name, skipped)
 
 
-def _turns(messages: list[dict[str, str]], tokenizer: Tokenizer, max_context: int,
-           max_generation: int) -> list[tuple[int, int]]:
+def _turns(
+    messages: list[dict[str, str]], tokenizer: Tokenizer, max_context: int, max_generation: int
+) -> list[tuple[int, int]]:
     turns: list[tuple[int, int]] = []
     pending = 0
     for m in messages:
@@ -131,15 +138,22 @@ def _turns(messages: list[dict[str, str]], tokenizer: Tokenizer, max_context: in
         if m["role"] == "user":
             pending += n
         else:
-            turns.append((min(pending, max_context) if max_context else pending,
-                          min(n, max_generation) if max_generation else n))
+            turns.append(
+                (min(pending, max_context) if max_context else pending, min(n, max_generation) if max_generation else n)
+            )
             pending = 0
     return turns
 
 
-def dataset_requests(user: UserProfile, convs: list[DatasetConversation], seed: int, cycles: int,
-                     settings: ConversationSettings, scope: KeyScope,
-                     manager: ConversationManager) -> Iterator[Request]:
+def dataset_requests(
+    user: UserProfile,
+    convs: list[DatasetConversation],
+    seed: int,
+    cycles: int,
+    settings: ConversationSettings,
+    scope: KeyScope,
+    manager: ConversationManager,
+) -> Iterator[Request]:
     """Replay the user's share of the dataset, turn by turn, ``cycles`` times (at least once)."""
     rng = user_rng(seed, user.user_id, stream=5)
     seq = 0
@@ -152,8 +166,9 @@ def dataset_requests(user: UserProfile, convs: list[DatasetConversation], seed: 
                     break  # metadata evicted: the rest of this conversation is dropped
                 conv.turns += 1
                 think = user.think_time_s * float(rng.uniform(0.8, 1.2))
-                req = _turn_request(user, seq, conv, user_tokens + conv.last_reply_tokens, reply_tokens, think,
-                                    settings, scope)
+                req = _turn_request(
+                    user, seq, conv, user_tokens + conv.last_reply_tokens, reply_tokens, think, settings, scope
+                )
                 conv.last_reply_tokens = reply_tokens
                 seq += 1
                 yield req

@@ -19,9 +19,10 @@ import datetime as dt
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Sequence
+from typing import Literal
 
 from kvtier.errors import DatasetError
 
@@ -104,8 +105,15 @@ def load_burstgpt(path: Path) -> Trace:
             if out == 0:
                 skipped += 1  # a failed request in the source
                 continue
-            reqs.append(TraceRequest(_num(row["Timestamp"], where, "Timestamp"),
-                                     _int(row["Request tokens"], where, "Request tokens", 1), out, None, where))
+            reqs.append(
+                TraceRequest(
+                    _num(row["Timestamp"], where, "Timestamp"),
+                    _int(row["Request tokens"], where, "Request tokens", 1),
+                    out,
+                    None,
+                    where,
+                )
+            )
     return _finish("burstgpt", reqs, files, skipped)
 
 
@@ -121,8 +129,15 @@ def load_azure(path: Path) -> Trace:
             except ValueError:
                 raise DatasetError(f"{where}: TIMESTAMP {ts!r} is not a date-time") from None
             t0 = t0 or t
-            reqs.append(TraceRequest((t - t0).total_seconds(), _int(row["ContextTokens"], where, "ContextTokens", 1),
-                                     _int(row["GeneratedTokens"], where, "GeneratedTokens"), None, where))
+            reqs.append(
+                TraceRequest(
+                    (t - t0).total_seconds(),
+                    _int(row["ContextTokens"], where, "ContextTokens", 1),
+                    _int(row["GeneratedTokens"], where, "GeneratedTokens"),
+                    None,
+                    where,
+                )
+            )
     return _finish("azure", reqs, files, 0)
 
 
@@ -151,10 +166,19 @@ def load_mooncake(path: Path) -> Trace:
             if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
                 raise DatasetError(f"{where}: hash_ids must be a list of integers")
             if len(ids) != math.ceil(inp / MOONCAKE_BLOCK_TOKENS):
-                raise DatasetError(f"{where}: {len(ids)} hash_ids for input_length {inp} "
-                                   f"(expected ceil({inp}/{MOONCAKE_BLOCK_TOKENS}))")
-            reqs.append(TraceRequest(_num(obj["timestamp"], where, "timestamp") / 1000.0, inp,
-                                     _int(obj["output_length"], where, "output_length"), tuple(ids), where))
+                raise DatasetError(
+                    f"{where}: {len(ids)} hash_ids for input_length {inp} "
+                    f"(expected ceil({inp}/{MOONCAKE_BLOCK_TOKENS}))"
+                )
+            reqs.append(
+                TraceRequest(
+                    _num(obj["timestamp"], where, "timestamp") / 1000.0,
+                    inp,
+                    _int(obj["output_length"], where, "output_length"),
+                    tuple(ids),
+                    where,
+                )
+            )
     t = _finish("mooncake", reqs, files, 0)
     t.block_tokens = MOONCAKE_BLOCK_TOKENS
     return t
@@ -186,8 +210,11 @@ def detect_format(path: Path) -> str:
     raise DatasetError(f"{first}:1: cannot tell the trace format from {head[:80]!r}; give --trace-format")
 
 
-LOADERS: dict[str, Callable[[Path], Trace]] = {"burstgpt": load_burstgpt, "azure": load_azure,
-                                               "mooncake": load_mooncake}
+LOADERS: dict[str, Callable[[Path], Trace]] = {
+    "burstgpt": load_burstgpt,
+    "azure": load_azure,
+    "mooncake": load_mooncake,
+}
 
 
 def load_trace(path: str | Path, fmt: TraceFormat = "auto") -> Trace:
@@ -196,8 +223,9 @@ def load_trace(path: str | Path, fmt: TraceFormat = "auto") -> Trace:
     return LOADERS[name](p)
 
 
-def prefix_hit_rate(requests: Sequence[TraceRequest], block_tokens: int, stored_size: Callable[[int], int],
-                    capacity_bytes: float | None) -> float:
+def prefix_hit_rate(
+    requests: Sequence[TraceRequest], block_tokens: int, stored_size: Callable[[int], int], capacity_bytes: float | None
+) -> float:
     """The block hit rate the trace's hash_ids imply for an LRU cache of ``capacity_bytes``.
 
     A request's blocks hit up to its first miss (a prefix cache), the rest are recomputed and

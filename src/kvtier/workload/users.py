@@ -9,8 +9,9 @@ sequence per user whatever the timing of the run. A request's context is uniform
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Literal
 
 import numpy as np
 
@@ -21,14 +22,15 @@ PREFILL_ONLY_CONTEXT_TOKENS = 10_000
 """Requests with at least this much context are prefill-only (no decode reads), per the spec."""
 
 QOS_CLASSES: tuple[QoSClass, ...] = ("interactive", "responsive", "batch")
-PROFILES = ("chatbot", "coding", "document")
+Profile = Literal["chatbot", "coding", "document"]
+PROFILES: tuple[Profile, ...] = ("chatbot", "coding", "document")
 
 
 @dataclass(frozen=True)
 class UserProfile:
     user_id: int
-    profile: str
-    qos: str
+    profile: Profile
+    qos: QoSClass
     priority: int
     context_tokens: int
     generation_tokens: int
@@ -73,14 +75,19 @@ def make_users(num_users: int, tuning: Tuning, seed: int, first_id: int = 0) -> 
     for uid in range(first_id, first_id + num_users):
         rng = user_rng(seed, uid, stream=0)
         profile = profiles[int(rng.integers(0, len(profiles)))]
-        t = tuning.user_templates[profile]  # type: ignore[index]  # PROFILES are the Literal keys
+        t = tuning.user_templates[profile]
         qos = draw_qos(rng, tuning.qos_distribution)
-        users.append(UserProfile(
-            user_id=uid, profile=profile, qos=qos, priority=tuning.qos_profiles[qos].priority,
-            context_tokens=int(rng.integers(int(t.context_range.low), int(t.context_range.high) + 1)),
-            generation_tokens=int(rng.integers(int(t.generation_range.low), int(t.generation_range.high) + 1)),
-            think_time_s=float(rng.uniform(t.think_time_range.low, t.think_time_range.high)),
-        ))
+        users.append(
+            UserProfile(
+                user_id=uid,
+                profile=profile,
+                qos=qos,
+                priority=tuning.qos_profiles[qos].priority,
+                context_tokens=int(rng.integers(int(t.context_range.low), int(t.context_range.high) + 1)),
+                generation_tokens=int(rng.integers(int(t.generation_range.low), int(t.generation_range.high) + 1)),
+                think_time_s=float(rng.uniform(t.think_time_range.low, t.think_time_range.high)),
+            )
+        )
     return users
 
 

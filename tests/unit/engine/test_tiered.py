@@ -32,8 +32,11 @@ class FlakyTier(MemoryTier):
 
 def two_tier(cfg=None, top=10, bottom=20):
     rec = Recorder()
-    s = TieredStore([MemoryTier(top * KB4, "cpu"), MemoryTier(bottom * KB4, "storage")],
-                    cfg or StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0), rec)
+    s = TieredStore(
+        [MemoryTier(top * KB4, "cpu"), MemoryTier(bottom * KB4, "storage")],
+        cfg or StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0),
+        rec,
+    )
     return s, rec
 
 
@@ -142,10 +145,11 @@ def test_bad_store_config():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(st.tuples(st.sampled_from(["put", "get", "del"]), st.integers(0, 12), st.integers(1, 6)),
-                    max_size=80),
-       caps=st.tuples(st.integers(0, 12), st.integers(1, 16), st.integers(1, 24)),
-       ratio=st.sampled_from([0.5, 0.8, 1.0]))
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(["put", "get", "del"]), st.integers(0, 12), st.integers(1, 6)), max_size=80),
+    caps=st.tuples(st.integers(0, 12), st.integers(1, 16), st.integers(1, 24)),
+    ratio=st.sampled_from([0.5, 0.8, 1.0]),
+)
 def test_waterfall_properties(noise, ops, caps, ratio):
     """Usage <= capacity, accounting == stored bytes, LRU order, nothing lost but at the bottom."""
     buf = aligned_buffer(1 << 16)
@@ -195,7 +199,7 @@ def test_concurrent_threads_keep_accounting(noise):
                     put(s, noise, key, (1 + (i * 7 + w) % 5) * KB4, b)
                 for u in s.usage().values():
                     assert u["used_bytes"] <= u["capacity_bytes"]
-        except BaseException as e:  # surface in the main thread
+        except BaseException as e:  # noqa: BLE001 - surfaces in the main thread (assertions included)
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]

@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from kvtier.errors import DatasetError

@@ -25,12 +25,15 @@ def test_published_figures():
     assert costs.breakeven_bandwidth(KVPT, TPS, 3.5) * 8 / 1e9 == pytest.approx(3.7, abs=0.05)
 
 
-@pytest.mark.parametrize("bw,rtt,comp,fetch,verdict", [
-    (G100, 0.001, 1.0, 0.2157, "fetch"),
-    (G1, 0.020, 1.0, 21.4948, "recompute"),
-    (G5, 0.020, 1.0, 4.3150, "recompute"),
-    (G5, 0.020, 3.5, 1.2471, "fetch"),
-])
+@pytest.mark.parametrize(
+    "bw,rtt,comp,fetch,verdict",
+    [
+        (G100, 0.001, 1.0, 0.2157, "fetch"),
+        (G1, 0.020, 1.0, 21.4948, "recompute"),
+        (G5, 0.020, 1.0, 4.3150, "recompute"),
+        (G5, 0.020, 3.5, 1.2471, "fetch"),
+    ],
+)
 def test_gate_table(bw, rtt, comp, fetch, verdict):
     d = costs.should_fetch(CTX, KVPT, bw, rtt, TPS, comp)
     assert round(d.fetch_s, 4) == fetch
@@ -75,18 +78,28 @@ def test_min_context_for_fetch():
     assert costs.min_context_for_fetch(KVPT, G1, 0.001, TPS) is None  # below the closed-form break-even
 
 
-@pytest.mark.parametrize("bad", [dict(bw=0), dict(bw=-1), dict(bw=math.nan), dict(tps=0), dict(comp=0),
-                                 dict(rtt=-0.001), dict(ctx=-5)])
+@pytest.mark.parametrize(
+    "bad", [dict(bw=0), dict(bw=-1), dict(bw=math.nan), dict(tps=0), dict(comp=0), dict(rtt=-0.001), dict(ctx=-5)]
+)
 def test_gate_fails_closed_on_bad_input(bad):
     args = dict(ctx=CTX, kvpt=KVPT, bw=G100, rtt=0.001, tps=TPS, comp=1.0) | bad
     d = costs.should_fetch(args["ctx"], args["kvpt"], args["bw"], args["rtt"], args["tps"], args["comp"])
     assert not d.fetch and "invalid input" in d.reason
 
 
-@pytest.mark.parametrize("text,value", [
-    ("100Gbit/s", 12.5e9), ("1Gbit/s", 1.25e8), ("25Gbps", 3.125e9), ("3.35TB/s", 3.35e12), ("12.5GB/s", 12.5e9),
-    ("1GiB/s", 2**30), ("800Mb/s", 1e8), ("1000", 1000.0),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("100Gbit/s", 12.5e9),
+        ("1Gbit/s", 1.25e8),
+        ("25Gbps", 3.125e9),
+        ("3.35TB/s", 3.35e12),
+        ("12.5GB/s", 12.5e9),
+        ("1GiB/s", 2**30),
+        ("800Mb/s", 1e8),
+        ("1000", 1000.0),
+    ],
+)
 def test_bandwidth_units(text, value):
     assert parse_bandwidth(text) == pytest.approx(value)
 
@@ -99,5 +112,6 @@ def test_time_units(text, value):
 @pytest.mark.parametrize("text", ["fast", "10 parsecs", "Gbit/s", "-1GB/s", "0GB/s"])
 def test_bad_units_are_errors(text):
     from kvtier.errors import ConfigError
+
     with pytest.raises(ConfigError):
         parse_bandwidth(text)

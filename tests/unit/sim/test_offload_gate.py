@@ -6,7 +6,7 @@ from kvtier.keys import KeyScope
 from kvtier.sim.model import Offload, OffloadConfig
 
 
-def make(tmp_path) -> Offload:  # noqa: ANN001
+def make(tmp_path) -> Offload:
     return Offload(OffloadConfig("cpu", cpu_offload_gb=0.05), KeyScope("tiny"), kv_bytes_per_token=1024, seed=1)
 
 
