@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import kvtier_cmd
 
+pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)
+
+
 REQUIRED = [
     ("summary", "avg_throughput_tokens_per_sec"),
     ("summary", "storage_io_latency_ms", "p95"),

@@ -15,7 +15,7 @@ from tests.conftest import SHARED_DATA, kvtier_cmd
 MOONCAKE = SHARED_DATA / "mooncake_fast25" / "conversation_trace.jsonl"
 AZURE = SHARED_DATA / "azure_llm_inference_2023" / "AzureLLMInferenceTrace_conv.csv"
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
-pytestmark = pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/data not present")
+pytestmark = [pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/data not present"), pytest.mark.slow]
 
 MICRO = "model_configs:\n  micro: {name: micro, num_layers: 1, kv_heads: 1, head_dim: 16}\n"  # 64 B/token
 

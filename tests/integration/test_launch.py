@@ -20,7 +20,12 @@ from typing import Any
 
 import pytest
 
+from kvtier.report import load
+from kvtier.report.launch import LaunchResult
+from kvtier.report.replay import ReplayResult
 from tests.conftest import kvtier_cmd
+
+pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)
 
 needs_caddy = pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy not installed (scripts/install-tools.sh)")
 
@@ -333,6 +338,10 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
     assert "lb_policy least_conn" in (out / "Caddyfile").read_text()
     rec = json.loads((out / "launch.json").read_text())
     assert rec["processes"][0]["name"] == "sidecar" and "cache-server" in " ".join(rec["processes"][0]["argv"])
+    typed = load(out)  # launch.json is a typed LaunchResult; the replay's summary one too
+    assert isinstance(typed, LaunchResult) and typed.status == "complete" and typed.exit_status == 0
+    assert typed.stop_reason.code == "dataset-finished" and typed.config.replay.base_url is None
+    assert isinstance(load(out / "replay"), ReplayResult)
     assert_no_orphans(out)
 
 
@@ -486,3 +495,4 @@ def test_vllm_engine_without_vllm_installed_fails_cleanly(tmp_path: Path):
     assert p.returncode == 6 and "sidecar: cannot start 'lmcache'" in p.stderr
     rec = json.loads((out / "launch.json").read_text())
     assert rec["exit_status"] == 6 and "cannot start 'lmcache'" in rec["error"]
+    assert rec["status"] == "failed" and rec["stop_reason"]["code"] == "startup-failed"

@@ -14,7 +14,7 @@ from tests.conftest import SHARED_DATA, kvtier_cmd
 from tests.integration.test_sim import start_sim, stop_sim
 
 MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
-pytestmark = pytest.mark.skipif(not MINISWE.exists(), reason="../shared/data not present")
+pytestmark = [pytest.mark.skipif(not MINISWE.exists(), reason="../shared/data not present"), pytest.mark.slow]
 
 
 def replay(sim, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,10 @@
+import argparse
+
 import pytest
 
+from kvtier.cli.args import add_config_arguments, config_from_args
+from kvtier.config import CacheServerConfig, LaunchConfig, ReplayConfig, SimConfig
+from kvtier.config.base import config_argv, field_extra, flag_name, validate_config
 from kvtier.config.bench import BenchConfig, Tuning, build_bench_config, load_tuning
 from kvtier.errors import ConfigError
 
@@ -73,3 +78,77 @@ def test_unbuilt_features_fail_instead_of_being_ignored():
 
     with pytest.raises(ConfigError, match="--io-trace-log: not implemented"):
         check_config(build_bench_config({"io_trace_log": "x.log"}))
+
+
+# -- one model per command: the fields are the flags --------------------------------------------
+
+MODELS = [BenchConfig, ReplayConfig, SimConfig, CacheServerConfig, LaunchConfig]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_every_flag_is_a_field_with_its_help(model):
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, model)
+    flags = {a.dest: a for a in p._actions if a.dest != "help"}
+    cli_fields = {n for n, f in model.model_fields.items() if field_extra(f).get("cli") is not False}
+    assert set(flags) == cli_fields
+    for name, action in flags.items():
+        info = model.model_fields[name]
+        assert info.description, f"{model.__name__}.{name} has no help text"
+        assert action.option_strings[0] == flag_name(name)  # --num-users <-> num_users
+        assert action.help.startswith(info.description.replace("%", "%%"))
+
+
+def test_flags_parse_into_the_model_and_back():
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, BenchConfig)
+    args = p.parse_args(["--num_users", "7", "--disable-multi-turn", "--kv-layout", "chunked", "--seed", "3"])
+    cfg = config_from_args(args, BenchConfig)
+    assert (cfg.num_users, cfg.disable_multi_turn, cfg.kv_layout, cfg.duration) == (7, True, "chunked", 60)
+    assert config_from_args(p.parse_args(config_argv(cfg)), BenchConfig) == cfg  # argv re-creates the config
+    r = ReplayConfig(model="m", dataset="d", metrics_url=["http://a", "http://b"], agentic_tools=True, concurrency=9)
+    q = argparse.ArgumentParser()
+    add_config_arguments(q, ReplayConfig)
+    assert config_from_args(q.parse_args(config_argv(r)), ReplayConfig) == r
+    with pytest.raises(SystemExit):  # Literal fields are choices
+        p.parse_args(["--kv-layout", "diagonal"])
+
+
+def test_a_config_file_path_loads_its_tuning_and_a_result_config_reloads(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("decode:\n  batch_size: 8\nsharegpt:\n  max_context_tokens: 100\n")
+    cfg = BenchConfig(config=str(y))  # library use: the YAML is read, not silently ignored
+    assert cfg.tuning.decode.batch_size == 8 and cfg.tuning.sharegpt.max_context_tokens == 100
+    y.write_text("decode:\n  batch_size: 99\n")  # a result embeds the tuning it ran with: that wins
+    assert BenchConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("gpu_backend:\n  memory_fraction: 0.9\n", "gpu_backend: not implemented by kvtier"),
+        ("saturation_detection:\n  queue_depth_threshold: 100\n", "saturation_detection: not implemented by kvtier"),
+        ("sharegpt:\n  max_context_tokens: -1\n", "sharegpt.max_context_tokens"),
+        ("validation_limits:\n  max_userz: 3\n", "validation_limits.max_userz: unknown key"),
+    ],
+)
+def test_sections_take_effect_or_are_refused(tmp_path, text, needle):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_tuning(p)
+
+
+def test_validation_limits_apply_to_flags(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("validation_limits:\n  max_users: 10\n  max_duration_seconds: 30\n")
+    with pytest.raises(ConfigError) as e:
+        build_bench_config({"config": str(p), "num_users": 11, "duration": 31})
+    assert "--num-users 11 exceeds validation_limits (10)" in str(e.value)
+    assert build_bench_config({"config": str(p), "num_users": 10, "duration": 30}).num_users == 10
+
+
+def test_launch_owns_the_replay_urls_and_output():
+    with pytest.raises(ConfigError, match="--base-url is set by kvtier launch"):
+        build = {"tier": "cpu", "engine": "sim", "output": "o", "replay": {"model": "m", "base_url": "http://x"}}
+        validate_config(LaunchConfig, build)

@@ -74,3 +74,36 @@ def test_bad_model_entries_name_the_key(raw, needle):
 def test_unknown_model_lists_known():
     with pytest.raises(ConfigError, match="unknown model 'nope'.*llama3.1-8b"):
         resolve_model("nope", build_catalog())
+
+
+# One rule for KV bytes per tensor-parallel rank (bench object sizes, sim, plan): K/V heads split
+# across ranks and rounded up (replicated past one head per rank); an MLA latent whole on every rank.
+PER_RANK = {
+    # model: {TP: bytes per token per rank}
+    "llama3.1-8b": {1: 131_072, 2: 65_536, 8: 16_384, 16: 16_384},  # GQA, 8 KV heads
+    "llama2-7b": {1: 524_288, 2: 262_144, 8: 65_536},  # MHA, 32 KV heads
+    "deepseek-v3": {1: 70_272, 2: 70_272, 8: 70_272},  # MLA: 61 x 576 x 2 on every rank
+    "tiny-1b": {1: 24_576, 2: 12_288, 8: 6_144},  # 4 KV heads: at TP 8 each rank keeps one
+}
+
+
+@pytest.mark.parametrize("key,tp,bpt", [(k, tp, b) for k, row in PER_RANK.items() for tp, b in row.items()])
+def test_kv_bytes_per_rank_pinned(key, tp, bpt):
+    m = build_catalog()[key]
+    assert m.kv_bytes_per_token_per_rank(tp) == bpt
+    assert m.kv_bytes_per_rank(1000, tp) == 1000 * bpt
+    from kvtier.plan.capacity import kv_bytes_per_token
+
+    assert kv_bytes_per_token(m, tp) == bpt  # the planner uses the same rule
+    assert m.shards_like_reference(tp) == (m.kv_bytes_per_token / tp == bpt)
+
+
+def test_bench_entry_size_is_the_per_rank_rule():
+    from kvtier.bench.setup import derive
+    from kvtier.config.bench import BenchConfig
+
+    plan = derive(BenchConfig(model="deepseek-v3", tensor_parallel=8, cpu_mem_gb=0.1, num_users=2, seed=1))
+    assert plan.entry_bytes(256) == build_catalog()["deepseek-v3"].kv_bytes_per_rank(256, 8) == 256 * 70_272
+    (w,) = plan.warnings  # MLA at TP 8 differs from the reference's 1/TP: said, with both figures
+    assert w.code == "tp-sharding-differs-from-reference"
+    assert (w.kv_bytes_per_token_per_rank, w.reference_kv_bytes_per_token_per_rank) == (70_272, 70_272 / 8)

@@ -1,0 +1,73 @@
+"""The replay client's stream accounting (replay/client.py StreamRecorder), fed by hand with chunks
+and arrival times: TTFT, inter-token gaps and e2e without a server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtier.replay.client import StreamRecorder, new_record
+from kvtier.replay.datasets import VirtualUser
+
+
+def event(payload) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def delta(**d) -> bytes:
+    return event({"choices": [{"index": 0, "delta": d}]})
+
+
+def recorder(t0: float = 10.0) -> StreamRecorder:
+    return StreamRecorder(new_record(VirtualUser("u#0", "u", 0, ()), 0, 8), t0)
+
+
+def test_ttft_gaps_and_the_timing_identity():
+    sr = recorder()
+    chunks = [
+        (10.5, delta(role="assistant", content="")),
+        (10.8, delta(content="a")),
+        (11.0, delta(content="b")),
+        (11.25, delta(content="c") + delta(content="d")),  # two tokens in one network chunk share its time
+        (
+            11.25,
+            event(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 7,
+                        "completion_tokens": 4,
+                        "prompt_tokens_details": {"cached_tokens": 3},
+                    },
+                }
+            )
+            + b"data: [DONE]\n\n",
+        ),
+    ]
+    done = [sr.feed(data, now) for now, data in chunks]
+    assert done == [False, False, False, False, True]
+    rec = sr.rec
+    assert rec["ttft_s"] == pytest.approx(0.8)  # the role-only first delta is not a token
+    assert rec["itl_s"] == pytest.approx([0.2, 0.25, 0.0])
+    e2e = 11.25 - 10.0  # the last token arrived with [DONE]
+    assert e2e - rec["ttft_s"] == pytest.approx(sum(rec["itl_s"]))  # e2e - ttft = sum of inter-token gaps
+    assert (rec["prompt_tokens"], rec["completion_tokens"], rec["cached_tokens"]) == (7, 4, 3)
+    assert sr.reply == "abcd"
+
+
+def test_events_split_across_chunks_crlf_and_reasoning():
+    sr = recorder(0.0)
+    whole = (delta(reasoning_content="think") + delta(content="x")).replace(b"\n", b"\r\n")
+    assert not sr.feed(whole[:7], 1.0)  # half an event: nothing yet
+    assert sr.rec["ttft_s"] is None
+    assert not sr.feed(whole[7:], 2.0)
+    assert sr.rec["ttft_s"] == 2.0 and sr.rec["itl_s"] == [0.0]  # reasoning counts as the first token
+    assert sr.reply == "x"  # the reply keeps content only
+    assert sr.feed(b"data: [DO", 3.0) is False and sr.feed(b"NE]\n\n", 3.5) is True
+
+
+@pytest.mark.parametrize("bad", [b"data: {not json\n\n", b"data: 1\n\n", b"data: \xff\xfe\n\n"])
+def test_malformed_events_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        recorder().feed(bad, 1.0)

@@ -1,0 +1,84 @@
+"""Results load back into their typed models; errors name the file and the key; one percentile rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvtier.errors import DatasetError
+from kvtier.report import load
+from kvtier.report.bench import BenchResult
+from kvtier.report.envelope import SCHEMA_VERSION, Status, StopCode, exit_code
+from kvtier.stats import PERCENTILE_NAMES, percentile, summarize, summarize_ns_as_ms
+
+
+def test_a_bench_result_file_loads_as_written(tiny_bench_result):
+    result, path = tiny_bench_result
+    loaded = load(path)
+    assert isinstance(loaded, BenchResult) and loaded == result
+    assert loaded.result_schema_version == SCHEMA_VERSION and loaded.benchmark == "kvtier bench"
+    assert loaded.host.directories["cache_dir"].fs_type and loaded.host.libraries["numpy"] == np.__version__
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda d: d.update(result_schema_version=1), "result_schema_version: 1; this kvtier reads version"),
+        (lambda d: d["summary"]["cache_stats"].update(colour="red"), "summary.cache_stats.colour: unknown key"),
+        (lambda d: d["summary"].update(requests_per_second="fast"), "summary.requests_per_second"),
+        (lambda d: d["stop_reason"].update(code="bored"), "stop_reason.code"),
+        (lambda d: d["warnings"].append({"code": "Not A Code", "message": "x"}), "warnings.0.code"),
+        (lambda d: d.update(benchmark="kvtier nope"), "benchmark: not a kvtier result"),
+    ],
+)
+def test_bad_files_name_the_key(tiny_bench_result, tmp_path, edit, needle):
+    d = json.loads(tiny_bench_result[1].read_text())
+    d["warnings"] = []
+    edit(d)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(DatasetError) as e:
+        load(p)
+    assert needle in str(e.value) and str(p) in str(e.value)
+
+
+def test_unreadable_inputs(tmp_path):
+    with pytest.raises(DatasetError, match="cannot read"):
+        load(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(DatasetError, match="expected a JSON object"):
+        load(tmp_path / "x.json")
+    with pytest.raises(DatasetError, match="without summary.json or launch.json"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "status,stop,rc",
+    [
+        (Status.complete, StopCode.duration, 0),
+        (Status.complete, StopCode.dataset_finished, 0),
+        (Status.partial, StopCode.interrupted, 130),
+        (Status.partial, StopCode.terminated, 143),
+        (Status.partial, StopCode.device_full, 5),
+        (Status.failed, StopCode.startup_failed, 6),
+        (Status.partial, StopCode.internal_error, 1),
+        (Status.failed, StopCode.dataset_finished, 1),
+    ],
+)
+def test_exit_codes_come_from_status_and_stop_code(status, stop, rc):
+    assert exit_code(status, stop) == rc
+
+
+def test_one_percentile_definition():
+    xs = [1, 2, 3, 4, 10]
+    s = summarize(xs)
+    assert s["count"] == 5 and s["mean"] == 4.0 and s["max"] == 10.0
+    assert s["p50"] == 3.0 and s["p90"] == pytest.approx(7.6)  # rank q/100*(n-1), linear between neighbours
+    assert [s[p] for p in PERCENTILE_NAMES] == [
+        round(float(np.percentile(xs, q)), 4) for q in (50, 90, 95, 99, 99.9, 99.99)
+    ]
+    assert percentile(xs, 95) == pytest.approx(8.8) and percentile([], 95) is None
+    assert summarize_ns_as_ms([1_500_000, 2_500_000])["p50"] == 2.0  # ns in, ms out
+    assert summarize([])["p95"] is None and summarize([])["count"] == 0  # nulls, never zeros
