@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,21 @@ def launch(out: Path, *args: str, replay: list[str], timeout: float = 240) -> su
     )
 
 
-def launch_then(out: Path, tier: str, replay: list[str], during: Any, wait_s: float) -> tuple[int, str]:
+def replicas_busy(rec: dict[str, Any]) -> bool:
+    """Every replica has a request running: the replay is under way with streams on both."""
+    for endpoint in rec["endpoints"].values():
+        try:
+            with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as r:
+                if metric(r.read().decode(), "vllm:num_requests_running") < 1:
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+def launch_then(out: Path, tier: str, replay: list[str], during: Any) -> tuple[int, str]:
     """Run a 2-replica sim launch in the background; once its processes are healthy (launch.json
-    exists) wait ``wait_s`` into the replay, call ``during(proc, record)``, and let the run end."""
+    exists) wait until both replicas are serving, call ``during(proc, record)``, and let the run end."""
     proc = subprocess.Popen(
         kvtier_cmd()
         + [
@@ -81,8 +94,11 @@ def launch_then(out: Path, tier: str, replay: list[str], during: Any, wait_s: fl
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (out / "launch.json").exists():
             time.sleep(0.1)
-        time.sleep(wait_s)
-        during(proc, json.loads((out / "launch.json").read_text()))
+        rec = json.loads((out / "launch.json").read_text())
+        while time.monotonic() < deadline and not replicas_busy(rec):  # a condition, not a fixed wait
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the event"
+        during(proc, rec)
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -369,8 +385,7 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
             "1",
         ],
         lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
-        wait_s=2.5,
-    )  # the replay is under way: streams are in flight on both replicas
+    )  # once streams are in flight on both replicas
     assert rc == 0, err[-3000:]
     rec = json.loads((out / "launch.json").read_text())
     summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
@@ -399,7 +414,6 @@ def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: P
         "nvme",
         ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
         lambda proc, rec: proc.send_signal(signal.SIGINT),
-        wait_s=2.0,
     )
     result = json.loads((out / "replay" / "summary.json").read_text())
     assert result["status"] == "partial", err[-2000:]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SHARED_DATA, kvtier_cmd
-from tests.integration.test_sim import start_sim, stop_sim
+from tests.integration.test_sim import start_sim, stop_sim, wait_until
 
 MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
 pytestmark = [pytest.mark.skipif(not MINISWE.exists(), reason="../shared/data not present"), pytest.mark.slow]
@@ -132,7 +131,8 @@ def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(6)
+    # kill the server mid-run: once some requests finished (and before the replay could end)
+    wait_until(lambda: sim.metrics().get("vllm:request_success_total", 0) >= 8, "requests to finish", 60)
     sim.proc.send_signal(signal.SIGKILL)
     sim.proc.wait()
     out, err = proc.communicate(timeout=120)

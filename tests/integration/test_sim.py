@@ -82,6 +82,28 @@ def sim(tmp_path: Path) -> Iterator[Sim]:
     stop_sim(s)
 
 
+KV_BYTES_PER_CHUNK = 256 * 24_576  # tiny-1b: 256-token offload chunks
+
+
+def wait_until(cond: Any, what: str, timeout_s: float = 15.0) -> None:
+    """Poll ``cond()`` until true; a timeout is a failure naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_stored(sim: Sim, chunks: int) -> None:
+    """The store after prefill is asynchronous: wait until the offload tier holds ``chunks`` chunks."""
+
+    def held() -> float:
+        m = sim.metrics()
+        return m.get("lmcache_mp_l1_memory_usage_bytes", 0.0) + m.get("lmcache_mp_l2_usage_bytes", 0.0)
+
+    wait_until(lambda: held() >= chunks * KV_BYTES_PER_CHUNK, f"{chunks} chunks in the offload tier")
+
+
 def chat(text: str, max_tokens: int = 3, **kw: Any) -> dict[str, Any]:
     return {"model": "tiny-1b", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, **kw}
 
@@ -139,9 +161,10 @@ def test_gpu_prefix_hit_then_eviction_then_offload_hit(sim: Sim):
     _, r1, _ = sim.post("/v1/chat/completions", chat(a))
     _, r2, _ = sim.post("/v1/chat/completions", chat(a))
     assert r2["kvtier"]["gpu_hit_tokens"] > 0 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    time.sleep(0.5)  # the store path runs after prefill
-    sim.post("/v1/chat/completions", chat(long_prompt("beta")))  # pushes alpha out of the small GPU cache
-    time.sleep(0.5)
+    n_alpha = r1["usage"]["prompt_tokens"] // 256
+    wait_stored(sim, n_alpha)  # the store path runs after prefill
+    _, rb, _ = sim.post("/v1/chat/completions", chat(long_prompt("beta")))  # pushes alpha out of the GPU cache
+    wait_stored(sim, n_alpha + rb["usage"]["prompt_tokens"] // 256)
     _, r3, _ = sim.post("/v1/chat/completions", chat(a))
     assert r3["kvtier"]["gpu_hit_tokens"] < r3["usage"]["prompt_tokens"] // 2
     assert r3["kvtier"]["external_tokens"] >= 256 and r3["kvtier"]["load_s"] > 0
@@ -179,12 +202,13 @@ def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
     s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1", "--staging-gb", "0.01")
     try:
         a = long_prompt("alpha")
-        s.post("/v1/chat/completions", chat(a))
-        time.sleep(1.0)
+        _, ra, _ = s.post("/v1/chat/completions", chat(a))
+        n_alpha = ra["usage"]["prompt_tokens"] // 256
+        wait_stored(s, n_alpha)
         files = [p for p in d.rglob("*.kv")]
         assert files, "chunks spilled from the small staging tier to files"
-        s.post("/v1/chat/completions", chat(long_prompt("beta")))
-        time.sleep(1.0)
+        _, rb, _ = s.post("/v1/chat/completions", chat(long_prompt("beta")))
+        wait_stored(s, n_alpha + rb["usage"]["prompt_tokens"] // 256)
         _, r, _ = s.post("/v1/chat/completions", chat(a))
         assert r["kvtier"]["external_tokens"] >= 256
     finally:
@@ -260,9 +284,7 @@ def test_http10_stream_and_client_leaving_mid_stream(sim: Sim):
         got = b""
         while got.count(b"data: ") < 5:
             got += sock.recv(65536)
-    deadline = time.monotonic() + 10
-    while sim.metrics()["vllm:num_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not sim.metrics()["vllm:num_requests_running"], "the left client's slot to be freed", 10)
     m = sim.metrics()
     assert m["vllm:num_requests_running"] == 0  # the sequence left the batch and freed its slot
     assert 4 <= m["vllm:generation_tokens_total"] < 2000  # it stopped decoding for a gone client
@@ -298,7 +320,15 @@ def test_two_replicas_share_one_cache_server(tmp_path: Path):
         text = long_prompt("shared")
         _, ra, ha = a.post("/v1/chat/completions", chat(text))
         assert ha["x-kvtier-replica"] == "A" and ra["kvtier"]["external_tokens"] == 0
-        time.sleep(0.5)  # A's store after prefill reaches the cache server
+
+        def stored_chunks() -> float:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{cport}/metrics", timeout=10).read().decode()
+            return sum(
+                float(x.split()[-1]) for x in text.splitlines() if x.startswith("lmcache_mp_num_chunks_stored_total")
+            )
+
+        # A's store after prefill reaches the cache server asynchronously
+        wait_until(lambda: stored_chunks() >= ra["usage"]["prompt_tokens"] // 256, "A's chunks in the cache server")
         _, rb, hb = b.post("/v1/chat/completions", chat(text))
         assert hb["x-kvtier-replica"] == "B" and rb["kvtier"]["gpu_hit_tokens"] == 0
         assert rb["kvtier"]["external_tokens"] >= 256 and rb["kvtier"]["load_s"] > 0  # B fetched what A stored

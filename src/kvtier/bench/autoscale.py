@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.config.bench import AutoscalerTuning, QoSClass, QoSProfile
+from kvtier.stats import percentile
 from kvtier.telemetry.recorder import RequestRecord
 
 
@@ -42,7 +43,7 @@ class Autoscaler:
         for cls, prof in self.qos_profiles.items():
             svc = [r.storage_done_ns - r.submit_ns for r in window if r.ok and r.qos == cls]
             if svc:
-                ratio = float(np.percentile(svc, 95)) / 1e6 / prof.target_latency_p95_ms
+                ratio = (percentile(svc, 95) or 0.0) / 1e6 / prof.target_latency_p95_ms
                 worst = ratio if worst is None else max(worst, ratio)
         return worst
 

@@ -267,9 +267,9 @@ GenerationMode = Literal["none", "fast", "realistic"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 ADDITIONS = "kvtier additions"
 NOT_YET_IMPLEMENTED = {
-    "validation_trace": ("--validation-trace", "the telemetry issue"),
-    "io_trace_log": ("--io-trace-log", "the telemetry issue"),
-    "enable_latency_tracing": ("--enable-latency-tracing", "the telemetry issue (bpftrace block-layer histograms)"),
+    "validation_trace": ("--validation-trace", "trace validation"),
+    "io_trace_log": ("--io-trace-log", "the I/O trace mode"),
+    "enable_latency_tracing": ("--enable-latency-tracing", "block-layer latency tracing (bpftrace)"),
 }
 """Reference flags whose features are not built yet: giving one is an error, never a silent no-op."""
 
@@ -401,7 +401,7 @@ class BenchConfig(_Strict):
     def not_yet_implemented(self) -> list[str]:
         """Flags given whose features are not built in this version (they fail, never no-op)."""
         return [
-            f"{fl}: not implemented in this version of kvtier bench (arrives with {where})"
+            f"{fl}: not implemented in this version of kvtier bench ({where} is planned); refused rather than ignored"
             for field, (fl, where) in NOT_YET_IMPLEMENTED.items()
             if getattr(self, field)
         ]
