@@ -2,7 +2,7 @@
 
 A minimal aiohttp test server (in a child process, on 127.0.0.1) streams every token at a known
 schedule: the first after FIRST_MS, then one every ITL_MS, each chunk stamped with the server's send
-time. kvtier's replay client (``kvtier.replay.client._stream``) consumes 256 streams at once; for
+time. kvtier's replay client (``kvtier.replay.client.stream_request``) consumes 256 streams at once; for
 every token the added latency is (client receive time - server send time) on the same clock
 (CLOCK_MONOTONIC is shared by processes). The client's CPU time per token is reported too.
 

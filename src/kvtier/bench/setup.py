@@ -318,6 +318,13 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
                 sink,
                 stop,
             )
+        except ValueError as e:  # the engine names no flag: say which ones size the tiers
+            for b in backends:
+                b.close()
+            raise ConfigError(
+                f"--cpu-mem-gb / --storage-capacity-gb: {e} (the storage tier found "
+                f"{file_tier.detected_free_bytes} bytes free)"
+            ) from e
         except BaseException:
             for b in backends:
                 b.close()
