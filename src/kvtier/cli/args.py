@@ -36,7 +36,8 @@ def _default_text(default: Any) -> str:
 def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = ()) -> None:
     """Add one option per CLI field of ``model`` (fields with ``cli=False`` or in ``skip`` are left out)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for name, info in model.model_fields.items():
+    fields = sorted(model.model_fields.items(), key=lambda f: bool(field_extra(f[1]).get("group")))  # stable
+    for name, info in fields:
         extra = field_extra(info)
         if name in skip or extra.get("cli") is False:
             continue
@@ -60,6 +61,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
             raise TypeError(f"{model.__name__}.{name}: no command-line form for {tp!r}")
         if "metavar" in extra:
             kw["metavar"] = extra["metavar"]
+        if info.is_required():
+            kw["required"] = True
         target: argparse._ActionsContainer = parser
         if extra.get("group"):
             target = groups.setdefault(extra["group"], parser.add_argument_group(extra["group"]))

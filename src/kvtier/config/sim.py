@@ -8,16 +8,19 @@ from kvtier.config.base import StrictModel, flag
 from kvtier.config.replay import EventLoopKind
 
 DEFAULT_PRESET = "h100-llama3.1-8b"
+OFFLOAD = "offload tier"
 
 
 class OffloadTierConfig(StrictModel):
     """The real offload tier behind a sim replica or a cache server (kvtier's engine)."""
 
-    cpu_offload_gb: float = flag(4.0, "CPU RAM offload tier, GB (--offload cpu)", gt=0)
-    nvme_dir: str | None = flag(None, "existing directory of the NVMe offload tier's files (--offload nvme)")
-    nvme_offload_gb: float = flag(8.0, "NVMe offload tier capacity, GB", gt=0)
-    staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, GB", gt=0)
-    direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the NVMe tier's files")
+    cpu_offload_gb: float = flag(4.0, "CPU RAM offload tier, GB (--offload cpu)", gt=0, group=OFFLOAD)
+    nvme_dir: str | None = flag(
+        None, "existing directory of the NVMe offload tier's files (--offload nvme)", group=OFFLOAD
+    )
+    nvme_offload_gb: float = flag(8.0, "NVMe offload tier capacity, GB", gt=0, group=OFFLOAD)
+    staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, GB", gt=0, group=OFFLOAD)
+    direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the NVMe tier's files", group=OFFLOAD)
 
 
 class SimConfig(OffloadTierConfig):

@@ -204,44 +204,45 @@ def _run_loop(main: Callable[[], Awaitable[None]], kind: str) -> None:
         runner.run(wrapped())
 
 
-def serve(cfg: SimConfig) -> None:
-    """Run the simulated server until SIGINT/SIGTERM."""
+def _serve(
+    start: Callable[[], Awaitable[RunningServer]], announce: Callable[[Any], str], port_file: str | None, loop_kind: str
+) -> None:
+    """Start a server, say where it listens (stderr, ``port_file``), serve until SIGINT/SIGTERM, stop it."""
 
     async def main() -> None:
-        server = await start_sim(cfg)
-        engine = server.sim
+        server = await start()
         try:
-            print(
-                f"kvtier sim: {engine.s.served_model_name} on http://{cfg.host}:{server.port}/v1 "
-                f"(replica {engine.replica_id}, GPU {engine.gpu.capacity} blocks, offload {cfg.offload}, "
-                f"tokenizer {engine.tokenizer.name})",
-                file=sys.stderr,
-                flush=True,
-            )
-            await _until_signal(cfg.port_file, server.port)
+            print(announce(server), file=sys.stderr, flush=True)
+            await _until_signal(port_file, server.port)
         finally:
             await server.close()
 
-    _run_loop(main, cfg.event_loop)
+    _run_loop(main, loop_kind)
+
+
+def serve(cfg: SimConfig) -> None:
+    """Run the simulated server until SIGINT/SIGTERM."""
+
+    def announce(server: RunningSim) -> str:
+        e = server.sim
+        return (
+            f"kvtier sim: {e.s.served_model_name} on http://{cfg.host}:{server.port}/v1 (replica {e.replica_id}, "
+            f"GPU {e.gpu.capacity} blocks, offload {cfg.offload}, tokenizer {e.tokenizer.name})"
+        )
+
+    _serve(lambda: start_sim(cfg), announce, cfg.port_file, cfg.event_loop)
 
 
 def serve_cache(cfg: CacheServerConfig) -> None:
     """Run the cache server until SIGINT/SIGTERM."""
 
-    async def main() -> None:
-        server = await start_cache_server(cfg)
-        try:
-            print(
-                f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
-                f"http://{cfg.host}:{server.port})",
-                file=sys.stderr,
-                flush=True,
-            )
-            await _until_signal(cfg.port_file, server.port)
-        finally:
-            await server.close()
+    def announce(server: RunningServer) -> str:
+        return (
+            f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
+            f"http://{cfg.host}:{server.port})"
+        )
 
-    _run_loop(main, cfg.event_loop)
+    _serve(lambda: start_cache_server(cfg), announce, cfg.port_file, cfg.event_loop)
 
 
 __all__ = [
