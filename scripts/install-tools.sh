@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Install the system tools kvtier's benchmarks use, when missing (Debian/Ubuntu, needs root or sudo).
-#   scripts/install-tools.sh fio [more packages]
+# Install the system tools kvtier's tests and benchmarks use, when missing (Debian/Ubuntu, needs root or sudo).
+#   scripts/install-tools.sh fio [more tools]      (a tool is a command; ss comes from the iproute2 package)
 set -euo pipefail
 need=()
-for pkg in "${@:-fio}"; do
-  command -v "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+for tool in "${@:-fio}"; do
+  command -v "$tool" >/dev/null 2>&1 && continue
+  case "$tool" in
+    ss) need+=(iproute2) ;;
+    *) need+=("$tool") ;;
+  esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""

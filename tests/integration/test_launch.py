@@ -28,7 +28,8 @@ from tests.conftest import kvtier_cmd
 
 pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)
 
-needs_caddy = pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy not installed (scripts/install-tools.sh)")
+needs_caddy = pytest.mark.skipif(shutil.which("caddy") is None or shutil.which("ss") is None,
+                                 reason="caddy or ss not installed (scripts/install-tools.sh caddy ss)")
 
 
 def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, words: int = 420) -> Path:
@@ -53,6 +54,12 @@ def launch(out: Path, *args: str, replay: list[str], timeout: float = 240) -> su
         text=True,
         timeout=timeout,
     )
+
+
+def listeners(pids: list[int]) -> list[str]:
+    """Local addresses the processes listen on, from ``ss -ltnp`` (the sockets, not a connection)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
 
 
 def replicas_busy(rec: dict[str, Any]) -> bool:
@@ -407,17 +414,29 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
 
 @needs_caddy
 def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: Path):
+    seen: dict[str, list[str]] = {}
+
+    def interrupt(proc: subprocess.Popen[str], rec: dict[str, Any]) -> None:
+        for name, pid in rec["pids"].items():  # while everything runs: who listens where
+            seen[name] = listeners([pid])
+        proc.send_signal(signal.SIGINT)
+
     data = conversations(tmp_path / "data", users=8, max_tokens=120)
     out = tmp_path / "run"
     rc, err = launch_then(
         out,
         "nvme",
         ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
-        lambda proc, rec: proc.send_signal(signal.SIGINT),
+        interrupt,
     )
     result = json.loads((out / "replay" / "summary.json").read_text())
     assert result["status"] == "partial", err[-2000:]
     assert result["summary"]["sessions"]["complete"] < 8
+    # every process listens on loopback only, and Caddy on its one site port: no admin API
+    rec = json.loads((out / "launch.json").read_text())
+    assert set(seen) == {"sidecar", "replica0", "replica1", "caddy"}, seen
+    assert seen["caddy"] == [f"127.0.0.1:{rec['ports']['caddy']}"], seen
+    assert all(addr.startswith("127.0.0.1:") for addrs in seen.values() for addr in addrs), seen
     assert json.loads((out / "launch.json").read_text())["exit_status"] == rc
     assert not list((out / "nvme").iterdir())  # the cache server removed its files
     assert_no_orphans(out)

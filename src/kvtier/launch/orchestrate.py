@@ -96,8 +96,8 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     if cfg.sim_model:
         profile = profile.model_copy(update={"sim_model": cfg.sim_model})
     out = Path(cfg.output or "OUTDIR").resolve()
-    ports = free_ports(cfg.replicas + 4)
-    replica_ports, (sidecar_port, sidecar_http_port, lb_port, admin_port) = ports[: cfg.replicas], ports[cfg.replicas :]
+    ports = free_ports(cfg.replicas + 3)
+    replica_ports, (sidecar_port, sidecar_http_port, lb_port) = ports[: cfg.replicas], ports[cfg.replicas :]
     sidecar_port = profile.sidecar_port or sidecar_port
     sidecar_http_port = profile.sidecar_http_port or sidecar_http_port
     # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
@@ -119,7 +119,7 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
     )  # every replica and the sidecar, never Caddy
     cfile = (
-        caddyfile(cfg.tier, lb_port, admin_port, [f"{HOST}:{p}" for p in replica_ports]) if cfg.replicas >= 2 else None
+        caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST) if cfg.replicas >= 2 else None
     )
     caddy_argv = ["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None
     p = LaunchPlan(
@@ -139,7 +139,6 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
             "sidecar": sidecar_port if sidecar else None,
             "sidecar_http": sidecar_http_port if sidecar else None,
             "caddy": lb_port if cfile else None,
-            "caddy_admin": admin_port if cfile else None,
         },
         replay,
         cfile,

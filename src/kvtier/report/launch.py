@@ -24,7 +24,6 @@ class LaunchPorts(Section):
     sidecar: int | None
     sidecar_http: int | None
     caddy: int | None
-    caddy_admin: int | None
 
 
 class LaunchResult(Envelope):
