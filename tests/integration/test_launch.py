@@ -28,8 +28,10 @@ from tests.conftest import kvtier_cmd
 
 pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)
 
-needs_caddy = pytest.mark.skipif(shutil.which("caddy") is None or shutil.which("ss") is None,
-                                 reason="caddy or ss not installed (scripts/install-tools.sh caddy ss)")
+needs_caddy = pytest.mark.skipif(
+    shutil.which("caddy") is None or shutil.which("ss") is None,
+    reason="caddy or ss not installed (scripts/install-tools.sh caddy ss)",
+)
 
 
 def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, words: int = 420) -> Path:

@@ -37,6 +37,15 @@ class SimConfig(OffloadTierConfig):
         None, "TPOT grows by this fraction per extra running sequence (default: the preset's)", ge=0
     )
     max_num_seqs: int = flag(256, "running sequences at most", ge=1)
+    max_waiting: int = flag(1024, "requests waiting for a slot at most; more get 429 with Retry-After", ge=1)
+    queue_timeout: float = flag(600.0, "seconds a request may wait for a slot before it gets 429", gt=0)
+    idle_timeout: float = flag(15.0, "seconds an idle or half-sent connection is kept (the header-read deadline)", gt=0)
+    cache_timeout: float = flag(
+        10.0,
+        "seconds one call to the cache server may take (--offload remote); a "
+        "timeout is a miss, counted in kvtier_sim:offload_errors",
+        gt=0,
+    )
     offload: Literal["none", "cpu", "nvme", "remote"] = flag(
         "none", "offload tier: none, in-process cpu or nvme, or remote (a kvtier cache-server, --cache-server)"
     )

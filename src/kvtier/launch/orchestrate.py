@@ -118,9 +118,7 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     replay = cfg.replay.model_copy(
         update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
     )  # every replica and the sidecar, never Caddy
-    cfile = (
-        caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST) if cfg.replicas >= 2 else None
-    )
+    cfile = caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST) if cfg.replicas >= 2 else None
     caddy_argv = ["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None
     p = LaunchPlan(
         cfg,

@@ -10,7 +10,8 @@ answers with what it found and how long the I/O took; the replica measures the w
 Data API (JSON over HTTP on the Unix socket): POST /v1/lookup {keys} -> {found}; POST /v1/load
 {keys} -> {found, bytes, seconds}; POST /v1/store {keys, chunk_bytes} -> {stored, bytes, seconds};
 GET /v1/info -> geometry and usage. /health and /metrics (lmcache_mp_* names) are served on the
-socket and on a TCP port of 127.0.0.1, for health checks and scrapers.
+socket and, alone, on a TCP port of 127.0.0.1 for health checks and scrapers: the data API is never
+on TCP. A request names at most MAX_KEYS keys.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ import asyncio
 import time
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 
 from kvtier.sim.metrics import CONTENT_TYPE, CacheMetrics, exposition
 from kvtier.sim.model import Offload
 
+MAX_KEYS = 8192
+"""Keys one data request may name (2M tokens of 256-token chunks)."""
+MAX_DATA_BODY = 2 * 1024 * 1024
+"""Largest data request body: MAX_KEYS keys of ~90 characters, with room to spare."""
 
-def make_cache_app(o: Offload, server_id: str) -> web.Application:
+
+def make_cache_apps(o: Offload, server_id: str) -> tuple[web.Application, web.Application]:
+    """(data app, public app). The data app — lookup/load/store/info, health, metrics — is served on
+    the Unix socket only, in a 0700 folder; the public app, on TCP, has /health and /metrics alone,
+    so whoever can reach the port cannot read or fill the tier."""
     m = CacheMetrics()
     chunk_bytes = o.cfg.chunk_tokens * o.kvpt
 
@@ -44,9 +53,14 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
             body = await request.json()
         except ValueError:
             raise web.HTTPBadRequest(text="body is not JSON") from None
+        except (ConnectionError, ClientPayloadError, asyncio.IncompleteReadError):
+            # the client went away mid-body: nothing to answer, nothing worth a traceback in the log
+            raise web.HTTPBadRequest(text="incomplete body") from None
         keys = body.get("keys") if isinstance(body, dict) else None
         if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
             raise web.HTTPBadRequest(text="'keys' must be a list of non-empty strings")
+        if len(keys) > MAX_KEYS:
+            raise web.HTTPBadRequest(text=f"{len(keys)} keys in one request; at most {MAX_KEYS}")
         if isinstance(body, dict) and body.get("chunk_bytes") not in (None, chunk_bytes):
             raise web.HTTPBadRequest(
                 text=f"chunk_bytes {body.get('chunk_bytes')} differs from this server's "
@@ -91,14 +105,14 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
         )
 
     async def health(request: web.Request) -> web.Response:
-        return web.Response(text="")
+        return web.json_response({"status": "ok", "server": "kvtier cache-server", "socket": server_id})
 
     async def metrics(request: web.Request) -> web.Response:
         refresh()
         return web.Response(body=exposition(m.registry), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.add_routes(
+    data = web.Application(client_max_size=MAX_DATA_BODY)
+    data.add_routes(
         [
             web.post("/v1/lookup", lookup),
             web.post("/v1/load", load),
@@ -108,7 +122,9 @@ def make_cache_app(o: Offload, server_id: str) -> web.Application:
             web.get("/metrics", metrics),
         ]
     )
-    return app
+    public = web.Application(client_max_size=1024)
+    public.add_routes([web.get("/health", health), web.get("/metrics", metrics)])
+    return data, public
 
 
-__all__ = ["make_cache_app"]
+__all__ = ["make_cache_apps", "MAX_KEYS"]

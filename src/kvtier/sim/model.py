@@ -55,8 +55,10 @@ class GpuPrefixCache:
 
     @property
     def used_blocks(self) -> int:
+        """Blocks held by running requests. Cached blocks no request holds count as free, as in
+        vLLM's kv_cache_usage_perc: they are reused (evicted) as soon as room is needed."""
         with self._lock:
-            return len(self._ref) + self._anon
+            return len(self._ref) - len(self._free) + self._anon
 
     def match(self, hashes: Sequence[bytes]) -> int:
         with self._lock:
@@ -108,8 +110,18 @@ class _Measured:
     """Load accounting and the fetch gate, shared by the in-process and the remote offload tier."""
 
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
+    DEGRADED_S = 30.0  # /health says degraded while the last failure is this recent
     kvpt: int
     errors = 0  # failed calls to a remote tier (always 0 in process)
+    last_error = ""
+    last_error_at = 0.0
+
+    @property
+    def recent_error(self) -> str | None:
+        """The last failure of the tier if it happened within DEGRADED_S, else None."""
+        if self.last_error and time.monotonic() - self.last_error_at < self.DEGRADED_S:
+            return self.last_error
+        return None
 
     def _init_measured(self) -> None:
         self._lock = threading.Lock()
@@ -267,14 +279,22 @@ class Offload(_Measured):
 class RemoteOffload(_Measured):
     """The offload tier of a kvtier cache server (``kvtier cache-server``) on a Unix socket, shared
     with other replicas. Same calls as Offload's asynchronous view. A failing server degrades to
-    misses (recompute), counted in ``errors``; it never fails a request."""
+    misses (recompute), counted in ``errors``; it never fails a request. Every call has a deadline
+    (``timeout_s``): a hung server costs a request at most that, counted as an error and a miss."""
 
-    def __init__(self, socket_path: str, scope: KeyScope, kv_bytes_per_token: int, chunk_tokens: int = 256) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        scope: KeyScope,
+        kv_bytes_per_token: int,
+        chunk_tokens: int = 256,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.socket_path = socket_path
         self.scope = scope
         self.kvpt = kv_bytes_per_token
         self.cfg = OffloadConfig("remote", chunk_tokens=chunk_tokens)
-        self.last_error = ""
+        self.timeout_s = timeout_s
         self._session: Any = None
         self._pending: set[asyncio.Task[None]] = set()
         self._init_measured()
@@ -287,7 +307,8 @@ class RemoteOffload(_Measured):
         import aiohttp
 
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=aiohttp.ClientTimeout(total=600)
+            connector=aiohttp.UnixConnector(path=self.socket_path),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -320,17 +341,33 @@ class RemoteOffload(_Measured):
         except Exception as e:  # noqa: BLE001 - any failure of the shared tier is a miss, counted
             self.errors += 1
             self.last_error = f"{path}: {type(e).__name__}: {e}"[:300]
+            self.last_error_at = time.monotonic()
             return None
 
+    def _counts(self, path: str, reply: dict[str, Any] | None, keys: Sequence[str], *fields: str) -> list[int]:
+        """Non-negative integer fields of a reply; a missing or malformed one is an error (all zeros).
+        Chunk counts are clamped to the keys asked for: the server is not trusted past the prompt."""
+        if reply is None:
+            return [0] * len(fields)
+        values = [reply.get(f) for f in fields]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            self.errors += 1
+            self.last_error, self.last_error_at = f"{path}: malformed reply {str(reply)[:200]}", time.monotonic()
+            return [0] * len(fields)
+        counts = [int(v) for v in values]  # type: ignore[arg-type]  # checked just above
+        if fields[0] == "found":
+            counts[0] = min(counts[0], len(keys))
+        return counts
+
     async def alookup(self, keys: Sequence[str]) -> int:
-        r = await self._post("/v1/lookup", {"keys": list(keys)})
-        return int(r["found"]) if r else 0
+        (found,) = self._counts("/v1/lookup", await self._post("/v1/lookup", {"keys": list(keys)}), keys, "found")
+        return found
 
     async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
         t0 = time.perf_counter()
         r = await self._post("/v1/load", {"keys": list(keys)})
         dt = time.perf_counter() - t0  # the round trip: the server's I/O plus the socket
-        found, nbytes = (int(r["found"]), int(r["bytes"])) if r else (0, 0)
+        found, nbytes = self._counts("/v1/load", r, keys, "found", "bytes")
         self._note_load(dt, nbytes, found)
         return dt, nbytes, found
 
@@ -338,8 +375,9 @@ class RemoteOffload(_Measured):
         async def store() -> None:
             t0 = time.perf_counter()
             r = await self._post("/v1/store", {"keys": list(keys), "chunk_bytes": self.cfg.chunk_tokens * self.kvpt})
+            (nbytes,) = self._counts("/v1/store", r, keys, "bytes")
             with self._lock:
-                self.stored_bytes += int(r["bytes"]) if r else 0
+                self.stored_bytes += nbytes
                 self.store_seconds += time.perf_counter() - t0
 
         t = asyncio.get_running_loop().create_task(store())

@@ -28,7 +28,17 @@ from aiohttp import web
 from kvtier.modelspec import ModelSpec
 from kvtier.sim.metrics import CONTENT_TYPE, VllmMetrics, exposition
 from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
-from kvtier.sim.tokens import render_chat
+from kvtier.sim.requests import (
+    MAX_BODY_BYTES,
+    ApiError,
+    BadRequest,
+    Busy,
+    Completion,
+    NotFound,
+    error_response,
+    parse_completion,
+    read_json,
+)
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 
 GiB = 1024**3
@@ -48,20 +58,8 @@ class SimSettings:
     max_num_seqs: int
     seed: int
     default_max_tokens: int = 256
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def error_response(
-    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
-) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status
-    )
+    max_waiting: int = 1024
+    queue_timeout_s: float = 600.0
 
 
 class _Seq:
@@ -140,9 +138,11 @@ class SimEngine:
                 await sleep(0)
             for q in list(self._seqs):
                 try:
-                    sent = q.emit is None or q.emit(len(q.stamps))
+                    sent = True if q.emit is None else q.emit(len(q.stamps))
                 except Exception:  # noqa: BLE001 - one broken stream must not stop the batch
                     sent = False
+                if sent is None:  # the client is not reading: this sequence waits for it (backpressure)
+                    continue
                 if sent:
                     q.stamps.append(now)
                     q.left -= 1
@@ -153,20 +153,33 @@ class SimEngine:
                     if not q.done.done():
                         q.done.set_result(None)
 
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """BadRequest when prompt + max_tokens need more KV blocks than the simulated GPU holds."""
+        need = math.ceil((prompt_tokens + max_tokens) / BLOCK_TOKENS)
+        if need > self.gpu.capacity:
+            raise BadRequest(
+                f"prompt + max_tokens need {need} KV blocks; the simulated GPU holds {self.gpu.capacity}", "max_tokens"
+            )
+
+    def surely_too_long(self, text: str, max_tokens: int) -> bool:
+        """Whether ``text`` cannot fit even at the tokenizer's longest tokens: checked before encoding,
+        so an oversized prompt costs no tokenization."""
+        fewest_tokens = len(text.encode("utf-8", "surrogatepass")) // self.tokenizer.max_bytes_per_token
+        return math.ceil((fewest_tokens + max_tokens) / BLOCK_TOKENS) > self.gpu.capacity
+
     async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
         """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
-        sent a plain function ``emit(i) -> bool`` (or None) that the decode ticker calls for tokens
-        1..max_tokens-1 (False: the client is gone), and yields ('done', tokens sent) at the end.
-        Close it (aclose) to release the request's resources."""
+        sent a plain function ``emit(i) -> bool | None`` (or None) that the decode ticker calls for
+        tokens 1..max_tokens-1 (True sent; False the client is gone: decoding stops; None the client
+        is not reading yet: the token waits), and yields ('done', tokens sent) at the end.
+        Close it (aclose) to release the request's resources, whatever happened."""
         s, m = self.s, self.metrics
         t_arrive = time.perf_counter()
-        hashes = block_hashes(prompt_ids)
+        self.check_fits(len(prompt_ids), max_tokens)
+        hashes = await asyncio.to_thread(block_hashes, prompt_ids)  # hashing a long prompt stays off the loop
         anon = math.ceil((len(prompt_ids) + max_tokens) / BLOCK_TOKENS) - len(hashes)
-        if len(hashes) + anon > self.gpu.capacity:
-            raise BadRequest(
-                f"prompt + max_tokens need {len(hashes) + anon} KV blocks; the simulated GPU holds {self.gpu.capacity}",
-                "max_tokens",
-            )
+        if self.waiting >= s.max_waiting:
+            raise Busy(f"{self.waiting} requests are already waiting (--max-waiting {s.max_waiting})")
         self.waiting += 1
         self.refresh_metrics()
         hit: list[int] = []
@@ -180,10 +193,15 @@ class SimEngine:
             hit.append(n)
             return True
 
-        async with self._admit:
-            await self._admit.wait_for(admitted)
+        try:  # a request that leaves or times out while waiting is no longer counted as waiting
+            async with self._admit:
+                try:
+                    await asyncio.wait_for(self._admit.wait_for(admitted), s.queue_timeout_s)
+                except TimeoutError:
+                    raise Busy(f"waited {s.queue_timeout_s:g} s for a slot (--queue-timeout)") from None
+                self.running += 1
+        finally:
             self.waiting -= 1
-            self.running += 1
         try:
             t_admit = time.perf_counter()
             m.queue.observe(t_admit - t_arrive)
@@ -194,16 +212,17 @@ class SimEngine:
             keys: list[str] = []
             if self.offload is not None:
                 o = self.offload
-                keys = o.chunk_keys(prompt_ids)
+                keys = await asyncio.to_thread(o.chunk_keys, prompt_ids)
                 m.ext_queries.inc(max(0, len(prompt_ids) - gpu_hit))
                 m.lm_req.inc(len(prompt_ids))
-                n = await o.alookup(keys)
+                n = min(await o.alookup(keys), len(keys))  # a (remote) tier's count is clamped to the prompt
                 m.lm_hit.inc(n * o.cfg.chunk_tokens)
                 first_chunk = gpu_hit // o.cfg.chunk_tokens
                 cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
                 if cand > 0:
                     if o.gate(cand, s.prefill_tps):
                         load_s, nbytes, found = await o.aload(keys[first_chunk:n])
+                        found = max(0, min(found, n - first_chunk))
                         ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
                         m.lm_loaded.inc(found)
                     else:
@@ -284,84 +303,47 @@ def _word(i: int) -> str:
     return WORDS[(i * 7 + 3) % len(WORDS)] + " "
 
 
-def _int_param(body: dict[str, Any], *names: str, default: int) -> int:
-    for n in names:
-        if n in body and body[n] is not None:
-            v = body[n]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise BadRequest(f"'{n}' must be a positive integer", n)
-            return v
-    return default
-
-
-async def _parse(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-        raise BadRequest("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
+STALL_LIMIT_S = 60.0
+"""A streaming client whose socket buffer stays full this long is treated as gone."""
+WRITE_BUFFER_HIGH = 1 << 20
+"""Bytes queued for one client above which its stream pauses (backpressure: decoding waits for it)."""
 
 
 def make_app(engine: SimEngine) -> web.Application:
     s = engine.s
 
     @web.middleware
-    async def replica_header(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def replica_header(request: web.Request, handler):  # type: ignore[no-untyped-def]  # aiohttp's handler type
         try:
             resp = await handler(request)
-        except BadRequest as e:
-            resp = error_response(400, str(e), e.param)
+        except ApiError as e:
+            resp = error_response(e)
         except web.HTTPException as e:
-            resp = error_response(
-                e.status, e.reason or "error", kind="not_found_error" if e.status == 404 else "invalid_request_error"
-            )
+            err = NotFound(e.reason or "not found") if e.status == 404 else ApiError(e.reason or "error")
+            err.status = e.status
+            resp = error_response(err)
         resp.headers["x-kvtier-replica"] = engine.replica_id
         return resp
 
     async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
-        body = await _parse(request)
-        if body.get("model") not in (None, s.served_model_name):
-            return error_response(404, f"model {body.get('model')!r} does not exist", "model", "not_found_error")
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise BadRequest("'messages' must be a non-empty list", "messages")
-            for i, msg in enumerate(msgs):
-                if not isinstance(msg, dict) or msg.get("role") not in (
-                    "system",
-                    "user",
-                    "assistant",
-                    "tool",
-                    "developer",
-                ):
-                    raise BadRequest(
-                        f"messages[{i}] needs a role of system, user, assistant, tool or developer", "messages"
-                    )
-            try:
-                text = render_chat(msgs)
-            except ValueError as e:
-                raise BadRequest(f"messages: {e}", "messages") from None
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise BadRequest("'prompt' must be a non-empty string", "prompt")
-            text = prompt
-        max_tokens = _int_param(body, "max_completion_tokens", "max_tokens", default=s.default_max_tokens)
-        stream = bool(body.get("stream", False))
-        so = body.get("stream_options") or {}
-        include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
-        prompt_ids = engine.tokenizer.encode(text)
+        req = parse_completion(await read_json(request), chat, s.served_model_name, s.default_max_tokens)
+        if engine.surely_too_long(req.text, req.max_tokens):  # refused before any tokenization
+            raise BadRequest(f"the prompt cannot fit the simulated GPU's {engine.gpu.capacity} KV blocks", "max_tokens")
+        prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
+        gen = engine.generate(prompt_ids, req.max_tokens)
+        try:  # from here on, every path closes the generator: it holds a slot and KV blocks
+            return await _respond(request, req, prompt_ids, gen)
+        finally:
+            await gen.aclose()
+
+    async def _respond(request: web.Request, req: Completion, prompt_ids: list[int], gen: Any) -> web.StreamResponse:
+        chat = req.chat
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        gen = engine.generate(prompt_ids, max_tokens)
-        first_kind, info = await gen.__anext__()  # raises BadRequest before any byte is sent
+        _, info = await gen.__anext__()  # admission and prefill; raises BadRequest/Busy before any byte is sent
 
         def usage(n: int) -> dict[str, Any]:
             return {
@@ -371,11 +353,13 @@ def make_app(engine: SimEngine) -> web.Application:
                 "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]},
             }
 
-        if not stream:
-            try:
-                _, n = await gen.asend(None)
-            finally:
-                await gen.aclose()
+        if not req.stream:
+            tr = request.transport
+
+            def still_there(i: int) -> bool | None:  # a client that left stops the decoding
+                return not (tr is None or tr.is_closing())
+
+            _, n = await gen.asend(still_there)
             content = "".join(_word(i) for i in range(n))
             choice = (
                 {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
@@ -422,39 +406,43 @@ def make_app(engine: SimEngine) -> web.Application:
             .split(b"\\u0000")
         )
         lines = [b"data: " + head + w.encode() + tail + b"\n\n" for w in (_word(i) for i in range(len(WORDS)))]
-        n = 0
-        try:
-            if chat:
-                await send(chunk({"role": "assistant", "content": ""}, None))
-            await resp.write(lines[0])  # token 0 leaves with the prefill (and flushes the headers)
-            tr, L = request.transport, len(WORDS)
-            if resp.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                frames = [f"{len(x):x}\r\n".encode() + x + b"\r\n" for x in lines]
-            else:
-                frames = lines
+        if chat:
+            await send(chunk({"role": "assistant", "content": ""}, None))
+        await resp.write(lines[0])  # token 0 leaves with the prefill (and flushes the headers)
+        tr, L = request.transport, len(WORDS)
+        if resp.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            frames = [f"{len(x):x}\r\n".encode() + x + b"\r\n" for x in lines]
+        else:
+            frames = lines
+        stalled_since: list[float] = []
 
-            def emit(i: int) -> bool:
-                if tr is None or tr.is_closing():
-                    return False
-                tr.write(frames[i % L])
-                return True
+        def emit(i: int) -> bool | None:
+            """Write token i: True sent, False the client is gone, None paused (its buffer is full)."""
+            if tr is None or tr.is_closing():
+                return False
+            if tr.get_write_buffer_size() > WRITE_BUFFER_HIGH:  # a client that does not read
+                now = time.perf_counter()
+                if not stalled_since:
+                    stalled_since.append(now)
+                return False if now - stalled_since[0] > STALL_LIMIT_S else None
+            stalled_since.clear()
+            tr.write(frames[i % L])
+            return True
 
-            _, n = await gen.asend(emit)
-            await send(chunk({} if chat else "", "length"))
-            if include_usage:
-                await send(
-                    {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": s.served_model_name,
-                        "choices": [],
-                        "usage": usage(n),
-                    }
-                )
-            await resp.write(b"data: [DONE]\n\n")
-        finally:
-            await gen.aclose()
+        _, n = await gen.asend(emit)
+        await send(chunk({} if chat else "", "length"))
+        if req.include_usage:
+            await send(
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": s.served_model_name,
+                    "choices": [],
+                    "usage": usage(n),
+                }
+            )
+        await resp.write(b"data: [DONE]\n\n")
         return resp
 
     async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -480,13 +468,19 @@ def make_app(engine: SimEngine) -> web.Application:
         )
 
     async def health(request: web.Request) -> web.Response:
-        return web.Response(text="")
+        """200 always (the server is up); the body says ``degraded`` while its shared offload tier fails."""
+        o = engine.offload
+        err = getattr(o, "recent_error", None) if o is not None else None
+        body = {"status": "degraded" if err else "ok", "offload_errors": o.errors if o is not None else 0}
+        if err:
+            body["last_offload_error"] = err
+        return web.json_response(body)
 
     async def metrics(request: web.Request) -> web.Response:
         engine.refresh_metrics()
         return web.Response(body=exposition(engine.metrics.registry), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(middlewares=[replica_header], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[replica_header], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
         [
             web.post("/v1/chat/completions", chat_completions),

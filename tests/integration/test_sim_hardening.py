@@ -1,0 +1,250 @@
+"""The simulated server and the cache server under hostile input and faults (a real sim on 127.0.0.1).
+
+Each test reproduces a failure found by probing: a client that leaves before its first token, an
+abandoned request, an unbounded queue, a decompression bomb, malformed requests answered with 500s,
+a hung cache server, the cache server's data API on TCP, half-sent requests. (A client that never reads:
+tests/unit/sim/test_backpressure.py.)
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import kvtier_cmd
+from tests.integration.test_sim import Sim, chat, start_cache_server, start_sim, stop_sim, wait_until
+
+
+def raw_request(port: int, body: bytes, headers: str = "") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + headers.encode()
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    return s
+
+
+def post(sim: Sim, body: bytes, headers: dict[str, str], timeout: float = 30) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        sim.base + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_client_leaving_during_prefill_frees_its_slot_and_blocks(tmp_path: Path):
+    sim = start_sim(tmp_path, "--prefill-tps", "100")  # ~1,000 tokens: ~10 s of modelled prefill
+    try:
+        s = raw_request(sim.port, json.dumps(chat("w " * 1000, 4, stream=True)).encode())
+        wait_until(lambda: sim.metrics()["vllm:num_requests_running"] == 1, "the request to be running")
+        s.close()  # the client leaves before its first token
+        wait_until(lambda: sim.metrics()["vllm:num_requests_running"] == 0, "the slot to be freed", 5)
+        assert sim.metrics()["vllm:kv_cache_usage_perc"] == 0
+        assert sim.post("/v1/chat/completions", chat("still alive"))[0] == 200
+    finally:
+        code, err = stop_sim(sim)
+    assert code == 0, err
+
+
+def test_an_abandoned_request_stops_generating(tmp_path: Path):
+    sim = start_sim(tmp_path, "--tpot-ms", "5")  # 2,000 tokens: ~10 s of decode
+    try:
+        s = raw_request(sim.port, json.dumps(chat("hello", 2000)).encode())  # not streaming
+        wait_until(lambda: sim.metrics()["vllm:num_requests_running"] == 1, "the request to be running")
+        s.close()
+        wait_until(lambda: sim.metrics()["vllm:num_requests_running"] == 0, "the abandoned request to stop", 5)
+        assert sim.metrics()["vllm:generation_tokens_total"] < 2000
+    finally:
+        stop_sim(sim)
+
+
+def test_the_waiting_queue_is_bounded_and_times_out(tmp_path: Path):
+    sim = start_sim(tmp_path, "--max-num-seqs", "1", "--max-waiting", "2", "--queue-timeout", "1.5", "--tpot-ms", "5")
+    try:
+        busy = raw_request(sim.port, json.dumps(chat("first", 2000)).encode())  # holds the only slot ~10 s
+        wait_until(lambda: sim.metrics()["vllm:num_requests_running"] == 1, "the slot to be taken")
+        results: list[tuple[int, str | None]] = []
+
+        def one() -> None:
+            req = urllib.request.Request(
+                sim.base + "/v1/chat/completions",
+                data=json.dumps(chat("q")).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                results.append((200, None))
+            except urllib.error.HTTPError as e:
+                results.append((e.code, e.headers.get("Retry-After")))
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+            assert not t.is_alive()
+        # one over the bound at once, the two waiting ones after the queue timeout: 429 with Retry-After
+        assert sorted(results) == [(429, "1")] * 3
+        assert sim.metrics()["vllm:num_requests_waiting"] == 0
+        busy.close()
+    finally:
+        stop_sim(sim)
+
+
+def test_bodies_that_would_hang_or_crash_the_server_get_4xx(tmp_path: Path):
+    sim = start_sim(tmp_path)
+    try:
+        ok = json.dumps(chat("fine")).encode()
+        assert post(sim, gzip.compress(ok), {"Content-Encoding": "gzip"})[0] == 200  # gzip works, bounded
+        bomb = gzip.compress(b'{"messages": "' + b"a" * (80 << 20) + b'"}', compresslevel=9)
+        assert len(bomb) < 200_000
+        code, err = post(sim, bomb, {"Content-Encoding": "gzip"})
+        assert code == 413 and "decompressed" in err["error"]["message"]
+        assert post(sim, ok, {"Content-Encoding": "br"})[0] == 415
+        assert post(sim, b"[" * 100_000 + b"]" * 100_000, {})[0] == 400  # nested past the parser's depth
+        assert post(sim, ok, {"Content-Type": "application/json; charset=no-such-charset"})[0] == 400
+        bad_bodies = [
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": 5}]},
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+            {"messages": [{"role": "user", "content": "x"}], "n": 2},
+            {"messages": [{"role": "user", "content": "x"}], "stream": "false"},
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": 3},
+        ]
+        for body in bad_bodies:
+            code, err = post(sim, json.dumps(body).encode(), {})
+            assert code == 400 and err["error"]["message"], body
+        code, err = post(sim, json.dumps(chat("z" * 3_000_000)).encode(), {})  # refused before tokenizing
+        assert code == 400 and "cannot fit" in err["error"]["message"]
+        assert sim.post("/v1/chat/completions", chat("still alive"))[0] == 200
+    finally:
+        code, err = stop_sim(sim)
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_half_sent_requests_are_dropped_after_the_idle_timeout(tmp_path: Path):
+    sim = start_sim(tmp_path, "--idle-timeout", "1")
+    try:
+        s = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        assert s.recv(1024) == b""  # closed by the server (recv blocks up to 10 s otherwise)
+        s.close()
+    finally:
+        stop_sim(sim)
+
+
+class HungCacheServer:
+    """A Unix-socket server that says hello (/v1/info) and then never answers a lookup."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._handle, args=(c,), daemon=True).start()
+
+    def _handle(self, c: socket.socket) -> None:
+        try:
+            req = c.recv(65536)
+            if b"/v1/info" in req:
+                body = json.dumps({"chunk_tokens": 256, "kv_bytes_per_token": 24_576, "model": "tiny-1b"}).encode()
+                c.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+            # anything else: hold the connection, answer nothing
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_a_hung_cache_server_costs_a_timeout_not_the_request(tmp_path: Path):
+    hung = HungCacheServer(tmp_path / "hung.sock")
+    sim = start_sim(
+        tmp_path, "--offload", "remote", "--cache-server", str(tmp_path / "hung.sock"), "--cache-timeout", "0.5"
+    )
+    try:
+        code, r, _ = sim.post("/v1/chat/completions", chat("w " * 600))
+        assert code == 200 and r["kvtier"]["external_tokens"] == 0  # a miss, recomputed
+        assert sim.metrics()["kvtier_sim:offload_errors"] >= 1
+        with urllib.request.urlopen(sim.base + "/health", timeout=10) as h:
+            health = json.loads(h.read())
+        assert h.status == 200 and health["status"] == "degraded" and "TimeoutError" in health["last_offload_error"]
+    finally:
+        stop_sim(sim)
+        hung.close()
+
+
+def test_the_cache_servers_data_api_is_not_on_tcp(tmp_path: Path):
+    cache, sock, cport = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
+    try:
+        body = json.dumps({"keys": ["a"], "chunk_bytes": 256 * 131_072}).encode()
+        for path in ("/v1/store", "/v1/load", "/v1/lookup"):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{cport}{path}", data=body, headers={"Content-Type": "application/json"}
+            )
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code in (404, 405), path
+        with urllib.request.urlopen(f"http://127.0.0.1:{cport}/health", timeout=10) as r:
+            assert json.loads(r.read())["status"] == "ok"
+        # on the socket: too many keys in one request is refused
+        import http.client
+
+        class UnixHTTP(http.client.HTTPConnection):
+            def connect(self) -> None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(str(sock))
+
+        conn = UnixHTTP("cache")
+        conn.request(
+            "POST",
+            "/v1/lookup",
+            json.dumps({"keys": [f"k{i}" for i in range(9000)]}),
+            {"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        assert resp.status == 400 and b"at most" in resp.read()
+        # a second cache server refuses the live socket instead of unlinking it
+        p = subprocess.run(
+            kvtier_cmd() + ["cache-server", "--model", "llama3.1-8b", "--socket", str(sock), "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2 and "a server is listening" in p.stderr
+        assert sock.is_socket()
+    finally:
+        cache.terminate()
+        cache.wait(timeout=20)
