@@ -190,3 +190,61 @@ def test_an_empty_recorded_output_still_asks_for_one_token(tmp_path):
     for kind in ("chars", "auto"):
         sessions, _, fmt = load_sessions(f, count=load_tokenizer(kind).count)
         assert fmt == "agent-trace" and min(t.max_tokens for t in sessions[0].turns) == 1
+
+
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        (
+            "deep.jsonl",
+            b'{"session_id": "s", "turns": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+            "deep.jsonl:1: JSON nested too deeply",
+        ),
+        ("utf.jsonl", b'{"session_id": "a", "turns": []}\n{"session_id": "\xff"}\n', "utf.jsonl:2: not UTF-8 text"),
+        (
+            "gap.jsonl",
+            b'{"turns": [{"messages": [{"role": "user", "content": "x"}], "pre_gap": "abc"}]}\n',
+            "gap.jsonl:1: turns[0]: pre_gap must be seconds",
+        ),
+        (
+            "inf.jsonl",
+            b'{"turns": [{"messages": [{"role": "user", "content": "x"}], "pre_gap": 1e400}]}\n',
+            "inf.jsonl:1: turns[0]: pre_gap must be seconds",
+        ),
+        (
+            "huge.jsonl",
+            b'{"turns": [{"messages": [{"role": "user", "content": "x"}], "pre_gap": 1e308}]}\n',
+            "huge.jsonl:1: turns[0]: pre_gap must be seconds",
+        ),
+        (
+            "trace.jsonl",
+            b'{"timestamp": 0, "input": "a", "session_id": "s"}\n'
+            b'{"timestamp": 999999999999999999, "input": "b", "session_id": "s"}\n',
+            "trace.jsonl:2: the timestamp gap",
+        ),
+        (
+            "tau.json",
+            json.dumps(
+                {
+                    "simulations": [
+                        {
+                            "messages": [
+                                {
+                                    "role": "assistant",
+                                    "usage": {"completion_tokens": "x"},
+                                    "timestamp": "2025-01-01T00:00:00",
+                                }
+                            ]
+                        }
+                    ]
+                }
+            ).encode(),
+            "simulations[0].messages[0]: usage.completion_tokens",
+        ),
+    ],
+)
+def test_hostile_dataset_files_get_one_line_naming_file_and_line(tmp_path, name, content, needle):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DatasetError) as e:
+        load_sessions(tmp_path / name)
+    assert needle in str(e.value) and "\n" not in str(e.value)

@@ -36,6 +36,7 @@ class ReplayConfig(StrictModel):
     output: str | None = flag(None, "result folder (requests.jsonl, summary.json)")
     gap_scale: float = flag(1.0, "scale of recorded think/tool gaps (0 = none)", ge=0)
     request_timeout: float = flag(64800.0, "seconds one request may take", gt=0)
+    read_timeout: float = flag(600.0, "seconds a request may go without receiving a byte", gt=0)
     warmup: int = flag(4, "short throwaway requests first (excluded from the results)", ge=0)
     history: Literal["recorded", "runtime"] = flag(
         "recorded", "send each turn's recorded history, or the replies this run received"

@@ -23,6 +23,9 @@ import aiohttp
 from kvtier.replay.datasets import VirtualUser
 from kvtier.telemetry.clock import MONOTONIC, Clock
 
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+"""Largest server-sent event: a stream that sends more without a separator is a recorded error."""
+
 
 @dataclass
 class ClientConfig:
@@ -31,6 +34,7 @@ class ClientConfig:
     concurrency: int
     gap_scale: float = 1.0
     request_timeout_s: float = 64800.0
+    read_timeout_s: float = 600.0
     history: str = "recorded"  # recorded | runtime
     cache_salt: str | None = None
     tools: list[dict[str, Any]] | None = None
@@ -101,9 +105,12 @@ class StreamRecorder:
         self.done = False
 
     def feed(self, data: bytes, now: float) -> bool:
-        """Consume one chunk; True once ``data: [DONE]`` arrived. Malformed JSON raises ValueError."""
+        """Consume one chunk; True once ``data: [DONE]`` arrived. A malformed event (invalid JSON or
+        UTF-8, fields of the wrong type) or one over MAX_EVENT_BYTES raises ValueError."""
         self.pending += data
         *events, self.pending = self.pending.replace(b"\r\n", b"\n").split(b"\n\n")
+        if len(self.pending) > MAX_EVENT_BYTES:
+            raise ValueError(f"an event exceeds {MAX_EVENT_BYTES} bytes without a separator")
         loads, rec = json.loads, self.rec
         for event in events:
             for line in event.split(b"\n"):
@@ -118,12 +125,24 @@ class StreamRecorder:
                     raise ValueError(f"event is not a JSON object: {payload[:80]!r}")
                 usage = ev.get("usage")
                 if usage:
-                    rec["prompt_tokens"] = usage.get("prompt_tokens")
-                    rec["completion_tokens"] = usage.get("completion_tokens")
-                    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                for ch in ev.get("choices") or ():
-                    d = ch.get("delta") or {}
+                    if not isinstance(usage, dict):
+                        raise ValueError("usage is not an object")
+                    details = usage.get("prompt_tokens_details") or {}
+                    rec["prompt_tokens"] = _count(usage.get("prompt_tokens"), "prompt_tokens")
+                    rec["completion_tokens"] = _count(usage.get("completion_tokens"), "completion_tokens")
+                    rec["cached_tokens"] = _count(
+                        details.get("cached_tokens") if isinstance(details, dict) else "?", "cached_tokens"
+                    )
+                choices = ev.get("choices") or ()
+                if not isinstance(choices, (list, tuple)):
+                    raise ValueError("choices is not a list")
+                for ch in choices:
+                    d = (ch.get("delta") if isinstance(ch, dict) else None) or {}
+                    if not isinstance(d, dict):
+                        raise ValueError("a choice's delta is not an object")
                     piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                    if piece is not None and not isinstance(piece, str):
+                        raise ValueError("a delta's content is not a string")
                     if piece:
                         if self.last is None:
                             rec["ttft_s"] = now - self.t0
@@ -136,6 +155,15 @@ class StreamRecorder:
     @property
     def reply(self) -> str:
         return "".join(self.parts)
+
+
+def _count(v: Any, name: str) -> int | None:
+    """A usage count: a non-negative integer or absent; anything else makes the event malformed."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"usage.{name} is not a non-negative integer: {v!r}")
+    return v
 
 
 async def stream_request(
@@ -184,8 +212,14 @@ async def stream_request(
                     break
             if not sr.done:
                 rec["status"], rec["error"] = "cut", "stream ended without [DONE]"
+    except asyncio.CancelledError:
+        # the run is stopping (Ctrl+C): the request is recorded as cut, and the worker ends
+        rec["status"], rec["error"] = "cut", "the run stopped while this request was in flight"
     except TimeoutError:
-        rec["status"], rec["error"] = "timeout", f"no answer within {cfg.request_timeout_s} s"
+        rec["status"], rec["error"] = (
+            "timeout",
+            (f"no answer within {cfg.request_timeout_s} s, or nothing read for {cfg.read_timeout_s} s"),
+        )
     except (aiohttp.ClientError, OSError, ValueError) as e:  # ValueError: malformed JSON in an event
         rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"[:500]
     finally:
@@ -200,14 +234,20 @@ class UsersOutcome:
 
 
 async def run_users(
-    cfg: ClientConfig, users: list[VirtualUser], stop: asyncio.Event, clock: Clock = MONOTONIC
+    cfg: ClientConfig,
+    users: list[VirtualUser],
+    stop: asyncio.Event,
+    clock: Clock = MONOTONIC,
+    records: list[dict[str, Any]] | None = None,
 ) -> UsersOutcome:
-    """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set."""
-    records: list[dict[str, Any]] = []
+    """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set; once
+    it is, requests in flight are cancelled and recorded as cut. Records are appended to
+    ``records`` as they finish, so a caller keeps them whatever happens."""
+    records = [] if records is None else records
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
     for u in users:
         queue.put_nowait(u)
-    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s, sock_read=cfg.read_timeout_s)
     conn = aiohttp.TCPConnector(limit=0)
     peak = {"now": 0, "max": 0}
 
@@ -242,7 +282,22 @@ async def run_users(
                 finally:
                     peak["now"] -= 1
 
-        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+        workers = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            pending: set[asyncio.Task[Any]] = {*workers, stopper}
+            while stopper in pending and any(not w.done() for w in workers):
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if stopper not in pending:  # stop: cut what is in flight (each cut request is still recorded)
+                for w in workers:
+                    w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            for w in workers:
+                err = None if w.cancelled() else w.exception()
+                if err is not None:
+                    raise err  # a bug in a worker must not pass silently
+        finally:
+            stopper.cancel()
     return UsersOutcome(records, peak["max"])
 
 

@@ -68,22 +68,53 @@ def _max_tokens(count: Counter, text: str) -> int:
     return max(1, count(text))
 
 
-def _load_json(p: Path) -> Any:
+MAX_GAP_S = 86_400.0
+"""Longest recorded gap before a turn: a day. Larger (or non-finite) values are errors, not sleeps."""
+
+
+def _read_text(p: Path) -> str:
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise DatasetError(f"{p}:{line}: not UTF-8 text") from None
+    except OSError as e:
+        raise DatasetError(f"{p}: cannot read: {e.strerror}") from None
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise DatasetError(f"{where}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: JSON nested too deeply") from None
+
+
+def _gap(value: Any, where: str) -> float:
+    """A recorded gap in seconds: a finite number in [0, MAX_GAP_S] (None: 0)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_GAP_S:
+        raise DatasetError(f"{where}: pre_gap must be seconds in [0, {MAX_GAP_S:g}], got {value!r}")
+    return float(value)
+
+
+def _load_json(p: Path) -> Any:
+    return _parse_json(_read_text(p), str(p))
 
 
 def _read_json_lines(p: Path) -> list[tuple[int, Any]]:
     out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(_read_text(p).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             out.append((n, json.loads(line)))
         except json.JSONDecodeError as e:
             raise DatasetError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise DatasetError(f"{p}:{n}: JSON nested too deeply") from None
     return out
 
 
@@ -93,18 +124,15 @@ def load_agent_trace(p: Path, count: Counter) -> list[Session]:
     for n, r in rows:
         if not isinstance(r, dict) or not isinstance(r.get("input"), str) or not isinstance(r.get("timestamp"), int):
             raise DatasetError(f"{p}:{n}: expected {{timestamp: int, input: str, output: str, session_id}}")
-        calls.append((r["timestamp"], r["input"], str(r.get("output") or ""), r.get("session_id") or p.stem))
+        calls.append((r["timestamp"], r["input"], str(r.get("output") or ""), r.get("session_id") or p.stem, n))
     if not calls:
         return []
     calls.sort(key=lambda c: c[0])
     turns = []
     prev = None
-    for ts, inp, out, _ in calls:
-        turns.append(
-            Turn(
-                ({"role": "user", "content": inp},), _max_tokens(count, out), 0.0 if prev is None else (ts - prev) / 1e6
-            )
-        )
+    for ts, inp, out, _, n in calls:
+        gap = 0.0 if prev is None else _gap((ts - prev) / 1e6, f"{p}:{n}: the timestamp gap (us)")
+        turns.append(Turn(({"role": "user", "content": inp},), _max_tokens(count, out), gap))
         prev = ts
     return [Session(str(calls[0][3]), tuple(turns), str(p))]
 
@@ -130,16 +158,25 @@ def load_tau2(p: Path, count: Counter) -> list[Session]:
             raise DatasetError(f"{p}: simulations[{si}] has no messages list")
         history: list[dict[str, Any]] = [{"role": "system", "content": policy}] if policy else []
         turns, prev_ts = [], None
-        for m in msgs:
+        for mi, m in enumerate(msgs):
+            where = f"{p}: simulations[{si}].messages[{mi}]"
+            if not isinstance(m, dict):
+                raise DatasetError(f"{where}: expected an object")
             role = m.get("role")
             if role == "assistant" and m.get("usage"):
+                usage = m["usage"]
+                out = usage.get("completion_tokens") if isinstance(usage, dict) else None
+                if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 0):
+                    raise DatasetError(f"{where}: usage.completion_tokens must be a non-negative integer, got {out!r}")
                 ts = _ts(m.get("timestamp"))
-                gap = 0.0 if prev_ts is None or ts is None else max(0.0, ts - prev_ts)
+                gap = 0.0 if prev_ts is None or ts is None else _gap(max(0.0, ts - prev_ts), where)
                 prev_ts = ts if ts is not None else prev_ts
-                out = int(m["usage"].get("completion_tokens") or 1)
-                turns.append(Turn(tuple(history), max(1, out), gap))
+                turns.append(Turn(tuple(history), max(1, out or 1), gap))
             entry: dict[str, Any] = {"role": role, "content": m.get("content") or ""}
-            calls = [c for c in (m.get("tool_calls") or []) if c.get("requestor", "assistant") == "assistant"]
+            raw_calls = m.get("tool_calls") or []
+            if not isinstance(raw_calls, list) or not all(isinstance(c, dict) for c in raw_calls):
+                raise DatasetError(f"{where}: tool_calls must be a list of objects")
+            calls = [c for c in raw_calls if c.get("requestor", "assistant") == "assistant"]
             if role == "user" and m.get("tool_calls"):
                 calls = []  # user-side tool calls are the simulator's, not the agent's
             if calls and role == "assistant":
@@ -196,7 +233,7 @@ def load_agentic_traces(p: Path, count: Counter) -> list[Session]:
         if not isinstance(out, int) or out < 1:
             raise DatasetError(f"{p}:{n}: 'output_length' must be a positive integer")
         by_session.setdefault(str(r.get("session_id", p.stem)), []).append(
-            Turn(tuple(msgs), out, float(r.get("pre_gap") or 0.0))
+            Turn(tuple(msgs), out, _gap(r.get("pre_gap"), f"{p}:{n}"))
         )
     return [Session(sid, tuple(turns), str(p)) for sid, turns in by_session.items()]
 
@@ -214,7 +251,7 @@ def load_jsonl_sessions(p: Path, count: Counter) -> list[Session]:
             mt = t.get("max_tokens", 128)
             if not isinstance(mt, int) or mt < 1:
                 raise DatasetError(f"{p}:{n}: turns[{k}].max_tokens must be a positive integer")
-            turns.append(Turn(tuple(msgs), mt, float(t.get("pre_gap", 0.0))))
+            turns.append(Turn(tuple(msgs), mt, _gap(t.get("pre_gap"), f"{p}:{n}: turns[{k}]")))
         sessions.append(Session(str(r.get("session_id", f"{p.stem}:{n}")), tuple(turns), f"{p}:{n}"))
     return sessions
 
@@ -252,7 +289,7 @@ def tool_schemas(sessions: list[Session]) -> list[dict[str, Any]]:
 
 
 def detect(p: Path) -> str:
-    text = p.read_text(encoding="utf-8")
+    text = _read_text(p)
     if not text.strip():
         return "empty"
     if p.suffix == ".jsonl":

@@ -143,17 +143,22 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     scrape_tasks = [asyncio.create_task(sc.run(scrape_stop)) for sc in scrapers]
     t0 = clock.now_ns()
     client = ClientConfig(
-        (cfg.base_url or "").rstrip("/"),
-        cfg.model or "",
-        cfg.concurrency,
-        cfg.gap_scale,
-        cfg.request_timeout,
-        cfg.history,
-        cfg.cache_salt,
-        plan.tools,
+        base_url=(cfg.base_url or "").rstrip("/"),
+        model=cfg.model or "",
+        concurrency=cfg.concurrency,
+        gap_scale=cfg.gap_scale,
+        request_timeout_s=cfg.request_timeout,
+        read_timeout_s=cfg.read_timeout,
+        history=cfg.history,
+        cache_salt=cfg.cache_salt,
+        tools=plan.tools,
     )
+    records: list[dict[str, Any]] = []  # filled as requests finish: kept whatever happens below
+    achieved, failure = 0, ""
     try:
-        outcome = await run_users(client, plan.users, stop.event, clock)
+        achieved = (await run_users(client, plan.users, stop.event, clock, records)).achieved_concurrency
+    except Exception as e:  # noqa: BLE001 - a bug must not lose the records: they are written, marked partial
+        failure = f"internal error in the client: {type(e).__name__}: {e}"
     finally:
         scrape_stop.set()
         await asyncio.gather(*scrape_tasks)
@@ -161,11 +166,12 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     wall = (clock.now_ns() - t0) / 1e9
-    records = outcome.records
     summary = summarize(records, len(plan.users), cfg.num_rounds, wall)
     metrics = [sc.summary() for sc in scrapers]
     warnings = list(plan.warnings)
-    if stop.code is not None:
+    if failure:
+        status, reason = Status.partial, StopReason(code=StopCode.internal_error, message=failure)
+    elif stop.code is not None:
         status = Status.partial
         reason = StopReason(
             code=stop.code, message=f"{stop.code.value}: the replay stopped early; the result is partial"
@@ -182,13 +188,13 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 stop_code=reason.code.value,
             )
         )
-    if outcome.achieved_concurrency < cfg.concurrency:
+    if achieved < cfg.concurrency:
         warnings.append(
             warning(
                 WarningCode.concurrency_not_reached,
-                f"achieved concurrency {outcome.achieved_concurrency} < requested {cfg.concurrency}",
+                f"achieved concurrency {achieved} < requested {cfg.concurrency}",
                 requested=cfg.concurrency,
-                achieved=outcome.achieved_concurrency,
+                achieved=achieved,
             )
         )
     for m in metrics:
@@ -230,7 +236,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
             },
             "concurrency": {
                 "requested": cfg.concurrency,
-                "achieved": outcome.achieved_concurrency,
+                "achieved": achieved,
                 "virtual_users": len(plan.users),
             },
             "server": server,

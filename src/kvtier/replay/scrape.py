@@ -19,6 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.report.replay import ScrapeSummary
 
+MAX_METRICS_BYTES = 16 * 1024 * 1024
+"""Largest /metrics page read; an endless or huge one is a scrape error, not memory."""
+
 RATES = {
     "prefix_cache_hit_rate": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
     "external_prefix_cache_hit_rate": (
@@ -52,12 +55,18 @@ class Scraper:
         self.errors = 0
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        """One sample; a failure, a non-200 or a body over MAX_METRICS_BYTES counts as a scrape error."""
         try:
             async with session.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status == 200:
-                    self.samples.append((time.time(), parse(await r.text())))
+                    body = bytearray()
+                    async for chunk in r.content.iter_chunked(1 << 20):
+                        body += chunk
+                        if len(body) > MAX_METRICS_BYTES:
+                            raise ValueError(f"/metrics larger than {MAX_METRICS_BYTES} bytes")
+                    self.samples.append((time.time(), parse(body.decode("utf-8", "replace"))))
                     return
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             pass
         self.errors += 1
 

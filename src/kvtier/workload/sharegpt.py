@@ -96,6 +96,8 @@ def read_sharegpt_records(p: Path) -> list[object]:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DatasetError(f"{p}: JSON nested too deeply") from None
     if not isinstance(data, list):
         raise DatasetError(f"{p}: expected a JSON array of conversations, got {type(data).__name__}")
     return data
