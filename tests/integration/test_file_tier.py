@@ -5,7 +5,8 @@ import os
 import pytest
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, round_up
-from kvtier.engine.file import RUN_DIR_PREFIX, FileTier, probe_direct_io
+from kvtier.engine.file import FileTier, probe_direct_io
+from kvtier.engine.runs import RUN_DIR_PREFIX
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 
@@ -98,6 +99,6 @@ def test_enospc_is_tier_full_and_leaves_no_partial_file(small_fs, noise):
             tier.write(f"k{i}", noise.chunks(f"k{i}", 4 << 20, 1 << 20), 4 << 20)
             written += 1
     assert written > 0
-    assert len(list(tier.directory.iterdir())) == written  # the failed entry left nothing behind
+    assert len(list(tier.directory.glob("*.kv"))) == written  # the failed entry left nothing behind
     assert tier.stored_bytes() == written * tier.stored_size(4 << 20)
     tier.close()

@@ -83,7 +83,7 @@ def run(
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
-    from kvtier.report.envelope import utc_now
+    from kvtier.report.envelope import WarningCode, utc_now, warning
     from kvtier.report.writers import write_json, write_xlsx
     from kvtier.telemetry.clock import MONOTONIC
     from kvtier.telemetry.recorder import Recorder
@@ -105,10 +105,20 @@ def run(
         # written before the tiers are torn down: a failing cleanup cannot lose a finished result
         if config.output:
             write_json(result, config.output, flag="--output")
-        if config.xlsx_output:
-            write_xlsx(result, config.xlsx_output)
     finally:
-        comp.close()
+        problems = comp.close()
+    if problems:  # e.g. the folder became read-only mid-run: said in the result, never a traceback
+        result.warnings.append(
+            warning(
+                WarningCode.cleanup_failed,
+                f"{len(problems)} files or folders of this run could not be removed: {problems[0]}",
+                problems=problems[:20],
+            )
+        )
+        if config.output:
+            write_json(result, config.output, flag="--output")
+    if config.xlsx_output:
+        write_xlsx(result, config.xlsx_output)
     return result
 
 

@@ -479,7 +479,7 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
             "memory": memory_section(plan, comp),
             "storage": storage_section(comp),
             "workload_source": source_section(plan),
-            "setup": run.setup,
+            "setup": {**run.setup, **({"stale_runs": comp.stale_runs} if comp.stale_runs else {})},
             # the effective config: the seed that ran, so the result re-creates the run
             "config": cfg.model_copy(update={"seed": plan.seed}),
         }

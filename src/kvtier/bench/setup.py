@@ -25,6 +25,7 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import GpuTier, gpu_available
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
+from kvtier.engine.runs import find_stale_runs, remove_stale_run
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError, UnusableDirectory
 from kvtier.keys import KeyScope
@@ -91,14 +92,19 @@ class Components:
     keep_cache: bool
     stop: threading.Event = field(default_factory=threading.Event)
     warnings: list[ResultWarning] = field(default_factory=list)
+    stale_runs: dict[str, object] | None = None  # setup.stale_runs of the result
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Release everything; returns what could not be removed (never raises for that)."""
         self.store.close()
+        problems = list(self.file_tier.cleanup_problems)
         if self.owns_cache_dir and not self.keep_cache:
             try:
                 os.rmdir(self.cache_dir)
-            except OSError:
-                pass
+            except OSError as e:
+                if problems:
+                    problems.append(f"{self.cache_dir}: {e.strerror}")
+        return problems
 
 
 def check_config(cfg: BenchConfig) -> ModelSpec:
@@ -251,6 +257,38 @@ def derive(cfg: BenchConfig) -> Plan:
     return plan
 
 
+def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dict[str, object] | None:
+    """Run folders of killed kvtier runs in ``cache_dir``: removed (unless ``keep``), and said so.
+    Done before the file tier measures the free space, so it sizes itself from what is really free."""
+    found = find_stale_runs(cache_dir)
+    if not found:
+        return None
+    folders, nbytes = [r.path for r in found], sum(r.bytes for r in found)
+    problems = [] if keep else [p for r in found for p in remove_stale_run(r.path)]
+    if keep:
+        warnings.append(
+            warning(
+                WarningCode.stale_runs_found,
+                f"{len(found)} run folders of killed kvtier runs "
+                f"({nbytes / GiB:.2f} GiB) are in {cache_dir} and were kept (--keep-stale); "
+                "`kvtier clean` removes them",
+                folders=folders,
+                bytes=nbytes,
+            )
+        )
+    else:
+        warnings.append(
+            warning(
+                WarningCode.stale_runs_removed,
+                f"removed {len(found)} run folders of killed kvtier runs ({nbytes / GiB:.2f} GiB) from {cache_dir}",
+                folders=folders,
+                bytes=nbytes,
+                problems=problems,
+            )
+        )
+    return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems}
+
+
 def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
     backends: list[Backend] = []
@@ -301,6 +339,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     owns = cfg.cache_dir is None
     cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
     stop = threading.Event()
+    stale = None if owns else stale_runs(cache_dir, cfg.keep_stale, warnings)
     try:
         backends, file_tier = _tiers(plan, cache_dir, warnings)
         ev = cfg.tuning.eviction
@@ -352,7 +391,15 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         cache_dir,
     )
     return Components(
-        store, NoiseBuffer(cfg.noise_mb * MiB, plan.seed), file_tier, cache_dir, owns, cfg.keep_cache, stop, warnings
+        store,
+        NoiseBuffer(cfg.noise_mb * MiB, plan.seed),
+        file_tier,
+        cache_dir,
+        owns,
+        cfg.keep_cache,
+        stop,
+        warnings,
+        stale,
     )
 
 

@@ -342,6 +342,11 @@ class BenchConfig(_Strict):
     )
     promotion: Literal["none", "on-read"] = flag("none", "move hits back to the fastest tier", group=ADDITIONS)
     keep_cache: bool = flag(False, "leave entry files at exit", group=ADDITIONS)
+    keep_stale: bool = flag(
+        False,
+        "leave the run folders of killed kvtier runs in --cache-dir (only warn); by default they are removed at start",
+        group=ADDITIONS,
+    )
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", group=ADDITIONS, ge=1, le=4096)
     noise_mb: int = flag(256, "static noise buffer the entries are sliced from, MiB", group=ADDITIONS, ge=1, le=65536)
     progress: Literal["auto", "live", "plain", "none"] = flag(

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Literal
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, round_up
+from kvtier.engine.runs import MARKER, RUN_DIR_PREFIX, create_marker
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 MAGIC = b"KVTIER01"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ16s")
 DirectIO = Literal["auto", "on", "off"]
-RUN_DIR_PREFIX = "kvtier-run-"
 
 
 def key_digest(key: str) -> bytes:
@@ -88,10 +88,14 @@ class FileTier:
         try:
             self.directory = base / f"{RUN_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self.directory.mkdir()
+            self._marker_fd = create_marker(self.directory)  # proves the folder ours; locked while we run
         except OSError as e:
             raise UnusableDirectory(f"cannot create a run directory in {base}: {e.strerror}") from e
+        self.cleanup_problems: list[str] = []
         supported = probe_direct_io(self.directory)
         if direct_io == "on" and not supported:
+            os.close(self._marker_fd)
+            self._marker_fd = -1
             shutil.rmtree(self.directory, ignore_errors=True)
             raise UnusableDirectory(f"the filesystem of {base} does not support O_DIRECT", direct_io=True)
         self.direct = supported and direct_io != "off"
@@ -230,6 +234,10 @@ class FileTier:
             self._files.pop(key, None)
         self.path_for(key).unlink(missing_ok=True)
 
+    def __del__(self) -> None:
+        if getattr(self, "_marker_fd", -1) >= 0:
+            os.close(self._marker_fd)
+
     def stored_bytes(self) -> int:
         """Sum of the sizes of our files as the filesystem reports them."""
         total = 0
@@ -243,18 +251,30 @@ class FileTier:
         return total
 
     def close(self) -> None:
-        """Remove the files this tier created and its run directory (only if then empty)."""
+        """Remove the files this tier created and its run directory (only if then empty). A file that
+        cannot be removed (a read-only or immutable folder) is noted in ``cleanup_problems`` and the
+        rest are still removed; nothing raises."""
+        if self._marker_fd < 0:
+            return
         if self.keep_files:
+            os.close(self._marker_fd)
+            self._marker_fd = -1
             return
         with self._lock:
             keys = list(self._files)
             self._files.clear()
-        for k in keys:
-            self.path_for(k).unlink(missing_ok=True)
+        for path in [*(self.path_for(k) for k in keys), self.directory / MARKER]:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                self.cleanup_problems.append(f"{path}: {e.strerror}")
+        os.close(self._marker_fd)  # releases the lock: a folder left behind is now stale, and removable
+        self._marker_fd = -1
         try:
             self.directory.rmdir()
-        except OSError:
-            pass
+        except OSError as e:
+            if self.cleanup_problems:  # the folder is only worth a word when we also left files in it
+                self.cleanup_problems.append(f"{self.directory}: {e.strerror}")
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:

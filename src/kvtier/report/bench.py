@@ -190,7 +190,17 @@ class PreconditionStats(Section):
     errors: list[str]
 
 
+class StaleRunsStats(Section):
+    """Run folders of killed kvtier runs found in the cache dir at start (marker present, lock free)."""
+
+    folders: list[str]
+    bytes: int
+    removed: bool
+    problems: list[str]
+
+
 class SetupStats(Section):
+    stale_runs: StaleRunsStats | None = None
     precondition: PreconditionStats | None = None
     decode_only_prepopulation: FillStats | None = None
     rag_ingest: FillStats | None = None

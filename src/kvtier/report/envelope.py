@@ -96,6 +96,9 @@ class WarningCode(enum.StrEnum):
     concurrency_not_reached = "concurrency-not-reached"
     offload_never_exercised = "offload-never-exercised"
     scrape_failed = "scrape-failed"
+    stale_runs_removed = "stale-runs-removed"
+    stale_runs_found = "stale-runs-found"
+    cleanup_failed = "cleanup-failed"
 
 
 class ResultWarning(BaseModel):

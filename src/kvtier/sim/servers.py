@@ -75,6 +75,16 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
     """The in-process offload tier for ``kind`` cpu or nvme; engine errors name the flags here."""
     if kind == "nvme" and (not tier.nvme_dir or not Path(tier.nvme_dir).is_dir()):
         raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {tier.nvme_dir!r})")
+    if kind == "nvme" and tier.nvme_dir:  # what killed runs left behind, before the tier sizes itself
+        from kvtier.engine.runs import find_stale_runs, remove_stale_run
+
+        for r in find_stale_runs(tier.nvme_dir):
+            problems = remove_stale_run(r.path)
+            print(
+                f"kvtier: removed the run folder of a killed kvtier run: {r.path} ({r.bytes} bytes)"
+                + (f"; {problems[0]}" if problems else ""),
+                file=sys.stderr,
+            )
     try:
         return Offload(
             OffloadConfig(
