@@ -102,3 +102,32 @@ def test_enospc_is_tier_full_and_leaves_no_partial_file(small_fs, noise):
     assert len(list(tier.directory.glob("*.kv"))) == written  # the failed entry left nothing behind
     assert tier.stored_bytes() == written * tier.stored_size(4 << 20)
     tier.close()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "corrupt"])
+def test_an_unreadable_entry_is_dropped_not_found_forever(cache_dir, noise, damage):
+    from kvtier.engine.tiered import StoreConfig, TieredStore
+    from kvtier.telemetry.recorder import Recorder
+
+    rec = Recorder()
+    tier = FileTier(cache_dir, 64 << 20)
+    store = TieredStore([tier], StoreConfig(1.0, 1.0), rec)
+    buf = aligned_buffer(1 << 20)
+    store.put("k", lambda: noise.chunks("k", 3 << 20, 1 << 20), 3 << 20, buf)
+    path = tier.path_for("k")
+    if damage == "truncate":
+        os.truncate(path, 8192)
+    elif damage == "delete":
+        path.unlink()
+    else:  # a flipped byte in the checksummed first 4 KiB of the payload
+        with open(path, "r+b") as f:
+            f.seek(4096 + 100)
+            b = f.read(1)
+            f.seek(4096 + 100)
+            f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(StorageError):
+        store.get("k", buf)
+    assert store.location("k") is None and not store.get("k", buf).hit  # forgotten: a miss, not a failure
+    assert rec.counters["entries_dropped_unreadable"] == 1 and rec.errors[("storage", "read", "request")] == 1
+    store.check_accounting()
+    store.close()

@@ -82,3 +82,15 @@ def test_one_percentile_definition():
     assert percentile(xs, 95) == pytest.approx(8.8) and percentile([], 95) is None
     assert summarize_ns_as_ms([1_500_000, 2_500_000])["p50"] == 2.0  # ns in, ms out
     assert summarize([])["p95"] is None and summarize([])["count"] == 0  # nulls, never zeros
+
+
+def test_write_json_never_follows_a_planted_temp_file(tmp_path):
+    from kvtier.report.writers import write_json
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "r.json"
+    (tmp_path / "r.json.tmp").symlink_to(victim)  # where an older writer put its temporary file
+    write_json({"a": 1}, out)
+    assert json.loads(out.read_text()) == {"a": 1} and victim.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.json.tmp", "victim.txt"]  # no temp left

@@ -163,6 +163,7 @@ def cache_stats(
         "promotions": rec.counters.get("promotions", 0),
         "evictions": rec.counters.get("evictions_bottom", 0),
         "entries_dropped": rec.counters.get("evictions_dropped", 0),
+        "entries_dropped_unreadable": rec.counters.get("entries_dropped_unreadable", 0),
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
     }
     for name in TIER_NAMES:

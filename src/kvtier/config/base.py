@@ -90,6 +90,44 @@ def validate_config(model: type[M], values: dict[str, Any], *, source: str = "",
         raise ConfigError(format_validation_error(e, source=source, flags=flags)) from None
 
 
+MAX_YAML_NODES = 100_000
+"""Nodes a YAML document may expand to, aliases followed. A few hundred bytes of nested aliases (a
+"billion laughs") expand to billions of nodes when walked; real configs have a few thousand."""
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` that refuses a document expanding (aliases followed) past MAX_YAML_NODES."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n: Any) -> int:  # memoised on the node: linear in the document, not in its expansion
+            if id(n) in sizes:
+                return sizes[id(n)]
+            if isinstance(n, yaml.SequenceNode):
+                size = 1 + sum(expanded(c) for c in n.value)
+            elif isinstance(n, yaml.MappingNode):
+                size = 1 + sum(expanded(k) + expanded(v) for k, v in n.value)
+            else:
+                size = 1
+            sizes[id(n)] = min(size, MAX_YAML_NODES + 1)
+            return sizes[id(n)]
+
+        if expanded(node) > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{source}: expands to more than {MAX_YAML_NODES} nodes once its aliases are followed: "
+                "refused (an alias bomb)"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` merged into ``base`` (mappings merge key by key; anything else replaces)."""
     out = dict(base)
@@ -121,6 +159,8 @@ def config_argv(config: BaseModel) -> list[str]:
 
 
 __all__ = [
+    "load_yaml",
+    "MAX_YAML_NODES",
     "StrictModel",
     "flag",
     "field_extra",

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kvtier.config.base import StrictModel as _Strict
-from kvtier.config.base import deep_merge, flag, validate_config
+from kvtier.config.base import deep_merge, flag, load_yaml, validate_config
 from kvtier.errors import ConfigError
 
 QoSClass = Literal["interactive", "responsive", "batch"]
@@ -249,7 +249,7 @@ def load_tuning(path: str | Path | None) -> Tuning:
     except OSError as e:
         raise ConfigError(f"--config: cannot read {p}: {e.strerror}") from e
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text, str(p))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)

@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -30,8 +31,19 @@ from kvtier.engine.runs import MARKER, RUN_DIR_PREFIX, create_marker
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 MAGIC = b"KVTIER01"
-FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sIIQ16s")
+FORMAT_VERSION = 2
+_HEADER = struct.Struct("<8sIIQ16sI")  # magic, version, header length, payload bytes, key digest, sample crc32
+SAMPLE_BYTES = ALIGN
+"""The payload's first SAMPLE_BYTES are checksummed (zlib crc32, ~1 µs per entry): a file whose start
+was overwritten or zeroed is caught on read; truncation is caught by the size check."""
+
+
+def sample_crc(first: memoryview | bytes | None, nbytes: int) -> int:
+    if first is None:
+        return 0
+    return zlib.crc32(first[: min(SAMPLE_BYTES, nbytes, len(first))])
+
+
 DirectIO = Literal["auto", "on", "off"]
 
 
@@ -129,7 +141,6 @@ class FileTier:
     def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
         hdr = self._header_buf()
-        _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key))
         path = self.path_for(key)
         size = self.stored_size(nbytes)
         device = 0
@@ -142,6 +153,7 @@ class FileTier:
                 os.posix_fallocate(fd, 0, size)
             it = iter(chunks)
             first = next(it, None)
+            _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key), sample_crc(first, nbytes))
             t = time.perf_counter_ns()
             _write_all(fd, [hdr] if first is None else [hdr, first])
             for c in it:
@@ -181,11 +193,13 @@ class FileTier:
             t = time.perf_counter_ns()
             got = os.preadv(fd, [hdr, buf[:first]], 0)
             timing.device_ns += time.perf_counter_ns() - t
-            magic, version, hlen, nbytes, digest = _HEADER.unpack_from(hdr, 0)
+            magic, version, hlen, nbytes, digest, crc = _HEADER.unpack_from(hdr, 0)
             if magic != MAGIC or version != FORMAT_VERSION or hlen != ALIGN or digest != key_digest(key):
                 raise StorageError(f"{self.name} tier: {path.name} has a bad header (not a kvtier entry?)")
             if size < ALIGN + nbytes or got < ALIGN:
                 raise StorageError(f"{self.name} tier: {path.name} is truncated ({size} bytes)")
+            if nbytes and sample_crc(buf[: got - ALIGN], nbytes) != crc:
+                raise StorageError(f"{self.name} tier: {path.name} fails its checksum (the payload changed)")
             return fd, nbytes, got - ALIGN
         except BaseException:
             os.close(fd)

@@ -19,6 +19,8 @@
   routine (``_copy``), so both make room the same way and book their I/O the same way.
 * Room held only by writes in flight (nothing evictable) is waited for on a condition variable
   that every release of space or of a victim notifies, up to ``reserve_wait_s``.
+* An entry whose read fails (deleted, truncated or corrupt on the medium) is dropped: the read
+  raises, and later lookups miss instead of failing again.
 
 Concurrency: one store lock guards metadata only (no I/O under it); each entry has its own lock
 held during I/O on it. An entry being moved is marked ``moving`` so it is never chosen twice.
@@ -465,8 +467,10 @@ class TieredStore:
             except StorageError as exc:
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "read", "request", exc.bytes_done)
-                else:
+                else:  # unreadable (deleted, truncated, corrupt): forget it, or every later read fails too
                     self.sink.tier_error(t.backend.name, "read", "request", e.nbytes, exc)
+                    self._remove(e)
+                    self.sink.count("entries_dropped_unreadable")
                 raise
         self.sink.tier_op(t.backend.name, "read", "request", e.nbytes, timing)
         return GetResult(True, t.backend.name, e.nbytes, timing)

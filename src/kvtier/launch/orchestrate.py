@@ -12,6 +12,7 @@ runs it. The replay's config is the user's, updated with ``model_copy`` — neve
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +30,9 @@ from typing import Any
 from kvtier.config.base import config_argv
 from kvtier.config.launch import LaunchConfig
 from kvtier.config.replay import ReplayConfig
-from kvtier.errors import KvtierError, exit_code_for
+from kvtier.errors import KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
-from kvtier.launch.procs import Supervisor, free_ports
+from kvtier.launch.procs import Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.report.envelope import Status, StopCode, StopReason, collect_host, exit_code, iso, utc_now
 from kvtier.report.launch import LaunchResult
@@ -210,6 +212,84 @@ def _save_metrics(folder: Path, plans: list[ProcPlan]) -> None:
             (folder / f"{p.name}.prom").write_text(f"# not reachable at the end of the run: {e}\n")
 
 
+def _ports_of(lp: LaunchPlan, p: ProcPlan) -> list[int]:
+    if p is lp.sidecar:
+        return [x for x in (lp.ports["sidecar"], lp.ports["sidecar_http"]) if x]
+    return [lp.replica_ports[lp.replicas.index(p)]]
+
+
+def _refuse_busy_ports(name: str, ports: list[int]) -> None:
+    """A port already in use means another server would answer our health checks: refuse to start."""
+    busy = [port for port in ports if port_in_use(port, HOST)]
+    if busy:
+        raise LaunchError(
+            f"{name}: port {', '.join(map(str, busy))} on {HOST} is already in use by another "
+            "process; stop it (or change the profile's port) and run again"
+        )
+
+
+def _get_json(url: str) -> tuple[Any, dict[str, str]]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read(1 << 20)), dict(r.headers)
+
+
+def _identify(lp: LaunchPlan, p: ProcPlan) -> Callable[[], str | None]:
+    """A check that the server answering ``p``'s health URL is ``p`` (None) or why not: a replica
+    lists the served model (and, for a sim replica, names itself in x-kvtier-replica); a kvtier
+    cache server names its socket. An LMCache sidecar has no identity to ask for: its process being
+    alive, and its ports free before it started, are the checks."""
+    root = p.health.rsplit("/", 1)[0]
+    model = lp.replay.model
+    if p is not lp.sidecar:
+        expected_id = f"{HOST}:{lp.replica_ports[lp.replicas.index(p)]}"
+
+        def replica() -> str | None:
+            try:
+                body, headers = _get_json(root + "/v1/models")
+            except (OSError, ValueError) as e:
+                return f"GET /v1/models failed: {e}"
+            ids = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+            if model not in ids:
+                return f"the server there serves {ids}, not {model!r}"
+            rid = {k.lower(): v for k, v in headers.items()}.get("x-kvtier-replica")
+            if lp.config.engine == "sim" and rid != expected_id:
+                return f"the server there is replica {rid!r}, not {expected_id!r}"
+            return None
+
+        return replica
+
+    def cache_server() -> str | None:
+        if lp.config.engine != "sim":
+            return None
+        try:
+            body, _ = _get_json(p.health)
+        except (OSError, ValueError) as e:
+            return f"GET {p.health} failed: {e}"
+        if not isinstance(body, dict) or body.get("socket") != str(lp.sockdir / "cache.sock"):
+            return f"the server there is not this run's kvtier cache-server ({str(body)[:120]})"
+        return None
+
+    return cache_server
+
+
+def _remove_stale_sockdirs() -> None:
+    """Socket folders of launches that were killed (their pid is gone): empty or holding sockets only."""
+    for d in Path(tempfile.gettempdir()).glob("kvtier-launch-*"):
+        try:
+            pid = int(d.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        if d.is_dir() and all(f.is_socket() for f in d.iterdir()):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
     from kvtier.replay.driver import execute as replay_execute
@@ -217,6 +297,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
 
     cfg = lp.config
     replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
+    _remove_stale_sockdirs()
     lp.out.mkdir(parents=True, exist_ok=True)
     lp.sockdir.mkdir(mode=0o700)
     if cfg.tier == "nvme":
@@ -235,15 +316,17 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
     try:
         for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
+            _refuse_busy_ports(p.name, _ports_of(lp, p))
             proc = sup.start(p, argv)
             rec.pids[p.name] = proc.popen.pid
             if p is lp.sidecar:  # exactly one sidecar, healthy before any replica connects to it
-                dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
+                dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p))
                 rec.event(f"sidecar healthy after {dt:.1f} s ({p.health})")
         for p, proc in zip(lp.replicas, sup.procs[len(lp.processes) - len(lp.replicas) :], strict=True):
-            dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s)
+            dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p))
             rec.event(f"{p.name} healthy after {dt:.1f} s ({p.health})")
         if cp is not None:
+            _refuse_busy_ports("caddy", [int(lp.ports["caddy"] or 0)])
             proc = sup.start(cp)
             rec.pids["caddy"] = proc.popen.pid
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)

@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on (or holds) ``host:port`` — checked by binding, never by
+    connecting."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
@@ -80,21 +93,29 @@ class Supervisor:
         self.procs.append(proc)
         return proc
 
-    def wait_healthy(self, proc: Proc, url: str, timeout_s: float) -> float:
-        """Seconds until url answered 2xx; LaunchError (with the log's tail) if the process exits
-        or the time runs out."""
+    def wait_healthy(
+        self, proc: Proc, url: str, timeout_s: float, identify: Callable[[], str | None] | None = None
+    ) -> float:
+        """Seconds until our process is alive, ``url`` answers 2xx and ``identify()`` (when given)
+        finds the answering server to be ours (None; else a reason); LaunchError (with the log's tail)
+        if the process exits or the time runs out. The process is checked first: another server
+        answering on its port must not pass for it."""
         t0 = time.monotonic()
+        why = "it never answered"
         while True:
-            if http_ok(url):
-                return time.monotonic() - t0
             if proc.popen.poll() is not None:
                 raise LaunchError(
                     f"{proc.name} exited with status {proc.popen.returncode} before {url} answered; "
                     f"log {proc.log}:\n{tail(proc.log)}"
                 )
+            if http_ok(url):
+                why = (identify() if identify is not None else None) or ""
+                if not why:
+                    return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
                 raise LaunchError(
-                    f"{proc.name}: {url} did not answer within {timeout_s:.0f} s; log {proc.log}:\n{tail(proc.log)}"
+                    f"{proc.name}: {url} did not answer as {proc.name} within {timeout_s:.0f} s "
+                    f"({why or 'no answer'}); log {proc.log}:\n{tail(proc.log)}"
                 )
             time.sleep(0.1)
 
@@ -141,4 +162,4 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-__all__ = ["Supervisor", "Proc", "LaunchError", "free_ports", "http_ok", "tail"]
+__all__ = ["Supervisor", "Proc", "LaunchError", "free_ports", "http_ok", "port_in_use", "tail"]

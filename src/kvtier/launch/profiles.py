@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvtier.config.base import load_yaml
 from kvtier.errors import ConfigError
 
 PLACEHOLDERS = (
@@ -38,9 +39,17 @@ PLACEHOLDERS = (
 _PH = re.compile(r"\{([a-z_]+)\}")
 
 
+class JsonArg(BaseModel):
+    """A command argument built as JSON by a serializer (placeholders filled inside its strings first),
+    so a value with quotes or backslashes cannot change the JSON's structure."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] = Field(alias="json")
+
+
 class ProcessSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    command: list[str] = Field(min_length=1)
+    command: list[str | JsonArg] = Field(min_length=1)
     health: str
     metrics: str | None = None
     startup_timeout_s: float = Field(default=120.0, gt=0)
@@ -77,7 +86,7 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
         except OSError as e:
             raise ConfigError(f"--profiles: cannot read {path}: {e.strerror}") from e
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text, source)
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from e
     if not isinstance(raw, dict) or not raw:
@@ -154,6 +163,21 @@ def _missing(key: str) -> str:
     raise ConfigError(f"placeholder {{{key}}} has no value in this run")
 
 
+WHOLE = re.compile(r"^\{([a-z_]+)\}$")
+
+
+def fill_arg(arg: str | JsonArg, values: Mapping[str, str]) -> str:
+    """One command argument, filled. A value that stands alone as an argument may not look like an
+    option (``--model=--trust-remote-code`` must not become a flag of the engine)."""
+    if isinstance(arg, JsonArg):
+        return json.dumps(_fill_tree(arg.json_, values))
+    m = WHOLE.match(arg)
+    out = fill(arg, values)
+    if m and out.startswith("-") and m.group(1) not in ("kv_transfer_config",):
+        raise ConfigError(f"{{{m.group(1)}}} = {out!r} would be read as an option by the command; refused")
+    return out
+
+
 def _fill_tree(node: Any, values: Mapping[str, str]) -> Any:
     if isinstance(node, str):
         return fill(node, values)
@@ -196,7 +220,7 @@ def resolve(
         s = profile.sidecar
         sidecar = ProcPlan(
             "sidecar",
-            [fill(x, base) for x in s.command],
+            [fill_arg(x, base) for x in s.command],
             {},
             fill(s.health, base),
             fill(s.metrics, base) if s.metrics else None,
@@ -209,7 +233,7 @@ def resolve(
         replicas.append(
             ProcPlan(
                 f"replica{i}",
-                [fill(x, v) for x in r.command],
+                [fill_arg(x, v) for x in r.command],
                 {k: fill(x, v) for k, x in profile.env.items()},
                 fill(r.health, v),
                 fill(r.metrics, v) if r.metrics else None,

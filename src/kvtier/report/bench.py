@@ -87,6 +87,7 @@ class _CacheStatsFixed(Section):
     promotions: int
     evictions: int
     entries_dropped: int
+    entries_dropped_unreadable: int
     deduplicated_writes: int
     nvme_read_device_p95_ms: float | None
     nvme_write_device_p95_ms: float | None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,17 +22,22 @@ def to_jsonable(result: BaseModel | dict[str, Any]) -> dict[str, Any]:
 
 
 def write_json(result: BaseModel | dict[str, Any], path: str | os.PathLike[str], flag: str = "--output") -> Path:
-    """Write ``result`` as indented JSON: to a temporary file beside ``path``, then renamed over it,
-    so a reader never sees half a file. A failure is a KvtierError naming ``flag``."""
+    """Write ``result`` as indented JSON: to a new temporary file beside ``path`` (created exclusively,
+    with a random name, so a planted file or symlink is never followed), then renamed over it, so a
+    reader never sees half a file. A failure is a KvtierError naming ``flag``."""
     p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
+    tmp: str | None = None
     try:
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True)
-        tmp.write_text(json.dumps(to_jsonable(result), indent=2) + "\n")
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(to_jsonable(result), indent=2) + "\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, p)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise KvtierError(f"{flag}: cannot write {p}: {e.strerror}") from e
     return p
 
