@@ -149,10 +149,12 @@ def test_half_sent_requests_are_dropped_after_the_idle_timeout(tmp_path: Path):
 
 
 class HungCacheServer:
-    """A Unix-socket server that says hello (/v1/info) and then never answers a lookup."""
+    """A Unix-socket server that says hello (/v1/info) and then never answers a lookup, or (``lies``)
+    answers every lookup and load with a billion chunks found in one byte."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lies: bool = False) -> None:
         self.path = path
+        self.lies = lies
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(path))
         self.sock.listen(16)
@@ -168,18 +170,36 @@ class HungCacheServer:
             self.conns.append(c)
             threading.Thread(target=self._handle, args=(c,), daemon=True).start()
 
+    @staticmethod
+    def _read_request(f: Any) -> bytes | None:
+        """One HTTP/1.1 request from a connection's file; its request line, or None at EOF."""
+        line = f.readline()
+        if not line:
+            return None
+        length = 0
+        while (h := f.readline()) not in (b"\r\n", b"\n", b""):
+            if h.lower().startswith(b"content-length:"):
+                length = int(h.split(b":", 1)[1])
+        f.read(length)
+        return bytes(line)
+
     def _handle(self, c: socket.socket) -> None:
         try:
-            req = c.recv(65536)
-            if b"/v1/info" in req:
-                body = json.dumps({"chunk_tokens": 256, "kv_bytes_per_token": 24_576, "model": "tiny-1b"}).encode()
+            f = c.makefile("rb")
+            while (line := self._read_request(f)) is not None:
+                if b"/v1/info" in line:
+                    reply = {"chunk_tokens": 256, "kv_bytes_per_token": 24_576, "model": "tiny-1b"}
+                elif self.lies:
+                    reply = {"found": 10**9, "bytes": 1, "seconds": 0.0, "stored": 0}
+                else:
+                    return  # hold the connection, answer nothing
+                body = json.dumps(reply).encode()
                 c.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                     + str(len(body)).encode()
                     + b"\r\n\r\n"
                     + body
                 )
-            # anything else: hold the connection, answer nothing
         except OSError:
             pass
 
@@ -248,3 +268,40 @@ def test_the_cache_servers_data_api_is_not_on_tcp(tmp_path: Path):
     finally:
         cache.terminate()
         cache.wait(timeout=20)
+
+
+def test_cache_server_counts_are_clamped_to_the_prompt(tmp_path: Path):
+    liar = HungCacheServer(tmp_path / "liar.sock", lies=True)
+    sim = start_sim(tmp_path, "--offload", "remote", "--cache-server", str(tmp_path / "liar.sock"))
+    try:
+        code, r, _ = sim.post("/v1/chat/completions", chat("w " * 600))
+        assert code == 200
+        usage = r["usage"]
+        # at most the prompt comes from the tier, whatever it claims
+        assert 0 <= r["kvtier"]["external_tokens"] <= usage["prompt_tokens"]
+        m = sim.metrics()
+        assert m["lmcache_mp_lookup_hit_tokens_total"] <= m["lmcache_mp_lookup_requested_tokens_total"]
+    finally:
+        code, err = stop_sim(sim)
+        liar.close()
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_clients_dropping_mid_body_do_not_flood_the_cache_servers_log(tmp_path: Path):
+    cache, sock, cport = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
+    try:
+        for _ in range(20):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(sock))
+            s.sendall(
+                b"POST /v1/store HTTP/1.1\r\nHost: c\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000\r\n\r\n" + b'{"keys": ['
+            )
+            s.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{cport}/health", timeout=10) as r:
+            assert json.loads(r.read())["status"] == "ok"
+    finally:
+        cache.terminate()
+        _, err = cache.communicate(timeout=20)
+    assert cache.returncode == 0
+    assert len(err.splitlines()) <= 2 and "Traceback" not in err, err
