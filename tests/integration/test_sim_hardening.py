@@ -239,6 +239,7 @@ def test_the_cache_servers_data_api_is_not_on_tcp(tmp_path: Path):
             assert e.value.code in (404, 405), path
         with urllib.request.urlopen(f"http://127.0.0.1:{cport}/health", timeout=10) as r:
             assert json.loads(r.read())["status"] == "ok"
+        assert sock.stat().st_mode & 0o777 == 0o600  # only its owner may connect to the data API
         # on the socket: too many keys in one request is refused
         import http.client
 

@@ -8,6 +8,7 @@ SIGTERM, announcing the bound port on stderr and in ``--port-file``.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -197,6 +198,7 @@ async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
         for r in runners:
             await r.setup()
         await web.UnixSite(runners[0], str(sock)).start()
+        os.chmod(sock, 0o600)  # the data API: only this user may connect (Linux checks write permission)
         await web.TCPSite(runners[1], cfg.host, cfg.port).start()
     except BaseException as e:
         for r in runners:
