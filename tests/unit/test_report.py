@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -52,6 +53,22 @@ def test_unreadable_inputs(tmp_path):
         load(tmp_path / "x.json")
     with pytest.raises(DatasetError, match="without summary.json or launch.json"):
         load(tmp_path)
+
+
+def test_replay_compare_of_hostile_files_says_one_line(tmp_path):
+    """`kvtier replay compare {}`: exit 3 and one line naming the file, no traceback."""
+    from tests.conftest import kvtier_cmd
+
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "cut.json").write_text('{"benchmark": "kvtier replay",\n')
+    for name, needle in (("empty.json", "not a kvtier result"), ("cut.json", "cut.json:2: not valid JSON")):
+        p = subprocess.run(
+            kvtier_cmd() + ["replay", "compare", str(tmp_path / name), str(tmp_path / "empty.json")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 3 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 @pytest.mark.parametrize(

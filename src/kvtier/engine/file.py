@@ -34,7 +34,7 @@ MAGIC = b"KVTIER01"
 FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sIIQ16sI")  # magic, version, header length, payload bytes, key digest, sample crc32
 SAMPLE_BYTES = ALIGN
-"""The payload's first SAMPLE_BYTES are checksummed (zlib crc32, ~1 µs per entry): a file whose start
+"""The payload's first SAMPLE_BYTES are checksummed (zlib crc32, ~1.5 µs per entry, measured): a file whose start
 was overwritten or zeroed is caught on read; truncation is caught by the size check."""
 
 
