@@ -50,6 +50,8 @@ def run(tmp_path: Path, args: list[str], name: str = "r.json") -> tuple[subproce
             str(cache),
             "--output",
             str(out),
+            "--replay-cycles",  # one pass (0, the default, repeats until --duration, as the reference)
+            "1",
         ]
         + args,
         capture_output=True,
@@ -131,6 +133,11 @@ def test_burstgpt_flag_and_replay_cycles(tmp_path):
     assert [w["count"] for w in r["warnings"] if w["code"] == "trace-rows-skipped"] == [
         r["workload_source"]["skipped_rows"]
     ]
+    # --replay-cycles 0 (the reference's default): the trace repeats until --duration
+    args = ["--use-burst-trace", "--burst-trace-path", str(FIX / "burstgpt"), "--trace-speedup", "0"]
+    p, r = run(tmp_path, [*args, "--replay-cycles", "0", "--duration", "2"], "forever.json")
+    assert p.returncode == 0, p.stderr
+    assert r["stop_reason"]["code"] == "duration" and r["requests_completed"] > 8
 
 
 def test_bad_trace_is_an_error_before_load(tmp_path):
@@ -138,8 +145,8 @@ def test_bad_trace_is_an_error_before_load(tmp_path):
     bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{oops\n')
     p, r = run(tmp_path, ["--trace-path", str(bad)])
     assert p.returncode == 3 and f"{bad}:2: not valid JSON" in p.stderr and not r
-    p, r = run(tmp_path, ["--use-burst-trace"])
-    assert p.returncode == 2 and "--burst-trace-path" in p.stderr
+    p, r = run(tmp_path, ["--use-burst-trace"])  # the reference's default path, relative to the cwd
+    assert p.returncode == 3 and "BurstGPT/data/BurstGPT_1.csv" in p.stderr and not r
 
 
 def test_sharegpt_dataset_replays_every_turn(tmp_path):

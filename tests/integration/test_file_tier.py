@@ -104,6 +104,16 @@ def test_enospc_is_tier_full_and_leaves_no_partial_file(small_fs, noise):
     tier.close()
 
 
+def test_capacity_zero_is_95_percent_of_the_free_space(small_fs):
+    """--storage-capacity-gb 0 auto-detects, as the reference: 95 % of the free space (a quiet 48 MiB fs)."""
+    tier = FileTier(small_fs, 0)
+    try:
+        assert tier.capacity_bytes == int(tier.detected_free_bytes * 0.95) // ALIGN * ALIGN
+        assert tier.capacity_bytes > 0.9 * tier.detected_free_bytes
+    finally:
+        tier.close()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete", "corrupt"])
 def test_an_unreadable_entry_is_dropped_not_found_forever(cache_dir, noise, damage):
     from kvtier.engine.tiered import StoreConfig, TieredStore

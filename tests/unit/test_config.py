@@ -126,13 +126,17 @@ def test_a_config_file_path_loads_its_tuning_and_a_result_config_reloads(tmp_pat
 @pytest.mark.parametrize(
     "text,needle",
     [
-        ("gpu_backend:\n  memory_fraction: 0.9\n", "gpu_backend: not implemented by kvtier"),
-        ("saturation_detection:\n  queue_depth_threshold: 100\n", "saturation_detection: not implemented by kvtier"),
+        ("gpu_backend:\n  memory_fraction: 1.5\n", "gpu_backend.memory_fraction"),
+        ("saturation_detection:\n  queue_depth_threshold: 0\n", "saturation_detection.queue_depth_threshold"),
+        ("rag:\n  retrieval_distribution: gaussian\n", "rag.retrieval_distribution"),
+        ("rag:\n  small_model_doc_tokens_max: 10\n", "small_model_doc_tokens_max \\(10\\) is below"),
+        ("autoscaler:\n  scale_down_factor: 1.5\n", "autoscaler.scale_down_factor"),
+        ("conversation:\n  end_probability: 0.1\n", "conversation.end_probability: unknown key"),
         ("sharegpt:\n  max_context_tokens: -1\n", "sharegpt.max_context_tokens"),
         ("validation_limits:\n  max_userz: 3\n", "validation_limits.max_userz: unknown key"),
     ],
 )
-def test_sections_take_effect_or_are_refused(tmp_path, text, needle):
+def test_bad_values_and_unknown_keys_name_the_key(tmp_path, text, needle):
     p = tmp_path / "c.yaml"
     p.write_text(text)
     with pytest.raises(ConfigError, match=needle):

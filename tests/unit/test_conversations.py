@@ -19,7 +19,7 @@ def first(layout, n=40, seed=3, **kw):
 
 
 def test_entry_layout_reads_every_earlier_turn_and_the_system_prompt():
-    per_user, _ = first("entry", end_probability=0.0, max_turns_per_conv=4)
+    per_user, _ = first("entry", end_probability=0.0, max_turns_per_conv=4, system_prompt_probability=1.0)
     reqs = per_user[0]
     assert [r.turn for r in reqs[:5]] == [1, 2, 3, 4, 1]
     t3 = reqs[2]
@@ -33,7 +33,7 @@ def test_entry_layout_reads_every_earlier_turn_and_the_system_prompt():
 
 
 def test_chunked_layout_reads_cached_prefix_and_writes_only_new_chunks():
-    per_user, _ = first("chunked", end_probability=0.0, max_turns_per_conv=5)
+    per_user, _ = first("chunked", end_probability=0.0, max_turns_per_conv=5, system_prompt_probability=1.0)
     reqs = per_user[1]
     t1, t2 = reqs[0], reqs[1]
     assert t1.prefix_reads and t1.decode_key is None
@@ -83,3 +83,31 @@ def test_same_seed_same_conversations():
 def test_system_prompt_key_format():
     k = system_prompt_key("system-3")
     assert k.startswith("kv_system_") and len(k) == 26
+
+
+def test_system_prompt_hit_probability_is_the_share_of_conversations_with_a_shared_prompt():
+    """prefix_cache.system_prompt_hit_probability (the reference's key, 0.2)."""
+    shares = {}
+    for p in (0.0, 0.2, 1.0):
+        per_user, _ = first("entry", n=400, system_prompt_probability=p, multi_turn=False)
+        firsts = [r for reqs in per_user for r in reqs]
+        shares[p] = sum(1 for r in firsts if r.reads) / len(firsts)
+    assert shares[0.0] == 0.0 and shares[1.0] == 1.0
+    assert 0.15 < shares[0.2] < 0.25
+
+
+def test_a_system_prompt_shorter_than_min_prefix_length_is_the_first_turns_own_context():
+    """prefix_cache.min_prefix_length: prompts of 256-2048 tokens are shared at 50, never at 5000."""
+    shared, _ = first("entry", n=5, system_prompt_probability=1.0, multi_turn=False, min_prefix_length=50)
+    alone, _ = first("entry", n=5, system_prompt_probability=1.0, multi_turn=False, min_prefix_length=5000)
+    for a, b in zip(shared[0], alone[0], strict=True):
+        assert a.reads and a.reads[0].kind == "prefix" and not b.reads
+        assert b.new_tokens == a.new_tokens + a.reads[0].tokens  # the prompt moved into the turn's entry
+
+
+def test_max_turns_per_conv_and_end_probability():
+    per_user, _ = first("entry", n=60, end_probability=0.0, max_turns_per_conv=50, max_context_tokens=10**9)
+    assert [r.turn for r in per_user[0][48:52]] == [49, 50, 1, 2]
+    per_user, _ = first("entry", n=400, end_probability=0.5)
+    turns = [r.turn for reqs in per_user for r in reqs]
+    assert 0.4 < turns.count(1) / len(turns) < 0.6  # a new conversation after half the turns

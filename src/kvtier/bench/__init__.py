@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ def run(
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
+    from kvtier.report.bench import TeardownStats
     from kvtier.report.envelope import WarningCode, utc_now, warning
     from kvtier.report.writers import write_json, write_xlsx
     from kvtier.telemetry.clock import MONOTONIC
@@ -106,7 +108,17 @@ def run(
         if config.output:
             write_json(result, config.output, flag="--output")
     finally:
+        # the teardown is timed apart from the load: removing many GB of entry files takes a while
+        held = comp.store.usage().get("storage", {})
+        t0 = time.perf_counter()
         problems = comp.close()
+        teardown_s = time.perf_counter() - t0
+    result.teardown = TeardownStats(
+        seconds=round(teardown_s, 4),
+        storage_entries=held.get("entries", 0),
+        storage_bytes=held.get("used_bytes", 0),
+        kept=config.keep_cache,
+    )
     if problems:  # e.g. the folder became read-only mid-run: said in the result, never a traceback
         result.warnings.append(
             warning(
@@ -115,8 +127,8 @@ def run(
                 problems=problems[:20],
             )
         )
-        if config.output:
-            write_json(result, config.output, flag="--output")
+    if config.output:
+        write_json(result, config.output, flag="--output")
     if config.xlsx_output:
         write_xlsx(result, config.xlsx_output)
     return result

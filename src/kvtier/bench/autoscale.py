@@ -1,13 +1,17 @@
 """Autoscaling: change the number of live user workers while the benchmark runs.
 
-Every ``autoscaler.interval_s`` the runner hands the requests completed in the last window to
-``Autoscaler.step``, which answers with an action and a new user count; the runner really starts
-or stops user threads.
+Every ``autoscaler.interval_s`` the runner hands ``Autoscaler.step`` the requests completed in the
+last window and a ``StorageSample`` (the storage tier's read and write p95 over the last
+``saturation_detection.history_window_size`` windows, and the queue depth); it answers with an
+action and a new user count, and the runner really starts or stops user threads.
 
-* ``qos``: saturation = max over QoS classes seen in the window of (p95 service latency / the
-  class's p95 target). Below target_saturation - 0.1 add users (``step_users``, or 20 % of the
-  current count), up to target_saturation + 0.1 hold, above it remove users; after a change wait
-  ``cooldown_s`` before the next one.
+* ``qos``: saturation = the worst of (p95 service latency / the class's p95 target) over the QoS
+  classes seen in the window and, as the reference's storage monitor does, storage read p95 /
+  ``read_latency_p95_threshold_ms``, storage write p95 / ``write_latency_p95_threshold_ms`` and queue
+  depth / ``queue_depth_threshold``. Below target_saturation - 0.1 for
+  ``consecutive_samples_required`` samples in a row: users x ``scale_up_factor`` (at least +1); above
+  target_saturation + 0.1 as long: users x ``scale_down_factor`` (at least -1); in between hold.
+  After a change wait ``cooldown_s``. Users stay within [``min_users``, ``max_users``].
 * ``capacity``: throughput = generated tokens per second in the window. Double the users while
   throughput grows by more than ``growth_fast`` (20 %) per step, grow x1.5 while it still grows,
   and stop the run with "Peak capacity found" when it falls, reporting the peak.
@@ -21,9 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.config.bench import AutoscalerTuning, QoSClass, QoSProfile
+from kvtier.config.bench import AutoscalerTuning, QoSClass, QoSProfile, SaturationDetection
 from kvtier.stats import percentile
 from kvtier.telemetry.recorder import RequestRecord
+
+
+@dataclass(frozen=True)
+class StorageSample:
+    """The storage side of one qos sample (None where there were no such operations)."""
+
+    read_p95_ms: float | None = None
+    write_p95_ms: float | None = None
+    queue_depth: int = 0
 
 
 @dataclass
@@ -32,43 +45,69 @@ class Autoscaler:
     target_saturation: float
     tuning: AutoscalerTuning
     qos_profiles: Mapping[QoSClass, QoSProfile]
+    thresholds: SaturationDetection = field(default_factory=SaturationDetection)
     history: list[dict[str, Any]] = field(default_factory=list)
     last_change_s: float = -1e9
     prev_throughput: float | None = None
     peak: tuple[int, float] = (0, 0.0)
     stop_reason: str | None = None
+    _streak: tuple[str, int] = ("", 0)
 
-    def saturation(self, window: Sequence[RequestRecord]) -> float | None:
-        worst = None
+    def saturation(self, window: Sequence[RequestRecord], storage: StorageSample | None = None) -> float | None:
+        ratios: list[float] = []
         for cls, prof in self.qos_profiles.items():
             svc = [r.storage_done_ns - r.submit_ns for r in window if r.ok and r.qos == cls]
             if svc:
-                ratio = (percentile(svc, 95) or 0.0) / 1e6 / prof.target_latency_p95_ms
-                worst = ratio if worst is None else max(worst, ratio)
-        return worst
+                ratios.append((percentile(svc, 95) or 0.0) / 1e6 / prof.target_latency_p95_ms)
+        if storage is not None:
+            th = self.thresholds
+            if storage.read_p95_ms is not None:
+                ratios.append(storage.read_p95_ms / th.read_latency_p95_threshold_ms)
+            if storage.write_p95_ms is not None:
+                ratios.append(storage.write_p95_ms / th.write_latency_p95_threshold_ms)
+            ratios.append(storage.queue_depth / th.queue_depth_threshold)
+        return max(ratios) if ratios else None
 
     def _clamp(self, n: int) -> int:
         return max(self.tuning.min_users, min(self.tuning.max_users, n))
 
-    def step(self, t_s: float, window_s: float, window: Sequence[RequestRecord], users: int) -> tuple[str, int]:
+    def _qos(self, t_s: float, sat: float, users: int) -> tuple[str, int]:
+        tu = self.tuning
+        want = "up" if sat < self.target_saturation - 0.1 else "down" if sat > self.target_saturation + 0.1 else ""
+        kind, n = self._streak
+        self._streak = (want, n + 1 if want == kind else 1) if want else ("", 0)
+        if not want:
+            return "hold", users
+        if self._streak[1] < tu.consecutive_samples_required:
+            return f"hold ({self._streak[1]} of {tu.consecutive_samples_required} samples)", users
+        if t_s - self.last_change_s < tu.cooldown_s:
+            return "hold (cooldown)", users
+        if want == "up":
+            target = self._clamp(max(users + 1, int(users * tu.scale_up_factor)))
+        else:
+            target = self._clamp(min(users - 1, int(users * tu.scale_down_factor)))
+        if target == users:
+            return "hold (at the user limit)", users
+        self._streak = ("", 0)
+        return f"scale_{want}", target
+
+    def step(
+        self,
+        t_s: float,
+        window_s: float,
+        window: Sequence[RequestRecord],
+        users: int,
+        storage: StorageSample | None = None,
+    ) -> tuple[str, int]:
         ok = [r for r in window if r.ok]
         throughput = sum(r.generate_tokens for r in ok) / window_s if window_s > 0 else 0.0
-        sat = self.saturation(ok)
+        sat = self.saturation(ok, storage)
         action, target = "hold", users
         if not ok:
             action = "hold (no completed requests in the window)"
         elif self.mode == "qos":
-            step = self.tuning.step_users or max(1, users // 5)
-            cooling = t_s - self.last_change_s < self.tuning.cooldown_s
             assert sat is not None
-            if cooling:
-                action = "hold (cooldown)"
-            elif sat < self.target_saturation - 0.1:
-                action, target = "scale_up", self._clamp(users + step)
-            elif sat > self.target_saturation + 0.1:
-                action, target = "scale_down", self._clamp(users - step)
-            if action.startswith("scale") and target == users:
-                action = "hold (at the user limit)"
+            action, target = self._qos(t_s, sat, users)
         else:  # capacity
             if throughput > self.peak[1]:
                 self.peak = (users, throughput)
@@ -94,14 +133,18 @@ class Autoscaler:
                 "users": users,
                 "throughput_tokens_per_sec": round(throughput, 3),
                 "saturation": None if sat is None else round(sat, 4),
+                "storage_read_p95_ms": None if storage is None else storage.read_p95_ms,
+                "storage_write_p95_ms": None if storage is None else storage.write_p95_ms,
+                "queue_depth": None if storage is None else storage.queue_depth,
                 "action": action,
                 "next_users": target,
             }
         )
         return action, target
 
-    def stats(self, final_users: int) -> dict[str, Any]:
+    def stats(self, initial_users: int, final_users: int) -> dict[str, Any]:
         return {
+            "initial_users": initial_users,
             "mode": self.mode,
             "target_saturation": self.target_saturation,
             "steps": self.history,

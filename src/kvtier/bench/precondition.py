@@ -2,9 +2,10 @@
 
 Flash drives slow down once every block has been written (garbage collection starts), so a
 benchmark on a fresh drive flatters it. Preconditioning writes ``--precondition-size-gb`` (default:
-the storage tier's capacity) as 1 GiB files of noise through the file tier's own write path
-(O_DIRECT when in use, fsync per file) with ``--precondition-threads`` writers (default: the I/O
-slots), deletes them, and reports what it did. Nothing of it enters the run's statistics.
+twice the storage tier's capacity, as the reference) as 1 GiB files of noise through the file tier's
+own write path (O_DIRECT when in use, fsync per file) with ``--precondition-threads`` writers
+(default: the CPU count, as the reference), deleting each file once written (so at most one file
+per writer occupies the device), and reports what it did. Nothing of it enters the run's statistics.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ HIT_RATE_TARGET = 0.3
 """The reference's storage_health criteria for --performance-profile latency."""
 
 
+def iso_ms(unix_s: float) -> str:
+    return dt.datetime.fromtimestamp(unix_s, dt.UTC).isoformat(timespec="milliseconds")
+
+
 def _gb(n: float) -> float:
     return round(n / GB, 6)
 
@@ -145,9 +149,70 @@ def storage_health(
     }
 
 
-def cache_stats(
-    rec: Recorder, reqs: _Requests, tiers: dict[str, dict[str, Any]], profile: str, wall_s: float
+def _by_cause(tier: dict[str, Any] | None, op: str, cause: str, what: str) -> int:
+    if tier is None:
+        return 0
+    value: int = tier[op]["by_cause"].get(cause, {}).get(what, 0)
+    return value
+
+
+def reference_cache_counts(
+    plan: Plan, comp: Components, rec: Recorder, tiers: dict[str, dict[str, Any]], hits: int, wall_s: float
 ) -> dict[str, Any]:
+    """The reference's cache_stats counters, each from kvtier's own samples (docs/metrics.md says how
+    each maps): entries and memory at the end, writes into each tier, the requests' own reads and
+    writes (``*_iops`` are counts, as the reference's), hits by kind, bandwidth = tier bytes / wall time."""
+    c = rec.counters
+    usage = comp.store.usage()
+    req_read_ops = sum(_by_cause(t, "read", "request", "ops") for t in tiers.values())
+    req_write_ops = sum(_by_cause(t, "write", "request", "ops") for t in tiers.values())
+    req_read_bytes = sum(_by_cause(t, "read", "request", "bytes") for t in tiers.values())
+    req_write_bytes = sum(_by_cause(t, "write", "request", "bytes") for t in tiers.values())
+    st = tiers.get("storage")
+    storage_bytes = (st["write"]["bytes"] if st else 0) + _by_cause(st, "read", "request", "bytes")
+    per_token = plan.model.kv_bytes_per_token_per_rank(plan.config.tensor_parallel)
+    prefix_hits, history_hits = c.get("lookup_prefix_hits", 0), c.get("lookup_history_hits", 0)
+    out: dict[str, Any] = {}
+    for name in TIER_NAMES:
+        u = usage.get(name)
+        out[f"{name}_entries"] = u["entries"] if u else 0
+    for name in ("gpu", "cpu"):
+        u = usage.get(name)
+        out[f"{name}_memory_used_gb"] = _gb(u["used_bytes"]) if u else 0.0
+    out |= {
+        "offloads_cpu": tiers["cpu"]["write"]["ops"] if "cpu" in tiers else 0,
+        "offloads_storage": st["write"]["ops"] if st else 0,
+        "prefill_writes": req_write_ops,
+        "decode_reads": sum(c.get(f"lookup_{k}_hits", 0) for k in ("decode", "history", "rag")),
+        "system_prompt_hits": prefix_hits,
+        "common_phrase_hits": 0,
+        "multi_turn_hits": history_hits,
+        "user_cache_hits": hits - prefix_hits - history_hits,
+        "total_read_bytes": req_read_bytes,
+        "total_write_bytes": req_write_bytes,
+        "total_read_gb": _gb(req_read_bytes),
+        "total_write_gb": _gb(req_write_bytes),
+        "read_write_ratio": round(req_read_bytes / max(req_write_bytes, 1), 6),
+        "read_iops": req_read_ops,
+        "write_iops": req_write_ops,
+        "storage_tokens_processed": round(storage_bytes / per_token, 3) if per_token else 0.0,
+    }
+    for name in TIER_NAMES:
+        t = tiers.get(name)
+        for op in OPS:
+            out[f"tier_{name}_{op}_bandwidth_gbps"] = round(t[op]["bytes"] / GB / wall_s, 6) if t else 0.0
+    return out
+
+
+def cache_stats(
+    plan: Plan,
+    comp: Components,
+    rec: Recorder,
+    reqs: _Requests,
+    tiers: dict[str, dict[str, Any]],
+    wall_s: float,
+) -> dict[str, Any]:
+    profile = plan.config.performance_profile
     hits = sum(r.hits for r in reqs.all)
     misses = sum(r.misses for r in reqs.all)
     hit_rate = _ratio(hits, hits + misses)
@@ -155,6 +220,7 @@ def cache_stats(
         "cache_hit_rate": hit_rate,
         "cache_hits": hits,
         "cache_misses": misses,
+        **reference_cache_counts(plan, comp, rec, tiers, hits, wall_s),
         "decode_bytes_read_gb": _gb(sum(r.decode_bytes_read for r in reqs.ok)),
         "prefill_bytes_written_gb": _gb(
             sum(t["write"]["by_cause"].get("request", {}).get("bytes", 0) for t in tiers.values())
@@ -189,11 +255,25 @@ def qos_section(cfg: BenchConfig, reqs: _Requests) -> dict[str, Any]:
         svc = np.array([r.storage_done_ns - r.submit_ns for r in rs], dtype=np.int64)
         stats = summarize_ns_as_ms(svc)
         p95, p99 = stats["p95"], stats["p99"]
+        e2e_ms = np.array([r.end_ns - r.submit_ns for r in rs], dtype=np.int64) / 1e6
+        e2e = summarize_ns_as_ms([r.end_ns - r.submit_ns for r in rs])
+        compliance = None if not rs else round(float((e2e_ms <= prof.target_latency_p95_ms).mean()), 6)
         out[cls] = {
+            # the reference's keys: end-to-end latency against the class's p95 target
+            "no_data": not rs,
+            "total_requests": len(rs),
+            "latency_ms": e2e,
+            "sla": {
+                "target_p95_ms": prof.target_latency_p95_ms,
+                "actual_p95_ms": e2e["p95"],
+                "compliance": compliance,
+                "met": None if compliance is None else compliance >= 0.95,
+            },
+            # kvtier's: service latency (submit -> storage done), failures, both targets
             "requests": len(rs),
             "failed": sum(1 for r in reqs.failed if r.qos == cls),
             "service_latency_ms": stats,
-            "end_to_end_latency_ms": summarize_ns_as_ms([r.end_ns - r.submit_ns for r in rs]),
+            "end_to_end_latency_ms": e2e,
             "target_latency_p95_ms": prof.target_latency_p95_ms,
             "target_latency_p99_ms": prof.target_latency_p99_ms,
             "p95_met": None if p95 is None else bool(p95 <= prof.target_latency_p95_ms),
@@ -220,10 +300,14 @@ def multi_turn_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, 
     h = lookup_section(rec, "history")
     conv = plan.workload.conversations
     return {
+        # the reference's keys: previous-turn lookups (hit_rate 0 without any)
+        "cache_hits": h["hits"],
+        "cache_misses": h["misses"],
+        "hit_rate": round(h["hits"] / max(h["hits"] + h["misses"], 1), 6),
         "enabled": not plan.config.disable_multi_turn,
         "conversations_started": conv.started,
         "conversations_metadata_evicted": conv.evicted,
-        "max_conversations": plan.config.max_conversations,
+        "max_conversations": plan.config.tuning.conversation.max_conversations,
         "turns_mean": round(float(np.mean([r.turn for r in reqs.ok])), 3) if reqs.ok else None,
         "turns_max": max((r.turn for r in reqs.ok), default=0),
         "multi_turn_cache_hits": h["hits"],
@@ -236,11 +320,16 @@ def multi_turn_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, 
 
 def prefix_section(cfg: BenchConfig, rec: Recorder) -> dict[str, Any]:
     p = lookup_section(rec, "prefix")
+    pc = cfg.tuning.prefix_cache
     return {
-        "enabled": not cfg.disable_prefix_caching,
-        "num_system_prompts": cfg.tuning.prefix_cache.num_system_prompts,
         "prefix_hits": p["hits"],
         "prefix_misses": p["misses"],
+        "system_prompt_reuse": p["hits"],
+        "common_phrase_reuse": 0,
+        "bytes_saved": rec.counters.get("read_prefix_bytes", 0),
+        "enabled": not cfg.disable_prefix_caching,
+        "num_system_prompts": min(pc.num_system_prompts, pc.max_prefix_entries),
+        "system_prompt_hit_probability": pc.system_prompt_hit_probability,
         "prefix_hit_rate": p["hit_rate"],
         "prefix_restores": p["restores"],
         "prefix_bytes_read_gb": p["bytes_read_gb"],
@@ -267,7 +356,7 @@ def rag_section(cfg: BenchConfig, rec: Recorder, reqs: _Requests, run: RunOutcom
     return {
         "enabled": cfg.enable_rag,
         "num_docs": cfg.rag_num_docs,
-        "top_k": cfg.rag_top_k,
+        "top_k": cfg.rag_top_k or cfg.tuning.rag.top_k_chunks,
         "request_probability": cfg.tuning.rag.request_probability,
         "queries": len(rag_reqs),
         "chunk_hits": g["hits"],
@@ -280,16 +369,64 @@ def rag_section(cfg: BenchConfig, rec: Recorder, reqs: _Requests, run: RunOutcom
     }
 
 
+def autoscaling_sections(run: RunOutcome) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(summary.autoscaling_stats, summary.autoscaling_summary): the reference's list of scale events
+    and its summary, plus kvtier's every sample under ``autoscaling_summary.steps``."""
+    a = run.autoscaling
+    if not a:
+        return [], None
+    steps: list[dict[str, Any]] = list(a["steps"])  # type: ignore[call-overload]  # built by Autoscaler.stats
+    events = [
+        {
+            "timestamp": iso_ms(run.start_unix_s + s["t_s"]),
+            "mode": a["mode"],
+            "action": "stop" if s["action"] == "stop" else s["action"].split()[0],
+            "users": s["next_users"],
+            "saturation_level": s["saturation"],
+            "read_latency_p95_ms": s.get("storage_read_p95_ms"),
+            "write_latency_p95_ms": s.get("storage_write_p95_ms"),
+            "throughput_tokens_per_sec": s["throughput_tokens_per_sec"],
+        }
+        for s in steps
+        if s["next_users"] != s["users"] or s["action"] == "stop"
+    ]
+    summary: dict[str, Any] = {
+        "initial_users": a["initial_users"],
+        "final_users": a["final_users"],
+        "total_scale_events": len(events),
+        **a,
+    }
+    if a["mode"] == "capacity":
+        summary["peak_user_count"] = a["peak_users"]
+    return events, summary
+
+
 def summary_section(
-    plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome, tiers: dict[str, dict[str, Any]], wall_s: float
+    plan: Plan,
+    comp: Components,
+    rec: Recorder,
+    reqs: _Requests,
+    run: RunOutcome,
+    tiers: dict[str, dict[str, Any]],
+    wall_s: float,
 ) -> dict[str, Any]:
     cfg, ok = plan.config, reqs.ok
     host_ns = sum(s.host_ns for v in rec.ops.values() for s in v)
     dev_ns = sum(s.device_ns for v in rec.ops.values() for s in v)
+    tokens = sum(r.generate_tokens for r in ok)
+    storage_s = sum(r.storage_ns for r in ok) / 1e9
+    events, scaling = autoscaling_sections(run)
     return {
-        "avg_throughput_tokens_per_sec": round(sum(r.generate_tokens for r in ok) / wall_s, 3),
-        "storage_throughput_tokens_per_sec": round(sum(r.tokens_read + r.tokens_written for r in ok) / wall_s, 3),
+        # the reference's figures, by its formulas (docs/metrics.md)
+        "total_requests": len(ok),
+        "total_tokens": tokens,
+        "elapsed_time": round(wall_s, 6),
+        "avg_throughput_tokens_per_sec": round(tokens / wall_s, 3),
+        "total_storage_io_time": round(storage_s, 6),
+        "storage_throughput_tokens_per_sec": round(tokens / storage_s, 3) if storage_s > 0 else 0.0,
         "requests_per_second": round(len(ok) / wall_s, 4),
+        # kvtier's: what the tiers moved per second of wall time
+        "storage_kv_tokens_per_sec": round(sum(r.tokens_read + r.tokens_written for r in ok) / wall_s, 3),
         "storage_read_bytes_per_sec": round(sum(t["read"]["bytes"] for t in tiers.values()) / wall_s, 1),
         "storage_write_bytes_per_sec": round(sum(t["write"]["bytes"] for t in tiers.values()) / wall_s, 1),
         "end_to_end_latency_ms": summarize_ns_as_ms([r.end_ns - r.submit_ns for r in ok]),
@@ -297,13 +434,41 @@ def summary_section(
         "generation_latency_ms": summarize_ns_as_ms([r.generation_ns for r in ok]),
         "queue_wait_ms": summarize_ns_as_ms([r.start_ns - r.submit_ns for r in ok]),
         "host_time_fraction": _ratio(host_ns, host_ns + dev_ns),
-        "cache_stats": cache_stats(rec, reqs, tiers, cfg.performance_profile, wall_s),
+        "cache_stats": cache_stats(plan, comp, rec, reqs, tiers, wall_s),
         "qos_metrics": qos_section(cfg, reqs),
         "multi_turn_stats": multi_turn_section(plan, rec, reqs),
         "prefix_cache_stats": prefix_section(cfg, rec),
         "kv_layout_stats": kv_layout_section(plan, rec, reqs),
         "rag_stats": rag_section(cfg, rec, reqs, run),
-        "autoscaling_stats": {"enabled": True, **run.autoscaling} if run.autoscaling else {"enabled": False},
+        "autoscaling_stats": events,
+        "autoscaling_summary": scaling,
+    }
+
+
+def reference_arrays(plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome, wall_s: float) -> dict[str, Any]:
+    """The reference's top-level raw data: per-request latencies in seconds (completed requests, in
+    completion order), their sums, and the throughput timeline (cumulative generated tokens / elapsed
+    seconds, once per second of the run)."""
+    ok = reqs.ok
+    done = sorted((r.end_ns - run.start_ns, r.generate_tokens) for r in ok)
+    timeline, i, total = [], 0, 0
+    for sec in range(1, int(wall_s) + 1):
+        while i < len(done) and done[i][0] <= sec * 1e9:
+            total += done[i][1]
+            i += 1
+        timeline.append({"timestamp": float(sec), "throughput_tokens_per_sec": round(total / sec, 3)})
+    hist = lookup_section(rec, "history")
+    return {
+        "total_storage_io_latency": round(sum(r.storage_ns for r in ok) / 1e9, 6),
+        "total_generation_latency": round(sum(r.generation_ns for r in ok) / 1e9, 6),
+        "end_to_end_latencies": [(r.end_ns - r.submit_ns) / 1e9 for r in ok],
+        "storage_latencies": [r.storage_ns / 1e9 for r in ok],
+        "generation_latencies": [r.generation_ns / 1e9 for r in ok],
+        "throughput_timeline": timeline,
+        "prefill_latencies": [] if plan.config.decode_only else [r.prefill_ns / 1e9 for r in ok],
+        "decode_latencies": [r.decode_ns / 1e9 for r in ok if r.decode_ns is not None],
+        "multi_turn_cache_hits": hist["hits"],
+        "multi_turn_cache_misses": hist["misses"],
     }
 
 
@@ -472,7 +637,8 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
             "requests_abandoned": run.abandoned_requests,
             "requests_cut_at_stop": len(reqs.cut),
             "total_tokens_generated": sum(r.generate_tokens for r in reqs.ok),
-            "summary": summary_section(plan, rec, reqs, run, tiers, wall_s),
+            **reference_arrays(plan, rec, reqs, run, wall_s),
+            "summary": summary_section(plan, comp, rec, reqs, run, tiers, wall_s),
             "tiers": tiers,
             "tier_usage_at_end": comp.store.usage(),
             "errors": errors_section(rec, reqs),

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+from kvtier.bench.autoscale import StorageSample
 from kvtier.bench.precondition import GiB, precondition
 from kvtier.bench.service import RequestService, ServiceSettings
 from kvtier.bench.setup import Components, Plan
@@ -29,9 +32,11 @@ from kvtier.bench.sources import decode_only_requests, prepopulated_entries, tra
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.tiered import NullSink
 from kvtier.report.envelope import Status, StopCode, StopReason
+from kvtier.stats import percentile
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder
+from kvtier.workload.rag import IngestStep
 from kvtier.workload.users import Request, UserProfile, make_users
 
 
@@ -113,6 +118,7 @@ class RunOutcome:
     setup: dict[str, dict[str, object]] = field(default_factory=dict)
     prepopulated_entries: int = 0
     autoscaling: dict[str, object] | None = None
+    start_unix_s: float = 0.0  # wall-clock time of start_ns
 
 
 class BenchRunner:
@@ -150,6 +156,7 @@ class BenchRunner:
             self.hard_stop,
         )
         self.start_ns = 0
+        self.start_unix_s = 0.0
         self.prepopulated: list[tuple[str, int]] = []
         self.setup_stats: dict[str, dict[str, object]] = {}
         self._live: dict[int, tuple[threading.Thread, threading.Event]] = {}
@@ -268,6 +275,16 @@ class BenchRunner:
         with self._lock:
             return len(self._live)
 
+    def _storage_sample(self, now_ns: int, interval_s: float) -> StorageSample:
+        """Storage read and write p95 over the last history_window_size samples, and the queue depth."""
+        since = now_ns - int(self.cfg.tuning.saturation_detection.history_window_size * interval_s * 1e9)
+        p95: dict[str, float | None] = {}
+        for op in ("read", "write"):
+            samples = self.rec.ops.get(("storage", op), [])
+            recent = [s.host_ns + s.device_ns for s in list(samples) if s.end_ns >= since]
+            p95[op] = None if not recent else round(float(percentile(recent, 95) or 0.0) / 1e6, 3)
+        return StorageSample(p95["read"], p95["write"], len(self.queue))
+
     def _autoscale(self) -> None:
         scaler = self.plan.workload.autoscaler
         if scaler is None:
@@ -281,7 +298,8 @@ class BenchRunner:
                 window = self.rec.requests[seen:]
                 seen += len(window)
                 users = self.live_users()
-                _, target = scaler.step((now - self.start_ns) / 1e9, (now - last) / 1e9, window, users)
+                storage = self._storage_sample(now, interval)
+                _, target = scaler.step((now - self.start_ns) / 1e9, (now - last) / 1e9, window, users, storage)
                 last = now
                 if scaler.stop_reason:
                     self.request_stop(StopCode.peak_capacity, scaler.stop_reason, partial=False)
@@ -297,17 +315,21 @@ class BenchRunner:
             self._internal_error("the autoscaler", e)
 
     # -- set-up phases (outside the statistics) ----------------------------------------------
-    def _fill(self, name: str, entries: list[tuple[str, int]]) -> None:
-        """Write entries before the load, outside the statistics; their cost goes to setup_stats[name]."""
+    def _fill(self, name: str, steps: list[IngestStep]) -> None:
+        """Write entries (and delete evicted ones) before the load, outside the statistics; their
+        cost goes to setup_stats[name]."""
         buf = aligned_buffer(self.plan.io_chunk_bytes)
         store, noise, chunk = self.c.store, self.c.noise, self.plan.io_chunk_bytes
         sink = store.sink
         store.sink = NullSink()
         t0, nbytes_total, n = self.clock.now_ns(), 0, 0
         try:
-            for key, tokens in entries:
+            for op, key, tokens in steps:
                 if self.stop.is_set():
                     return
+                if op == "delete":
+                    store.delete(key)
+                    continue
                 nbytes = self.plan.entry_bytes(tokens)
                 store.put(key, partial(noise.chunks, key, nbytes, chunk), nbytes, buf)
                 nbytes_total += nbytes
@@ -325,27 +347,28 @@ class BenchRunner:
     def _set_up(self) -> None:
         cfg, ft = self.cfg, self.c.file_tier
         if cfg.precondition:
-            size = int(cfg.precondition_size_gb * GiB) or ft.capacity_bytes
+            size = int(cfg.precondition_size_gb * GiB) or 2 * ft.capacity_bytes  # the reference's default
             self.setup_stats["precondition"] = precondition(
                 ft,
                 self.c.noise,
                 size,
-                cfg.precondition_threads or self.plan.io_slots,
+                cfg.precondition_threads or os.cpu_count() or 4,
                 self.plan.io_chunk_bytes,
                 self.stop,
             )
         if cfg.decode_only:
             self.prepopulated = prepopulated_entries(self.plan)
-            self._fill("decode_only_prepopulation", self.prepopulated)
+            self._fill("decode_only_prepopulation", [("put", k, n) for k, n in self.prepopulated])
         rag = self.plan.workload.rag
         if rag is not None:
-            self._fill("rag_ingest", [(c.key, c.tokens) for c in rag.chunks])
+            self._fill("rag_ingest", rag.ingest_steps())
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_tick: Callable[[BenchRunner, float], None] | None = None, tick_s: float = 5.0) -> RunOutcome:
         self._set_up()
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
+        self.start_unix_s = time.time()
         workers = [
             threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True) for i in range(self.plan.io_slots)
         ]
@@ -388,7 +411,8 @@ class BenchRunner:
             self.users,
             self.setup_stats,
             len(self.prepopulated),
-            scaler.stats(self.live_users()) if scaler is not None else None,
+            scaler.stats(self.cfg.num_users, self.live_users()) if scaler is not None else None,
+            self.start_unix_s,
         )
 
     def _wait_for_end(self, on_tick: Callable[[BenchRunner, float], None] | None, tick_s: float) -> None:

@@ -53,6 +53,8 @@ class _Tally:
     misses: int = 0
     rag_ns: int = 0
     rag_bytes: int = 0
+    prefill_ns: int = 0  # the request's own KV writes before its first token
+    decode_ns: int | None = None  # the decode phase's reads (None: the request had no decode phase)
     counts: dict[str, int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:
@@ -157,16 +159,20 @@ class RequestService:
         for ref in recompute:
             t.count(f"restores_{ref.kind}")
         for ref in (*recompute, *req.writes):
-            t.storage_ns += self._put(t, ref.key, ref.tokens, buf)
+            ns = self._put(t, ref.key, ref.tokens, buf)
+            t.storage_ns += ns
+            t.prefill_ns += ns
 
     def _decode(self, t: _Tally, req: Request, buf: memoryview) -> None:
         s = self.settings
         if req.decode_key is None or req.phase != "prefill_decode" or s.prefill_only:
             return
         decode = KVRef(req.decode_key, req.decode_tokens, "decode")
+        t.decode_ns = 0
         for i in range(1 + math.ceil(req.generate_tokens / s.decode_batch)):
             r = self._lookup(t, decode, buf)
             if r.hit:
+                t.decode_ns = (t.decode_ns or 0) + r.timing.total_ns
                 if i > 0:
                     t.decode_bytes_read += r.nbytes
                 continue
@@ -229,6 +235,8 @@ class RequestService:
             turn=req.turn,
             rag_ns=t.rag_ns,
             rag_bytes=t.rag_bytes,
+            prefill_ns=t.prefill_ns,
+            decode_ns=t.decode_ns,
         )
         return Served(record, device_full)
 

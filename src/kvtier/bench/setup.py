@@ -22,7 +22,7 @@ from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
 from kvtier.engine.backend import Backend
 from kvtier.engine.file import FileTier
-from kvtier.engine.gpu import GpuTier, gpu_available
+from kvtier.engine.gpu import GpuTier, gpu_available, gpu_memory_bytes
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
@@ -34,14 +34,26 @@ from kvtier.report.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
 from kvtier.tokenizer import load_tokenizer
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
-from kvtier.workload.rag import RagCorpus, RagSettings
+from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
 from kvtier.workload.sharegpt import Dataset, load_sharegpt
 from kvtier.workload.traces import Trace, TraceFormat, load_trace
 from kvtier.workload.users import UserProfile, make_users
 
 GiB = 1024**3
 MiB = 1024**2
-MAX_IMPLICIT_IO_SLOTS = 32
+MAX_IMPLICIT_IO_SLOTS = 500
+"""--max-concurrent-allocs 0: one worker per user, at most this many (the reference's worker cap)."""
+
+
+def io_slots(cfg: BenchConfig) -> tuple[int, int]:
+    """(I/O workers, bytes per worker buffer). --max-concurrent-allocs, or one per user up to 500 when
+    0, as the reference's workers; each buffer is --io-chunk-mb unless the workers' buffers together
+    would exceed --io-buffer-budget-mb, then budget / workers (a whole number of MiB, at least 1)."""
+    slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
+    per_slot_mb = max(1, min(cfg.io_chunk_mb, cfg.io_buffer_budget_mb // slots))
+    return slots, per_slot_mb * MiB
+
+
 """I/O slots when --max-concurrent-allocs is 0 (unlimited in the reference): min(users, this)."""
 
 log = logging.getLogger("kvtier.bench")
@@ -141,11 +153,29 @@ def _load_inputs(cfg: BenchConfig) -> tuple[Trace | None, Dataset | None]:
     return trace, dataset
 
 
+def rag_settings(cfg: BenchConfig, model: ModelSpec) -> RagSettings:
+    """The RAG corpus's shape from config ``rag`` (the reference's keys) and the model."""
+    rt = cfg.tuning.rag
+    size = "large" if is_large_model(model.hidden_dim, model.num_layers) else "small"
+    lo, hi = getattr(rt, f"{size}_model_doc_tokens_min"), getattr(rt, f"{size}_model_doc_tokens_max")
+    return RagSettings(
+        num_docs=cfg.rag_num_docs,
+        top_k=cfg.rag_top_k or rt.top_k_chunks,
+        request_probability=rt.request_probability,
+        doc_tokens=(lo, hi),
+        chunk_tokens=chunk_tokens_for(
+            rt.chunk_size_tokens, rt.max_chunk_bytes, model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)
+        ),
+        distribution=rt.retrieval_distribution,
+        max_documents=rt.max_documents,
+    )
+
+
 def derive_workload(
     cfg: BenchConfig, model: ModelSpec, seed: int, trace: Trace | None, dataset: Dataset | None
 ) -> Workload:
     t = cfg.tuning
-    conv, pc, rt = t.conversation, t.prefix_cache, t.rag
+    conv, pc = t.conversation, t.prefix_cache
     scope = KeyScope(
         model_name=model.key,
         kv_dtype=model.dtype,
@@ -158,30 +188,18 @@ def derive_workload(
         chunk_tokens=cfg.kv_chunk_tokens,
         multi_turn=not cfg.disable_multi_turn,
         prefix_caching=not cfg.disable_prefix_caching,
-        end_probability=conv.end_probability,
+        end_probability=conv.end_conversation_probability,
         max_turns_per_conv=conv.max_turns_per_conv,
         max_context_tokens=conv.max_context_tokens,
-        num_system_prompts=pc.num_system_prompts,
+        num_system_prompts=min(pc.num_system_prompts, pc.max_prefix_entries),
         system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)),
+        system_prompt_probability=pc.system_prompt_hit_probability,
+        min_prefix_length=pc.min_prefix_length,
     )
-    rag = (
-        RagCorpus(
-            RagSettings(
-                cfg.rag_num_docs,
-                cfg.rag_top_k,
-                rt.request_probability,
-                (int(rt.doc_tokens.low), int(rt.doc_tokens.high)),
-                rt.chunk_tokens,
-                rt.popularity_skew,
-            ),
-            seed,
-        )
-        if cfg.enable_rag
-        else None
-    )
+    rag = RagCorpus(rag_settings(cfg, model), seed) if cfg.enable_rag else None
     # The autoscaler changes live synthetic users; a trace or dataset replay fixes the load itself.
     autoscaler = (
-        Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles)
+        Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles, t.saturation_detection)
         if cfg.enable_autoscaling and trace is None and dataset is None
         else None
     )
@@ -189,7 +207,7 @@ def derive_workload(
         users=make_users(cfg.num_users, t, seed),
         scope=scope,
         settings=settings,
-        conversations=ConversationManager(cfg.max_conversations),
+        conversations=ConversationManager(conv.max_conversations),
         rag=rag,
         trace=trace,
         dataset=dataset,
@@ -204,15 +222,26 @@ def derive(cfg: BenchConfig) -> Plan:
     model = check_config(cfg)
     trace, dataset = _load_inputs(cfg)
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
-    slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
-    need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * cfg.io_chunk_mb * MiB
+    slots, chunk = io_slots(cfg)
+    need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * chunk
     avail = mem_available_bytes()
     if avail and need > avail:
         raise ConfigError(
             f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
             f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb"
         )
-    plan = Plan(cfg, model, seed, slots, cfg.io_chunk_mb * MiB, derive_workload(cfg, model, seed, trace, dataset))
+    plan = Plan(cfg, model, seed, slots, chunk, derive_workload(cfg, model, seed, trace, dataset))
+    if chunk < cfg.io_chunk_mb * MiB:
+        plan.warnings.append(
+            warning(
+                WarningCode.io_chunk_reduced,
+                f"{slots} I/O workers share --io-buffer-budget-mb {cfg.io_buffer_budget_mb}: each I/O call "
+                f"moves at most {chunk // MiB} MiB (--io-chunk-mb {cfg.io_chunk_mb})",
+                io_slots=slots,
+                io_chunk_bytes=chunk,
+                requested_io_chunk_bytes=cfg.io_chunk_mb * MiB,
+            )
+        )
     tp = cfg.tensor_parallel
     if not model.shards_like_reference(tp):
         share = (
@@ -289,6 +318,29 @@ def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dic
     return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems}
 
 
+def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> GpuTier:
+    """The GPU tier: --gpu-mem-gb x --num-gpus, within what gpu_backend lets this process use of
+    the device (memory_fraction, less free_memory_threshold kept free); capped with a warning."""
+    gb = cfg.tuning.gpu_backend
+    asked = int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)
+    total = gpu_memory_bytes(0)
+    usable = int(total * min(gb.memory_fraction, 1.0 - gb.free_memory_threshold))
+    if asked > usable:
+        warnings.append(
+            warning(
+                WarningCode.gpu_tier_capped,
+                f"GPU tier capped at {usable / GiB:.2f} GiB: --gpu-mem-gb {cfg.gpu_mem_gb:g} x --num-gpus "
+                f"{cfg.num_gpus} asks {asked / GiB:.2f} GiB of one {total / GiB:.2f} GiB device "
+                f"(gpu_backend.memory_fraction {gb.memory_fraction:g}, free_memory_threshold "
+                f"{gb.free_memory_threshold:g})",
+                requested_bytes=asked,
+                capacity_bytes=usable,
+                device_bytes=total,
+            )
+        )
+    return GpuTier(min(asked, usable), memory_fraction=gb.memory_fraction)
+
+
 def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
     backends: list[Backend] = []
@@ -296,7 +348,7 @@ def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[l
         if cfg.gpu_mem_gb > 0:
             ok, why = gpu_available()
             if ok:
-                backends.append(GpuTier(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)))
+                backends.append(_gpu_tier(cfg, warnings))
             else:
                 warnings.append(
                     warning(
@@ -338,6 +390,12 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     warnings: list[ResultWarning] = []
     owns = cfg.cache_dir is None
     cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
+    if not owns and not os.path.lexists(cache_dir):  # created, as the reference does
+        try:
+            os.makedirs(cache_dir)
+        except OSError as e:
+            raise ConfigError(f"--cache-dir: cannot create {cache_dir}: {e.strerror}") from e
+        log.info("created --cache-dir %s", cache_dir)
     stop = threading.Event()
     stale = None if owns else stale_runs(cache_dir, cfg.keep_stale, warnings)
     try:
@@ -353,6 +411,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
                     promotion=cfg.promotion,
                     max_evictions_hard_cap=ev.max_evictions_hard_cap,
                     max_evictions_min=ev.max_evictions_min,
+                    tier_eviction_caps={"gpu": cfg.tuning.gpu_backend.max_eviction_attempts},
                 ),
                 sink,
                 stop,
@@ -412,4 +471,5 @@ __all__ = [
     "build_components",
     "check_config",
     "MAX_IMPLICIT_IO_SLOTS",
+    "io_slots",
 ]

@@ -4,6 +4,7 @@ entries a decode-only node reads. Pure iterators over the derived workload; no I
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 
 from kvtier.bench.setup import Plan
@@ -64,16 +65,15 @@ def user_requests(plan: Plan, user: UserProfile) -> Iterator[Request]:
 
 
 def trace_requests(plan: Plan) -> Iterator[Request]:
-    """The trace's requests in arrival order, ``--replay-cycles`` times (at least once); each cycle
-    starts one second after the previous one's last arrival."""
+    """The trace's requests in arrival order, ``--replay-cycles`` times (0: over and over until the
+    run ends, as the reference); each cycle starts one second after the previous one's last arrival."""
     w, cfg = plan.workload, plan.config
     trace = w.trace
     if trace is None:
         raise ValueError("trace_requests needs a trace")
     rng = user_rng(plan.seed, 0, stream=4)
-    cycles = max(1, cfg.replay_cycles)
     n = 0
-    for cycle in range(cycles):
+    for cycle in itertools.count() if cfg.replay_cycles == 0 else range(cfg.replay_cycles):
         for i, tr in enumerate(trace.requests):
             qos = draw_qos(rng, cfg.tuning.qos_distribution)
             key = f"trace_c{cycle}_{i:07d}"

@@ -92,7 +92,12 @@ def print_summary(result: BenchResult, path: Path) -> None:
     rows = [
         ("requests completed / failed", f"{result.requests_completed:,} / {result.requests_failed:,}"),
         ("throughput (generated tokens/s)", fmt(s.avg_throughput_tokens_per_sec)),
-        ("storage throughput (tokens/s)", fmt(s.storage_throughput_tokens_per_sec)),
+        ("storage throughput, MLPerf formula (tokens/s)", fmt(s.storage_throughput_tokens_per_sec)),
+        ("KV tokens moved / s (read + written)", fmt(s.storage_kv_tokens_per_sec)),
+        (
+            "storage read / write GiB/s (MLPerf keys)",
+            f"{cs.tier_storage_read_bandwidth_gbps:.3f} / {cs.tier_storage_write_bandwidth_gbps:.3f}",
+        ),
         (
             "read / write GB/s (all tiers)",
             f"{s.storage_read_bytes_per_sec / 1e9:.3f} / {s.storage_write_bytes_per_sec / 1e9:.3f}",

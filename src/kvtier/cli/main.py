@@ -41,5 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for(e)
 
 
+def kv_cache(argv: list[str] | None = None) -> int:
+    """The ``kv-cache`` console script: exactly ``kvtier bench``, under the name the MLPerf reference's
+    wrappers call (``--kvcache-bin-path``, kv-cache-wrapper.sh), so they run kvtier unchanged."""
+    return main(["bench", *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvtier.config.base import StrictModel as _Strict
 from kvtier.config.base import deep_merge, flag, load_yaml, validate_config
@@ -134,38 +134,97 @@ class Decode(_Strict):
 
 
 class ConversationTuning(_Strict):
-    """Multi-turn conversations (see workload/conversations.py)."""
+    """Multi-turn conversations (see workload/conversations.py). The first three keys are the
+    reference's, with its defaults; ``max_context_tokens`` is kvtier's."""
 
-    max_turns_per_conv: int = Field(10, ge=1)
-    end_probability: float = Field(0.2, ge=0, le=1)
-    max_context_tokens: int = Field(131072, ge=1)
+    max_conversations: int = Field(1000, ge=1, description="conversations whose metadata is kept (LRU)")
+    max_turns_per_conv: int = Field(50, ge=1, description="turns after which a conversation ends")
+    end_conversation_probability: float = Field(0.2, ge=0, le=1, description="chance a conversation ends after a turn")
+    max_context_tokens: int = Field(131072, ge=1, description="kvtier: a conversation ends at this many tokens")
 
 
 class PrefixCacheTuning(_Strict):
-    """Shared system prompts: how many distinct ones, and their lengths in tokens."""
+    """Shared system prompts (see workload/conversations.py). The first three keys are the
+    reference's, with its defaults; the last two are kvtier's."""
 
-    num_system_prompts: int = Field(8, ge=1)
-    system_prompt_tokens: Range = Field(default_factory=lambda: Range(low=256, high=2048))
+    min_prefix_length: int = Field(
+        50, ge=0, description="tokens a system prompt needs to be cached as a shared prefix; shorter ones are context"
+    )
+    max_prefix_entries: int = Field(1000, ge=1, description="distinct shared prefixes in use at most")
+    system_prompt_hit_probability: float = Field(
+        0.2, ge=0, le=1, description="share of conversations that open with a shared system prompt"
+    )
+    num_system_prompts: int = Field(8, ge=1, description="kvtier: distinct shared system prompts")
+    system_prompt_tokens: Range = Field(
+        default_factory=lambda: Range(low=256, high=2048), description="kvtier: their lengths, tokens"
+    )
+
+
+RetrievalDistribution = Literal["zipfian", "uniform", "random"]
 
 
 class RagTuning(_Strict):
-    """RAG corpus and queries (see workload/rag.py)."""
+    """RAG corpus and queries (see workload/rag.py); the reference's keys and defaults."""
 
-    request_probability: float = Field(0.1, ge=0, le=1)
-    doc_tokens: Range = Field(default_factory=lambda: Range(low=2048, high=16384))
-    chunk_tokens: int = Field(512, ge=1)
-    popularity_skew: float = Field(1.0, ge=0)
+    chunk_size_tokens: int = Field(512, ge=1, description="tokens per document chunk (one KV entry)")
+    top_k_chunks: int = Field(5, ge=1, description="chunks a query retrieves (--rag-top-k overrides)")
+    max_chunk_bytes: int = Field(256 * 1024**2, ge=1, description="a chunk holds at most this many KV bytes")
+    request_probability: float = Field(0.1, ge=0, le=1, description="chance a request is a RAG query")
+    retrieval_distribution: RetrievalDistribution = Field(
+        "zipfian", description="chunk choice within a document: zipfian (earlier chunks likelier) or uniform/random"
+    )
+    max_documents: int = Field(0, ge=0, description="documents kept; older ones are evicted at ingest (0 = all)")
+    large_model_doc_tokens_min: int = Field(
+        1024, ge=1, description="document length, models with hidden_dim >= 8192 or >= 64 layers"
+    )
+    large_model_doc_tokens_max: int = Field(4096, ge=1)
+    small_model_doc_tokens_min: int = Field(4000, ge=1, description="document length, other models")
+    small_model_doc_tokens_max: int = Field(12000, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RagTuning:
+        for size in ("large", "small"):
+            lo, hi = getattr(self, f"{size}_model_doc_tokens_min"), getattr(self, f"{size}_model_doc_tokens_max")
+            if hi < lo:
+                raise ValueError(f"{size}_model_doc_tokens_max ({hi}) is below {size}_model_doc_tokens_min ({lo})")
+        return self
 
 
 class AutoscalerTuning(_Strict):
-    """Autoscaling of live users (see bench/autoscale.py)."""
+    """Autoscaling of live users (see bench/autoscale.py). The first five keys are the reference's,
+    with its defaults; the last three are kvtier's."""
 
-    interval_s: float = Field(5.0, gt=0)
-    cooldown_s: float = Field(10.0, ge=0)
     min_users: int = Field(1, ge=1)
-    max_users: int = Field(1000, ge=1)
-    step_users: int = Field(0, ge=0, description="users added/removed per qos step; 0 = 20% of the current")
-    growth_fast: float = Field(0.2, gt=0, description="capacity mode: growth above this doubles users, below x1.5")
+    max_users: int = Field(10000, ge=1)
+    scale_up_factor: float = Field(1.2, gt=1, description="qos: users x this when scaling up")
+    scale_down_factor: float = Field(0.8, gt=0, lt=1, description="qos: users x this when scaling down")
+    consecutive_samples_required: int = Field(
+        2, ge=1, description="qos: samples in a row past the band before the users change"
+    )
+    interval_s: float = Field(5.0, gt=0, description="kvtier: seconds per sample")
+    cooldown_s: float = Field(10.0, ge=0, description="kvtier: seconds after a change before the next one")
+    growth_fast: float = Field(
+        0.2, gt=0, description="kvtier, capacity mode: growth above this doubles users, below x1.5"
+    )
+
+
+class GpuBackendTuning(_Strict):
+    """The GPU tier's device memory (engine/gpu.py); the reference's keys and defaults."""
+
+    memory_fraction: float = Field(0.9, gt=0, le=1, description="share of the device's memory the process may use")
+    max_eviction_attempts: int = Field(
+        100, ge=0, description="the reference's out-of-memory retries; kvtier reserves the tier up front (no effect)"
+    )
+    free_memory_threshold: float = Field(0.1, ge=0, lt=1, description="share of the device's memory kept free")
+
+
+class SaturationDetection(_Strict):
+    """Storage saturation thresholds of the qos autoscaler (bench/autoscale.py); the reference's keys."""
+
+    read_latency_p95_threshold_ms: float = Field(100, gt=0)
+    write_latency_p95_threshold_ms: float = Field(50, gt=0)
+    queue_depth_threshold: int = Field(100, ge=1)
+    history_window_size: int = Field(10, ge=1, description="samples the storage p95s are taken over")
 
 
 class ModelEntry(_Strict):
@@ -202,15 +261,9 @@ class ValidationLimits(_Strict):
     max_cpu_memory_gb: float = Field(16_384, ge=0)
 
 
-REFUSED_SECTIONS = {
-    "gpu_backend": "the GPU tier is sized by --gpu-mem-gb x --num-gpus",
-    "saturation_detection": "the qos autoscaler judges saturation against the qos_profiles p95 targets",
-}
-
-
 class Tuning(_Strict):
-    """The reference config.yaml layout. Every section takes effect; gpu_backend and
-    saturation_detection, which kvtier does not implement, must be absent or empty."""
+    """The reference config.yaml layout: every key of the reference's file, with its default, plus
+    kvtier's own keys (marked "kvtier" in their descriptions). Every key takes effect."""
 
     user_templates: dict[Literal["chatbot", "coding", "document"], UserTemplate] = Field(
         default_factory=_default_templates, min_length=1
@@ -227,16 +280,8 @@ class Tuning(_Strict):
     autoscaler: AutoscalerTuning = Field(default_factory=AutoscalerTuning)
     sharegpt: ShareGPTTuning = Field(default_factory=ShareGPTTuning)
     validation_limits: ValidationLimits = Field(default_factory=ValidationLimits)
-    gpu_backend: dict[str, Any] = Field(default_factory=dict)
-    saturation_detection: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("gpu_backend", "saturation_detection")
-    @classmethod
-    def _refuse(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if v:
-            why = REFUSED_SECTIONS[str(info.field_name)]
-            raise ValueError(f"not implemented by kvtier ({why}); remove the section (it would be ignored)")
-        return v
+    gpu_backend: GpuBackendTuning = Field(default_factory=GpuBackendTuning)
+    saturation_detection: SaturationDetection = Field(default_factory=SaturationDetection)
 
 
 def load_tuning(path: str | Path | None) -> Tuning:
@@ -264,7 +309,7 @@ def load_tuning(path: str | Path | None) -> Tuning:
 
 
 GenerationMode = Literal["none", "fast", "realistic"]
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 ADDITIONS = "kvtier additions"
 NOT_YET_IMPLEMENTED = {
     "validation_trace": ("--validation-trace", "trace validation"),
@@ -305,32 +350,41 @@ class BenchConfig(_Strict):
     disable_prefix_caching: bool = flag(False, "no shared system prompts")
     enable_rag: bool = flag(False, "RAG queries read retrieved document chunks before their first token")
     rag_num_docs: int = flag(10, "documents in the RAG corpus", ge=1)
-    rag_top_k: int = flag(5, "chunks a RAG query retrieves", ge=1)
+    rag_top_k: int = flag(0, "chunks a RAG query retrieves (0 = config rag.top_k_chunks, 5)", ge=0)
     enable_autoscaling: bool = flag(False, "change the number of live users while the run lasts")
     autoscaler_mode: Literal["qos", "capacity"] = flag(
         "qos", "qos: hold p95 latency at the target saturation; capacity: grow users until throughput falls"
     )
     target_saturation: float = flag(0.8, "qos autoscaler target: worst class p95 / its target", gt=0, le=1)
     use_burst_trace: bool = flag(False, "replay the BurstGPT trace at --burst-trace-path")
-    burst_trace_path: str | None = flag(None, "BurstGPT CSV file or directory (with --use-burst-trace)")
+    burst_trace_path: str = flag(
+        "BurstGPT/data/BurstGPT_1.csv", "BurstGPT CSV file or directory (with --use-burst-trace)"
+    )
     validation_trace: str | None = flag(None, "not implemented yet (an error if given)")
     dataset_path: str | None = flag(None, "ShareGPT JSON file: replay its conversations turn by turn")
-    max_conversations: int = flag(
-        500, "conversations whose metadata is kept (LRU); ShareGPT: conversations read from the dataset", ge=1
-    )
+    max_conversations: int = flag(500, "conversations read from the --dataset-path file", ge=1)
     output: str | None = flag(None, "result JSON path (CLI default ./kvtier_bench_<timestamp>.json)")
     seed: int | None = flag(None, "seed of users, requests and data (default: random, recorded in the result)")
-    max_concurrent_allocs: int = flag(0, "I/O requests in flight at once (0 = min(users, 32))", ge=0)
+    max_concurrent_allocs: int = flag(
+        0,
+        "requests doing I/O at once (0 = one per user, at most 500, as the reference's workers; their "
+        "buffers then share --io-buffer-budget-mb)",
+        ge=0,
+    )
     request_rate: float = flag(0, "global cap on submitted requests per second (0 = none)", ge=0)
     max_requests: int = flag(0, "stop after this many completed requests (0 = none)", ge=0)
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
     config: str | None = flag(None, "YAML in the reference config.yaml layout, merged over the defaults")
-    storage_capacity_gb: float = flag(0, "storage tier capacity, GB (0 = 90% of the free space detected)", ge=0)
+    storage_capacity_gb: float = flag(
+        0, "storage tier capacity, GB (0 = 95% of the free space detected, as the reference)", ge=0
+    )
     precondition: bool = flag(False, "write the storage device towards steady state before the run")
-    precondition_size_gb: float = flag(0, "GB to write when preconditioning (0 = the storage tier's capacity)", ge=0)
-    precondition_threads: int = flag(0, "writer threads when preconditioning (0 = the I/O slots)", ge=0)
+    precondition_size_gb: float = flag(
+        0, "GB to write when preconditioning (0 = twice the storage tier's capacity)", ge=0
+    )
+    precondition_threads: int = flag(0, "writer threads when preconditioning (0 = the CPU count)", ge=0)
     trace_speedup: float = flag(1.0, "trace replay: arrival times divided by this (0 = as fast as possible)", ge=0)
-    replay_cycles: int = flag(0, "trace or dataset replay passes (0 = one)", ge=0)
+    replay_cycles: int = flag(0, "trace or dataset replay passes (0 = repeat until the run ends)", ge=0)
     prefill_only: bool = flag(False, "prefill node: never decode")
     decode_only: bool = flag(False, "decode node: write num_users x 10 entries first, then only read them")
     io_trace_log: str | None = flag(None, "not implemented yet (an error if given)")
@@ -348,6 +402,13 @@ class BenchConfig(_Strict):
         group=ADDITIONS,
     )
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", group=ADDITIONS, ge=1, le=4096)
+    io_buffer_budget_mb: int = flag(
+        1024,
+        "all workers' I/O buffers together, MiB: with many workers each buffer is this / workers "
+        "(at least 1 MiB) instead of --io-chunk-mb",
+        group=ADDITIONS,
+        ge=1,
+    )
     noise_mb: int = flag(256, "static noise buffer the entries are sliced from, MiB", group=ADDITIONS, ge=1, le=65536)
     progress: Literal["auto", "live", "plain", "none"] = flag(
         "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS

@@ -114,8 +114,9 @@ class FileTier:
         self.direct_io_supported = supported
         detected = free_bytes(self.directory)
         self.detected_free_bytes = detected
-        # Use 90% of the free space when no capacity is given, leaving room for the filesystem.
-        self.capacity_bytes = capacity_bytes if capacity_bytes > 0 else int(detected * 0.9) // ALIGN * ALIGN
+        # Use 95% of the free space when no capacity is given (as the reference's auto-detection),
+        # leaving room for the filesystem.
+        self.capacity_bytes = capacity_bytes if capacity_bytes > 0 else int(detected * 0.95) // ALIGN * ALIGN
         self.keep_files = keep_files
         self.preallocate = preallocate
         self._flags_w = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)

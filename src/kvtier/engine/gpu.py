@@ -32,10 +32,18 @@ def gpu_available() -> tuple[bool, str]:
         return False, f"CUDA is not usable: {e}"
 
 
-class GpuTier:
-    """KV entries in CUDA device memory, through torch."""
+def gpu_memory_bytes(device: int = 0) -> int:
+    """Total memory of CUDA device ``device`` (call only when gpu_available())."""
+    import torch
 
-    def __init__(self, capacity_bytes: int, name: str = "gpu", device: int = 0) -> None:
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+class GpuTier:
+    """KV entries in CUDA device memory, through torch. ``memory_fraction`` caps what torch's
+    allocator may take of the device for this process (``gpu_backend.memory_fraction``)."""
+
+    def __init__(self, capacity_bytes: int, name: str = "gpu", device: int = 0, memory_fraction: float = 1.0) -> None:
         ok, why = gpu_available()
         if not ok:
             raise UnsupportedError(f"GPU tier: {why}")
@@ -43,6 +51,8 @@ class GpuTier:
 
         self._torch = torch
         self._device = torch.device("cuda", device)
+        if memory_fraction < 1.0:
+            torch.cuda.set_per_process_memory_fraction(memory_fraction, device)
         self.name = name
         self.capacity_bytes = capacity_bytes
         self._entries: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -83,6 +83,9 @@ class StoreConfig:
     max_evictions_min: int = 1000
     reserve_wait_s: float = 1.0
     policy: Callable[[], EvictionPolicy] = field(default=LRUPolicy)
+    tier_eviction_caps: Mapping[str, int] = field(default_factory=dict)
+    """Further caps on the victims one reservation may evict, by tier name (the GPU tier's
+    ``gpu_backend.max_eviction_attempts``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.target_usage_ratio <= 1:
@@ -98,9 +101,10 @@ class StoreConfig:
         if self.reserve_wait_s < 0:
             raise ValueError(f"reserve_wait_s must be >= 0, got {self.reserve_wait_s}")
 
-    def eviction_limit(self, entries: int) -> int:
+    def eviction_limit(self, entries: int, tier: str = "") -> int:
         """Victims one reservation may evict in a tier holding ``entries`` (the reference's bound)."""
-        return min(self.max_evictions_hard_cap, max(self.max_evictions_min, entries + 100))
+        limit = min(self.max_evictions_hard_cap, max(self.max_evictions_min, entries + 100))
+        return min(limit, self.tier_eviction_caps.get(tier, limit))
 
 
 class _Entry:
@@ -276,7 +280,7 @@ class TieredStore:
                         t.used += size
                         return True
                     if limit is None:
-                        limit = self.config.eviction_limit(len(t.policy))
+                        limit = self.config.eviction_limit(len(t.policy), t.backend.name)
                     if evicted >= limit:
                         return False
                     victims = self._pick_victims(t, lambda freed: t.used - freed + size <= thr, limit - evicted)
@@ -317,7 +321,7 @@ class TieredStore:
                     return freed >= need
 
                 with self._lock:
-                    victims = self._pick_victims(t, enough, self.config.eviction_limit(len(t.policy)))
+                    victims = self._pick_victims(t, enough, self.config.eviction_limit(len(t.policy), t.backend.name))
                 if attempt == 3 or not victims:
                     for e in victims:
                         self._unpin(e, i)

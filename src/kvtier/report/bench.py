@@ -81,6 +81,34 @@ class _CacheStatsFixed(Section):
     cache_hit_rate: float | None
     cache_hits: int
     cache_misses: int
+    # the reference's counters (docs/metrics.md: how each maps onto kvtier's samples)
+    gpu_entries: int
+    cpu_entries: int
+    storage_entries: int
+    gpu_memory_used_gb: float
+    cpu_memory_used_gb: float
+    offloads_cpu: int
+    offloads_storage: int
+    prefill_writes: int
+    decode_reads: int
+    system_prompt_hits: int
+    common_phrase_hits: int
+    multi_turn_hits: int
+    user_cache_hits: int
+    total_read_bytes: int
+    total_write_bytes: int
+    total_read_gb: float
+    total_write_gb: float
+    read_write_ratio: float
+    read_iops: int
+    write_iops: int
+    storage_tokens_processed: float
+    tier_gpu_read_bandwidth_gbps: float
+    tier_gpu_write_bandwidth_gbps: float
+    tier_cpu_read_bandwidth_gbps: float
+    tier_cpu_write_bandwidth_gbps: float
+    tier_storage_read_bandwidth_gbps: float
+    tier_storage_write_bandwidth_gbps: float
     decode_bytes_read_gb: float
     prefill_bytes_written_gb: float
     demotions: int
@@ -118,7 +146,21 @@ else:
     {tier}_{read,write}_{p}_ms, storage_{read,write}_{device,host}_{p}_ms, ...) plus kvtier's."""
 
 
+class QoSSla(Section):
+    """The reference's per-class SLA: end-to-end p95 against the class's p95 target; compliance = the
+    share of requests within it; met = compliance >= 0.95."""
+
+    target_p95_ms: float
+    actual_p95_ms: float | None
+    compliance: float | None
+    met: bool | None
+
+
 class QoSStats(Section):
+    no_data: bool
+    total_requests: int
+    latency_ms: Distribution
+    sla: QoSSla
     requests: int
     failed: int
     service_latency_ms: Distribution
@@ -131,6 +173,9 @@ class QoSStats(Section):
 
 
 class MultiTurnStats(Section):
+    cache_hits: int
+    cache_misses: int
+    hit_rate: float
     enabled: bool
     conversations_started: int
     conversations_metadata_evicted: int
@@ -145,10 +190,14 @@ class MultiTurnStats(Section):
 
 
 class PrefixCacheStats(Section):
-    enabled: bool
-    num_system_prompts: int
     prefix_hits: int
     prefix_misses: int
+    system_prompt_reuse: int
+    common_phrase_reuse: int
+    bytes_saved: int
+    enabled: bool
+    num_system_prompts: int
+    system_prompt_hit_probability: float
     prefix_hit_rate: float | None
     prefix_restores: int
     prefix_bytes_read_gb: float
@@ -200,6 +249,15 @@ class StaleRunsStats(Section):
     problems: list[str]
 
 
+class TeardownStats(Section):
+    """The removal of the run's files after the result was first written (outside the load)."""
+
+    seconds: float
+    storage_entries: int
+    storage_bytes: int
+    kept: bool
+
+
 class SetupStats(Section):
     stale_runs: StaleRunsStats | None = None
     precondition: PreconditionStats | None = None
@@ -227,25 +285,53 @@ class AutoscaleStep(Section):
     users: int
     throughput_tokens_per_sec: float
     saturation: float | None
+    storage_read_p95_ms: float | None = None
+    storage_write_p95_ms: float | None = None
+    queue_depth: int | None = None
     action: str
     next_users: int
 
 
-class AutoscalingStats(Section):
-    enabled: bool
-    mode: Literal["qos", "capacity"] | None = None
-    target_saturation: float | None = None
-    steps: list[AutoscaleStep] = Field(default_factory=list)
-    final_users: int | None = None
-    peak_users: int | None = None
+class ScaleEvent(Section):
+    """One change of the user count (or the capacity stop), in the reference's layout."""
+
+    timestamp: str
+    mode: Literal["qos", "capacity"]
+    action: str
+    users: int
+    saturation_level: float | None
+    read_latency_p95_ms: float | None
+    write_latency_p95_ms: float | None
+    throughput_tokens_per_sec: float
+
+
+class AutoscalingSummary(Section):
+    initial_users: int
+    final_users: int
+    total_scale_events: int
+    peak_user_count: int | None = None
     peak_throughput_tokens_per_sec: float | None = None
+    mode: Literal["qos", "capacity"]
+    target_saturation: float
+    steps: list[AutoscaleStep]
+    peak_users: int | None = None
     stop_reason: str | None = None
 
 
+class TimelinePoint(Section):
+    timestamp: float
+    throughput_tokens_per_sec: float
+
+
 class BenchSummary(Section):
+    total_requests: int
+    total_tokens: int
+    elapsed_time: float
     avg_throughput_tokens_per_sec: float
+    total_storage_io_time: float
     storage_throughput_tokens_per_sec: float
     requests_per_second: float
+    storage_kv_tokens_per_sec: float
     storage_read_bytes_per_sec: float
     storage_write_bytes_per_sec: float
     end_to_end_latency_ms: Distribution
@@ -259,7 +345,8 @@ class BenchSummary(Section):
     prefix_cache_stats: PrefixCacheStats
     kv_layout_stats: KvLayoutStats
     rag_stats: RagStats
-    autoscaling_stats: AutoscalingStats
+    autoscaling_stats: list[ScaleEvent]
+    autoscaling_summary: AutoscalingSummary | None
 
 
 class ModelInfo(Section):
@@ -360,6 +447,16 @@ class BenchResult(Envelope):
     requests_abandoned: int
     requests_cut_at_stop: int
     total_tokens_generated: int
+    total_storage_io_latency: float
+    total_generation_latency: float
+    end_to_end_latencies: list[float]
+    storage_latencies: list[float]
+    generation_latencies: list[float]
+    throughput_timeline: list[TimelinePoint]
+    prefill_latencies: list[float]
+    decode_latencies: list[float]
+    multi_turn_cache_hits: int
+    multi_turn_cache_misses: int
     summary: BenchSummary
     tiers: dict[str, TierStats]
     tier_usage_at_end: dict[str, TierUsage]
@@ -369,11 +466,13 @@ class BenchResult(Envelope):
     storage: StorageFacts
     workload_source: WorkloadSource
     setup: SetupStats
+    teardown: TeardownStats | None = None
     config: BenchConfig
 
 
 __all__ = [
     "BenchResult",
+    "TeardownStats",
     "BenchSummary",
     "CacheStats",
     "Distribution",

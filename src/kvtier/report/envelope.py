@@ -81,6 +81,8 @@ class WarningCode(enum.StrEnum):
     """Stable codes of result warnings (docs/metrics.md describes each)."""
 
     gpu_tier_off = "gpu-tier-off"
+    gpu_tier_capped = "gpu-tier-capped"
+    io_chunk_reduced = "io-chunk-reduced"
     direct_io_off = "direct-io-off"
     working_set_fits_page_cache = "working-set-fits-page-cache"
     entry_exceeds_tier = "entry-exceeds-tier"

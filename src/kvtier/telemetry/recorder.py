@@ -51,6 +51,8 @@ class RequestRecord(NamedTuple):
     turn: int = 1
     rag_ns: int = 0  # storage time of the RAG burst (retrieved chunk reads and re-ingests)
     rag_bytes: int = 0  # bytes of retrieved chunks read
+    prefill_ns: int = 0  # storage time of the request's own KV writes before its first token
+    decode_ns: int | None = None  # storage time of the decode phase's reads (None: no decode phase)
 
 
 @dataclass

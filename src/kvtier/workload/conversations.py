@@ -1,13 +1,16 @@
 """Multi-turn conversations and shared system prompts for synthetic users.
 
 Each user holds at most one live conversation. After a turn it ends with probability
-``conversation.end_probability`` (0.2, as the reference), or when it reaches
-``max_turns_per_conv`` turns or ``max_context_tokens`` tokens; the user then starts a new one.
-A conversation begins with one of ``prefix_cache.num_system_prompts`` shared system prompts
-(when prefix caching is on). Turn n's new tokens are the previous reply plus the user's new
-message (the profile's context draw). The ConversationManager keeps conversation *metadata* for at
-most ``--max-conversations`` conversations (LRU); evicting one forgets its history (the next turn
-of that user starts a new conversation) but leaves its KV in the store until the store evicts it.
+``conversation.end_conversation_probability`` (0.2), or when it reaches ``max_turns_per_conv`` (50)
+turns or ``max_context_tokens`` tokens; the user then starts a new one. With prefix caching on, a
+conversation opens with a shared system prompt with probability
+``prefix_cache.system_prompt_hit_probability`` (0.2), drawn from min(``num_system_prompts``,
+``max_prefix_entries``) prompts; a prompt shorter than ``min_prefix_length`` tokens is not shared but
+is part of the first turn's own context. Turn n's new tokens are the previous reply plus the user's
+new message (the profile's context draw). The ConversationManager keeps conversation *metadata* for
+at most ``conversation.max_conversations`` conversations (LRU); evicting one forgets its history (the
+next turn of that user starts a new conversation) but leaves its KV in the store until the store
+evicts it.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class Conversation:
 
 
 class ConversationManager:
-    """Conversation metadata for all users, bounded by --max-conversations (LRU)."""
+    """Conversation metadata for all users, bounded by conversation.max_conversations (LRU)."""
 
     def __init__(self, max_conversations: int) -> None:
         self.max_conversations = max_conversations
@@ -84,10 +87,12 @@ class ConversationSettings:
     multi_turn: bool = True
     prefix_caching: bool = True
     end_probability: float = 0.2
-    max_turns_per_conv: int = 10
+    max_turns_per_conv: int = 50
     max_context_tokens: int = 131072
     num_system_prompts: int = 8
     system_prompt_tokens: tuple[int, int] = (256, 2048)
+    system_prompt_probability: float = 0.2
+    min_prefix_length: int = 50
 
 
 def system_prompts(settings: ConversationSettings, seed: int) -> list[tuple[str, int]]:
@@ -108,11 +113,17 @@ def conversation_requests(
         if conv is not None and not manager.touch(conv.conv_id):
             conv = None  # metadata evicted: history forgotten
         if conv is None:
-            sp, sp_tokens = prompts[int(rng.integers(0, len(prompts)))] if prompts else (None, 0)
-            conv = Conversation(f"conv_u{user.user_id}_{n_conv:05d}", user.user_id, sp, sp_tokens)
+            sp: str | None = None
+            sp_tokens = 0
+            if prompts and rng.random() < settings.system_prompt_probability:
+                sp, sp_tokens = prompts[int(rng.integers(0, len(prompts)))]
+            shared = sp is not None and sp_tokens >= settings.min_prefix_length
+            conv = Conversation(f"conv_u{user.user_id}_{n_conv:05d}", user.user_id, sp if shared else None, sp_tokens)
             n_conv += 1
-            if sp is not None:
-                conv.segments.append((sp, sp_tokens))
+            if shared:
+                conv.segments.append((str(sp), sp_tokens))
+            else:  # no prompt, or one too short to share: it is part of the first turn's own context
+                conv.last_reply_tokens = sp_tokens
             manager.start(conv)
         conv.turns += 1
         new_tokens = new_user_tokens + conv.last_reply_tokens

@@ -16,6 +16,7 @@ section can cap a turn's context and reply tokens.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,10 +157,13 @@ def dataset_requests(
     scope: KeyScope,
     manager: ConversationManager,
 ) -> Iterator[Request]:
-    """Replay the user's share of the dataset, turn by turn, ``cycles`` times (at least once)."""
+    """Replay the user's share of the dataset, turn by turn, ``cycles`` times (0: over and over
+    until the run ends, as the reference's --replay-cycles 0)."""
     rng = user_rng(seed, user.user_id, stream=5)
     seq = 0
-    for cycle in range(max(1, cycles)):
+    if not convs:
+        return
+    for cycle in itertools.count() if cycles == 0 else range(cycles):
         for dc in convs:
             conv = Conversation(f"{dc.conv_id}_c{cycle}_u{user.user_id}", user.user_id, None, 0)
             manager.start(conv)

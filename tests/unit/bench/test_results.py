@@ -60,6 +60,12 @@ def record(
     )
 
 
+def finished(plan, wall_ns: int, status: Status = Status.complete) -> RunOutcome:
+    """A run that ended on --duration after ``wall_ns``."""
+    stop = StopReason(code=StopCode.duration, message="d")
+    return RunOutcome(0, wall_ns, wall_ns, stop, status, 0, {}, {}, plan.workload.users)
+
+
 @pytest.fixture
 def built(tmp_path):
     cfg = BenchConfig(
@@ -111,7 +117,10 @@ def test_summary_figures_follow_their_formulas(built, tmp_path):
     assert (r.requests_completed, r.requests_failed, r.requests_cut_at_stop, r.requests_abandoned) == (2, 1, 1, 2)
     s = r.summary
     assert s.avg_throughput_tokens_per_sec == pytest.approx(20 / 2.0)  # generated tokens of ok requests / wall
-    assert s.storage_throughput_tokens_per_sec == pytest.approx(2 * 150 / 2.0)  # (read + written) tokens / wall
+    # the reference's formula: generated tokens / the sum of the requests' storage times (2 x 4 ms)
+    assert s.storage_throughput_tokens_per_sec == pytest.approx(20 / 0.008)
+    assert (s.total_requests, s.total_tokens, s.elapsed_time, s.total_storage_io_time) == (2, 20, 2.0, 0.008)
+    assert s.storage_kv_tokens_per_sec == pytest.approx(2 * 150 / 2.0)  # kvtier's: (read + written) tokens / wall
     assert s.requests_per_second == pytest.approx(1.0)
     assert s.storage_read_bytes_per_sec == pytest.approx(4_000_000 / 2.0)
     assert s.end_to_end_latency_ms.count == 2 and s.end_to_end_latency_ms.max == 20.0
@@ -121,6 +130,14 @@ def test_summary_figures_follow_their_formulas(built, tmp_path):
     assert cs.percentile_ms("storage_read_device", "p95") == 2.0 and cs.percentile_ms("storage_read_host", "p50") == 1.0
     assert cs.percentile_ms("storage_read", "p99") == 3.0  # host + device
     assert cs.prefill_bytes_written_gb == pytest.approx(2048 / 2**30, abs=1e-6)  # cause "request" only
+    # the reference's counters: the requests' own reads and writes; writes into each tier of any cause
+    assert (cs.read_iops, cs.write_iops, cs.total_read_bytes, cs.total_write_bytes) == (4, 1, 4_000_000, 2048)
+    assert (cs.offloads_cpu, cs.offloads_storage, cs.prefill_writes) == (1, 1, 1)
+    assert cs.read_write_ratio == pytest.approx(4_000_000 / 2048, rel=1e-6)
+    assert cs.tier_storage_read_bandwidth_gbps == pytest.approx(4e6 / 2**30 / 2.0, abs=1e-6)
+    assert cs.tier_cpu_write_bandwidth_gbps == pytest.approx(2048 / 2**30 / 2.0, abs=1e-6)
+    assert cs.storage_tokens_processed == pytest.approx((4096 + 4e6) / 24_576, abs=1e-3)
+    assert (cs.storage_entries, cs.cpu_entries, cs.gpu_entries, cs.common_phrase_hits) == (0, 0, 0, 0)
     st = r.tiers["storage"]
     assert st.read.ops == 4 and st.read.device_bandwidth_bytes_per_sec == pytest.approx(4e6 / 8e-3)
     assert st.write.by_cause["demotion"].ops == 1 and "request" not in st.write.by_cause
@@ -134,10 +151,19 @@ def test_summary_figures_follow_their_formulas(built, tmp_path):
     }
     q = s.qos_metrics["interactive"]
     assert q.requests == 1 and q.failed == 1 and q.sla_compliance == 1.0  # 5 ms service <= 50 ms target
+    assert not q.no_data and q.total_requests == 1 and q.latency_ms.p95 == 8.0  # the reference's: end to end
+    assert (q.sla.target_p95_ms, q.sla.actual_p95_ms, q.sla.compliance, q.sla.met) == (50, 8.0, 1.0, True)
+    assert s.qos_metrics["responsive"].no_data and s.qos_metrics["responsive"].sla.met is None
     assert s.qos_metrics["batch"].requests == 1
     assert r.status == "partial" and r.stop_reason.code == "interrupted"
     assert "run-not-complete" in {w.code for w in r.warnings}
     assert r.config.seed == 5 and r.model.kv_bytes_per_token_per_rank == 24_576
+    # the reference's top-level raw data, in seconds
+    assert r.end_to_end_latencies == [0.008, 0.020] and r.storage_latencies == [0.004, 0.004]
+    assert r.total_storage_io_latency == 0.008 and r.generation_latencies == [0.003, 0.015]
+    assert [(p.timestamp, p.throughput_tokens_per_sec) for p in r.throughput_timeline] == [(1.0, 20.0), (2.0, 10.0)]
+    assert r.prefill_latencies == [0.0, 0.0] and r.decode_latencies == []
+    assert s.autoscaling_stats == [] and s.autoscaling_summary is None
 
     path = write_json(r, tmp_path / "r.json")
     assert load(path) == r  # the file loads back into the same typed result
@@ -147,17 +173,7 @@ def test_throughput_profile_checks_bandwidth(built):
     plan, comp, rec = built
     plan.config = plan.config.model_copy(update={"performance_profile": "throughput"})
     rec.tier_op("storage", "write", "request", 2**30, IOTiming(0, 100 * MS))
-    run = RunOutcome(
-        0,
-        1_000 * MS,
-        1_000 * MS,
-        StopReason(code=StopCode.duration, message="d"),
-        Status.complete,
-        0,
-        {},
-        {},
-        plan.workload.users,
-    )
+    run = finished(plan, 1_000 * MS)
     h = build_result(plan, comp, rec, run, dt.datetime.now(dt.UTC)).summary.cache_stats.storage_health
     assert [(c.name, c.actual, c.passed) for c in h.criteria] == [("Storage KV Write Bandwidth", 1.0, True)]
     assert h.overall_status == "PASS"
@@ -166,9 +182,32 @@ def test_throughput_profile_checks_bandwidth(built):
 def test_failed_run_has_no_throughput_and_says_so(built):
     plan, comp, rec = built
     rec.requests.append(record(ok=False, error="tier_full: x"))
-    run = RunOutcome(
-        0, MS, MS, StopReason(code=StopCode.duration, message="d"), Status.failed, 0, {}, {}, plan.workload.users
-    )
+    run = finished(plan, MS, Status.failed)
     r = build_result(plan, comp, rec, run, dt.datetime.now(dt.UTC))
     assert r.summary.end_to_end_latency_ms.count == 0 and r.summary.end_to_end_latency_ms.p95 is None
     assert {"errors-seen", "run-not-complete"} <= {w.code for w in r.warnings}
+
+
+def test_the_mlperf_table_from_two_instances_equals_the_hand_computation(built):
+    """MLPerf's table: sums of throughput and bandwidth, the highest p95 read (kvtier.report.mlperf)."""
+    from kvtier.report.mlperf import run_figures, workload_figures
+
+    plan, comp, _ = built
+    results = []
+    for read_ms, n_reads, gen in ((2, 4, 10), (7, 2, 30)):
+        rec = Recorder()
+        for _ in range(n_reads):
+            rec.tier_op("storage", "read", "request", 2**30 // 4, IOTiming(host_ns=0, device_ns=read_ms * MS))
+        rec.tier_op("storage", "write", "request", 2**30 // 2, IOTiming(host_ns=0, device_ns=MS))
+        rec.requests += [record(gen=gen), record(gen=gen)]
+        run = finished(plan, 2_000 * MS)
+        results.append(build_result(plan, comp, rec, run, dt.datetime.now(dt.UTC)))
+    f = run_figures(results)
+    # by hand: storage time 4 ms per request -> 2*gen / 0.008 tokens/s per instance; bytes / 2**30 / 2 s
+    assert f.throughput_tokens_per_sec == pytest.approx(20 / 0.008 + 60 / 0.008)
+    assert f.read_bandwidth_gibps == pytest.approx(1.0 / 2 + 0.5 / 2)
+    assert f.write_bandwidth_gibps == pytest.approx(0.5 / 2 + 0.5 / 2)
+    assert f.p95_read_latency_ms == 7.0 and f.instances == 2
+    w = workload_figures([f, run_figures(results[:1])])  # mean of runs; max of latency
+    assert w.throughput_tokens_per_sec == pytest.approx((80 / 0.008 + 20 / 0.008) / 2)
+    assert w.p95_read_latency_ms == 7.0

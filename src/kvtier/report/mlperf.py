@@ -1,0 +1,62 @@
+"""The MLPerf Storage KV Cache results table, computed from kvtier bench results as MLPerf computes it
+from the reference's (its README: "MLPerf KV Cache Benchmark Results").
+
+Per run (one trial: every instance's result of one workload):
+
+* throughput, tokens/s = the sum over instances of ``summary.storage_throughput_tokens_per_sec``;
+* read / write bandwidth, GiB/s = the sums of ``summary.cache_stats.tier_storage_{read,write}_bandwidth_gbps``;
+* P95 read latency, ms = the highest ``summary.cache_stats.storage_read_p95_ms``.
+
+Per workload (three runs): the mean of the runs for throughput and bandwidth, the max for latency.
+These keep the reference's definitions so tables stay comparable; the highest per-instance p95 is not a
+percentile of anything, and the throughput key's formula is explained in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtier.report.bench import BenchResult
+
+
+@dataclass(frozen=True)
+class MLPerfFigures:
+    throughput_tokens_per_sec: float
+    read_bandwidth_gibps: float
+    write_bandwidth_gibps: float
+    p95_read_latency_ms: float | None
+    instances: int
+
+
+def run_figures(instances: Sequence[BenchResult]) -> MLPerfFigures:
+    """One run's figures from its instances' results."""
+    if not instances:
+        raise ValueError("no instance results")
+    cs = [r.summary.cache_stats for r in instances]
+    p95s = [v for v in (c.percentile_ms("storage_read", "p95") for c in cs) if v is not None]
+    return MLPerfFigures(
+        throughput_tokens_per_sec=sum(r.summary.storage_throughput_tokens_per_sec for r in instances),
+        read_bandwidth_gibps=sum(c.tier_storage_read_bandwidth_gbps for c in cs),
+        write_bandwidth_gibps=sum(c.tier_storage_write_bandwidth_gbps for c in cs),
+        p95_read_latency_ms=max(p95s) if p95s else None,
+        instances=len(instances),
+    )
+
+
+def workload_figures(runs: Sequence[MLPerfFigures]) -> MLPerfFigures:
+    """A workload's figures from its runs: means of throughput and bandwidth, max of latency."""
+    if not runs:
+        raise ValueError("no runs")
+    n = len(runs)
+    p95s = [r.p95_read_latency_ms for r in runs if r.p95_read_latency_ms is not None]
+    return MLPerfFigures(
+        throughput_tokens_per_sec=sum(r.throughput_tokens_per_sec for r in runs) / n,
+        read_bandwidth_gibps=sum(r.read_bandwidth_gibps for r in runs) / n,
+        write_bandwidth_gibps=sum(r.write_bandwidth_gibps for r in runs) / n,
+        p95_read_latency_ms=max(p95s) if p95s else None,
+        instances=sum(r.instances for r in runs),
+    )
+
+
+__all__ = ["MLPerfFigures", "run_figures", "workload_figures"]
