@@ -231,6 +231,7 @@ def cache_stats(
         "entries_dropped": rec.counters.get("evictions_dropped", 0),
         "entries_dropped_unreadable": rec.counters.get("entries_dropped_unreadable", 0),
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
+        "fragmented_fallthroughs": rec.counters.get("fragmented_fallthroughs", 0),
     }
     for name in TIER_NAMES:
         t = tiers.get(name)

@@ -377,6 +377,8 @@ class TieredStore:
                 self.sink.tier_cancelled(dst.backend.name, "write", write_cause, exc.bytes_done)
             elif read_error:
                 self.sink.tier_error(src.backend.name, "read", write_cause, e.nbytes, exc)
+            elif isinstance(exc, TierFragmented):  # no hole big enough in j: a move not made, no I/O failed
+                self.sink.count("fragmented_fallthroughs")
             else:
                 self.sink.tier_error(dst.backend.name, "write", write_cause, e.nbytes, exc)
             return None
@@ -429,8 +431,11 @@ class TieredStore:
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "write", "request", exc.bytes_done)
                     raise
-                self.sink.tier_error(t.backend.name, "write", "request", nbytes, exc)
                 last_error = exc
+                if isinstance(exc, TierFragmented):  # nothing failed: no hole big enough, so the next tier
+                    self.sink.count("fragmented_fallthroughs")
+                    continue
+                self.sink.tier_error(t.backend.name, "write", "request", nbytes, exc)
                 if isinstance(exc, TierFullError):
                     continue  # the medium is full (ENOSPC): try the next tier
                 raise

@@ -117,6 +117,7 @@ class _CacheStatsFixed(Section):
     entries_dropped: int
     entries_dropped_unreadable: int
     deduplicated_writes: int
+    fragmented_fallthroughs: int = 0
     nvme_read_device_p95_ms: float | None
     nvme_write_device_p95_ms: float | None
     storage_health: StorageHealth

@@ -184,3 +184,24 @@ def test_the_policy_chooses_the_victims(noise):
     put(s, noise, "d", 1, buf)
     assert s.location("c") == "storage" and s.location("a") == "cpu"  # LRU would have moved a
     assert s.eviction_order("cpu") == ["d", "b", "a"]
+
+
+def test_write_past_a_fragmented_tier_is_a_fallthrough_not_an_error(noise):
+    """Free pages scattered in one-page holes, at most one victim per reservation: after its
+    retries the write lands in the next tier, counted as a fallthrough, with no tier error."""
+    rec = Recorder()
+    s = TieredStore(
+        [MemoryTier(16 * P, "cpu"), MemoryTier(64 * P, "storage")],
+        StoreConfig(1.0, 1.0, tier_eviction_caps={"cpu": 1}),
+        rec,
+    )
+    buf = aligned_buffer(P)
+    for i in range(16):
+        put(s, noise, f"e{i:02d}", 1, buf)
+    for i in range(1, 16, 2):
+        s.delete(f"e{i:02d}")  # eight free pages, none adjacent
+    put(s, noise, "x", 8, buf)
+    assert s.location("x") == "storage"
+    assert rec.counters["fragmented_fallthroughs"] == 1 and not rec.errors
+    assert rec.counters["demotions"] == 3  # the retries' victims moved down, none lost
+    s.check_accounting()
