@@ -1,25 +1,51 @@
-"""The same work per request as the MLPerf reference: kvtier bench and the reference's kv-cache.py run
-the MLPerf v3.0 workloads side by side, with the reference's own config.yaml, the same flags and the
-same seed, and their KV bytes moved per generated token are compared.
+"""The same work per request as the MLPerf reference: kvtier bench and the reference's kv-cache.py on
+the MLPerf v3.0 workloads, with the reference's own config.yaml, the same flags and seeds.
 
-Workloads (the reference's three, shortened to ``--duration``, default 30 s): llama3.1-8b with 200
-users, --cpu-mem-gb 0, --max-concurrent-allocs 16; llama3.1-8b with 100 users, --cpu-mem-gb 4, 16;
-llama3.1-70b-instruct with 70 users, --cpu-mem-gb 0, 4. All: --gpu-mem-gb 0, --generation-mode none,
---seed 42. For each: bytes/token = (Σ over tiers of tier_*_kv_bytes_read_gb + _written_gb) x 2^30 /
-total_tokens_generated, read from each result JSON (the same keys in both). Runs alternate the order
-(reference first, then kvtier first) because these machines are noisy.
+Two parts (``--part``, default both):
 
-The reference is not shipped with kvtier: point ``--reference`` at a checkout of its
-kv_cache_benchmark folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py
-runs with this venv's Python (numpy and PyYAML are enough).
+**work** — KV bytes read and written per generated token, over thousands of requests. The reference
+runs in its trace mode (``--io-trace-log``: the whole workload logic, no tier I/O, one CSV row per KV
+operation; ``--storage-capacity-gb 100000`` so nothing is evicted) and its bytes are the sum of the
+rows' ``Object_Size_Bytes``; kvtier's bytes come from the very request stream ``kvtier bench`` serves
+(``kvtier.bench.sources.user_requests``), every lookup counted as a hit as in the reference's trace:
+prefix and history reads, RAG reads, the request's writes, and the decode phase's
+1 + ceil(tokens / batch) reads. Tokens are each program's generated tokens.
 
-Last line: ``reference_parity max_deviation=<max over workloads of |kvtier/reference - 1|>``.
+Both draw a user's context and reply lengths once per user, so one run of 20 users varies by about
+10 % from seed to seed; and the reference's threads share Python's global ``random``, so even one
+seed does not repeat its stream. Per model (llama3.1-8b, llama3.1-70b-instruct), the reference is
+therefore pooled over ``--seeds`` (each one run of ``--work-users`` users for ``--work-duration``
+seconds; total bytes / total tokens) and compared with kvtier's expectation over ``--kvtier-seeds``
+seeds (no I/O, so seconds); kvtier on the reference's seeds is printed too. The ratio's 95 % interval
+comes from the spread between seeds. The reference's trace mode runs in real time with its users
+open loop, so ``--work-users`` stays where its Python keeps up (40 % of a core at 20 users here; at
+60 users its queue wait reached a 556 ms median); two reference runs go side by side, so the default
+12 runs take about 14 minutes.
+
+**keys** — the reference's three workload command lines (llama3.1-8b with 200 users, --cpu-mem-gb 0,
+--max-concurrent-allocs 16; llama3.1-8b, 100 users, 4 GB, 16; llama3.1-70b-instruct, 70 users, 0 GB,
+4; all --gpu-mem-gb 0 --generation-mode none --seed 42), shortened to ``--duration`` (30 s), run by
+both with real I/O; prints every key path the reference wrote that kvtier's result lacks. The
+reference holds whole entries in memory (np.save / np.load, up to 3 GiB each) and was OOM-killed at
+24 GiB on workload 1 at full size on the development machine: ``--users-scale`` and ``--max-allocs``
+shrink every workload the same way for both (kvtier alone runs them full size). Their bytes per token
+are printed too, but 30 s of a scaled workload is a few dozen requests: the work part is the figure.
+
+The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
+folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
+Python (numpy and PyYAML are enough).
+
+Last line: ``reference_parity max_deviation=<max over models of |kvtier/reference - 1|> ci95=<the
+ratio's 95 % half-interval>`` from the work part (the keys part's deviation, no interval, when it ran
+alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -35,6 +61,128 @@ WORKLOADS = [
     ("llama3.1-70b-instruct", 70, 0, 4),
 ]
 GiB = 2**30
+WORK_MODELS = ["llama3.1-8b", "llama3.1-70b-instruct"]
+
+
+# -- work: bytes per generated token over many requests -----------------------------------------
+def reference_trace_runs(
+    ref_dir: Path, config: Path, runs: list[tuple[str, int]], users: int, duration: int, work: Path
+) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """(bytes, tokens, requests) per (model, seed) from the reference's trace mode, two runs at a time."""
+    out: dict[tuple[str, int], tuple[int, int, int]] = {}
+    pending = list(runs)
+    while pending:
+        batch, pending = pending[:2], pending[2:]
+        procs = []
+        for model, seed in batch:
+            stem = work / f"trace-{model}-{seed}"
+            cache = Path(f"{stem}-cache")
+            cache.mkdir()
+            cmd = [
+                sys.executable, str(ref_dir / "kv-cache.py"), "--config", str(config), "--model", model,
+                "--num-users", str(users), "--duration", str(duration), "--gpu-mem-gb", "0",
+                "--cpu-mem-gb", "0", "--max-concurrent-allocs", "16", "--generation-mode", "none",
+                "--seed", str(seed), "--cache-dir", str(cache), "--storage-capacity-gb", "100000",
+                "--io-trace-log", f"{stem}.csv", "--output", f"{stem}.json",
+            ]  # fmt: skip
+            log = open(f"{stem}.log", "w")
+            procs.append((model, seed, stem, log, subprocess.Popen(cmd, cwd=ref_dir, stdout=log, stderr=log)))
+        for model, seed, stem, log, p in procs:
+            rc = p.wait(timeout=duration * 5 + 300)
+            log.close()
+            result = Path(f"{stem}.json")
+            if rc != 0 or not result.exists():
+                tail = Path(f"{stem}.log").read_text()[-2000:]
+                raise SystemExit(f"reference trace run ({model}, seed {seed}) failed ({rc}):\n{tail}")
+            doc = json.loads(result.read_text())
+            with open(f"{stem}.csv", newline="") as f:
+                moved = sum(int(row["Object_Size_Bytes"]) for row in csv.DictReader(f))
+            out[model, seed] = (moved, int(doc["total_tokens_generated"]), int(doc["requests_completed"]))
+            Path(f"{stem}.csv").unlink()
+    return out
+
+
+def kvtier_stream(config: Path, model: str, users: int, duration: float, seed: int) -> tuple[int, int, int]:
+    """(bytes, tokens, requests) of the requests kvtier bench's users would issue within ``duration``
+    (think times summed; service time zero, as in the reference's trace mode), every lookup a hit."""
+    sys.path.insert(0, str(REPO / "src"))
+    from kvtier.bench.setup import derive
+    from kvtier.bench.sources import user_requests
+    from kvtier.config.bench import BenchConfig
+
+    cfg = BenchConfig(
+        model=model, num_users=users, duration=duration, gpu_mem_gb=0, cpu_mem_gb=0, seed=seed,
+        generation_mode="none", config=str(config), cache_dir=tempfile.gettempdir(),
+    )  # fmt: skip
+    plan = derive(cfg)
+    size, batch = plan.entry_bytes, plan.workload.decode_batch
+    moved = tokens = requests = 0
+    for user in plan.workload.users:
+        t = 0.0
+        for req in user_requests(plan, user):
+            t += req.think_before_s
+            if t > duration:
+                break
+            requests += 1
+            tokens += req.generate_tokens
+            moved += sum(size(r.tokens) for r in (*req.reads, *req.rag_reads, *req.writes))
+            if req.decode_key is not None and req.phase == "prefill_decode":
+                moved += (1 + math.ceil(req.generate_tokens / batch)) * size(req.decode_tokens)
+    return moved, tokens, requests
+
+
+def pooled(runs: list[tuple[int, int, int]]) -> float:
+    """Bytes per generated token over several runs (total bytes / total tokens)."""
+    return sum(r[0] for r in runs) / sum(r[1] for r in runs)
+
+
+def pooled_se(runs: list[tuple[int, int, int]]) -> float:
+    """Relative standard error of ``pooled`` from the spread between runs (ratio estimator)."""
+    n = len(runs)
+    if n < 2:
+        return float("nan")
+    r = pooled(runs)
+    mean_tokens = sum(x[1] for x in runs) / n
+    resid = [(x[0] - r * x[1]) / mean_tokens for x in runs]
+    return math.sqrt(sum(e * e for e in resid) / (n - 1) / n) / r
+
+
+def work_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
+    """Per model: the reference's bytes per generated token pooled over ``--seeds`` against kvtier's
+    expectation over ``--kvtier-seeds`` seeds (and kvtier on the reference's seeds, for the eye)."""
+    u, d = a.work_users, a.work_duration
+    runs = [(m, s) for m in WORK_MODELS for s in a.seeds]
+    ref = reference_trace_runs(a.reference, config, runs, u, d, work)
+    kv = {(m, s): kvtier_stream(config, m, u, d, s) for m, s in runs}
+    for m, s in runs:
+        (rb, rt, rn), (kb, kt, kn) = ref[m, s], kv[m, s]
+        print(
+            f"{m:24s} seed {s:3d}: reference {rb / rt / 1e6:7.2f} MB/token ({rn:5d} requests)  "
+            f"kvtier {kb / kt / 1e6:7.2f} MB/token ({kn:5d} requests)",
+            flush=True,
+        )
+    deviations, cis = [], []
+    for m in WORK_MODELS:
+        ref_runs = [ref[m, s] for s in a.seeds]
+        kv_runs = [kv[m, s] for s in a.seeds]
+        many = [kvtier_stream(config, m, u, d, s) for s in range(1000, 1000 + a.kvtier_seeds)]
+        ref_bpt, kv_bpt, kv_exp = pooled(ref_runs), pooled(kv_runs), pooled(many)
+        ratio = kv_exp / ref_bpt
+        ci = 1.96 * math.hypot(pooled_se(ref_runs), pooled_se(many)) * ratio
+        print(
+            f"{m}: reference {ref_bpt / 1e6:.2f} MB/token (+-{pooled_se(ref_runs):.1%}, {len(a.seeds)} seeds); "
+            f"kvtier {kv_bpt / 1e6:.2f} on the same seeds (+-{pooled_se(kv_runs):.1%}), "
+            f"{kv_exp / 1e6:.2f} over {a.kvtier_seeds} seeds (+-{pooled_se(many):.1%}); "
+            f"kvtier / reference = {ratio:.3f} +- {ci:.3f} (95 %)",
+            flush=True,
+        )
+        deviations.append(abs(ratio - 1))
+        cis.append(ci)
+    a.ci95 = max(cis)
+    return deviations
+
+
+# -- keys: the three workloads with real I/O ----------------------------------------------------
 
 
 def flags(
@@ -55,6 +203,19 @@ def bytes_per_token(result: dict) -> tuple[float, int]:
     return (moved * GiB / tokens if tokens else float("nan")), tokens
 
 
+def key_paths(d: object, prefix: str = "") -> set[str]:
+    """Every key path of a JSON document (a list's dict elements as ``[]``)."""
+    out: set[str] = set()
+    if isinstance(d, dict):
+        for k, v in d.items():
+            path = f"{prefix}.{k}" if prefix else k
+            out |= {path} | key_paths(v, path)
+    elif isinstance(d, list):
+        for v in d:
+            out |= key_paths(v, f"{prefix}[]")
+    return out
+
+
 def run_one(cmd: list[str], cwd: Path, timeout: float) -> dict:
     p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     out = Path(cmd[cmd.index("--output") + 1])
@@ -63,47 +224,68 @@ def run_one(cmd: list[str], cwd: Path, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
+def keys_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
+    ref_script = a.reference / "kv-cache.py"
+    timeout = a.duration * 10 + 300
+    deviations = []
+    for i, (model, full_users, cpu_gb, full_mca) in enumerate(WORKLOADS):
+        users = max(1, round(full_users * a.users_scale))
+        mca = min(full_mca, a.max_allocs) if a.max_allocs else full_mca
+        got: dict[str, tuple[float, int]] = {}
+        docs: dict[str, dict] = {}
+        order = ["reference", "kvtier"] if i % 2 == 0 else ["kvtier", "reference"]
+        for who in order:
+            cache = work / f"{who}-{i}"
+            cache.mkdir()
+            out = work / f"{who}-{i}.json"
+            args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out)
+            if who == "reference":
+                docs[who] = run_one([sys.executable, str(ref_script), *args], a.reference, timeout)
+            else:
+                cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
+                docs[who] = run_one(cmd, REPO, timeout)
+            got[who] = bytes_per_token(docs[who])
+            shutil.rmtree(cache, ignore_errors=True)
+        # every key the reference wrote is in kvtier's result ({no_data} QoS classes aside)
+        absent = sorted(p for p in key_paths(docs["reference"]) - key_paths(docs["kvtier"]) if "no_data" not in p)
+        print(f"{model} keys of the reference missing in kvtier's result: {absent or 'none'}", flush=True)
+        (ref, ref_tok), (kv, kv_tok) = got["reference"], got["kvtier"]
+        ratio = kv / ref
+        deviations.append(abs(ratio - 1))
+        print(
+            f"{model:24s} users={users:3d} cpu={cpu_gb}GB mca={mca:2d}: "
+            f"reference {ref / 1e6:8.2f} MB/token ({ref_tok} tokens)  "
+            f"kvtier {kv / 1e6:8.2f} MB/token ({kv_tok} tokens)  ratio {ratio:.3f}",
+            flush=True,
+        )
+    return deviations
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", type=Path, required=True, help="the reference's kv_cache_benchmark folder")
-    ap.add_argument("--duration", type=int, default=30)
+    ap.add_argument("--part", choices=["work", "keys", "both"], default="both")
+    ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[42, 7, 13, 99, 1, 2])
+    ap.add_argument("--kvtier-seeds", type=int, default=40, help="seeds for kvtier's expectation (no I/O: fast)")
+    ap.add_argument("--work-users", type=int, default=20)
+    ap.add_argument("--work-duration", type=int, default=120)
+    ap.add_argument("--duration", type=int, default=30, help="keys part: seconds per workload")
     ap.add_argument("--workdir", type=Path, default=None, help="where the cache folders go (default: a temp dir)")
+    ap.add_argument("--users-scale", type=float, default=1.0, help="keys part: users x this, for both")
+    ap.add_argument("--max-allocs", type=int, default=0, help="keys part: cap --max-concurrent-allocs (0 = none)")
     a = ap.parse_args()
-    ref_script = a.reference / "kv-cache.py"
+    a.reference = a.reference.resolve()
     config = a.reference / "config.yaml"
-    if not ref_script.exists() or not config.exists():
+    if not (a.reference / "kv-cache.py").exists() or not config.exists():
         raise SystemExit(f"--reference {a.reference}: no kv-cache.py and config.yaml there")
     work = Path(tempfile.mkdtemp(prefix="kvtier-parity-", dir=a.workdir))
-    timeout = a.duration * 10 + 300
-    deviations = []
     try:
-        for i, (model, users, cpu_gb, mca) in enumerate(WORKLOADS):
-            got: dict[str, tuple[float, int]] = {}
-            order = ["reference", "kvtier"] if i % 2 == 0 else ["kvtier", "reference"]
-            for who in order:
-                cache = work / f"{who}-{i}"
-                cache.mkdir()
-                out = work / f"{who}-{i}.json"
-                args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out)
-                if who == "reference":
-                    cmd = [sys.executable, str(ref_script), *args]
-                    got[who] = bytes_per_token(run_one(cmd, a.reference, timeout))
-                else:
-                    cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
-                    got[who] = bytes_per_token(run_one(cmd, REPO, timeout))
-                shutil.rmtree(cache, ignore_errors=True)
-            (ref, ref_tok), (kv, kv_tok) = got["reference"], got["kvtier"]
-            ratio = kv / ref
-            deviations.append(abs(ratio - 1))
-            print(
-                f"{model:24s} users={users:3d} cpu={cpu_gb}GB mca={mca:2d}: "
-                f"reference {ref / 1e6:8.2f} MB/token ({ref_tok} tokens)  "
-                f"kvtier {kv / 1e6:8.2f} MB/token ({kv_tok} tokens)  ratio {ratio:.3f}",
-                flush=True,
-            )
+        keys = keys_part(a, config, work) if a.part in ("keys", "both") else []
+        deviations = work_part(a, config, work) if a.part in ("work", "both") else keys
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"reference_parity max_deviation={max(deviations):.3f}")
+    ci = f" ci95={a.ci95:.3f}" if getattr(a, "ci95", None) is not None else ""
+    print(f"reference_parity max_deviation={max(deviations):.3f}{ci}")
 
 
 if __name__ == "__main__":
