@@ -158,51 +158,38 @@ def assert_no_orphans(out: Path) -> None:
 @pytest.mark.parametrize("build,env", [("nvidia", "CUDA_VISIBLE_DEVICES=0"), ("amd", "HIP_VISIBLE_DEVICES=0")])
 def test_dry_run_vllm_prints_recognisable_commands(tmp_path: Path, build: str, env: str):
     out = tmp_path / "run"
+    nvme = tmp_path / "nvme"
     p = subprocess.run(
         kvtier_cmd()
-        + [
-            "launch",
-            "--tier",
-            "nvme",
-            "--engine",
-            "vllm",
-            "--build",
-            build,
-            "--replicas",
-            "2",
-            "--dry-run",
-            "--output",
-            str(out),
-            "--",
-            "replay",
-            "--model",
-            "meta-llama/Llama-3.1-8B-Instruct",
-            "--dataset",
-            "x.jsonl",
-        ],
+        + ["launch", "--tier", "nvme", "--engine", "vllm", "--build", build, "--replicas", "2", "--gpus", "0,1"]
+        + ["--nvme-dir", str(nvme), "--l2-gb", "40", "--dry-run", "--output", str(out)]
+        + ["--", "replay", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--dataset", "x.jsonl"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
-    assert lines[0].startswith("lmcache server --host 127.0.0.1 --port 5555 ")
-    assert "--l2-adapter" in lines[0] and '"type": "fs"' in lines[0] and str(out / "nvme") in lines[0]
+    assert lines[0].startswith("lmcache server --host 127.0.0.1 --port ")
+    sidecar_port = int(lines[0].split("--port ", 1)[1].split()[0])
+    assert "--l2-adapter" in lines[0] and '"type": "fs"' in lines[0] and str(nvme) in lines[0]
+    assert '"max_capacity_gb": 40' in lines[0]
     vllm = [x for x in lines if " vllm serve meta-llama/Llama-3.1-8B-Instruct " in x]
-    assert len(vllm) == 2 and all(x.startswith(env) or f" {env}" in x for x in vllm[:1])
+    assert len(vllm) == 2 and f"{env} vllm serve" in vllm[0] and env.replace("=0", "=1") + " vllm serve" in vllm[1]
     ktc = json.loads(vllm[0].split("--kv-transfer-config ", 1)[1].strip("'"))
     assert ktc["kv_connector"] == "LMCacheMPConnector" and ktc["kv_role"] == "kv_both"
-    assert ktc["kv_connector_extra_config"]["lmcache.mp.port"] == 5555
+    assert ktc["kv_connector_extra_config"]["lmcache.mp.port"] == sidecar_port
     assert ktc["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 300.0
     assert "--enable-prefix-caching" in vllm[0] and "--gpu-memory-utilization 0.9" in vllm[0]
     if build == "amd":
-        assert "VLLM_ROCM_USE_AITER=1" in vllm[0]
+        assert "VLLM_ROCM_USE_AITER=1" in vllm[0] and vllm[0].startswith("env -u CUDA_VISIBLE_DEVICES ")
     assert lines[3].startswith("caddy run --config") and lines[4].startswith("kvtier replay ")
     assert "--base-url http://127.0.0.1:" in lines[4] and "caddy" not in lines[0]
-    assert not out.exists()  # a dry run starts and writes nothing
+    assert not out.exists() and not nvme.exists()  # a dry run starts and writes nothing
     gpu = subprocess.run(
         kvtier_cmd()
-        + ["launch", "--tier", "gpu", "--engine", "vllm", "--dry-run", "--", "--model", "m", "--dataset", "x"],
+        + ["launch", "--tier", "gpu", "--engine", "vllm", "--gpus", "0", "--dry-run"]
+        + ["--", "--model", "m", "--dataset", "x"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -503,31 +490,23 @@ def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: P
     assert_no_orphans(out)
 
 
-@pytest.mark.skipif(shutil.which("lmcache") is not None, reason="lmcache is installed here")
+@pytest.mark.skipif(shutil.which("vllm") is not None, reason="vllm is installed here")
 def test_vllm_engine_without_vllm_installed_fails_cleanly(tmp_path: Path):
+    """The pre-flight engine check refuses before any process starts, with launch.json saying why;
+    --allow-fallback does not cover a missing engine."""
     data = conversations(tmp_path / "data", users=1)
     out = tmp_path / "run"
     p = subprocess.run(
         kvtier_cmd()
-        + [
-            "launch",
-            "--tier",
-            "cpu",
-            "--engine",
-            "vllm",
-            "--output",
-            str(out),
-            "--",
-            "--model",
-            "m",
-            "--dataset",
-            str(data),
-        ],
+        + ["launch", "--tier", "cpu", "--engine", "vllm", "--gpus", "0", "--allow-fallback", "--output", str(out)]
+        + ["--", "--model", "m", "--dataset", str(data)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
-    assert p.returncode == 6 and "sidecar: cannot start 'lmcache'" in p.stderr
+    assert p.returncode == 6 and "engine check failed: vLLM is not installed" in p.stderr, p.stderr
     rec = json.loads((out / "launch.json").read_text())
-    assert rec["exit_status"] == 6 and "cannot start 'lmcache'" in rec["error"]
+    assert rec["exit_status"] == 6 and "vLLM is not installed" in rec["error"]
     assert rec["status"] == "failed" and rec["stop_reason"]["code"] == "startup-failed"
+    assert rec["engines"]["vllm"] is None and rec["engines"]["ok"] is False
+    assert rec["devices"]["per_replica"] == {"replica0": ["0"]} and not (out / "logs").exists()

@@ -121,7 +121,19 @@ s:
 
 def test_values_that_would_become_options_or_break_json(tmp_path: Path):
     p = launch(
-        ["--tier", "gpu", "--engine", "vllm", "--dry-run", "--", "--model=--trust-remote-code", "--dataset", "d"],
+        [
+            "--tier",
+            "gpu",
+            "--engine",
+            "vllm",
+            "--gpus",
+            "0",
+            "--dry-run",
+            "--",
+            "--model=--trust-remote-code",
+            "--dataset",
+            "d",
+        ],
         timeout=60,
     )
     assert p.returncode == 2 and "would be read as an option" in p.stderr
@@ -134,6 +146,8 @@ def test_values_that_would_become_options_or_break_json(tmp_path: Path):
             "vllm",
             "--replicas",
             "2",
+            "--gpus",
+            "0,1",
             "--dry-run",
             "--nvme-dir",
             str(odd),

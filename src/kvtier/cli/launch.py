@@ -51,7 +51,10 @@ def run_launch(a: argparse.Namespace) -> int:
     from kvtier.launch import plan, run
 
     values = config_values(a, LaunchConfig)
-    cfg = validate_config(LaunchConfig, {**values, "replay": parse_replay_args(a.replay_args)})
+    replay = parse_replay_args(a.replay_args) if a.replay_args or not values.get("check") else ReplayConfig()
+    cfg = validate_config(LaunchConfig, {**values, "replay": replay})
+    if cfg.check:
+        return run_check(cfg)
     if cfg.dry_run:
         lp = plan(cfg)
         print(
@@ -59,6 +62,16 @@ def run_launch(a: argparse.Namespace) -> int:
             "chosen free now",
             file=sys.stderr,
         )
+        devices = lp.devices()
+        if lp.inventory is not None:
+            placed = ", ".join(f"{name} -> {','.join(d)}" for name, d in devices["per_replica"].items())
+            print(f"# devices {lp.inventory.describe()}: {placed} ({devices['variable']})", file=sys.stderr)
+        for w in lp.warnings:
+            print(f"# warning {w.code}: {w.message}", file=sys.stderr)
+        z = lp.sizes
+        l2 = f"; L2 {z['l2_gb']:g} GB ({z['l2_source']})" if z["l2_gb"] is not None else ""
+        if lp.sidecar is not None:
+            print(f"# cache sidecar L1 {z['l1_gb']:g} GB ({z['l1_source']}){l2}", file=sys.stderr)
         for line in lp.lines():
             print(line)
         if lp.caddyfile:
@@ -66,3 +79,20 @@ def run_launch(a: argparse.Namespace) -> int:
         return 0
     result = run(cfg)
     return result.exit_status if result.exit_status is not None else 1
+
+
+def run_check(cfg: LaunchConfig) -> int:
+    """``--check``: the engine environment a vLLM launch would run; exit 0 when it may go ahead."""
+    if cfg.engine != "vllm":
+        print("kvtier launch --check: the simulated engine needs no engine packages: ok")
+        return 0
+    from kvtier.launch.engines import check_engines
+
+    chk = check_engines(needs_lmcache=cfg.tier != "gpu")
+    for line in chk.lines():
+        print(line)
+    fallback_only = bool(chk.problems) and all("compiled module" in p for p in chk.problems)
+    if not chk.ok and cfg.allow_fallback and fallback_only:
+        print("--allow-fallback: a launch would run, with an engine-fallback warning in launch.json")
+        return 0
+    return 0 if chk.ok else 1

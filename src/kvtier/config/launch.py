@@ -24,8 +24,30 @@ class LaunchConfig(StrictModel):
     dry_run: bool = flag(False, "print every command, one per line; start nothing")
     output: str | None = flag(None, "result folder (required unless --dry-run)")
     profiles: str | None = flag(None, "profiles YAML (default: the packaged kvtier/launch/profiles.yaml)")
-    nvme_dir: str | None = flag(None, "folder of the NVMe tier's files (default OUTDIR/nvme)")
+    nvme_dir: str | None = flag(
+        None,
+        "folder of the NVMe tier's files, on the device under test (required for --engine vllm --tier nvme; "
+        "sim default OUTDIR/nvme)",
+    )
     sim_model: str | None = flag(None, "catalog model that sizes the simulator's KV (default: the profile's)")
+    gpus: str | None = flag(
+        None,
+        "devices for the replicas, e.g. 0,1 or GPU UUIDs (default: the inherited CUDA_VISIBLE_DEVICES / "
+        "HIP_VISIBLE_DEVICES, else what nvidia-smi -L / rocm-smi lists)",
+    )
+    gpus_per_replica: int = flag(1, "devices per replica, dealt disjointly; vLLM gets --tensor-parallel-size N", ge=1)
+    l1_gb: float | None = flag(
+        None, "LMCache's CPU tier (L1) in GB (default: half the memory available at launch, whole GB)", gt=0
+    )
+    l2_gb: float | None = flag(
+        None, "LMCache's NVMe tier (L2) bound in GB (default: 80 % of the free space under --nvme-dir, whole GB)", gt=0
+    )
+    check: bool = flag(
+        False, "check the engine environment (vLLM, LMCache, torch, LMCache's compiled module), print it, exit"
+    )
+    allow_fallback: bool = flag(
+        False, "run even when LMCache's compiled module does not import (a warning in launch.json)"
+    )
     replay: ReplayConfig = Field(
         default_factory=ReplayConfig,
         description="the replay to run through the processes",
@@ -34,6 +56,13 @@ class LaunchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchConfig:
+        if self.check:
+            return self  # only the engine environment is looked at
+        if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir:
+            raise ValueError(
+                "--nvme-dir: required for --engine vllm --tier nvme (LMCache's L2 files must live on the device "
+                "under test, with a size bound: --l2-gb)"
+            )
         if not self.output and not self.dry_run:
             raise ValueError("--output: required (the run's result folder)")
         given = [f"--{name.replace('_', '-')}" for name in SET_BY_LAUNCH if getattr(self.replay, name)]

@@ -32,12 +32,29 @@ from kvtier.config.launch import LaunchConfig
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
+from kvtier.launch.devices import VISIBLE, Inventory, child_env, discover, place
+from kvtier.launch.engines import EngineCheck, check_engines
 from kvtier.launch.procs import Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
-from kvtier.report.envelope import Status, StopCode, StopReason, collect_host, exit_code, iso, utc_now
+from kvtier.report.envelope import (
+    ResultWarning,
+    Status,
+    StopCode,
+    StopReason,
+    WarningCode,
+    collect_host,
+    exit_code,
+    iso,
+    utc_now,
+    warning,
+)
 from kvtier.report.launch import LaunchResult
+from kvtier.telemetry.host import mem_available_bytes
 
 HOST = "127.0.0.1"
+L1_FRACTION = 0.5  # of the memory available at launch: LMCache's L1 (CPU tier) by default
+L1_NVME_CAP_GB = 8.0  # the NVMe tier's L1 is a staging area: at most this by default, so L2 is exercised
+L2_FRACTION = 0.8  # of the free space under --nvme-dir: LMCache's L2 bound by default
 
 
 def kvtier_argv(argv: list[str]) -> list[str]:
@@ -45,8 +62,40 @@ def kvtier_argv(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "kvtier", *argv[1:]] if argv and argv[0] == "kvtier" else argv
 
 
-def show_command(env: dict[str, str], argv: list[str]) -> str:
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
+def show_command(env: dict[str, str], argv: list[str], unset: tuple[str, ...] = ()) -> str:
+    """The command as a shell line: ``env -u`` for removed variables, then ``NAME=value`` for set ones."""
+    prefix = ["env", *(f"-u {shlex.quote(u)}" for u in unset)] if unset else []
+    return " ".join([*prefix, *(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
+
+
+def default_sizes(cfg: LaunchConfig, nvme_dir: Path) -> dict[str, Any]:
+    """L1 and L2 sizes (GB) from the flags or from this host, each with where it came from."""
+    if cfg.l1_gb is not None:
+        l1, l1_src = cfg.l1_gb, "--l1-gb"
+    else:
+        avail = mem_available_bytes() / 1e9
+        l1 = max(1.0, float(int(avail * L1_FRACTION)))
+        l1_src = f"{L1_FRACTION:g} x {avail:.1f} GB available"
+        if cfg.tier == "nvme" and l1 > L1_NVME_CAP_GB:
+            l1, l1_src = L1_NVME_CAP_GB, f"{L1_NVME_CAP_GB:g} GB staging cap of the nvme tier ({l1_src} is more)"
+    l2: float | None = None
+    l2_src: str | None = None
+    if cfg.tier == "nvme":
+        if cfg.l2_gb is not None:
+            l2, l2_src = cfg.l2_gb, "--l2-gb"
+        else:
+            probe = nvme_dir
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent  # the folder may not exist yet (dry run): its filesystem does
+            st = os.statvfs(probe)
+            free = st.f_bavail * st.f_frsize / 1e9
+            l2 = max(1.0, float(int(free * L2_FRACTION)))
+            l2_src = f"{L2_FRACTION:g} x {free:.1f} GB free under {probe}"
+    return {"l1_gb": l1, "l1_source": l1_src, "l2_gb": l2, "l2_source": l2_src}
+
+
+def _gb(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _root(url: str) -> str:
@@ -72,11 +121,51 @@ class LaunchPlan:
     replay: ReplayConfig  # the user's replay, pointed at the front URL, writing into OUTDIR/replay
     caddyfile: str | None
     caddy_argv: list[str] | None
+    inventory: Inventory | None  # None: the sim places no device
+    sizes: dict[str, Any]
     commands: list[tuple[str, dict[str, str], list[str]]] = field(default_factory=list)
+    warnings: list[ResultWarning] = field(default_factory=list)
 
     @property
     def processes(self) -> list[ProcPlan]:
         return [*([self.sidecar] if self.sidecar else []), *self.replicas]
+
+    def devices(self) -> dict[str, Any]:
+        """launch.json's ``devices``: where the list came from and each replica's set."""
+        inv = self.inventory
+        return {
+            "source": inv.source if inv else "not used (simulated engine)",
+            "available": list(inv.devices) if inv else [],
+            "per_replica": {p.name: list(p.devices) for p in self.replicas},
+            "variable": VISIBLE[self.config.build] if inv else None,
+            "notes": list(inv.notes) if inv else [],
+        }
+
+    def policies(self) -> dict[str, Any]:
+        ktc = self.profile.kv_transfer_config or {}
+        argv = self.sidecar.argv if self.sidecar else []
+        evict = argv[argv.index("--eviction-policy") + 1] if "--eviction-policy" in argv[:-1] else None
+        return {
+            "kv_load_failure_policy": ktc.get("kv_load_failure_policy"),
+            "eviction_policy": evict,
+            "lb_policy": POLICY[self.config.tier] if self.caddyfile else None,
+        }
+
+    def identity(self, engines: EngineCheck | None) -> dict[str, Any]:
+        """What ran, for the replay summary's ``server.launch``."""
+        versions = {k: getattr(engines, k) for k in ("vllm", "lmcache", "torch")} if engines else None
+        return {
+            "profile": self.profile_name,
+            "engine": self.config.engine,
+            "build": self.config.build,
+            "tier": self.config.tier,
+            "replicas": self.config.replicas,
+            "engine_versions": versions,
+            "lmcache_compiled_module": engines.compiled_import if engines else None,
+            "devices": self.devices()["per_replica"],
+            "sizes": self.sizes,
+            "policies": self.policies(),
+        }
 
     @property
     def replay_argv(self) -> list[str]:
@@ -84,7 +173,8 @@ class LaunchPlan:
 
     def lines(self) -> list[str]:
         """The commands one per line, as --dry-run prints them."""
-        out = [show_command(env, argv) for _, env, argv in self.commands]
+        unset = {p.name: p.unset for p in self.processes}
+        out = [show_command(env, argv, unset.get(name, ())) for name, env, argv in self.commands]
         if self.caddy_argv:
             out.append(shlex.join(self.caddy_argv))
         out.append(shlex.join(self.replay_argv))
@@ -105,6 +195,14 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
     sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
     nvme_dir = Path(cfg.nvme_dir).resolve() if cfg.nvme_dir else out / "nvme"
+    inventory, replica_devices = None, None
+    if cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
+        inventory = discover(cfg.build, cfg.gpus, os.environ)
+        sets = place(inventory, cfg.replicas, cfg.gpus_per_replica)
+        replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
+    sizes = default_sizes(cfg, nvme_dir)
+    sizes["tensor_parallel_size"] = cfg.gpus_per_replica
+    sizes["sidecar_max_workers"] = cfg.replicas * cfg.gpus_per_replica  # one per connecting worker at least
     front = f"http://{HOST}:{lb_port}" if cfg.replicas >= 2 else f"http://{HOST}:{replica_ports[0]}"
     values = {
         "model": cfg.replay.model or "",
@@ -114,8 +212,12 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         "sidecar_http_port": str(sidecar_http_port),
         "sidecar_socket": str(sockdir / "cache.sock"),
         "nvme_dir": str(nvme_dir),
+        "tensor_parallel_size": str(cfg.gpus_per_replica),
+        "max_workers": str(sizes["sidecar_max_workers"]),
+        "l1_gb": _gb(sizes["l1_gb"]),
+        "l2_gb": _gb(sizes["l2_gb"]) if sizes["l2_gb"] is not None else "0",
     }
-    sidecar, replicas = resolve(profile, values, replica_ports)
+    sidecar, replicas = resolve(profile, values, replica_ports, replica_devices)
     metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
     replay = cfg.replay.model_copy(
         update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
@@ -143,7 +245,12 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         replay,
         cfile,
         caddy_argv,
+        inventory,
+        sizes,
     )
+    if inventory is not None:
+        for note in inventory.notes:
+            p.warnings.append(warning(WarningCode.gpu_env_conflict, note, source=inventory.source))
     p.commands = [(x.name, x.env, kvtier_argv(x.argv)) for x in p.processes]
     return p
 
@@ -157,6 +264,8 @@ class _Record:
         self.events: list[dict[str, Any]] = []
         self.pids: dict[str, int] = {}
         self.error: str | None = None
+        self.engines: EngineCheck | None = None
+        self.warnings: list[ResultWarning] = list(lp.warnings)
 
     def event(self, what: str) -> None:
         self.events.append({"t_unix_s": round(time.time(), 3), "event": what})
@@ -187,6 +296,11 @@ class _Record:
                 "ports": {**lp.ports, "replicas": lp.replica_ports},
                 "endpoints": {p.name: f"{HOST}:{port}" for p, port in zip(lp.replicas, lp.replica_ports, strict=True)},
                 "pids": self.pids,
+                "devices": lp.devices(),
+                "sizes": lp.sizes,
+                "policies": lp.policies(),
+                "engines": self.engines.as_dict() if self.engines is not None else None,
+                "warnings": self.warnings,
                 "error": self.error,
                 "exit_status": exit_status,
                 "config": cfg,
@@ -236,8 +350,8 @@ def _get_json(url: str) -> tuple[Any, dict[str, str]]:
 def _identify(lp: LaunchPlan, p: ProcPlan) -> Callable[[], str | None]:
     """A check that the server answering ``p``'s health URL is ``p`` (None) or why not: a replica
     lists the served model (and, for a sim replica, names itself in x-kvtier-replica); a kvtier
-    cache server names its socket. An LMCache sidecar has no identity to ask for: its process being
-    alive, and its ports free before it started, are the checks."""
+    cache server names its socket. An LMCache sidecar says only that its engine is healthy: that, its
+    process being alive, and its ports free before it started, are the checks."""
     root = p.health.rsplit("/", 1)[0]
     model = lp.replay.model
     if p is not lp.sidecar:
@@ -259,12 +373,13 @@ def _identify(lp: LaunchPlan, p: ProcPlan) -> Callable[[], str | None]:
         return replica
 
     def cache_server() -> str | None:
-        if lp.config.engine != "sim":
-            return None
         try:
             body, _ = _get_json(p.health)
         except (OSError, ValueError) as e:
             return f"GET {p.health} failed: {e}"
+        if lp.config.engine != "sim":  # LMCache's /api/healthcheck: {"status": "healthy"} once its engine is up
+            ok = isinstance(body, dict) and body.get("status") == "healthy"
+            return None if ok else f"the server there is not a healthy LMCache server ({str(body)[:120]})"
         if not isinstance(body, dict) or body.get("socket") != str(lp.sockdir / "cache.sock"):
             return f"the server there is not this run's kvtier cache-server ({str(body)[:120]})"
         return None
@@ -299,6 +414,25 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
     _remove_stale_sockdirs()
     lp.out.mkdir(parents=True, exist_ok=True)
+    rec = _Record(lp)
+    if cfg.engine == "vllm":  # pre-flight: the engines that will run, and LMCache's compiled module
+        rec.engines = chk = check_engines(needs_lmcache=cfg.tier != "gpu")
+        for line in chk.lines():
+            print(f"kvtier launch: engines: {line}", file=sys.stderr)
+        fallback_only = chk.problems and all("compiled module" in p for p in chk.problems)
+        if not chk.ok and not (cfg.allow_fallback and fallback_only):
+            rec.error = "; ".join(chk.problems)
+            rec.save(rec.result(Status.failed, StopReason(code=StopCode.startup_failed, message=rec.error), 6))
+            raise LaunchError(f"engine check failed: {rec.error}")
+        if not chk.ok:
+            rec.warnings.append(
+                warning(
+                    WarningCode.engine_fallback,
+                    f"--allow-fallback: {chk.problems[0]}",
+                    lmcache=chk.lmcache,
+                    torch=chk.torch,
+                )
+            )
     lp.sockdir.mkdir(mode=0o700)
     if cfg.tier == "nvme":
         lp.nvme_dir.mkdir(parents=True, exist_ok=True)
@@ -306,7 +440,6 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     if lp.caddyfile:
         (lp.out / "Caddyfile").write_text(lp.caddyfile)
         cp = caddy_plan(lp.out / "Caddyfile", lp.out / "caddy-home", int(lp.ports["caddy"] or 0))
-    rec = _Record(lp)
     sup = Supervisor(lp.out / "logs")
 
     def on_term(signum: int, frame: Any) -> None:
@@ -334,6 +467,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
         rec.event(f"replay: {shlex.join(lp.replay_argv)}")
         result, records = replay_execute(replay_plan)
+        result.server.launch = lp.identity(rec.engines)
         signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
         write_outputs(result, records, lp.replay.output or str(lp.out / "replay"))
         status, stop = result.status, result.stop_reason

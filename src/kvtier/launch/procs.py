@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +57,16 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+NO_TELEMETRY = {"DO_NOT_TRACK": "1"}
+"""Set for every child: vLLM and LMCache send usage data otherwise."""
+
+
+def child_environment(inherited: Mapping[str, str], plan: ProcPlan) -> dict[str, str]:
+    """The inherited environment, less ``plan.unset``, plus ``plan.env`` and NO_TELEMETRY."""
+    env = {k: v for k, v in inherited.items() if k not in plan.unset}
+    return {**env, **plan.env, **NO_TELEMETRY}
+
+
 @dataclass
 class Proc:
     name: str
@@ -83,7 +93,7 @@ class Supervisor:
                     stdout=f,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env={**os.environ, **plan.env},
+                    env=child_environment(os.environ, plan),
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
                 )

@@ -35,8 +35,16 @@ PLACEHOLDERS = (
     "nvme_dir",
     "kv_transfer_config",
     "sim_model",
+    "tensor_parallel_size",
+    "max_workers",
+    "l1_gb",
+    "l2_gb",
 )
-_PH = re.compile(r"\{([a-z_]+)\}")
+NUMERIC = frozenset(
+    {"port", "sidecar_port", "sidecar_http_port", "tensor_parallel_size", "max_workers", "l1_gb", "l2_gb"}
+)
+"""Placeholders that become JSON numbers where they stand alone as a value in JSON."""
+_PH = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 
 
 class JsonArg(BaseModel):
@@ -163,7 +171,7 @@ def _missing(key: str) -> str:
     raise ConfigError(f"placeholder {{{key}}} has no value in this run")
 
 
-WHOLE = re.compile(r"^\{([a-z_]+)\}$")
+WHOLE = re.compile(r"^\{([a-z][a-z0-9_]*)\}$")
 
 
 def fill_arg(arg: str | JsonArg, values: Mapping[str, str]) -> str:
@@ -180,7 +188,12 @@ def fill_arg(arg: str | JsonArg, values: Mapping[str, str]) -> str:
 
 def _fill_tree(node: Any, values: Mapping[str, str]) -> Any:
     if isinstance(node, str):
-        return fill(node, values)
+        m = WHOLE.match(node)
+        out = fill(node, values)
+        if m and m.group(1) in NUMERIC:
+            number = float(out)
+            return int(number) if number.is_integer() else number
+        return out
     if isinstance(node, dict):
         return {fill(k, values): _fill_tree(v, values) for k, v in node.items()}
     if isinstance(node, list):
@@ -190,7 +203,8 @@ def _fill_tree(node: Any, values: Mapping[str, str]) -> Any:
 
 @dataclass(frozen=True)
 class ProcPlan:
-    """One process to start: name, argv, extra environment, health and metrics URLs."""
+    """One process to start: name, argv, extra environment (and variables removed from the inherited
+    one), health and metrics URLs, and for a replica its devices."""
 
     name: str
     argv: list[str]
@@ -198,22 +212,23 @@ class ProcPlan:
     health: str
     metrics: str | None
     startup_timeout_s: float
+    unset: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
 
 
 def resolve(
-    profile: Profile, values: Mapping[str, str], replica_ports: list[int]
+    profile: Profile,
+    values: Mapping[str, str],
+    replica_ports: list[int],
+    replica_devices: list[tuple[list[str], dict[str, str], list[str]]] | None = None,
 ) -> tuple[ProcPlan | None, list[ProcPlan]]:
-    """The sidecar (or None) and one plan per replica, every placeholder filled."""
+    """The sidecar (or None) and one plan per replica, every placeholder filled. ``replica_devices``:
+    per replica (devices, variables to set, variables to remove), from launch.devices."""
     base = dict(values)
     if profile.sim_model:
         base["sim_model"] = profile.sim_model
     if profile.kv_transfer_config is not None:
-        ktc = _fill_tree(profile.kv_transfer_config, base)
-        # ports are numbers in the connector's JSON
-        extra = ktc.get("kv_connector_extra_config", {})
-        for k, v in list(extra.items()):
-            if isinstance(v, str) and v.isdigit():
-                extra[k] = int(v)
+        ktc = _fill_tree(profile.kv_transfer_config, base)  # ports are numbers in the connector's JSON
         base["kv_transfer_config"] = json.dumps(ktc, separators=(",", ":"))
     sidecar = None
     if profile.sidecar is not None:
@@ -230,14 +245,17 @@ def resolve(
     for i, port in enumerate(replica_ports):
         v = dict(base, port=str(port), replica=str(i), replica_id=f"{values['host']}:{port}")
         r = profile.replica
+        devices, dev_env, dev_unset = replica_devices[i] if replica_devices else ([], {}, [])
         replicas.append(
             ProcPlan(
                 f"replica{i}",
                 [fill_arg(x, v) for x in r.command],
-                {k: fill(x, v) for k, x in profile.env.items()},
+                {**{k: fill(x, v) for k, x in profile.env.items()}, **dev_env},
                 fill(r.health, v),
                 fill(r.metrics, v) if r.metrics else None,
                 r.startup_timeout_s,
+                tuple(dev_unset),
+                tuple(devices),
             )
         )
     return sidecar, replicas

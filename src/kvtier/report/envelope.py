@@ -101,6 +101,8 @@ class WarningCode(enum.StrEnum):
     stale_runs_removed = "stale-runs-removed"
     stale_runs_found = "stale-runs-found"
     cleanup_failed = "cleanup-failed"
+    engine_fallback = "engine-fallback"
+    gpu_env_conflict = "gpu-env-conflict"
 
 
 class ResultWarning(BaseModel):

@@ -26,6 +26,33 @@ class LaunchPorts(Section):
     caddy: int | None
 
 
+class LaunchDevices(Section):
+    """Which GPUs the launch used and where that list came from (launch/devices.py)."""
+
+    source: str
+    available: list[str]
+    per_replica: dict[str, list[str]]
+    variable: str | None  # CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES (None: the sim uses no device)
+    notes: list[str]
+
+
+class LaunchSizes(Section):
+    """The sizes given to the processes, in the units of their flags (LMCache's --l1-size-gb, max_capacity_gb)."""
+
+    l1_gb: float
+    l1_source: str
+    l2_gb: float | None
+    l2_source: str | None
+    tensor_parallel_size: int
+    sidecar_max_workers: int
+
+
+class LaunchPolicies(Section):
+    kv_load_failure_policy: str | None
+    eviction_policy: str | None
+    lb_policy: str | None
+
+
 class LaunchResult(Envelope):
     """One ``kvtier launch`` run. The replay's own result is OUTDIR/replay/summary.json."""
 
@@ -46,6 +73,11 @@ class LaunchResult(Envelope):
     ports: LaunchPorts
     endpoints: dict[str, str]
     pids: dict[str, int]
+    # None only in launch.json files written before these were recorded
+    devices: LaunchDevices | None = None
+    sizes: LaunchSizes | None = None
+    policies: LaunchPolicies | None = None
+    engines: dict[str, Any] | None = None  # the pre-flight check (launch/engines.py; None for the sim)
     error: str | None
     exit_status: int | None
     config: LaunchConfig

@@ -88,6 +88,7 @@ class DatasetInfo(Section):
 class ServerIdentity(Section):
     models: Any
     replica: str | None
+    launch: dict[str, Any] | None = None  # set by kvtier launch: profile, engine versions, devices, sizes, policies
 
 
 class ReplayResult(Envelope):

@@ -1,0 +1,145 @@
+"""Pre-flight check of the serving engines a vLLM launch will run: which vLLM, LMCache and torch are
+installed, and whether LMCache's compiled module (``lmcache.c_ops``) imports under that torch.
+
+Why: LMCache ships its CUDA kernels compiled against one torch release. Under another torch the
+module fails to import, LMCache silently falls back to plain torch copies, and a benchmark would
+measure the fallback, not LMCache. The newest pair known to match is ``KNOWN_GOOD`` (installed by
+``scripts/install-engines.sh`` or the ``engines`` extra).
+
+The check runs in the interpreter that runs the ``vllm`` command (its console script's ``#!`` line;
+this Python when there is none), in a child process, so the launcher never imports torch itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+KNOWN_GOOD = {"vllm": "0.32.0", "lmcache": "0.5.6"}
+"""The newest vLLM + LMCache pair whose LMCache compiled module imports under vLLM's torch (NVIDIA)."""
+
+COMPILED_MODULE = "lmcache.c_ops"
+
+_PROBE = r"""
+import importlib, importlib.metadata as md, json, sys
+out = {"python": sys.executable, "versions": {}, "compiled": None}
+for name in ("vllm", "lmcache", "torch"):
+    try:
+        out["versions"][name] = md.version(name)
+    except md.PackageNotFoundError:
+        out["versions"][name] = None
+if out["versions"]["lmcache"] is not None:
+    try:
+        importlib.import_module(sys.argv[1])
+        out["compiled"] = "ok"
+    except BaseException as e:
+        out["compiled"] = (type(e).__name__ + ": " + str(e))[:500]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class EngineCheck:
+    """What the check found; ``problems`` empty means the launch may go ahead."""
+
+    python: str
+    vllm: str | None
+    lmcache: str | None
+    torch: str | None
+    compiled_module: str
+    compiled_import: str | None  # "ok", the import error, or None when LMCache is not installed
+    known_good: dict[str, str]
+    pinned: bool  # vLLM and LMCache are exactly the known-good pair
+    needs_lmcache: bool
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "ok": self.ok}
+
+    def lines(self) -> list[str]:
+        """The report ``kvtier launch --check`` prints."""
+        v = {"vllm": self.vllm, "lmcache": self.lmcache, "torch": self.torch}
+        out = [f"python   {self.python}"]
+        out += [f"{k:8s} {x or 'not installed'}" for k, x in v.items()]
+        if self.lmcache is not None:
+            out.append(f"{self.compiled_module}: {'imports' if self.compiled_import == 'ok' else self.compiled_import}")
+        pair = " + ".join(f"{k} {x}" for k, x in self.known_good.items())
+        out.append(f"known-good pair: {pair} ({'installed' if self.pinned else 'not what is installed'})")
+        out += [f"note: {n}" for n in self.notes]
+        out += [f"problem: {p}" for p in self.problems]
+        out.append("check: ok" if self.ok else "check: FAILED")
+        return out
+
+
+def engine_python(environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter behind the ``vllm`` command on PATH (its ``#!`` line), else this one."""
+    path = shutil.which("vllm", path=(environ or os.environ).get("PATH"))
+    if path:
+        try:
+            with open(path, "rb") as f:
+                first = f.readline(4096).decode(errors="replace").strip()
+        except OSError:
+            first = ""
+        if first.startswith("#!"):
+            interp = first[2:].strip().split()
+            if interp and Path(interp[0]).name.startswith("python") and Path(interp[0]).exists():
+                return interp[0]
+    return sys.executable
+
+
+def check_engines(
+    needs_lmcache: bool, python: str | None = None, environ: Mapping[str, str] | None = None
+) -> EngineCheck:
+    """Probe the engine environment. ``needs_lmcache``: the CPU and NVMe tiers run LMCache; the GPU
+    tier runs vLLM alone."""
+    env = dict(environ if environ is not None else os.environ)
+    py = python or engine_python(env)
+    try:
+        p = subprocess.run(
+            [py, "-c", _PROBE, COMPILED_MODULE], capture_output=True, text=True, timeout=300, env=env, check=False
+        )
+        found = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+        why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        found, why = None, str(e)
+    if found is None:
+        return EngineCheck(
+            py, None, None, None, COMPILED_MODULE, None, dict(KNOWN_GOOD), False, needs_lmcache,
+            [f"cannot probe the engine environment with {py}: {why}"],
+        )  # fmt: skip
+    v = found["versions"]
+    chk = EngineCheck(
+        found["python"], v["vllm"], v["lmcache"], v["torch"], COMPILED_MODULE, found["compiled"],
+        dict(KNOWN_GOOD), v["vllm"] == KNOWN_GOOD["vllm"] and v["lmcache"] == KNOWN_GOOD["lmcache"], needs_lmcache,
+    )  # fmt: skip
+    if chk.vllm is None:
+        chk.problems.append("vLLM is not installed in that environment (bash scripts/install-engines.sh)")
+    if needs_lmcache:
+        if chk.lmcache is None:
+            chk.problems.append("LMCache is not installed (the cpu and nvme tiers run it; scripts/install-engines.sh)")
+        elif chk.compiled_import != "ok":
+            chk.problems.append(
+                f"LMCache's compiled module {COMPILED_MODULE} does not import ({chk.compiled_import}): LMCache "
+                f"would fall back to plain torch copies and the run would measure the fallback. Install the "
+                f"known-good pair (vllm {KNOWN_GOOD['vllm']} + lmcache {KNOWN_GOOD['lmcache']}), or pass "
+                "--allow-fallback to run anyway with a warning in launch.json"
+            )
+    if not chk.pinned and chk.vllm is not None:
+        chk.notes.append(
+            f"vllm {chk.vllm} + lmcache {chk.lmcache} is not the known-good pair; the compiled-module check decides"
+        )
+    return chk
+
+
+__all__ = ["EngineCheck", "check_engines", "engine_python", "KNOWN_GOOD", "COMPILED_MODULE"]

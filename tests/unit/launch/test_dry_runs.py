@@ -1,0 +1,198 @@
+"""Each vLLM profile's dry run against the command lines we expect, and ports chosen free even when
+the engines' usual defaults (5555, 8080) are taken."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+from pathlib import Path
+
+import pytest
+
+from kvtier.config.launch import LaunchConfig
+from kvtier.config.replay import ReplayConfig
+from kvtier.launch.orchestrate import plan
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def vllm_argv(port: int, tp: int, sidecar: int | None) -> list[str]:
+    argv = ["vllm", "serve", MODEL, "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.9"]
+    argv += ["--max-model-len", "32768", "--enable-prefix-caching", "--tensor-parallel-size", str(tp)]
+    if sidecar is None:
+        return argv
+    ktc = {
+        "kv_connector": "LMCacheMPConnector",
+        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "lmcache.mp.host": "tcp://127.0.0.1",
+            "lmcache.mp.port": sidecar,
+            "lmcache.mp.mq_timeout": 300.0,
+        },
+    }
+    return [*argv, "--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+
+
+def lmcache_argv(port: int, http: int, l1: str, workers: int, l2: dict | None) -> list[str]:
+    argv = ["lmcache", "server", "--host", "127.0.0.1", "--port", str(port), "--http-host", "127.0.0.1"]
+    argv += ["--http-port", str(http), "--chunk-size", "256", "--l1-size-gb", l1, "--eviction-policy", "LRU"]
+    argv += ["--max-workers", str(workers)]
+    return argv if l2 is None else [*argv, "--l2-adapter", json.dumps(l2)]
+
+
+@pytest.mark.parametrize("build", ["nvidia", "amd"])
+@pytest.mark.parametrize("tier", ["gpu", "cpu", "nvme"])
+def test_each_vllm_profile_dry_run_is_the_expected_command_lines(tmp_path: Path, build: str, tier: str):
+    nvme = tmp_path / "nvme"
+    cfg = LaunchConfig(
+        tier=tier,
+        engine="vllm",
+        build=build,
+        replicas=2,
+        gpus="0,1,2,3",
+        gpus_per_replica=2,
+        l1_gb=16,
+        l2_gb=100,
+        nvme_dir=str(nvme),
+        dry_run=True,
+        output=str(tmp_path / "out"),
+        replay=ReplayConfig(model=MODEL, dataset="d.jsonl"),
+    )
+    lp = plan(cfg)
+    side, http = lp.ports["sidecar"], lp.ports["sidecar_http"]
+    r0, r1 = lp.replica_ports
+    lines = [shlex.split(x) for x in lp.lines()]
+    var = "CUDA_VISIBLE_DEVICES" if build == "nvidia" else "HIP_VISIBLE_DEVICES"
+    env0 = (["env", "-u", "CUDA_VISIBLE_DEVICES", "VLLM_ROCM_USE_AITER=1"] if build == "amd" else []) + [f"{var}=0,1"]
+    env1 = (["env", "-u", "CUDA_VISIBLE_DEVICES", "VLLM_ROCM_USE_AITER=1"] if build == "amd" else []) + [f"{var}=2,3"]
+    expected = []
+    if tier != "gpu":
+        l2 = (
+            {"type": "fs", "base_path": str(nvme), "use_odirect": True, "max_capacity_gb": 100}
+            if tier == "nvme"
+            else None
+        )
+        expected.append(lmcache_argv(side, http, "16", 4, l2))
+    expected += [
+        env0 + vllm_argv(r0, 2, side if tier != "gpu" else None),
+        env1 + vllm_argv(r1, 2, side if tier != "gpu" else None),
+        ["caddy", "run", "--config", str(tmp_path / "out" / "Caddyfile"), "--adapter", "caddyfile"],
+    ]
+    assert lines[:-1] == expected
+    assert lines[-1][:2] == ["kvtier", "replay"] and f"http://127.0.0.1:{lp.ports['caddy']}/v1" in lines[-1]
+    if tier != "gpu":
+        assert lp.sidecar is not None and lp.sidecar.health == f"http://127.0.0.1:{http}/api/healthcheck"
+    assert lp.policies() == {
+        "kv_load_failure_policy": "recompute" if tier != "gpu" else None,
+        "eviction_policy": "LRU" if tier != "gpu" else None,
+        "lb_policy": "header X-User-Id" if tier == "gpu" else "least_conn",
+    }
+    ident = lp.identity(None)
+    assert ident["devices"] == {"replica0": ["0", "1"], "replica1": ["2", "3"]}
+    assert ident["sizes"]["l1_gb"] == 16 and ident["sizes"]["tensor_parallel_size"] == 2
+
+
+def test_ports_are_chosen_free_when_the_defaults_are_taken(tmp_path: Path):
+    held = []
+    for port in (5555, 8080):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            held.append(s)
+        except OSError:
+            s.close()  # something else holds it already: taken either way
+    try:
+        lp = plan(
+            LaunchConfig(
+                tier="cpu",
+                engine="vllm",
+                replicas=2,
+                gpus="0,1",
+                l1_gb=4,
+                dry_run=True,
+                replay=ReplayConfig(model=MODEL, dataset="d.jsonl"),
+            )
+        )
+        ports = [lp.ports["sidecar"], lp.ports["sidecar_http"], lp.ports["caddy"], *lp.replica_ports]
+        assert not {5555, 8080} & set(ports) and len(set(ports)) == len(ports)
+        ktc = json.loads(lp.replicas[0].argv[lp.replicas[0].argv.index("--kv-transfer-config") + 1])
+        assert ktc["kv_connector_extra_config"]["lmcache.mp.port"] == lp.ports["sidecar"]
+        assert lp.sidecar is not None and f"--port {lp.ports['sidecar']} " in shlex.join(lp.sidecar.argv)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_default_sizes_come_from_the_host(tmp_path: Path):
+    lp = plan(
+        LaunchConfig(
+            tier="nvme",
+            engine="vllm",
+            gpus="0",
+            nvme_dir=str(tmp_path / "nv"),
+            dry_run=True,
+            replay=ReplayConfig(model=MODEL, dataset="d.jsonl"),
+        )
+    )
+    z = lp.sizes
+    assert 1 <= z["l1_gb"] <= 8 and ("staging cap" in z["l1_source"] or "available" in z["l1_source"])
+    assert z["l2_gb"] >= 1 and f"free under {tmp_path}" in z["l2_source"]
+    assert not (tmp_path / "nv").exists()
+    cpu = plan(
+        LaunchConfig(
+            tier="cpu", engine="vllm", gpus="0", dry_run=True, replay=ReplayConfig(model=MODEL, dataset="d.jsonl")
+        )
+    )
+    assert cpu.sizes["l2_gb"] is None and "GB available" in cpu.sizes["l1_source"]
+
+
+def test_an_lmcache_sidecar_is_identified_by_its_healthcheck(tmp_path: Path):
+    """A real HTTP server on loopback stands in for LMCache's frontend: healthy passes, anything else
+    (another server on the port, an engine not up) is named."""
+    import dataclasses
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from kvtier.launch.orchestrate import _identify
+
+    answer = {"body": b'{"status": "healthy"}'}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/api/healthcheck" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        lp = plan(
+            LaunchConfig(
+                tier="cpu",
+                engine="vllm",
+                gpus="0",
+                l1_gb=1,
+                dry_run=True,
+                replay=ReplayConfig(model=MODEL, dataset="d"),
+            )
+        )
+        assert lp.sidecar is not None
+        lp.sidecar = dataclasses.replace(lp.sidecar, health=f"http://127.0.0.1:{srv.server_port}/api/healthcheck")
+        check = _identify(lp, lp.sidecar)
+        assert check() is None
+        answer["body"] = b'{"status": "unhealthy", "reason": "engine not initialized"}'
+        assert "not a healthy LMCache server" in (check() or "")
+        answer["body"] = b"<html>someone else</html>"
+        assert "failed" in (check() or "")
+    finally:
+        srv.shutdown()
+        srv.server_close()
