@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the system tools kvtier's tests and benchmarks use, when missing (Debian/Ubuntu, needs root or sudo).
-#   scripts/install-tools.sh fio [more tools]      (a tool is a command; ss comes from the iproute2 package)
+#   scripts/install-tools.sh fio [more tools]      (a tool is a command; ss comes from the iproute2 package,
+#                                                  mpirun from openmpi-bin)
 set -euo pipefail
 need=()
 for tool in "${@:-fio}"; do
   command -v "$tool" >/dev/null 2>&1 && continue
   case "$tool" in
     ss) need+=(iproute2) ;;
+    mpirun) need+=(openmpi-bin) ;;
     *) need+=("$tool") ;;
   esac
 done

@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-# Real parts the integration tests use: Caddy in front of sim replicas (kvtier launch), curl, and ss
-# (iproute2) to see which addresses the started servers listen on.
-bash scripts/install-tools.sh caddy curl ss || echo "scripts/test.sh: could not install caddy/curl/ss; their tests will skip" >&2
+# Real parts the integration tests use: Caddy in front of sim replicas (kvtier launch), curl, ss
+# (iproute2) to see which addresses the started servers listen on, and Open MPI's mpirun (MPI runs).
+bash scripts/install-tools.sh caddy curl ss mpirun ||
+  echo "scripts/test.sh: could not install caddy/curl/ss/mpirun; their tests will skip" >&2
 exec .venv/bin/python -m pytest "$@"

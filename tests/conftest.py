@@ -112,3 +112,18 @@ def tiny_bench_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     )
     result = run(cfg, handle_signals=False)
     return result, d / "r.json"
+
+
+def _has_mpi4py() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+NEEDS_MPI = [
+    pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed"),
+    pytest.mark.skipif(not _has_mpi4py(), reason="mpi4py is not installed (the test extra installs it)"),
+]
+"""Markers of tests that start real mpirun ranks."""

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvtier.config.bench import BenchConfig
     from kvtier.report.bench import BenchResult
     from kvtier.telemetry.clock import Clock
+    from kvtier.telemetry.recorder import Recorder
 
 
 def check_output_path(flag: str, path: str | None) -> None:
@@ -74,13 +75,16 @@ def run(
     on_tick: Callable[[BenchRunner, float], None] | None = None,
     handle_signals: bool = False,
     clock: Clock | None = None,
+    gate: Callable[[], float] | None = None,
+    recorder: Recorder | None = None,
 ) -> BenchResult:
     """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
 
     ``on_start`` is called once the tiers exist, ``on_tick`` every ``progress_interval`` seconds;
     ``handle_signals`` turns SIGINT/SIGTERM into a partial stop (the CLI sets it). Bad input raises
     ConfigError or DatasetError before any load starts; a run that stops early still returns its
-    (partial) result."""
+    (partial) result. ``gate`` and ``recorder`` serve a rank of an MPI run (bench/mpi.py): the gate
+    holds the load until every rank is set up, and the recorder's raw samples are pooled by rank 0."""
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
@@ -95,14 +99,14 @@ def run(
     started = utc_now()
     clock = clock or MONOTONIC
     plan = derive(config)
-    rec = Recorder(clock=clock)
+    rec = recorder if recorder is not None else Recorder(clock=clock)
     comp = build_components(plan, rec)
     try:
         runner = BenchRunner(plan, comp, rec, clock)
         if on_start is not None:
             on_start(plan, comp)
         with stop_on_signals(runner) if handle_signals else contextlib.nullcontext():
-            outcome = runner.run(on_tick=on_tick, tick_s=config.progress_interval)
+            outcome = runner.run(on_tick=on_tick, tick_s=config.progress_interval, gate=gate)
         result = build_result(plan, comp, rec, outcome, started)
         # written before the tiers are torn down: a failing cleanup cannot lose a finished result
         if config.output:

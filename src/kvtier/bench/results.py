@@ -627,6 +627,7 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
             "warnings": run_warnings(plan, comp, rec, reqs, run, tiers),
             "elapsed_s": round(wall_s, 4),
             "load_duration_s": round((run.load_end_ns - run.start_ns) / 1e9, 4),
+            "load_start_unix_s": round(run.start_unix_s, 6),
             "seed": plan.seed,
             "model": {
                 **plan.model.to_dict(),

@@ -131,6 +131,7 @@ class BenchRunner:
         self.rec = recorder
         self.clock = clock
         self.stop = comp.stop  # also the store's cancel event: in-flight I/O stops between chunks
+        self.duration_s = float(plan.config.duration)  # a gate may shorten it to a shared deadline
         self.hard_stop = threading.Event()  # set by partial stops: cuts simulated generation short
         self._stop: StopReason | None = None
         self._partial = False
@@ -364,8 +365,17 @@ class BenchRunner:
             self._fill("rag_ingest", rag.ingest_steps())
 
     # -- the run ---------------------------------------------------------------------------
-    def run(self, on_tick: Callable[[BenchRunner, float], None] | None = None, tick_s: float = 5.0) -> RunOutcome:
+    def run(
+        self,
+        on_tick: Callable[[BenchRunner, float], None] | None = None,
+        tick_s: float = 5.0,
+        gate: Callable[[], float] | None = None,
+    ) -> RunOutcome:
+        """Set up, then load until a stop. ``gate`` (MPI: every rank set up, one shared start) is called
+        between set-up and load; it returns when the load may start and how many seconds it lasts."""
         self._set_up()
+        if gate is not None:
+            self.duration_s = gate()
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
         self.start_unix_s = time.time()
@@ -417,7 +427,7 @@ class BenchRunner:
 
     def _wait_for_end(self, on_tick: Callable[[BenchRunner, float], None] | None, tick_s: float) -> None:
         clock = self.clock
-        deadline = self.start_ns + int(self.cfg.duration * 1e9)
+        deadline = self.start_ns + int(self.duration_s * 1e9)
         next_tick = self.start_ns + int(tick_s * 1e9)
         while not self.stop.is_set():
             now = clock.now_ns()

@@ -51,12 +51,19 @@ def configure_logging(level: str) -> logging.Logger:
 def run_bench(args: argparse.Namespace) -> int:
     from kvtier.bench import run
     from kvtier.bench.progress import Progress
+    from kvtier.mpi import current
     from kvtier.report.envelope import exit_code, utc_now
 
     cfg = config_from_args(args, BenchConfig)
     log = configure_logging(cfg.log_level)
+    rank = current()  # under mpirun with >= 2 ranks: this process is one client of many
+    default_output = f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"
+    if rank is None and cfg.num_clients > 1:
+        return launch_clients(cfg.num_clients, sys.argv, cfg.output or default_output, cfg.output is None)
     if cfg.output is None:
-        cfg = cfg.model_copy(update={"output": f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"})
+        cfg = cfg.model_copy(update={"output": default_output})
+    if rank is not None:
+        return run_bench_rank(cfg, rank, log)
 
     def on_start(plan: Plan, comp: Components) -> None:
         print(
@@ -73,6 +80,95 @@ def run_bench(args: argparse.Namespace) -> int:
         result = run(cfg, on_start=on_start, on_tick=prog.tick, handle_signals=True)
     print_summary(result, Path(cfg.output or ""))
     return exit_code(result.status, result.stop_reason.code)
+
+
+def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> int:
+    """``--num-clients N``: this same command as N MPI ranks on this host (mpirun from Open MPI). The
+    exit status is the aggregate's (mpirun --enable-recovery reports 0 whatever the ranks did)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import time
+
+    from kvtier.errors import UnsupportedError
+    from kvtier.report.envelope import Status, StopCode, exit_code
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise UnsupportedError(
+            f"--num-clients {n}: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun, "
+            "and pip install 'kvtier[mpi]'"
+        )
+    try:
+        import mpi4py  # type: ignore[import-not-found, unused-ignore]  # noqa: F401 - only checked for
+    except ImportError:
+        raise UnsupportedError(f"--num-clients {n}: mpi4py is not installed: pip install 'kvtier[mpi]'") from None
+    rest = argv[argv.index("bench") + 1 :] if "bench" in argv else argv[1:]
+    out: list[str] = []
+    skip = False
+    for a in rest:  # drop --num-clients N / --num-clients=N: each rank is one client
+        if skip:
+            skip = False
+            continue
+        if a == "--num-clients":
+            skip = True
+            continue
+        if not a.startswith("--num-clients="):
+            out.append(a)
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    # --enable-recovery: a rank that dies does not take the others down (they finish; rank 0 reports it lost)
+    cmd = [
+        mpirun,
+        *root,
+        "--oversubscribe",
+        "--enable-recovery",
+        "-np",
+        str(n),
+        sys.executable,
+        "-m",
+        "kvtier",
+        "bench",
+    ]
+    cmd += out + (["--output", output] if add_output else [])
+    print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
+    t0 = time.time()
+    rc = subprocess.run(cmd, check=False).returncode
+    try:
+        if os.path.getmtime(output) < t0:
+            return rc or 1  # no aggregate from this run
+        agg = json.loads(Path(output).read_text())
+        return exit_code(Status(agg["status"]), StopCode(agg["stop_reason"]["code"]))
+    except (OSError, ValueError, KeyError):
+        return rc or 1
+
+
+def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
+    """One rank of an MPI run (bench/mpi.py); rank 0 prints the aggregate."""
+    from kvtier.bench.mpi import run_rank
+    from kvtier.mpi import Rank
+    from kvtier.report.aggregate import BenchAggregate
+    from kvtier.report.envelope import exit_code
+
+    assert isinstance(rank, Rank)
+    if rank.rank == 0:
+        print(
+            f"kvtier bench: rank 0 of {rank.size} ({rank.host}); per-rank results beside {cfg.output}", file=sys.stderr
+        )
+    out = run_rank(cfg, rank, handle_signals=True)
+    if isinstance(out, BenchAggregate):
+        t = out.totals
+        lat = out.latency
+        print(
+            f"kvtier bench (MPI, {out.ranks_reported}/{out.ranks_launched} ranks, {out.status.value}): "
+            f"{t.requests_completed:,} requests, read {t.storage_read_bytes_per_sec / 1e9:.3f} GB/s, "
+            f"write {t.storage_write_bytes_per_sec / 1e9:.3f} GB/s; end-to-end p95 "
+            f"{lat.end_to_end_latency_ms.get('p95')} ms over {lat.samples:,} samples pooled; "
+            f"start skew {out.skew.start_s:.3f} s; result: {cfg.output}"
+        )
+        for w in out.warnings:
+            log.warning(w.message)
+    return exit_code(out.status, out.stop_reason.code)
 
 
 def print_summary(result: BenchResult, path: Path) -> None:

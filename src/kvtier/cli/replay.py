@@ -42,9 +42,24 @@ def run_replay(a: argparse.Namespace) -> int:
 
 
 def replay(cfg: ReplayConfig) -> int:
-    """Run a replay as the CLI does (announce, run, print the summary line); returns the exit code."""
+    """Run a replay as the CLI does (announce, run, print the summary line); returns the exit code.
+    Under mpirun with two or more ranks, this process replays its share of the users (replay/mpi.py)."""
+    from kvtier.mpi import current
     from kvtier.replay import run
     from kvtier.report.envelope import exit_code
+
+    rank = current()
+    if rank is not None:
+        from kvtier.replay.mpi import run_rank
+
+        pooled = run_rank(cfg, rank)
+        if rank.rank == 0:
+            s = pooled.summary
+            print(
+                f"replay ({rank.size} ranks, {pooled.status.value}): {s.requests_ok}/{s.requests_total} requests ok, "
+                f"TTFT p50 {s.ttft_s.p50} s; {cfg.output}/summary.json"
+            )
+        return exit_code(pooled.status, pooled.stop_reason.code)
 
     def on_start(plan: ReplayPlan) -> None:
         print(

@@ -414,6 +414,20 @@ class BenchConfig(_Strict):
         "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS
     )
     progress_interval: float = flag(5.0, "seconds between progress updates", group=ADDITIONS, gt=0)
+    num_clients: int = flag(
+        1,
+        "run N client processes on this host as one run: kvtier starts mpirun -np N itself (under mpirun, "
+        "each rank is one client; see README 'Many processes and hosts')",
+        group=ADDITIONS,
+        ge=1,
+        le=1024,
+    )
+    mpi_timeout: float = flag(
+        600.0,
+        "MPI runs: seconds a rank waits for the others at set-up and for results at the end before it counts them lost",
+        group=ADDITIONS,
+        gt=0,
+    )
     kv_layout: Literal["entry", "chunked"] = flag(
         "entry",
         "entry: one entry per turn (reference); chunked: prefix-chained token chunks (vLLM/LMCache)",

@@ -44,6 +44,11 @@ class ReplayConfig(StrictModel):
     event_loop: EventLoopKind = flag("auto", "client event loop: uvloop when installed (auto), or asyncio")
     cache_salt: str | None = flag(None, "sent as cache_salt so runs do not share cache entries")
     scrape_interval: float = flag(15.0, "seconds between /metrics scrapes", gt=0)
+    mpi_timeout: float = flag(
+        600.0,
+        "under mpirun: seconds a rank waits for the others at the start, and rank 0 for their records at the end",
+        gt=0,
+    )
     rate_window: float = flag(300.0, "seconds of the rolling hit-rate window", gt=0)
     metrics_url: list[str] = flag([], "server root to scrape (default: the base URL's root)")
 

@@ -45,6 +45,7 @@ class ReplayPlan:
     tokenizer: Tokenizer
     tools: list[dict[str, Any]] | None
     warnings: list[ResultWarning] = field(default_factory=list)
+    scrape: bool = True  # False on MPI ranks other than 0: one scraper per server
 
 
 def prepare(cfg: ReplayConfig) -> ReplayPlan:
@@ -138,7 +139,8 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     if handle_signals and threading.current_thread() is threading.main_thread():
         loop.add_signal_handler(signal.SIGINT, stop.by, StopCode.interrupted)
         loop.add_signal_handler(signal.SIGTERM, stop.by, StopCode.terminated)
-    scrapers = [Scraper(u, cfg.scrape_interval, cfg.rate_window) for u in (cfg.metrics_url or [cfg.server_root])]
+    urls = (cfg.metrics_url or [cfg.server_root]) if plan.scrape else []
+    scrapers = [Scraper(u, cfg.scrape_interval, cfg.rate_window) for u in urls]
     scrape_stop = asyncio.Event()
     scrape_tasks = [asyncio.create_task(sc.run(scrape_stop)) for sc in scrapers]
     t0 = clock.now_ns()

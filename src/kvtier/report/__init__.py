@@ -1,7 +1,7 @@
 """Results: the shared envelope, each command's typed result, the writers, and ``load``.
 
-``load(path)`` reads any file kvtier writes — a bench result JSON, a replay ``summary.json`` (or
-its folder), a ``launch.json`` (or its folder) — back into its typed model, validating every key;
+``load(path)`` reads any file kvtier writes — a bench result JSON, an MPI bench aggregate, a replay
+``summary.json`` (or its folder), a ``launch.json`` (or its folder) — back into its typed model, validating every key;
 an error names the file and the key path.
 """
 
@@ -16,11 +16,12 @@ from pydantic import ValidationError
 from kvtier.errors import DatasetError
 
 if TYPE_CHECKING:
+    from kvtier.report.aggregate import BenchAggregate
     from kvtier.report.bench import BenchResult
     from kvtier.report.launch import LaunchResult
     from kvtier.report.replay import ReplayResult
 
-    AnyResult = BenchResult | ReplayResult | LaunchResult
+    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate
 
 
 def _model_for(benchmark: Any) -> Any:
@@ -36,6 +37,10 @@ def _model_for(benchmark: Any) -> Any:
         from kvtier.report.launch import LaunchResult
 
         return LaunchResult
+    if benchmark == "kvtier bench mpi":
+        from kvtier.report.aggregate import BenchAggregate
+
+        return BenchAggregate
     return None
 
 

@@ -441,6 +441,7 @@ class BenchResult(Envelope):
     benchmark: Literal["kvtier bench"] = "kvtier bench"
     elapsed_s: float
     load_duration_s: float
+    load_start_unix_s: float | None = None  # wall clock when the load began (MPI ranks line up on it)
     seed: int
     model: ModelInfo
     requests_completed: int

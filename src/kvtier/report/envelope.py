@@ -102,6 +102,8 @@ class WarningCode(enum.StrEnum):
     stale_runs_found = "stale-runs-found"
     cleanup_failed = "cleanup-failed"
     engine_fallback = "engine-fallback"
+    ranks_lost = "ranks-lost"
+    rank_not_complete = "rank-not-complete"
     gpu_env_conflict = "gpu-env-conflict"
 
 

@@ -102,6 +102,8 @@ class ReplayResult(Envelope):
     summary: ReplaySummary
     server_metrics: list[ScrapeSummary]
     config: ReplayConfig
+    ranks: list[dict[str, Any]] | None = None  # MPI runs: one line per rank (replay/mpi.py)
+    lost_ranks: list[int] | None = None  # MPI runs: ranks whose records never reached rank 0
 
 
 __all__ = ["ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]

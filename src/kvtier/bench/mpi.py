@@ -1,0 +1,292 @@
+"""``kvtier bench`` as one rank of an MPI run: many processes (and hosts) loading their storage over one
+shared window, with one aggregate.
+
+Per rank r: ``<cache-dir>/rank_<r>/``, seed ``seed + r`` (rank 0 draws one seed for all when none is
+given), its own full result in ``<output stem>.rank_<r>.json``. The protocol (kvtier/mpi.py, star
+messages with deadlines, ``--mpi-timeout``):
+
+1. every rank sets up (tiers, noise buffer, preconditioning, prepopulation, RAG ingest) and tells
+   rank 0 it is ready, or why it cannot run (the error names its host and rank);
+2. rank 0 waits for all, then sends one start time (now + 1 s) and one deadline (start + duration) —
+   or, when a rank failed or never reported, an abort naming it, and every rank stops before loading;
+3. every rank waits for the start, loads until the deadline, writes its own result file, then sends
+   its summary and raw latency samples to rank 0;
+4. rank 0 sums what adds up, pools every latency percentile over the union of the samples (exact),
+   keeps the MLPerf wrapper's figures beside them, and writes ``--output``: partial when a rank was
+   lost (named in ``lost_ranks``) or any rank's run was partial.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.config.bench import BenchConfig
+from kvtier.errors import ConfigError, KvtierError
+from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, sleep_until
+from kvtier.report.aggregate import BenchAggregate
+from kvtier.report.bench import BenchResult
+from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.stats import summarize_ns_as_ms
+from kvtier.telemetry.recorder import Recorder
+
+START_MARGIN_S = 1.0  # between rank 0's go and the shared start: every rank hears it in time
+TIERS = ("gpu", "cpu", "storage")
+
+
+def rank_path(path: str | None, rank: int, suffix: str) -> str | None:
+    """``out.json`` -> ``out.rank_3.json`` (``suffix`` when the name has none)."""
+    if path is None:
+        return None
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank_{rank}{p.suffix or suffix}"))
+
+
+def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
+    cache: str | None = None  # none given: each rank its own temporary directory, as a single run
+    if cfg.cache_dir is not None:
+        folder = Path(cfg.cache_dir) / f"rank_{r.rank}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--cache-dir: rank {r.rank} on {r.host} cannot create {folder}: {e.strerror}") from e
+        cache = str(folder)
+    return cfg.model_copy(
+        update={
+            "cache_dir": cache,
+            "seed": seed + r.rank,
+            "output": rank_path(cfg.output, r.rank, ".json"),
+            "xlsx_output": rank_path(cfg.xlsx_output, r.rank, ".xlsx"),
+            "num_clients": 1,
+        }
+    )
+
+
+def shared_seed(cfg: BenchConfig, r: Rank) -> int:
+    """The run's base seed: the given one, or one rank 0 drew and sent to every rank."""
+    if cfg.seed is not None:
+        return cfg.seed
+    if r.rank == 0:
+        seed = int.from_bytes(os.urandom(4), "little")
+        r.tell(seed, list(range(1, r.size)), TAG_SEED, cfg.mpi_timeout)
+        return seed
+    ok, seed = r.recv(0, TAG_SEED, cfg.mpi_timeout)
+    if not ok:
+        raise RunAborted(f"rank {r.rank} ({r.host}): no seed from rank 0 within --mpi-timeout {cfg.mpi_timeout:g} s")
+    return int(seed)
+
+
+class Gate:
+    """Steps 1-3 of the protocol: ready -> one start and one deadline (or an abort)."""
+
+    def __init__(self, cfg: BenchConfig, r: Rank) -> None:
+        self.cfg, self.r = cfg, r
+        self.passed = False
+        self.window: dict[str, float] = {}
+
+    def __call__(self) -> float:
+        self.window = agree_start(self.r, self.cfg.mpi_timeout, duration_s=self.cfg.duration, margin_s=START_MARGIN_S)
+        self.passed = True
+        sleep_until(self.window["start_unix_s"])
+        return max(0.0, self.window["deadline_unix_s"] - time.time())
+
+    def report_failure(self, message: str) -> None:
+        """A rank that failed before the gate says so (rank 0 then aborts every rank, naming it)."""
+        try:
+            agree_start(self.r, self.cfg.mpi_timeout, problem=message)
+        except RunAborted:
+            pass  # expected: the caller raises its own error
+
+
+def samples_of(rec: Recorder) -> dict[str, Any]:
+    """The raw latency samples rank 0 pools, as int64 nanosecond arrays."""
+    ok = [x for x in rec.requests if x.ok]
+    out: dict[str, Any] = {
+        "e2e": np.fromiter((x.end_ns - x.submit_ns for x in ok), np.int64, len(ok)),
+        "storage": np.fromiter((x.storage_ns for x in ok), np.int64, len(ok)),
+    }
+    for (tier, op), ops in list(rec.ops.items()):
+        out[f"{tier}.{op}"] = np.fromiter((s.host_ns + s.device_ns for s in ops), np.int64, len(ops))
+        out[f"{tier}.{op}.device"] = np.fromiter((s.device_ns for s in ops), np.int64, len(ops))
+    return out
+
+
+def run_rank(cfg: BenchConfig, r: Rank, **run_kwargs: Any) -> BenchResult | BenchAggregate:
+    """This rank's part of the run; rank 0 returns the aggregate, the others their own result."""
+    from kvtier.bench import run
+
+    started = utc_now()
+    seed = shared_seed(cfg, r)
+    gate = Gate(cfg, r)
+    rec = Recorder()
+    try:
+        mine = rank_config(cfg, r, seed)
+        result = run(mine, gate=gate, recorder=rec, **run_kwargs)
+    except RunAborted:
+        raise
+    except (KvtierError, OSError) as e:
+        if not gate.passed:
+            gate.report_failure(str(e))
+        raise
+    contribution = {
+        "rank": r.rank,
+        "host": r.host,
+        "result": result.model_dump(mode="json"),
+        "result_file": mine.output,
+        "samples": samples_of(rec),
+    }
+    got = r.gather(contribution, TAG_RESULT, cfg.mpi_timeout)
+    if r.rank != 0 or got is None:
+        return result
+    agg = aggregate(cfg, r.size, seed, gate.window, got, started)
+    if cfg.output:
+        from kvtier.report.writers import write_json
+
+        write_json(agg, cfg.output, flag="--output")
+    return agg
+
+
+def _rank_window(res: dict[str, Any]) -> tuple[float, float]:
+    start = float(res.get("load_start_unix_s") or 0.0)
+    return start, start + float(res["load_duration_s"])
+
+
+def aggregate(
+    cfg: BenchConfig, size: int, seed: int, window: dict[str, float], got: dict[int, dict[str, Any]], started: Any
+) -> BenchAggregate:
+    """Rank 0's view of the run from every contribution it received (``got``: rank -> contribution)."""
+    t0 = time.perf_counter()
+    results = {k: v["result"] for k, v in sorted(got.items())}
+    pooled = {
+        name: np.concatenate([v["samples"].get(name, np.empty(0, np.int64)) for v in got.values()])
+        for name in {n for v in got.values() for n in v["samples"]}
+    }
+    latency = {
+        "end_to_end_latency_ms": summarize_ns_as_ms(pooled.get("e2e", np.empty(0, np.int64))),
+        "storage_io_latency_ms": summarize_ns_as_ms(pooled.get("storage", np.empty(0, np.int64))),
+        "tiers": {
+            t: {op: summarize_ns_as_ms(pooled[f"{t}.{op}"]) for op in ("read", "write") if f"{t}.{op}" in pooled}
+            for t in TIERS
+            if any(f"{t}.{op}" in pooled for op in ("read", "write"))
+        },
+        "tiers_device": {
+            t: {
+                op: summarize_ns_as_ms(pooled[f"{t}.{op}.device"])
+                for op in ("read", "write")
+                if f"{t}.{op}.device" in pooled
+            }
+            for t in TIERS
+            if any(f"{t}.{op}.device" in pooled for op in ("read", "write"))
+        },
+        "samples": int(sum(a.size for a in pooled.values())),
+    }
+    latency["merge_seconds"] = round(time.perf_counter() - t0, 4)
+    span = max(1e-9, window.get("deadline_unix_s", 0.0) - window.get("start_unix_s", 0.0))
+    summaries = [res["summary"] for res in results.values()]
+    caches = [s["cache_stats"] for s in summaries]
+    tier_bytes: dict[str, dict[str, int]] = {}
+    for res in results.values():
+        for name, t in res.get("tiers", {}).items():
+            b = tier_bytes.setdefault(name, {"read": 0, "written": 0})
+            b["read"] += int(t["read"]["bytes"])
+            b["written"] += int(t["write"]["bytes"])
+    p95s = [c.get("storage_read_p95_ms") for c in caches if c.get("storage_read_p95_ms") is not None]
+    windows = {k: _rank_window(res) for k, res in results.items()}
+    lost = [k for k in range(size) if k not in got]
+    partial = bool(lost) or any(res["status"] != "complete" for res in results.values())
+    warnings = []
+    if lost:
+        warnings.append(
+            warning(
+                WarningCode.ranks_lost,
+                f"rank(s) {', '.join(map(str, lost))} sent no result within --mpi-timeout {cfg.mpi_timeout:g} s: "
+                "the aggregate holds the other ranks only",
+                lost_ranks=lost,
+            )
+        )
+    for k, res in results.items():
+        if res["status"] != "complete":
+            warnings.append(
+                warning(
+                    WarningCode.rank_not_complete,
+                    f"rank {k}: {res['status']} ({res['stop_reason']['code']})",
+                    rank=k,
+                    status=res["status"],
+                )
+            )
+    stops = {res["stop_reason"]["code"] for res in results.values()}
+    stop_code = StopCode.duration if stops <= {"duration"} else StopCode(sorted(stops - {"duration"})[0])
+    return BenchAggregate.model_validate(
+        {
+            "status": Status.partial if partial else Status.complete,
+            "stop_reason": StopReason(
+                code=stop_code,
+                message=(f"lost rank(s) {lost}; " if lost else "") + f"ranks stopped by: {', '.join(sorted(stops))}",
+            ),
+            "started_at": iso(started),
+            "finished_at": iso(utc_now()),
+            "host": collect_host({"cache_dir": cfg.cache_dir}),
+            "warnings": warnings,
+            "ranks_launched": size,
+            "ranks_reported": len(got),
+            "lost_ranks": lost,
+            "window": window,
+            "seed": seed,
+            "totals": {
+                "requests_completed": sum(int(res["requests_completed"]) for res in results.values()),
+                "requests_failed": sum(int(res["requests_failed"]) for res in results.values()),
+                "total_tokens_generated": sum(int(res["total_tokens_generated"]) for res in results.values()),
+                "avg_throughput_tokens_per_sec": round(
+                    sum(int(res["total_tokens_generated"]) for res in results.values()) / span, 3
+                ),
+                "storage_kv_tokens_per_sec": round(sum(float(s["storage_kv_tokens_per_sec"]) for s in summaries), 3),
+                "storage_read_bytes_per_sec": round(sum(float(s["storage_read_bytes_per_sec"]) for s in summaries), 1),
+                "storage_write_bytes_per_sec": round(
+                    sum(float(s["storage_write_bytes_per_sec"]) for s in summaries), 1
+                ),
+                "tier_bytes": tier_bytes,
+            },
+            "latency": latency,
+            "mlperf": {
+                "storage_throughput_tokens_per_sec_sum": round(
+                    sum(float(s["storage_throughput_tokens_per_sec"]) for s in summaries), 3
+                ),
+                "tier_storage_read_bandwidth_gbps_sum": round(
+                    sum(float(c["tier_storage_read_bandwidth_gbps"]) for c in caches), 6
+                ),
+                "tier_storage_write_bandwidth_gbps_sum": round(
+                    sum(float(c["tier_storage_write_bandwidth_gbps"]) for c in caches), 6
+                ),
+                "storage_read_p95_ms_max": max(p95s) if p95s else None,
+            },
+            "skew": {
+                "start_s": round(max(w[0] for w in windows.values()) - min(w[0] for w in windows.values()), 4),
+                "stop_s": round(max(w[1] for w in windows.values()) - min(w[1] for w in windows.values()), 4),
+            },
+            "ranks": [
+                {
+                    "rank": k,
+                    "host": got[k]["host"],
+                    "status": res["status"],
+                    "stop_code": res["stop_reason"]["code"],
+                    "result_file": got[k]["result_file"],
+                    "requests_completed": int(res["requests_completed"]),
+                    "requests_failed": int(res["requests_failed"]),
+                    "total_tokens_generated": int(res["total_tokens_generated"]),
+                    "load_start_unix_s": windows[k][0],
+                    "load_end_unix_s": windows[k][1],
+                    "storage_throughput_tokens_per_sec": float(res["summary"]["storage_throughput_tokens_per_sec"]),
+                    "storage_read_p95_ms": res["summary"]["cache_stats"].get("storage_read_p95_ms"),
+                }
+                for k, res in results.items()
+            ],
+            "config": cfg.model_dump(mode="json"),
+        }
+    )
+
+
+__all__ = ["run_rank", "aggregate", "rank_path", "RunAborted"]

@@ -1,0 +1,172 @@
+"""MPI for kvtier: is this process one rank of an ``mpirun`` launch, and bounded-time messages between
+ranks.
+
+Detection reads the launcher's environment (Open MPI's ``OMPI_COMM_WORLD_SIZE``, PMIx's
+``PMIX_RANK`` with ``OMPI_COMM_WORLD_SIZE``, MPICH/Hydra's ``PMI_SIZE``); only a launch of two or more
+ranks is a distributed run, and only then is mpi4py (the ``mpi`` extra) imported. A rank that is
+launched by mpirun without mpi4py stops with a clear error instead of running alone N times.
+
+Every exchange has a deadline: messages are posted non-blocking and polled, so a rank that died or
+never arrives costs the others a timeout and a name in the result, never a hang. All traffic is
+between rank 0 and the others (a star): rank 0 gathers, decides and tells.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.errors import KvtierError, UnsupportedError
+
+SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS")
+TAG_READY, TAG_GO, TAG_RESULT, TAG_SEED = 11, 12, 13, 14
+POLL_S = 0.005
+
+
+def launched_size(environ: Mapping[str, str] | None = None) -> int:
+    """The world size the launcher announced in the environment (1 when not launched by mpirun)."""
+    env = os.environ if environ is None else environ
+    for name in SIZE_VARS:
+        value = env.get(name)
+        if value and value.strip().isdigit():
+            return int(value)
+    return 1
+
+
+@dataclass
+class Rank:
+    """This process's place in the run and the communicator to the others."""
+
+    rank: int
+    size: int
+    host: str
+    comm: Any  # mpi4py.MPI.Comm
+
+    def send(self, obj: Any, dest: int, tag: int, timeout_s: float) -> bool:
+        """Send ``obj`` (pickled); False when the receiver did not take it within the timeout."""
+        req = self.comm.isend(obj, dest=dest, tag=tag)
+        deadline = time.monotonic() + timeout_s
+        while not req.Test():
+            if time.monotonic() > deadline:
+                try:
+                    req.Cancel()
+                except Exception:  # noqa: BLE001 - cancelling a send may be unsupported; the timeout stands
+                    pass
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def recv(self, source: int, tag: int, timeout_s: float) -> tuple[bool, Any]:
+        """(True, obj) from ``source``, or (False, None) when nothing came within the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not self.comm.iprobe(source=source, tag=tag):
+            if time.monotonic() > deadline:
+                return False, None
+            time.sleep(POLL_S)
+        return True, self.comm.recv(source=source, tag=tag)
+
+    def gather(self, obj: Any, tag: int, timeout_s: float) -> dict[int, Any] | None:
+        """Rank 0: {rank: obj} of every rank heard from within the timeout (its own included); a
+        missing rank is absent. Other ranks: send to rank 0 and return None."""
+        if self.rank != 0:
+            self.send(obj, 0, tag, timeout_s)
+            return None
+        got = {0: obj}
+        deadline = time.monotonic() + timeout_s
+        waiting = set(range(1, self.size))
+        while waiting and time.monotonic() <= deadline:
+            for r in sorted(waiting):
+                if self.comm.iprobe(source=r, tag=tag):
+                    got[r] = self.comm.recv(source=r, tag=tag)
+                    waiting.discard(r)
+            if waiting:
+                time.sleep(POLL_S)
+        return got
+
+    def tell(self, obj: Any, ranks: list[int], tag: int, timeout_s: float) -> list[int]:
+        """Rank 0 sends ``obj`` to each of ``ranks``; returns the ranks that did not take it."""
+        reqs = {r: self.comm.isend(obj, dest=r, tag=tag) for r in ranks}
+        deadline = time.monotonic() + timeout_s
+        while reqs and time.monotonic() <= deadline:
+            reqs = {r: q for r, q in reqs.items() if not q.Test()}
+            if reqs:
+                time.sleep(POLL_S)
+        return sorted(reqs)
+
+
+class RunAborted(KvtierError):
+    """This rank stops before the load: a rank could not start, never reported, or missed the start."""
+
+
+def agree_start(
+    r: Rank, timeout_s: float, problem: str | None = None, duration_s: float | None = None, margin_s: float = 1.0
+) -> dict[str, float]:
+    """Every rank reports ready (or ``problem``, why it cannot run) to rank 0, which answers with one
+    start time (now + ``margin_s``; with ``duration_s`` also one deadline) or, when a rank failed or did
+    not report within ``timeout_s``, an abort naming it. Raises RunAborted on every rank then (and on a
+    rank whose own ``problem`` it is); otherwise returns ``{"start_unix_s", ["deadline_unix_s"]}``."""
+    state = {"ok": problem is None, "host": r.host, "error": problem}
+    if r.rank == 0:
+        states = r.gather(state, TAG_READY, timeout_s) or {}
+        bad = [f"rank {k} ({v['host']}): {v['error']}" for k, v in sorted(states.items()) if not v["ok"]]
+        missing = [k for k in range(r.size) if k not in states]
+        if missing:
+            bad.append(f"rank(s) {', '.join(map(str, missing))} did not report within {timeout_s:g} s")
+        if bad:
+            r.tell({"abort": "; ".join(bad)}, [k for k in states if k != 0], TAG_GO, 30)
+            raise RunAborted("the MPI run cannot start: " + "; ".join(bad))
+        start = time.time() + margin_s
+        go = {"start_unix_s": start, **({"deadline_unix_s": start + duration_s} if duration_s is not None else {})}
+        late = r.tell(go, list(range(1, r.size)), TAG_GO, margin_s)
+        if late:
+            raise RunAborted(f"rank(s) {late} did not take the start message in time")
+        return go
+    r.send(state, 0, TAG_READY, timeout_s)
+    if problem is not None:
+        raise RunAborted(problem)
+    ok, go = r.recv(0, TAG_GO, timeout_s + 60)
+    if not ok:
+        raise RunAborted(f"rank {r.rank} ({r.host}): no start from rank 0 within {timeout_s:g} s")
+    if "abort" in go:
+        raise RunAborted(f"rank {r.rank}: the MPI run was aborted before it started: {go['abort']}")
+    return dict(go)
+
+
+def sleep_until(unix_s: float) -> None:
+    delay = unix_s - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def current(environ: Mapping[str, str] | None = None) -> Rank | None:
+    """This rank when launched by mpirun with two or more ranks, else None."""
+    size = launched_size(environ)
+    if size < 2:
+        return None
+    try:
+        from mpi4py import MPI  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as e:
+        raise UnsupportedError(
+            f"launched by mpirun with {size} ranks, but mpi4py is not installed: pip install 'kvtier[mpi]' "
+            f"(it needs the system's Open MPI: bash scripts/install-tools.sh mpirun) ({e})"
+        ) from None
+    comm = MPI.COMM_WORLD
+    return Rank(comm.Get_rank(), comm.Get_size(), socket.gethostname(), comm)
+
+
+__all__ = [
+    "Rank",
+    "RunAborted",
+    "agree_start",
+    "sleep_until",
+    "current",
+    "launched_size",
+    "TAG_READY",
+    "TAG_GO",
+    "TAG_RESULT",
+    "TAG_SEED",
+]

@@ -1,0 +1,143 @@
+"""``kvtier replay`` as one rank of an MPI run: the virtual users split disjointly across ranks, each
+rank streaming its share on its own event loop, one result pooled by rank 0.
+
+Every rank reads the dataset and cuts the same virtual users (the order is deterministic); rank r
+takes users r, r + N, r + 2N, ... — together exactly the users one process would run — and its share
+of ``--concurrency`` (C // N, one more for the first C % N ranks). Only rank 0 scrapes the servers'
+/metrics and sends the warm-up requests. The ranks start together (rank 0 sends one start time, as in
+bench/mpi.py). Each rank writes ``OUTDIR/rank_<r>/`` (requests.jsonl, summary.json) as it ends, then
+sends its records to rank 0, which writes ``OUTDIR/requests.jsonl`` (the union, each row with its
+``rank``) and ``OUTDIR/summary.json``: TTFT/TPOT/end-to-end percentiles and sessions computed over the
+union (exact), the servers' figures from its own scrapes, and ``ranks`` (one line per rank). A rank
+that sends nothing within ``--mpi-timeout`` is named in the result, which is then partial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from kvtier.config.replay import ReplayConfig
+from kvtier.errors import KvtierError
+from kvtier.mpi import TAG_RESULT, Rank, agree_start, sleep_until
+from kvtier.replay.driver import ReplayPlan, execute, prepare, write_outputs
+from kvtier.report.envelope import ResultWarning, Status, StopReason, WarningCode, warning
+from kvtier.report.replay import ReplayResult
+
+START_MARGIN_S = 1.0
+
+
+def share(n: int, r: Rank) -> int:
+    """This rank's part of ``n`` (concurrency): n // size, plus one for the first n % size ranks."""
+    return n // r.size + (1 if r.rank < n % r.size else 0)
+
+
+def rank_plan(plan: ReplayPlan, r: Rank) -> ReplayPlan:
+    cfg = plan.config
+    out = str(Path(cfg.output) / f"rank_{r.rank}") if cfg.output else None
+    mine = plan.users[r.rank :: r.size]
+    update: dict[str, Any] = {"concurrency": max(1, share(cfg.concurrency, r)), "output": out}
+    if r.rank != 0:
+        update["warmup"] = 0
+    return dataclasses.replace(plan, users=mine, config=cfg.model_copy(update=update), scrape=r.rank == 0)
+
+
+def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayResult:
+    """This rank's share of the replay; rank 0 returns (and writes) the pooled result."""
+    from kvtier.replay.summary import summarize
+
+    plan: ReplayPlan | None = None
+    problem = None
+    try:
+        plan = prepare(cfg)
+    except KvtierError as e:
+        problem = f"rank {r.rank} ({r.host}): {e}"
+    go = agree_start(r, cfg.mpi_timeout, problem=problem, margin_s=START_MARGIN_S)
+    sleep_until(go["start_unix_s"])
+    assert plan is not None
+    mine = rank_plan(plan, r)
+    result, records = execute(mine, handle_signals)
+    for rec in records:
+        rec["rank"] = r.rank
+    if mine.config.output:
+        write_outputs(result, records, mine.config.output)
+    contribution = {
+        "rank": r.rank,
+        "host": r.host,
+        "records": records,
+        "status": result.status.value,
+        "stop_code": result.stop_reason.code.value,
+        "wall_s": result.wall_s,
+        "achieved": result.concurrency.achieved,
+        "users": len(mine.users),
+        "warnings": [w.model_dump(mode="json") for w in result.warnings],
+    }
+    got = r.gather(contribution, TAG_RESULT, cfg.mpi_timeout)
+    if r.rank != 0 or got is None:
+        return result
+    union = [rec for k in sorted(got) for rec in got[k]["records"]]
+    lost = [k for k in range(r.size) if k not in got]
+    wall = max(c["wall_s"] for c in got.values())
+    summary = summarize(union, len(plan.users), cfg.num_rounds, wall)
+    warnings = [w for w in result.warnings if w.code not in (WarningCode.concurrency_not_reached,)]
+    for k, c in sorted(got.items()):
+        if k != 0:
+            warnings += [
+                ResultWarning.model_validate(w)
+                for w in c["warnings"]
+                if w["code"] != WarningCode.concurrency_not_reached
+            ]
+    if lost:
+        warnings.append(
+            warning(
+                WarningCode.ranks_lost,
+                f"rank(s) {', '.join(map(str, lost))} sent no records within --mpi-timeout {cfg.mpi_timeout:g} s: "
+                "their users are missing from the pooled result",
+                lost_ranks=lost,
+            )
+        )
+    partial = bool(lost) or any(c["status"] != "complete" for c in got.values())
+    status = Status.partial if partial else result.status
+    stop = result.stop_reason
+    if lost:
+        stop = StopReason(code=stop.code, message=f"lost rank(s) {lost}; {stop.message}")
+    pooled = result.model_copy(
+        update={
+            "status": status,
+            "stop_reason": stop,
+            "warnings": warnings,
+            "wall_s": round(wall, 3),
+            "summary": type(result.summary).model_validate(summary),
+            "concurrency": result.concurrency.model_copy(
+                update={
+                    "requested": cfg.concurrency,
+                    "achieved": sum(c["achieved"] for c in got.values()),
+                    "virtual_users": len(plan.users),
+                }
+            ),
+            "dataset": result.dataset.model_copy(update={"virtual_users": len(plan.users)}),
+            "config": plan.config,
+            "ranks": [
+                {
+                    "rank": k,
+                    "host": c["host"],
+                    "status": c["status"],
+                    "stop_code": c["stop_code"],
+                    "virtual_users": c["users"],
+                    "requests": len(c["records"]),
+                    "achieved_concurrency": c["achieved"],
+                    "wall_s": c["wall_s"],
+                }
+                for k, c in sorted(got.items())
+            ],
+            "lost_ranks": lost,
+        }
+    )
+    pooled = ReplayResult.model_validate(pooled.model_dump(mode="json"))
+    if cfg.output:
+        write_outputs(pooled, union, cfg.output)
+    return pooled
+
+
+__all__ = ["run_rank", "rank_plan", "share"]

@@ -1,0 +1,151 @@
+"""kvtier bench over real mpirun ranks on this host: per-rank folders, seeds and result files, one shared
+window, an aggregate whose sums equal the per-rank sums and whose percentiles are those of the union of
+every rank's samples; a rank that cannot start stops the run before the load, naming it; a rank killed
+mid-run leaves a partial aggregate of the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.report import load
+from kvtier.report.aggregate import BenchAggregate
+from tests.conftest import NEEDS_MPI, kvtier_cmd
+
+pytestmark = [*NEEDS_MPI, pytest.mark.slow]
+
+BENCH = ["--model", "tiny-1b", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.25", "--max-concurrent-allocs", "2"]
+BENCH += ["--generation-mode", "none", "--progress", "none", "--noise-mb", "64", "--io-chunk-mb", "8"]
+
+
+def mpirun(n: int, args: list[str], timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Plain mpirun (without --enable-recovery, whose exit status is 0 whatever the ranks return)."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "-np", str(n), *kvtier_cmd(), "bench", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+def test_two_ranks_share_one_window_and_pool_exactly(tmp_path: Path):
+    out = tmp_path / "out.json"
+    cache = tmp_path / "cache"
+    p = mpirun(
+        2,
+        [*BENCH, "--num-users", "3", "--duration", "4", "--seed", "7", "--cache-dir", str(cache), "--output", str(out)],
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    agg = json.loads(out.read_text())
+    ranks = [json.loads((tmp_path / f"out.rank_{r}.json").read_text()) for r in (0, 1)]
+    assert agg["benchmark"] == "kvtier bench mpi" and agg["status"] == "complete" and agg["lost_ranks"] == []
+    assert [r["seed"] for r in ranks] == [7, 8] and agg["seed"] == 7
+    assert sorted(x.name for x in cache.iterdir()) == ["rank_0", "rank_1"]
+    # one window: the ranks started together and loaded until the same deadline
+    assert agg["skew"]["start_s"] < 0.5 and agg["skew"]["stop_s"] < 3
+    assert agg["window"]["deadline_unix_s"] - agg["window"]["start_unix_s"] == pytest.approx(4)
+    # sums equal the per-rank sums
+    t = agg["totals"]
+    assert t["requests_completed"] == sum(r["requests_completed"] for r in ranks) > 0
+    assert t["total_tokens_generated"] == sum(r["total_tokens_generated"] for r in ranks)
+    for tier, b in t["tier_bytes"].items():
+        assert b["written"] == sum(r["tiers"][tier]["write"]["bytes"] for r in ranks if tier in r["tiers"])
+        assert b["read"] == sum(r["tiers"][tier]["read"]["bytes"] for r in ranks if tier in r["tiers"])
+    mp = agg["mlperf"]
+    assert mp["storage_throughput_tokens_per_sec_sum"] == pytest.approx(
+        sum(r["summary"]["storage_throughput_tokens_per_sec"] for r in ranks), rel=1e-6
+    )
+    # pooled percentiles are those of the union of the ranks' raw end-to-end latencies
+    union = np.concatenate([np.asarray(r["end_to_end_latencies"], dtype=np.float64) for r in ranks]) * 1e3
+    e2e = agg["latency"]["end_to_end_latency_ms"]
+    assert e2e["count"] == union.size
+    for name, q in (("p50", 50), ("p95", 95), ("max", 100)):
+        assert e2e[name] == pytest.approx(float(np.percentile(union, q)), abs=2e-3)
+    assert agg["ranks"][1]["result_file"] == str(tmp_path / "out.rank_1.json")
+    typed = load(out)  # the aggregate reads back into its typed model, every key validated
+    assert isinstance(typed, BenchAggregate) and typed.totals.requests_completed == t["requests_completed"]
+
+
+def test_a_rank_that_cannot_start_stops_the_run_before_the_load(tmp_path: Path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "rank_1").write_text("a file where rank 1's folder should be")
+    out = tmp_path / "out.json"
+    p = mpirun(2, [*BENCH, "--num-users", "2", "--duration", "3", "--cache-dir", str(cache), "--output", str(out)])
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "the MPI run cannot start: rank 1 (" in p.stderr and "cannot create" in p.stderr, p.stderr
+    assert not out.exists() and not (tmp_path / "out.rank_0.json").exists()
+
+
+def test_a_killed_rank_leaves_a_partial_aggregate_of_the_others(tmp_path: Path):
+    out = tmp_path / "out.json"
+    args = [*BENCH, "--num-users", "2", "--duration", "6", "--seed", "3", "--cache-dir", str(tmp_path / "c")]
+    args += ["--output", str(out), "--mpi-timeout", "10"]
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "--enable-recovery", "-np", "2", *kvtier_cmd(), "bench", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:  # rank 1, once the load has started
+            time.sleep(0.2)
+            for d in Path("/proc").iterdir():
+                if not d.name.isdigit():
+                    continue
+                try:
+                    env = (d / "environ").read_bytes()
+                    cmdline = (d / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"OMPI_COMM_WORLD_RANK=1\0" in env and str(out).encode() in cmdline and b"mpirun" not in cmdline:
+                    if (tmp_path / "c" / "rank_1").exists():
+                        victim = int(d.name)
+        assert victim is not None, "rank 1 never appeared"
+        time.sleep(3)  # inside the load window (1 s start margin + set-up)
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    agg = json.loads(out.read_text())
+    assert agg["status"] == "partial" and agg["lost_ranks"] == [1] and agg["ranks_reported"] == 1
+    assert [w["code"] for w in agg["warnings"]][:1] == ["ranks-lost"]
+    rank0 = json.loads((tmp_path / "out.rank_0.json").read_text())
+    assert agg["totals"]["requests_completed"] == rank0["requests_completed"]
+    assert not (tmp_path / "out.rank_1.json").exists()
+    del stdout, stderr
+
+
+def test_num_clients_runs_mpirun_itself(tmp_path: Path):
+    out = tmp_path / "out.json"
+    p = subprocess.run(
+        kvtier_cmd()
+        + ["bench", *BENCH, "--num-users", "2", "--duration", "3", "--num-clients", "2", "--seed", "1"]
+        + ["--cache-dir", str(tmp_path / "c"), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    agg = json.loads(out.read_text())
+    assert agg["ranks_launched"] == 2 and agg["ranks_reported"] == 2 and agg["status"] == "complete"
+    assert "mpirun" in p.stderr and "--num-clients" not in p.stderr.split("mpirun", 1)[1]
+
+
+def test_mpirun_without_mpi4py_is_a_clear_error(tmp_path: Path):
+    env = {**os.environ, "OMPI_COMM_WORLD_SIZE": "2", "PYTHONPATH": str(tmp_path)}
+    (tmp_path / "mpi4py").mkdir()
+    (tmp_path / "mpi4py" / "__init__.py").write_text("raise ImportError('no MPI library here')\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "kvtier", "bench", *BENCH, "--num-users", "1", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert p.returncode == 4 and "mpi4py is not installed: pip install 'kvtier[mpi]'" in p.stderr
