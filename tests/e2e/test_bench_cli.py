@@ -112,6 +112,8 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
             "2",
             "--config",
             small_workload,
+            "--request-log",
+            str(tmp_path / "req.jsonl"),
         ],
         tmp_path,
     )
@@ -119,6 +121,14 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     r = json.loads(out.read_text())
     for path in REQUIRED:
         dig(r, path)
+    # the request log: one line per request that ran, agreeing with the result
+    log = [json.loads(x) for x in (tmp_path / "req.jsonl").read_text().splitlines()]
+    ok = [x for x in log if x["status"] == "ok"]
+    assert len(ok) == r["requests_completed"] and len(log) == len(ok) + r["requests_cut_at_stop"]
+    assert all(x["rank"] is None and x["request_id"] for x in log) and len({x["request_id"] for x in log}) == len(log)
+    assert max(x["e2e_ms"] for x in ok) == pytest.approx(r["summary"]["end_to_end_latency_ms"]["max"], abs=1e-3)
+    assert sum(x["bytes_written"] for x in ok) > 0 and all(set(x["tier_ms"]) <= {"gpu", "cpu", "storage"} for x in ok)
+    assert all(sum(x["tier_ms"].values()) == pytest.approx(x["storage_ms"], abs=1e-3) for x in ok)
     assert r["status"] == "complete" and r["requests_completed"] > 0 and r["requests_failed"] == 0
     assert r["summary"]["generation_latency_ms"]["mean"] > 0  # fast mode sleeps 2 ms per token
     assert r["config"]["seed"] == 1 and r["seed"] == 1

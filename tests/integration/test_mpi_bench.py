@@ -38,7 +38,8 @@ def test_two_ranks_share_one_window_and_pool_exactly(tmp_path: Path):
     cache = tmp_path / "cache"
     p = mpirun(
         2,
-        [*BENCH, "--num-users", "3", "--duration", "4", "--seed", "7", "--cache-dir", str(cache), "--output", str(out)],
+        [*BENCH, "--num-users", "3", "--duration", "4", "--seed", "7", "--cache-dir", str(cache), "--output", str(out)]
+        + ["--request-log", str(tmp_path / "req.jsonl")],
     )
     assert p.returncode == 0, p.stdout + p.stderr
     agg = json.loads(out.read_text())
@@ -66,6 +67,11 @@ def test_two_ranks_share_one_window_and_pool_exactly(tmp_path: Path):
     assert e2e["count"] == union.size
     for name, q in (("p50", 50), ("p95", 95), ("max", 100)):
         assert e2e[name] == pytest.approx(float(np.percentile(union, q)), abs=2e-3)
+    # ... and those of the union of the per-rank request logs
+    logs = [[json.loads(x) for x in (tmp_path / f"req.rank_{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert [{x["rank"] for x in rows} for rows in logs] == [{0}, {1}]
+    ok_ms = np.asarray([x["e2e_ms"] for rows in logs for x in rows if x["status"] == "ok"])
+    assert ok_ms.size == e2e["count"] and e2e["p95"] == pytest.approx(float(np.percentile(ok_ms, 95)), abs=2e-3)
     assert agg["ranks"][1]["result_file"] == str(tmp_path / "out.rank_1.json")
     typed = load(out)  # the aggregate reads back into its typed model, every key validated
     assert isinstance(typed, BenchAggregate) and typed.totals.requests_completed == t["requests_completed"]

@@ -77,14 +77,16 @@ def run(
     clock: Clock | None = None,
     gate: Callable[[], float] | None = None,
     recorder: Recorder | None = None,
+    rank: int | None = None,
 ) -> BenchResult:
     """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
 
     ``on_start`` is called once the tiers exist, ``on_tick`` every ``progress_interval`` seconds;
     ``handle_signals`` turns SIGINT/SIGTERM into a partial stop (the CLI sets it). Bad input raises
     ConfigError or DatasetError before any load starts; a run that stops early still returns its
-    (partial) result. ``gate`` and ``recorder`` serve a rank of an MPI run (bench/mpi.py): the gate
-    holds the load until every rank is set up, and the recorder's raw samples are pooled by rank 0."""
+    (partial) result. ``gate``, ``recorder`` and ``rank`` serve a rank of an MPI run (bench/mpi.py): the
+    gate holds the load until every rank is set up, the recorder's raw samples are pooled by rank 0, and
+    the rank is named in ``--request-log``."""
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
@@ -96,6 +98,7 @@ def run(
 
     check_output_path("--output", config.output)
     check_output_path("--xlsx-output", config.xlsx_output)
+    check_output_path("--request-log", config.request_log)
     started = utc_now()
     clock = clock or MONOTONIC
     plan = derive(config)
@@ -133,6 +136,10 @@ def run(
         )
     if config.output:
         write_json(result, config.output, flag="--output")
+    if config.request_log:
+        from kvtier.bench.requestlog import write_request_log
+
+        write_request_log(config.request_log, rec, rank)
     if config.xlsx_output:
         write_xlsx(result, config.xlsx_output)
     return result

@@ -61,6 +61,7 @@ def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
             "seed": seed + r.rank,
             "output": rank_path(cfg.output, r.rank, ".json"),
             "xlsx_output": rank_path(cfg.xlsx_output, r.rank, ".xlsx"),
+            "request_log": rank_path(cfg.request_log, r.rank, ".jsonl"),
             "num_clients": 1,
         }
     )
@@ -125,7 +126,7 @@ def run_rank(cfg: BenchConfig, r: Rank, **run_kwargs: Any) -> BenchResult | Benc
     rec = Recorder()
     try:
         mine = rank_config(cfg, r, seed)
-        result = run(mine, gate=gate, recorder=rec, **run_kwargs)
+        result = run(mine, gate=gate, recorder=rec, rank=r.rank, **run_kwargs)
     except RunAborted:
         raise
     except (KvtierError, OSError) as e:

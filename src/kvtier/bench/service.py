@@ -56,6 +56,11 @@ class _Tally:
     prefill_ns: int = 0  # the request's own KV writes before its first token
     decode_ns: int | None = None  # the decode phase's reads (None: the request had no decode phase)
     counts: dict[str, int] = field(default_factory=dict)
+    tier_ns: dict[str, int] = field(default_factory=dict)  # the request's own operations' time, by tier
+
+    def on_tier(self, tier: str | None, ns: int) -> None:
+        if tier is not None:
+            self.tier_ns[tier] = self.tier_ns.get(tier, 0) + ns
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -110,6 +115,7 @@ class RequestService:
         if not res.deduplicated:  # a concurrent writer of the same key wrote it, not us
             t.bytes_written += nbytes
             t.tokens_written += tokens
+        t.on_tier(res.tier, res.timing.total_ns)
         return res.timing.total_ns
 
     def _lookup(self, t: _Tally, ref: KVRef, buf: memoryview) -> GetResult:
@@ -122,6 +128,7 @@ class RequestService:
             t.bytes_read += r.nbytes
             t.tokens_read += ref.tokens
             t.storage_ns += r.timing.total_ns
+            t.on_tier(r.tier, r.timing.total_ns)
             t.count(f"lookup_{ref.kind}_hits")
             t.count(f"read_{ref.kind}_bytes", r.nbytes)
         return r
@@ -237,6 +244,9 @@ class RequestService:
             rag_bytes=t.rag_bytes,
             prefill_ns=t.prefill_ns,
             decode_ns=t.decode_ns,
+            key=req.key,
+            seq=req.seq,
+            tier_ns=tuple(sorted(t.tier_ns.items())),
         )
         return Served(record, device_full)
 

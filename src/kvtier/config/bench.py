@@ -374,6 +374,12 @@ class BenchConfig(_Strict):
     request_rate: float = flag(0, "global cap on submitted requests per second (0 = none)", ge=0)
     max_requests: int = flag(0, "stop after this many completed requests (0 = none)", ge=0)
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
+    request_log: str | None = flag(
+        None,
+        "write one JSON line per request to FILE (under MPI: FILE.rank_<r>.jsonl; fields in docs/metrics.md)",
+        group=ADDITIONS,
+        metavar="FILE",
+    )
     config: str | None = flag(None, "YAML in the reference config.yaml layout, merged over the defaults")
     storage_capacity_gb: float = flag(
         0, "storage tier capacity, GB (0 = 95% of the free space detected, as the reference)", ge=0

@@ -53,6 +53,9 @@ class RequestRecord(NamedTuple):
     rag_bytes: int = 0  # bytes of retrieved chunks read
     prefill_ns: int = 0  # storage time of the request's own KV writes before its first token
     decode_ns: int | None = None  # storage time of the decode phase's reads (None: no decode phase)
+    key: str = ""  # the request's own KV key (its id in --request-log)
+    seq: int = 0  # the user's request number
+    tier_ns: tuple[tuple[str, int], ...] = ()  # the request's own operations' time by tier
 
 
 @dataclass
