@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.bench import add_bench_parser
     from kvtier.cli.clean import add_clean_parser
     from kvtier.cli.launch import add_launch_parser
+    from kvtier.cli.mlperf import add_mlperf_parser
     from kvtier.cli.plan import add_plan_parser
     from kvtier.cli.replay import add_replay_parser
     from kvtier.cli.sim import add_cache_server_parser, add_sim_parser
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_server_parser(sub)
     add_replay_parser(sub)
     add_launch_parser(sub)
+    add_mlperf_parser(sub)
     add_clean_parser(sub)
     return p
 

@@ -1,0 +1,379 @@
+"""``kvtier mlperf datasize|run``: the MLPerf Storage v3.0 KV cache submission workflow (what the
+``mlpstorage`` wrapper does around the reference), on kvtier.
+
+The three fixed workloads (options): 1 = llama3.1-8b, 200 users, --cpu-mem-gb 0, --max-concurrent-allocs
+16; 2 = llama3.1-8b, 100 users, 4 GB, 16; 3 = llama3.1-70b-instruct, 70 users, 0 GB, 4; all 300 s,
+--gpu-mem-gb 0, --generation-mode none. A CLOSED run fixes seed 42, 3 trials per option and 20 s
+between options, and takes no overrides; ``--open`` allows them and says so.
+
+``run`` starts each option's trials as one MPI run (``mpirun -np N``, or ``--hosts``; one process
+without MPI when N is 1 on this host), each rank an instance with ``rank_<r>/`` under the cache dir,
+and writes ``kvcache_run_summary.json``: per option the wrapper's table under the wrapper's names
+(per trial the sums over ranks of read/write bandwidth and of both throughputs, the max over ranks of
+the storage device read/write p95; across trials the mean, and the max for latency), and beside it
+kvtier's figures: per trial the pooled percentiles of the MPI aggregate, the spread across trials
+(median, min, max, coefficient of variation) and a verdict naming every rule the run broke.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtier.config.bench import BenchConfig
+from kvtier.config.mlperf import MlperfConfig
+from kvtier.errors import ConfigError, UnsupportedError
+from kvtier.report.envelope import iso, utc_now
+from kvtier.telemetry.host import mem_total_bytes
+
+WORKLOADS: dict[int, dict[str, Any]] = {
+    1: {"model": "llama3.1-8b", "num_users": 200, "cpu_mem_gb": 0, "max_concurrent_allocs": 16},
+    2: {"model": "llama3.1-8b", "num_users": 100, "cpu_mem_gb": 4, "max_concurrent_allocs": 16},
+    3: {"model": "llama3.1-70b-instruct", "num_users": 70, "cpu_mem_gb": 0, "max_concurrent_allocs": 4},
+}
+CLOSED = {"duration": 300, "trials": 3, "inter_option_delay": 20.0, "seed": 42}
+CV_BOUND = 0.10  # coefficient of variation across trials above which the verdict flags a figure
+GiB = 2**30
+
+
+def options(cfg: MlperfConfig) -> list[int]:
+    try:
+        chosen = [int(x) for x in cfg.workloads.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--workloads: {cfg.workloads!r} is not a list of options 1, 2, 3") from None
+    bad = [o for o in chosen if o not in WORKLOADS]
+    if bad or not chosen:
+        raise ConfigError(f"--workloads: options are 1, 2 and 3 (got {cfg.workloads!r})")
+    return chosen
+
+
+def overrides(cfg: MlperfConfig) -> dict[str, Any]:
+    """The parameters this run changes from the CLOSED rules (refused unless --open)."""
+    given = {
+        "duration": cfg.duration,
+        "trials": cfg.trials,
+        "inter_option_delay": cfg.inter_option_delay,
+        "seed": cfg.seed,
+        "num_users": cfg.num_users,
+        "model": cfg.model,
+        "config": cfg.config,
+    }
+    return {k: v for k, v in given.items() if v is not None and CLOSED.get(k, object()) != v}
+
+
+def effective(cfg: MlperfConfig) -> dict[str, Any]:
+    changed = overrides(cfg)
+    if changed and not cfg.open:
+        flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in changed.items())
+        raise ConfigError(f"a CLOSED run takes no overrides ({flags}): drop them, or pass --open")
+    return {k: (getattr(cfg, k) if getattr(cfg, k) is not None else v) for k, v in CLOSED.items()}
+
+
+def bench_config(cfg: MlperfConfig, option: int, eff: dict[str, Any], out: str | None) -> BenchConfig:
+    w = dict(WORKLOADS[option])
+    if cfg.model:
+        w["model"] = cfg.model
+    if cfg.num_users:
+        w["num_users"] = cfg.num_users
+    return BenchConfig(
+        **w,
+        duration=eff["duration"],
+        gpu_mem_gb=0,
+        generation_mode="none",
+        seed=eff["seed"],
+        cache_dir=cfg.cache_dir,
+        output=out,
+        config=cfg.config,
+        progress="none",
+        mpi_timeout=cfg.mpi_timeout,
+    )
+
+
+# -- datasize ---------------------------------------------------------------------------------
+def datasize(cfg: MlperfConfig) -> dict[str, Any]:
+    """Per option and instance, from kvtier's own request stream over the run (think times only, no
+    service time: an upper bound, since real users also wait for the device):
+
+    * ``client_memory_bytes``: kvtier's memory bound (noise buffer + I/O buffers + CPU tier + 256 MiB);
+    * ``storage_min_bytes``: the largest entry x --max-concurrent-allocs (below it, writes fail);
+    * ``working_set_bytes``: every user's largest conversation (its turns' entries, all re-read by
+      later turns) plus the shared system prompts: the storage that holds the workload without
+      evicting anything that will be read again;
+    * ``stream_written_bytes``: every write of the stream, the most a run could write.
+
+    With --cache-dir, whether the working set of all instances fits the free space there; and whether
+    it would fit the page cache (host memory), where a run without direct I/O would measure RAM."""
+    from kvtier.bench.setup import derive
+    from kvtier.bench.sources import user_requests
+
+    eff = effective(cfg)
+    out: dict[str, Any] = {"num_processes": cfg.num_processes, "duration_s": eff["duration"], "options": {}}
+    free = shutil.disk_usage(cfg.cache_dir).free if cfg.cache_dir and Path(cfg.cache_dir).is_dir() else None
+    host_mem = mem_total_bytes()
+    for option in options(cfg):
+        bc = bench_config(cfg, option, eff, None).model_copy(update={"cache_dir": None})
+        plan = derive(bc)
+        memory = (bc.noise_mb << 20) + plan.io_slots * plan.io_chunk_bytes + int(bc.cpu_mem_gb * GiB) + (256 << 20)
+        written = largest = working = 0
+        prefixes: dict[str, int] = {}
+        for user in plan.workload.users:
+            t = 0.0
+            conv, conv_bytes, user_max = None, 0, 0
+            for req in user_requests(plan, user):
+                t += req.think_before_s
+                if t > bc.duration:
+                    break
+                if req.conversation != conv:
+                    conv, conv_bytes = req.conversation, 0
+                for r in req.reads:
+                    if r.kind == "prefix":
+                        prefixes[r.key] = plan.entry_bytes(r.tokens)
+                for w in req.writes:
+                    n = plan.entry_bytes(w.tokens)
+                    written += n
+                    conv_bytes += n
+                    largest = max(largest, n)
+                user_max = max(user_max, conv_bytes)
+            working += user_max
+        working += sum(prefixes.values())
+        n = cfg.num_processes
+        out["options"][str(option)] = {
+            "model": bc.model,
+            "num_users": bc.num_users,
+            "kv_bytes_per_token": plan.model.kv_bytes_per_token_per_rank(1),
+            "client_memory_bytes": memory,
+            "storage_min_bytes": largest * bc.max_concurrent_allocs if bc.max_concurrent_allocs else largest,
+            "working_set_bytes": working,
+            "stream_written_bytes": written,
+            "largest_entry_bytes": largest,
+            "all_instances": {"client_memory_bytes": memory * n, "working_set_bytes": working * n},
+            "working_set_fits_free_space": None if free is None else working * n <= free,
+            "working_set_fits_page_cache": working * n <= host_mem,
+        }
+    out["cache_dir_free_bytes"] = free
+    out["host_memory_bytes"] = host_mem
+    return out
+
+
+# -- run ----------------------------------------------------------------------------------------
+def mpi_prefix(cfg: MlperfConfig) -> list[str]:
+    hosts = [h.strip() for h in (cfg.hosts or "").split(",") if h.strip()]
+    if cfg.num_processes == 1 and not hosts:
+        return []
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise UnsupportedError("mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    placement = ["--oversubscribe"]
+    if hosts:
+        if cfg.num_processes % len(hosts):
+            raise ConfigError(f"--num-processes {cfg.num_processes} does not divide over {len(hosts)} hosts")
+        per = cfg.num_processes // len(hosts)
+        placement = ["--host", ",".join(f"{h}:{per}" for h in hosts)]
+    return [mpirun, *root, *placement, "--enable-recovery", "-np", str(cfg.num_processes)]
+
+
+def _instance_results(out: Path, n: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+    """The trial's per-instance bench results, its MPI aggregate (None for one process), missing files."""
+    files = [out] if n == 1 else [out.with_name(f"{out.stem}.rank_{r}{out.suffix}") for r in range(n)]
+    results, missing = [], []
+    for f in files:
+        try:
+            results.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            missing.append(str(f))
+    agg = None
+    if n > 1:
+        try:
+            agg = json.loads(out.read_text())
+        except (OSError, ValueError):
+            missing.append(str(out))
+    return results, agg, missing
+
+
+def _spread(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"median": None, "min": None, "max": None, "cv": None}
+    mean = statistics.fmean(xs)
+    cv = statistics.pstdev(xs) / mean if len(xs) > 1 and mean else 0.0
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "cv": round(cv, 4)}
+
+
+def summarize_option(option: int, trials: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
+    per = {k: [] for k in ("read", "write", "avg", "storage", "rp95", "wp95")}  # type: dict[str, list[float]]
+    missing: list[str] = []
+    partial: list[str] = []
+    for i, t in enumerate(trials):
+        rs = t["results"]
+        missing += t["missing"]
+        caches = [r["summary"]["cache_stats"] for r in rs]
+        per["read"].append(sum(c["tier_storage_read_bandwidth_gbps"] for c in caches))
+        per["write"].append(sum(c["tier_storage_write_bandwidth_gbps"] for c in caches))
+        per["avg"].append(sum(r["summary"]["avg_throughput_tokens_per_sec"] for r in rs))
+        per["storage"].append(sum(r["summary"]["storage_throughput_tokens_per_sec"] for r in rs))
+        rp = [c.get("storage_read_device_p95_ms") for c in caches if c.get("storage_read_device_p95_ms") is not None]
+        wp = [c.get("storage_write_device_p95_ms") for c in caches if c.get("storage_write_device_p95_ms") is not None]
+        per["rp95"].append(max(rp) if rp else 0.0)
+        per["wp95"].append(max(wp) if wp else 0.0)
+        states = [r["status"] for r in rs] + ([t["aggregate"]["status"]] if t["aggregate"] else [])
+        if t["missing"] or any(s != "complete" for s in states) or t["returncode"] not in (0, None):
+            partial.append(f"trial {i}")
+    mean = statistics.fmean
+    return {
+        "option": option,
+        "aggregated_read_bandwidth_gbps": mean(per["read"]) if per["read"] else 0.0,
+        "aggregated_write_bandwidth_gbps": mean(per["write"]) if per["write"] else 0.0,
+        "aggregated_avg_throughput_tokens_per_sec": mean(per["avg"]) if per["avg"] else 0.0,
+        "aggregated_storage_throughput_tokens_per_sec": mean(per["storage"]) if per["storage"] else 0.0,
+        "aggregated_device_read_p95_ms": max(per["rp95"]) if per["rp95"] else None,
+        "aggregated_device_write_p95_ms": max(per["wp95"]) if per["wp95"] else None,
+        "rank_count": n,
+        "trial_count": len(trials),
+        "partial_failure": bool(missing or partial),
+        "missing_files": missing,
+        "kvtier": {
+            "partial_trials": partial,
+            "spread": {
+                "read_bandwidth_gbps": _spread(per["read"]),
+                "write_bandwidth_gbps": _spread(per["write"]),
+                "storage_throughput_tokens_per_sec": _spread(per["storage"]),
+            },
+            "trials": [
+                {
+                    "folder": t["folder"],
+                    "seconds": t["seconds"],
+                    "returncode": t["returncode"],
+                    "pooled_storage_read_device_p95_ms": _pooled(t, "tiers_device", "read"),
+                    "pooled_storage_write_device_p95_ms": _pooled(t, "tiers_device", "write"),
+                    "pooled_end_to_end_p95_ms": (t["aggregate"] or {})
+                    .get("latency", {})
+                    .get("end_to_end_latency_ms", {})
+                    .get("p95")
+                    if t["aggregate"]
+                    else (t["results"][0]["summary"]["end_to_end_latency_ms"]["p95"] if t["results"] else None),
+                }
+                for t in trials
+            ],
+        },
+    }
+
+
+def _pooled(t: dict[str, Any], kind: str, op: str) -> float | None:
+    if t["aggregate"]:
+        v = t["aggregate"].get("latency", {}).get(kind, {}).get("storage", {}).get(op, {}).get("p95")
+        return float(v) if v is not None else None
+    if t["results"]:
+        v = t["results"][0]["summary"]["cache_stats"].get(f"storage_{op}_device_p95_ms")
+        return float(v) if v is not None else None
+    return None
+
+
+def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: list[dict[str, Any]]) -> list[str]:
+    """Every submission rule the run broke (empty: none)."""
+    broken = []
+    changed = overrides(cfg)
+    if changed:
+        broken.append("open: CLOSED parameters changed: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+    for o, s in opts.items():
+        for trial in s["kvtier"]["partial_trials"]:
+            broken.append(f"option {o}: {trial} partial (a rank lost, failed or stopped early)")
+        for name, sp in s["kvtier"]["spread"].items():
+            if sp["cv"] is not None and sp["cv"] > CV_BOUND:
+                broken.append(f"option {o}: {name} varies {sp['cv']:.1%} across trials (bound {CV_BOUND:.0%})")
+    codes = {w["code"] for r in all_results for w in r.get("warnings", [])}
+    if "working-set-fits-page-cache" in codes:
+        broken.append("a working set fits the page cache: reads may come from RAM, not the device")
+    if "direct-io-off" in codes:
+        broken.append("direct I/O was off on the storage tier")
+    return broken
+
+
+def run(cfg: MlperfConfig) -> dict[str, Any]:
+    """Every option x trial as one MPI run; returns (and writes) the run summary."""
+    if not cfg.cache_dir or not cfg.results_dir:
+        raise ConfigError("--cache-dir and --results-dir: required for kvtier mlperf run")
+    eff = effective(cfg)
+    chosen = options(cfg)
+    prefix = mpi_prefix(cfg)
+    results_dir = Path(cfg.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    started = utc_now()
+    interrupted = False
+    per_option: dict[str, dict[str, Any]] = {}
+    everything: list[dict[str, Any]] = []
+    for k, option in enumerate(chosen):
+        trials = []
+        for trial in range(eff["trials"]):
+            folder = results_dir / f"option_{option}" / f"trial_{trial}"
+            folder.mkdir(parents=True, exist_ok=True)
+            out = folder / "result.json"
+            bc = bench_config(cfg, option, eff, str(out))
+            from kvtier.config.base import config_argv
+
+            cmd = [*prefix, sys.executable, "-m", "kvtier", "bench", *config_argv(bc)]
+            print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff['trials']}: {' '.join(cmd)}", file=sys.stderr)
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd)
+            try:
+                rc: int | None = proc.wait()
+            except KeyboardInterrupt:  # the ranks got SIGINT too: let them write their partial results
+                interrupted = True
+                try:
+                    rc = proc.wait(timeout=cfg.mpi_timeout + 60)
+                except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                    proc.send_signal(signal.SIGKILL)
+                    rc = None
+            results, agg, missing = _instance_results(out, cfg.num_processes)
+            everything += results
+            trials.append(
+                {
+                    "folder": str(folder),
+                    "seconds": round(time.monotonic() - t0, 3),
+                    "returncode": rc,
+                    "results": results,
+                    "aggregate": agg,
+                    "missing": missing,
+                }
+            )
+            if interrupted:
+                break
+        per_option[str(option)] = summarize_option(option, trials, cfg.num_processes)
+        if interrupted:
+            break
+        if k < len(chosen) - 1 and eff["inter_option_delay"] > 0:
+            time.sleep(eff["inter_option_delay"])
+    summary = {
+        "schema_version": "1.0",
+        "benchmark": "kvtier mlperf run",
+        "run_datetime": iso(started),
+        "finished_at": iso(utc_now()),
+        "mode": "open" if cfg.open else "closed",
+        "interrupted": interrupted,
+        "npernode": cfg.num_processes // max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()]) or 1),
+        "host_count": max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()])),
+        "total_ranks": cfg.num_processes,
+        "trials_per_option": eff["trials"],
+        "effective": eff,
+        "overrides": overrides(cfg),
+        "options": per_option,
+        "partial_failure": interrupted or any(o["partial_failure"] for o in per_option.values()),
+        "verdict": verdict(cfg, per_option, everything),
+        "config": cfg.model_dump(mode="json"),
+    }
+    path = results_dir / "kvcache_run_summary.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(path)
+    return summary
+
+
+__all__ = ["WORKLOADS", "CLOSED", "datasize", "run", "summarize_option", "verdict"]

@@ -1,0 +1,67 @@
+"""``kvtier mlperf datasize|run``: the MLPerf Storage v3.0 KV cache submission workflow (bench/submission.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvtier.cli.args import add_config_arguments, config_from_args
+from kvtier.config.mlperf import MlperfConfig
+
+
+def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
+    p = sub.add_parser(
+        "mlperf",
+        help="the MLPerf Storage KV cache submission workflow: datasize, run (three workloads x trials over MPI)",
+        description="kvtier mlperf datasize|run: the three fixed workloads, their trials over MPI ranks, the "
+        "MLPerf table and kvtier's figures beside it (kvcache_run_summary.json)",
+    )
+    actions = p.add_subparsers(dest="mlperf_action", required=True)
+    for name, text in (
+        ("datasize", "client memory and storage each workload instance needs"),
+        ("run", "run the workloads' trials and write kvcache_run_summary.json"),
+    ):
+        a = actions.add_parser(name, help=text, description=text)
+        add_config_arguments(a, MlperfConfig)
+        a.set_defaults(func=run_mlperf)
+
+
+def run_mlperf(a: argparse.Namespace) -> int:
+    from kvtier.bench import submission
+
+    cfg = config_from_args(a, MlperfConfig)
+    if a.mlperf_action == "datasize":
+        est = submission.datasize(cfg)
+        gib = 2**30
+        print(f"per instance over {est['duration_s']} s (x{est['num_processes']} instances in all):")
+        for o, row in est["options"].items():
+            fits = row["working_set_fits_free_space"]
+            where = "" if fits is None else (" fits the free space" if fits else " does NOT fit the free space")
+            print(
+                f"option {o}: {row['model']}, {row['num_users']} users: client memory "
+                f"{row['client_memory_bytes'] / gib:.2f} GiB; storage at least "
+                f"{row['storage_min_bytes'] / gib:.1f} GiB, "
+                f"working set {row['working_set_bytes'] / gib:.1f} GiB (all instances "
+                f"{row['all_instances']['working_set_bytes'] / gib:.1f} GiB,{where}"
+                f"{'; fits the page cache: use direct I/O' if row['working_set_fits_page_cache'] else ''}); "
+                f"largest entry {row['largest_entry_bytes'] / gib:.2f} GiB"
+            )
+        if cfg.output:
+            with open(cfg.output, "w", encoding="utf-8") as f:
+                json.dump(est, f, indent=2)
+        return 0
+    summary = submission.run(cfg)
+    for o, s in summary["options"].items():
+        print(
+            f"option {o}: read {s['aggregated_read_bandwidth_gbps']:.3f} GiB/s, write "
+            f"{s['aggregated_write_bandwidth_gbps']:.3f} GiB/s, storage throughput "
+            f"{s['aggregated_storage_throughput_tokens_per_sec']:.1f} tok/s, device read p95 "
+            f"{s['aggregated_device_read_p95_ms']} ms ({s['trial_count']} trials, {s['rank_count']} ranks)"
+        )
+    for line in summary["verdict"]:
+        print(f"verdict: {line}", file=sys.stderr)
+    print(f"summary: {cfg.results_dir}/kvcache_run_summary.json ({'OK' if not summary['verdict'] else 'see verdict'})")
+    if summary["interrupted"]:
+        return 130
+    return 1 if summary["partial_failure"] else 0

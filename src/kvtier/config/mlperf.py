@@ -1,0 +1,29 @@
+"""Configuration of ``kvtier mlperf datasize|run`` (the MLPerf Storage v3.0 KV cache submission workflow)."""
+
+from __future__ import annotations
+
+from kvtier.config.base import StrictModel, flag
+
+
+class MlperfConfig(StrictModel):
+    """Inputs of ``kvtier mlperf``. The workload parameters (duration, trials, delay, seed, users, model,
+    config) are the CLOSED rules' unless given, and giving one needs ``--open``."""
+
+    workloads: str = flag("1,2,3", "options to run: 1 (llama3.1-8b, 200 users), 2 (8b, 100 users, 4 GB CPU), 3 (70b)")
+    num_processes: int = flag(1, "instances (MPI ranks) in all; with --hosts, dealt evenly over them", ge=1, le=4096)
+    hosts: str | None = flag(None, "comma-separated hosts for mpirun --host (default: this host)")
+    cache_dir: str | None = flag(None, "storage tier directory on the device under test (rank_<r>/ per instance)")
+    results_dir: str | None = flag(None, "where option_<o>/trial_<t>/ and kvcache_run_summary.json go (run)")
+    open: bool = flag(False, "an OPEN submission: the overrides below are allowed, and the summary says so")
+    duration: int | None = flag(None, "seconds per trial (CLOSED: 300)", ge=1)
+    trials: int | None = flag(None, "trials per option (CLOSED: 3)", ge=1, le=100)
+    inter_option_delay: float | None = flag(None, "seconds between options (CLOSED: 20)", ge=0)
+    seed: int | None = flag(None, "base seed; rank r uses seed + r (CLOSED: 42)")
+    num_users: int | None = flag(None, "users per instance instead of the option's (OPEN only)", ge=1)
+    model: str | None = flag(None, "model instead of the option's (OPEN only)")
+    config: str | None = flag(None, "YAML in the reference config.yaml layout (OPEN only; CLOSED uses the defaults)")
+    mpi_timeout: float = flag(600.0, "seconds a rank waits for the others (see kvtier bench --mpi-timeout)", gt=0)
+    output: str | None = flag(None, "datasize: also write the estimate as JSON here")
+
+
+__all__ = ["MlperfConfig"]
