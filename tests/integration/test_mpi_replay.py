@@ -56,3 +56,25 @@ def test_users_split_exactly_and_the_summary_pools_the_union(tmp_path: Path):
     assert s["summary"]["ttft_s"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)), abs=1e-5)
     rank1 = json.loads((out / "rank_1" / "summary.json").read_text())
     assert rank1["server_metrics"] == [] and len(s["server_metrics"]) == 1  # rank 0 alone scrapes
+
+
+def test_launch_drives_its_replica_with_client_ranks(tmp_path: Path):
+    """kvtier launch --client-ranks 2: the replay runs as two MPI ranks against the launched sim; the
+    pooled summary carries the launch identity and no process is left behind."""
+    from tests.integration.test_launch import assert_no_orphans, launch
+
+    data = conversations(tmp_path / "data", users=4, turns=3)
+    out = tmp_path / "run"
+    flags = ["--tier", "gpu", "--engine", "sim", "--client-ranks", "2"]
+    replay = ["--model", "m", "--dataset", str(data), "--num-rounds", "3", "--concurrency", "2", "--warmup", "0"]
+    p = launch(out, *flags, replay=replay)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((out / "replay" / "summary.json").read_text())
+    assert [r["rank"] for r in s["ranks"]] == [0, 1] and s["summary"]["sessions"]["complete"] == 4
+    assert s["server"]["launch"]["profile"] == "sim-nvidia-gpu" and s["status"] == "complete"
+    rows = [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {r["rank"] for r in rows} == {0, 1}
+    record = json.loads((out / "launch.json").read_text())
+    assert record["replay"][:2] == ["kvtier", "replay"] and record["exit_status"] == 0
+    assert any("mpirun" in e["event"] for e in record["events"])
+    assert_no_orphans(out)

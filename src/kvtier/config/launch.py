@@ -42,6 +42,9 @@ class LaunchConfig(StrictModel):
     l2_gb: float | None = flag(
         None, "LMCache's NVMe tier (L2) bound in GB (default: 80 % of the free space under --nvme-dir, whole GB)", gt=0
     )
+    client_ranks: int = flag(
+        1, "run the replay as N MPI ranks (mpirun -np N kvtier replay: the users split across them)", ge=1, le=1024
+    )
     check: bool = flag(
         False, "check the engine environment (vLLM, LMCache, torch, LMCache's compiled module), print it, exit"
     )

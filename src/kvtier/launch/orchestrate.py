@@ -171,13 +171,23 @@ class LaunchPlan:
     def replay_argv(self) -> list[str]:
         return ["kvtier", "replay", *config_argv(self.replay)]
 
+    @property
+    def client_argv(self) -> list[str]:
+        """The replay as launch runs it: in this process, or under mpirun with ``--client-ranks`` N."""
+        n = self.config.client_ranks
+        if n <= 1:
+            return self.replay_argv
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        mpi = ["mpirun", *root, "--oversubscribe", "--enable-recovery", "-np", str(n)]
+        return [*mpi, *kvtier_argv(self.replay_argv)]
+
     def lines(self) -> list[str]:
         """The commands one per line, as --dry-run prints them."""
         unset = {p.name: p.unset for p in self.processes}
         out = [show_command(env, argv, unset.get(name, ())) for name, env, argv in self.commands]
         if self.caddy_argv:
             out.append(shlex.join(self.caddy_argv))
-        out.append(shlex.join(self.replay_argv))
+        out.append(shlex.join(self.client_argv if self.config.client_ranks > 1 else self.replay_argv))
         return out
 
 
@@ -405,6 +415,39 @@ def _remove_stale_sockdirs() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
+    """``--client-ranks N``: mpirun -np N kvtier replay (replay/mpi.py), then rank 0's pooled summary,
+    with what ran added as ``server.launch``."""
+    import subprocess
+
+    from kvtier.report import load
+    from kvtier.report.replay import ReplayResult
+
+    if shutil.which("mpirun") is None:
+        raise LaunchError("--client-ranks: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun")
+    summary = Path(folder) / "summary.json"
+    summary.unlink(missing_ok=True)
+    with open(lp.out / "logs" / "clients.log", "ab") as log:
+        p = subprocess.Popen(lp.client_argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            p.wait()
+        except KeyboardInterrupt:  # mpirun forwards SIGTERM to the ranks: they write their partial results
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=lp.replay.mpi_timeout + 30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
+    if not summary.exists():
+        raise LaunchError(
+            f"--client-ranks: the MPI replay wrote no summary (exit {p.returncode}); see logs/clients.log"
+        )
+    result = load(summary)
+    assert isinstance(result, ReplayResult)
+    result.server.launch = lp.identity(None)
+    return result
+
+
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
     from kvtier.replay.driver import execute as replay_execute
@@ -465,11 +508,18 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)
             rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {POLICY[cfg.tier]}, {lp.front_url})")
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
-        rec.event(f"replay: {shlex.join(lp.replay_argv)}")
-        result, records = replay_execute(replay_plan)
-        result.server.launch = lp.identity(rec.engines)
-        signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
-        write_outputs(result, records, lp.replay.output or str(lp.out / "replay"))
+        rec.event(f"replay: {shlex.join(lp.client_argv)}")
+        folder = lp.replay.output or str(lp.out / "replay")
+        if cfg.client_ranks > 1:
+            from kvtier.report.writers import write_json
+
+            result = _replay_over_mpi(lp, folder)
+            write_json(result, Path(folder) / "summary.json")  # rank 0's records are in requests.jsonl
+        else:
+            result, records = replay_execute(replay_plan)
+            result.server.launch = lp.identity(rec.engines)
+            signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
+            write_outputs(result, records, folder)
         status, stop = result.status, result.stop_reason
         rc = exit_code(status, stop.code)
         rec.event(f"replay finished with exit status {rc}")
