@@ -155,3 +155,29 @@ def test_mpirun_without_mpi4py_is_a_clear_error(tmp_path: Path):
         env=env,
     )
     assert p.returncode == 4 and "mpi4py is not installed: pip install 'kvtier[mpi]'" in p.stderr
+
+
+def test_ctrl_c_to_mpirun_leaves_partial_results_everywhere(tmp_path: Path):
+    """SIGINT to mpirun reaches every rank (as SIGTERM): each writes its partial result and rank 0 the
+    partial aggregate of both."""
+    out = tmp_path / "out.json"
+    args = [*BENCH, "--num-users", "2", "--duration", "60", "--cache-dir", str(tmp_path / "c"), "--output", str(out)]
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "-np", "2", *kvtier_cmd(), "bench", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((tmp_path / "c").glob("rank_1/kvtier-run-*")):
+            time.sleep(0.2)  # rank 1's tier exists: set-up is under way
+        time.sleep(4)  # into the load window
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    agg = json.loads(out.read_text())
+    ranks = [json.loads((tmp_path / f"out.rank_{r}.json").read_text()) for r in (0, 1)]
+    assert [r["status"] for r in ranks] == ["partial", "partial"]
+    assert agg["status"] == "partial" and agg["ranks_reported"] == 2 and agg["lost_ranks"] == []
+    assert {w["code"] for w in agg["warnings"]} == {"rank-not-complete"}
+    assert agg["totals"]["requests_completed"] == sum(r["requests_completed"] for r in ranks)

@@ -282,6 +282,15 @@ def aggregate(
                     "load_end_unix_s": windows[k][1],
                     "storage_throughput_tokens_per_sec": float(res["summary"]["storage_throughput_tokens_per_sec"]),
                     "storage_read_p95_ms": res["summary"]["cache_stats"].get("storage_read_p95_ms"),
+                    "avg_throughput_tokens_per_sec": float(res["summary"]["avg_throughput_tokens_per_sec"]),
+                    "tier_storage_read_bandwidth_gbps": float(
+                        res["summary"]["cache_stats"]["tier_storage_read_bandwidth_gbps"]
+                    ),
+                    "tier_storage_write_bandwidth_gbps": float(
+                        res["summary"]["cache_stats"]["tier_storage_write_bandwidth_gbps"]
+                    ),
+                    "storage_read_device_p95_ms": res["summary"]["cache_stats"].get("storage_read_device_p95_ms"),
+                    "storage_write_device_p95_ms": res["summary"]["cache_stats"].get("storage_write_device_p95_ms"),
                 }
                 for k, res in results.items()
             ],

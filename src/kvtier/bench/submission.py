@@ -182,21 +182,23 @@ def mpi_prefix(cfg: MlperfConfig) -> list[str]:
 
 
 def _instance_results(out: Path, n: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
-    """The trial's per-instance bench results, its MPI aggregate (None for one process), missing files."""
+    """The trial's result files readable here (per rank on other hosts need a shared filesystem; the
+    table does not), its MPI aggregate (None for one process), and what is missing: the result of a
+    single process, or the aggregate and the ranks it lost."""
     files = [out] if n == 1 else [out.with_name(f"{out.stem}.rank_{r}{out.suffix}") for r in range(n)]
-    results, missing = [], []
+    results = []
     for f in files:
         try:
             results.append(json.loads(f.read_text()))
         except (OSError, ValueError):
-            missing.append(str(f))
-    agg = None
-    if n > 1:
-        try:
-            agg = json.loads(out.read_text())
-        except (OSError, ValueError):
-            missing.append(str(out))
-    return results, agg, missing
+            pass
+    if n == 1:
+        return results, None, [] if results else [str(out)]
+    try:
+        agg = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return results, None, [str(out)]
+    return results, agg, [f"rank {r} (lost)" for r in agg.get("lost_ranks", [])]
 
 
 def _spread(xs: list[float]) -> dict[str, float | None]:
@@ -207,24 +209,56 @@ def _spread(xs: list[float]) -> dict[str, float | None]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "cv": round(cv, 4)}
 
 
+KEYS = (
+    "tier_storage_read_bandwidth_gbps",
+    "tier_storage_write_bandwidth_gbps",
+    "storage_read_device_p95_ms",
+    "storage_write_device_p95_ms",
+)
+
+
+def _instances(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each instance's figures for the wrapper's table: from rank 0's aggregate (every rank's, as sent
+    to rank 0: no file of another host needed), else from the result files."""
+    if t["aggregate"]:
+        return [
+            {
+                k: r.get(k)
+                for k in (*KEYS, "avg_throughput_tokens_per_sec", "storage_throughput_tokens_per_sec", "status")
+            }
+            for r in t["aggregate"]["ranks"]
+        ]
+    out = []
+    for r in t["results"]:
+        c = r["summary"]["cache_stats"]
+        out.append(
+            {
+                **{k: c.get(k) for k in KEYS},
+                "avg_throughput_tokens_per_sec": r["summary"]["avg_throughput_tokens_per_sec"],
+                "storage_throughput_tokens_per_sec": r["summary"]["storage_throughput_tokens_per_sec"],
+                "status": r["status"],
+            }
+        )
+    return out
+
+
 def summarize_option(option: int, trials: list[dict[str, Any]], n: int) -> dict[str, Any]:
     """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
     per = {k: [] for k in ("read", "write", "avg", "storage", "rp95", "wp95")}  # type: dict[str, list[float]]
     missing: list[str] = []
     partial: list[str] = []
     for i, t in enumerate(trials):
-        rs = t["results"]
+        inst = _instances(t)
         missing += t["missing"]
-        caches = [r["summary"]["cache_stats"] for r in rs]
-        per["read"].append(sum(c["tier_storage_read_bandwidth_gbps"] for c in caches))
-        per["write"].append(sum(c["tier_storage_write_bandwidth_gbps"] for c in caches))
-        per["avg"].append(sum(r["summary"]["avg_throughput_tokens_per_sec"] for r in rs))
-        per["storage"].append(sum(r["summary"]["storage_throughput_tokens_per_sec"] for r in rs))
-        rp = [c.get("storage_read_device_p95_ms") for c in caches if c.get("storage_read_device_p95_ms") is not None]
-        wp = [c.get("storage_write_device_p95_ms") for c in caches if c.get("storage_write_device_p95_ms") is not None]
+        per["read"].append(sum(x["tier_storage_read_bandwidth_gbps"] for x in inst))
+        per["write"].append(sum(x["tier_storage_write_bandwidth_gbps"] for x in inst))
+        per["avg"].append(sum(x["avg_throughput_tokens_per_sec"] for x in inst))
+        per["storage"].append(sum(x["storage_throughput_tokens_per_sec"] for x in inst))
+        rp = [x["storage_read_device_p95_ms"] for x in inst if x["storage_read_device_p95_ms"] is not None]
+        wp = [x["storage_write_device_p95_ms"] for x in inst if x["storage_write_device_p95_ms"] is not None]
         per["rp95"].append(max(rp) if rp else 0.0)
         per["wp95"].append(max(wp) if wp else 0.0)
-        states = [r["status"] for r in rs] + ([t["aggregate"]["status"]] if t["aggregate"] else [])
+        states = [x["status"] for x in inst] + ([t["aggregate"]["status"]] if t["aggregate"] else [])
         if t["missing"] or any(s != "complete" for s in states) or t["returncode"] not in (0, None):
             partial.append(f"trial {i}")
     mean = statistics.fmean

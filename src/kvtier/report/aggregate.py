@@ -26,6 +26,13 @@ class RankSummary(Section):
     load_end_unix_s: float
     storage_throughput_tokens_per_sec: float
     storage_read_p95_ms: float | None
+    # the per-instance figures the MLPerf wrapper reads, so rank 0 alone can build its table (no file
+    # of another host needed)
+    avg_throughput_tokens_per_sec: float | None = None
+    tier_storage_read_bandwidth_gbps: float | None = None
+    tier_storage_write_bandwidth_gbps: float | None = None
+    storage_read_device_p95_ms: float | None = None
+    storage_write_device_p95_ms: float | None = None
 
 
 class Totals(Section):
