@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.errors import KvtierError, UnsupportedError
@@ -45,6 +45,7 @@ class Rank:
     size: int
     host: str
     comm: Any  # mpi4py.MPI.Comm
+    lost: set[int] = field(default_factory=set)  # peers a message timed out with: MPI_Finalize may hang on them
 
     def send(self, obj: Any, dest: int, tag: int, timeout_s: float) -> bool:
         """Send ``obj`` (pickled); False when the receiver did not take it within the timeout."""
@@ -56,6 +57,7 @@ class Rank:
                     req.Cancel()
                 except Exception:  # noqa: BLE001 - cancelling a send may be unsupported; the timeout stands
                     pass
+                self.lost.add(dest)
                 return False
             time.sleep(POLL_S)
         return True
@@ -65,6 +67,7 @@ class Rank:
         deadline = time.monotonic() + timeout_s
         while not self.comm.iprobe(source=source, tag=tag):
             if time.monotonic() > deadline:
+                self.lost.add(source)
                 return False, None
             time.sleep(POLL_S)
         return True, self.comm.recv(source=source, tag=tag)
@@ -85,6 +88,7 @@ class Rank:
                     waiting.discard(r)
             if waiting:
                 time.sleep(POLL_S)
+        self.lost |= waiting
         return got
 
     def tell(self, obj: Any, ranks: list[int], tag: int, timeout_s: float) -> list[int]:
@@ -95,6 +99,7 @@ class Rank:
             reqs = {r: q for r, q in reqs.items() if not q.Test()}
             if reqs:
                 time.sleep(POLL_S)
+        self.lost |= set(reqs)
         return sorted(reqs)
 
 
@@ -142,11 +147,30 @@ def sleep_until(unix_s: float) -> None:
         time.sleep(delay)
 
 
-def current(environ: Mapping[str, str] | None = None) -> Rank | None:
-    """This rank when launched by mpirun with two or more ranks, else None."""
+def exit_rank(r: Rank, code: int) -> int:
+    """The exit of a rank's command: when a peer was lost, leave now (``os._exit``, after flushing)
+    rather than in MPI_Finalize, which can wait forever on a dead peer's pending messages."""
+    if r.lost:
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def current(environ: Mapping[str, str] | None = None, timeout_s: float = 600.0) -> Rank | None:
+    """This rank when launched by mpirun with two or more ranks, else None. MPI start-up (MPI_Init,
+    run by mpi4py's import) waits for every rank; a rank that dies meanwhile would block the others for
+    good, so a watchdog that needs no Python lock (faulthandler's) ends this process after
+    ``timeout_s`` with a traceback saying where it waited."""
     size = launched_size(environ)
     if size < 2:
         return None
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.stderr)
     try:
         from mpi4py import MPI  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
@@ -154,6 +178,8 @@ def current(environ: Mapping[str, str] | None = None) -> Rank | None:
             f"launched by mpirun with {size} ranks, but mpi4py is not installed: pip install 'kvtier[mpi]' "
             f"(it needs the system's Open MPI: bash scripts/install-tools.sh mpirun) ({e})"
         ) from None
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     comm = MPI.COMM_WORLD
     return Rank(comm.Get_rank(), comm.Get_size(), socket.gethostname(), comm)
 
@@ -162,6 +188,7 @@ __all__ = [
     "Rank",
     "RunAborted",
     "agree_start",
+    "exit_rank",
     "sleep_until",
     "current",
     "launched_size",

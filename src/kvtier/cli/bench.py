@@ -56,7 +56,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args, BenchConfig)
     log = configure_logging(cfg.log_level)
-    rank = current()  # under mpirun with >= 2 ranks: this process is one client of many
+    rank = current(timeout_s=cfg.mpi_timeout)  # under mpirun with >= 2 ranks: this process is one client of many
     default_output = f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"
     if rank is None and cfg.num_clients > 1:
         return launch_clients(cfg.num_clients, sys.argv, cfg.output or default_output, cfg.output is None)
@@ -155,7 +155,17 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
         print(
             f"kvtier bench: rank 0 of {rank.size} ({rank.host}); per-rank results beside {cfg.output}", file=sys.stderr
         )
-    out = run_rank(cfg, rank, handle_signals=True)
+    from kvtier.errors import KvtierError, exit_code_for
+    from kvtier.mpi import exit_rank
+
+    try:
+        out = run_rank(cfg, rank, handle_signals=True)
+    except KvtierError as e:
+        if not rank.lost:
+            raise
+        for line in str(e).splitlines():
+            print(f"kvtier: error: {line}", file=sys.stderr)
+        return exit_rank(rank, exit_code_for(e))
     if isinstance(out, BenchAggregate):
         t = out.totals
         lat = out.latency
@@ -168,7 +178,7 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
         )
         for w in out.warnings:
             log.warning(w.message)
-    return exit_code(out.status, out.stop_reason.code)
+    return exit_rank(rank, exit_code(out.status, out.stop_reason.code))
 
 
 def print_summary(result: BenchResult, path: Path) -> None:

@@ -48,8 +48,9 @@ def replay(cfg: ReplayConfig) -> int:
     from kvtier.replay import run
     from kvtier.report.envelope import exit_code
 
-    rank = current()
+    rank = current(timeout_s=cfg.mpi_timeout)
     if rank is not None:
+        from kvtier.mpi import exit_rank
         from kvtier.replay.mpi import run_rank
 
         pooled = run_rank(cfg, rank)
@@ -59,7 +60,7 @@ def replay(cfg: ReplayConfig) -> int:
                 f"replay ({rank.size} ranks, {pooled.status.value}): {s.requests_ok}/{s.requests_total} requests ok, "
                 f"TTFT p50 {s.ttft_s.p50} s; {cfg.output}/summary.json"
             )
-        return exit_code(pooled.status, pooled.stop_reason.code)
+        return exit_rank(rank, exit_code(pooled.status, pooled.stop_reason.code))
 
     def on_start(plan: ReplayPlan) -> None:
         print(
