@@ -110,7 +110,7 @@ def run(
             on_start(plan, comp)
         with stop_on_signals(runner) if handle_signals else contextlib.nullcontext():
             outcome = runner.run(on_tick=on_tick, tick_s=config.progress_interval, gate=gate)
-        result = build_result(plan, comp, rec, outcome, started)
+        result = build_result(plan, comp, rec, outcome, started, runner.device_resolution)
         # written before the tiers are torn down: a failing cleanup cannot lose a finished result
         if config.output:
             write_json(result, config.output, flag="--output")

@@ -611,12 +611,65 @@ def run_warnings(
     return out
 
 
-def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, started_at: dt.datetime) -> BenchResult:
+DEVICE_OTHER_TRAFFIC_WARN = 0.10  # a device share above this not ours: the run's figures are in doubt
+
+
+def device_section(comp: Components, rec: Recorder, run: RunOutcome, resolution: str) -> dict[str, Any]:
+    """What the devices under the storage tier did over the load (diskstats), beside our own bytes."""
+    ft = comp.file_tier
+    sampler = run.device
+    base: dict[str, Any] = {"path": str(ft.directory), "resolution": resolution}
+    if sampler is None:
+        return {**base, "devices": [], "totals": None, "timeline": [], "ours": None, "other_traffic_fraction": None}
+    on_disk = {op: sum(ft.stored_size(s.nbytes) for s in rec.ops.get(("storage", op), [])) for op in OPS}
+    cancelled = {op: rec.cancelled.get(("storage", op), [0, 0])[1] for op in OPS}
+    ours = {op: on_disk[op] + cancelled[op] for op in OPS}
+    totals = sampler.totals()
+    device = {"read": int(totals.get("read_bytes", 0)), "write": int(totals.get("write_bytes", 0))}
+    other = {
+        op: (round(max(0.0, 1 - ours[op] / device[op]), 4) if device[op] else None) for op in OPS
+    }  # a direct-I/O run's bytes all reach the device: the rest is someone else's (or metadata)
+    seconds = max(float(totals.get("seconds") or 0.0), 1e-9)
+    return {
+        **base,
+        "devices": sampler.devices,
+        "interval_s": sampler.interval_s,
+        "totals": totals,
+        "timeline": sampler.timeline(),
+        "ours": {
+            "storage_read_bytes_on_disk": ours["read"],
+            "storage_write_bytes_on_disk": ours["write"],
+        },
+        "other_traffic_fraction": other,
+        "sampler_cpu_seconds": round(sampler.cpu_seconds, 6),
+        "sampler_cpu_fraction": round(sampler.cpu_seconds / seconds, 6),
+    }
+
+
+def build_result(
+    plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, started_at: dt.datetime, resolution: str = ""
+) -> BenchResult:
     cfg = plan.config
     reqs = _Requests.of(rec.requests)
     wall_s = max((run.end_ns - run.start_ns) / 1e9, 1e-9)
     tiers = tier_sections(rec, comp.store.tier_names)
     tp = cfg.tensor_parallel
+    device = device_section(comp, rec, run, resolution)
+    warnings = run_warnings(plan, comp, rec, reqs, run, tiers)
+    shared = {
+        op: f for op, f in (device["other_traffic_fraction"] or {}).items() if f and f > DEVICE_OTHER_TRAFFIC_WARN
+    }
+    if shared:
+        warnings.append(
+            warning(
+                WarningCode.device_shared,
+                "the storage device moved more than ours: "
+                + ", ".join(f"{op} {f:.0%} not from this run" for op, f in shared.items())
+                + f" ({', '.join(device['devices'])}); its figures include other traffic",
+                devices=device["devices"],
+                other_traffic_fraction=device["other_traffic_fraction"],
+            )
+        )
     return BenchResult.model_validate(
         {
             "status": run.status,
@@ -624,7 +677,7 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
             "started_at": iso(started_at),
             "finished_at": iso(utc_now()),
             "host": collect_host({"cache_dir": comp.cache_dir}),
-            "warnings": run_warnings(plan, comp, rec, reqs, run, tiers),
+            "warnings": warnings,
             "elapsed_s": round(wall_s, 4),
             "load_duration_s": round((run.load_end_ns - run.start_ns) / 1e9, 4),
             "load_start_unix_s": round(run.start_unix_s, 6),
@@ -645,6 +698,7 @@ def build_result(plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, s
             "tier_usage_at_end": comp.store.usage(),
             "errors": errors_section(rec, reqs),
             "process_io": process_io_section(comp, rec, run),
+            "device": device,
             "memory": memory_section(plan, comp),
             "storage": storage_section(comp),
             "workload_source": source_section(plan),

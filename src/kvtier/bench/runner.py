@@ -34,6 +34,7 @@ from kvtier.engine.tiered import NullSink
 from kvtier.report.envelope import Status, StopCode, StopReason
 from kvtier.stats import percentile
 from kvtier.telemetry.clock import MONOTONIC, Clock
+from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder
 from kvtier.workload.rag import IngestStep
@@ -119,6 +120,7 @@ class RunOutcome:
     prepopulated_entries: int = 0
     autoscaling: dict[str, object] | None = None
     start_unix_s: float = 0.0  # wall-clock time of start_ns
+    device: DeviceSampler | None = None  # /proc/diskstats of the devices under the storage tier, sampled
 
 
 class BenchRunner:
@@ -132,6 +134,7 @@ class BenchRunner:
         self.clock = clock
         self.stop = comp.stop  # also the store's cancel event: in-flight I/O stops between chunks
         self.duration_s = float(plan.config.duration)  # a gate may shorten it to a shared deadline
+        self.device_resolution = ""
         self.hard_stop = threading.Event()  # set by partial stops: cuts simulated generation short
         self._stop: StopReason | None = None
         self._partial = False
@@ -376,6 +379,7 @@ class BenchRunner:
         self._set_up()
         if gate is not None:
             self.duration_s = gate()
+        sampler = self._device_sampler()
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
         self.start_unix_s = time.time()
@@ -403,6 +407,8 @@ class BenchRunner:
             others += [t for t, _ in self._live.values()]
         for t in others:
             t.join(timeout=5)
+        if sampler is not None:
+            sampler.stop()  # after the drain: the device has finished what the run asked of it
         end = self.clock.now_ns()
         stop = self._stop or StopReason(code=StopCode.internal_error, message="the run ended without a stop reason")
         status = Status.partial if self._partial else Status.complete
@@ -423,7 +429,33 @@ class BenchRunner:
             len(self.prepopulated),
             scaler.stats(self.cfg.num_users, self.live_users()) if scaler is not None else None,
             self.start_unix_s,
+            sampler,
         )
+
+    def _device_sampler(self) -> DeviceSampler | None:
+        """A running sampler of the devices under the storage tier, with kvtier's own per-interval
+        figures beside each sample (requests done, storage bytes moved, tier fill)."""
+        devices, how = devices_under(self.c.file_tier.directory)
+        self.device_resolution = how
+        if not devices:
+            return None
+        seen = {"requests": 0, "read": 0, "write": 0}
+
+        def ours() -> dict[str, object]:
+            n = len(self.rec.requests)
+            out: dict[str, object] = {"kvtier_requests_done": n - seen["requests"]}
+            seen["requests"] = n
+            for op in ("read", "write"):
+                ops = self.rec.ops.get(("storage", op), [])
+                k = len(ops)
+                out[f"kvtier_storage_{op}_bytes"] = sum(x.nbytes for x in ops[seen[op] : k])
+                seen[op] = k
+            out["tier_used_bytes"] = {name: u["used_bytes"] for name, u in self.c.store.usage().items()}
+            return out
+
+        sampler = DeviceSampler(devices, self.cfg.device_interval, ours)
+        sampler.start()
+        return sampler
 
     def _wait_for_end(self, on_tick: Callable[[BenchRunner, float], None] | None, tick_s: float) -> None:
         clock = self.clock

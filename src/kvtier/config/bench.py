@@ -420,6 +420,9 @@ class BenchConfig(_Strict):
         "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS
     )
     progress_interval: float = flag(5.0, "seconds between progress updates", group=ADDITIONS, gt=0)
+    device_interval: float = flag(
+        1.0, "seconds between samples of the storage device's /proc/diskstats (result: device)", group=ADDITIONS, gt=0
+    )
     num_clients: int = flag(
         1,
         "run N client processes on this host as one run: kvtier starts mpirun -np N itself (under mpirun, "

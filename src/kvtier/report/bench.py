@@ -435,6 +435,21 @@ class DatasetSource(Section):
 WorkloadSource = Annotated[SyntheticSource | TraceSource | DatasetSource, Field(discriminator="kind")]
 
 
+class DeviceStats(Section):
+    """The devices under the storage tier, from /proc/diskstats (telemetry/diskstats.py)."""
+
+    path: str
+    resolution: str
+    devices: list[str]
+    interval_s: float | None = None
+    totals: dict[str, Any] | None
+    timeline: list[dict[str, Any]]
+    ours: dict[str, int] | None
+    other_traffic_fraction: dict[str, float | None] | None
+    sampler_cpu_seconds: float | None = None
+    sampler_cpu_fraction: float | None = None
+
+
 class BenchResult(Envelope):
     """One ``kvtier bench`` run."""
 
@@ -464,6 +479,7 @@ class BenchResult(Envelope):
     tier_usage_at_end: dict[str, TierUsage]
     errors: ErrorStats
     process_io: ProcessIO
+    device: DeviceStats | None = None  # None only in results written before it was recorded
     memory: MemoryStats
     storage: StorageFacts
     workload_source: WorkloadSource

@@ -103,6 +103,7 @@ class WarningCode(enum.StrEnum):
     cleanup_failed = "cleanup-failed"
     engine_fallback = "engine-fallback"
     ranks_lost = "ranks-lost"
+    device_shared = "device-shared"
     rank_not_complete = "rank-not-complete"
     gpu_env_conflict = "gpu-env-conflict"
 
