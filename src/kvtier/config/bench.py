@@ -376,7 +376,8 @@ class BenchConfig(_Strict):
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
     request_log: str | None = flag(
         None,
-        "write one JSON line per request to FILE (under MPI: FILE.rank_<r>.jsonl; fields in docs/metrics.md)",
+        "write one JSON line per request to FILE (under MPI each rank r writes <stem>.rank_<r>.jsonl; "
+        "fields in docs/metrics.md)",
         group=ADDITIONS,
         metavar="FILE",
     )
