@@ -182,3 +182,16 @@ def test_ctrl_c_to_mpirun_leaves_partial_results_everywhere(tmp_path: Path):
     assert agg["status"] == "partial" and agg["ranks_reported"] == 2 and agg["lost_ranks"] == []
     assert {w["code"] for w in agg["warnings"]} == {"rank-not-complete"}
     assert agg["totals"]["requests_completed"] == sum(r["requests_completed"] for r in ranks)
+
+
+def test_without_output_or_seed_every_rank_takes_rank_0s(tmp_path: Path):
+    """No --output, no --seed: rank 0 names the files and draws the seed, and every rank uses them."""
+    p = mpirun(2, [*BENCH, "--num-users", "2", "--duration", "2", "--cache-dir", str(tmp_path / "c")], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    agg_files = sorted(tmp_path.glob("kvtier_bench_*.json"))
+    stems = {f.name.split(".")[0] for f in agg_files}
+    assert len(agg_files) == 3 and len(stems) == 1  # aggregate + rank_0 + rank_1, one name
+    (stem,) = stems
+    agg = json.loads((tmp_path / f"{stem}.json").read_text())
+    seeds = [json.loads((tmp_path / f"{stem}.rank_{r}.json").read_text())["seed"] for r in (0, 1)]
+    assert seeds == [agg["seed"], agg["seed"] + 1]

@@ -67,18 +67,20 @@ def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
     )
 
 
-def shared_seed(cfg: BenchConfig, r: Rank) -> int:
-    """The run's base seed: the given one, or one rank 0 drew and sent to every rank."""
-    if cfg.seed is not None:
-        return cfg.seed
+def shared_identity(cfg: BenchConfig, r: Rank, default_output: str) -> tuple[int, str]:
+    """The run's base seed and output path, the same on every rank: the given ones, or what rank 0
+    chose (a drawn seed; ``default_output``, named from rank 0's clock) and sent to every rank."""
+    if cfg.seed is not None and cfg.output is not None:
+        return cfg.seed, cfg.output
     if r.rank == 0:
-        seed = int.from_bytes(os.urandom(4), "little")
-        r.tell(seed, list(range(1, r.size)), TAG_SEED, cfg.mpi_timeout)
-        return seed
-    ok, seed = r.recv(0, TAG_SEED, cfg.mpi_timeout)
+        seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
+        ident = (seed, cfg.output or default_output)
+        r.tell(ident, list(range(1, r.size)), TAG_SEED, cfg.mpi_timeout)
+        return ident
+    ok, ident = r.recv(0, TAG_SEED, cfg.mpi_timeout)
     if not ok:
-        raise RunAborted(f"rank {r.rank} ({r.host}): no seed from rank 0 within --mpi-timeout {cfg.mpi_timeout:g} s")
-    return int(seed)
+        raise RunAborted(f"rank {r.rank} ({r.host}): nothing from rank 0 within --mpi-timeout {cfg.mpi_timeout:g} s")
+    return int(ident[0]), str(ident[1])
 
 
 class Gate:
@@ -116,12 +118,16 @@ def samples_of(rec: Recorder) -> dict[str, Any]:
     return out
 
 
-def run_rank(cfg: BenchConfig, r: Rank, **run_kwargs: Any) -> BenchResult | BenchAggregate:
-    """This rank's part of the run; rank 0 returns the aggregate, the others their own result."""
+def run_rank(
+    cfg: BenchConfig, r: Rank, default_output: str = "kvtier_bench.json", **run_kwargs: Any
+) -> BenchResult | BenchAggregate:
+    """This rank's part of the run; rank 0 returns the aggregate, the others their own result.
+    Without ``--output`` every rank uses rank 0's ``default_output``."""
     from kvtier.bench import run
 
     started = utc_now()
-    seed = shared_seed(cfg, r)
+    seed, output = shared_identity(cfg, r, default_output)
+    cfg = cfg.model_copy(update={"output": output})
     gate = Gate(cfg, r)
     rec = Recorder()
     try:

@@ -60,10 +60,10 @@ def run_bench(args: argparse.Namespace) -> int:
     default_output = f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"
     if rank is None and cfg.num_clients > 1:
         return launch_clients(cfg.num_clients, sys.argv, cfg.output or default_output, cfg.output is None)
+    if rank is not None:  # without --output, every rank takes rank 0's default name
+        return run_bench_rank(cfg, rank, log, default_output)
     if cfg.output is None:
         cfg = cfg.model_copy(update={"output": default_output})
-    if rank is not None:
-        return run_bench_rank(cfg, rank, log)
 
     def on_start(plan: Plan, comp: Components) -> None:
         print(
@@ -143,7 +143,7 @@ def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> in
         return rc or 1
 
 
-def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
+def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_output: str) -> int:
     """One rank of an MPI run (bench/mpi.py); rank 0 prints the aggregate."""
     from kvtier.bench.mpi import run_rank
     from kvtier.mpi import Rank
@@ -153,13 +153,15 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
     assert isinstance(rank, Rank)
     if rank.rank == 0:
         print(
-            f"kvtier bench: rank 0 of {rank.size} ({rank.host}); per-rank results beside {cfg.output}", file=sys.stderr
+            f"kvtier bench: rank 0 of {rank.size} ({rank.host}); per-rank results beside "
+            f"{cfg.output or default_output}",
+            file=sys.stderr,
         )
     from kvtier.errors import KvtierError, exit_code_for
     from kvtier.mpi import exit_rank
 
     try:
-        out = run_rank(cfg, rank, handle_signals=True)
+        out = run_rank(cfg, rank, default_output, handle_signals=True)
     except KvtierError as e:
         if not rank.lost:
             raise
@@ -174,7 +176,7 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger) -> int:
             f"{t.requests_completed:,} requests, read {t.storage_read_bytes_per_sec / 1e9:.3f} GB/s, "
             f"write {t.storage_write_bytes_per_sec / 1e9:.3f} GB/s; end-to-end p95 "
             f"{lat.end_to_end_latency_ms.get('p95')} ms over {lat.samples:,} samples pooled; "
-            f"start skew {out.skew.start_s:.3f} s; result: {cfg.output}"
+            f"start skew {out.skew.start_s:.3f} s; result: {cfg.output or default_output}"
         )
         for w in out.warnings:
             log.warning(w.message)
