@@ -154,6 +154,13 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert sum(qos.values()) == r["requests_completed"]
     rows = {row[0].value: row[1].value for row in wb["kvtier summary"].iter_rows(min_row=2)}
     assert rows["requests_completed"] == r["requests_completed"]
+    # the device's own figures: a sheet of totals and one row per sampling interval
+    assert {"Device", "Device timeline"} <= set(wb.sheetnames)
+    dev = r["device"]
+    assert wb["Device timeline"].max_row == 1 + len(dev["timeline"])
+    if dev["devices"]:
+        head = [c.value for c in wb["Device timeline"][1]]
+        assert f"{dev['devices'][0]}.write_bytes" in head and "kvtier_storage_write_bytes" in head
 
 
 def test_bytes_agree_with_process_io_counters(tmp_path, cache_dir):

@@ -428,6 +428,10 @@ def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: P
     assert all(addr.startswith("127.0.0.1:") for addrs in seen.values() for addr in addrs), seen
     assert json.loads((out / "launch.json").read_text())["exit_status"] == rc
     assert not list((out / "nvme").iterdir())  # the cache server removed its files
+    dev = rec["device"]  # the NVMe tier's device, sampled while the replay ran
+    assert dev is not None and dev["path"] == str(out / "nvme")
+    if dev["devices"]:
+        assert dev["totals"]["seconds"] > 0 and set(dev["totals"]["devices"]) == set(dev["devices"])
     assert_no_orphans(out)
 
 

@@ -49,6 +49,7 @@ from kvtier.report.envelope import (
     warning,
 )
 from kvtier.report.launch import LaunchResult
+from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import mem_available_bytes
 
 HOST = "127.0.0.1"
@@ -275,6 +276,7 @@ class _Record:
         self.pids: dict[str, int] = {}
         self.error: str | None = None
         self.engines: EngineCheck | None = None
+        self.device: dict[str, Any] | None = None  # the NVMe tier's devices over the replay (diskstats)
         self.warnings: list[ResultWarning] = list(lp.warnings)
 
     def event(self, what: str) -> None:
@@ -310,6 +312,7 @@ class _Record:
                 "sizes": lp.sizes,
                 "policies": lp.policies(),
                 "engines": self.engines.as_dict() if self.engines is not None else None,
+                "device": self.device,
                 "warnings": self.warnings,
                 "error": self.error,
                 "exit_status": exit_status,
@@ -489,6 +492,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         raise KeyboardInterrupt
 
     old_term = signal.signal(signal.SIGTERM, on_term)
+    sampler: DeviceSampler | None = None
     status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
     try:
         for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
@@ -508,6 +512,12 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)
             rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {POLICY[cfg.tier]}, {lp.front_url})")
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
+        if cfg.tier == "nvme":  # what the device under the NVMe tier did while the replay ran
+            devices, how = devices_under(lp.nvme_dir)
+            rec.device = {"path": str(lp.nvme_dir), "resolution": how, "devices": devices}
+            sampler = DeviceSampler(devices) if devices else None
+            if sampler is not None:
+                sampler.start()
         rec.event(f"replay: {shlex.join(lp.client_argv)}")
         folder = lp.replay.output or str(lp.out / "replay")
         if cfg.client_ranks > 1:
@@ -534,6 +544,9 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         stop = StopReason(code=StopCode.startup_failed if rc == 6 else StopCode.internal_error, message=str(e))
         raise
     finally:
+        if sampler is not None and rec.device is not None:
+            sampler.stop()
+            rec.device.update({"totals": sampler.totals(), "timeline": sampler.timeline()})
         # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -78,6 +78,7 @@ class LaunchResult(Envelope):
     sizes: LaunchSizes | None = None
     policies: LaunchPolicies | None = None
     engines: dict[str, Any] | None = None  # the pre-flight check (launch/engines.py; None for the sim)
+    device: dict[str, Any] | None = None  # NVMe tier: its devices over the replay (telemetry/diskstats.py)
     error: str | None
     exit_status: int | None
     config: LaunchConfig

@@ -215,6 +215,7 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
         "Tiers": r["tiers"],
         "Errors": r["errors"],
         "Memory+IO": {"memory": r["memory"], "process_io": r["process_io"], "storage": r["storage"]},
+        "Device": {k: v for k, v in (r.get("device") or {}).items() if k != "timeline"},
         "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])}
         | {"stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
         "Host": r["host"],
@@ -229,7 +230,27 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
             for row, (k, v) in enumerate(flatten(data), start=1):
                 ws.write(row, 0, k)
                 _cell(ws, row, 1, v)
+        _device_timeline_sheet(wb, (r.get("device") or {}).get("timeline") or [], bold)
         wb.close()
     except OSError as e:
         raise KvtierError(f"--xlsx-output: cannot write {p}: {e.strerror}") from e
     return p
+
+
+DEVICE_COLUMNS = ("read_bytes", "write_bytes", "read_ios", "write_ios", "read_await_ms", "write_await_ms",
+                  "utilization", "avg_queue_depth")  # fmt: skip
+
+
+def _device_timeline_sheet(wb: Any, timeline: list[dict[str, Any]], bold: Any) -> None:
+    """One row per sampling interval: each device's activity beside the CPU and kvtier's own figures."""
+    ws = wb.add_worksheet("Device timeline")
+    devices = sorted({d for row in timeline for d in row.get("devices", {})})
+    head = ["t_s", *(f"{d}.{c}" for d in devices for c in DEVICE_COLUMNS), "cpu_utilization"]
+    head += ["kvtier_requests_done", "kvtier_storage_read_bytes", "kvtier_storage_write_bytes"]
+    ws.write_row(0, 0, head, bold)
+    for i, row in enumerate(timeline, start=1):
+        values = [row.get("t_s")]
+        values += [row.get("devices", {}).get(d, {}).get(c) for d in devices for c in DEVICE_COLUMNS]
+        values += [row.get(k) for k in head[len(values) :]]
+        for j, v in enumerate(values):
+            _cell(ws, i, j, v)
