@@ -71,7 +71,7 @@ def test_open_run_two_processes_one_workload_one_trial(tmp_path: Path):
         "--num-users",
         "2",
         "--duration",
-        "4",
+        "6",
         "--trials",
         "1",
         "--inter-option-delay",
@@ -95,5 +95,5 @@ def test_open_run_two_processes_one_workload_one_trial(tmp_path: Path):
     assert opt["aggregated_storage_throughput_tokens_per_sec"] == pytest.approx(
         sum(r["summary"]["storage_throughput_tokens_per_sec"] for r in ranks)
     )
-    assert summary["verdict"][0].startswith("open: CLOSED parameters changed: duration=4, trials=1")
+    assert summary["verdict"][0].startswith("open: CLOSED parameters changed: duration=6, trials=1")
     assert opt["kvtier"]["trials"][0]["pooled_end_to_end_p95_ms"] is not None
