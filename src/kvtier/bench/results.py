@@ -474,12 +474,20 @@ def reference_arrays(plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome
 
 
 # -- outside the summary ---------------------------------------------------------------------
-def process_io_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict[str, Any]:
-    """What the kernel says this process read and wrote, beside what the storage tier did."""
+def storage_bytes_on_disk(comp: Components, rec: Recorder) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Per direction: bytes the completed file-tier operations put on disk (header and padding
+    included), and [ops, bytes] of those cancelled by the end of the run."""
     ft = comp.file_tier
-    delta = {k: run.io_after.get(k, 0) - run.io_before.get(k, 0) for k in ("read_bytes", "write_bytes")}
     on_disk = {op: sum(ft.stored_size(s.nbytes) for s in rec.ops.get(("storage", op), [])) for op in OPS}
     cancelled = {op: rec.cancelled.get(("storage", op), [0, 0]) for op in OPS}
+    return on_disk, cancelled
+
+
+def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, list[int]]]) -> dict[str, Any]:
+    """What the kernel says this process read and wrote, beside what the storage tier did (``disk``:
+    storage_bytes_on_disk)."""
+    delta = {k: run.io_after.get(k, 0) - run.io_before.get(k, 0) for k in ("read_bytes", "write_bytes")}
+    on_disk, cancelled = disk
     expect = {op: on_disk[op] + cancelled[op][1] for op in OPS}
     return {
         "storage_tier_bytes_written_on_disk": on_disk["write"],
@@ -614,16 +622,17 @@ def run_warnings(
 DEVICE_OTHER_TRAFFIC_WARN = 0.10  # a device share above this not ours: the run's figures are in doubt
 
 
-def device_section(comp: Components, rec: Recorder, run: RunOutcome, resolution: str) -> dict[str, Any]:
+def device_section(
+    comp: Components, run: RunOutcome, resolution: str, disk: tuple[dict[str, int], dict[str, list[int]]]
+) -> dict[str, Any]:
     """What the devices under the storage tier did over the load (diskstats), beside our own bytes."""
     ft = comp.file_tier
     sampler = run.device
     base: dict[str, Any] = {"path": str(ft.directory), "resolution": resolution}
     if sampler is None:
         return {**base, "devices": [], "totals": None, "timeline": [], "ours": None, "other_traffic_fraction": None}
-    on_disk = {op: sum(ft.stored_size(s.nbytes) for s in rec.ops.get(("storage", op), [])) for op in OPS}
-    cancelled = {op: rec.cancelled.get(("storage", op), [0, 0])[1] for op in OPS}
-    ours = {op: on_disk[op] + cancelled[op] for op in OPS}
+    on_disk, cancelled = disk
+    ours = {op: on_disk[op] + cancelled[op][1] for op in OPS}
     totals = sampler.totals()
     device = {"read": int(totals.get("read_bytes", 0)), "write": int(totals.get("write_bytes", 0))}
     other = {
@@ -654,7 +663,8 @@ def build_result(
     wall_s = max((run.end_ns - run.start_ns) / 1e9, 1e-9)
     tiers = tier_sections(rec, comp.store.tier_names)
     tp = cfg.tensor_parallel
-    device = device_section(comp, rec, run, resolution)
+    disk = storage_bytes_on_disk(comp, rec)  # once: both the kernel's and the device's view use it
+    device = device_section(comp, run, resolution, disk)
     warnings = run_warnings(plan, comp, rec, reqs, run, tiers)
     shared = {
         op: f for op, f in (device["other_traffic_fraction"] or {}).items() if f and f > DEVICE_OTHER_TRAFFIC_WARN
@@ -697,7 +707,7 @@ def build_result(
             "tiers": tiers,
             "tier_usage_at_end": comp.store.usage(),
             "errors": errors_section(rec, reqs),
-            "process_io": process_io_section(comp, rec, run),
+            "process_io": process_io_section(run, disk),
             "device": device,
             "memory": memory_section(plan, comp),
             "storage": storage_section(comp),
