@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 # Real parts the integration tests use: Caddy in front of sim replicas (kvtier launch), curl, ss
-# (iproute2) to see which addresses the started servers listen on, and Open MPI's mpirun (MPI runs).
-bash scripts/install-tools.sh caddy curl ss mpirun ||
-  echo "scripts/test.sh: could not install caddy/curl/ss/mpirun; their tests will skip" >&2
+# (iproute2) to see which addresses the started servers listen on, Open MPI's mpirun (MPI runs), and fio
+# (its --parse-only judges the jobs kvtier trace fio writes).
+bash scripts/install-tools.sh caddy curl ss mpirun fio ||
+  echo "scripts/test.sh: could not install caddy/curl/ss/mpirun/fio; their tests will skip" >&2
 exec .venv/bin/python -m pytest "$@"

@@ -279,6 +279,13 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
     assert "gpu" not in r["tiers"]
 
 
+def test_a_missing_validation_trace_is_a_dataset_error_before_any_load(tmp_path):
+    base = ["--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.1", "--output", str(tmp_path / "r.json")]
+    p = bench([*base, "--validation-trace", "/nonexistent/trace.csv"], tmp_path, timeout=30)
+    assert p.returncode == 3 and "kvtier: error: /nonexistent/trace.csv: no such file" in p.stderr
+    assert not (tmp_path / "r.json").exists() and "kvtier bench:" not in p.stderr
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -287,10 +294,9 @@ def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_wor
         (["--cache-dir", "/proc"], "--cache-dir: cannot create a run directory in /proc"),
         (["--num-users", "0"], "--num-users"),
         (["--config", "BAD"], "eviction.target_usage_ratio"),
-        (["--io-trace-log", "x.log"], "--io-trace-log: not implemented"),
+        (["--io-trace-log", "/nonexistent/dir/t.csv"], "--io-trace-log: directory /nonexistent/dir does not exist"),
         (["--cpu-mem-gb", "1000"], "--cpu-mem-gb 1000: the CPU tier plus buffers need"),
         (["--cpu-mem-gb", "100000"], "--cpu-mem-gb 100000 exceeds validation_limits (16384)"),
-        (["--enable-latency-tracing"], "--enable-latency-tracing: not implemented"),
         (["--output", "/nonexistent/dir/r.json"], "--output: directory /nonexistent/dir does not exist"),
     ],
 )

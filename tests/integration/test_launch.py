@@ -432,6 +432,12 @@ def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: P
     assert dev is not None and dev["path"] == str(out / "nvme")
     if dev["devices"]:
         assert dev["totals"]["seconds"] > 0 and set(dev["totals"]["devices"]) == set(dev["devices"])
+        side = dev["sidecar"]  # the cache server's own bytes beside the device's
+        assert side["process"] == "sidecar" and side["pid"] == rec["pids"]["sidecar"]
+        assert side["write_bytes"] is not None and side["write_bytes"] >= 0
+        for op in ("read", "write"):
+            share = side[f"{op}_share_of_device"]
+            assert share is None or 0 <= share <= 1
     assert_no_orphans(out)
 
 

@@ -68,6 +68,38 @@ def stop_on_signals(runner: BenchRunner) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def close_timed(comp: Components) -> tuple[dict[str, int], float, list[str]]:
+    """Tear the run's components down, timed apart from the load (removing many GB of entry files takes
+    a while): (what the storage tier held, seconds, what could not be removed)."""
+    held = comp.store.usage().get("storage", {})
+    t0 = time.perf_counter()
+    problems = comp.close()
+    return held, time.perf_counter() - t0, problems
+
+
+def record_teardown(result: BenchResult, closed: tuple[dict[str, int], float, list[str]], kept: bool) -> None:
+    """The result's ``teardown``, and a ``cleanup-failed`` warning for what could not be removed (e.g. the
+    folder became read-only mid-run): said in the result, never a traceback."""
+    from kvtier.report.bench import TeardownStats
+    from kvtier.report.envelope import WarningCode, warning
+
+    held, seconds, problems = closed
+    result.teardown = TeardownStats(
+        seconds=round(seconds, 4),
+        storage_entries=held.get("entries", 0),
+        storage_bytes=held.get("used_bytes", 0),
+        kept=kept,
+    )
+    if problems:
+        result.warnings.append(
+            warning(
+                WarningCode.cleanup_failed,
+                f"{len(problems)} files or folders of this run could not be removed: {problems[0]}",
+                problems=problems[:20],
+            )
+        )
+
+
 def run(
     config: BenchConfig,
     *,
@@ -90,8 +122,7 @@ def run(
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
-    from kvtier.report.bench import TeardownStats
-    from kvtier.report.envelope import WarningCode, utc_now, warning
+    from kvtier.report.envelope import utc_now
     from kvtier.report.writers import write_json, write_xlsx
     from kvtier.telemetry.clock import MONOTONIC
     from kvtier.telemetry.recorder import Recorder
@@ -99,6 +130,10 @@ def run(
     check_output_path("--output", config.output)
     check_output_path("--xlsx-output", config.xlsx_output)
     check_output_path("--request-log", config.request_log)
+    if config.io_trace_log:
+        from kvtier.telemetry.iotrace import check_trace_path
+
+        check_trace_path("--io-trace-log", config.io_trace_log)
     started = utc_now()
     clock = clock or MONOTONIC
     plan = derive(config)
@@ -110,30 +145,16 @@ def run(
             on_start(plan, comp)
         with stop_on_signals(runner) if handle_signals else contextlib.nullcontext():
             outcome = runner.run(on_tick=on_tick, tick_s=config.progress_interval, gate=gate)
-        result = build_result(plan, comp, rec, outcome, started, runner.device_resolution)
+        comp.close_trace()  # every row on disk before the result names the file's figures
+        result = build_result(
+            plan, comp, rec, outcome, started, runner.device_resolution, runner.latency_tracing, runner.gpu_telemetry
+        )
         # written before the tiers are torn down: a failing cleanup cannot lose a finished result
         if config.output:
             write_json(result, config.output, flag="--output")
     finally:
-        # the teardown is timed apart from the load: removing many GB of entry files takes a while
-        held = comp.store.usage().get("storage", {})
-        t0 = time.perf_counter()
-        problems = comp.close()
-        teardown_s = time.perf_counter() - t0
-    result.teardown = TeardownStats(
-        seconds=round(teardown_s, 4),
-        storage_entries=held.get("entries", 0),
-        storage_bytes=held.get("used_bytes", 0),
-        kept=config.keep_cache,
-    )
-    if problems:  # e.g. the folder became read-only mid-run: said in the result, never a traceback
-        result.warnings.append(
-            warning(
-                WarningCode.cleanup_failed,
-                f"{len(problems)} files or folders of this run could not be removed: {problems[0]}",
-                problems=problems[:20],
-            )
-        )
+        closed = close_timed(comp)
+    record_teardown(result, closed, config.keep_cache)
     if config.output:
         write_json(result, config.output, flag="--output")
     if config.request_log:

@@ -32,6 +32,7 @@ from kvtier.report.aggregate import BenchAggregate
 from kvtier.report.bench import BenchResult
 from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
 from kvtier.stats import summarize_ns_as_ms
+from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
 
 START_MARGIN_S = 1.0  # between rank 0's go and the shared start: every rank hears it in time
@@ -62,6 +63,7 @@ def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
             "output": rank_path(cfg.output, r.rank, ".json"),
             "xlsx_output": rank_path(cfg.xlsx_output, r.rank, ".xlsx"),
             "request_log": rank_path(cfg.request_log, r.rank, ".jsonl"),
+            "io_trace_log": rank_trace_path(cfg.io_trace_log, r.rank) if cfg.io_trace_log else None,
             "num_clients": 1,
         }
     )

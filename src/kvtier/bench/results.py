@@ -655,8 +655,33 @@ def device_section(
     }
 
 
+def validation_section(trace: Any, path: str, requests: list[Any]) -> dict[str, Any]:
+    from kvtier.bench.validation import validation_section as section
+
+    return section(trace, path, requests)
+
+
+def io_trace_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict[str, Any] | None:
+    """The trace file's figures; rows by tier and operation come from the recorder (same events)."""
+    stats = comp.io_trace_stats
+    if stats is None:
+        return None
+    from kvtier.telemetry.iotrace import OPERATIONS, TIER_LABELS
+
+    load_s = (run.load_end_ns - run.start_ns) / 1e9
+    by = {f"{TIER_LABELS.get(t, t)} {OPERATIONS[o]}": len(v) for (t, o), v in sorted(rec.ops.items()) if v}
+    return {**stats, "rows_per_sec": round(int(stats["rows"]) / load_s, 1) if load_s > 0 else None, "by_tier_op": by}
+
+
 def build_result(
-    plan: Plan, comp: Components, rec: Recorder, run: RunOutcome, started_at: dt.datetime, resolution: str = ""
+    plan: Plan,
+    comp: Components,
+    rec: Recorder,
+    run: RunOutcome,
+    started_at: dt.datetime,
+    resolution: str = "",
+    latency_tracing: dict[str, Any] | None = None,
+    gpu_telemetry: dict[str, Any] | None = None,
 ) -> BenchResult:
     cfg = plan.config
     reqs = _Requests.of(rec.requests)
@@ -666,6 +691,25 @@ def build_result(
     disk = storage_bytes_on_disk(comp, rec)  # once: both the kernel's and the device's view use it
     device = device_section(comp, run, resolution, disk)
     warnings = run_warnings(plan, comp, rec, reqs, run, tiers)
+    io_trace = io_trace_section(comp, rec, run)
+    if latency_tracing is not None and not latency_tracing.get("traced"):
+        warnings.append(
+            warning(
+                WarningCode.latency_tracing_unavailable,
+                f"--enable-latency-tracing: no block-layer histograms: {latency_tracing.get('reason')}; "
+                "the device section's diskstats figures stand in",
+                reason=latency_tracing.get("reason"),
+            )
+        )
+    if io_trace is not None and (io_trace["error"] or io_trace["rows_dropped"]):
+        warnings.append(
+            warning(
+                WarningCode.io_trace_incomplete,
+                f"the I/O trace misses {io_trace['rows_dropped']} operations: "
+                f"{io_trace['error'] or 'written after the end'}",
+                rows_dropped=io_trace["rows_dropped"],
+            )
+        )
     shared = {
         op: f for op, f in (device["other_traffic_fraction"] or {}).items() if f and f > DEVICE_OTHER_TRAFFIC_WARN
     }
@@ -709,6 +753,12 @@ def build_result(
             "errors": errors_section(rec, reqs),
             "process_io": process_io_section(run, disk),
             "device": device,
+            "io_trace": io_trace,
+            "latency_tracing": latency_tracing,
+            "gpu_telemetry": gpu_telemetry,
+            "validation": None
+            if plan.validation is None
+            else validation_section(plan.validation, str(cfg.validation_trace), rec.requests),
             "memory": memory_section(plan, comp),
             "storage": storage_section(comp),
             "workload_source": source_section(plan),

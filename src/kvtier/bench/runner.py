@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import os
@@ -33,8 +34,10 @@ from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.tiered import NullSink
 from kvtier.report.envelope import Status, StopCode, StopReason
 from kvtier.stats import percentile
+from kvtier.telemetry.blocktrace import BlockTracer
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
+from kvtier.telemetry.gpu import GpuSampler
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder
 from kvtier.workload.rag import IngestStep
@@ -135,6 +138,8 @@ class BenchRunner:
         self.stop = comp.stop  # also the store's cancel event: in-flight I/O stops between chunks
         self.duration_s = float(plan.config.duration)  # a gate may shorten it to a shared deadline
         self.device_resolution = ""
+        self.latency_tracing: dict[str, object] | None = None  # --enable-latency-tracing's section
+        self.gpu_telemetry: dict[str, object] | None = None  # NVML's figures over the load, or why none
         self.hard_stop = threading.Event()  # set by partial stops: cuts simulated generation short
         self._stop: StopReason | None = None
         self._partial = False
@@ -166,6 +171,14 @@ class BenchRunner:
         self._live: dict[int, tuple[threading.Thread, threading.Event]] = {}
         self._next_uid = self.cfg.num_users
         self._users_done = 0
+        if comp.io_trace is not None:  # the trace file cannot be written (disk full): stop, partial
+            comp.io_trace.on_error = self._trace_failed
+
+    def _trace_failed(self, e: OSError) -> None:
+        code = StopCode.device_full if e.errno in (errno.ENOSPC, errno.EDQUOT) else StopCode.internal_error
+        self.request_stop(
+            code, f"--io-trace-log: cannot write {self.cfg.io_trace_log}: {e.strerror or e}", partial=True
+        )
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, code: StopCode, message: str, partial: bool) -> None:
@@ -350,7 +363,7 @@ class BenchRunner:
 
     def _set_up(self) -> None:
         cfg, ft = self.cfg, self.c.file_tier
-        if cfg.precondition:
+        if cfg.precondition and not self.c.trace_mode:  # trace mode moves no bytes: nothing to condition
             size = int(cfg.precondition_size_gb * GiB) or 2 * ft.capacity_bytes  # the reference's default
             self.setup_stats["precondition"] = precondition(
                 ft,
@@ -380,6 +393,9 @@ class BenchRunner:
         if gate is not None:
             self.duration_s = gate()
         sampler = self._device_sampler()
+        tracer = self._block_tracer()
+        gpus = GpuSampler(self.cfg.device_interval)
+        gpus.start()
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
         self.start_unix_s = time.time()
@@ -409,6 +425,15 @@ class BenchRunner:
             t.join(timeout=5)
         if sampler is not None:
             sampler.stop()  # after the drain: the device has finished what the run asked of it
+        self.gpu_telemetry = gpus.stop()
+        if tracer is not None:
+            hists = tracer.stop()  # first: stopping may find it printed nothing, and say so in reason
+            self.latency_tracing = {
+                "devices": tracer.devices,
+                "traced": tracer.reason is None,
+                "reason": tracer.reason,
+                "histograms": hists,
+            }
         end = self.clock.now_ns()
         stop = self._stop or StopReason(code=StopCode.internal_error, message="the run ended without a stop reason")
         status = Status.partial if self._partial else Status.complete
@@ -432,9 +457,21 @@ class BenchRunner:
             sampler,
         )
 
+    def _block_tracer(self) -> BlockTracer | None:
+        """--enable-latency-tracing: bpftrace on the storage tier's devices, or why not (never fatal)."""
+        if not self.cfg.enable_latency_tracing:
+            return None
+        if self.c.trace_mode:
+            return BlockTracer([], "I/O trace mode moves no bytes: nothing to trace")
+        devices, _ = devices_under(self.c.file_tier.directory)
+        return BlockTracer.start(devices)
+
     def _device_sampler(self) -> DeviceSampler | None:
         """A running sampler of the devices under the storage tier, with kvtier's own per-interval
         figures beside each sample (requests done, storage bytes moved, tier fill)."""
+        if self.c.trace_mode:
+            self.device_resolution = "not sampled: I/O trace mode moves no bytes"
+            return None
         devices, how = devices_under(self.c.file_tier.directory)
         self.device_resolution = how
         if not devices:

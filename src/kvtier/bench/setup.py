@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
@@ -25,6 +26,7 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import GpuTier, gpu_available, gpu_memory_bytes
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
+from kvtier.engine.null import NullTier
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError, UnusableDirectory
@@ -32,6 +34,7 @@ from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.report.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
+from kvtier.telemetry.iotrace import IOTraceWriter
 from kvtier.tokenizer import load_tokenizer
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
@@ -86,6 +89,7 @@ class Plan:
     io_chunk_bytes: int
     workload: Workload
     warnings: list[ResultWarning] = field(default_factory=list)
+    validation: Trace | None = None  # --validation-trace, read before the run
 
     def entry_bytes(self, tokens: int) -> int:
         """Bytes of this rank's KV entry of ``tokens`` tokens (ModelSpec's per-rank rule)."""
@@ -105,10 +109,25 @@ class Components:
     stop: threading.Event = field(default_factory=threading.Event)
     warnings: list[ResultWarning] = field(default_factory=list)
     stale_runs: dict[str, object] | None = None  # setup.stale_runs of the result
+    io_trace: IOTraceWriter | None = None  # --io-trace-log: every tier is a NullTier, each operation a row
+    io_trace_stats: dict[str, Any] | None = None  # the writer's figures once closed
+
+    @property
+    def trace_mode(self) -> bool:
+        return self.io_trace is not None
+
+    def close_trace(self) -> dict[str, Any] | None:
+        """Finish the I/O trace file (idempotent); its figures."""
+        if self.io_trace is not None and self.io_trace_stats is None:
+            self.io_trace_stats = self.io_trace.close()
+        return self.io_trace_stats
 
     def close(self) -> list[str]:
         """Release everything; returns what could not be removed (never raises for that)."""
+        self.close_trace()
         self.store.close()
+        if self.trace_mode:  # not among the store's tiers: a NullTier stood in for it
+            self.file_tier.close()
         problems = list(self.file_tier.cleanup_problems)
         if self.owns_cache_dir and not self.keep_cache:
             try:
@@ -120,10 +139,7 @@ class Components:
 
 
 def check_config(cfg: BenchConfig) -> ModelSpec:
-    """Checks that need no I/O: model known, flags not silently ignored."""
-    missing = cfg.not_yet_implemented()
-    if missing:
-        raise ConfigError(missing[0])
+    """Checks that need no I/O: the model is known."""
     catalog = build_catalog(
         {k: v.model_dump(exclude_none=True, exclude_defaults=True) for k, v in cfg.tuning.model_configs.items()}
     )
@@ -221,9 +237,12 @@ def derive(cfg: BenchConfig) -> Plan:
     """Everything the config implies, checked, before any tier is built."""
     model = check_config(cfg)
     trace, dataset = _load_inputs(cfg)
+    # read up front, with the other inputs: a bad file is an error before the load, naming file and line
+    validation = load_trace(cfg.validation_trace) if cfg.validation_trace else None
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
     slots, chunk = io_slots(cfg)
-    need = int(cfg.cpu_mem_gb * GiB) + cfg.noise_mb * MiB + slots * chunk
+    cpu_tier = 0 if cfg.io_trace_log else int(cfg.cpu_mem_gb * GiB)  # trace mode: the CPU tier holds no bytes
+    need = cpu_tier + cfg.noise_mb * MiB + slots * chunk
     avail = mem_available_bytes()
     if avail and need > avail:
         raise ConfigError(
@@ -231,6 +250,7 @@ def derive(cfg: BenchConfig) -> Plan:
             f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb"
         )
     plan = Plan(cfg, model, seed, slots, chunk, derive_workload(cfg, model, seed, trace, dataset))
+    plan.validation = validation
     if chunk < cfg.io_chunk_mb * MiB:
         plan.warnings.append(
             warning(
@@ -341,9 +361,29 @@ def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> GpuTier:
     return GpuTier(min(asked, usable), memory_fraction=gb.memory_fraction)
 
 
+def _trace_tiers(plan: Plan, file_tier: FileTier) -> list[Backend]:
+    """Trace mode: each tier a NullTier of the real tier's capacity and stored size, so the waterfall
+    decides as in a real run. The GPU tier is modelled whenever --gpu-mem-gb > 0, device or not, as
+    the reference's trace mode does (a trace of a GPU host, written anywhere)."""
+    cfg = plan.config
+    backends: list[Backend] = []
+    if cfg.gpu_mem_gb > 0:
+        backends.append(NullTier("gpu", int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)))
+    if cfg.cpu_mem_gb > 0:
+        backends.append(NullTier("cpu", int(cfg.cpu_mem_gb * GiB)))
+    backends.append(NullTier("storage", file_tier.capacity_bytes, file_tier.stored_size))
+    return backends
+
+
 def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
     backends: list[Backend] = []
+    if cfg.io_trace_log:
+        try:
+            file_tier = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io)
+        except UnusableDirectory as e:
+            raise ConfigError(f"--cache-dir: {e}") from e
+        return _trace_tiers(plan, file_tier), file_tier
     try:
         if cfg.gpu_mem_gb > 0:
             ok, why = gpu_available()
@@ -431,6 +471,25 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         if owns:
             shutil.rmtree(cache_dir, ignore_errors=True)
         raise
+    io_trace = None
+    if cfg.io_trace_log:
+        try:
+            io_trace = IOTraceWriter(cfg.io_trace_log)
+        except OSError as e:
+            store.close()
+            file_tier.close()
+            if owns:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            raise ConfigError(f"--io-trace-log: cannot write {cfg.io_trace_log}: {e.strerror or e}") from e
+        store.io_log = io_trace
+        warnings.append(
+            warning(
+                WarningCode.trace_mode,
+                f"I/O trace mode: no tier I/O was performed (each operation is a row of {cfg.io_trace_log}); "
+                "latencies and bandwidths of this result are not measurements",
+                io_trace_log=cfg.io_trace_log,
+            )
+        )
     largest_entry = plan.entry_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
     bottom = file_tier.capacity_bytes * cfg.tuning.eviction.large_entry_limit_ratio
     if largest_entry > bottom:
@@ -459,6 +518,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         stop,
         warnings,
         stale,
+        io_trace,
     )
 
 

@@ -229,4 +229,11 @@ def print_summary(result: BenchResult, path: Path) -> None:
     c.print(t)
     for w in result.warnings:
         c.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False)
+    if result.io_trace is not None:
+        it = result.io_trace
+        c.print(
+            f"I/O trace: {it.rows:,} operations -> {it.path} ({it.file_bytes:,} bytes"
+            f"{', zstd' if it.compressed else ''}; {it.rows_per_sec or 0:,.0f} rows/s)",
+            highlight=False,
+        )
     c.print(f"result: {path}", highlight=False)

@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.plan import add_plan_parser
     from kvtier.cli.replay import add_replay_parser
     from kvtier.cli.sim import add_cache_server_parser, add_sim_parser
+    from kvtier.cli.trace import add_trace_parser
 
     p = argparse.ArgumentParser(prog="kvtier", description="Where should the KV cache live, and what does it cost?")
     p.add_argument("--version", action="version", version=f"kvtier {__version__}")
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_parser(sub)
     add_launch_parser(sub)
     add_mlperf_parser(sub)
+    add_trace_parser(sub)
     add_clean_parser(sub)
     return p
 

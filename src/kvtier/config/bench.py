@@ -311,12 +311,6 @@ def load_tuning(path: str | Path | None) -> Tuning:
 GenerationMode = Literal["none", "fast", "realistic"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 ADDITIONS = "kvtier additions"
-NOT_YET_IMPLEMENTED = {
-    "validation_trace": ("--validation-trace", "trace validation"),
-    "io_trace_log": ("--io-trace-log", "the I/O trace mode"),
-    "enable_latency_tracing": ("--enable-latency-tracing", "block-layer latency tracing (bpftrace)"),
-}
-"""Reference flags whose features are not built yet: giving one is an error, never a silent no-op."""
 
 
 class BenchConfig(_Strict):
@@ -360,7 +354,12 @@ class BenchConfig(_Strict):
     burst_trace_path: str = flag(
         "BurstGPT/data/BurstGPT_1.csv", "BurstGPT CSV file or directory (with --use-burst-trace)"
     )
-    validation_trace: str | None = flag(None, "not implemented yet (an error if given)")
+    validation_trace: str | None = flag(
+        None,
+        "real trace (Azure, BurstGPT, Mooncake; format detected) to compare the run's request sizes and "
+        "inter-arrival times against: KS and relative Wasserstein distances in the result's 'validation'",
+        metavar="PATH",
+    )
     dataset_path: str | None = flag(None, "ShareGPT JSON file: replay its conversations turn by turn")
     max_conversations: int = flag(500, "conversations read from the --dataset-path file", ge=1)
     output: str | None = flag(None, "result JSON path (CLI default ./kvtier_bench_<timestamp>.json)")
@@ -394,8 +393,17 @@ class BenchConfig(_Strict):
     replay_cycles: int = flag(0, "trace or dataset replay passes (0 = repeat until the run ends)", ge=0)
     prefill_only: bool = flag(False, "prefill node: never decode")
     decode_only: bool = flag(False, "decode node: write num_users x 10 entries first, then only read them")
-    io_trace_log: str | None = flag(None, "not implemented yet (an error if given)")
-    enable_latency_tracing: bool = flag(False, "not implemented yet (an error if given)")
+    io_trace_log: str | None = flag(
+        None,
+        "trace mode: run the whole workload but move no bytes; write one CSV row per KV operation "
+        "(Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase) to PATH (.zst: zstd-compressed)",
+        metavar="PATH",
+    )
+    enable_latency_tracing: bool = flag(
+        False,
+        "block-layer latency histograms (queue, device, total; request sizes) of the storage tier's devices with "
+        "bpftrace while the load runs; without bpftrace or root the run goes on, with a warning",
+    )
     log_level: LogLevel = flag("INFO", "Python logging level of kvtier's messages on stderr")
     # kvtier additions
     direct_io: Literal["auto", "on", "off"] = flag(
@@ -487,14 +495,6 @@ class BenchConfig(_Strict):
             if value > limit:
                 raise ValueError(f"{flag_} {value:g} exceeds validation_limits ({limit:g})")
         return self
-
-    def not_yet_implemented(self) -> list[str]:
-        """Flags given whose features are not built in this version (they fail, never no-op)."""
-        return [
-            f"{fl}: not implemented in this version of kvtier bench ({where} is planned); refused rather than ignored"
-            for field, (fl, where) in NOT_YET_IMPLEMENTED.items()
-            if getattr(self, field)
-        ]
 
 
 def build_bench_config(values: dict[str, Any]) -> BenchConfig:

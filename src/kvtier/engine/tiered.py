@@ -56,6 +56,12 @@ class EventSink(Protocol):
     def count(self, name: str, n: int = 1) -> None: ...
 
 
+class IOLog(Protocol):
+    """Receives every completed tier operation with its key (the I/O trace, telemetry/iotrace.py)."""
+
+    def io(self, op: str, tier: str, key: str, cause: str, nbytes: int) -> None: ...
+
+
 class NullSink:
     def tier_op(self, tier: str, op: str, cause: str, nbytes: int, timing: IOTiming) -> None:
         pass
@@ -164,6 +170,7 @@ class TieredStore:
         self.config = config or StoreConfig()
         self.cancel = cancel
         self.sink: EventSink = sink or NullSink()
+        self.io_log: IOLog | None = None  # set by the I/O trace mode; None costs one test per operation
         self._tiers = [_Tier(b, self.config) for b in backends if b.capacity_bytes > 0]
         if not self._tiers:
             raise ValueError("no tier has a capacity > 0")
@@ -390,6 +397,9 @@ class TieredStore:
             self._space.notify_all()
         self.sink.tier_op(src.backend.name, "read", read_cause, e.nbytes, read_t)
         self.sink.tier_op(dst.backend.name, "write", write_cause, e.nbytes, write_t)
+        if self.io_log is not None:
+            self.io_log.io("read", src.backend.name, e.key, read_cause, e.nbytes)
+            self.io_log.io("write", dst.backend.name, e.key, write_cause, e.nbytes)
         return read_t
 
     # -- public operations -------------------------------------------------------------------
@@ -450,6 +460,8 @@ class TieredStore:
                 t.backend.delete(key)
                 self._release(i, size)
             self.sink.tier_op(t.backend.name, "write", "request", nbytes, timing)
+            if self.io_log is not None:
+                self.io_log.io("write", t.backend.name, key, "request", nbytes)
             return PutResult(t.backend.name, timing)
         if last_error is not None:
             raise last_error
@@ -482,6 +494,8 @@ class TieredStore:
                     self.sink.count("entries_dropped_unreadable")
                 raise
         self.sink.tier_op(t.backend.name, "read", "request", e.nbytes, timing)
+        if self.io_log is not None:
+            self.io_log.io("read", t.backend.name, key, "request", e.nbytes)
         return GetResult(True, t.backend.name, e.nbytes, timing)
 
     def _try_promote(self, e: _Entry, buf: memoryview) -> GetResult | None:
@@ -504,6 +518,71 @@ class TieredStore:
             return None
         self.sink.count("promotions")
         return GetResult(True, self._tiers[i].backend.name, e.nbytes, read_t)
+
+    # -- explicit placement (kvtier trace replay: the recorded trace decides, not the waterfall) ----
+    def _index(self, tier: str) -> int:
+        for i, t in enumerate(self._tiers):
+            if t.backend.name == tier:
+                return i
+        raise KeyError(f"no tier {tier!r} (tiers: {', '.join(self.tier_names)})")
+
+    def place(self, key: str, tier: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
+        """Store an entry in the named tier (replacing any entry under the key). Room is made by
+        *deleting* that tier's victims: a replayed trace carries its own demotions as rows. Raises
+        TierFullError when the tier cannot make room, StorageError when the write fails."""
+        i = self._index(tier)
+        self.delete(key)
+        t = self._tiers[i]
+        size = t.backend.stored_size(nbytes)
+        if not self._reserve(i, size, self.config.max_recursion, buf):
+            raise TierFullError(f"{tier}: no room for {key!r} ({nbytes} bytes)")
+        try:
+            timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"), nbytes, buf)
+        except StorageError as exc:
+            self._release(i, size)
+            if isinstance(exc, Cancelled):
+                self.sink.tier_cancelled(tier, "write", "request", exc.bytes_done)
+            elif not isinstance(exc, TierFragmented):
+                self.sink.tier_error(tier, "write", "request", nbytes, exc)
+            raise
+        e = _Entry(key, nbytes)
+        with self._lock:
+            e.tier, e.size = i, size
+            self._entries[key] = e
+            t.policy.insert(key)
+            self._space.notify_all()
+        self.sink.tier_op(tier, "write", "request", nbytes, timing)
+        if self.io_log is not None:
+            self.io_log.io("write", tier, key, "request", nbytes)
+        return PutResult(tier, timing)
+
+    def move(self, key: str, tier: str, buf: memoryview) -> bool:
+        """Move an entry to the named tier, as a recorded demotion: a real read from its tier and a real
+        write to ``tier`` (cause "demotion"), room made by deleting victims there. False when the key is
+        absent, already there or being moved, or when the move could not be made (nothing lost: the
+        entry stays where it was)."""
+        j = self._index(tier)
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or e.moving or e.tier < 0 or e.tier == j:
+                return False
+            i = e.tier
+            e.moving = True
+            self._tiers[i].policy.remove(key)
+        size = self._tiers[j].backend.stored_size(e.nbytes)
+        if not self._reserve(j, size, self.config.max_recursion, buf):
+            self._unpin(e, i)
+            return False
+        with e.lock:
+            if e.tier != i:  # deleted meanwhile
+                self._release(j, size)
+                return False
+            moved = self._copy(e, i, j, size, buf, "demotion", "demotion") is not None
+        if not moved:
+            self._unpin(e, i)
+            return False
+        self.sink.count("demotions")
+        return True
 
     def delete(self, key: str) -> bool:
         """Remove ``key`` from whichever tier holds it; False if absent."""
@@ -530,4 +609,4 @@ class TieredStore:
             t.backend.close()
 
 
-__all__ = ["TieredStore", "StoreConfig", "PutResult", "GetResult", "EventSink", "NullSink", "EntryNotFound"]
+__all__ = ["TieredStore", "StoreConfig", "PutResult", "GetResult", "EventSink", "IOLog", "NullSink", "EntryNotFound"]

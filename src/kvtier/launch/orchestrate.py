@@ -50,7 +50,7 @@ from kvtier.report.envelope import (
 )
 from kvtier.report.launch import LaunchResult
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
-from kvtier.telemetry.host import mem_available_bytes
+from kvtier.telemetry.host import mem_available_bytes, proc_io
 
 HOST = "127.0.0.1"
 L1_FRACTION = 0.5  # of the memory available at launch: LMCache's L1 (CPU tier) by default
@@ -451,6 +451,19 @@ def _replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
     return result
 
 
+def sidecar_share(name: str, pid: int, before: dict[str, int], totals: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar's own block-layer bytes over the replay (/proc/<pid>/io) and their share of what the
+    NVMe tier's device moved: the rest was other processes (the replicas, the system, other tenants)."""
+    after = proc_io(pid)
+    out: dict[str, Any] = {"process": name, "pid": pid}
+    for op in ("read", "write"):
+        mine = after.get(f"{op}_bytes", 0) - before.get(f"{op}_bytes", 0) if after and before else None
+        dev = int(totals.get(f"{op}_bytes", 0) or 0)
+        out[f"{op}_bytes"] = mine
+        out[f"{op}_share_of_device"] = round(min(mine / dev, 1.0), 4) if mine is not None and dev else None
+    return out
+
+
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
     from kvtier.replay.driver import execute as replay_execute
@@ -493,6 +506,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
 
     old_term = signal.signal(signal.SIGTERM, on_term)
     sampler: DeviceSampler | None = None
+    sidecar_io: tuple[str, int, dict[str, int]] | None = None  # (name, pid, /proc/<pid>/io at the start)
     status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
     try:
         for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
@@ -518,6 +532,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             sampler = DeviceSampler(devices) if devices else None
             if sampler is not None:
                 sampler.start()
+            if lp.sidecar is not None:  # the cache server's own bytes, to set beside the device's
+                sidecar_io = (lp.sidecar.name, rec.pids[lp.sidecar.name], proc_io(rec.pids[lp.sidecar.name]))
         rec.event(f"replay: {shlex.join(lp.client_argv)}")
         folder = lp.replay.output or str(lp.out / "replay")
         if cfg.client_ranks > 1:
@@ -546,7 +562,10 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     finally:
         if sampler is not None and rec.device is not None:
             sampler.stop()
-            rec.device.update({"totals": sampler.totals(), "timeline": sampler.timeline()})
+            totals = sampler.totals()
+            rec.device.update({"totals": totals, "timeline": sampler.timeline()})
+            if sidecar_io is not None:
+                rec.device["sidecar"] = sidecar_share(*sidecar_io, totals)
         # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -432,7 +432,25 @@ class DatasetSource(Section):
     skipped_records: int
 
 
-WorkloadSource = Annotated[SyntheticSource | TraceSource | DatasetSource, Field(discriminator="kind")]
+class IOTraceSource(Section):
+    """kvtier trace replay: the I/O trace whose rows this run did (iotrace/replay.py)."""
+
+    kind: Literal["io-trace"] = "io-trace"
+    path: str
+    rows: int
+    rows_skipped: int
+    duration_s: float
+    speed: float
+    workers: int
+    tier_map: dict[str, str]
+    missing_reads: int  # reads of objects the trace never wrote (or that were dropped): no I/O
+    unknown_objects_written: int  # demotions of objects the trace never wrote: written where they land
+    moves_not_made: int
+    dropped_objects: int  # deleted to make room (bottom-tier deletions have no rows)
+    rows_not_done: int
+
+
+WorkloadSource = Annotated[SyntheticSource | TraceSource | DatasetSource | IOTraceSource, Field(discriminator="kind")]
 
 
 class DeviceStats(Section):
@@ -448,6 +466,51 @@ class DeviceStats(Section):
     other_traffic_fraction: dict[str, float | None] | None
     sampler_cpu_seconds: float | None = None
     sampler_cpu_fraction: float | None = None
+
+
+class IOTraceStats(Section):
+    """--io-trace-log: the trace file this run wrote instead of moving bytes (telemetry/iotrace.py)."""
+
+    path: str
+    rows: int
+    rows_dropped: int
+    compressed: bool
+    csv_bytes: int
+    file_bytes: int
+    error: str | None
+    rows_per_sec: float | None  # rows / load seconds: the trace mode's own speed
+    by_tier_op: dict[str, int]  # "Tier-2 Write": rows
+
+
+class LatencyTracing(Section):
+    """--enable-latency-tracing: bpftrace's block-layer histograms (telemetry/blocktrace.py)."""
+
+    devices: list[str]
+    traced: bool
+    reason: str | None  # why not traced (None when traced)
+    histograms: dict[str, Any]  # name -> count, p50/p95/p99 buckets, buckets; times in us, sizes in KiB
+
+
+class ValidationStats(Section):
+    """--validation-trace: the run's request sizes and arrivals against a real trace (bench/validation.py)."""
+
+    trace: str
+    format: str
+    trace_requests: int
+    run_requests: int
+    distributions: dict[str, dict[str, Any]]  # input_tokens, output_tokens, inter_arrival_s
+    max_ks: float | None
+
+
+class GpuTelemetry(Section):
+    """NVML over the load (telemetry/gpu.py): per GPU power, utilisation, memory; or why none."""
+
+    available: bool
+    code: str | None  # nvml-not-installed | nvml-unavailable | no-nvidia-device (None when available)
+    reason: str | None
+    interval_s: float
+    gpus: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
 
 
 class BenchResult(Envelope):
@@ -480,6 +543,10 @@ class BenchResult(Envelope):
     errors: ErrorStats
     process_io: ProcessIO
     device: DeviceStats | None = None  # None only in results written before it was recorded
+    io_trace: IOTraceStats | None = None  # only with --io-trace-log
+    latency_tracing: LatencyTracing | None = None  # only with --enable-latency-tracing
+    validation: ValidationStats | None = None  # only with --validation-trace
+    gpu_telemetry: GpuTelemetry | None = None  # None only in results written before it was recorded
     memory: MemoryStats
     storage: StorageFacts
     workload_source: WorkloadSource
@@ -491,6 +558,11 @@ class BenchResult(Envelope):
 __all__ = [
     "BenchResult",
     "TeardownStats",
+    "IOTraceStats",
+    "IOTraceSource",
+    "LatencyTracing",
+    "ValidationStats",
+    "GpuTelemetry",
     "BenchSummary",
     "CacheStats",
     "Distribution",

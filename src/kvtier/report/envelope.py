@@ -106,6 +106,9 @@ class WarningCode(enum.StrEnum):
     device_shared = "device-shared"
     rank_not_complete = "rank-not-complete"
     gpu_env_conflict = "gpu-env-conflict"
+    trace_mode = "trace-mode"
+    latency_tracing_unavailable = "latency-tracing-unavailable"
+    io_trace_incomplete = "io-trace-incomplete"
 
 
 class ResultWarning(BaseModel):

@@ -216,6 +216,10 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
         "Errors": r["errors"],
         "Memory+IO": {"memory": r["memory"], "process_io": r["process_io"], "storage": r["storage"]},
         "Device": {k: v for k, v in (r.get("device") or {}).items() if k != "timeline"},
+        **({"Latency tracing": r["latency_tracing"]} if r.get("latency_tracing") else {}),
+        **({"I/O trace": r["io_trace"]} if r.get("io_trace") else {}),
+        **({"Validation": r["validation"]} if r.get("validation") else {}),
+        "GPU telemetry": {k: v for k, v in (r.get("gpu_telemetry") or {}).items() if k != "timeline"},
         "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])}
         | {"stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
         "Host": r["host"],

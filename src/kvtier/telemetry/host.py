@@ -114,11 +114,12 @@ def describe_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def proc_io() -> dict[str, int]:
-    """This process's I/O counters (/proc/self/io): read_bytes/write_bytes reached the block layer."""
+def proc_io(pid: int | str = "self") -> dict[str, int]:
+    """A process's I/O counters (/proc/<pid>/io; this one's by default): read_bytes/write_bytes reached
+    the block layer. Empty when the process is gone or its counters are not ours to read."""
     out: dict[str, int] = {}
     try:
-        for line in Path("/proc/self/io").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
             k, v = line.split(":")
             out[k.strip()] = int(v)
     except OSError:

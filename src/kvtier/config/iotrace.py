@@ -1,0 +1,73 @@
+"""Configuration of ``kvtier trace stats|fio|replay``: commands on an I/O trace CSV (``--io-trace-log``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from kvtier.config.base import StrictModel, flag
+
+TRACE_HELP = "I/O trace CSV (kvtier bench --io-trace-log, or the MLPerf reference's); .zst is read too"
+
+
+def _tier_list(v: str) -> str:
+    parts = [p.strip().removeprefix("Tier-") for p in v.split(",") if p.strip()]
+    if not parts or any(p not in ("0", "1", "2") for p in parts):
+        raise ValueError(f"expected a comma-separated list of 0, 1, 2 (Tier-N), got {v!r}")
+    return ",".join(sorted(set(parts)))
+
+
+class TraceStatsConfig(StrictModel):
+    """``kvtier trace stats FILE``."""
+
+    trace: str = flag(..., TRACE_HELP, cli=False)
+    interval: float = flag(1.0, "seconds per bin of the rate over time", gt=0)
+    max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
+    output: str | None = flag(None, "also write the statistics as JSON here")
+
+
+class TraceFioConfig(StrictModel):
+    """``kvtier trace fio FILE --output job.fio``."""
+
+    trace: str = flag(..., TRACE_HELP, cli=False)
+    output: str = flag(..., "the fio job file to write")
+    tiers: str = flag("2", "tiers whose operations the job reproduces (Tier-N list; 2 = the storage tier)")
+    directory: str = flag(".", "fio's directory= (where the job's file lives: the device under test)")
+    iodepth: int = flag(16, "fio iodepth (a trace records when operations ended, not how many were in flight)", ge=1)
+    max_bs_mb: int = flag(
+        64, "largest I/O, MiB: an object is moved in pieces of this size, as kvtier's --io-chunk-mb", ge=1, le=2048
+    )
+    ioengine: Literal["libaio", "io_uring", "psync"] = flag("libaio", "fio ioengine")
+    rate: bool = flag(True, "pace reads and writes at the trace's mean bytes/s (off: --no-rate)", cli=False)
+    size_gb: float = flag(0, "fio file size, GB (0 = the trace's working set on those tiers, at least 1 GiB)", ge=0)
+    max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v: str) -> str:
+        return _tier_list(v)
+
+
+class TraceReplayConfig(StrictModel):
+    """``kvtier trace replay FILE``: the trace's operations against kvtier's real tiers."""
+
+    trace: str = flag(..., TRACE_HELP, cli=False)
+    cache_dir: str | None = flag(None, "directory of the storage tier (default: a new temporary directory)")
+    speed: float = flag(1.0, "recorded times divided by this (0 = as fast as possible)", ge=0)
+    workers: int = flag(8, "operations in flight at once (each key stays on one worker, in trace order)", ge=1, le=512)
+    cpu_mem_gb: float = flag(
+        0, "CPU tier, GB (0 = the trace's peak of Tier-0 and Tier-1 bytes, plus 5%); Tier-0 runs here too", ge=0
+    )
+    storage_capacity_gb: float = flag(
+        0, "storage tier, GB (0 = the trace's Tier-2 working set, within 95% of the free space)", ge=0
+    )
+    direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the storage tier")
+    io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", ge=1, le=4096)
+    model: str = flag("llama3.1-8b", "model whose bytes per token turn object sizes into tokens in the result")
+    max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
+    output: str | None = flag(None, "result JSON (a kvtier bench result; default ./kvtier_trace_replay_<time>.json)")
+    xlsx_output: str | None = flag(None, "also write the result as XLSX")
+
+
+__all__ = ["TraceStatsConfig", "TraceFioConfig", "TraceReplayConfig"]

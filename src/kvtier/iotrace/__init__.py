@@ -1,0 +1,61 @@
+"""Commands on an I/O trace (``kvtier bench --io-trace-log``, or the MLPerf reference's trace CSV).
+
+Library use::
+
+    from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
+    from kvtier import iotrace
+
+    stats = iotrace.run_stats(TraceStatsConfig(trace="t.csv"))            # a dict (kvtier trace stats)
+    text, figures = iotrace.run_fio(TraceFioConfig(trace="t.csv", output="j.fio"))  # the job, also written
+    result = iotrace.run_replay(TraceReplayConfig(trace="t.csv", cache_dir="/mnt/nvme"))  # a BenchResult
+
+The trace's reading and writing live in ``kvtier.telemetry.iotrace``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from kvtier import __version__
+from kvtier.telemetry.iotrace import read_trace
+
+if TYPE_CHECKING:
+    from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
+    from kvtier.report.bench import BenchResult
+
+
+def run_stats(cfg: TraceStatsConfig) -> dict[str, Any]:
+    from kvtier.bench import check_output_path
+    from kvtier.iotrace.stats import trace_stats
+
+    check_output_path("--output", cfg.output)
+    out = {
+        "kind": "kvtier trace stats",
+        "kvtier_version": __version__,
+        **trace_stats(read_trace(cfg.trace, cfg.max_bad_rows), cfg.interval),
+    }
+    if cfg.output:
+        with open(cfg.output, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
+    from kvtier.bench import check_output_path
+    from kvtier.iotrace.fio import distil
+
+    check_output_path("--output", cfg.output)
+    text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows), cfg)
+    with open(cfg.output, "w", encoding="utf-8") as f:
+        f.write(text)
+    return text, figures
+
+
+def run_replay(cfg: TraceReplayConfig, *, handle_signals: bool = False) -> BenchResult:
+    from kvtier.iotrace.replay import run
+
+    return run(cfg, handle_signals=handle_signals)
+
+
+__all__ = ["run_stats", "run_fio", "run_replay"]

@@ -1,0 +1,149 @@
+"""Distil an I/O trace into one fio job that reproduces its mix on a device.
+
+What carries over, from the operations on the chosen tiers (default: the storage tier, Tier-2):
+
+* block sizes: each object of S bytes is moved as pieces of at most ``max_bs`` (kvtier's file tier
+  issues one call per ``--io-chunk-mb``), so S becomes floor(S/max_bs) I/Os of max_bs and one of the
+  rest rounded up to 4 KiB. The pieces' sizes, grouped on a grid of four steps per power of two,
+  become ``bssplit`` (reads, then writes), in percent of I/Os, summing to 100 in each direction;
+* read/write mix: ``rwmixread`` from the pieces' counts (fio's mix counts I/Os, not bytes);
+* rate: ``rate=`` the trace's mean read and write bytes/s over its duration (``--no-rate``: unpaced);
+* duration: ``runtime=`` the trace's (at least 1 s), ``time_based``;
+* direct I/O (``direct=1``) on a file of the working set's size under ``directory=``.
+
+What does not: the trace records completion times, not queue depth (``iodepth`` is a flag), and it
+records objects, not offsets (``rw=randrw`` over one file: kvtier's many per-entry files look like
+large random I/O to the device).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kvtier.config.iotrace import TraceFioConfig
+from kvtier.errors import DatasetError
+from kvtier.telemetry.iotrace import IOTrace
+
+ALIGN = 4096
+MiB, GiB = 1024**2, 1024**3
+
+
+def _grid(n: int) -> int:
+    """Round a piece size up to 4 KiB, then up to a grid of four steps per power of two."""
+    n = max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+    if n <= 4 * ALIGN:
+        return n
+    e = int(math.floor(math.log2(n)))
+    step = max(ALIGN, (1 << e) // 4)
+    return (n + step - 1) // step * step
+
+
+def _pieces(sizes: np.ndarray, max_bs: int) -> dict[int, int]:
+    """I/O size -> count, for objects moved in pieces of at most max_bs."""
+    counts: dict[int, int] = {}
+    full = sizes // max_bs
+    rest = sizes % max_bs
+    n_full = int(full.sum())
+    if n_full:
+        counts[max_bs] = n_full
+    for r, c in zip(*np.unique(rest[rest > 0], return_counts=True)):
+        g = min(_grid(int(r)), max_bs)
+        counts[g] = counts.get(g, 0) + int(c)
+    return counts
+
+
+def _fio_size(n: int) -> str:
+    for unit, div in (("g", GiB), ("m", MiB), ("k", 1024)):
+        if n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def bssplit(counts: dict[int, int]) -> str:
+    """fio bssplit for one direction: sizes with whole percents summing to 100 (largest remainders);
+    sizes that round to 0 % are folded into their nearest kept neighbour."""
+    total = sum(counts.values())
+    if total == 0:
+        return ""
+    items = sorted(counts.items())
+    exact = [c * 100 / total for _, c in items]
+    pct = [int(x) for x in exact]
+    for i in sorted(range(len(items)), key=lambda i: exact[i] - pct[i], reverse=True)[: 100 - sum(pct)]:
+        pct[i] += 1
+    kept = [(size, p) for (size, _), p in zip(items, pct) if p > 0]
+    return ":".join(f"{_fio_size(s)}/{p}" for s, p in kept)
+
+
+def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
+    """The job file's text and the figures it was made from."""
+    tiers = [int(t) for t in cfg.tiers.split(",")]
+    m = np.isin(trace.tier, tiers)
+    if not m.any():
+        have = ", ".join(f"Tier-{t}" for t in sorted(set(trace.tier.tolist())))
+        raise DatasetError(f"{trace.path}: no operations on Tier-{cfg.tiers} (the trace has {have}); see --tiers")
+    max_bs = cfg.max_bs_mb * MiB
+    sizes, ops = trace.size[m], trace.op[m]
+    r_counts, w_counts = _pieces(sizes[ops == 0], max_bs), _pieces(sizes[ops == 1], max_bs)
+    r_ios, w_ios = sum(r_counts.values()), sum(w_counts.values())
+    dur = max(trace.duration_s, 1.0)
+    r_bytes, w_bytes = int(sizes[ops == 0].sum()), int(sizes[ops == 1].sum())
+    working = dict(zip(trace.key[m].tolist(), sizes.tolist()))
+    ws = int(sum(working.values()))
+    size = int(cfg.size_gb * GiB) if cfg.size_gb else max(GiB, ws)
+    size = (size + MiB - 1) // MiB * MiB
+    rw = "randrw" if r_ios and w_ios else ("randread" if r_ios else "randwrite")
+    rwmix = round(100 * r_ios / (r_ios + w_ios))
+    largest = max([*r_counts, *w_counts])
+    labels = [f"Tier-{t}" for t in tiers]
+    figures: dict[str, Any] = {
+        "tiers": labels,
+        "operations": int(m.sum()),
+        "read_ios": r_ios,
+        "write_ios": w_ios,
+        "read_bytes": r_bytes,
+        "write_bytes": w_bytes,
+        "duration_s": round(dur, 3),
+        "read_bytes_per_s": round(r_bytes / dur, 1),
+        "write_bytes_per_s": round(w_bytes / dur, 1),
+        "working_set_bytes": ws,
+        "rwmixread": rwmix,
+        "iodepth": cfg.iodepth,
+        "largest_io_bytes": largest,
+        "buffer_bytes": largest * cfg.iodepth,
+    }
+    lines = [
+        f"; fio job distilled by kvtier trace fio from {trace.path}",
+        f"; {figures['operations']} operations on {', '.join(labels)} over {dur:.3f} s: "
+        f"{r_bytes} bytes read, {w_bytes} bytes written ({len(working)} objects, {ws} bytes)",
+        f"; objects moved in pieces of at most {cfg.max_bs_mb} MiB: {r_ios} reads and {w_ios} writes",
+        f"; iodepth {cfg.iodepth} is a choice (--iodepth): the trace records completions, not queue depth",
+        "",
+        "[global]",
+        f"ioengine={cfg.ioengine}",
+        "direct=1",
+        f"directory={cfg.directory}",
+        "filename=kvtier-trace.fio.dat",
+        f"size={_fio_size(size)}",
+        "time_based=1",
+        f"runtime={math.ceil(dur)}",
+        "group_reporting=1",
+        "",
+        "[kv-trace]",
+        f"rw={rw}",
+    ]
+    if rw == "randrw":
+        lines.append(f"rwmixread={rwmix}")
+    split = ",".join([bssplit(r_counts), bssplit(w_counts)]) if rw == "randrw" else bssplit(r_counts or w_counts)
+    if rw == "randwrite":
+        split = "," + split  # bssplit's read part empty: the sizes are the writes'
+    lines += [f"bssplit={split}", f"iodepth={cfg.iodepth}", "norandommap=1"]
+    if cfg.rate:
+        rr, wr = int(r_bytes / dur), int(w_bytes / dur)
+        lines.append(f"rate={max(rr, 1) if r_ios else ''},{max(wr, 1) if w_ios else ''}")
+    return "\n".join(lines) + "\n", figures
+
+
+__all__ = ["distil", "bssplit"]
