@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,11 @@ def main() -> None:
         default=1.0,
         help="recorded think/tool gaps (median 1.1 s in miniswe); other users' turns run in them",
     )
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep each replay's result folder as DIR/replay-<mode>-<repeat> (for kvtier report / compare)",
+    )
     a = ap.parse_args()
     modes = ("none", "cpu", "nvme")
     res: dict[str, list[dict]] = {m: [] for m in modes}
@@ -160,6 +166,9 @@ def main() -> None:
                 work.mkdir()
                 r = run(mode, a, work)
                 res[mode].append(r)
+                if a.keep:
+                    Path(a.keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copytree(work / f"replay-{mode}", Path(a.keep) / f"replay-{mode}-{rep}", dirs_exist_ok=True)
                 print(
                     f"{mode:5} #{rep}: TTFT p50 {r['ttft_p50_s']} s, later turns {r['later_ttft_s']:.4f} s, "
                     f"degradation median {r['degradation_median_pct']} % p95 {r['degradation_p95_pct']} %, "

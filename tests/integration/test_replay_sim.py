@@ -99,7 +99,7 @@ def assert_envelope_and_compare(tmp_path: Path, summary: Path) -> None:
         text=True,
         timeout=30,
     )
-    assert p.returncode == 2 and "NOT COMPARABLE: concurrency: 4 vs 8" in p.stderr
+    assert p.returncode == 2 and "NOT COMPARABLE: b: concurrency: 4 vs 8" in p.stderr
 
 
 def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):

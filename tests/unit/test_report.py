@@ -51,7 +51,7 @@ def test_unreadable_inputs(tmp_path):
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(DatasetError, match="expected a JSON object"):
         load(tmp_path / "x.json")
-    with pytest.raises(DatasetError, match="without summary.json or launch.json"):
+    with pytest.raises(DatasetError, match="without summary.json, launch.json or kvcache_run_summary.json"):
         load(tmp_path)
 
 

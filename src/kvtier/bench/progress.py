@@ -5,32 +5,16 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-if TYPE_CHECKING:
-    from rich.live import Live
+from kvtier.progress import ProgressOutput
 
+if TYPE_CHECKING:
     from kvtier.bench.runner import BenchRunner
 
 
-class Progress:
+class Progress(ProgressOutput):
     def __init__(self, mode: str, stream: TextIO = sys.stderr) -> None:
-        self.stream = stream
-        self.live_mode = mode == "live" or (mode == "auto" and stream.isatty())
-        self.enabled = mode != "none"
+        super().__init__(mode, stream)
         self._last = (0.0, 0, 0)
-        self._live: Live | None = None
-
-    def __enter__(self) -> Progress:
-        if self.enabled and self.live_mode:
-            from rich.console import Console
-            from rich.live import Live
-
-            self._live = Live(console=Console(file=self.stream), auto_refresh=False, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
 
     def tick(self, runner: BenchRunner, elapsed_s: float) -> None:
         if not self.enabled:
@@ -52,18 +36,10 @@ class Progress:
             f"{(wr - wr0) / dt / 1e9:6.2f}",
             fill,
         )
-        if self._live is not None:
-            from rich.table import Table
-
-            table = Table(title="kvtier bench")
-            for h in ("elapsed", "requests", "failed", "read GB/s", "write GB/s", "tier fill"):
-                table.add_column(h)
-            table.add_row(*vals)
-            self._live.update(table, refresh=True)
-        else:
-            print(
-                f"[kvtier] t={vals[0]} requests={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
-                f"write={vals[4]} GB/s fill: {fill}",
-                file=self.stream,
-                flush=True,
-            )
+        self.show(
+            "kvtier bench",
+            ("elapsed", "requests", "failed", "read GB/s", "write GB/s", "tier fill"),
+            vals,
+            f"[kvtier] t={vals[0]} requests={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
+            f"write={vals[4]} GB/s fill: {fill}",
+        )

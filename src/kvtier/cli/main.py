@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.mlperf import add_mlperf_parser
     from kvtier.cli.plan import add_plan_parser
     from kvtier.cli.replay import add_replay_parser
+    from kvtier.cli.report import add_report_parsers
     from kvtier.cli.sim import add_cache_server_parser, add_sim_parser
     from kvtier.cli.trace import add_trace_parser
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_parser(sub)
     add_mlperf_parser(sub)
     add_trace_parser(sub)
+    add_report_parsers(sub)
     add_clean_parser(sub)
     return p
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.replay import ReplayConfig
-from kvtier.errors import ConfigError, DatasetError
+from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.replay.driver import ReplayPlan
@@ -68,6 +68,16 @@ def replay(cfg: ReplayConfig) -> int:
             f"{len(plan.users)} virtual users of {cfg.num_rounds} turns",
             file=sys.stderr,
         )
+        r = plan.reuse
+        if r is not None and r["prompt_tokens"]:
+            per = r["kv_bytes_per_session"]
+            size = f"; KV per session p50 {per['p50'] / 2**30:.2f} GiB, max {per['max'] / 2**30:.2f} GiB" if per else ""
+            print(
+                f"kvtier replay: reuse opportunity of {r['prompt_tokens']:,} prompt tokens ({r['block_tokens']}-token "
+                f"blocks): history {r['history_reuse_fraction']:.1%}, cross-session "
+                f"{r['cross_session_reuse_fraction']:.1%}, new {r['new_fraction']:.1%}{size}",
+                file=sys.stderr,
+            )
         for w in plan.warnings:
             print(f"kvtier: warning: {w.message}", file=sys.stderr)
 
@@ -82,19 +92,7 @@ def replay(cfg: ReplayConfig) -> int:
 
 
 def compare(pa: str, pb: str) -> int:
-    from kvtier.replay.compare import compare as compare_results
-    from kvtier.report import load
-    from kvtier.report.replay import ReplayResult
+    """``kvtier replay compare A B``: ``kvtier compare`` for two replay results."""
+    from kvtier.cli.report import compare_results
 
-    results = []
-    for p in (pa, pb):
-        r = load(p)
-        if not isinstance(r, ReplayResult):
-            raise DatasetError(f"{p}: a {r.benchmark} result, not a kvtier replay result")
-        results.append(r)
-    c = compare_results(*results)
-    for label, va, vb in c.rows:
-        print(f"{label:24} {va!s:>12} {vb!s:>12}")
-    for p in c.problems:
-        print(f"NOT COMPARABLE: {p}", file=sys.stderr)
-    return 0 if c.comparable else 2
+    return compare_results([pa, pb], kind="replay")

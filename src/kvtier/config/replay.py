@@ -44,6 +44,16 @@ class ReplayConfig(StrictModel):
     event_loop: EventLoopKind = flag("auto", "client event loop: uvloop when installed (auto), or asyncio")
     cache_salt: str | None = flag(None, "sent as cache_salt so runs do not share cache entries")
     scrape_interval: float = flag(15.0, "seconds between /metrics scrapes", gt=0)
+    progress: Literal["auto", "live", "plain", "none"] = flag(
+        "auto", "progress while it runs: a live table on a terminal (auto), plain lines, or none"
+    )
+    progress_interval: float = flag(10.0, "seconds between progress updates", gt=0)
+    kv_model: str | None = flag(
+        None,
+        "catalog model (kvtier plan models) whose KV bytes per token size the reuse figures (default: --model, "
+        "when the catalog knows it)",
+    )
+    reuse_block_tokens: int = flag(256, "block of the reuse-opportunity figures, tokens (LMCache's chunk)", ge=1)
     mpi_timeout: float = flag(
         600.0,
         "under mpirun: seconds a rank waits for the others at the start, and rank 0 for their records at the end",

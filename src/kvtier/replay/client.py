@@ -239,11 +239,15 @@ async def run_users(
     stop: asyncio.Event,
     clock: Clock = MONOTONIC,
     records: list[dict[str, Any]] | None = None,
+    gauge: dict[str, int] | None = None,
 ) -> UsersOutcome:
     """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set; once
     it is, requests in flight are cancelled and recorded as cut. Records are appended to
-    ``records`` as they finish, so a caller keeps them whatever happens."""
+    ``records`` as they finish, so a caller keeps them whatever happens; ``gauge["in_flight"]`` counts
+    the requests under way (progress lines)."""
     records = [] if records is None else records
+    gauge = {} if gauge is None else gauge
+    gauge["in_flight"] = 0
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
     for u in users:
         queue.put_nowait(u)
@@ -273,7 +277,11 @@ async def run_users(
                         msgs = list(turn.messages)
                         if cfg.history == "runtime" and i:
                             msgs = live + [m for m in turn.messages if m.get("role") != "assistant"][-1:]
-                        rec, reply = await stream_request(session, cfg, user, i, msgs, turn.max_tokens, clock)
+                        gauge["in_flight"] += 1
+                        try:
+                            rec, reply = await stream_request(session, cfg, user, i, msgs, turn.max_tokens, clock)
+                        finally:
+                            gauge["in_flight"] -= 1
                         records.append(rec)
                         prev_e2e = rec["e2e_s"] or 0.0
                         live = msgs + [{"role": "assistant", "content": reply}]

@@ -1,9 +1,12 @@
 """Datasets of recorded sessions -> turns -> virtual users.
 
 Formats (``--dataset-format``, auto-detected from the first record):
-* ``agent-trace`` — LMCache agent traces: JSONL per session, one LLM call per line
-  ``{timestamp (us), input (full prompt text), output, session_id}``; calls are sorted by timestamp
-  inside a session. A turn sends the recorded ``input`` as one user message.
+* ``agent-trace`` — LMCache agent traces: JSONL, one LLM call per line
+  ``{timestamp, input (full prompt text), output, session_id}``; calls are sorted by timestamp
+  inside a session. A turn sends the recorded ``input`` as one user message. Variants, detected per
+  file and said in the summary's ``dataset.notes``: timestamps in integer µs / ms / s or float seconds;
+  ``session_id`` a string, an integer, empty (one session per file), or new on every call (sessions
+  rebuilt from the prompt prefix chain); one file holding several sessions.
 * ``tau2`` — tau2-bench results JSON: each assistant message that carries ``usage`` is one agent
   LLM call; its history is the policy (system) plus every earlier message (user, assistant, tool);
   tool calls made by the user simulator are dropped.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,23 +121,99 @@ def _read_json_lines(p: Path) -> list[tuple[int, Any]]:
     return out
 
 
-def load_agent_trace(p: Path, count: Counter) -> list[Session]:
+def _time_unit(values: list[float | int]) -> tuple[float, str]:
+    """Seconds per unit of one file's timestamps, and the words that say how that was decided: float
+    values are seconds; integers that look like a Unix epoch are µs, ms or s by their size; other
+    integers (relative times) by their median gap (>= 1e5: µs, >= 50: ms, else s)."""
+    if any(isinstance(v, float) for v in values):
+        return 1.0, "float seconds"
+    first = abs(int(values[0]))
+    for scale, unit, floor in ((1e-6, "microseconds", 1e14), (1e-3, "milliseconds", 1e11), (1.0, "seconds", 1e8)):
+        if first >= floor:
+            return scale, f"integer {unit} (Unix epoch)"
+    ordered = sorted(int(v) for v in values)
+    gaps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
+    med = gaps[len(gaps) // 2] if gaps else 0
+    scale, unit = (
+        (1e-6, "microseconds") if med >= 100_000 else (1e-3, "milliseconds") if med >= 50 else (1.0, "seconds")
+    )
+    return scale, f"integer {unit} (relative times; median gap {med})"
+
+
+def _chain_sessions(calls: list[_Call]) -> list[list[_Call]]:
+    """Sessions rebuilt from the prompt prefix chain: a call continues the open session whose latest
+    prompt its own prompt starts with (the longest such), else it starts a new one."""
+    chains: list[list[_Call]] = []
+    for c in calls:
+        best, best_len = None, -1
+        for chain in chains:
+            last = chain[-1].input
+            if len(last) > best_len and c.input.startswith(last):
+                best, best_len = chain, len(last)
+        if best is None:
+            chains.append([c])
+        else:
+            best.append(c)
+    return chains
+
+
+@dataclass
+class _Call:
+    t: float  # seconds
+    input: str
+    output: str
+    sid: str | None
+    line: int
+
+
+def load_agent_trace(p: Path, count: Counter, notes: list[str] | None = None) -> list[Session]:
+    """One file of LMCache agent-trace calls -> its sessions. Variants read (and said in ``notes``):
+    timestamps as integer µs / ms / s or float seconds (or ISO strings); ``session_id`` as a string, an
+    integer, empty or missing (then one session per file), or different on every call (then sessions
+    are rebuilt from the prompt prefix chain); several sessions in one file (grouped by session_id)."""
     rows = _read_json_lines(p)
-    calls = []
+    raw: list[tuple[Any, str, str, Any, int]] = []
     for n, r in rows:
-        if not isinstance(r, dict) or not isinstance(r.get("input"), str) or not isinstance(r.get("timestamp"), int):
-            raise DatasetError(f"{p}:{n}: expected {{timestamp: int, input: str, output: str, session_id}}")
-        calls.append((r["timestamp"], r["input"], str(r.get("output") or ""), r.get("session_id") or p.stem, n))
-    if not calls:
+        ts = r.get("timestamp") if isinstance(r, dict) else None
+        if isinstance(ts, str):
+            ts = _ts(ts)
+        if (not isinstance(r, dict) or not isinstance(r.get("input"), str) or isinstance(ts, bool)
+                or not isinstance(ts, (int, float))):  # fmt: skip
+            raise DatasetError(f"{p}:{n}: expected {{timestamp: number, input: str, output: str, session_id}}")
+        sid = r.get("session_id")
+        if sid is not None and not isinstance(sid, (str, int)) or isinstance(sid, bool):
+            raise DatasetError(f"{p}:{n}: session_id must be a string or an integer, got {sid!r}")
+        raw.append((ts, r["input"], str(r.get("output") or ""), sid, n))
+    if not raw:
         return []
-    calls.sort(key=lambda c: c[0])
-    turns = []
-    prev = None
-    for ts, inp, out, _, n in calls:
-        gap = 0.0 if prev is None else _gap((ts - prev) / 1e6, f"{p}:{n}: the timestamp gap (us)")
-        turns.append(Turn(({"role": "user", "content": inp},), _max_tokens(count, out), gap))
-        prev = ts
-    return [Session(str(calls[0][3]), tuple(turns), str(p))]
+    scale, unit = _time_unit([x[0] for x in raw])
+    calls = sorted((_Call(ts * scale, i, o, None if s in (None, "") else str(s), n) for ts, i, o, s, n in raw),
+                   key=lambda c: c.t)  # fmt: skip
+    named = [c.sid for c in calls if c.sid is not None]
+    groups: list[tuple[str, list[_Call]]]
+    if not named:
+        groups, how = [(p.stem, calls)], "no session_id: one session per file"
+    elif len(set(named)) == len(calls) > 1:
+        chains = _chain_sessions(calls)
+        groups = [(p.stem if len(chains) == 1 else f"{p.stem}#{k}", g) for k, g in enumerate(chains)]
+        how = f"session_id differs on every call: {len(groups)} sessions rebuilt from the prompt prefix chain"
+    else:
+        by: dict[str, list[_Call]] = {}
+        for c in calls:  # a call without an id joins the file's own session
+            by.setdefault(c.sid or p.stem, []).append(c)
+        groups = list(by.items())
+        how = f"sessions by session_id ({len(groups)})"
+    if notes is not None:
+        notes.append(f"{p.name}: timestamps {unit}; {how}")
+    sessions = []
+    for sid, g in groups:
+        turns, prev = [], None
+        for c in g:
+            gap = 0.0 if prev is None else _gap(c.t - prev, f"{p}:{c.line}: the timestamp gap (s)")
+            turns.append(Turn(({"role": "user", "content": c.input},), _max_tokens(count, c.output), gap))
+            prev = c.t
+        sessions.append(Session(sid, tuple(turns), str(p)))
+    return sessions
 
 
 def _ts(s: Any) -> float | None:
@@ -314,6 +393,7 @@ class LoadedDataset:
     sessions: list[Session]
     format: str  # the format read (the last file's, for a folder)
     warnings: list[ResultWarning]
+    notes: list[str] = field(default_factory=list)  # how each file's variant was read (agent traces)
 
 
 def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
@@ -328,6 +408,7 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
         else [p]
     )
     warnings: list[ResultWarning] = []
+    notes: list[str] = []
     sessions: list[Session] = []
     used = fmt
     for f in files:
@@ -339,7 +420,7 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
             warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: empty session file skipped", file=str(f)))
             continue
         used = kind
-        got = LOADERS[kind](f, count)
+        got = load_agent_trace(f, count, notes) if kind == "agent-trace" else LOADERS[kind](f, count)
         if not got:
             warnings.append(
                 warning(WarningCode.dataset_file_skipped, f"{f}: no session with a usable turn, skipped", file=str(f))
@@ -347,7 +428,7 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
         sessions += got
     if not sessions:
         raise DatasetError(f"{p}: the dataset holds no session")
-    return LoadedDataset(sessions, used, warnings)
+    return LoadedDataset(sessions, used, warnings, notes)
 
 
 def virtual_users(

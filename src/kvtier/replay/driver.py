@@ -45,6 +45,7 @@ class ReplayPlan:
     tokenizer: Tokenizer
     tools: list[dict[str, Any]] | None
     warnings: list[ResultWarning] = field(default_factory=list)
+    reuse: dict[str, Any] | None = None  # what the prompts share, computed before the run (replay/reuse.py)
     scrape: bool = True  # False on MPI ranks other than 0: one scraper per server
 
 
@@ -79,6 +80,7 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
         tool_schemas(loaded.sessions) if cfg.agentic_tools else None,
         list(loaded.warnings),
     )
+    plan.reuse = _reuse(cfg, users, tokenizer)
     if cfg.concurrency > len(users):
         plan.warnings.append(
             warning(
@@ -90,6 +92,23 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
             )
         )
     return plan
+
+
+def _reuse(cfg: ReplayConfig, users: list[VirtualUser], tokenizer: Tokenizer) -> dict[str, Any]:
+    """The reuse opportunity, at the KV size of --kv-model (an error if unknown) or of --model when the
+    catalog knows it (else token figures only)."""
+    from kvtier.modelspec import build_catalog
+    from kvtier.replay.reuse import reuse_opportunity
+
+    catalog = build_catalog({})
+    name = cfg.kv_model or cfg.model or ""
+    spec = catalog.get(name)
+    if cfg.kv_model and spec is None:
+        raise ConfigError(f"--kv-model: unknown model {cfg.kv_model!r} (known: {', '.join(sorted(catalog))})")
+    bpt = spec.kv_bytes_per_token_per_rank(1) if spec is not None else None
+    out = reuse_opportunity(users, tokenizer.encode, cfg.reuse_block_tokens, bpt)
+    out["kv_model"] = name if spec is not None else None
+    return out
 
 
 async def _probe(cfg: ReplayConfig) -> dict[str, Any]:
@@ -128,6 +147,7 @@ class _Stop:
 
 async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple[ReplayResult, list[dict[str, Any]]]:
     from kvtier.replay.client import ClientConfig, run_users
+    from kvtier.replay.progress import ReplayProgress, snapshot
     from kvtier.replay.scrape import Scraper
     from kvtier.replay.summary import summarize
 
@@ -157,16 +177,30 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     )
     records: list[dict[str, Any]] = []  # filled as requests finish: kept whatever happens below
     achieved, failure = 0, ""
-    try:
-        achieved = (await run_users(client, plan.users, stop.event, clock, records)).achieved_concurrency
-    except Exception as e:  # noqa: BLE001 - a bug must not lose the records: they are written, marked partial
-        failure = f"internal error in the client: {type(e).__name__}: {e}"
-    finally:
-        scrape_stop.set()
-        await asyncio.gather(*scrape_tasks)
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            loop.remove_signal_handler(signal.SIGINT)
-            loop.remove_signal_handler(signal.SIGTERM)
+    gauge: dict[str, int] = {"in_flight": 0}
+    total = sum(len(u.turns) for u in plan.users)
+
+    async def report_progress(bar: ReplayProgress) -> None:
+        while not scrape_stop.is_set():
+            try:
+                await asyncio.wait_for(scrape_stop.wait(), cfg.progress_interval)
+            except TimeoutError:
+                rates = scrapers[0].hit_rates_so_far() if scrapers else {}
+                snap = snapshot(records, total, cfg.num_rounds, len(plan.users), gauge["in_flight"], rates)
+                bar.tick((clock.now_ns() - t0) / 1e9, snap)
+
+    with ReplayProgress(cfg.progress) as bar:
+        progress_task = asyncio.create_task(report_progress(bar))
+        try:
+            achieved = (await run_users(client, plan.users, stop.event, clock, records, gauge)).achieved_concurrency
+        except Exception as e:  # noqa: BLE001 - a bug must not lose the records: they are written, marked partial
+            failure = f"internal error in the client: {type(e).__name__}: {e}"
+        finally:
+            scrape_stop.set()
+            await asyncio.gather(*scrape_tasks, progress_task)
+            if handle_signals and threading.current_thread() is threading.main_thread():
+                loop.remove_signal_handler(signal.SIGINT)
+                loop.remove_signal_handler(signal.SIGTERM)
     wall = (clock.now_ns() - t0) / 1e9
     summary = summarize(records, len(plan.users), cfg.num_rounds, wall)
     metrics = [sc.summary() for sc in scrapers]
@@ -235,6 +269,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 "virtual_users": len(plan.users),
                 "tokenizer": plan.tokenizer.name,
                 "agentic_tool_names": [t["function"]["name"] for t in plan.tools or []],
+                "notes": plan.dataset.notes,
             },
             "concurrency": {
                 "requested": cfg.concurrency,
@@ -244,6 +279,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
             "server": server,
             "summary": summary,
             "server_metrics": metrics,
+            "reuse_opportunity": plan.reuse,
             "config": cfg,
         }
     )

@@ -81,6 +81,18 @@ class Scraper:
                     await self.scrape_once(session)
             await self.scrape_once(session)
 
+    def hit_rates_so_far(self) -> dict[str, float | None]:
+        """Each hit rate over the samples taken so far (first to latest; progress lines)."""
+        if len(self.samples) < 2:
+            return {}
+        a, b = self.samples[0][1], self.samples[-1][1]
+        out: dict[str, float | None] = {}
+        for name, (hits, queries) in RATES.items():
+            if hits in b and queries in b:
+                dh, dq = self._delta(a.get(hits, 0.0), b[hits]), self._delta(a.get(queries, 0.0), b[queries])
+                out[name] = round(dh / dq, 4) if dh is not None and dq else None
+        return out
+
     @staticmethod
     def _delta(a: float | None, b: float | None) -> float | None:
         if a is None or b is None:

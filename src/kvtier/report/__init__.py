@@ -19,9 +19,10 @@ if TYPE_CHECKING:
     from kvtier.report.aggregate import BenchAggregate
     from kvtier.report.bench import BenchResult
     from kvtier.report.launch import LaunchResult
+    from kvtier.report.mlperf import MlperfRunSummary
     from kvtier.report.replay import ReplayResult
 
-    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate
+    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary
 
 
 def _model_for(benchmark: Any) -> Any:
@@ -46,10 +47,10 @@ def _model_for(benchmark: Any) -> Any:
 
 def _file(path: Path) -> Path:
     if path.is_dir():
-        for name in ("summary.json", "launch.json"):
+        for name in ("summary.json", "launch.json", "kvcache_run_summary.json"):
             if (path / name).is_file():
                 return path / name
-        raise DatasetError(f"{path}: a folder without summary.json or launch.json")
+        raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")
     return path
 
 
@@ -68,6 +69,13 @@ def load(path: str | Path) -> AnyResult:
         raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{p}: not a kvtier result (expected a JSON object)")
+    if raw.get("benchmark") == "kvtier mlperf run":  # the wrapper's own layout, not an envelope
+        from kvtier.report.mlperf import MlperfRunSummary
+
+        try:
+            return MlperfRunSummary.model_validate(raw)
+        except ValidationError as e:
+            raise DatasetError(_errors(p, e)) from None
     model = _model_for(raw.get("benchmark"))
     if model is None:
         raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
@@ -80,13 +88,17 @@ def load(path: str | Path) -> AnyResult:
     try:
         return model.model_validate(raw)  # type: ignore[no-any-return]
     except ValidationError as e:
-        lines = []
-        for err in e.errors()[:20]:
-            where = ".".join(str(x) for x in err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"{p}: {where}: {msg}")
-        more = len(e.errors()) - 20
-        raise DatasetError("\n".join(lines + ([f"{p}: ... and {more} more"] if more > 0 else []))) from None
+        raise DatasetError(_errors(p, e)) from None
+
+
+def _errors(p: Path, e: ValidationError) -> str:
+    lines = []
+    for err in e.errors()[:20]:
+        where = ".".join(str(x) for x in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{p}: {where}: {msg}")
+    more = len(e.errors()) - 20
+    return "\n".join(lines + ([f"{p}: ... and {more} more"] if more > 0 else []))
 
 
 __all__ = ["load"]

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from kvtier.report.bench import BenchResult
 
@@ -59,4 +62,21 @@ def workload_figures(runs: Sequence[MLPerfFigures]) -> MLPerfFigures:
     )
 
 
-__all__ = ["MLPerfFigures", "run_figures", "workload_figures"]
+class MlperfRunSummary(BaseModel):
+    """``kvcache_run_summary.json`` of ``kvtier mlperf run`` (bench/submission.py), as ``report.load`` reads
+    it: the keys the report uses are typed, the wrapper's own keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+    schema_version: str
+    benchmark: Literal["kvtier mlperf run"] = "kvtier mlperf run"
+    run_datetime: str
+    mode: str
+    interrupted: bool
+    total_ranks: int
+    trials_per_option: int
+    options: dict[str, dict[str, Any]]
+    partial_failure: bool
+    verdict: list[str]
+
+
+__all__ = ["MLPerfFigures", "run_figures", "workload_figures", "MlperfRunSummary"]

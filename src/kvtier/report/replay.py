@@ -83,12 +83,32 @@ class DatasetInfo(Section):
     virtual_users: int
     tokenizer: str
     agentic_tool_names: list[str]
+    notes: list[str] = []  # how each file's variant was read (agent traces: time units, sessions)
 
 
 class ServerIdentity(Section):
     models: Any
     replica: str | None
     launch: dict[str, Any] | None = None  # set by kvtier launch: profile, engine versions, devices, sizes, policies
+
+
+class ReuseOpportunity(Section):
+    """What the dataset's prompts share, before any request (replay/reuse.py; docs/metrics.md)."""
+
+    block_tokens: int
+    requests: int
+    prompt_tokens: int
+    history_reuse_tokens: int
+    cross_session_reuse_tokens: int
+    new_tokens: int
+    history_reuse_fraction: float | None
+    cross_session_reuse_fraction: float | None
+    new_fraction: float | None
+    kv_bytes_per_token: int | None
+    kv_model: str | None = None
+    session_max_prompt_tokens: dict[str, float | int | None]
+    kv_bytes_per_session: dict[str, int] | None
+    working_set: list[dict[str, int | None]]
 
 
 class ReplayResult(Envelope):
@@ -102,8 +122,9 @@ class ReplayResult(Envelope):
     summary: ReplaySummary
     server_metrics: list[ScrapeSummary]
     config: ReplayConfig
+    reuse_opportunity: ReuseOpportunity | None = None  # None only in results written before it was computed
     ranks: list[dict[str, Any]] | None = None  # MPI runs: one line per rank (replay/mpi.py)
     lost_ranks: list[int] | None = None  # MPI runs: ranks whose records never reached rank 0
 
 
-__all__ = ["ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]
+__all__ = ["ReuseOpportunity", "ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]

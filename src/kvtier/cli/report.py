@@ -1,0 +1,66 @@
+"""``kvtier report`` (one self-contained HTML file from results) and ``kvtier compare`` (ratios, refused when
+not comparable)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
+    p = sub.add_parser(
+        "report",
+        help="one self-contained HTML file (tables, differences in words, plots) from kvtier results",
+        description="kvtier report RESULT... --html out.html: bench results, replay folders or summary.json, MPI "
+        "aggregates, MLPerf run summaries and launch.json files, side by side; plots need matplotlib (the plot extra)",
+    )
+    p.add_argument("results", nargs="+", help="result files or folders")
+    p.add_argument("--html", required=True, help="the HTML file to write")
+    p.add_argument("--png-dir", help="also write each plot as a PNG file here")
+    p.add_argument("--labels", help="comma-separated names for the results, in order (default: file or folder names)")
+    p.set_defaults(func=run_report)
+    c = sub.add_parser(
+        "compare",
+        help="bench or replay results side by side as ratios to the first (refused when not comparable)",
+        description="kvtier compare A B ...: each argument one condition, or its trials joined by commas "
+        "(a1.json,a2.json): the median over trials and its noise (coefficient of variation) beside each ratio",
+    )
+    c.add_argument("conditions", nargs="+", help="results (files or replay folders); trials of one condition: a,b,c")
+    c.add_argument("--force", action="store_true", help="print the table even when the configs differ (exit 0)")
+    c.set_defaults(func=run_compare)
+
+
+def run_report(a: argparse.Namespace) -> int:
+    from kvtier.report.html import write_report
+
+    labels = [x.strip() for x in a.labels.split(",")] if a.labels else None
+    info = write_report(a.results, a.html, a.png_dir, labels)
+    plots = f"{len(info['plots'])} plots" if info["matplotlib"] else "no plots (pip install 'kvtier[plot]')"
+    print(f"{a.html}: {len(info['results'])} results, {plots}, {info['bytes']:,} bytes in {info['seconds']:.2f} s")
+    return 0
+
+
+def compare_results(conditions: list[str], kind: str | None = None, force: bool = False) -> int:
+    from kvtier.errors import DatasetError
+    from kvtier.report.compare import compare, render
+    from kvtier.report.html import load_all
+
+    groups = [[p for p in c.split(",") if p] for c in conditions]
+    flat = load_all([p for g in groups for p in g])
+    if kind is not None:
+        for it in flat:
+            if it.kind != kind:
+                raise DatasetError(f"{it.path}: a {it.result.benchmark} result, not a kvtier {kind} result")
+    loaded, k = [], 0
+    for g in groups:
+        loaded.append(flat[k : k + len(g)])
+        k += len(g)
+    c = compare(loaded)
+    print(render(c))
+    for p in c.problems:
+        print(f"NOT COMPARABLE: {p}", file=sys.stderr)
+    return 0 if c.comparable or force else 2
+
+
+def run_compare(a: argparse.Namespace) -> int:
+    return compare_results(a.conditions, force=a.force)

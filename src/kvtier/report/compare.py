@@ -1,0 +1,147 @@
+"""``kvtier compare``: bench or replay results side by side, as ratios to the first, refused when the runs
+differ in what makes their figures comparable.
+
+Each condition is one result or several trials of it (``a.json,b.json,c.json``): a figure is then the
+median over the trials, and its noise the coefficient of variation across them (stdev / mean), so a
+ratio can be read against the spread the same configuration shows by itself. What must be equal:
+
+* replay: ``replay.compare.FIXED`` (model, concurrency, rounds, dataset, gaps, history, user order) and
+  the sessions and concurrency actually achieved;
+* bench: the workload (``BENCH_FIXED``: model, users, duration, generation mode, tensor parallelism, the
+  workload features and inputs, the tuning) — while the tiers, their sizes, the device, direct I/O and
+  the I/O settings are what a comparison is for, and may differ.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.errors import DatasetError
+from kvtier.report.figures import Loaded
+
+BENCH_FIXED = (
+    "model", "num_users", "duration", "generation_mode", "tensor_parallel", "disable_multi_turn",
+    "disable_prefix_caching", "enable_rag", "rag_num_docs", "rag_top_k", "enable_autoscaling", "use_burst_trace",
+    "trace_path", "trace_format", "dataset_path", "prefill_only", "decode_only", "request_rate", "max_requests",
+    "kv_layout", "performance_profile", "tuning",
+)  # fmt: skip
+
+
+@dataclass
+class Row:
+    name: str
+    better: str
+    values: list[float | None]  # per condition: the median over its trials
+    cv: list[float | None]  # per condition: stdev / mean over its trials (None for one trial)
+    ratio: list[float | None]  # per condition: value / the first condition's
+
+
+@dataclass
+class Comparison:
+    labels: list[str]
+    trials: list[int]
+    rows: list[Row]
+    problems: list[str]
+    differs: list[str]  # config fields that differ and may (what the comparison is about)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.problems
+
+
+def _fixed(kind: str) -> tuple[str, ...]:
+    if kind == "replay":
+        from kvtier.replay.compare import FIXED
+
+        return FIXED
+    return BENCH_FIXED
+
+
+def _config(it: Loaded) -> dict[str, Any]:
+    return dict(it.result.config.model_dump(mode="json"))
+
+
+def _problems(conditions: Sequence[Sequence[Loaded]]) -> tuple[list[str], list[str]]:
+    kind = conditions[0][0].kind
+    fixed = _fixed(kind)
+    base = _config(conditions[0][0])
+    problems, differs = [], set()
+    for cond in conditions:
+        for it in cond:
+            c = _config(it)
+            for k in fixed:
+                if c.get(k) != base.get(k):
+                    shown = "(differs)" if k == "tuning" else f"{base.get(k)!r} vs {c.get(k)!r}"
+                    problems.append(f"{it.label}: {k}: {shown}")
+            differs |= {k for k in c if k not in fixed and c.get(k) != base.get(k) and k not in ("output", "seed")}
+    if kind == "replay":
+        b = conditions[0][0].result
+        for cond in conditions:
+            for it in cond:
+                r = it.result
+                if r.summary.sessions.complete != b.summary.sessions.complete or (
+                    r.concurrency.achieved != b.concurrency.achieved
+                ):
+                    problems.append(
+                        f"{it.label}: achieved sessions/concurrency differ: {b.summary.sessions.model_dump()} / "
+                        f"{b.concurrency.achieved} vs {r.summary.sessions.model_dump()} / {r.concurrency.achieved}"
+                    )
+    return list(dict.fromkeys(problems)), sorted(differs)
+
+
+def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
+    if not conditions or any(not c for c in conditions):
+        raise DatasetError("compare: give at least one result per condition")
+    kinds = {it.kind for c in conditions for it in c}
+    if len(kinds) != 1 or kinds - {"bench", "replay"}:
+        raise DatasetError(f"compare: bench results or replay results, one kind at a time (got {sorted(kinds)})")
+    problems, differs = _problems(conditions)
+    names: list[tuple[str, str]] = []
+    for c in conditions:
+        for it in c:
+            names += [(f.name, f.better) for f in it.figures if (f.name, f.better) not in names]
+    rows = []
+    for name, better in names:
+        vals: list[float | None] = []
+        cvs: list[float | None] = []
+        for c in conditions:
+            xs = [f.value for it in c if (f := it.figure(name)) is not None and f.value is not None]
+            vals.append(statistics.median(xs) if xs else None)
+            mean = statistics.fmean(xs) if xs else 0.0
+            cvs.append(statistics.stdev(xs) / abs(mean) if len(xs) >= 2 and mean else None)
+        ratio = [None if v is None or not vals[0] else v / vals[0] for v in vals]
+        rows.append(Row(name, better, vals, cvs, ratio))
+    labels = [c[0].label if len(c) == 1 else f"{c[0].label} (+{len(c) - 1})" for c in conditions]
+    return Comparison(labels, [len(c) for c in conditions], rows, problems, differs)
+
+
+def render(c: Comparison) -> str:
+    """The table as text: value (ratio to the first, ± noise across trials)."""
+
+    def cell(v: float | None, r: float | None, cv: float | None, first: bool) -> str:
+        if v is None:
+            return "—"
+        s = f"{v:.4g}"
+        if not first and r is not None:
+            s += f" ({r:.2f}x)"
+        if cv is not None:
+            s += f" ±{cv * 100:.0f}%"
+        return s
+
+    width = max([len(r.name) for r in c.rows] + [10]) + 2
+    cols = [max(len(lbl), 22) for lbl in c.labels]
+    lines = [" " * width + "".join(f"{lbl:>{w + 2}}" for lbl, w in zip(c.labels, cols))]
+    for row in c.rows:
+        cells = [cell(v, r, cv, i == 0) for i, (v, r, cv) in enumerate(zip(row.values, row.ratio, row.cv))]
+        lines.append(f"{row.name:<{width}}" + "".join(f"{x:>{w + 2}}" for x, w in zip(cells, cols)))
+    if any(n > 1 for n in c.trials):
+        lines.append("(median over trials; ± is the coefficient of variation across a condition's trials)")
+    if c.differs:
+        lines.append("configs differ in: " + ", ".join(c.differs))
+    return "\n".join(lines)
+
+
+__all__ = ["compare", "render", "Comparison", "Row", "BENCH_FIXED"]

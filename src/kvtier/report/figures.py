@@ -1,0 +1,249 @@
+"""The figures people compare, per result kind, with which way is better; and the words for a difference.
+
+One table of named figures per loaded result (``figures``), shared by ``kvtier report`` (its tables and
+its sentences) and ``kvtier compare`` (its ratios). A replay's later-turn TTFT needs its per-request
+records (``requests.jsonl`` beside ``summary.json``); they are read once into ``ReplayRecords``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.errors import DatasetError
+
+LOWER, HIGHER = "lower", "higher"
+_RECORD = re.compile(
+    r'"turn": (\d+),.*?"status": "([^"]*)",.*?"ttft_s": ([^,]+), "itl_s": \[[^\]]*\], "e2e_s": ([^,]+),'
+    r'.*?"completion_tokens": ([^,]+),.*?"start_unix_s": ([^,}]+)\}'
+)
+"""The fields the report reads from one requests.jsonl line, as replay/client.py writes them."""
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float | None
+    unit: str
+    better: str  # LOWER | HIGHER | "" (informative)
+
+
+@dataclass
+class ReplayRecords:
+    """requests.jsonl in columns (only the fields the report uses)."""
+
+    turn: np.ndarray
+    ok: np.ndarray
+    ttft_s: np.ndarray  # nan where none
+    tpot_s: np.ndarray  # nan where fewer than two tokens
+    start_s: np.ndarray  # since the first request's start
+
+    @classmethod
+    def read(cls, path: Path) -> ReplayRecords | None:
+        """The columns of requests.jsonl. Fast path: one regular expression per line for the six fields
+        used, in the order the client writes them (the inter-token gaps, most of a line, are skipped);
+        a line it does not match is parsed as JSON."""
+        if not path.is_file():
+            return None
+        turn: list[int] = []
+        ok: list[bool] = []
+        ttft: list[float] = []
+        tpot: list[float] = []
+        start: list[float] = []
+        nan = float("nan")
+
+        def num(v: Any) -> float:
+            return nan if v in (None, "null") else float(v)
+
+        with path.open(encoding="utf-8") as f:
+            for line, text in enumerate(f, start=1):
+                m = _RECORD.search(text)
+                if m is not None:
+                    t, status, tt, e2e, n, st = m.groups()
+                else:
+                    try:
+                        r = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        raise DatasetError(f"{path}:{line}: not valid JSON ({e.msg})") from None
+                    t, status, tt, e2e, n, st = (r.get("turn") or 0, r.get("status"), r.get("ttft_s"), r.get("e2e_s"),
+                                                 r.get("completion_tokens"), r.get("start_unix_s"))  # fmt: skip
+                ttft_v, e2e_v, n_v = num(tt), num(e2e), num(n)
+                good = status == "ok" and ttft_v == ttft_v
+                turn.append(int(t))
+                ok.append(good)
+                ttft.append(ttft_v)
+                tpot.append((e2e_v - ttft_v) / (n_v - 1) if good and n_v > 1 else nan)  # nan > 1 is False
+                start.append(num(st))
+        s = np.asarray(start, dtype=np.float64)
+        base = np.nanmin(s) if np.isfinite(s).any() else 0.0
+        return cls(
+            np.asarray(turn, dtype=np.int64),
+            np.asarray(ok, dtype=bool),
+            np.asarray(ttft, dtype=np.float64),
+            np.asarray(tpot, dtype=np.float64),
+            s - base,
+        )
+
+    def ttft_ok(self, later: bool | None = None) -> np.ndarray:
+        m = self.ok & np.isfinite(self.ttft_s)
+        if later is True:
+            m &= self.turn > 0
+        elif later is False:
+            m &= self.turn == 0
+        out: np.ndarray = self.ttft_s[m]
+        return out
+
+
+@dataclass
+class Loaded:
+    """One result as the report sees it: its label, kind, typed model and, for a replay, its records."""
+
+    path: str
+    label: str
+    kind: str  # bench | replay | bench-mpi | mlperf | launch
+    result: Any
+    records: ReplayRecords | None = None
+    figures: list[Figure] = field(default_factory=list)
+
+    def figure(self, name: str) -> Figure | None:
+        return next((f for f in self.figures if f.name == name), None)
+
+
+def _p(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def bench_figures(r: Any) -> list[Figure]:
+    s = r.summary
+    cs = s.cache_stats
+    out = [
+        Figure("throughput tokens/s", s.avg_throughput_tokens_per_sec, "tok/s", HIGHER),
+        Figure("storage throughput tokens/s (MLPerf)", s.storage_throughput_tokens_per_sec, "tok/s", HIGHER),
+        Figure("KV tokens moved/s", s.storage_kv_tokens_per_sec, "tok/s", HIGHER),
+        Figure("requests/s", s.requests_per_second, "req/s", HIGHER),
+        Figure("end-to-end p50 ms", s.end_to_end_latency_ms.p50, "ms", LOWER),
+        Figure("end-to-end p95 ms", s.end_to_end_latency_ms.p95, "ms", LOWER),
+        Figure("storage I/O p95 ms", s.storage_io_latency_ms.p95, "ms", LOWER),
+        Figure("cache hit rate", cs.cache_hit_rate, "", HIGHER),
+    ]
+    for tier, t in r.tiers.items():
+        for op in ("read", "write"):
+            o = getattr(t, op)
+            if o.ops:
+                out.append(Figure(f"{tier} {op} device p95 ms", o.device_latency_ms.p95, "ms", LOWER))
+                out.append(Figure(f"{tier} {op} GB/s (device time)", _gbps(o.device_bandwidth_bytes_per_sec), "GB/s",
+                                  HIGHER))  # fmt: skip
+    amp = s.kv_layout_stats.read_amplification
+    out.append(Figure("read amplification", amp, "x", LOWER))
+    return out
+
+
+def _gbps(v: float | None) -> float | None:
+    return None if v is None else v / 1e9
+
+
+def replay_figures(r: Any, rec: ReplayRecords | None) -> list[Figure]:
+    s = r.summary
+    out = [
+        Figure("TTFT p50 s", s.ttft_s.p50, "s", LOWER),
+        Figure("TTFT p95 s", s.ttft_s.p95, "s", LOWER),
+    ]
+    if rec is not None:
+        later = rec.ttft_ok(later=True)
+        out += [Figure("later-turn TTFT p50 s", _p(later, 50), "s", LOWER),
+                Figure("later-turn TTFT p95 s", _p(later, 95), "s", LOWER)]  # fmt: skip
+    out += [
+        Figure("TTFT degradation median %", s.ttft_degradation.median_pct, "%", LOWER),
+        Figure("TPOT mean s", s.tpot_s_mean, "s", LOWER),
+        Figure("end-to-end p50 s", s.e2e_s.p50, "s", LOWER),
+        Figure("requests/s", s.requests_per_s, "req/s", HIGHER),
+        Figure("output tokens/s", s.output_tokens_per_s, "tok/s", HIGHER),
+        Figure("sessions complete", float(s.sessions.complete), "", HIGHER),
+        Figure("requests failed", float(s.requests_failed), "", LOWER),
+    ]
+    ro = r.reuse_opportunity
+    if ro is not None:  # the dataset's, the same for runs of one dataset: informative
+        out += [
+            Figure("dataset history reuse fraction", ro.history_reuse_fraction, "", ""),
+            Figure("dataset cross-session reuse fraction", ro.cross_session_reuse_fraction, "", ""),
+            Figure("dataset new fraction", ro.new_fraction, "", ""),
+        ]
+    for m in r.server_metrics[:1]:  # the front server (or the one replica scraped)
+        out += [
+            Figure("GPU prefix hit rate", m.prefix_cache_hit_rate_overall, "", HIGHER),
+            Figure("external (offload) hit rate", m.external_prefix_cache_hit_rate_overall, "", HIGHER),
+        ]
+    return out
+
+
+def aggregate_figures(r: Any) -> list[Figure]:
+    t, lat = r.totals, r.latency
+    return [
+        Figure("ranks reported", float(r.ranks_reported), "", HIGHER),
+        Figure("throughput tokens/s", t.avg_throughput_tokens_per_sec, "tok/s", HIGHER),
+        Figure("KV tokens moved/s", t.storage_kv_tokens_per_sec, "tok/s", HIGHER),
+        Figure("read GB/s (all tiers)", t.storage_read_bytes_per_sec / 1e9, "GB/s", HIGHER),
+        Figure("write GB/s (all tiers)", t.storage_write_bytes_per_sec / 1e9, "GB/s", HIGHER),
+        Figure("end-to-end p50 ms", lat.end_to_end_latency_ms.get("p50"), "ms", LOWER),
+        Figure("end-to-end p95 ms", lat.end_to_end_latency_ms.get("p95"), "ms", LOWER),
+        Figure("storage I/O p95 ms", lat.storage_io_latency_ms.get("p95"), "ms", LOWER),
+        Figure(
+            "storage throughput tokens/s (MLPerf sum)", r.mlperf.storage_throughput_tokens_per_sec_sum, "tok/s", HIGHER
+        ),  # fmt: skip
+    ]
+
+
+def mlperf_figures(r: Any) -> list[Figure]:
+    out = []
+    for o, s in (r.options or {}).items():
+        out += [
+            Figure(f"option {o} read GiB/s", s.get("aggregated_read_bandwidth_gbps"), "GiB/s", HIGHER),
+            Figure(f"option {o} write GiB/s", s.get("aggregated_write_bandwidth_gbps"), "GiB/s", HIGHER),
+            Figure(
+                f"option {o} storage tokens/s", s.get("aggregated_storage_throughput_tokens_per_sec"), "tok/s", HIGHER
+            ),  # fmt: skip
+        ]
+    return out
+
+
+def figures_of(item: Loaded) -> list[Figure]:
+    if item.kind == "bench":
+        return bench_figures(item.result)
+    if item.kind == "replay":
+        return replay_figures(item.result, item.records)
+    if item.kind == "bench-mpi":
+        return aggregate_figures(item.result)
+    if item.kind == "mlperf":
+        return mlperf_figures(item.result)
+    return []
+
+
+def change_pct(base: float | None, other: float | None) -> float | None:
+    if base is None or other is None or base == 0:
+        return None
+    return (other - base) / abs(base) * 100.0
+
+
+def sentences(base: Loaded, other: Loaded, threshold_pct: float = 5.0, most: int = 4) -> list[str]:
+    """The differences that matter, in words: the largest relative changes of the figures that have a
+    direction, beyond ``threshold_pct``; e.g. "cpu: later-turn TTFT p95 -64 % vs none (better)"."""
+    found = []
+    for f in other.figures:
+        b = base.figure(f.name)
+        if b is None or not f.better:
+            continue
+        c = change_pct(b.value, f.value)
+        if c is None or abs(c) < threshold_pct:
+            continue
+        good = (c < 0) == (f.better == LOWER)
+        found.append((abs(c), f"{other.label}: {f.name} {c:+.0f} % vs {base.label} ({'better' if good else 'worse'})"))
+    found.sort(key=lambda x: -x[0])
+    return [s for _, s in found[:most]]
+
+
+__all__ = ["Figure", "Loaded", "ReplayRecords", "figures_of", "sentences", "change_pct", "LOWER", "HIGHER"]

@@ -1,0 +1,212 @@
+"""``kvtier report``: one self-contained HTML file from any mix of kvtier results.
+
+Results are loaded through ``kvtier.report.load`` (bench results, replay folders or summary.json — with
+their requests.jsonl when present —, MPI aggregates, MLPerf run summaries, launch.json). The page has,
+per kind: a side-by-side table of the figures that matter, the differences stated in words against
+the first result of that kind, and the plots (``report/plots.py``) as PNGs embedded as data: URIs — no
+script, no stylesheet or font from anywhere, so it opens offline and prints as it shows. Without
+matplotlib (the ``plot`` extra) the page has the tables and the sentences and says why the plots are
+missing. ``--png-dir`` also writes each plot as a PNG file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvtier import __version__
+from kvtier.errors import ConfigError
+from kvtier.report.figures import Loaded, ReplayRecords, figures_of, sentences
+
+KINDS = {
+    "kvtier bench": "bench",
+    "kvtier replay": "replay",
+    "kvtier bench mpi": "bench-mpi",
+    "kvtier mlperf run": "mlperf",
+    "kvtier launch": "launch",
+}
+TITLES = {
+    "bench": "Storage benchmark (kvtier bench)",
+    "replay": "Serving benchmark (kvtier replay)",
+    "bench-mpi": "MPI bench runs (aggregates)",
+    "mlperf": "MLPerf submission runs",
+    "launch": "Launches",
+}
+
+CSS = """
+body { font-family: sans-serif; margin: 2em; max-width: 75em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.25em; border-bottom: 1px solid #ccc; margin-top: 2em; }
+h3 { font-size: 1.05em; margin-bottom: 0.2em; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+td.better { background: #e6f4e6; } td.worse { background: #fbe9e9; }
+p.answers { color: #555; margin-top: 0; font-style: italic; }
+img { max-width: 100%; page-break-inside: avoid; }
+ul.findings li { margin: 0.2em 0; }
+.meta { color: #666; font-size: 0.85em; }
+@media print { body { margin: 0; } h2 { page-break-before: auto; } }
+"""
+
+
+def _label_for(path: Path, taken: set[str]) -> str:
+    name = path.parent.name if path.name in ("summary.json", "launch.json", "kvcache_run_summary.json") else path.stem
+    label, n = name or str(path), 2
+    while label in taken:
+        label, n = f"{name}-{n}", n + 1
+    taken.add(label)
+    return label
+
+
+def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[Loaded]:
+    from kvtier.report import load
+
+    if labels and len(labels) != len(paths):
+        raise ConfigError(f"--labels: {len(labels)} labels for {len(paths)} results")
+    out: list[Loaded] = []
+    taken: set[str] = set()
+    for k, p in enumerate(paths):
+        r = load(p)
+        path = Path(p)
+        file = path / "summary.json" if path.is_dir() and (path / "summary.json").is_file() else path
+        kind = KINDS[r.benchmark]
+        label = labels[k] if labels else _label_for(file, taken)
+        records = ReplayRecords.read(file.parent / "requests.jsonl") if kind == "replay" else None
+        item = Loaded(str(p), label, kind, r, records)
+        item.figures = figures_of(item)
+        out.append(item)
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        return f"{v:,.0f}" if a >= 1000 else f"{v:.3g}" if a >= 0.01 else f"{v:.3e}"
+    return html.escape(str(v))
+
+
+def _table(items: Sequence[Loaded]) -> str:
+    base = items[0]
+    names: list[str] = []
+    for it in items:
+        names += [f.name for f in it.figures if f.name not in names]
+    head = "".join(f"<th>{html.escape(it.label)}</th>" for it in items)
+    rows = []
+    for n in names:
+        cells = []
+        b = base.figure(n)
+        for it in items:
+            f = it.figure(n)
+            cls = ""
+            if f is not None and b is not None and it is not base and f.better and f.value is not None and b.value:
+                diff = (f.value - b.value) / abs(b.value)
+                if abs(diff) >= 0.05:
+                    cls = " class='better'" if (diff < 0) == (f.better == "lower") else " class='worse'"
+            cells.append(f"<td{cls}>{_fmt(None if f is None else f.value)}</td>")
+        rows.append(f"<tr><td>{html.escape(n)}</td>{''.join(cells)}</tr>")
+    return f"<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _status_table(items: Sequence[Loaded]) -> str:
+    head = "".join(f"<th>{html.escape(it.label)}</th>" for it in items)
+    rows: list[tuple[str, list[Any]]] = [
+        ("file", [it.path for it in items]),
+        ("status", [getattr(it.result, "status", None) and it.result.status.value for it in items]),
+        ("stop", [getattr(getattr(it.result, "stop_reason", None), "message", None) for it in items]),
+        ("warnings", [", ".join(w.code for w in getattr(it.result, "warnings", [])) or "none" for it in items]),
+    ]
+    body = "".join(f"<tr><td>{k}</td>{''.join(f'<td>{_fmt(v)}</td>' for v in vals)}</tr>" for k, vals in rows)
+    return f"<table><tr><th></th>{head}</tr>{body}</table>"
+
+
+def _slug(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The HTML text, and what went into it (plots drawn, seconds)."""
+    t0 = time.perf_counter()
+    from kvtier.report import plots  # matplotlib is imported inside each plot
+
+    have_mpl = True
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        have_mpl = False
+    out_dir = Path(png_dir) if png_dir else None
+    if out_dir is not None:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--png-dir: cannot create {out_dir}: {e.strerror}") from e
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>kvtier report: {html.escape(', '.join(it.label for it in items))}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>kvtier report</h1>",
+        f"<p class='meta'>kvtier {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {len(items)} result(s).</p>",
+    ]
+    drawn: list[str] = []
+    for kind in KINDS.values():
+        group = [it for it in items if it.kind == kind]
+        if not group:
+            continue
+        parts.append(f"<h2>{TITLES[kind]}</h2>")
+        if len(group) > 1:
+            found = [s for it in group[1:] for s in sentences(group[0], it)]
+            parts.append("<h3>What differs</h3>")
+            if found:
+                parts.append("<ul class='findings'>" + "".join(f"<li>{html.escape(s)}</li>" for s in found) + "</ul>")
+            else:
+                parts.append(f"<p>No figure differs by 5 % or more from {html.escape(group[0].label)}.</p>")
+        parts.append(_status_table(group))
+        if group[0].figures:
+            parts.append(_table(group))
+        makers = plots.BENCH_PLOTS if kind == "bench" else plots.REPLAY_PLOTS if kind == "replay" else ()
+        if makers and not have_mpl:
+            parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
+            continue
+        for make in makers:
+            made = make(group)
+            if made is None:
+                continue
+            title, answers, png = made
+            drawn.append(title)
+            if out_dir is not None:
+                (out_dir / f"{kind}-{_slug(title)}.png").write_bytes(png)
+            parts.append(f"<h3>{html.escape(title)}</h3><p class='answers'>{html.escape(answers)}</p>")
+            parts.append(
+                f"<img alt='{html.escape(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+            )
+    parts.append("</body></html>\n")
+    return "\n".join(parts), {"plots": drawn, "seconds": round(time.perf_counter() - t0, 3), "matplotlib": have_mpl}
+
+
+def write_report(
+    paths: Sequence[str], out: str, png_dir: str | None = None, labels: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Load, build and write; returns what went in (``plots``, ``seconds``, ``results``)."""
+    from kvtier.bench import check_output_path
+
+    check_output_path("--html", out)
+    t0 = time.perf_counter()
+    items = load_all(paths, labels)
+    text, info = build(items, png_dir)
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--html: cannot write {out}: {e.strerror}") from e
+    return {**info, "results": [it.label for it in items], "seconds": round(time.perf_counter() - t0, 3),
+            "bytes": len(text.encode())}  # fmt: skip
+
+
+__all__ = ["write_report", "build", "load_all"]

@@ -1,0 +1,153 @@
+"""kvtier report and kvtier compare on real results: two short bench runs, two replays against a real sim
+(offload none and cpu), and an MLPerf run summary in its own layout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier.bench import run
+from kvtier.config.bench import BenchConfig, Tuning
+from tests.conftest import TINY_TEMPLATES, kvtier_cmd
+from tests.integration.test_launch import conversations
+from tests.integration.test_sim import start_sim, stop_sim
+
+
+def _bench(d: Path, name: str, **kw: Any) -> Path:
+    (d / f"cache-{name}").mkdir()
+    values: dict[str, Any] = {
+        "model": "tiny-1b", "num_users": 3, "duration": 1.5, "gpu_mem_gb": 0, "cpu_mem_gb": 0.004,
+        "generation_mode": "none", "seed": 2, "cache_dir": str(d / f"cache-{name}"), "output": str(d / f"{name}.json"),
+        "progress": "none", "noise_mb": 16, "io_chunk_mb": 4,
+        "tuning": Tuning.model_validate({"user_templates": TINY_TEMPLATES}),
+    }  # fmt: skip
+    values.update(kw)
+    run(BenchConfig.model_validate(values))
+    return d / f"{name}.json"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("report")
+    out = {"small": _bench(d, "small"), "large": _bench(d, "large", cpu_mem_gb=0.05)}
+    out["users"] = _bench(d, "users", num_users=4)
+    data = conversations(d / "data", users=6, turns=4, max_tokens=8)
+    for mode, extra in (("none", ()), ("cpu", ("--cpu-offload-gb", "0.5"))):
+        sim = start_sim(d, "--offload", mode, "--gpu-kv-gb", "0.05", *extra)
+        try:
+            p = subprocess.run(
+                [*kvtier_cmd(), "replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--dataset", str(data),
+                 "--num-rounds", "4", "--concurrency", "3", "--output", str(d / mode), "--gap-scale", "0",
+                 "--scrape-interval", "0.3", "--progress", "plain", "--progress-interval", "0.4"],
+                capture_output=True, text=True, timeout=240,
+            )  # fmt: skip
+        finally:
+            stop_sim(sim)
+        assert p.returncode == 0, p.stderr
+        out[mode] = d / mode
+        (d / f"{mode}.stderr").write_text(p.stderr)
+    summary = {
+        "schema_version": "1.0", "benchmark": "kvtier mlperf run", "run_datetime": "2026-11-30T18:00:00+00:00",
+        "mode": "closed", "interrupted": False, "total_ranks": 2, "trials_per_option": 3, "partial_failure": False,
+        "verdict": [], "options": {"1": {"aggregated_read_bandwidth_gbps": 1.5, "aggregated_write_bandwidth_gbps": 0.5,
+                                         "aggregated_storage_throughput_tokens_per_sec": 1234.0}},
+    }  # fmt: skip
+    (d / "mlperf").mkdir()
+    (d / "mlperf" / "kvcache_run_summary.json").write_text(json.dumps(summary))
+    out["mlperf"] = d / "mlperf"
+    return out
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_one_offline_html_file_from_every_kind(results: dict[str, Path], tmp_path: Path):
+    out = tmp_path / "r.html"
+    args = [str(results[k]) for k in ("small", "large", "none", "cpu", "mlperf")]
+    p = subprocess.run(
+        [*kvtier_cmd(), "report", *args, "--html", str(out), "--png-dir", str(tmp_path / "png")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    text = out.read_text()
+    tags = _Tags()
+    tags.feed(text)
+    names = [t for t, _ in tags.tags]
+    assert "script" not in names and "link" not in names and "iframe" not in names
+    assert "http://" not in text and "https://" not in text  # nothing to fetch: it opens offline
+    imgs = [a["src"] or "" for t, a in tags.tags if t == "img"]
+    assert imgs and all(s.startswith("data:image/png;base64,") for s in imgs)
+    for heading in ("Tier latency by percentile", "Throughput and tier fill over time", "TTFT distribution",
+                    "TTFT by turn", "Sessions", "MLPerf submission runs"):  # fmt: skip
+        assert heading in text, heading
+    assert "option 1 read GiB/s" in text and "What differs" in text
+    assert len(list((tmp_path / "png").glob("*.png"))) == len(imgs)
+    assert f"{len(imgs)} plots" in p.stdout
+
+
+def test_the_differences_are_said_in_words(results: dict[str, Path]):
+    from kvtier.report.figures import sentences
+    from kvtier.report.html import load_all
+
+    none, cpu = load_all([str(results["none"]), str(results["cpu"])])
+    assert none.records is not None and none.records.ttft_s.size == none.result.summary.requests_total
+    found = sentences(none, cpu, threshold_pct=0.0, most=50)
+    assert found and all(s.startswith("cpu: ") and " vs none (" in s for s in found)
+    # the sentence's sign agrees with the figures it states
+    f, b = cpu.figure("TTFT p50 s"), none.figure("TTFT p50 s")
+    assert f is not None and b is not None and f.value is not None and b.value is not None
+    line = next(s for s in found if s.startswith("cpu: TTFT p50 s "))
+    assert ("+" in line.split(" vs ")[0]) == (f.value > b.value)
+
+
+def test_compare_bench_results_and_trials(results: dict[str, Path]):
+    p = subprocess.run([*kvtier_cmd(), "compare", str(results["small"]), str(results["large"])],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "throughput tokens/s" in p.stdout and "x)" in p.stdout and "configs differ in: " in p.stdout
+    assert "cpu_mem_gb" in p.stdout
+    trials = f"{results['small']},{results['small']}"
+    p = subprocess.run([*kvtier_cmd(), "compare", trials, str(results["large"])], capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 0 and "±0%" in p.stdout and "median over trials" in p.stdout
+    p = subprocess.run([*kvtier_cmd(), "compare", str(results["small"]), str(results["users"])],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and "NOT COMPARABLE: users: num_users: 3 vs 4" in p.stderr
+    p = subprocess.run([*kvtier_cmd(), "compare", str(results["small"]), str(results["users"]), "--force"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0
+    p = subprocess.run([*kvtier_cmd(), "compare", str(results["small"]), str(results["none"])],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 3 and "one kind at a time" in p.stderr
+
+
+def test_compare_replays_and_replay_compare_agree(results: dict[str, Path]):
+    a = subprocess.run([*kvtier_cmd(), "compare", str(results["none"]), str(results["cpu"])],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    b = subprocess.run([*kvtier_cmd(), "replay", "compare", str(results["none"]), str(results["cpu"])],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert a.returncode == b.returncode and a.stdout == b.stdout and "later-turn TTFT p95 s" in a.stdout
+    assert "configs differ in: " not in a.stdout or "concurrency" not in a.stdout
+
+
+def test_replay_says_its_progress_and_its_reuse_opportunity(results: dict[str, Path]):
+    err = (results["none"].parent / "none.stderr").read_text()
+    lines = [ln for ln in err.splitlines() if ln.startswith("[kvtier replay] t=")]
+    assert lines and "requests=" in lines[-1] and "/24 " in lines[-1]  # 6 users x 4 turns
+    assert "kvtier replay: reuse opportunity of " in err and "history " in err
+    summary = json.loads((results["none"] / "summary.json").read_text())
+    r = summary["reuse_opportunity"]
+    assert r["requests"] == 24 and r["kv_model"] == "tiny-1b" and r["kv_bytes_per_token"] == 24576
+    assert r["history_reuse_tokens"] + r["cross_session_reuse_tokens"] + r["new_tokens"] == r["prompt_tokens"]
+    assert r["history_reuse_fraction"] > 0.5  # each turn resends the conversation so far

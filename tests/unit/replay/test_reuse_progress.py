@@ -1,0 +1,71 @@
+"""The reuse opportunity on hand-built sessions whose answers are counted by hand, and progress lines."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kvtier.replay.datasets import Turn, VirtualUser
+from kvtier.replay.progress import ReplayProgress, snapshot
+from kvtier.replay.reuse import reuse_opportunity
+
+IDS: dict[str, int] = {}
+
+
+def encode(text: str) -> list[int]:
+    """One token per word ("user:" is a word): token counts are readable by eye."""
+    return [IDS.setdefault(w, len(IDS)) for w in text.split()]
+
+
+def msg(role: str, text: str) -> dict[str, str]:
+    return {"role": role, "content": text}
+
+
+def test_reuse_counts_history_cross_session_and_new_blocks():
+    sys_ = msg("system", "s1 s2 s3")  # "system: s1 s2 s3" = 4 tokens = one block
+    t1 = Turn((sys_, msg("user", "q1 q2 q3 q4")), 8, 0.0)  # 9 tokens: 2 blocks + 1
+    t2 = Turn((sys_, msg("user", "q1 q2 q3 q4"), msg("assistant", "r1 r2 r3"), msg("user", "q5 q6 q7")), 8, 1.0)
+    other = Turn((sys_, msg("user", "x1 x2 x3 x4")), 8, 0.0)
+    users = [VirtualUser("u0", "S1", 0, (t1, t2)), VirtualUser("u1", "S2", 0, (other,))]
+    r = reuse_opportunity(users, encode, block_tokens=4, kv_bytes_per_token=10)
+    # turn 1: 9 new; turn 2 (17): its first 2 blocks were sent by S1 -> 8 history, 9 new;
+    # S2 (9): the system block was first sent by S1 -> 4 cross-session, 5 new
+    assert (r["prompt_tokens"], r["history_reuse_tokens"], r["cross_session_reuse_tokens"], r["new_tokens"]) == (
+        35, 8, 4, 23,
+    )  # fmt: skip
+    assert r["history_reuse_fraction"] == round(8 / 35, 6) and r["new_fraction"] == round(23 / 35, 6)
+    assert r["session_max_prompt_tokens"] == {"mean": 13.0, "p50": 13.0, "max": 17}
+    assert r["kv_bytes_per_session"] == {"mean": 130, "p50": 130, "max": 170}
+    assert r["working_set"] == [
+        {"requests": 1, "tokens": 8, "bytes": 80},
+        {"requests": 2, "tokens": 16, "bytes": 160},
+        {"requests": 3, "tokens": 20, "bytes": 200},
+    ]
+
+
+def test_reuse_without_a_known_model_has_token_figures_only():
+    t = Turn((msg("user", "a b c d e f g"),), 8, 0.0)
+    r = reuse_opportunity([VirtualUser("u", "S", 0, (t, t))], encode, block_tokens=4)
+    assert r["kv_bytes_per_session"] is None and r["working_set"][-1]["bytes"] is None
+    assert r["history_reuse_tokens"] == 8 and r["new_tokens"] == 8  # "user: a b c" "d e f g" then reused
+
+
+def test_progress_lines_say_where_the_run_is():
+    recs = [
+        {"user": "u0", "status": "ok", "ttft_s": 0.1}, {"user": "u0", "status": "ok", "ttft_s": 0.3},
+        {"user": "u1", "status": "http_500", "ttft_s": None},
+    ]  # fmt: skip
+    s = snapshot(recs, total=6, turns=2, users=3, in_flight=2, rates={"prefix_cache_hit_rate": 0.5})
+    assert (s["done"], s["failed"], s["sessions_complete"], s["sessions_error"], s["sessions_open"]) == (3, 1, 1, 1, 1)
+    assert s["ttft_p50_s"] == pytest.approx(0.2)
+    out = io.StringIO()
+    with ReplayProgress("plain", out) as p:
+        p.tick(12.5, s)
+    line = out.getvalue()
+    assert line.startswith("[kvtier replay] t=  12.5s requests=3/6 in_flight=2 sessions ok/open/error=1/1/1")
+    assert "prefix_cache=0.50" in line and "failed=1" in line
+    quiet = io.StringIO()
+    with ReplayProgress("none", quiet) as p:
+        p.tick(1.0, s)
+    assert quiet.getvalue() == ""

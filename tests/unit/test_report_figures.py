@@ -1,0 +1,57 @@
+"""The report's reading of requests.jsonl: the fast path and the JSON fallback agree, and a broken line is
+named; and its sentences state the direction of a change correctly."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kvtier.errors import DatasetError
+from kvtier.replay.client import new_record
+from kvtier.replay.datasets import VirtualUser
+from kvtier.report.figures import HIGHER, LOWER, Figure, Loaded, ReplayRecords, sentences
+
+
+def _record(turn: int, status: str, ttft: float | None, e2e: float | None, n: int | None, t: float, **extra):
+    """A record as the client makes it (its field order is what the fast path reads), then filled in."""
+    r = new_record(VirtualUser("u", "s", 0, ()), turn, 8)
+    r.update({"status": status, "http_status": 200, "ttft_s": ttft, "itl_s": [0.001, 0.002], "e2e_s": e2e,
+              "prompt_tokens": 10, "completion_tokens": n, "cached_tokens": 0, "start_unix_s": t})  # fmt: skip
+    r.update(extra)
+    return r
+
+
+def test_fast_path_and_json_agree(tmp_path: Path):
+    recs = [
+        _record(0, "ok", 0.5, 1.5, 11, 100.0),
+        _record(1, "ok", 0.25, 0.35, 1, 101.0),  # one token: no TPOT
+        _record(2, "http_500", None, None, None, 102.0),
+        _record(3, "ok", 0.1, 0.6, 6, 103.0, rank=2),  # a field after start_unix_s: the JSON path
+    ]
+    p = tmp_path / "requests.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    r = ReplayRecords.read(p)
+    assert r is not None
+    assert r.turn.tolist() == [0, 1, 2, 3] and r.ok.tolist() == [True, True, False, True]
+    assert r.ttft_s[0] == 0.5 and math.isnan(r.ttft_s[2]) and r.ttft_s[3] == 0.1
+    assert r.tpot_s[0] == pytest.approx(0.1) and math.isnan(r.tpot_s[1]) and r.tpot_s[3] == pytest.approx(0.1)
+    assert r.start_s.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert r.ttft_ok(later=True).tolist() == [0.25, 0.1] and r.ttft_ok(later=False).tolist() == [0.5]
+    p.write_text(json.dumps(recs[0]) + "\n{not json\n")
+    with pytest.raises(DatasetError, match=r"requests.jsonl:2: not valid JSON"):
+        ReplayRecords.read(p)
+
+
+def test_sentences_say_better_or_worse():
+    base = Loaded("a", "none", "replay", None, figures=[Figure("TTFT p95 s", 1.0, "s", LOWER),
+                                                        Figure("requests/s", 10.0, "req/s", HIGHER)])  # fmt: skip
+    other = Loaded("b", "cpu", "replay", None, figures=[Figure("TTFT p95 s", 0.36, "s", LOWER),
+                                                        Figure("requests/s", 9.0, "req/s", HIGHER)])  # fmt: skip
+    assert sentences(base, other) == [
+        "cpu: TTFT p95 s -64 % vs none (better)",
+        "cpu: requests/s -10 % vs none (worse)",
+    ]
+    assert sentences(base, other, threshold_pct=20) == ["cpu: TTFT p95 s -64 % vs none (better)"]
