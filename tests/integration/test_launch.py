@@ -76,7 +76,7 @@ def replicas_busy(rec: dict[str, Any]) -> bool:
     return True
 
 
-def launch_then(out: Path, tier: str, replay: list[str], during: Any) -> tuple[int, str]:
+def launch_then(out: Path, tier: str, replay: list[str], during: Any, *extra: str) -> tuple[int, str]:
     """Run a 2-replica sim launch in the background; once its processes are healthy (launch.json
     exists) wait until both replicas are serving, call ``during(proc, record)``, and let the run end."""
     proc = subprocess.Popen(
@@ -91,6 +91,7 @@ def launch_then(out: Path, tier: str, replay: list[str], during: Any) -> tuple[i
             "2",
             "--output",
             str(out),
+            *extra,
             "--",
             "replay",
             *replay,
@@ -381,9 +382,15 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
             "1",
         ],
         lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
+        "--health-interval",
+        "0.3",
     )  # once streams are in flight on both replicas
     assert rc == 0, err[-3000:]
     rec = json.loads((out / "launch.json").read_text())
+    # the health watch saw the replica die, said so on stderr, and kept it as an event
+    assert "kvtier launch: replica1: exited (status -9)" in err
+    assert any(e["event"] == "replica1: exited (status -9)" for e in rec["events"])
+    assert not any(e["event"].startswith(("replica0:", "sidecar:")) for e in rec["events"])  # the others stayed healthy
     summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
     reqs = requests_of(out)
     failed = [r for r in reqs if r["status"] != "ok"]

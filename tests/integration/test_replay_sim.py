@@ -139,3 +139,31 @@ def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
     s = json.loads((tmp_path / "out" / "summary.json").read_text())["summary"]
     assert s["requests_failed"] >= 1 and s["sessions"]["error"] >= 1
     assert proc.returncode == (0 if s["requests_ok"] else 1), err
+
+
+def test_synthetic_sessions_against_sim_grow_by_isl_and_osl_each_turn(tmp_path):
+    """--synthetic: the server counts each turn's prompt as the last one plus one reply and one new user
+    message: a constant step of ISL + OSL (+ the template's tokens for two messages) on every turn."""
+    sim = start_sim(tmp_path, "--offload", "cpu", "--cpu-offload-gb", "0.5", "--gpu-kv-gb", "0.2")
+    try:
+        p = subprocess.run(
+            kvtier_cmd()
+            + ["replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--synthetic", "--users", "3",
+               "--turns", "4", "--isl", "300", "--osl", "20", "--shared-prefix", "512", "--concurrency", "3",
+               "--output", str(tmp_path / "out"), "--scrape-interval", "0.5", "--progress", "none"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        stop_sim(sim)
+    assert p.returncode == 0, p.stderr
+    assert "3 sessions in synthetic (synthetic) give 3 virtual users of 4 turns" in p.stderr
+    reqs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    by: dict[str, dict[int, int]] = {}
+    for r in reqs:
+        by.setdefault(r["user"], {})[r["turn"]] = r["prompt_tokens"]
+    steps = {b[k + 1] - b[k] for b in by.values() for k in range(3)}
+    assert len(steps) == 1 and 320 <= steps.pop() <= 340  # 300 + 20 + a few template tokens
+    assert all(r["completion_tokens"] <= 20 for r in reqs)
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["dataset"]["format"] == "synthetic" and s["config"]["num_rounds"] == 4
+    assert s["reuse_opportunity"]["cross_session_reuse_tokens"] > 0  # the shared 512-token system prompt

@@ -64,8 +64,8 @@ def replay(cfg: ReplayConfig) -> int:
 
     def on_start(plan: ReplayPlan) -> None:
         print(
-            f"kvtier replay: {len(plan.dataset.sessions)} sessions in {cfg.dataset} ({plan.dataset.format}) give "
-            f"{len(plan.users)} virtual users of {cfg.num_rounds} turns",
+            f"kvtier replay: {len(plan.dataset.sessions)} sessions in {cfg.dataset or 'synthetic'} "
+            f"({plan.dataset.format}) give {len(plan.users)} virtual users of {plan.config.num_rounds} turns",
             file=sys.stderr,
         )
         r = plan.reuse

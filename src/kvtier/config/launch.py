@@ -21,6 +21,9 @@ class LaunchConfig(StrictModel):
     engine: Literal["vllm", "sim"] = flag(..., "serving engine of the replicas")
     build: Literal["nvidia", "amd"] = flag("nvidia", "GPU vendor build of the profile")
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
+    health_interval: float = flag(
+        10.0, "seconds between checks of every process's health while the replay runs (changes are events)", gt=0
+    )
     dry_run: bool = flag(False, "print every command, one per line; start nothing")
     output: str | None = flag(None, "result folder (required unless --dry-run)")
     profiles: str | None = flag(None, "profiles YAML (default: the packaged kvtier/launch/profiles.yaml)")

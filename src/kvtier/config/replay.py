@@ -27,7 +27,15 @@ class ReplayConfig(StrictModel):
         "auto", "counts recorded output text into max_tokens where a dataset has no counts"
     )
     agentic_tools: bool = flag(False, "gpt-oss mode: send a tools schema naming every function the traces call")
-    num_rounds: int = flag(5, "turns per virtual user", ge=1)
+    num_rounds: int = flag(5, "turns per virtual user (with --synthetic: --turns unless given)", ge=1)
+    synthetic: bool = flag(False, "synthetic sessions instead of --dataset: --users x --turns, --isl/--osl tokens")
+    users: int = flag(8, "--synthetic: sessions", ge=1, le=100_000)
+    turns: int = flag(5, "--synthetic: turns per session", ge=1, le=10_000)
+    isl: int = flag(512, "--synthetic: new input tokens per turn", ge=1, le=1_000_000)
+    osl: int = flag(128, "--synthetic: output tokens per turn (max_tokens, and the recorded reply's length)", ge=1,
+                    le=1_000_000)  # fmt: skip
+    shared_prefix: int = flag(0, "--synthetic: tokens of a system prompt every session shares", ge=0, le=10_000_000)
+    synthetic_seed: int = flag(0, "--synthetic: seed of the words")
     min_chunk_rounds: int = flag(0, "sessions shorter than this give no user", ge=0)
     user_order: Literal["interleave", "session"] = flag(
         "interleave", "dispatch order of virtual users: round-robin over sessions, or session by session"
@@ -73,7 +81,9 @@ class ReplayConfig(StrictModel):
     def missing(self) -> list[str]:
         """Flags a run needs that are not set."""
         return [
-            f"--{name.replace('_', '-')}" for name in ("base_url", "model", "dataset") if getattr(self, name) is None
+            f"--{name.replace('_', '-')}"
+            for name in ("base_url", "model", "dataset")
+            if getattr(self, name) is None and not (name == "dataset" and self.synthetic)
         ]
 
     @property

@@ -34,7 +34,7 @@ from kvtier.errors import KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
 from kvtier.launch.devices import VISIBLE, Inventory, child_env, discover, place
 from kvtier.launch.engines import EngineCheck, check_engines
-from kvtier.launch.procs import Supervisor, free_ports, port_in_use
+from kvtier.launch.procs import HealthWatch, Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.report.envelope import (
     ResultWarning,
@@ -360,6 +360,15 @@ def _get_json(url: str) -> tuple[Any, dict[str, str]]:
         return json.loads(r.read(1 << 20)), dict(r.headers)
 
 
+def _starting(name: str) -> Callable[[float, str], None]:
+    """A line every 10 s while a process starts (a model loading for minutes is not silence)."""
+
+    def say(seconds: float, state: str) -> None:
+        print(f"kvtier launch: {name} starting: {seconds:.0f} s, {state}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def _identify(lp: LaunchPlan, p: ProcPlan) -> Callable[[], str | None]:
     """A check that the server answering ``p``'s health URL is ``p`` (None) or why not: a replica
     lists the served model (and, for a sim replica, names itself in x-kvtier-replica); a kvtier
@@ -514,16 +523,16 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             proc = sup.start(p, argv)
             rec.pids[p.name] = proc.popen.pid
             if p is lp.sidecar:  # exactly one sidecar, healthy before any replica connects to it
-                dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p))
+                dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p), _starting(p.name))
                 rec.event(f"sidecar healthy after {dt:.1f} s ({p.health})")
         for p, proc in zip(lp.replicas, sup.procs[len(lp.processes) - len(lp.replicas) :], strict=True):
-            dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p))
+            dt = sup.wait_healthy(proc, p.health, p.startup_timeout_s, _identify(lp, p), _starting(p.name))
             rec.event(f"{p.name} healthy after {dt:.1f} s ({p.health})")
         if cp is not None:
             _refuse_busy_ports("caddy", [int(lp.ports["caddy"] or 0)])
             proc = sup.start(cp)
             rec.pids["caddy"] = proc.popen.pid
-            dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s)
+            dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s, None, _starting("caddy"))
             rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {POLICY[cfg.tier]}, {lp.front_url})")
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
         if cfg.tier == "nvme":  # what the device under the NVMe tier did while the replay ran
@@ -542,7 +551,11 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             result = _replay_over_mpi(lp, folder)
             write_json(result, Path(folder) / "summary.json")  # rank 0's records are in requests.jsonl
         else:
-            result, records = replay_execute(replay_plan)
+            watched = [(pp.name, pr, pp.health) for pp, pr in zip(lp.processes, sup.procs, strict=False)]
+            if cp is not None:
+                watched.append(("caddy", sup.procs[-1], cp.health))
+            with HealthWatch(watched, lambda name, state: rec.event(f"{name}: {state}"), cfg.health_interval):
+                result, records = replay_execute(replay_plan)
             result.server.launch = lp.identity(rec.engines)
             signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
             write_outputs(result, records, folder)

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,14 +105,22 @@ class Supervisor:
         return proc
 
     def wait_healthy(
-        self, proc: Proc, url: str, timeout_s: float, identify: Callable[[], str | None] | None = None
+        self,
+        proc: Proc,
+        url: str,
+        timeout_s: float,
+        identify: Callable[[], str | None] | None = None,
+        waiting: Callable[[float, str], None] | None = None,
+        every_s: float = 10.0,
     ) -> float:
         """Seconds until our process is alive, ``url`` answers 2xx and ``identify()`` (when given)
         finds the answering server to be ours (None; else a reason); LaunchError (with the log's tail)
         if the process exits or the time runs out. The process is checked first: another server
-        answering on its port must not pass for it."""
+        answering on its port must not pass for it. ``waiting(seconds, state)`` is told every ``every_s``
+        while it waits (a model loading for minutes is not silence)."""
         t0 = time.monotonic()
         why = "it never answered"
+        next_word = t0 + every_s
         while True:
             if proc.popen.poll() is not None:
                 raise LaunchError(
@@ -127,6 +136,11 @@ class Supervisor:
                     f"{proc.name}: {url} did not answer as {proc.name} within {timeout_s:.0f} s "
                     f"({why or 'no answer'}); log {proc.log}:\n{tail(proc.log)}"
                 )
+            if waiting is not None and time.monotonic() >= next_word:
+                next_word += every_s
+                last = tail(proc.log, 1).strip()[:160]
+                state = "not answering yet" if why == "it never answered" else f"answering, not as ours: {why}"
+                waiting(time.monotonic() - t0, f"{state}; log: {last or '(empty)'}")
             time.sleep(0.1)
 
     def stop(self, proc: Proc, grace_s: float = 15.0) -> None:
@@ -165,6 +179,41 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+class HealthWatch:
+    """While the replay runs: each process's state every ``every_s`` — exited (with its status), healthy
+    (its health URL answers 2xx) or not answering — and ``changed(name, state)`` on every change."""
+
+    def __init__(self, watched: list[tuple[str, Proc, str]], changed: Callable[[str, str], None],
+                 every_s: float = 10.0) -> None:  # fmt: skip
+        self.watched = watched
+        self.changed = changed
+        self.every_s = every_s
+        self.states = {name: "healthy" for name, _, _ in watched}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvtier-health-watch", daemon=True)
+
+    def check(self) -> None:
+        for name, proc, url in self.watched:
+            rc = proc.popen.poll()
+            state = f"exited (status {rc})" if rc is not None else "healthy" if http_ok(url) else "not answering"
+            if state != self.states[name]:
+                self.states[name] = state
+                self.changed(name, state)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.check()
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.check()  # once more at the end: a process that died in the last interval is said too
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -172,4 +221,4 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-__all__ = ["Supervisor", "Proc", "LaunchError", "free_ports", "http_ok", "port_in_use", "tail"]
+__all__ = ["Supervisor", "Proc", "HealthWatch", "LaunchError", "free_ports", "http_ok", "port_in_use", "tail"]

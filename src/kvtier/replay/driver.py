@@ -53,10 +53,23 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     """Check the flags, read the dataset and cut it into virtual users (no request is sent)."""
     from kvtier.replay.client import event_loop_kind
 
-    if cfg.base_url is None or cfg.model is None or cfg.dataset is None:
+    if cfg.missing():
         raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
     tokenizer = load_tokenizer(cfg.tokenizer)
-    loaded = load_sessions(cfg.dataset, cfg.dataset_format, tokenizer.count)
+    if cfg.synthetic:
+        from kvtier.replay.synthetic import synthetic_dataset
+
+        if cfg.dataset is not None:
+            raise ConfigError("--synthetic: give either --dataset or --synthetic, not both")
+        if "num_rounds" not in cfg.model_fields_set:
+            cfg = cfg.model_copy(update={"num_rounds": cfg.turns})
+        elif cfg.num_rounds > cfg.turns:
+            raise ConfigError(f"--num-rounds {cfg.num_rounds} exceeds --turns {cfg.turns}: no virtual user")
+        loaded = synthetic_dataset(cfg.users, cfg.turns, cfg.isl, cfg.osl, cfg.shared_prefix, tokenizer,
+                                   cfg.synthetic_seed)  # fmt: skip
+    else:
+        assert cfg.dataset is not None  # missing() said so otherwise
+        loaded = load_sessions(cfg.dataset, cfg.dataset_format, tokenizer.count)
     users = virtual_users(loaded.sessions, cfg.num_rounds, cfg.min_chunk_rounds, cfg.user_order)
     if not users:
         raise DatasetError(f"{cfg.dataset}: no session has {cfg.num_rounds} turns; lower --num-rounds")
@@ -263,7 +276,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
             "warnings": warnings,
             "wall_s": round(wall, 3),
             "dataset": {
-                "path": str(cfg.dataset),
+                "path": "synthetic" if cfg.synthetic else str(cfg.dataset),
                 "format": plan.dataset.format,
                 "sessions": len(plan.dataset.sessions),
                 "virtual_users": len(plan.users),
