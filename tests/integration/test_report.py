@@ -151,3 +151,13 @@ def test_replay_says_its_progress_and_its_reuse_opportunity(results: dict[str, P
     assert r["requests"] == 24 and r["kv_model"] == "tiny-1b" and r["kv_bytes_per_token"] == 24576
     assert r["history_reuse_tokens"] + r["cross_session_reuse_tokens"] + r["new_tokens"] == r["prompt_tokens"]
     assert r["history_reuse_fraction"] > 0.5  # each turn resends the conversation so far
+
+
+def test_the_offload_tiers_own_counters_are_beside_the_client_figures(results: dict[str, Path]):
+    cpu = json.loads((results["cpu"] / "summary.json").read_text())["server_metrics"][0]
+    assert cpu["lmcache_lookup_requested_tokens"] > 0 and cpu["lmcache_chunks_loaded"] is not None
+    assert 0 <= cpu["lmcache_lookup_hit_tokens"] <= cpu["lmcache_lookup_requested_tokens"]
+    assert cpu["lmcache_l1_usage_bytes_max"] > 0  # the CPU tier held chunks at some scrape
+    assert cpu["lmcache_chunks_stored"] is None  # the sim replica does not expose it: null, never a made-up 0
+    none = json.loads((results["none"] / "summary.json").read_text())["server_metrics"][0]
+    assert not none["lmcache_lookup_requested_tokens"]  # no offload tier: nothing looked up there

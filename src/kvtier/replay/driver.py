@@ -256,14 +256,17 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                     scrape_errors=m.scrape_errors,
                 )
             )
-        elif m.external_prefix_cache_queries and not m.external_prefix_cache_hits:
+        elif (m.external_prefix_cache_queries and not m.external_prefix_cache_hits) or (
+            m.lmcache_lookup_requested_tokens and not m.lmcache_lookup_hit_tokens
+        ):
+            asked = m.external_prefix_cache_queries or m.lmcache_lookup_requested_tokens or 0.0
             warnings.append(
                 warning(
                     WarningCode.offload_never_exercised,
-                    f"{m.url}: the server looked up {m.external_prefix_cache_queries:,.0f} tokens in "
-                    "its offload tier and found none: the offload tier never served a hit",
+                    f"{m.url}: the server looked up {asked:,.0f} tokens in its offload tier and found none: "
+                    "the offload tier never served a hit",
                     url=m.url,
-                    external_queries_tokens=m.external_prefix_cache_queries,
+                    external_queries_tokens=asked,
                 )
             )
     result = ReplayResult.model_validate(

@@ -30,6 +30,19 @@ RATES = {
     ),
     "lmcache_lookup_hit_rate": ("lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"),
 }
+OFFLOAD_COUNTERS = {  # LMCache MP server counters (facts.md): whole-run deltas; a missing series stays null
+    "lmcache_lookup_requested_tokens": "lmcache_mp_lookup_requested_tokens_total",
+    "lmcache_lookup_hit_tokens": "lmcache_mp_lookup_hit_tokens_total",
+    "lmcache_lookup_hit_l1_tokens": "lmcache_mp_lookup_hit_l1_tokens_total",
+    "lmcache_lookup_hit_l2_tokens": "lmcache_mp_lookup_hit_l2_tokens_total",
+    "lmcache_chunks_loaded": "lmcache_mp_num_chunks_loaded_total",
+    "lmcache_chunks_stored": "lmcache_mp_num_chunks_stored_total",
+}
+OFFLOAD_GAUGES = {  # sampled: the most seen over the run
+    "lmcache_l1_usage_bytes_max": "lmcache_mp_l1_memory_usage_bytes",
+    "lmcache_l2_usage_bytes_max": "lmcache_mp_l2_usage_bytes",
+    "lmcache_l1_evicted_chunks_max": "lmcache_mp_l1_evicted_chunks",
+}
 HISTS = {
     "prefill_time_s": "vllm:request_prefill_time_seconds",
     "queue_time_s": "vllm:request_queue_time_seconds",
@@ -133,6 +146,11 @@ class Scraper:
             out[name + "_series"] = series
             if name == "external_prefix_cache_hit_rate":
                 out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
+        for key, name in OFFLOAD_COUNTERS.items():
+            out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
+        for key, name in OFFLOAD_GAUGES.items():
+            seen = [x[name] for _, x in s if name in x]
+            out[key] = max(seen) if seen else None
         usage = [x["vllm:kv_cache_usage_perc"] for _, x in s if "vllm:kv_cache_usage_perc" in x]
         out["kv_cache_usage_perc_mean"] = round(sum(usage) / len(usage), 6) if usage else None
         first, last = s[0][1], s[-1][1]

@@ -64,6 +64,16 @@ class ScrapeSummary(Section):
     lmcache_lookup_hit_rate_series: list[RatePoint] | None = None
     external_prefix_cache_queries: float | None = None
     external_prefix_cache_hits: float | None = None
+    # the offload tier's own counters (LMCache MP names), whole-run deltas; gauges as the most seen
+    lmcache_lookup_requested_tokens: float | None = None
+    lmcache_lookup_hit_tokens: float | None = None
+    lmcache_lookup_hit_l1_tokens: float | None = None
+    lmcache_lookup_hit_l2_tokens: float | None = None
+    lmcache_chunks_loaded: float | None = None
+    lmcache_chunks_stored: float | None = None
+    lmcache_l1_usage_bytes_max: float | None = None
+    lmcache_l2_usage_bytes_max: float | None = None
+    lmcache_l1_evicted_chunks_max: float | None = None
     kv_cache_usage_perc_mean: float | None = None
     prefill_time_s_mean: float | None = None
     queue_time_s_mean: float | None = None
