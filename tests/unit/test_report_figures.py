@@ -55,3 +55,9 @@ def test_sentences_say_better_or_worse():
         "cpu: requests/s -10 % vs none (worse)",
     ]
     assert sentences(base, other, threshold_pct=20) == ["cpu: TTFT p95 s -64 % vs none (better)"]
+
+
+def test_a_change_of_a_percentage_is_said_in_points():
+    base = Loaded("a", "none", "replay", None, figures=[Figure("TTFT degradation median %", 4.2, "%", LOWER)])
+    other = Loaded("b", "cpu", "replay", None, figures=[Figure("TTFT degradation median %", -37.5, "%", LOWER)])
+    assert sentences(base, other) == ["cpu: TTFT degradation median % -41.7 points vs none (better)"]

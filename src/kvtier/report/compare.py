@@ -34,6 +34,7 @@ BENCH_FIXED = (
 class Row:
     name: str
     better: str
+    unit: str  # "%": the first condition's value is compared by difference (points), not by ratio
     values: list[float | None]  # per condition: the median over its trials
     cv: list[float | None]  # per condition: stdev / mean over its trials (None for one trial)
     ratio: list[float | None]  # per condition: value / the first condition's
@@ -99,12 +100,12 @@ def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
     if len(kinds) != 1 or kinds - {"bench", "replay"}:
         raise DatasetError(f"compare: bench results or replay results, one kind at a time (got {sorted(kinds)})")
     problems, differs = _problems(conditions)
-    names: list[tuple[str, str]] = []
+    names: list[tuple[str, str, str]] = []
     for c in conditions:
         for it in c:
-            names += [(f.name, f.better) for f in it.figures if (f.name, f.better) not in names]
+            names += [(f.name, f.better, f.unit) for f in it.figures if (f.name, f.better, f.unit) not in names]
     rows = []
-    for name, better in names:
+    for name, better, unit in names:
         vals: list[float | None] = []
         cvs: list[float | None] = []
         for c in conditions:
@@ -113,7 +114,7 @@ def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
             mean = statistics.fmean(xs) if xs else 0.0
             cvs.append(statistics.stdev(xs) / abs(mean) if len(xs) >= 2 and mean else None)
         ratio = [None if v is None or not vals[0] else v / vals[0] for v in vals]
-        rows.append(Row(name, better, vals, cvs, ratio))
+        rows.append(Row(name, better, unit, vals, cvs, ratio))
     labels = [c[0].label if len(c) == 1 else f"{c[0].label} (+{len(c) - 1})" for c in conditions]
     return Comparison(labels, [len(c) for c in conditions], rows, problems, differs)
 
@@ -121,11 +122,13 @@ def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
 def render(c: Comparison) -> str:
     """The table as text: value (ratio to the first, ± noise across trials)."""
 
-    def cell(v: float | None, r: float | None, cv: float | None, first: bool) -> str:
+    def cell(v: float | None, r: float | None, cv: float | None, first: bool, base: float | None, unit: str) -> str:
         if v is None:
             return "—"
         s = f"{v:.4g}"
-        if not first and r is not None:
+        if not first and unit == "%" and base is not None:
+            s += f" ({v - base:+.1f} pts)"
+        elif not first and r is not None:
             s += f" ({r:.2f}x)"
         if cv is not None:
             s += f" ±{cv * 100:.0f}%"
@@ -135,7 +138,10 @@ def render(c: Comparison) -> str:
     cols = [max(len(lbl), 22) for lbl in c.labels]
     lines = [" " * width + "".join(f"{lbl:>{w + 2}}" for lbl, w in zip(c.labels, cols))]
     for row in c.rows:
-        cells = [cell(v, r, cv, i == 0) for i, (v, r, cv) in enumerate(zip(row.values, row.ratio, row.cv))]
+        cells = [
+            cell(v, r, cv, i == 0, row.values[0], row.unit)
+            for i, (v, r, cv) in enumerate(zip(row.values, row.ratio, row.cv))
+        ]
         lines.append(f"{row.name:<{width}}" + "".join(f"{x:>{w + 2}}" for x, w in zip(cells, cols)))
     if any(n > 1 for n in c.trials):
         lines.append("(median over trials; ± is the coefficient of variation across a condition's trials)")

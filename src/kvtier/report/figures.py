@@ -237,11 +237,18 @@ def sentences(base: Loaded, other: Loaded, threshold_pct: float = 5.0, most: int
         b = base.figure(f.name)
         if b is None or not f.better:
             continue
-        c = change_pct(b.value, f.value)
-        if c is None or abs(c) < threshold_pct:
-            continue
+        if f.unit == "%":  # a change of a percentage is said in points: a relative change of one is no figure
+            if b.value is None or f.value is None or abs(f.value - b.value) < threshold_pct:
+                continue
+            c = f.value - b.value
+            said = f"{c:+.1f} points"
+        else:
+            ch = change_pct(b.value, f.value)
+            if ch is None or abs(ch) < threshold_pct:
+                continue
+            c, said = ch, f"{ch:+.0f} %"
         good = (c < 0) == (f.better == LOWER)
-        found.append((abs(c), f"{other.label}: {f.name} {c:+.0f} % vs {base.label} ({'better' if good else 'worse'})"))
+        found.append((abs(c), f"{other.label}: {f.name} {said} vs {base.label} ({'better' if good else 'worse'})"))
     found.sort(key=lambda x: -x[0])
     return [s for _, s in found[:most]]
 
