@@ -355,6 +355,11 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
     assert isinstance(typed, LaunchResult) and typed.status == "complete" and typed.exit_status == 0
     assert typed.stop_reason.code == "dataset-finished" and typed.config.replay.base_url is None
     assert isinstance(load(out / "replay"), ReplayResult)
+    from kvtier.report.html import write_report  # kvtier report reads launch.json and the replay beside it
+
+    info = write_report([str(out / "launch.json"), str(out / "replay")], str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "Launches" in page and "TTFT distribution" in page and info["results"] == ["run", "replay"]
     assert_no_orphans(out)
 
 

@@ -75,6 +75,13 @@ def test_two_ranks_share_one_window_and_pool_exactly(tmp_path: Path):
     assert agg["ranks"][1]["result_file"] == str(tmp_path / "out.rank_1.json")
     typed = load(out)  # the aggregate reads back into its typed model, every key validated
     assert isinstance(typed, BenchAggregate) and typed.totals.requests_completed == t["requests_completed"]
+    from kvtier.report.html import write_report  # and kvtier report shows it beside a rank's own result
+
+    info = write_report([str(out), str(tmp_path / "out.rank_0.json")], str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert (
+        "MPI bench runs (aggregates)" in page and "ranks reported" in page and info["results"] == ["out", "out.rank_0"]
+    )
 
 
 def test_a_rank_that_cannot_start_stops_the_run_before_the_load(tmp_path: Path):
