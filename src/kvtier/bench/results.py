@@ -18,6 +18,7 @@ import numpy as np
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.service import CUT
 from kvtier.bench.setup import Components, Plan
+from kvtier.bench.validation import validation_section
 from kvtier.config.bench import BenchConfig
 from kvtier.report.bench import OPS, TIER_NAMES, BenchResult, pct_key
 from kvtier.report.envelope import ResultWarning, Status, WarningCode, collect_host, iso, utc_now, warning
@@ -653,12 +654,6 @@ def device_section(
         "sampler_cpu_seconds": round(sampler.cpu_seconds, 6),
         "sampler_cpu_fraction": round(sampler.cpu_seconds / seconds, 6),
     }
-
-
-def validation_section(trace: Any, path: str, requests: list[Any]) -> dict[str, Any]:
-    from kvtier.bench.validation import validation_section as section
-
-    return section(trace, path, requests)
 
 
 def io_trace_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.stats import percentile
 from kvtier.telemetry.recorder import RequestRecord
 from kvtier.workload.traces import Trace
 
@@ -43,8 +44,8 @@ def _describe(a: np.ndarray) -> dict[str, float]:
     return {
         "count": int(a.size),
         "mean": round(float(a.mean()), 6),
-        "p50": round(float(np.percentile(a, 50)), 6),
-        "p95": round(float(np.percentile(a, 95)), 6),
+        "p50": round(percentile(a, 50) or 0.0, 6),
+        "p95": round(percentile(a, 95) or 0.0, 6),
     }
 
 

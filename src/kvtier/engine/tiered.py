@@ -254,6 +254,12 @@ class TieredStore:
                 e.tier, e.size, e.moving = -1, 0, False
                 self._space.notify_all()
 
+    def _done(self, tier: str, op: str, cause: str, key: str, nbytes: int, timing: IOTiming) -> None:
+        """A completed operation, told to the sink and (trace mode) the I/O log: the one place both learn of it."""
+        self.sink.tier_op(tier, op, cause, nbytes, timing)
+        if self.io_log is not None:
+            self.io_log.io(op, tier, key, cause, nbytes)
+
     def _release(self, i: int, size: int) -> None:
         with self._lock:
             self._tiers[i].used -= size
@@ -395,11 +401,8 @@ class TieredStore:
             e.tier, e.size, e.moving = j, size, False
             dst.policy.insert(e.key)
             self._space.notify_all()
-        self.sink.tier_op(src.backend.name, "read", read_cause, e.nbytes, read_t)
-        self.sink.tier_op(dst.backend.name, "write", write_cause, e.nbytes, write_t)
-        if self.io_log is not None:
-            self.io_log.io("read", src.backend.name, e.key, read_cause, e.nbytes)
-            self.io_log.io("write", dst.backend.name, e.key, write_cause, e.nbytes)
+        self._done(src.backend.name, "read", read_cause, e.key, e.nbytes, read_t)
+        self._done(dst.backend.name, "write", write_cause, e.key, e.nbytes, write_t)
         return read_t
 
     # -- public operations -------------------------------------------------------------------
@@ -459,9 +462,7 @@ class TieredStore:
             if previous is not None:  # a concurrent put of the same key won; keep theirs
                 t.backend.delete(key)
                 self._release(i, size)
-            self.sink.tier_op(t.backend.name, "write", "request", nbytes, timing)
-            if self.io_log is not None:
-                self.io_log.io("write", t.backend.name, key, "request", nbytes)
+            self._done(t.backend.name, "write", "request", key, nbytes, timing)
             return PutResult(t.backend.name, timing)
         if last_error is not None:
             raise last_error
@@ -493,9 +494,7 @@ class TieredStore:
                     self._remove(e)
                     self.sink.count("entries_dropped_unreadable")
                 raise
-        self.sink.tier_op(t.backend.name, "read", "request", e.nbytes, timing)
-        if self.io_log is not None:
-            self.io_log.io("read", t.backend.name, key, "request", e.nbytes)
+        self._done(t.backend.name, "read", "request", key, e.nbytes, timing)
         return GetResult(True, t.backend.name, e.nbytes, timing)
 
     def _try_promote(self, e: _Entry, buf: memoryview) -> GetResult | None:
@@ -551,9 +550,7 @@ class TieredStore:
             self._entries[key] = e
             t.policy.insert(key)
             self._space.notify_all()
-        self.sink.tier_op(tier, "write", "request", nbytes, timing)
-        if self.io_log is not None:
-            self.io_log.io("write", tier, key, "request", nbytes)
+        self._done(tier, "write", "request", key, nbytes, timing)
         return PutResult(tier, timing)
 
     def move(self, key: str, tier: str, buf: memoryview) -> bool:

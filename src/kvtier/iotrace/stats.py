@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.iotrace.common import TIER_NAMES, tier_label
 from kvtier.stats import percentile
-from kvtier.telemetry.iotrace import IOTrace
+from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace
 
 
 def _split(trace: IOTrace, mask: np.ndarray) -> dict[str, int]:
@@ -127,12 +126,12 @@ def _pcts(a: np.ndarray) -> dict[str, float | None]:
     }
 
 
-def reuse_section(trace: IOTrace) -> dict[str, Any]:
+def reuse_section(trace: IOTrace, working_set_bytes: int) -> dict[str, Any]:
     d_objs, d_bytes, cold = reuse_distances(trace)
     reads = int((trace.op == 0).sum())
     curve = []
     if d_bytes.size:
-        ws = int(sum(int(s) for s in _last_sizes(trace).values()))
+        ws = working_set_bytes
         for frac in (0.01, 0.05, 0.1, 0.25, 0.5, 1.0):
             cap = int(ws * frac)
             curve.append({"cache_bytes": cap, "read_hit_fraction": round(float((d_bytes < cap).sum()) / reads, 6)})
@@ -158,8 +157,8 @@ def trace_stats(trace: IOTrace, interval_s: float = 1.0) -> dict[str, Any]:
     by_tier: dict[str, Any] = {}
     for t in sorted(set(trace.tier.tolist())):
         m = trace.tier == t
-        by_tier[tier_label(t)] = {
-            "tier": TIER_NAMES.get(t, str(t)),
+        by_tier[f"Tier-{t}"] = {
+            "tier": TIER_BY_NUMBER.get(t, str(t)),
             "read": _split(trace, m & reads),
             "write": _split(trace, m & writes),
         }
@@ -171,6 +170,7 @@ def trace_stats(trace: IOTrace, interval_s: float = 1.0) -> dict[str, Any]:
     ops_rates = [p["ops_per_s"] for p in timeline]
     sizes = trace.size
     working = _last_sizes(trace)
+    ws_bytes = int(sum(working.values()))
     return {
         "path": trace.path,
         "rows": len(trace),
@@ -187,7 +187,7 @@ def trace_stats(trace: IOTrace, interval_s: float = 1.0) -> dict[str, Any]:
         "by_tier": by_tier,
         "by_phase": by_phase,
         "objects": len(working),
-        "working_set_bytes": int(sum(working.values())),
+        "working_set_bytes": ws_bytes,
         "object_size_bytes": {
             "mean": round(float(sizes.mean()), 1),
             "p50": _p(sizes, 50),
@@ -198,7 +198,7 @@ def trace_stats(trace: IOTrace, interval_s: float = 1.0) -> dict[str, Any]:
         "size_histogram": size_histogram(trace),
         "rate_interval_s": interval_s,
         "rate_timeline": timeline,
-        "reuse": reuse_section(trace),
+        "reuse": reuse_section(trace, ws_bytes),
     }
 
 

@@ -160,7 +160,7 @@ class _Stop:
 
 async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple[ReplayResult, list[dict[str, Any]]]:
     from kvtier.replay.client import ClientConfig, run_users
-    from kvtier.replay.progress import ReplayProgress, snapshot
+    from kvtier.replay.progress import ReplayProgress, Tally, snapshot
     from kvtier.replay.scrape import Scraper
     from kvtier.replay.summary import summarize
 
@@ -194,12 +194,13 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     total = sum(len(u.turns) for u in plan.users)
 
     async def report_progress(bar: ReplayProgress) -> None:
+        tally = Tally()
         while not scrape_stop.is_set():
             try:
                 await asyncio.wait_for(scrape_stop.wait(), cfg.progress_interval)
             except TimeoutError:
                 rates = scrapers[0].hit_rates_so_far() if scrapers else {}
-                snap = snapshot(records, total, cfg.num_rounds, len(plan.users), gauge["in_flight"], rates)
+                snap = snapshot(records, total, cfg.num_rounds, len(plan.users), gauge["in_flight"], rates, tally)
                 bar.tick((clock.now_ns() - t0) / 1e9, snap)
 
     with ReplayProgress(cfg.progress) as bar:

@@ -8,31 +8,52 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 from kvtier.progress import ProgressOutput
+from kvtier.stats import percentile
+
+
+class Tally:
+    """Running counts over the records finished so far: each update reads only the new ones (the progress
+    task runs on the client's event loop, so its cost must not grow with the run)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.failed = 0
+        self.ttft_ok: list[float] = []
+        self.per_user: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # user -> [records, failed]
+
+    def update(self, records: list[dict[str, Any]]) -> None:
+        new = records[self.seen :]  # appended to by the client meanwhile: one consistent slice
+        self.seen += len(new)
+        for r in new:
+            u = self.per_user[r["user"]]
+            u[0] += 1
+            if r["status"] == "ok":
+                if r["ttft_s"] is not None:
+                    self.ttft_ok.append(r["ttft_s"])
+            else:
+                u[1] += 1
+                self.failed += 1
 
 
 def snapshot(records: list[dict[str, Any]], total: int, turns: int, users: int, in_flight: int,
-             rates: dict[str, float | None]) -> dict[str, Any]:  # fmt: skip
-    """The figures of one progress line, from the records finished so far."""
-    recs = records[:]  # appended to by the client meanwhile: one consistent prefix
-    ok = [r["ttft_s"] for r in recs if r["status"] == "ok" and r["ttft_s"] is not None]
-    per_user: dict[str, list[bool]] = defaultdict(list)
-    for r in recs:
-        per_user[r["user"]].append(r["status"] == "ok")
-    complete = sum(1 for v in per_user.values() if len(v) == turns and all(v))
-    error = sum(1 for v in per_user.values() if not all(v))
+             rates: dict[str, float | None], tally: Tally | None = None) -> dict[str, Any]:  # fmt: skip
+    """The figures of one progress line, from the records finished so far (``tally`` keeps the counts
+    between calls; without one they are counted afresh)."""
+    t = tally if tally is not None else Tally()
+    t.update(records)
+    complete = sum(1 for n, bad in t.per_user.values() if n == turns and not bad)
+    error = sum(1 for _, bad in t.per_user.values() if bad)
     return {
-        "done": len(recs),
+        "done": t.seen,
         "total": total,
         "in_flight": in_flight,
-        "failed": sum(1 for r in recs if r["status"] != "ok"),
+        "failed": t.failed,
         "sessions_complete": complete,
         "sessions_error": error,
         "sessions_open": users - complete - error,
-        "ttft_p50_s": float(np.percentile(ok, 50)) if ok else None,
-        "ttft_p95_s": float(np.percentile(ok, 95)) if ok else None,
+        "ttft_p50_s": percentile(t.ttft_ok, 50),
+        "ttft_p95_s": percentile(t.ttft_ok, 95),
         "rates": rates,
     }
 
@@ -72,4 +93,4 @@ class ReplayProgress(ProgressOutput):
         )
 
 
-__all__ = ["ReplayProgress", "snapshot"]
+__all__ = ["ReplayProgress", "Tally", "snapshot"]

@@ -2,8 +2,9 @@
 
 Each virtual user's turns are tokenized as they will be sent (each message once: role, text content,
 tool calls; the chat template's few tokens are not counted) and cut into blocks of ``block_tokens``
-(LMCache's chunk, 256 by default). A block is named by the hash of its whole prefix (``keys.chain_hash``),
-so equal names mean equal prefixes. Taking the requests user by user, turn by turn, each full block is:
+(LMCache's chunk, 256 by default). A block is named by the hash of its whole prefix (``keys.chunk_hash``,
+the one prefix-chaining rule), so equal names mean equal prefixes. Taking the requests user by user,
+turn by turn, each full block is:
 
 * **history reuse**: its prefix was already sent by an earlier request of the *same session* (the
   conversation so far — what multi-turn offload serves);
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.keys import chain_hash
+from kvtier.keys import chunk_hash
 from kvtier.replay.datasets import VirtualUser
 
 
@@ -62,8 +63,7 @@ def reuse_opportunity(
             parent: bytes | None = None
             full = n // block_tokens
             for b in range(full):
-                parent = chain_hash(parent, [np.asarray(tokens[b * block_tokens : (b + 1) * block_tokens],
-                                                        dtype=np.int64).tobytes()])  # fmt: skip
+                parent = chunk_hash(parent, tokens[b * block_tokens : (b + 1) * block_tokens])
                 owner = first_session.get(parent)
                 if owner is None:
                     first_session[parent] = u.session_id

@@ -5,7 +5,7 @@ Each condition is one result or several trials of it (``a.json,b.json,c.json``):
 median over the trials, and its noise the coefficient of variation across them (stdev / mean), so a
 ratio can be read against the spread the same configuration shows by itself. What must be equal:
 
-* replay: ``replay.compare.FIXED`` (model, concurrency, rounds, dataset, gaps, history, user order) and
+* replay: ``REPLAY_FIXED`` (model, concurrency, rounds, dataset, gaps, history, user order) and
   the sessions and concurrency actually achieved;
 * bench: the workload (``BENCH_FIXED``: model, users, duration, generation mode, tensor parallelism, the
   workload features and inputs, the tuning) — while the tiers, their sizes, the device, direct I/O and
@@ -22,6 +22,10 @@ from typing import Any
 from kvtier.errors import DatasetError
 from kvtier.report.figures import Loaded
 
+REPLAY_FIXED = (
+    "model", "concurrency", "num_rounds", "dataset", "dataset_format", "gap_scale", "history", "user_order",
+    "synthetic", "users", "turns", "isl", "osl", "shared_prefix", "synthetic_seed",
+)  # fmt: skip
 BENCH_FIXED = (
     "model", "num_users", "duration", "generation_mode", "tensor_parallel", "disable_multi_turn",
     "disable_prefix_caching", "enable_rag", "rag_num_docs", "rag_top_k", "enable_autoscaling", "use_burst_trace",
@@ -54,11 +58,7 @@ class Comparison:
 
 
 def _fixed(kind: str) -> tuple[str, ...]:
-    if kind == "replay":
-        from kvtier.replay.compare import FIXED
-
-        return FIXED
-    return BENCH_FIXED
+    return REPLAY_FIXED if kind == "replay" else BENCH_FIXED
 
 
 def _config(it: Loaded) -> dict[str, Any]:
@@ -150,4 +150,4 @@ def render(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["compare", "render", "Comparison", "Row", "BENCH_FIXED"]
+__all__ = ["compare", "render", "Comparison", "Row", "BENCH_FIXED", "REPLAY_FIXED"]

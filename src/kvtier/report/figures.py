@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DatasetError
+from kvtier.stats import percentile
 
 LOWER, HIGHER = "lower", "higher"
 _RECORD = re.compile(
@@ -115,7 +116,7 @@ class Loaded:
 
 
 def _p(values: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(values, q)) if values.size else None
+    return percentile(values, q)
 
 
 def bench_figures(r: Any) -> list[Figure]:

@@ -39,6 +39,14 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _label(ax: Any, xlabel: str, ylabel: str) -> None:
+    """Axis names, a light grid and the legend: how every single-axes plot here ends."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _log_y(ax: Any) -> None:
     """A log y axis without minor ticks (they cost most of a figure's drawing time)."""
     from matplotlib.ticker import NullLocator
@@ -245,10 +253,7 @@ def ttft_cdf(items: Sequence[Loaded]) -> Plot | None:
 
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("TTFT, s")
-    ax.set_ylabel("fraction of requests")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _label(ax, "TTFT, s", "fraction of requests")
     return ("TTFT distribution", "How long until the first token, for first turns (solid) and later turns "
             "(dashed), where cached context should pay off?", _png(fig))  # fmt: skip
 
@@ -275,12 +280,9 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("turn")
-    ax.set_ylabel("TTFT, s")
     ax.set_ylim(bottom=0)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _label(ax, "turn", "TTFT, s")
     return ("TTFT by turn", "Does TTFT grow as conversations get longer (no reuse), or stay flat (the cache "
             "serves the history)?", _png(fig))  # fmt: skip
 
@@ -294,10 +296,7 @@ def tpot(items: Sequence[Loaded]) -> Plot | None:
     for i, it in enumerate(have):
         v = it.records.tpot_s  # type: ignore[union-attr]  # filtered above
         _cdf(ax, v[np.isfinite(v)] * 1000, f"C{i}", it.label)
-    ax.set_xlabel("time per output token, ms")
-    ax.set_ylabel("fraction of requests")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _label(ax, "time per output token, ms", "fraction of requests")
     return ("Time per output token", "Did the offload tier's work slow decoding down?", _png(fig))
 
 
@@ -318,10 +317,7 @@ def hit_rates(items: Sequence[Loaded]) -> Plot | None:
         plt.close(fig)
         return None
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("s")
-    ax.set_ylabel("hit rate (rolling window)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _label(ax, "s", "hit rate (rolling window)")
     return ("Server cache hit rates over time", "Was the offload tier actually hit, and did it warm up?", _png(fig))
 
 
@@ -352,10 +348,7 @@ def working_set(items: Sequence[Loaded]) -> Plot | None:
         ax.plot([p["requests"] for p in ws], [(p["bytes"] or 0) / 2**30 if byte else p["tokens"] for p in ws],
                 color=f"C{i}", label=f"{it.label}: history {ro.history_reuse_fraction or 0:.0%}, cross-session "
                 f"{ro.cross_session_reuse_fraction or 0:.0%}, new {ro.new_fraction or 0:.0%}")  # fmt: skip
-        ax.set_ylabel("distinct KV, GiB" if byte else "distinct tokens")
-    ax.set_xlabel("requests sent (dataset order)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _label(ax, "requests sent (dataset order)", "distinct KV, GiB" if byte else "distinct tokens")
     return (
         "The dataset's reuse opportunity",
         "How much KV would an offload tier have to hold to serve this "

@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -38,7 +38,8 @@ from kvtier.errors import ConfigError, DatasetError
 COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
 HEADER = ",".join(COLUMNS) + "\n"
 TIER_LABELS = {"gpu": "Tier-0", "cpu": "Tier-1", "storage": "Tier-2"}
-LABEL_TIERS = {v: k for k, v in TIER_LABELS.items()}
+TIER_NUMBERS = {v: int(v.removeprefix("Tier-")) for v in TIER_LABELS.values()}  # "Tier-2" -> 2
+TIER_BY_NUMBER = {TIER_NUMBERS[v]: k for k, v in TIER_LABELS.items()}  # 2 -> "storage"
 OPERATIONS = {"read": "Read", "write": "Write"}
 PHASES = {
     ("write", "request"): "Prefill",
@@ -265,7 +266,6 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
             idx = [header.index(c) for c in COLUMNS]
             width = len(header)
             op_codes = {"Write": 1, "Read": 0, "write": 1, "read": 0}
-            tier_codes = {"Tier-0": 0, "Tier-1": 1, "Tier-2": 2}
             i_ts, i_op, i_size, i_tier, i_key, i_phase = idx
             for line, row in enumerate(reader, start=2):
                 if not row:
@@ -278,7 +278,7 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
                     n = int(row[i_size])
                     if n < 0:
                         raise ValueError(f"negative Object_Size_Bytes {n}")
-                    tr = tier_codes[row[i_tier]]
+                    tr = TIER_NUMBERS[row[i_tier]]
                 except (ValueError, KeyError) as e:
                     skipped += 1
                     if skipped > max_bad_rows:
@@ -322,18 +322,6 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
     )
 
 
-def iter_rows(trace: IOTrace) -> Iterator[tuple[float, int, int, int, int, int]]:
-    """(ts, op, size, tier, key id, phase id) per row, in time order."""
-    return zip(
-        trace.ts.tolist(),
-        trace.op.tolist(),
-        trace.size.tolist(),
-        trace.tier.tolist(),
-        trace.key.tolist(),
-        trace.phase.tolist(),
-    )
-
-
 __all__ = [
     "COLUMNS",
     "HEADER",
@@ -342,7 +330,7 @@ __all__ = [
     "IOTraceWriter",
     "IOTrace",
     "read_trace",
-    "iter_rows",
+    "TIER_BY_NUMBER",
     "check_trace_path",
     "rank_trace_path",
     "zstd_module",
