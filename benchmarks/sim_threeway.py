@@ -1,4 +1,4 @@
-"""The same replay against kvtier sim with --offload none, cpu and nvme.
+"""The same replay against kvtier sim with --offload none, cpu and nvme (and, with --remote, redis and s3).
 
 Fixed: dataset (the shared LMCache agent traces, miniswe), model, concurrency, num_rounds, GPU KV
 budget (small, so histories outgrow it: 0.3 GB holds ~12.7k tokens of tiny-1b, while 8 users in
@@ -23,7 +23,9 @@ the tiers' speeds.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -74,6 +76,12 @@ def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
         d = work / "nvme"
         d.mkdir(exist_ok=True)
         args += ["--nvme-dir", str(d), "--nvme-offload-gb", str(a.offload_gb), "--staging-gb", str(a.staging_gb)]
+    if mode == "redis":
+        args += ["--redis-url", a.servers["redis"], "--redis-mem-gb", str(a.offload_gb)]
+        args += ["--staging-gb", str(a.staging_gb)]
+    if mode == "s3":
+        args += ["--s3-endpoint", a.servers["s3"], "--s3-bucket", "kvtier-threeway"]
+        args += ["--s3-capacity-gb", str(a.offload_gb), "--staging-gb", str(a.staging_gb)]
     sim = subprocess.Popen(args, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -156,10 +164,26 @@ def main() -> None:
         metavar="DIR",
         help="keep each replay's result folder as DIR/replay-<mode>-<repeat> (for kvtier report / compare)",
     )
+    ap.add_argument(
+        "--remote",
+        action="store_true",
+        help="also --offload redis and s3, against a redis-server and moto's S3 server started here (loopback); "
+        "prints one more last line, sim_remote",
+    )
     a = ap.parse_args()
-    modes = ("none", "cpu", "nvme")
+    modes: tuple[str, ...] = ("none", "cpu", "nvme") + (("redis", "s3") if a.remote else ())
     res: dict[str, list[dict]] = {m: [] for m in modes}
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+    with contextlib.ExitStack() as servers, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        a.servers = {}
+        if a.remote:
+            sys.path.insert(0, str(REPO / "src"))
+            from kvtier.localservers import S3_TEST_CREDENTIALS, redis_server, s3_server
+
+            os.environ.update({k: os.environ.get(k, v) for k, v in S3_TEST_CREDENTIALS.items()})
+            a.servers = {
+                "redis": servers.enter_context(redis_server()).url,
+                "s3": servers.enter_context(s3_server()).url,
+            }
         for rep in range(a.repeats):
             for mode in modes:
                 work = Path(tmp) / f"{mode}-{rep}"
@@ -184,6 +208,7 @@ def main() -> None:
 
     med = {m: mean(m, "degradation_median_pct") for m in modes}
     later = {m: mean(m, "later_ttft_s") for m in modes}
+    later = {m: v if v is not None else float("nan") for m, v in later.items()}
     # offload reduces the degradation none shows; nvme sits between cpu and none in later-turn TTFT
     reduced = None not in med.values() and med["none"] > 0 and med["cpu"] < med["none"] and med["nvme"] < med["none"]
     between = None not in later.values() and later["cpu"] < later["nvme"] < later["none"]
@@ -193,6 +218,12 @@ def main() -> None:
         f"reduced={'true' if reduced else 'false'} between={'true' if between else 'false'} "
         f"ordered={'true' if reduced and between else 'false'}"
     )
+    if a.remote:  # the remote stores in the loop: where their later-turn TTFT falls against none and cpu
+        print(
+            "sim_remote later_ttft_ms "
+            + " ".join(f"{m}={later[m] * 1e3:.1f}" for m in modes)
+            + f" external_hit_tokens redis={mean('redis', 'external_hits'):.0f} s3={mean('s3', 'external_hits'):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 # Real parts the integration tests use: Caddy in front of sim replicas (kvtier launch), curl, ss
 # (iproute2) to see which addresses the started servers listen on, Open MPI's mpirun (MPI runs), and fio
-# (its --parse-only judges the jobs kvtier trace fio writes).
-bash scripts/install-tools.sh caddy curl ss mpirun fio ||
-  echo "scripts/test.sh: could not install caddy/curl/ss/mpirun/fio; their tests will skip" >&2
+# (its --parse-only judges the jobs kvtier trace fio writes), and redis-server (the Redis tier's tests and
+# redis-benchmark, which benchmarks/remote_tiers.py measures it against).
+bash scripts/install-tools.sh caddy curl ss mpirun fio redis-server ||
+  echo "scripts/test.sh: could not install caddy/curl/ss/mpirun/fio/redis-server; their tests will skip" >&2
 exec .venv/bin/python -m pytest "$@"

@@ -8,6 +8,7 @@
     │   ├── TierFullError       no room even after eviction (capacity, ENOSPC)
     │   │   └── TierFragmented  room by count, but no contiguous extent (evicting more helps)
     │   ├── EntryNotFound       key is not stored in that tier
+    │   ├── TierUnavailable     a remote tier's server cannot be reached (Redis, S3): the run stops, partial
     │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
     ├── UnsupportedError        a feature needs hardware or an extra that is not present
     └── LaunchError             a process of `kvtier launch` did not start or become healthy
@@ -51,6 +52,11 @@ class TierFullError(StorageError):
 
 class TierFragmented(TierFullError):
     """The tier has the bytes free but not in one piece; evicting more entries can help."""
+
+
+class TierUnavailable(StorageError):
+    """A remote tier's server cannot be reached (refused, reset, timed out). Unlike a failed
+    operation it will not heal by itself within the run: the bench stops as partial."""
 
 
 class EntryNotFound(StorageError):

@@ -141,3 +141,15 @@ def test_an_unreadable_entry_is_dropped_not_found_forever(cache_dir, noise, dama
     assert rec.counters["entries_dropped_unreadable"] == 1 and rec.errors[("storage", "read", "request")] == 1
     store.check_accounting()
     store.close()
+
+
+@pytest.mark.gpu
+def test_gds_roundtrip_keeps_the_file_layout(cache_dir, noise):
+    """--gds: the payload through cuFile, the header and checks as the O_DIRECT tier's (needs a CUDA
+    device, kvikio and the cuFile driver; skipped elsewhere)."""
+    from kvtier.engine.gds import GdsFileTier, probe_gds
+
+    ok, why = probe_gds()
+    if not ok:
+        pytest.skip(f"GPUDirect Storage is not usable here: {why}")
+    _roundtrip(GdsFileTier(cache_dir, 1 << 30, direct_io="on"), noise, 3_000_001)

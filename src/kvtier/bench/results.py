@@ -526,6 +526,9 @@ def storage_section(comp: Components) -> dict[str, Any]:
         "direct_io_supported": ft.direct_io_supported,
         "capacity_bytes": ft.capacity_bytes,
         "detected_free_bytes": ft.detected_free_bytes,
+        "tier_order": comp.store.tier_names,
+        "gds": comp.gds or None,
+        "remote_tiers": {t.name: getattr(t, "server", {}) for t in comp.remote},
     }
 
 

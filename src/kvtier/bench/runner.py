@@ -210,6 +210,8 @@ class BenchRunner:
                 served = self.service.serve(job.request, job.submit_ns, buf)
                 if served.device_full:
                     self.request_stop(StopCode.device_full, "device full (ENOSPC)", partial=True)
+                if self.rec.unavailable is not None:  # a remote tier's server is gone: what follows would be fake
+                    self.request_stop(StopCode.tier_unavailable, self.rec.unavailable, partial=True)
                 self.rec.request(served.record)
                 cap = self.cfg.max_requests
                 if served.record.ok and cap and self.rec.completed_requests() >= cap:

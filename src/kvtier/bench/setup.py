@@ -21,7 +21,8 @@ from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
-from kvtier.engine.backend import Backend
+from kvtier.config.tiers import parse_tier_order
+from kvtier.engine.backend import Backend, round_up
 from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import GpuTier, gpu_available, gpu_memory_bytes
 from kvtier.engine.memory import MemoryTier
@@ -29,7 +30,7 @@ from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.null import NullTier
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
-from kvtier.errors import ConfigError, UnusableDirectory
+from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.report.envelope import ResultWarning, WarningCode, warning
@@ -111,6 +112,8 @@ class Components:
     stale_runs: dict[str, object] | None = None  # setup.stale_runs of the result
     io_trace: IOTraceWriter | None = None  # --io-trace-log: every tier is a NullTier, each operation a row
     io_trace_stats: dict[str, Any] | None = None  # the writer's figures once closed
+    gds: dict[str, Any] = field(default_factory=dict)  # storage.gds: --gds requested, used, why
+    remote: list[Backend] = field(default_factory=list)  # the Redis/S3 tiers (their servers, their cleanup)
 
     @property
     def trace_mode(self) -> bool:
@@ -129,6 +132,7 @@ class Components:
         if self.trace_mode:  # not among the store's tiers: a NullTier stood in for it
             self.file_tier.close()
         problems = list(self.file_tier.cleanup_problems)
+        problems += [p for t in self.remote for p in getattr(t, "cleanup_problems", [])]
         if self.owns_cache_dir and not self.keep_cache:
             try:
                 os.rmdir(self.cache_dir)
@@ -361,57 +365,103 @@ def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> GpuTier:
     return GpuTier(min(asked, usable), memory_fraction=gb.memory_fraction)
 
 
-def _trace_tiers(plan: Plan, file_tier: FileTier) -> list[Backend]:
+def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Backend]:
     """Trace mode: each tier a NullTier of the real tier's capacity and stored size, so the waterfall
     decides as in a real run. The GPU tier is modelled whenever --gpu-mem-gb > 0, device or not, as
-    the reference's trace mode does (a trace of a GPU host, written anywhere)."""
+    the reference's trace mode does (a trace of a GPU host, written anywhere); remote tiers are
+    modelled at their capacity without connecting."""
     cfg = plan.config
-    backends: list[Backend] = []
-    if cfg.gpu_mem_gb > 0:
-        backends.append(NullTier("gpu", int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)))
-    if cfg.cpu_mem_gb > 0:
-        backends.append(NullTier("cpu", int(cfg.cpu_mem_gb * GiB)))
-    backends.append(NullTier("storage", file_tier.capacity_bytes, file_tier.stored_size))
-    return backends
+    capacity = {
+        "gpu": int(cfg.gpu_mem_gb * cfg.num_gpus * GiB),
+        "cpu": int(cfg.cpu_mem_gb * GiB),
+        "redis": int(cfg.redis_mem_gb * GiB),
+        "storage": file_tier.capacity_bytes,
+        "s3": int(cfg.s3_capacity_gb * GiB),
+    }
+    return [NullTier(name, capacity[name], file_tier.stored_size if name == "storage" else round_up) for name in order]
 
 
-def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[list[Backend], FileTier]:
+def _file_tier(cfg: BenchConfig, cache_dir: str, gds: dict[str, Any]) -> FileTier:
+    cls: type[FileTier] = FileTier
+    if gds["used"]:
+        from kvtier.engine.gds import GdsFileTier
+
+        cls = GdsFileTier
+    try:
+        return cls(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io, keep_files=cfg.keep_cache)
+    except UnusableDirectory as e:
+        flag_ = "--direct-io on" if e.direct_io else "--cache-dir"
+        raise ConfigError(f"{flag_}: {e}") from e
+
+
+def _remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:
+    """Say where a Redis server's own limits can undercut kvtier's capacity accounting."""
+    server = getattr(tier, "server", {})
+    maxmem, policy = server.get("maxmemory_bytes"), server.get("maxmemory_policy")
+    if maxmem and maxmem < tier.capacity_bytes:
+        warnings.append(
+            warning(
+                WarningCode.remote_tier_limit,
+                f"{tier.name} tier: the server's maxmemory ({maxmem / GiB:.2f} GiB) is below the tier's capacity "
+                f"({tier.capacity_bytes / GiB:.2f} GiB): writes past it are refused (OOM) and fall through",
+                maxmemory_bytes=maxmem,
+                capacity_bytes=tier.capacity_bytes,
+            )
+        )
+    if policy and policy != "noeviction":
+        warnings.append(
+            warning(
+                WarningCode.remote_tier_limit,
+                f"{tier.name} tier: maxmemory-policy {policy} lets the server evict kvtier's keys; such entries "
+                "are counted as unreadable (entries_dropped_unreadable)",
+                maxmemory_policy=policy,
+            )
+        )
+
+
+def _tiers(
+    plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
+) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
-    backends: list[Backend] = []
     if cfg.io_trace_log:
         try:
-            file_tier = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io)
+            sizer = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io)
         except UnusableDirectory as e:
             raise ConfigError(f"--cache-dir: {e}") from e
-        return _trace_tiers(plan, file_tier), file_tier
+        return _trace_tiers(plan, sizer, order), sizer
+    built: dict[str, Backend] = {}
+    file_tier: FileTier | None = None
     try:
-        if cfg.gpu_mem_gb > 0:
-            ok, why = gpu_available()
-            if ok:
-                backends.append(_gpu_tier(cfg, warnings))
-            else:
-                warnings.append(
-                    warning(
-                        WarningCode.gpu_tier_off,
-                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
-                        requested_gb=cfg.gpu_mem_gb,
-                        reason=why,
+        for name in order:
+            if name == "gpu":
+                ok, why = gpu_available()
+                if ok:
+                    built[name] = _gpu_tier(cfg, warnings)
+                else:
+                    warnings.append(
+                        warning(
+                            WarningCode.gpu_tier_off,
+                            f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
+                            requested_gb=cfg.gpu_mem_gb,
+                            reason=why,
+                        )
                     )
-                )
-        if cfg.cpu_mem_gb > 0:
-            backends.append(MemoryTier(int(cfg.cpu_mem_gb * GiB)))
-        try:
-            file_tier = FileTier(
-                cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io, keep_files=cfg.keep_cache
-            )
-        except UnusableDirectory as e:
-            flag_ = "--direct-io on" if e.direct_io else "--cache-dir"
-            raise ConfigError(f"{flag_}: {e}") from e
+            elif name == "cpu":
+                built[name] = MemoryTier(int(cfg.cpu_mem_gb * GiB))
+            elif name == "storage":
+                built[name] = file_tier = _file_tier(cfg, cache_dir, gds)
+            else:
+                try:
+                    built[name] = tier = cfg.open_remote(name, plan.io_slots)
+                except StorageError as e:
+                    flag_ = "--redis-url" if name == "redis" else "--s3-endpoint/--s3-bucket"
+                    raise ConfigError(f"{flag_}: {e}") from e
+                _remote_warnings(tier, warnings)
     except BaseException:
-        for b in backends:
+        for b in built.values():
             b.close()
         raise
-    backends.append(file_tier)
+    assert file_tier is not None  # "storage" is in every order
     if not file_tier.direct:
         why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
         warnings.append(
@@ -421,7 +471,27 @@ def _tiers(plan: Plan, cache_dir: str, warnings: list[ResultWarning]) -> tuple[l
                 reason=why,
             )
         )
-    return backends, file_tier
+    return [built[n] for n in order if n in built], file_tier
+
+
+def gds_for(cfg: BenchConfig, warnings: list[ResultWarning]) -> dict[str, Any]:
+    """Resolve --gds: refused when 'on' cannot be honoured; a warning when 'auto' falls back."""
+    from kvtier.engine.gds import gds_choice
+
+    if cfg.io_trace_log:
+        return {"requested": cfg.gds, "used": False, "reason": "trace mode: no bytes move"}
+    choice = gds_choice(cfg.gds)
+    if cfg.gds == "on" and not choice["used"]:
+        raise ConfigError(f"--gds on: GPUDirect Storage is not usable here: {choice['reason']}")
+    if cfg.gds == "auto" and not choice["used"] and gpu_available()[0]:
+        warnings.append(  # a GPU host without cuFile: worth a word (without a GPU there is nothing to say)
+            warning(
+                WarningCode.gds_off,
+                f"--gds auto: the file tier uses O_DIRECT, not GPUDirect Storage: {choice['reason']}",
+                reason=choice["reason"],
+            )
+        )
+    return choice
 
 
 def build_components(plan: Plan, sink: EventSink) -> Components:
@@ -439,7 +509,9 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     stop = threading.Event()
     stale = None if owns else stale_runs(cache_dir, cfg.keep_stale, warnings)
     try:
-        backends, file_tier = _tiers(plan, cache_dir, warnings)
+        order = parse_tier_order(cfg.tier_order, cfg.configured_tiers())
+        gds = gds_for(cfg, warnings)
+        backends, file_tier = _tiers(plan, cache_dir, warnings, order, gds)
         ev = cfg.tuning.eviction
         try:
             store = TieredStore(
@@ -452,6 +524,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
                     max_evictions_hard_cap=ev.max_evictions_hard_cap,
                     max_evictions_min=ev.max_evictions_min,
                     tier_eviction_caps={"gpu": cfg.tuning.gpu_backend.max_eviction_attempts},
+                    tier_target_ratios={"storage": cfg.s3_cold_threshold} if cfg.s3_cold_threshold else {},
                 ),
                 sink,
                 stop,
@@ -491,12 +564,13 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
             )
         )
     largest_entry = plan.entry_bytes(max(int(t.context_range.high) for t in cfg.tuning.user_templates.values()))
-    bottom = file_tier.capacity_bytes * cfg.tuning.eviction.large_entry_limit_ratio
+    # the largest entry any tier accepts (an entry too large for one tier goes on to the next)
+    bottom = max(t.capacity_bytes for t in backends) * cfg.tuning.eviction.large_entry_limit_ratio
     if largest_entry > bottom:
         warnings.append(
             warning(
                 WarningCode.entry_exceeds_tier,
-                f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what the storage "
+                f"the largest possible entry ({largest_entry / GiB:.2f} GiB) exceeds what any "
                 f"tier accepts ({bottom / GiB:.2f} GiB): such requests will fail",
                 largest_entry_bytes=largest_entry,
                 tier_limit_bytes=int(bottom),
@@ -519,6 +593,8 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         warnings,
         stale,
         io_trace,
+        gds=gds,
+        remote=[b for b in backends if b.name in ("redis", "s3")] if not cfg.io_trace_log else [],
     )
 
 

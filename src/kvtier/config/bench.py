@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kvtier.config.base import StrictModel as _Strict
 from kvtier.config.base import deep_merge, flag, load_yaml, validate_config
+from kvtier.config.tiers import REMOTE, RemoteTierFlags, parse_tier_order
 from kvtier.errors import ConfigError
 
 QoSClass = Literal["interactive", "responsive", "batch"]
@@ -313,7 +314,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 ADDITIONS = "kvtier additions"
 
 
-class BenchConfig(_Strict):
+class BenchConfig(RemoteTierFlags):
     """Every input of one ``kvtier bench`` run. Field names are the flag names with underscores;
     descriptions are the ``--help`` text."""
 
@@ -416,6 +417,26 @@ class BenchConfig(_Strict):
         "leave the run folders of killed kvtier runs in --cache-dir (only warn); by default they are removed at start",
         group=ADDITIONS,
     )
+    tier_order: str | None = flag(
+        None,
+        "the waterfall, fastest first, e.g. gpu,cpu,redis,storage,s3 (default: that order, of the tiers configured)",
+        group=REMOTE,
+        metavar="LIST",
+    )
+    s3_cold_threshold: float | None = flag(
+        None,
+        "fill ratio of the file tier past which its least recently used entries are demoted to S3 "
+        "(default: eviction.target_usage_ratio)",
+        group=REMOTE,
+        gt=0,
+        le=1,
+    )
+    gds: Literal["auto", "on", "off"] = flag(
+        "auto",
+        "GPUDirect Storage (kvikio/cuFile) for the file tier: auto (where a CUDA device and cuFile exist), "
+        "on (error if not), off; the choice is recorded in storage.gds",
+        group=REMOTE,
+    )
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", group=ADDITIONS, ge=1, le=4096)
     io_buffer_budget_mb: int = flag(
         1024,
@@ -494,7 +515,24 @@ class BenchConfig(_Strict):
         for flag_, value, limit in checks:
             if value > limit:
                 raise ValueError(f"{flag_} {value:g} exceeds validation_limits ({limit:g})")
+        if self.s3_cold_threshold is not None and not self.s3_bucket:
+            raise ValueError("--s3-cold-threshold needs the S3 tier (--s3-bucket)")
+        try:
+            parse_tier_order(self.tier_order, self.configured_tiers())
+        except ValueError as e:
+            raise ValueError(f"--tier-order {self.tier_order}: {e}") from None
         return self
+
+    def configured_tiers(self) -> list[str]:
+        """The tiers the flags ask for (the GPU tier even where no device will be found)."""
+        asked = {
+            "gpu": self.gpu_mem_gb > 0,
+            "cpu": self.cpu_mem_gb > 0,
+            "redis": bool(self.redis_url),
+            "storage": True,
+            "s3": bool(self.s3_bucket),
+        }
+        return [t for t, on in asked.items() if on]
 
 
 def build_bench_config(values: dict[str, Any]) -> BenchConfig:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvtier.config.base import StrictModel, flag
+from kvtier.config.base import flag
 from kvtier.config.replay import EventLoopKind
+from kvtier.config.tiers import RemoteTierFlags
 
 DEFAULT_PRESET = "h100-llama3.1-8b"
 OFFLOAD = "offload tier"
 
 
-class OffloadTierConfig(StrictModel):
-    """The real offload tier behind a sim replica or a cache server (kvtier's engine)."""
+class OffloadTierConfig(RemoteTierFlags):
+    """The real offload tier behind a sim replica or a cache server (kvtier's engine): CPU RAM, NVMe
+    files, or a remote store (Redis/Valkey with --redis-url, S3 with --s3-bucket) behind a CPU staging tier."""
 
     cpu_offload_gb: float = flag(4.0, "CPU RAM offload tier, GB (--offload cpu)", gt=0, group=OFFLOAD)
     nvme_dir: str | None = flag(
         None, "existing directory of the NVMe offload tier's files (--offload nvme)", group=OFFLOAD
     )
     nvme_offload_gb: float = flag(8.0, "NVMe offload tier capacity, GB", gt=0, group=OFFLOAD)
-    staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, GB", gt=0, group=OFFLOAD)
+    staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, Redis or S3, GB", gt=0, group=OFFLOAD)
     direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the NVMe tier's files", group=OFFLOAD)
 
 
@@ -46,8 +48,10 @@ class SimConfig(OffloadTierConfig):
         "timeout is a miss, counted in kvtier_sim:offload_errors",
         gt=0,
     )
-    offload: Literal["none", "cpu", "nvme", "remote"] = flag(
-        "none", "offload tier: none, in-process cpu or nvme, or remote (a kvtier cache-server, --cache-server)"
+    offload: Literal["none", "cpu", "nvme", "redis", "s3", "remote"] = flag(
+        "none",
+        "offload tier: none; in-process cpu, nvme, redis (--redis-url) or s3 (--s3-bucket); or remote "
+        "(a kvtier cache-server, --cache-server)",
     )
     cache_server: str | None = flag(None, "Unix socket of a kvtier cache-server, for --offload remote")
     host: str = flag("127.0.0.1", "address to listen on")
@@ -62,7 +66,9 @@ class CacheServerConfig(OffloadTierConfig):
     """Every input of ``kvtier cache-server``: one offload tier shared by sim replicas."""
 
     model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks")
-    offload: Literal["cpu", "nvme"] = flag("cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files")
+    offload: Literal["cpu", "nvme", "redis", "s3"] = flag(
+        "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
+    )
     socket: str = flag(..., "Unix socket path of the data API (replicas: --cache-server PATH)")
     host: str = flag("127.0.0.1", "address of /health and /metrics")
     event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -47,6 +47,19 @@ def check_cancel(cancel: threading.Event | None, what: str, bytes_done: int = 0)
         from kvtier.errors import Cancelled
 
         raise Cancelled(f"{what}: cancelled", bytes_done)
+
+
+def read_through_export(
+    export: Callable[[str, memoryview, IOTiming, threading.Event | None], Iterator[memoryview]],
+    key: str,
+    buf: memoryview,
+    cancel: threading.Event | None,
+) -> IOTiming:
+    """A tier's ``read`` as its ``export`` drained: every chunk lands in ``buf``, the time is summed."""
+    timing = IOTiming()
+    for _ in export(key, buf, timing, cancel):
+        pass
+    return timing
 
 
 HUGE_PAGE = 2 * 1024 * 1024

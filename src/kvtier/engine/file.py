@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, round_up
+from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, read_through_export, round_up
 from kvtier.engine.runs import MARKER, RUN_DIR_PREFIX, create_marker
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
@@ -138,6 +138,14 @@ class FileTier:
     def stored_size(self, nbytes: int) -> int:
         return ALIGN + round_up(nbytes)
 
+    # The two calls that move bytes (GdsFileTier moves the payload through cuFile instead).
+    def _put(self, fd: int, path: Path, views: list[memoryview], offset: int) -> None:
+        """Write ``views`` at ``offset`` (the file position is there: writes are sequential)."""
+        _write_all(fd, views)
+
+    def _get(self, fd: int, path: Path, views: list[memoryview], offset: int) -> int:
+        return os.preadv(fd, views, offset)
+
     # -- Backend ---------------------------------------------------------------------------
     def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
@@ -156,9 +164,11 @@ class FileTier:
             first = next(it, None)
             _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key), sample_crc(first, nbytes))
             t = time.perf_counter_ns()
-            _write_all(fd, [hdr] if first is None else [hdr, first])
+            self._put(fd, path, [hdr] if first is None else [hdr, first], 0)
+            off = ALIGN + (len(first) if first is not None else 0)
             for c in it:
-                _write_all(fd, [c])
+                self._put(fd, path, [c], off)
+                off += len(c)
             os.fsync(fd)
             device = time.perf_counter_ns() - t
             if not self.direct:
@@ -192,7 +202,7 @@ class FileTier:
             size = os.fstat(fd).st_size
             first = min(len(buf) - len(buf) % ALIGN, size - ALIGN)
             t = time.perf_counter_ns()
-            got = os.preadv(fd, [hdr, buf[:first]], 0)
+            got = self._get(fd, path, [hdr, buf[:first]], 0)
             timing.device_ns += time.perf_counter_ns() - t
             magic, version, hlen, nbytes, digest, crc = _HEADER.unpack_from(hdr, 0)
             if magic != MAGIC or version != FORMAT_VERSION or hlen != ALIGN or digest != key_digest(key):
@@ -219,12 +229,13 @@ class FileTier:
             padded = round_up(nbytes)
             step = len(buf) - len(buf) % ALIGN
             off = got
+            path = self.path_for(key)
             yield buf[:got]
             while off < padded:
                 check_cancel(cancel, f"{self.name} read", off)
                 n = min(step, padded - off)
                 t = time.perf_counter_ns()
-                r = os.preadv(fd, [buf[:n]], ALIGN + off)
+                r = self._get(fd, path, [buf[:n]], ALIGN + off)
                 timing.device_ns += time.perf_counter_ns() - t
                 if r <= 0:
                     raise StorageError(f"{self.name} tier: short read of {key!r} at {off}")
@@ -239,10 +250,7 @@ class FileTier:
             timing.host_ns += time.perf_counter_ns() - t0 - (timing.device_ns - dev0)
 
     def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
-        timing = IOTiming()
-        for _ in self.export(key, buf, timing, cancel):
-            pass
-        return timing
+        return read_through_export(self.export, key, buf, cancel)
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -92,6 +92,9 @@ class StoreConfig:
     tier_eviction_caps: Mapping[str, int] = field(default_factory=dict)
     """Further caps on the victims one reservation may evict, by tier name (the GPU tier's
     ``gpu_backend.max_eviction_attempts``)."""
+    tier_target_ratios: Mapping[str, float] = field(default_factory=dict)
+    """A tier's own fill target, by tier name, instead of target_usage_ratio (the file tier's
+    ``--s3-cold-threshold``: past it, its LRU entries go down to S3)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.target_usage_ratio <= 1:
@@ -106,6 +109,9 @@ class StoreConfig:
             raise ValueError("reserve_rounds, max_evictions_hard_cap and max_evictions_min must be >= 1")
         if self.reserve_wait_s < 0:
             raise ValueError(f"reserve_wait_s must be >= 0, got {self.reserve_wait_s}")
+        for name, ratio in self.tier_target_ratios.items():
+            if not 0 < ratio <= 1:
+                raise ValueError(f"the {name} tier's target ratio must be in (0, 1], got {ratio}")
 
     def eviction_limit(self, entries: int, tier: str = "") -> int:
         """Victims one reservation may evict in a tier holding ``entries`` (the reference's bound)."""
@@ -131,7 +137,7 @@ class _Tier:
     def __init__(self, backend: Backend, cfg: StoreConfig) -> None:
         self.backend = backend
         self.capacity = backend.capacity_bytes
-        self.target = int(self.capacity * cfg.target_usage_ratio)
+        self.target = int(self.capacity * cfg.tier_target_ratios.get(backend.name, cfg.target_usage_ratio))
         self.max_entry = int(self.capacity * cfg.large_entry_limit_ratio)
         self.used = 0
         self.policy = cfg.policy()  # the entries that may be chosen as victims, in eviction order

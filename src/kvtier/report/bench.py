@@ -399,6 +399,12 @@ class MemoryStats(Section):
     within_bound: bool
 
 
+class GdsChoice(Section):
+    requested: Literal["auto", "on", "off"]
+    used: bool
+    reason: str
+
+
 class StorageFacts(Section):
     cache_dir: str
     run_dir: str | None
@@ -406,6 +412,9 @@ class StorageFacts(Section):
     direct_io_supported: bool
     capacity_bytes: int
     detected_free_bytes: int
+    tier_order: list[str] = Field(default_factory=list)  # the waterfall, fastest first (empty: older results)
+    gds: GdsChoice | None = None  # --gds: requested, used, reason
+    remote_tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # Redis/S3: the server as found at start
 
 
 class SyntheticSource(Section):

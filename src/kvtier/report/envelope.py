@@ -47,6 +47,7 @@ class StopCode(enum.StrEnum):
     interrupted = "interrupted"  # SIGINT (Ctrl+C)
     terminated = "terminated"  # SIGTERM
     device_full = "device-full"  # ENOSPC / EDQUOT on the storage tier
+    tier_unavailable = "tier-unavailable"  # a remote tier's server (Redis, S3) could not be reached
     internal_error = "internal-error"  # a bug stopped the run; the message names it
     startup_failed = "startup-failed"  # launch: a process did not start or become healthy
     running = "running"  # launch.json written while the replay was still running
@@ -109,6 +110,8 @@ class WarningCode(enum.StrEnum):
     trace_mode = "trace-mode"
     latency_tracing_unavailable = "latency-tracing-unavailable"
     io_trace_incomplete = "io-trace-incomplete"
+    remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
+    gds_off = "gds-off"  # --gds auto found no cuFile path: the file tier used O_DIRECT
 
 
 class ResultWarning(BaseModel):
@@ -181,12 +184,14 @@ EXIT_BY_STOP = {
     StopCode.terminated: 143,
     StopCode.device_full: 5,
     StopCode.startup_failed: 6,
+    StopCode.tier_unavailable: 7,
 }
 
 
 def exit_code(status: Status, stop: StopCode) -> int:
     """The process exit status of a run: 0 complete; 130/143 for SIGINT/SIGTERM, 5 device full,
-    6 a launch whose processes did not start; 1 for any other partial or failed run."""
+    6 a launch whose processes did not start, 7 a remote tier's server unreachable; 1 for any other
+    partial or failed run."""
     if status == Status.complete:
         return 0
     return EXIT_BY_STOP.get(stop, 1)

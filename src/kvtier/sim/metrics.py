@@ -89,7 +89,7 @@ class LMCacheGauges:
             self.l1.set(u["cpu_used_bytes"])
             if u["cpu_capacity_bytes"]:
                 self.l1_ratio.set(u["cpu_used_bytes"] / u["cpu_capacity_bytes"])
-            self.l2.set(u["disk_used_bytes"])
+            self.l2.set(u["l2_used_bytes"])
             self.evicted.set(u["evicted_chunks"])
         if o.load_seconds > 0:
             self.load_tp.set(o.loaded_bytes / o.load_seconds / 1e9)
@@ -136,7 +136,8 @@ class VllmMetrics:
             "kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower"
         )
         self.offload_errors = g(
-            "kvtier_sim:offload_errors", "failed calls to a shared cache server (treated as misses)"
+            "kvtier_sim:offload_errors",
+            "failed calls to the offload tier: a cache server, Redis, S3 or files (treated as misses)",
         )
         self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
         self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")

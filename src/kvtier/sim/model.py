@@ -28,7 +28,7 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
-from kvtier.errors import ConfigError, StorageError
+from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.plan.costs import should_fetch
 from kvtier.telemetry.recorder import Recorder
@@ -97,7 +97,7 @@ class GpuPrefixCache:
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    kind: str  # none | cpu | nvme
+    kind: str  # none | cpu | nvme | redis | s3
     cpu_offload_gb: float = 4.0
     nvme_dir: str | None = None
     nvme_offload_gb: float = 8.0
@@ -112,7 +112,7 @@ class _Measured:
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
     DEGRADED_S = 30.0  # /health says degraded while the last failure is this recent
     kvpt: int
-    errors = 0  # failed calls to a remote tier (always 0 in process)
+    errors = 0  # failed calls to the tier (a cache server, or an in-process Redis/S3/file tier)
     last_error = ""
     last_error_at = 0.0
 
@@ -167,7 +167,10 @@ class _Measured:
 class Offload(_Measured):
     """The real offload tier, in process: chunk KV through kvtier's TieredStore."""
 
-    def __init__(self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int) -> None:
+    def __init__(
+        self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int, remote: Backend | None = None
+    ) -> None:
+        """``remote``: the connected Redis or S3 tier of ``cfg.kind`` redis/s3 (behind CPU staging)."""
         self.cfg = cfg
         self.scope = scope
         self.kvpt = kv_bytes_per_token
@@ -182,8 +185,10 @@ class Offload(_Measured):
                 MemoryTier(int(cfg.staging_gb * GiB), "cpu"),
                 FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io),
             ]
+        elif cfg.kind in ("redis", "s3") and remote is not None:
+            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu"), remote]
         else:
-            raise ConfigError(f"--offload: expected none, cpu or nvme, got {cfg.kind!r}")
+            raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
         self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
         self._bufs = threading.local()
@@ -202,6 +207,15 @@ class Offload(_Measured):
         """The store's chunk source for one entry: aligned slices of the noise buffer."""
         return lambda: self.noise.chunks(key, nbytes, 16 * 1024 * 1024)
 
+    def _failed(self, e: StorageError) -> None:
+        """A failed read or write of the tier (a Redis or S3 server gone, a corrupt file): the rest is
+        recomputed, and the failure counted (kvtier_sim:offload_errors) and shown by /health."""
+        if isinstance(e, TierFullError) and not isinstance(e.__cause__, OSError):
+            return  # no room, nothing failed
+        with self._lock:
+            self.errors += 1
+            self.last_error, self.last_error_at = str(e), time.monotonic()
+
     def lookup(self, keys: Sequence[str]) -> int:
         n = 0
         for k in keys:
@@ -218,7 +232,8 @@ class Offload(_Measured):
         for k in keys:
             try:
                 r = self.store.get(k, buf)
-            except StorageError:
+            except StorageError as e:
+                self._failed(e)
                 break
             if not r.hit:
                 break  # evicted since the lookup: the rest is recomputed
@@ -241,7 +256,8 @@ class Offload(_Measured):
             try:
                 self.store.put(k, self._chunks(k, chunk_bytes), chunk_bytes, buf)
                 n += chunk_bytes
-            except StorageError:
+            except StorageError as e:
+                self._failed(e)
                 break
         with self._lock:
             self.stored_bytes += n
@@ -265,7 +281,7 @@ class Offload(_Measured):
         return {
             "cpu_used_bytes": u.get("cpu", {}).get("used_bytes", 0),
             "cpu_capacity_bytes": u.get("cpu", {}).get("capacity_bytes", 0),
-            "disk_used_bytes": u.get("storage", {}).get("used_bytes", 0),
+            "l2_used_bytes": sum(v["used_bytes"] for k, v in u.items() if k != "cpu"),  # NVMe, Redis or S3
             "evicted_chunks": ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0),
         }
 

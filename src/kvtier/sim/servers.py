@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig
-from kvtier.errors import ConfigError, UnusableDirectory
+from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload
@@ -86,6 +86,16 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
                 + (f"; {problems[0]}" if problems else ""),
                 file=sys.stderr,
             )
+    remote = None
+    if kind in ("redis", "s3"):
+        if kind == "redis" and not tier.redis_url:
+            raise ConfigError("--offload redis: give --redis-url and --redis-mem-gb")
+        if kind == "s3" and not tier.s3_bucket:
+            raise ConfigError("--offload s3: give --s3-bucket (and --s3-endpoint for a server other than AWS)")
+        try:
+            remote = tier.open_remote(kind, REMOTE_CONNECTIONS)
+        except StorageError as e:
+            raise ConfigError(f"--offload {kind}: {e}") from e
     try:
         return Offload(
             OffloadConfig(
@@ -94,9 +104,15 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
             scope_for(model),
             model.kv_bytes_per_token,
             seed,
+            remote,
         )
     except UnusableDirectory as e:
         raise ConfigError(f"{'--direct-io on' if e.direct_io else '--nvme-dir'}: {e}") from e
+
+
+REMOTE_CONNECTIONS = 32
+"""Connections of a Redis/S3 offload tier: loads and stores run on asyncio's default thread pool
+(at most 32 threads)."""
 
 
 @dataclass

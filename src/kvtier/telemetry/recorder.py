@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvtier.engine.backend import IOTiming
+from kvtier.errors import TierUnavailable
 from kvtier.telemetry.clock import MONOTONIC, Clock
 
 
@@ -69,6 +70,7 @@ class Recorder:
     cancelled: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     requests: list[RequestRecord] = field(default_factory=list)
     clock: Clock = MONOTONIC
+    unavailable: str | None = None  # the first "server unreachable" error of a remote tier (the run stops)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # EventSink
@@ -78,6 +80,8 @@ class Recorder:
     def tier_error(self, tier: str, op: str, cause: str, nbytes: int, error: BaseException) -> None:
         with self._lock:
             self.errors[(tier, op, cause)] += 1
+            if self.unavailable is None and isinstance(error, TierUnavailable):
+                self.unavailable = str(error)
             if len(self.error_messages) < 20:
                 self.error_messages.append(f"{tier} {op} ({cause}): {error}")
 

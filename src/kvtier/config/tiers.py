@@ -1,0 +1,113 @@
+"""Flags of the remote tiers (Redis/Valkey, S3), shared by ``kvtier bench`` and the offload tier of
+``kvtier sim`` / ``kvtier cache-server``. Credentials are never flags: the Redis password comes from
+``KVTIER_REDIS_PASSWORD``, S3 credentials from the standard AWS chain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import field_validator, model_validator
+
+from kvtier.config.base import StrictModel, flag
+
+REMOTE = "remote tiers"
+TIER_KINDS = ("gpu", "cpu", "redis", "storage", "s3")
+DEFAULT_TIER_ORDER = TIER_KINDS  # Redis between CPU RAM and the file tier; S3 below it (cold)
+
+
+class RemoteTierFlags(StrictModel):
+    redis_url: str | None = flag(
+        None,
+        "Redis/Valkey tier at redis://host:port/db (rediss:// for TLS, unix:///path); password from "
+        "KVTIER_REDIS_PASSWORD, never the URL",
+        group=REMOTE,
+        metavar="URL",
+    )
+    redis_mem_gb: float = flag(0, "Redis tier capacity, GB (kvtier's reservation enforces it)", group=REMOTE, ge=0)
+    redis_part_mb: int = flag(
+        4, "largest value kvtier stores in Redis, MiB (an entry is cut into parts)", group=REMOTE, ge=1, le=512
+    )
+    s3_bucket: str | None = flag(
+        None, "S3 tier: bucket (created when missing, never removed); credentials from the AWS chain", group=REMOTE
+    )
+    s3_endpoint: str | None = flag(
+        None, "S3 tier: endpoint URL of an S3-compatible server (default: AWS)", group=REMOTE, metavar="URL"
+    )
+    s3_prefix: str = flag(
+        "kvtier", "S3 tier: key prefix; each run writes (and deletes) only under PREFIX/<run>/", group=REMOTE
+    )
+    s3_capacity_gb: float = flag(100, "S3 tier capacity, GB (kvtier's reservation enforces it)", group=REMOTE, gt=0)
+    s3_part_mb: int = flag(
+        16, "S3 tier: multipart part size, MiB; entries up to it go in one PUT", group=REMOTE, ge=5, le=5120
+    )
+
+    def open_remote(self, kind: str, connections: int) -> Any:
+        """The remote tier ``kind`` ("redis" or "s3") these flags describe, connected; its pool sized
+        to ``connections`` (the I/O slots). Raises TierUnavailable when the server cannot be reached."""
+        GiB = 1024**3
+        MiB = 1024**2
+        if kind == "redis":
+            from kvtier.engine.redis_tier import RedisTier
+
+            assert self.redis_url is not None
+            return RedisTier(self.redis_url, int(self.redis_mem_gb * GiB), connections, self.redis_part_mb * MiB)
+        if kind == "s3":
+            from kvtier.engine.s3_tier import S3Tier
+
+            assert self.s3_bucket is not None
+            return S3Tier(
+                self.s3_endpoint,
+                self.s3_bucket,
+                int(self.s3_capacity_gb * GiB),
+                self.s3_prefix,
+                connections,
+                self.s3_part_mb * MiB,
+            )
+        raise ValueError(f"not a remote tier: {kind!r}")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from kvtier.engine.redis_tier import check_url
+        from kvtier.errors import ConfigError
+
+        try:
+            return check_url(v)
+        except ConfigError as e:
+            raise ValueError(str(e).removeprefix("--redis-url: ").removeprefix("--redis-url ")) from e
+
+    @model_validator(mode="after")
+    def _remote_consistent(self) -> Any:
+        if self.redis_url and self.redis_mem_gb <= 0:
+            raise ValueError("--redis-url needs --redis-mem-gb > 0 (the Redis tier's capacity)")
+        if self.redis_mem_gb > 0 and not self.redis_url:
+            raise ValueError("--redis-mem-gb needs --redis-url")
+        if self.s3_endpoint and not self.s3_bucket:
+            raise ValueError("--s3-endpoint needs --s3-bucket")
+        return self
+
+
+def parse_tier_order(order: str | None, configured: list[str]) -> list[str]:
+    """The waterfall's order, fastest first: ``order`` ("gpu,cpu,redis,storage,s3") checked against the
+    tiers the flags configure, or the default order of those. Raises ValueError naming the problem."""
+    if not order:
+        return [t for t in DEFAULT_TIER_ORDER if t in configured]
+    names = [n.strip() for n in order.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TIER_KINDS]
+    if unknown:
+        raise ValueError(f"unknown tier {unknown[0]!r} (tiers: {', '.join(TIER_KINDS)})")
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise ValueError(f"{dup!r} is named twice")
+    extra = [n for n in names if n not in configured]
+    if extra:
+        raise ValueError(f"names {extra[0]!r}, which is not configured (configured: {', '.join(configured)})")
+    missing = [n for n in configured if n not in names]
+    if missing:
+        raise ValueError(f"leaves out the configured {missing[0]!r} tier (give every tier: {', '.join(configured)})")
+    return names
+
+
+__all__ = ["RemoteTierFlags", "parse_tier_order", "TIER_KINDS", "DEFAULT_TIER_ORDER", "REMOTE"]

@@ -1,0 +1,314 @@
+"""Redis / Valkey tier: entries as binary values on a Redis-protocol server (no extra needed: kvtier
+speaks the protocol itself, engine/resp.py, so values go from and into the aligned buffers without
+a copy).
+
+An entry is stored as parts under ``kvtier:<run>:<digest>:<i>``, each at most ``part_bytes`` (the
+aligned chunks the store passes, cut without copying), so no value comes near the server's
+``proto-max-bulk-len`` and no single command holds the single-threaded server for long. A write
+pipelines one SET per part, chunk by chunk (a chunk may be a view of a reused buffer: its parts are
+on the server before the next chunk is pulled); a read pipelines GETs in groups that fit the
+caller's buffer and receives each value straight into it, so export yields aligned chunks the next
+tier can write with O_DIRECT. A part larger than the buffer is read in GETRANGE pieces.
+
+Capacity is kvtier's: the store reserves before writing, as for every tier. The server's own
+``maxmemory`` and policy are reported (bench warns when they can undercut the tier); a write the
+server refuses for memory (OOM) is a full tier, a key gone from the server an unreadable entry, and
+a server that cannot be reached ``TierUnavailable`` — the bench then stops the run as partial.
+
+Timing: device_ns is the time in the socket calls of the pipeline (send, server work, reply);
+host_ns the rest (key naming, cutting chunks into parts).
+
+Credentials never come from argv: the password is read from ``KVTIER_REDIS_PASSWORD`` (or
+``REDISCLI_AUTH``, as redis-cli does); a URL carrying one is refused. ``rediss://`` turns TLS on;
+``KVTIER_REDIS_CA_CERT`` names a CA bundle for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from kvtier.engine.backend import IOTiming, check_cancel, read_through_export, round_up
+from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespPool
+from kvtier.errors import ConfigError, EntryNotFound, StorageError, TierFullError, TierUnavailable
+
+PASSWORD_ENV = ("KVTIER_REDIS_PASSWORD", "REDISCLI_AUTH")
+CA_ENV = "KVTIER_REDIS_CA_CERT"
+KEY_PREFIX = "kvtier"
+DEFAULT_PART_BYTES = 4 * 1024 * 1024
+
+
+def check_url(url: str) -> str:
+    """The URL, checked: redis://, rediss:// or unix://, no password in it. Raises ConfigError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"--redis-url {url!r}: expected redis://host:port/db, rediss://... (TLS) or unix:///path")
+    if parts.password is not None:
+        raise ConfigError(
+            "--redis-url: a password in the URL would be visible in the process list; "
+            f"give it in {PASSWORD_ENV[0]} instead"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"--redis-url {url!r}: no host")
+    if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ConfigError(f"--redis-url {url!r}: the path must be a database number (redis://host:port/0)")
+    return url
+
+
+def _password() -> str | None:
+    for name in PASSWORD_ENV:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+class RedisTier:
+    """KV entries on a Redis or Valkey server; only keys under this run's prefix are touched."""
+
+    def __init__(
+        self,
+        url: str,
+        capacity_bytes: int,
+        connections: int = 16,
+        part_bytes: int = DEFAULT_PART_BYTES,
+        name: str = "redis",
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.url = check_url(url)
+        self.capacity_bytes = capacity_bytes
+        self.part_bytes = round_up(max(part_bytes, 4096))
+        self.prefix = f"{KEY_PREFIX}:{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._pool = RespPool(url, connections, _password(), timeout_s, os.environ.get(CA_ENV) or None)
+        self._index: dict[str, list[int]] = {}  # key -> the lengths of its parts
+        self._lock = threading.Lock()
+        self.cleanup_problems: list[str] = []
+        try:
+            with self._conn() as c:
+                info = _info(c.call("INFO"))
+                keys = c.call("DBSIZE")
+        except RespError as e:
+            hint = f"; set {PASSWORD_ENV[0]}" if "NOAUTH" in str(e) or "WRONGPASS" in str(e) else ""
+            raise StorageError(f"{self.name} tier: {url}: {e}{hint}") from e
+        except RespConnectionError as e:
+            raise TierUnavailable(f"{self.name} tier: cannot reach {url}: {e}") from e
+        self.server = {
+            "url": url,
+            "server": "valkey" if "valkey_version" in info else "redis",
+            "version": info.get("valkey_version") or info.get("redis_version"),
+            "maxmemory_bytes": int(info.get("maxmemory", 0)),
+            "maxmemory_policy": info.get("maxmemory_policy"),
+            "used_memory_bytes_at_start": int(info.get("used_memory", 0)),
+            "keys_at_start": keys,
+            "tls": url.startswith("rediss://"),
+            "part_bytes": self.part_bytes,
+            "connections": self._pool.size,
+            "key_prefix": self.prefix,
+        }
+
+    @contextmanager
+    def _conn(self) -> Iterator[RespConnection]:
+        """A pooled connection; closed instead of returned when its stream may be out of step."""
+        c = self._pool.get()
+        broken = True
+        try:
+            yield c
+            broken = False
+        finally:
+            self._pool.put(c, broken)
+
+    # -- naming ----------------------------------------------------------------------------
+    def _base(self, key: str) -> str:
+        return f"{self.prefix}:{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}"
+
+    def _part_keys(self, key: str, parts: int) -> list[str]:
+        base = self._base(key)
+        return [f"{base}:{i}" for i in range(parts)]
+
+    def _fail(self, what: str, e: Exception) -> StorageError:
+        """A protocol-level failure as kvtier's: unreachable, full (OOM), or a plain failure."""
+        if isinstance(e, (RespConnectionError, OSError)):
+            return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
+        if isinstance(e, RespError) and str(e).startswith("OOM"):
+            return TierFullError(f"{self.name} tier: {what}: the server is out of memory ({e})")
+        return StorageError(f"{self.name} tier: {what}: {e}")
+
+    def stored_size(self, nbytes: int) -> int:
+        return round_up(nbytes)
+
+    # -- Backend ---------------------------------------------------------------------------
+    def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
+        t0 = time.perf_counter_ns()
+        step = self.part_bytes
+        lengths: list[int] = []
+        base = self._base(key)
+        device = 0
+        try:
+            with self._conn() as c:
+                for chunk in chunks:
+                    cmds: list[Sequence[str | memoryview]] = []
+                    for off in range(0, len(chunk), step):
+                        part = chunk[off : off + step]
+                        cmds.append(("SET", f"{base}:{len(lengths)}", part))
+                        lengths.append(len(part))
+                    t = time.perf_counter_ns()
+                    c.send(cmds)
+                    replies = [c.reply() for _ in cmds]
+                    device += time.perf_counter_ns() - t
+                    bad = next((r for r in replies if isinstance(r, RespError)), None)
+                    if bad is not None:
+                        raise bad
+        except BaseException as e:
+            self._forget_parts(key, len(lengths))
+            if isinstance(e, (RespError, RespConnectionError)):
+                raise self._fail(f"write of {key!r}", e) from e
+            raise
+        with self._lock:
+            self._index[key] = lengths
+        return IOTiming(host_ns=time.perf_counter_ns() - t0 - device, device_ns=device)
+
+    def _forget_parts(self, key: str, parts: int) -> None:
+        """Best effort: remove what a failed write may have left (close() sweeps the prefix again)."""
+        if not parts:
+            return
+        try:
+            with self._conn() as c:
+                c.call("UNLINK", *self._part_keys(key, parts))
+        except (RespError, RespConnectionError):
+            pass
+
+    def _lengths(self, key: str) -> list[int]:
+        with self._lock:
+            lengths = self._index.get(key)
+        if lengths is None:
+            raise EntryNotFound(f"{self.name} tier: {key!r} not stored")
+        return lengths
+
+    def _gone(self, key: str) -> StorageError:
+        return StorageError(
+            f"{self.name} tier: {key!r} is gone from the server (maxmemory-policy {self.server['maxmemory_policy']}?)"
+        )
+
+    def export(
+        self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
+    ) -> Iterator[memoryview]:
+        lengths = self._lengths(key)
+        keys = self._part_keys(key, len(lengths))
+        room = len(buf)
+        i = done = 0
+        try:
+            with self._conn() as c:
+                while i < len(keys):
+                    check_cancel(cancel, f"{self.name} read", done)
+                    if lengths[i] > room:  # a part larger than the buffer: GETRANGE pieces of it
+                        for off in range(0, lengths[i], room):
+                            n = min(room, lengths[i] - off)
+                            t = time.perf_counter_ns()
+                            c.send([("GETRANGE", keys[i], off, off + n - 1)])
+                            got = c.bulk_into(buf)
+                            timing.device_ns += time.perf_counter_ns() - t
+                            if isinstance(got, RespError):
+                                raise got
+                            if got != n:
+                                raise self._gone(key)
+                            yield buf[:n]
+                        done += lengths[i]
+                        i += 1
+                        continue
+                    j, group = i, 0  # this round's parts: as many as fit in the buffer together
+                    while j < len(keys) and group + lengths[j] <= room:
+                        group += lengths[j]
+                        j += 1
+                    t = time.perf_counter_ns()
+                    c.send([("GET", k) for k in keys[i:j]])
+                    off = 0
+                    problem: StorageError | RespError | None = None
+                    for n in lengths[i:j]:  # every reply is read, even after a bad one: the stream stays in step
+                        got = c.bulk_into(buf[off:])
+                        if isinstance(got, RespError):
+                            problem = problem or got
+                        elif got is None:
+                            problem = problem or self._gone(key)
+                        elif got != n:
+                            problem = problem or StorageError(
+                                f"{self.name} tier: a part of {key!r} has {got} bytes, expected {n}"
+                            )
+                        off += n
+                    timing.device_ns += time.perf_counter_ns() - t
+                    if problem is not None:
+                        raise problem
+                    done += group
+                    i = j
+                    yield buf[:off]
+        except (RespError, RespConnectionError) as e:
+            raise self._fail(f"read of {key!r}", e) from e
+
+    def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
+        return read_through_export(self.export, key, buf, cancel)
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            lengths = self._index.pop(key, None)
+        if lengths:
+            self._forget_parts(key, len(lengths))
+
+    def stored_bytes(self) -> int:
+        """What the server holds under our keys: the sum of their STRLENs, asked of the server."""
+        with self._lock:
+            entries = [(k, len(v)) for k, v in self._index.items()]
+        names = [pk for k, parts in entries for pk in self._part_keys(k, parts)]
+        try:
+            with self._conn() as c:
+                c.send([("STRLEN", k) for k in names])
+                replies = [c.reply() for _ in names]
+        except RespConnectionError as e:
+            raise self._fail("STRLEN of our keys", e) from e
+        return sum(r for r in replies if isinstance(r, int))
+
+    def server_keys(self) -> list[str]:
+        """Every key on the server under this run's prefix (SCAN; for checks and cleanup)."""
+        out: list[str] = []
+        cursor = "0"
+        with self._conn() as c:
+            while True:
+                reply = c.call("SCAN", cursor, "MATCH", f"{self.prefix}:*", "COUNT", 1000)
+                assert isinstance(reply, list)
+                cursor = reply[0].decode()
+                out += [k.decode() for k in reply[1]]
+                if cursor == "0":
+                    return out
+
+    def close(self) -> None:
+        """Delete every key under this run's prefix (ours only) and drop the connections. A server
+        that cannot be reached is noted in ``cleanup_problems``; nothing raises."""
+        with self._lock:
+            self._index.clear()
+        try:
+            keys = self.server_keys()
+            with self._conn() as c:
+                for i in range(0, len(keys), 1000):
+                    c.call("UNLINK", *keys[i : i + 1000])
+        except (RespError, RespConnectionError) as e:
+            self.cleanup_problems.append(f"{self.url}: keys {self.prefix}:* not removed ({e})")
+        finally:
+            self._pool.close()
+
+
+def _info(reply: object) -> dict[str, str]:
+    text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
+    out = {}
+    for line in text.splitlines():
+        if ":" in line and not line.startswith("#"):
+            k, v = line.split(":", 1)
+            out[k] = v
+    return out
+
+
+__all__ = ["RedisTier", "check_url", "PASSWORD_ENV"]

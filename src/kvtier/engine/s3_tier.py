@@ -1,0 +1,280 @@
+"""S3 tier: entries as objects on any S3-compatible server (the ``s3`` extra: boto3).
+
+An entry is one object ``<prefix>/<run>/<digest>``. Entries up to ``part_bytes`` go up in one
+PUT; larger ones as a multipart upload of ``part_bytes`` parts (S3's minimum part is 5 MiB),
+aborted when any part fails so no upload is left open. Reads are ranged GETs of the caller's
+buffer size, each copied into the aligned buffer, so export yields chunks the next tier can write
+with O_DIRECT and a read can be cancelled between ranges.
+
+The client is one thread-safe boto3 client whose connection pool is sized to the I/O slots; every
+worker thread runs its own requests on it. Request checksums are computed only where S3 requires
+them (botocore's default CRC32 of every body would cost CPU the device never sees). Credentials
+come from the standard AWS chain (environment, ~/.aws config, instance roles) — never argv.
+
+Timing: device_ns is the time inside the HTTP calls (send, server work, receive); host_ns the
+rest (joining chunks into a part, copying a range into the buffer).
+
+Cleanup: only objects under this run's own prefix are ever deleted; the bucket is created when
+missing and is never removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kvtier.engine.backend import IOTiming, check_cancel, read_through_export, round_up
+from kvtier.errors import EntryNotFound, StorageError, TierFullError, TierUnavailable, UnsupportedError
+
+MIN_PART_BYTES = 5 * 1024 * 1024
+DEFAULT_PART_BYTES = 16 * 1024 * 1024
+
+
+def _boto() -> tuple[Any, Any, Any]:
+    try:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+    except ImportError as e:
+        raise UnsupportedError("the S3 tier needs boto3: pip install 'kvtier[s3]' (or pip install boto3)") from e
+    return boto3, botocore.config, botocore.exceptions
+
+
+class S3Tier:
+    """KV entries as objects in one bucket, under a prefix of this run's own."""
+
+    def __init__(
+        self,
+        endpoint: str | None,
+        bucket: str,
+        capacity_bytes: int,
+        prefix: str = "kvtier",
+        connections: int = 16,
+        part_bytes: int = DEFAULT_PART_BYTES,
+        name: str = "s3",
+        timeout_s: float = 60.0,
+        region: str | None = None,
+    ) -> None:
+        boto3, config, exc = _boto()
+        self._exc = exc
+        self.name = name
+        self.bucket = bucket
+        self.capacity_bytes = capacity_bytes
+        self.part_bytes = round_up(max(part_bytes, MIN_PART_BYTES))
+        self.prefix = f"{prefix.strip('/')}/{os.getpid()}-{uuid.uuid4().hex[:8]}".lstrip("/")
+        cfg = config.Config(
+            max_pool_connections=max(1, connections),
+            connect_timeout=min(timeout_s, 10.0),
+            read_timeout=timeout_s,
+            retries={"max_attempts": 2, "mode": "standard"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"} if endpoint else {},
+        )
+        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        session = boto3.session.Session()
+        if session.get_credentials() is None:
+            raise StorageError(
+                f"{self.name} tier: no AWS credentials found (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE or ~/.aws/credentials)"
+            )
+        self._client = session.client("s3", endpoint_url=endpoint or None, region_name=region, config=cfg)
+        self._index: dict[str, int] = {}  # key -> object size
+        self._lock = threading.Lock()
+        self.cleanup_problems: list[str] = []
+        created = False
+        try:
+            try:
+                self._client.head_bucket(Bucket=bucket)
+            except exc.ClientError as e:
+                if _code(e) not in ("404", "NoSuchBucket", "NotFound"):
+                    raise
+                self._client.create_bucket(Bucket=bucket)
+                created = True
+        except Exception as e:
+            raise self._fail(f"bucket {bucket!r} at {endpoint or 'AWS'}", e) from e
+        self.server = {
+            "endpoint": endpoint or "aws",
+            "bucket": bucket,
+            "bucket_created": created,
+            "key_prefix": self.prefix,
+            "part_bytes": self.part_bytes,
+            "connections": max(1, connections),
+            "region": region,
+        }
+
+    def _object(self, key: str) -> str:
+        return f"{self.prefix}/{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}"
+
+    def _fail(self, what: str, e: BaseException) -> StorageError:
+        exc = self._exc
+        if isinstance(e, StorageError):
+            return e
+        if isinstance(e, (exc.EndpointConnectionError, exc.ConnectionClosedError, exc.ReadTimeoutError)):
+            return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
+        if isinstance(e, (exc.ConnectTimeoutError, ConnectionError)):
+            return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
+        if isinstance(e, exc.ClientError):
+            code = _code(e)
+            if code in ("NoSuchKey", "404"):
+                return EntryNotFound(f"{self.name} tier: {what}: no such object")
+            if code in ("EntityTooLarge", "QuotaExceeded", "InsufficientStorage", "507"):
+                return TierFullError(f"{self.name} tier: {what}: {e}")
+        return StorageError(f"{self.name} tier: {what}: {e}")
+
+    def stored_size(self, nbytes: int) -> int:
+        return round_up(nbytes)
+
+    # -- Backend ---------------------------------------------------------------------------
+    def _parts(self, chunks: Iterable[memoryview]) -> Iterator[bytearray]:
+        """The entry as bodies of at most part_bytes, copied out of the chunks as they come (a chunk
+        may be a view of a reused buffer, overwritten by the next one)."""
+        part = bytearray()
+        for c in chunks:
+            pos = 0
+            while pos < len(c):
+                take = min(len(c) - pos, self.part_bytes - len(part))
+                part += c[pos : pos + take]
+                pos += take
+                if len(part) == self.part_bytes:
+                    yield part
+                    part = bytearray()
+        if part:
+            yield part
+
+    def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
+        t0 = time.perf_counter_ns()
+        obj = self._object(key)
+        device = total = 0
+        upload: str | None = None
+        try:
+            parts = self._parts(chunks)
+            first = next(parts, bytearray())
+            second = next(parts, None)
+            if second is None:  # one part: a plain PUT
+                t = time.perf_counter_ns()
+                self._client.put_object(Bucket=self.bucket, Key=obj, Body=first)
+                device += time.perf_counter_ns() - t
+                total = len(first)
+            else:
+                t = time.perf_counter_ns()
+                upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=obj)["UploadId"]
+                device += time.perf_counter_ns() - t
+                done: list[dict[str, Any]] = []
+                for number, body in enumerate(itertools.chain((first, second), parts), 1):
+                    t = time.perf_counter_ns()
+                    r = self._client.upload_part(
+                        Bucket=self.bucket, Key=obj, UploadId=upload, PartNumber=number, Body=body
+                    )
+                    device += time.perf_counter_ns() - t
+                    done.append({"ETag": r["ETag"], "PartNumber": number})
+                    total += len(body)
+                t = time.perf_counter_ns()
+                self._client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=obj, UploadId=upload, MultipartUpload={"Parts": done}
+                )
+                device += time.perf_counter_ns() - t
+                upload = None
+        except BaseException as e:
+            if upload is not None:
+                try:
+                    self._client.abort_multipart_upload(Bucket=self.bucket, Key=obj, UploadId=upload)
+                except Exception as abort_error:  # noqa: BLE001 - noted; close() aborts it again
+                    self.cleanup_problems.append(f"multipart upload {upload} of {obj}: not aborted ({abort_error})")
+            if isinstance(e, StorageError) or not isinstance(e, Exception):
+                raise
+            raise self._fail(f"write of {key!r}", e) from e
+        with self._lock:
+            self._index[key] = total
+        return IOTiming(host_ns=time.perf_counter_ns() - t0 - device, device_ns=device)
+
+    def export(
+        self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
+    ) -> Iterator[memoryview]:
+        with self._lock:
+            size = self._index.get(key)
+        if size is None:
+            raise EntryNotFound(f"{self.name} tier: {key!r} not stored")
+        obj = self._object(key)
+        step = len(buf)
+        off = 0
+        while off < size:
+            check_cancel(cancel, f"{self.name} read", off)
+            t0 = time.perf_counter_ns()
+            n = min(step, size - off)
+            try:
+                args: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
+                if n < size:
+                    args["Range"] = f"bytes={off}-{off + n - 1}"
+                body = self._client.get_object(**args)["Body"]
+                data = body.read()
+            except Exception as e:
+                raise self._fail(f"read of {key!r}", e) from e
+            dev = time.perf_counter_ns() - t0
+            if len(data) != n:
+                raise StorageError(f"{self.name} tier: {key!r}: got {len(data)} bytes at {off}, expected {n}")
+            t = time.perf_counter_ns()
+            buf[:n] = data
+            timing.device_ns += dev
+            timing.host_ns += time.perf_counter_ns() - t
+            off += n
+            yield buf[:n]
+
+    def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
+        return read_through_export(self.export, key, buf, cancel)
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            had = self._index.pop(key, None)
+        if had is None:
+            return
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._object(key))
+        except Exception as e:  # noqa: BLE001 - the object stays until close() sweeps the prefix
+            self.cleanup_problems.append(f"{self._object(key)}: delete failed ({e})")
+
+    def listing(self) -> dict[str, int]:
+        """Every object under this run's prefix and its size, as the server lists them."""
+        out: dict[str, int] = {}
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + "/")
+        for page in pages:
+            for o in page.get("Contents", []):
+                out[o["Key"]] = int(o["Size"])
+        return out
+
+    def stored_bytes(self) -> int:
+        """The sizes of our objects summed from a bucket listing under the run's prefix."""
+        try:
+            return sum(self.listing().values())
+        except Exception as e:
+            raise self._fail("listing", e) from e
+
+    def close(self) -> None:
+        """Delete every object (and abort every open multipart upload) under this run's prefix; a
+        server that cannot be reached is noted in ``cleanup_problems``. Nothing raises."""
+        with self._lock:
+            self._index.clear()
+        try:
+            keys = list(self.listing())
+            for i in range(0, len(keys), 1000):
+                self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+                )
+            uploads = self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix + "/")
+            for u in uploads.get("Uploads", []):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
+        except Exception as e:  # noqa: BLE001 - noted
+            self.cleanup_problems.append(f"s3://{self.bucket}/{self.prefix}/: objects not removed ({e})")
+
+
+def _code(e: Any) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+__all__ = ["S3Tier", "MIN_PART_BYTES"]

@@ -1,0 +1,84 @@
+"""The remote tiers' flags: the waterfall order, credentials kept out of argv, --gds, the cold threshold."""
+
+import pytest
+
+from kvtier.config.bench import build_bench_config
+from kvtier.config.tiers import parse_tier_order
+from kvtier.errors import ConfigError
+
+REDIS = {"redis_url": "redis://127.0.0.1:6379/0", "redis_mem_gb": 1}
+
+
+def test_default_order_puts_redis_between_cpu_and_storage_and_s3_last():
+    assert parse_tier_order(None, ["s3", "storage", "cpu", "redis", "gpu"]) == ["gpu", "cpu", "redis", "storage", "s3"]
+    assert parse_tier_order("storage,cpu", ["cpu", "storage"]) == ["storage", "cpu"]
+
+
+@pytest.mark.parametrize(
+    ("order", "needle"),
+    [
+        ("cpu,nvme,storage", "unknown tier 'nvme'"),
+        ("cpu,cpu,storage", "'cpu' is named twice"),
+        ("cpu,redis,storage", "names 'redis', which is not configured"),
+        ("storage", "leaves out the configured 'cpu' tier"),
+    ],
+)
+def test_a_bad_order_is_named(order, needle):
+    with pytest.raises(ConfigError, match="--tier-order") as e:
+        build_bench_config({"tier_order": order, "gpu_mem_gb": 0})
+    assert needle in str(e.value)
+
+
+def test_order_with_every_tier_is_accepted():
+    cfg = build_bench_config({**REDIS, "s3_bucket": "b", "tier_order": "gpu,cpu,storage,redis,s3"})
+    assert cfg.configured_tiers() == ["gpu", "cpu", "redis", "storage", "s3"]
+
+
+def test_a_password_in_the_redis_url_is_refused_and_the_env_is_named():
+    with pytest.raises(ConfigError, match="KVTIER_REDIS_PASSWORD") as e:
+        build_bench_config({"redis_url": "redis://:secret@127.0.0.1:6379/0", "redis_mem_gb": 1})
+    assert "secret" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"redis_url": "redis://127.0.0.1:6379"}, "--redis-url needs --redis-mem-gb"),
+        ({"redis_mem_gb": 1}, "--redis-mem-gb needs --redis-url"),
+        ({"redis_url": "http://127.0.0.1:6379", "redis_mem_gb": 1}, "expected redis://"),
+        ({"s3_endpoint": "http://127.0.0.1:9000"}, "--s3-endpoint needs --s3-bucket"),
+        ({"s3_cold_threshold": 0.5}, "--s3-cold-threshold needs the S3 tier"),
+        ({"s3_bucket": "b", "s3_part_mb": 4}, "s3-part-mb"),
+    ],
+)
+def test_inconsistent_remote_flags_are_named(values, needle):
+    with pytest.raises(ConfigError, match=needle.replace("-", "[-_]")):
+        build_bench_config(values)
+
+
+def test_gds_on_without_a_device_is_refused_before_the_run(tmp_path):
+    from kvtier.bench.setup import gds_for
+    from kvtier.engine.gds import probe_gds
+
+    ok, why = probe_gds()
+    if ok:
+        pytest.skip("GPUDirect Storage is usable here")
+    with pytest.raises(ConfigError, match="--gds on") as e:
+        gds_for(build_bench_config({"gds": "on"}), [])
+    assert why in str(e.value)
+    auto = gds_for(build_bench_config({"gds": "auto"}), [])
+    assert auto == {"requested": "auto", "used": False, "reason": why}
+    assert gds_for(build_bench_config({"gds": "off"}), [])["reason"] == "--gds off"
+
+
+def test_the_cold_threshold_is_the_file_tiers_own_target():
+    from kvtier.engine.null import NullTier
+    from kvtier.engine.tiered import StoreConfig, TieredStore
+
+    store = TieredStore(
+        [NullTier("storage", 1000), NullTier("s3", 10_000)],
+        StoreConfig(target_usage_ratio=0.9, tier_target_ratios={"storage": 0.25}),
+    )
+    assert [t.target for t in store._tiers] == [250, 9000]
+    with pytest.raises(ValueError, match="storage tier's target ratio"):
+        StoreConfig(tier_target_ratios={"storage": 1.5})
