@@ -77,7 +77,7 @@ def redis_server(
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # up (with --requirepass it asks who we are)
                         break
             except OSError:
                 time.sleep(0.05)

@@ -115,6 +115,21 @@ def test_redis_below_the_file_tier_gets_whole_entries_from_a_reused_buffer(rserv
 
 
 @NEEDS_REDIS
+def test_redis_password_comes_from_the_environment(monkeypatch):
+    from kvtier.engine.redis_tier import RedisTier
+
+    with redis_server(extra=("--requirepass", "s3cret-pw")) as srv:
+        monkeypatch.delenv("KVTIER_REDIS_PASSWORD", raising=False)
+        monkeypatch.delenv("REDISCLI_AUTH", raising=False)
+        with pytest.raises(StorageError, match="KVTIER_REDIS_PASSWORD"):
+            RedisTier(srv.url, 64 * MiB)
+        monkeypatch.setenv("KVTIER_REDIS_PASSWORD", "s3cret-pw")
+        tier = RedisTier(srv.url, 64 * MiB)
+        assert tier.server["version"]
+        tier.close()
+
+
+@NEEDS_REDIS
 def test_redis_refusing_for_memory_is_a_full_tier_and_the_entry_falls_through(noise, cache_dir):
     from kvtier.engine.redis_tier import RedisTier
 

@@ -30,7 +30,7 @@ def test_a_bad_order_is_named(order, needle):
 
 
 def test_order_with_every_tier_is_accepted():
-    cfg = build_bench_config({**REDIS, "s3_bucket": "b", "tier_order": "gpu,cpu,storage,redis,s3"})
+    cfg = build_bench_config({**REDIS, "s3_bucket": "kv-cache", "tier_order": "gpu,cpu,storage,redis,s3"})
     assert cfg.configured_tiers() == ["gpu", "cpu", "redis", "storage", "s3"]
 
 
@@ -48,7 +48,8 @@ def test_a_password_in_the_redis_url_is_refused_and_the_env_is_named():
         ({"redis_url": "http://127.0.0.1:6379", "redis_mem_gb": 1}, "expected redis://"),
         ({"s3_endpoint": "http://127.0.0.1:9000"}, "--s3-endpoint needs --s3-bucket"),
         ({"s3_cold_threshold": 0.5}, "--s3-cold-threshold needs the S3 tier"),
-        ({"s3_bucket": "b", "s3_part_mb": 4}, "s3-part-mb"),
+        ({"s3_bucket": "bucket", "s3_part_mb": 4}, "s3-part-mb"),
+        ({"s3_bucket": "B1"}, "not a valid S3 bucket name"),
     ],
 )
 def test_inconsistent_remote_flags_are_named(values, needle):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import field_validator, model_validator
@@ -77,6 +78,17 @@ class RemoteTierFlags(StrictModel):
             return check_url(v)
         except ConfigError as e:
             raise ValueError(str(e).removeprefix("--redis-url: ").removeprefix("--redis-url ")) from e
+
+    @field_validator("s3_bucket")
+    @classmethod
+    def _bucket(cls, v: str | None) -> str | None:
+        """S3's naming rule, checked before any connection: 3-63 of a-z, 0-9, '.', '-', starting and
+        ending with a letter or digit."""
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", v):
+            raise ValueError(
+                f"{v!r} is not a valid S3 bucket name (3-63 of a-z 0-9 . -, starting and ending alphanumeric)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _remote_consistent(self) -> Any:

@@ -213,16 +213,14 @@ class S3Tier:
                 if n < size:
                     args["Range"] = f"bytes={off}-{off + n - 1}"
                 body = self._client.get_object(**args)["Body"]
-                data = body.read()
+                got = _read_into(body, buf[:n])
+            except StorageError:
+                raise
             except Exception as e:
                 raise self._fail(f"read of {key!r}", e) from e
-            dev = time.perf_counter_ns() - t0
-            if len(data) != n:
-                raise StorageError(f"{self.name} tier: {key!r}: got {len(data)} bytes at {off}, expected {n}")
-            t = time.perf_counter_ns()
-            buf[:n] = data
-            timing.device_ns += dev
-            timing.host_ns += time.perf_counter_ns() - t
+            timing.device_ns += time.perf_counter_ns() - t0
+            if got != n:
+                raise StorageError(f"{self.name} tier: {key!r}: got {got} bytes at {off}, expected {n}")
             off += n
             yield buf[:n]
 
@@ -271,6 +269,26 @@ class S3Tier:
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
         except Exception as e:  # noqa: BLE001 - noted
             self.cleanup_problems.append(f"s3://{self.bucket}/{self.prefix}/: objects not removed ({e})")
+
+
+def _read_into(body: Any, view: memoryview) -> int:
+    """Receive a response body straight into ``view`` (urllib3's readinto under botocore's streaming
+    body: no bytes object, no copy); the bytes received. Falls back to read() and one copy where
+    the stream has no readinto."""
+    raw = getattr(body, "_raw_stream", None)
+    if raw is None or not hasattr(raw, "readinto"):
+        data = body.read()
+        if len(data) > len(view):
+            raise StorageError(f"a body of {len(data)} bytes for a {len(view)}-byte range")
+        view[: len(data)] = data
+        return len(data)
+    got = 0
+    while got < len(view):
+        r = raw.readinto(view[got:])
+        if not r:
+            break
+        got += r
+    return got  # a short body is the caller's error; urllib3 enforces Content-Length
 
 
 def _code(e: Any) -> str:
