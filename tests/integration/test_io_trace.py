@@ -107,6 +107,17 @@ def test_replay_reproduces_the_bytes_of_the_traced_run(traced, tmp_path: Path): 
     assert list((tmp_path / "cache").iterdir()) == []
 
 
+def test_replay_refuses_rows_of_remote_tiers(tmp_path: Path):
+    from kvtier import iotrace
+
+    (tmp_path / "t.csv").write_text(
+        "Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n"
+        "1.0,Write,8192,Tier-1,a,Prefill\n1.1,Write,8192,Tier-3,b,Prefill\n"
+    )
+    with pytest.raises(DatasetError, match=r"Tier-3 \(redis\)"):
+        iotrace.run_replay(TraceReplayConfig(trace=str(tmp_path / "t.csv"), cache_dir=str(tmp_path), speed=0))
+
+
 def test_zstd_trace_mode(tmp_path: Path):
     pytest.importorskip("zstandard")
     res = run(_cfg(tmp_path, duration=1.0, io_trace_log=str(tmp_path / "t.csv.zst")))

@@ -39,13 +39,13 @@ from kvtier.bench.setup import Components, Plan, build_components, derive
 from kvtier.config.bench import BenchConfig
 from kvtier.config.iotrace import TraceReplayConfig
 from kvtier.engine.backend import aligned_buffer
-from kvtier.errors import StorageError
+from kvtier.errors import DatasetError, StorageError
 from kvtier.report.bench import BenchResult, IOTraceSource
 from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, utc_now, warning
 from kvtier.telemetry.clock import MONOTONIC
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
-from kvtier.telemetry.iotrace import IOTrace, read_trace
+from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.telemetry.recorder import Recorder, RequestRecord
 
 GiB = 1024**3
@@ -276,6 +276,13 @@ def run(cfg: TraceReplayConfig, *, handle_signals: bool = False) -> BenchResult:
     check_output_path("--output", cfg.output)
     check_output_path("--xlsx-output", cfg.xlsx_output)
     trace = read_trace(cfg.trace, cfg.max_bad_rows)
+    remote = sorted({int(t) for t in trace.tier.tolist() if int(t) not in TIER_OF})
+    if remote:  # a trace of a run with Redis/S3 tiers: their rows have no tier here to run on
+        names = ", ".join(f"Tier-{t} ({TIER_BY_NUMBER.get(t, '?')})" for t in remote)
+        raise DatasetError(
+            f"{cfg.trace}: rows on {names}: kvtier trace replay replays the GPU, CPU and storage tiers only; "
+            "replay the run itself with kvtier bench --redis-url/--s3-bucket instead"
+        )
     bench_cfg, notes = _bench_config(cfg, trace)
     started = utc_now()
     plan = derive(bench_cfg)
