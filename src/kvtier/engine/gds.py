@@ -37,7 +37,9 @@ def probe_gds() -> tuple[bool, str]:
     if not ok:
         return False, why
     defaults = kvikio.defaults
-    if hasattr(defaults, "compat_mode"):  # kvikio < 25
+    if hasattr(defaults, "is_compat_mode_preferred"):  # kvikio >= 25: AUTO resolved against cuFile's presence
+        compat = bool(defaults.is_compat_mode_preferred())
+    elif hasattr(defaults, "compat_mode"):  # older kvikio: a bool
         compat = bool(defaults.compat_mode())
     else:
         compat = str(defaults.get("compat_mode")).upper().endswith("ON")
