@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.config.bench import BenchConfig
+from kvtier.config.tiers import TIER_KINDS
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, sleep_until
 from kvtier.report.aggregate import BenchAggregate
@@ -36,7 +37,7 @@ from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
 
 START_MARGIN_S = 1.0  # between rank 0's go and the shared start: every rank hears it in time
-TIERS = ("gpu", "cpu", "storage")
+TIERS = TIER_KINDS  # every kind a rank may have (gpu, cpu, redis, storage, s3); pooled where present
 
 
 def rank_path(path: str | None, rank: int, suffix: str) -> str | None:
