@@ -83,3 +83,25 @@ def test_the_cold_threshold_is_the_file_tiers_own_target():
     assert [t.target for t in store._tiers] == [250, 9000]
     with pytest.raises(ValueError, match="storage tier's target ratio"):
         StoreConfig(tier_target_ratios={"storage": 1.5})
+
+
+def test_a_redis_servers_own_limits_are_warned_of():
+    from types import SimpleNamespace
+
+    from kvtier.bench.setup import _remote_warnings
+
+    warnings: list = []
+    tier = SimpleNamespace(
+        name="redis", capacity_bytes=8 << 30, server={"maxmemory_bytes": 1 << 30, "maxmemory_policy": "allkeys-lru"}
+    )
+    _remote_warnings(tier, warnings)
+    assert [w.code for w in warnings] == ["remote-tier-limit", "remote-tier-limit"]
+    assert "maxmemory (1.00 GiB) is below" in warnings[0].message and "allkeys-lru" in warnings[1].message
+    warnings.clear()
+    _remote_warnings(
+        SimpleNamespace(
+            name="redis", capacity_bytes=1 << 30, server={"maxmemory_bytes": 0, "maxmemory_policy": "noeviction"}
+        ),
+        warnings,
+    )
+    assert warnings == []
