@@ -285,7 +285,7 @@ def test_s3_server_gone_is_tier_unavailable_and_close_says_so(noise):
 def test_sim_offloads_to_the_remote_tier_and_hits_it(kind, request, tmp_path):
     """kvtier sim --offload redis|s3: chunks spill from a tiny CPU staging tier to the real server, a
     later request's prefix is loaded back from it, and the server is left as found."""
-    from tests.integration.test_sim import chat, long_prompt, start_sim, stop_sim, wait_stored
+    from tests.integration.test_sim import offload_round_trip, start_sim
 
     if kind == "redis":
         srv = request.getfixturevalue("rserver")
@@ -299,17 +299,5 @@ def test_sim_offloads_to_the_remote_tier_and_hits_it(kind, request, tmp_path):
         client = boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1")
         held = lambda: client.list_objects_v2(Bucket="kvtier-sim").get("KeyCount", 0)  # noqa: E731
     s = start_sim(tmp_path, "--offload", kind, *args, "--staging-gb", "0.01")
-    try:
-        a = long_prompt("alpha")
-        _, ra, _ = s.post("/v1/chat/completions", chat(a))
-        n_alpha = ra["usage"]["prompt_tokens"] // 256
-        wait_stored(s, n_alpha)
-        assert held() > 0, "chunks spilled from the staging tier to the server"
-        _, rb, _ = s.post("/v1/chat/completions", chat(long_prompt("beta")))
-        wait_stored(s, n_alpha + rb["usage"]["prompt_tokens"] // 256)
-        _, r, _ = s.post("/v1/chat/completions", chat(a))
-        assert r["kvtier"]["external_tokens"] >= 256
-    finally:
-        code, err = stop_sim(s)
-    assert code == 0, err
+    offload_round_trip(s, lambda: held() > 0, f"the {kind} server")
     assert held() == 0

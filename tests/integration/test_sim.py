@@ -196,17 +196,16 @@ def test_without_offload_a_gpu_miss_is_recomputed(tmp_path: Path):
         stop_sim(s)
 
 
-def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
-    d = tmp_path / "nvme"
-    d.mkdir()
-    s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1", "--staging-gb", "0.01")
+def offload_round_trip(s: Sim, spilled: Any, where: str) -> None:
+    """Prompt alpha, then beta, then alpha again through a sim whose offload tier sits behind a tiny
+    staging tier: alpha's chunks must spill past staging (``spilled()``, to ``where``) and alpha's
+    prefix must come back from the offload tier; the sim must then stop cleanly."""
     try:
         a = long_prompt("alpha")
         _, ra, _ = s.post("/v1/chat/completions", chat(a))
         n_alpha = ra["usage"]["prompt_tokens"] // 256
         wait_stored(s, n_alpha)
-        files = [p for p in d.rglob("*.kv")]
-        assert files, "chunks spilled from the small staging tier to files"
+        assert spilled(), f"chunks spilled from the small staging tier to {where}"
         _, rb, _ = s.post("/v1/chat/completions", chat(long_prompt("beta")))
         wait_stored(s, n_alpha + rb["usage"]["prompt_tokens"] // 256)
         _, r, _ = s.post("/v1/chat/completions", chat(a))
@@ -214,6 +213,13 @@ def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
     finally:
         code, err = stop_sim(s)
     assert code == 0, err
+
+
+def test_nvme_offload_uses_real_files_and_cleans_up(tmp_path: Path):
+    d = tmp_path / "nvme"
+    d.mkdir()
+    s = start_sim(tmp_path, "--offload", "nvme", "--nvme-dir", str(d), "--nvme-offload-gb", "1", "--staging-gb", "0.01")
+    offload_round_trip(s, lambda: bool(list(d.rglob("*.kv"))), "files")
     assert list(d.iterdir()) == []
 
 

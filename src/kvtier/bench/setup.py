@@ -374,9 +374,9 @@ def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Back
     capacity = {
         "gpu": int(cfg.gpu_mem_gb * cfg.num_gpus * GiB),
         "cpu": int(cfg.cpu_mem_gb * GiB),
-        "redis": int(cfg.redis_mem_gb * GiB),
+        "redis": cfg.remote_capacity_bytes("redis"),
         "storage": file_tier.capacity_bytes,
-        "s3": int(cfg.s3_capacity_gb * GiB),
+        "s3": cfg.remote_capacity_bytes("s3"),
     }
     return [NullTier(name, capacity[name], file_tier.stored_size if name == "storage" else round_up) for name in order]
 

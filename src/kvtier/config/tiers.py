@@ -13,6 +13,8 @@ from kvtier.config.base import StrictModel, flag
 
 REMOTE = "remote tiers"
 TIER_KINDS = ("gpu", "cpu", "redis", "storage", "s3")
+GiB = 1024**3
+MiB = 1024**2
 DEFAULT_TIER_ORDER = TIER_KINDS  # Redis between CPU RAM and the file tier; S3 below it (cold)
 
 
@@ -42,42 +44,37 @@ class RemoteTierFlags(StrictModel):
         16, "S3 tier: multipart part size, MiB; entries up to it go in one PUT", group=REMOTE, ge=5, le=5120
     )
 
+    def remote_capacity_bytes(self, kind: str) -> int:
+        """The capacity of the remote tier ``kind`` ("redis" or "s3"), bytes."""
+        return int((self.redis_mem_gb if kind == "redis" else self.s3_capacity_gb) * GiB)
+
     def open_remote(self, kind: str, connections: int) -> Any:
         """The remote tier ``kind`` ("redis" or "s3") these flags describe, connected; its pool sized
         to ``connections`` (the I/O slots). Raises TierUnavailable when the server cannot be reached."""
-        GiB = 1024**3
-        MiB = 1024**2
+        capacity = self.remote_capacity_bytes(kind)
         if kind == "redis":
             from kvtier.engine.redis_tier import RedisTier
 
             assert self.redis_url is not None
-            return RedisTier(self.redis_url, int(self.redis_mem_gb * GiB), connections, self.redis_part_mb * MiB)
+            return RedisTier(self.redis_url, capacity, connections, self.redis_part_mb * MiB)
         if kind == "s3":
             from kvtier.engine.s3_tier import S3Tier
 
             assert self.s3_bucket is not None
             return S3Tier(
-                self.s3_endpoint,
-                self.s3_bucket,
-                int(self.s3_capacity_gb * GiB),
-                self.s3_prefix,
-                connections,
-                self.s3_part_mb * MiB,
+                self.s3_endpoint, self.s3_bucket, capacity, self.s3_prefix, connections, self.s3_part_mb * MiB
             )
         raise ValueError(f"not a remote tier: {kind!r}")
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        from kvtier.engine.redis_tier import check_url
-        from kvtier.errors import ConfigError
+        from kvtier.engine.redis_tier import url_problem
 
-        try:
-            return check_url(v)
-        except ConfigError as e:
-            raise ValueError(str(e).removeprefix("--redis-url: ").removeprefix("--redis-url ")) from e
+        problem = None if v is None else url_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("s3_bucket")
     @classmethod

@@ -44,21 +44,19 @@ KEY_PREFIX = "kvtier"
 DEFAULT_PART_BYTES = 4 * 1024 * 1024
 
 
-def check_url(url: str) -> str:
-    """The URL, checked: redis://, rediss:// or unix://, no password in it. Raises ConfigError."""
+def url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL (redis://, rediss:// or unix://, no password in it), or None.
+    Names no flag: the config's validator says which flag it came from."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"--redis-url {url!r}: expected redis://host:port/db, rediss://... (TLS) or unix:///path")
+        return f"{url!r}: expected redis://host:port/db, rediss://... (TLS) or unix:///path"
     if parts.password is not None:
-        raise ConfigError(
-            "--redis-url: a password in the URL would be visible in the process list; "
-            f"give it in {PASSWORD_ENV[0]} instead"
-        )
+        return f"a password in the URL would be visible in the process list; give it in {PASSWORD_ENV[0]} instead"
     if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(f"--redis-url {url!r}: no host")
+        return f"{url!r}: no host"
     if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
-        raise ConfigError(f"--redis-url {url!r}: the path must be a database number (redis://host:port/0)")
-    return url
+        return f"{url!r}: the path must be a database number (redis://host:port/0)"
+    return None
 
 
 def _password() -> str | None:
@@ -82,7 +80,10 @@ class RedisTier:
         timeout_s: float = 30.0,
     ) -> None:
         self.name = name
-        self.url = check_url(url)
+        problem = url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"{name} tier: {problem}")
+        self.url = url
         self.capacity_bytes = capacity_bytes
         self.part_bytes = round_up(max(part_bytes, 4096))
         self.prefix = f"{KEY_PREFIX}:{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -311,4 +312,4 @@ def _info(reply: object) -> dict[str, str]:
     return out
 
 
-__all__ = ["RedisTier", "check_url", "PASSWORD_ENV"]
+__all__ = ["RedisTier", "url_problem", "PASSWORD_ENV"]

@@ -116,9 +116,14 @@ class S3Tier:
         exc = self._exc
         if isinstance(e, StorageError):
             return e
-        if isinstance(e, (exc.EndpointConnectionError, exc.ConnectionClosedError, exc.ReadTimeoutError)):
-            return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
-        if isinstance(e, (exc.ConnectTimeoutError, ConnectionError)):
+        unreachable = (
+            exc.EndpointConnectionError,
+            exc.ConnectionClosedError,
+            exc.ReadTimeoutError,
+            exc.ConnectTimeoutError,
+            ConnectionError,
+        )
+        if isinstance(e, unreachable):
             return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
         if isinstance(e, exc.ClientError):
             code = _code(e)
