@@ -411,6 +411,21 @@ class TieredStore:
         self._done(dst.backend.name, "write", write_cause, e.key, e.nbytes, write_t)
         return read_t
 
+    def _commit(self, e: _Entry, i: int, size: int) -> None:
+        """A written entry joins tier i (its ``size`` bytes already reserved and written) — unless a
+        concurrent put of the same key committed first: then theirs is kept and ours given back."""
+        t = self._tiers[i]
+        with self._lock:
+            previous = self._entries.get(e.key)
+            if previous is None:
+                e.tier, e.size = i, size
+                self._entries[e.key] = e
+                t.policy.insert(e.key)
+                self._space.notify_all()
+        if previous is not None:
+            t.backend.delete(e.key)
+            self._release(i, size)
+
     # -- public operations -------------------------------------------------------------------
     def put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
         """Store an entry (replacing any entry under the same key) in the fastest tier with room.
@@ -458,16 +473,7 @@ class TieredStore:
                 if isinstance(exc, TierFullError):
                     continue  # the medium is full (ENOSPC): try the next tier
                 raise
-            with self._lock:
-                previous = self._entries.get(key)
-                if previous is None:
-                    e.tier, e.size = i, size
-                    self._entries[key] = e
-                    t.policy.insert(key)
-                    self._space.notify_all()
-            if previous is not None:  # a concurrent put of the same key won; keep theirs
-                t.backend.delete(key)
-                self._release(i, size)
+            self._commit(e, i, size)
             self._done(t.backend.name, "write", "request", key, nbytes, timing)
             return PutResult(t.backend.name, timing)
         if last_error is not None:
@@ -550,12 +556,7 @@ class TieredStore:
             elif not isinstance(exc, TierFragmented):
                 self.sink.tier_error(tier, "write", "request", nbytes, exc)
             raise
-        e = _Entry(key, nbytes)
-        with self._lock:
-            e.tier, e.size = i, size
-            self._entries[key] = e
-            t.policy.insert(key)
-            self._space.notify_all()
+        self._commit(_Entry(key, nbytes), i, size)
         self._done(tier, "write", "request", key, nbytes, timing)
         return PutResult(tier, timing)
 

@@ -15,14 +15,18 @@ def _stats(xs: list[float]) -> dict[str, float | int | None]:
     return stats.summarize(xs, scale=1.0, digits=6)
 
 
+def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> float | None:
+    """Time per output token after the first, (e2e - TTFT) / (tokens - 1): the one rule of the replay's
+    summary and the report's records; None for fewer than two tokens (or none known)."""
+    if not completion_tokens or not completion_tokens > 1:  # also False for NaN
+        return None
+    return (e2e_s - ttft_s) / (completion_tokens - 1)
+
+
 def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == "ok" and r["ttft_s"] is not None]
     failed = [r for r in records if r["status"] != "ok"]
-    tpots = [
-        (r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1)
-        for r in ok
-        if r.get("completion_tokens") and r["completion_tokens"] > 1
-    ]
+    tpots = [v for r in ok if (v := tpot_s(r["e2e_s"], r["ttft_s"], r.get("completion_tokens"))) is not None]
     first: dict[str, float] = {}
     for r in ok:
         if r["turn"] == 0:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DatasetError
+from kvtier.replay.summary import tpot_s
 from kvtier.stats import percentile
 
 LOWER, HIGHER = "lower", "higher"
@@ -78,7 +79,8 @@ class ReplayRecords:
                 turn.append(int(t))
                 ok.append(good)
                 ttft.append(ttft_v)
-                tpot.append((e2e_v - ttft_v) / (n_v - 1) if good and n_v > 1 else nan)  # nan > 1 is False
+                v = tpot_s(e2e_v, ttft_v, n_v) if good else None
+                tpot.append(nan if v is None else v)
                 start.append(num(st))
         s = np.asarray(start, dtype=np.float64)
         base = np.nanmin(s) if np.isfinite(s).any() else 0.0
