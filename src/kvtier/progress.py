@@ -35,11 +35,12 @@ class ProgressOutput:
             return
         if self._live is not None:
             from rich.table import Table
+            from rich.text import Text
 
             table = Table(title=title)
             for h in headers:
                 table.add_column(h)
-            table.add_row(*values)
+            table.add_row(*(Text(v) for v in values))  # outside text (server names, rates): never markup
             self._live.update(table, refresh=True)
         else:
             print(line, file=self.stream, flush=True)

@@ -608,6 +608,8 @@ def test_zero_valued_flags_take_the_reference_meaning(tmp_path, small_workload):
     args += ["--cpu-mem-gb", "0.01", "--generation-mode", "none", "--config", small_workload, "--seed", "3"]
     args += ["--max-concurrent-allocs", "0", "--io-buffer-budget-mb", "20", "--cache-dir", str(cache)]
     args += ["--storage-capacity-gb", "0.01", "--precondition", "--log-level", "CRITICAL", "--output", str(out)]
+    # 40 users into a 0.01 GB tier fail stores (tier-full) far above 1 %: this test is about the flags' meaning
+    args += ["--max-failure-rate", "1"]
     p = bench(args, tmp_path)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
@@ -636,3 +638,43 @@ def test_the_load_ends_on_time_at_200_users(tmp_path):
     assert r["elapsed_s"] - 4 < 2.0, (r["elapsed_s"], r["load_duration_s"])
     td = r["teardown"]
     assert td["seconds"] >= 0 and td["storage_bytes"] > 0 and not td["kept"]
+
+
+def test_a_bench_whose_storage_cannot_hold_its_users_is_failed_not_complete(tmp_path, cache_dir):
+    """The status rule (report/outcome.py): entries of 0.1-3 GB into a 0.05 GB tier all fail tier-full;
+    the run ran its --duration but is failed (exit 1, too-many-failures), said in words at the end."""
+    out = tmp_path / "r.json"
+    p = bench(
+        [
+            "--model",
+            "llama3.1-8b",
+            "--num-users",
+            "4",
+            "--duration",
+            "3",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--storage-capacity-gb",
+            "0.05",
+            "--generation-mode",
+            "none",
+            "--seed",
+            "1",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+        ],  # fmt: skip
+        tmp_path,
+    )
+    assert p.returncode == 1, p.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "failed" and r["stop_reason"]["code"] == "too-many-failures"
+    f = r["errors"]["failures"]["tier-full"]
+    assert f["count"] == r["requests_failed"] >= 1 and f["first_message"].startswith("tier_full")
+    assert {"requests-failed", "run-not-complete"} <= codes(r)
+    assert f"{r['requests_failed']} of {r['requests_failed'] + r['requests_completed']} requests failed: tier-full" in (
+        " ".join(p.stdout.split())
+    )

@@ -171,12 +171,13 @@ def test_dry_run_vllm_prints_recognisable_commands(tmp_path: Path, build: str, e
     )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
-    assert lines[0].startswith("lmcache server --host 127.0.0.1 --port ")
+    assert lines[0].startswith("DO_NOT_TRACK=1 lmcache server --host 127.0.0.1 --port ")
     sidecar_port = int(lines[0].split("--port ", 1)[1].split()[0])
     assert "--l2-adapter" in lines[0] and '"type": "fs"' in lines[0] and str(nvme) in lines[0]
     assert '"max_capacity_gb": 40' in lines[0]
     vllm = [x for x in lines if " vllm serve meta-llama/Llama-3.1-8B-Instruct " in x]
-    assert len(vllm) == 2 and f"{env} vllm serve" in vllm[0] and env.replace("=0", "=1") + " vllm serve" in vllm[1]
+    assert len(vllm) == 2 and f"{env} DO_NOT_TRACK=1 vllm serve" in vllm[0]
+    assert env.replace("=0", "=1") + " DO_NOT_TRACK=1 vllm serve" in vllm[1]
     ktc = json.loads(vllm[0].split("--kv-transfer-config ", 1)[1].strip("'"))
     assert ktc["kv_connector"] == "LMCacheMPConnector" and ktc["kv_role"] == "kv_both"
     assert ktc["kv_connector_extra_config"]["lmcache.mp.port"] == sidecar_port
@@ -385,6 +386,10 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
             "0",
             "--scrape-interval",
             "1",
+            # the streams cut by the kill fail (connection): a few of 60, tolerated here as the test's point
+            # is that the run finishes on the other replica (without this the status rule makes it failed)
+            "--max-failure-rate",
+            "0.25",
         ],
         lambda proc, rec: os.kill(rec["pids"]["replica1"], signal.SIGKILL),
         "--health-interval",

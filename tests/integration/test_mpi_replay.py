@@ -27,7 +27,18 @@ def test_users_split_exactly_and_the_summary_pools_the_union(tmp_path: Path):
     sim = start_sim(tmp_path, "--gpu-kv-gb", "0.5")
     try:
         args = ["--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--dataset", str(data), "--num-rounds", "3"]
-        args += ["--concurrency", "3", "--gap-scale", "0", "--scrape-interval", "0.5", "--output", str(out)]
+        args += [
+            "--min-chunk-rounds",
+            "0",
+            "--concurrency",
+            "3",
+            "--gap-scale",
+            "0",
+            "--scrape-interval",
+            "0.5",
+            "--output",
+            str(out),
+        ]
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
         p = subprocess.run(
             ["mpirun", *root, "--oversubscribe", "-np", "2", *kvtier_cmd(), "replay", *args],
@@ -38,7 +49,9 @@ def test_users_split_exactly_and_the_summary_pools_the_union(tmp_path: Path):
     finally:
         stop_sim(sim)
     assert p.returncode == 0, p.stdout + p.stderr
-    single = prepare(ReplayConfig(base_url="http://x/v1", model="m", dataset=str(data), num_rounds=3))
+    single = prepare(
+        ReplayConfig(base_url="http://x/v1", model="m", dataset=str(data), num_rounds=3, min_chunk_rounds=0)
+    )
     expected = sorted(u.user_id for u in single.users)
     per_rank = [
         [json.loads(x) for x in (out / f"rank_{r}" / "requests.jsonl").read_text().splitlines()] for r in (0, 1)
@@ -66,7 +79,8 @@ def test_launch_drives_its_replica_with_client_ranks(tmp_path: Path):
     data = conversations(tmp_path / "data", users=4, turns=3)
     out = tmp_path / "run"
     flags = ["--tier", "gpu", "--engine", "sim", "--client-ranks", "2"]
-    replay = ["--model", "m", "--dataset", str(data), "--num-rounds", "3", "--concurrency", "2", "--warmup", "0"]
+    replay = ["--model", "m", "--dataset", str(data), "--num-rounds", "3", "--min-chunk-rounds", "0"]
+    replay += ["--concurrency", "2", "--warmup", "0"]
     p = launch(out, *flags, replay=replay)
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((out / "replay" / "summary.json").read_text())

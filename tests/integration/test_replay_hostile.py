@@ -110,6 +110,8 @@ def replay_cmd(server: Hostile, data: Path, out: Path) -> list[str]:
         str(data),
         "--num-rounds",
         "1",
+        "--min-chunk-rounds",
+        "0",
         "--concurrency",
         "1",
         "--warmup",
@@ -133,14 +135,18 @@ def test_malformed_output_is_recorded_per_request_and_bounded(tmp_path: Path):
     finally:
         server.close()
     assert "Traceback" not in p.stderr, p.stderr
-    assert p.returncode == 0, p.stderr  # one request succeeded: the run is complete, with its errors recorded
+    assert p.returncode == 1, p.stderr  # 4 of 5 failed: far above --max-failure-rate, the run is failed
+    assert "4 of 5 requests failed: stream-malformed 4" in p.stdout
     recs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     assert [r["status"] for r in recs] == ["error", "error", "error", "error", "ok"]
+    assert [r["cause"] for r in recs] == ["stream-malformed"] * 4 + [None]
     errors = " | ".join(r["error"] for r in recs[:4])
     assert "UnicodeDecodeError" in errors and "not a JSON object" in errors
     assert "usage.completion_tokens" in errors and "without a separator" in errors
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert s["summary"]["requests_failed"] == 4 and s["summary"]["failures_by_status"] == {"error": 4}
+    assert s["status"] == "failed" and s["stop_reason"]["code"] == "too-many-failures"
+    assert s["summary"]["requests_failed"] == 4 and s["summary"]["failures"]["stream-malformed"]["count"] == 4
+    assert "UnicodeDecodeError" in s["summary"]["failures"]["stream-malformed"]["first_message"]
     m = s["server_metrics"][0]  # the endless /metrics page: scrape errors, no samples, no memory blow-up
     assert m["samples"] == 0 and m["scrape_errors"] >= 2
     assert "scrape-failed" in {w["code"] for w in s["warnings"]}
@@ -166,3 +172,5 @@ def test_a_signal_cuts_streams_in_flight_and_writes_the_partial_result(tmp_path:
     assert s["status"] == "partial" and s["stop_reason"]["code"] in ("interrupted", "terminated")
     recs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     assert [r["status"] for r in recs] == ["cut"] and "stopped" in recs[0]["error"]
+    assert recs[0]["cause"] == "cut-at-stop" and s["summary"]["requests_failed"] == 0
+    assert s["summary"]["requests_cut_at_stop"] == 1

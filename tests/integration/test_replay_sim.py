@@ -136,9 +136,15 @@ def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
     sim.proc.send_signal(signal.SIGKILL)
     sim.proc.wait()
     out, err = proc.communicate(timeout=120)
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())["summary"]
+    r = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = r["summary"]
     assert s["requests_failed"] >= 1 and s["sessions"]["error"] >= 1
-    assert proc.returncode == (0 if s["requests_ok"] else 1), err
+    # every user after the kill fails to connect: far above --max-failure-rate, so failed, exit 1
+    assert proc.returncode == 1, err
+    assert r["status"] == "failed" and r["stop_reason"]["code"] == "too-many-failures"
+    assert s["failures"]["connection"]["count"] >= 4  # at least the 4 in flight when it died
+    assert sum(f["count"] for f in s["failures"].values()) == s["requests_failed"]
+    assert f"{s['requests_failed']} of {s['requests_failed'] + s['requests_ok']} requests failed: " in out
 
 
 def test_synthetic_sessions_against_sim_grow_by_isl_and_osl_each_turn(tmp_path):

@@ -42,7 +42,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         try:
             p = subprocess.run(
                 [*kvtier_cmd(), "replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--dataset", str(data),
-                 "--num-rounds", "4", "--concurrency", "3", "--output", str(d / mode), "--gap-scale", "0",
+                 "--num-rounds", "4", "--min-chunk-rounds", "0", "--concurrency", "3", "--output", str(d / mode),
+                 "--gap-scale", "0",
                  "--scrape-interval", "0.3", "--progress", "plain", "--progress-interval", "0.4"],
                 capture_output=True, text=True, timeout=240,
             )  # fmt: skip
@@ -94,6 +95,12 @@ def test_one_offline_html_file_from_every_kind(results: dict[str, Path], tmp_pat
     assert "option 1 read GiB/s" in text and "What differs" in text
     assert len(list((tmp_path / "png").glob("*.png"))) == len(imgs)
     assert f"{len(imgs)} plots" in p.stdout
+    widths = [int.from_bytes(f.read_bytes()[16:20], "big") for f in (tmp_path / "png").glob("*.png")]  # IHDR
+    assert widths and min(widths) >= 1000, widths
+    # each kind's verdict and counts, in words
+    assert "requests ok / failed" in text and "criteria passed)" in text and "failures by cause" in text
+    assert "requests ok / failed / cut" in text and "--num-rounds 4" in text
+    assert "no submission rule broken" in text
 
 
 def test_the_differences_are_said_in_words(results: dict[str, Path]):

@@ -268,3 +268,35 @@ def test_each_mpi_rank_writes_its_own_trace(tmp_path: Path):
     mine = rank_config(cfg, Rank(rank=2, size=4, host="h", comm=None), 1)
     assert mine.io_trace_log == str(tmp_path / "kv.rank_2.csv.zst") and mine.output == str(tmp_path / "r.rank_2.json")
     assert rank_config(BenchConfig(seed=1), Rank(rank=1, size=2, host="h", comm=None), 1).io_trace_log is None
+
+
+def test_a_fio_job_larger_than_the_targets_free_space_is_scaled_down_or_refused(tmp_path: Path):
+    import shutil
+
+    from kvtier.errors import ConfigError
+
+    free = shutil.disk_usage(tmp_path).free
+    huge = free * 2 // MiB  # objects whose working set is twice what the target has free
+    rows = [("Write", "k0", huge * MiB, "Tier-2"), ("Read", "k0", huge * MiB, "Tier-2")]
+    t = read_trace(str(_trace(tmp_path, rows)))
+    text, f = distil(t, TraceFioConfig(trace=t.path, output="j.fio", directory=str(tmp_path)))
+    assert f["size_bytes"] <= 0.9 * free and f["size_note"] and "scaled down" in f["size_note"]
+    assert f"; {f['size_note']}" in text
+    with pytest.raises(ConfigError, match="--size-gb .* exceed"):
+        distil(t, TraceFioConfig(trace=t.path, output="j.fio", directory=str(tmp_path), size_gb=free * 2 / 2**30))
+    _, f = distil(t, TraceFioConfig(trace=t.path, output="j.fio", directory=str(tmp_path / "absent")))
+    assert "does not exist here" in f["size_note"]
+
+
+def test_trace_replay_says_how_its_tiers_were_sized_in_the_flags_terms(tmp_path: Path):
+    from kvtier.config.iotrace import TraceReplayConfig
+    from kvtier.iotrace.replay import sizing
+
+    rows = [("Write", "a", 100 * MiB, "Tier-2"), ("Write", "b", 50 * MiB, "Tier-1")]
+    t = read_trace(str(_trace(tmp_path, rows)))
+    cpu, st, said = sizing(TraceReplayConfig(trace=t.path, workers=2), t)
+    # storage: the 100 MiB peak + 2 workers x the largest object (100 MiB), at 95 % fill
+    assert st == pytest.approx(round(300 * MiB / 0.95 / 2**30 + 0.01, 3))
+    assert "--storage-capacity-gb 0: the trace's Tier-2 peak 0.098 GiB + --workers 2 x the largest object" in said
+    cpu, st, said = sizing(TraceReplayConfig(trace=t.path, cpu_mem_gb=3, storage_capacity_gb=4), t)
+    assert (cpu, st) == (3, 4) and "CPU tier 3 GB (--cpu-mem-gb)" in said and "4 GB (--storage-capacity-gb)" in said

@@ -32,6 +32,7 @@ from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, slee
 from kvtier.report.aggregate import BenchAggregate
 from kvtier.report.bench import BenchResult
 from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.report.outcome import Failure, judge, merge
 from kvtier.stats import summarize_ns_as_ms
 from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
@@ -207,7 +208,11 @@ def aggregate(
     p95s = [c.get("storage_read_p95_ms") for c in caches if c.get("storage_read_p95_ms") is not None]
     windows = {k: _rank_window(res) for k, res in results.items()}
     lost = [k for k in range(size) if k not in got]
-    partial = bool(lost) or any(res["status"] != "complete" for res in results.values())
+    partial = bool(lost) or any(res["status"] == "partial" for res in results.values())
+    failures = merge(
+        {c: Failure.model_validate(f) for c, f in res["errors"]["failures"].items()} for res in results.values()
+    )
+    completed = sum(int(res["requests_completed"]) for res in results.values())
     warnings = []
     if lost:
         warnings.append(
@@ -229,14 +234,23 @@ def aggregate(
                 )
             )
     stops = {res["stop_reason"]["code"] for res in results.values()}
+    stops -= {StopCode.too_many_failures.value}  # decided again below, over the pooled requests
     stop_code = StopCode.duration if stops <= {"duration"} else StopCode(sorted(stops - {"duration"})[0])
+    status, stop, failed = judge(
+        Status.partial if partial else Status.complete,
+        StopReason(
+            code=stop_code,
+            message=(f"lost rank(s) {lost}; " if lost else "") + f"ranks stopped by: {', '.join(sorted(stops))}",
+        ),
+        completed,
+        failures,
+        cfg.max_failure_rate,
+    )
+    warnings += failed
     return BenchAggregate.model_validate(
         {
-            "status": Status.partial if partial else Status.complete,
-            "stop_reason": StopReason(
-                code=stop_code,
-                message=(f"lost rank(s) {lost}; " if lost else "") + f"ranks stopped by: {', '.join(sorted(stops))}",
-            ),
+            "status": status,
+            "stop_reason": stop,
             "started_at": iso(started),
             "finished_at": iso(utc_now()),
             "host": collect_host({"cache_dir": cfg.cache_dir}),
@@ -247,8 +261,9 @@ def aggregate(
             "window": window,
             "seed": seed,
             "totals": {
-                "requests_completed": sum(int(res["requests_completed"]) for res in results.values()),
+                "requests_completed": completed,
                 "requests_failed": sum(int(res["requests_failed"]) for res in results.values()),
+                "failures": failures,
                 "total_tokens_generated": sum(int(res["total_tokens_generated"]) for res in results.values()),
                 "avg_throughput_tokens_per_sec": round(
                     sum(int(res["total_tokens_generated"]) for res in results.values()) / span, 3

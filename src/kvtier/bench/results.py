@@ -21,7 +21,8 @@ from kvtier.bench.setup import Components, Plan
 from kvtier.bench.validation import validation_section
 from kvtier.config.bench import BenchConfig
 from kvtier.report.bench import OPS, TIER_NAMES, BenchResult, pct_key
-from kvtier.report.envelope import ResultWarning, Status, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.report.envelope import ResultWarning, Status, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.report.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
 from kvtier.telemetry.host import mem_total_bytes, peak_rss_bytes
 from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
@@ -558,16 +559,34 @@ def source_section(plan: Plan) -> dict[str, Any]:
     return {"kind": "synthetic", "profiles": sorted(plan.config.tuning.user_templates)}
 
 
-def errors_section(rec: Recorder, reqs: _Requests) -> dict[str, Any]:
+def request_cause(error: str) -> str:
+    """A failed bench request's cause (report/outcome.py): tier-full, io-error or cancelled."""
+    if error == CUT:
+        return "cancelled"
+    return "tier-full" if error.startswith("tier_full") else "io-error"
+
+
+def request_failures(reqs: _Requests) -> dict[str, Failure]:
+    """The run's failed and cut requests by cause."""
+    return tally((request_cause(r.error), r.error, None) for r in reqs.all if not r.ok)
+
+
+def errors_section(rec: Recorder, reqs: _Requests, failures: dict[str, Failure]) -> dict[str, Any]:
     return {
         "requests_failed": len(reqs.failed),
+        "failures": failures,
         "tier_operations": {f"{t}.{o}.{c}": n for (t, o, c), n in sorted(rec.errors.items())},
         "first_messages": rec.error_messages[:20] + sorted({r.error for r in reqs.failed})[:5],
     }
 
 
 def run_warnings(
-    plan: Plan, comp: Components, rec: Recorder, reqs: _Requests, run: RunOutcome, tiers: dict[str, dict[str, Any]]
+    plan: Plan,
+    comp: Components,
+    rec: Recorder,
+    run: RunOutcome,
+    tiers: dict[str, dict[str, Any]],
+    verdict: tuple[Status, StopReason, list[ResultWarning]],
 ) -> list[ResultWarning]:
     """Warnings the finished run implies (set-up warnings come first, from plan and components)."""
     cfg = plan.config
@@ -602,22 +621,23 @@ def run_warnings(
             )
         )
     n_tier = sum(rec.errors.values())
-    if n_tier + len(reqs.failed):
+    if n_tier:
         out.append(
             warning(
                 WarningCode.errors_seen,
-                f"{n_tier + len(reqs.failed)} errors seen (failed requests and tier operations); see 'errors'",
-                failed_requests=len(reqs.failed),
+                f"{n_tier} tier operations failed; see 'errors.tier_operations'",
                 tier_operation_errors=n_tier,
             )
         )
-    if run.status != Status.complete:
+    status, stop, failed = verdict
+    out += failed
+    if status != Status.complete:
         out.append(
             warning(
                 WarningCode.run_not_complete,
-                f"run is {run.status.value}: {run.stop.message}",
-                status=run.status.value,
-                stop_code=run.stop.code.value,
+                f"run is {status.value}: {stop.message}",
+                status=status.value,
+                stop_code=stop.code.value,
             )
         )
     return out
@@ -688,7 +708,9 @@ def build_result(
     tp = cfg.tensor_parallel
     disk = storage_bytes_on_disk(comp, rec)  # once: both the kernel's and the device's view use it
     device = device_section(comp, run, resolution, disk)
-    warnings = run_warnings(plan, comp, rec, reqs, run, tiers)
+    failures = request_failures(reqs)
+    verdict = judge(run.status, run.stop, len(reqs.ok), failures, cfg.max_failure_rate)
+    warnings = run_warnings(plan, comp, rec, run, tiers, verdict)
     io_trace = io_trace_section(comp, rec, run)
     if latency_tracing is not None and not latency_tracing.get("traced"):
         warnings.append(
@@ -724,8 +746,8 @@ def build_result(
         )
     return BenchResult.model_validate(
         {
-            "status": run.status,
-            "stop_reason": run.stop,
+            "status": verdict[0],
+            "stop_reason": verdict[1],
             "started_at": iso(started_at),
             "finished_at": iso(utc_now()),
             "host": collect_host({"cache_dir": comp.cache_dir}),
@@ -748,7 +770,7 @@ def build_result(
             "summary": summary_section(plan, comp, rec, reqs, run, tiers, wall_s),
             "tiers": tiers,
             "tier_usage_at_end": comp.store.usage(),
-            "errors": errors_section(rec, reqs),
+            "errors": errors_section(rec, reqs, failures),
             "process_io": process_io_section(run, disk),
             "device": device,
             "io_trace": io_trace,

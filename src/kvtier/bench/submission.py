@@ -117,6 +117,7 @@ def datasize(cfg: MlperfConfig) -> dict[str, Any]:
     eff = effective(cfg)
     out: dict[str, Any] = {"num_processes": cfg.num_processes, "duration_s": eff["duration"], "options": {}}
     free = shutil.disk_usage(cfg.cache_dir).free if cfg.cache_dir and Path(cfg.cache_dir).is_dir() else None
+    out["cache_dir_looked_at"] = str(Path(cfg.cache_dir).resolve()) if cfg.cache_dir else None
     host_mem = mem_total_bytes()
     for option in options(cfg):
         bc = bench_config(cfg, option, eff, None).model_copy(update={"cache_dir": None})

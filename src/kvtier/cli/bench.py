@@ -149,6 +149,7 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_
     from kvtier.mpi import Rank
     from kvtier.report.aggregate import BenchAggregate
     from kvtier.report.envelope import exit_code
+    from kvtier.report.outcome import closing_lines
 
     assert isinstance(rank, Rank)
     if rank.rank == 0:
@@ -180,16 +181,21 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_
         )
         for w in out.warnings:
             log.warning(w.message)
+        for line in closing_lines(out.status, out.stop_reason, t.failures, t.requests_completed):
+            print(line)
     return exit_rank(rank, exit_code(out.status, out.stop_reason.code))
 
 
 def print_summary(result: BenchResult, path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from kvtier.report.outcome import closing_lines
 
     s = result.summary
     cs = s.cache_stats
-    t = Table(title=f"kvtier bench — {result.model.key} — {result.status.value}", show_header=True)
+    t = Table(title=Text(f"kvtier bench — {result.model.key} — {result.status.value}"), show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
 
@@ -217,23 +223,30 @@ def print_summary(result: BenchResult, path: Path) -> None:
         ("storage read device p95 ms", fmt(cs.percentile_ms("storage_read_device", "p95"))),
         ("demotions / evictions", f"{cs.demotions:,} / {cs.evictions:,}"),
         ("host time fraction", fmt(s.host_time_fraction)),
-        (f"storage health ({health.profile})", f"{health.overall_status} {health.passed_count}/{health.total_count}"),
+        (
+            f"storage health ({health.profile})",
+            f"{health.overall_status} ({health.passed_count}/{health.total_count} criteria passed)",
+        ),
         (
             "peak RSS GiB (bound)",
             f"{result.memory.peak_rss_bytes / 2**30:.2f} ({result.memory.bound_bytes / 2**30:.2f})",
         ),
     ]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(Text(k), Text(v))  # outside text (model names, paths): never markup
     c = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     c.print(t)
-    for w in result.warnings:
-        c.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False)
+    for w in result.warnings:  # the message is outside text (paths, servers' words): never markup
+        c.print(Text.assemble(("warning: ", "yellow"), w.message), highlight=False)
     if result.io_trace is not None:
         it = result.io_trace
         c.print(
-            f"I/O trace: {it.rows:,} operations -> {it.path} ({it.file_bytes:,} bytes"
-            f"{', zstd' if it.compressed else ''}; {it.rows_per_sec or 0:,.0f} rows/s)",
+            Text(
+                f"I/O trace: {it.rows:,} operations -> {it.path} ({it.file_bytes:,} bytes"
+                f"{', zstd' if it.compressed else ''}; {it.rows_per_sec or 0:,.0f} rows/s)"
+            ),
             highlight=False,
         )
-    c.print(f"result: {path}", highlight=False)
+    c.print(Text(f"result: {path}"), highlight=False)
+    for line in closing_lines(result.status, result.stop_reason, result.errors.failures, result.requests_completed):
+        c.print(Text(line), highlight=False)

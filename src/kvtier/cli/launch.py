@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvtier.cli.args import add_config_arguments, config_values
 from kvtier.config.base import validate_config
@@ -78,6 +79,17 @@ def run_launch(a: argparse.Namespace) -> int:
             print("# Caddyfile:\n" + "\n".join("# " + line for line in lp.caddyfile.splitlines()), file=sys.stderr)
         return 0
     result = run(cfg)
+    summary = Path(cfg.replay.output or Path(str(cfg.output)) / "replay") / "summary.json"
+    if summary.is_file():  # the launch ends with its replay's result line, as the replay alone would
+        from kvtier.cli.replay import print_outcome
+        from kvtier.report import load
+
+        replayed = load(summary)
+        from kvtier.report.replay import ReplayResult
+
+        if isinstance(replayed, ReplayResult):
+            print_outcome(replayed, str(summary.parent))
+    print(f"launch: {result.status.value} ({result.stop_reason.code.value}); {cfg.output}/launch.json")
     return result.exit_status if result.exit_status is not None else 1
 
 

@@ -4,9 +4,38 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from kvtier import __version__
 from kvtier.errors import KvtierError, exit_code_for
+
+
+class KvtierParser(argparse.ArgumentParser):
+    """argparse with a suggestion for a misspelt flag or subcommand (the closest known spelling)."""
+
+    def _known(self) -> list[str]:
+        out = [o for a in self._actions for o in a.option_strings]
+        for a in self._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                out += list(a.choices)
+                for sub in a.choices.values():
+                    out += sub._known() if isinstance(sub, KvtierParser) else []
+        return out
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        hints = []
+        words = re.findall(r"(?:unrecognized arguments: |invalid choice: ')(.+?)(?:'|$)", message)
+        for token in (t for w in words for t in w.split()):
+            close = difflib.get_close_matches(token.split("=")[0], sorted(set(self._root()._known())), n=1)
+            if close:
+                hints.append(f"{token}: did you mean {close[0]}?")
+        super().error(message + "".join(f"\n  {h}" for h in hints))
+
+    def _root(self) -> KvtierParser:
+        return getattr(self, "_kvtier_root", self)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.sim import add_cache_server_parser, add_sim_parser
     from kvtier.cli.trace import add_trace_parser
 
-    p = argparse.ArgumentParser(prog="kvtier", description="Where should the KV cache live, and what does it cost?")
+    p = KvtierParser(prog="kvtier", description="Where should the KV cache live, and what does it cost?")
     p.add_argument("--version", action="version", version=f"kvtier {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     add_bench_parser(sub)
@@ -33,7 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parser(sub)
     add_report_parsers(sub)
     add_clean_parser(sub)
+    for child in _all_parsers(p):
+        child._kvtier_root = p  # type: ignore[attr-defined]  # suggestions look through every command's flags
     return p
+
+
+def _all_parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = [p]
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                out += _all_parsers(sub)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(e).splitlines() or [type(e).__name__]:
             print(f"kvtier: error: {line}", file=sys.stderr)
         return exit_code_for(e)
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say, and no traceback
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: let that go nowhere
+        return 0
 
 
 def kv_cache(argv: list[str] | None = None) -> int:

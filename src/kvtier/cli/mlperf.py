@@ -47,6 +47,12 @@ def run_mlperf(a: argparse.Namespace) -> int:
                 f"{'; fits the page cache: use direct I/O' if row['working_set_fits_page_cache'] else ''}); "
                 f"largest entry {row['largest_entry_bytes'] / gib:.2f} GiB"
             )
+        looked = est["cache_dir_looked_at"]
+        if looked is None:
+            print("no --cache-dir: whether the working set fits the free space was not checked", file=sys.stderr)
+        elif est["cache_dir_free_bytes"] is None:
+            print(f"--cache-dir: no directory at {looked}: whether the working set fits its free space was not "
+                  "checked (create it, or name an existing one)", file=sys.stderr)  # fmt: skip
         if cfg.output:
             with open(cfg.output, "w", encoding="utf-8") as f:
                 json.dump(est, f, indent=2)

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kvtier.errors import ConfigError
-from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.modelspec import SPEC_GEOMETRY, ModelSpec, build_catalog, resolve_model, spec_from_hf_config
 from kvtier.plan import costs, reports
 from kvtier.plan.units import fmt_bandwidth, fmt_seconds, parse_bandwidth, parse_duration
 
@@ -22,6 +22,12 @@ from kvtier.plan.units import fmt_bandwidth, fmt_seconds, parse_bandwidth, parse
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (a catalog name, or the geometry)")
     g.add_argument("--model", help="catalog model (see 'kvtier plan bytes --list')")
+    g.add_argument(
+        "--hf-config",
+        metavar="FILE",
+        help="a Hugging Face config.json (or its model folder): the released model's own geometry (layers, KV "
+        "heads, head_dim, MLA ranks, dtype)",
+    )
     g.add_argument("--layers", type=int)
     g.add_argument("--kv-heads", type=int)
     g.add_argument("--head-dim", type=int)
@@ -36,8 +42,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _model(a: argparse.Namespace) -> ModelSpec:
     from dataclasses import replace
 
-    if a.model:
+    if a.hf_config:
+        if a.model or a.layers:
+            raise ConfigError("--hf-config: give it alone, without --model or --layers")
+        m = spec_from_hf_config(a.hf_config)
+    elif a.model:
         m = resolve_model(a.model, build_catalog())
+        if a.model in SPEC_GEOMETRY:
+            print(f"kvtier plan: warning: --model {a.model}: {SPEC_GEOMETRY[a.model]}", file=sys.stderr)
     elif a.layers:
         raw: dict[str, Any] = {
             "num_layers": a.layers,
@@ -51,7 +63,7 @@ def _model(a: argparse.Namespace) -> ModelSpec:
 
         m = spec_from_reference("custom", raw)
     else:
-        raise ConfigError("--model: give a catalog model or --layers with --kv-heads and --head-dim")
+        raise ConfigError("--model: give a catalog model, --hf-config, or --layers with --kv-heads and --head-dim")
     if a.dtype:
         m = replace(m, dtype=a.dtype)
     if a.tp < 1:
@@ -75,10 +87,11 @@ def _emit(a: argparse.Namespace, report: BaseModel, table: Any, lines: list[str]
         print()
         return
     from rich.console import Console
+    from rich.text import Text
 
     c = Console(width=None if sys.stdout.isatty() else 160)  # no terminal: do not squeeze tables to 80
     for line in lines:
-        c.print(line, highlight=False)
+        c.print(Text(line), highlight=False)  # model names come from files: never markup
     if table is not None:
         c.print(table)
 
@@ -94,7 +107,7 @@ def _table(title: str, cols: list[str]) -> Any:
 
 # -- bytes ---------------------------------------------------------------------------------------
 def cmd_bytes(a: argparse.Namespace) -> int:
-    if a.list or not (a.model or a.layers):
+    if a.list or not (a.model or a.layers or a.hf_config):
         cat = reports.catalog_report(build_catalog())
         cols = list(reports.CatalogRow.model_fields)
         t = _table("KV bytes per token (catalog)", cols)
@@ -309,7 +322,7 @@ def cmd_fetch(a: argparse.Namespace) -> int:
 
     tier_costs, result = load_read_costs(a.from_)
     source = reports.FetchSource(model=result.model.key, status=result.status.value, file=str(a.from_))
-    m = _model(a) if (a.model or a.layers) else resolve_model(result.model.key, build_catalog())
+    m = _model(a) if (a.model or a.layers or a.hf_config) else resolve_model(result.model.key, build_catalog())
     tps = _positive(a.prefill_tps, "--prefill-tps")
     r = reports.fetch_report(
         tier_costs, source, m, tps, [int(_positive(x, "--context")) for x in a.context.split(",")], a.tp

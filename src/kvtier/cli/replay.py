@@ -17,6 +17,7 @@ from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.replay.driver import ReplayPlan
+    from kvtier.report.replay import ReplayResult
 
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,11 +56,8 @@ def replay(cfg: ReplayConfig) -> int:
 
         pooled = run_rank(cfg, rank)
         if rank.rank == 0:
-            s = pooled.summary
-            print(
-                f"replay ({rank.size} ranks, {pooled.status.value}): {s.requests_ok}/{s.requests_total} requests ok, "
-                f"TTFT p50 {s.ttft_s.p50} s; {cfg.output}/summary.json"
-            )
+            print(f"replay: {rank.size} MPI ranks pooled", file=sys.stderr)
+            print_outcome(pooled, str(cfg.output))
         return exit_rank(rank, exit_code(pooled.status, pooled.stop_reason.code))
 
     def on_start(plan: ReplayPlan) -> None:
@@ -82,13 +80,23 @@ def replay(cfg: ReplayConfig) -> int:
             print(f"kvtier: warning: {w.message}", file=sys.stderr)
 
     result = run(cfg, on_start=on_start)
+    print_outcome(result, str(cfg.output))
+    return exit_code(result.status, result.stop_reason.code)
+
+
+def print_outcome(result: ReplayResult, folder: str) -> None:
+    """The replay's result line, then what failed by cause and why it is not complete, in words."""
+    from kvtier.report.outcome import closing_lines
+
     s = result.summary
     sessions = s.sessions.model_dump()
     print(
-        f"replay: {s.requests_ok}/{s.requests_total} requests ok, TTFT p50 {s.ttft_s.p50} s, degradation median "
-        f"{s.ttft_degradation.median_pct} %, sessions {sessions}; {cfg.output}/summary.json"
+        f"replay ({result.status.value}, {result.stop_reason.code.value}): {s.requests_ok}/{s.requests_total} "
+        f"requests ok, TTFT p50 {s.ttft_s.p50} s, degradation median {s.ttft_degradation.median_pct} %, "
+        f"sessions {sessions}; {folder}/summary.json"
     )
-    return exit_code(result.status, result.stop_reason.code)
+    for line in closing_lines(result.status, result.stop_reason, s.failures, s.requests_ok):
+        print(line)
 
 
 def compare(pa: str, pb: str) -> int:

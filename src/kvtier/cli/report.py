@@ -56,10 +56,14 @@ def compare_results(conditions: list[str], kind: str | None = None, force: bool 
         loaded.append(flat[k : k + len(g)])
         k += len(g)
     c = compare(loaded)
-    print(render(c))
     for p in c.problems:
         print(f"NOT COMPARABLE: {p}", file=sys.stderr)
-    return 0 if c.comparable or force else 2
+    if not c.comparable and not force:
+        print("kvtier compare: the runs differ in what makes their figures comparable; --force prints the table "
+              "anyway", file=sys.stderr)  # fmt: skip
+        return 2
+    print(render(c))
+    return 0
 
 
 def run_compare(a: argparse.Namespace) -> int:

@@ -88,6 +88,8 @@ def run_trace(a: argparse.Namespace) -> int:
             f"written over {f['duration_s']:.1f} s; iodepth {f['iodepth']}, up to {_h(f['buffer_bytes'])} of "
             "fio buffers"
         )
+        if f["size_note"]:
+            print(f"kvtier trace fio: {f['size_note']}", file=sys.stderr)
         return 0
     from kvtier.cli.bench import print_summary
     from kvtier.report.envelope import exit_code, utc_now

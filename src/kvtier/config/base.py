@@ -48,6 +48,22 @@ def flag(
     return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
+DEFAULT_MAX_FAILURE_RATE = 0.01
+"""--max-failure-rate's default: above 1 % of failed work a run is failed (report/outcome.py)."""
+
+
+def max_failure_rate_flag(group: str | None = None) -> Any:
+    """The one ``--max-failure-rate`` field every load-running command shares."""
+    return flag(
+        DEFAULT_MAX_FAILURE_RATE,
+        "largest share of failed requests (0..1) a complete run may have; above it the run is failed (exit 1, "
+        "stop code too-many-failures)",
+        ge=0,
+        le=1,
+        group=group,
+    )
+
+
 def field_extra(info: FieldInfo) -> dict[str, Any]:
     extra = info.json_schema_extra
     return dict(extra) if isinstance(extra, dict) else {}
@@ -163,6 +179,8 @@ __all__ = [
     "MAX_YAML_NODES",
     "StrictModel",
     "flag",
+    "DEFAULT_MAX_FAILURE_RATE",
+    "max_failure_rate_flag",
     "field_extra",
     "flag_name",
     "format_validation_error",

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from kvtier.config.base import StrictModel as _Strict
-from kvtier.config.base import deep_merge, flag, load_yaml, validate_config
+from kvtier.config.base import deep_merge, flag, load_yaml, max_failure_rate_flag, validate_config
 from kvtier.config.tiers import REMOTE, RemoteTierFlags, parse_tier_order
 from kvtier.errors import ConfigError
 
@@ -373,6 +373,7 @@ class BenchConfig(RemoteTierFlags):
     )
     request_rate: float = flag(0, "global cap on submitted requests per second (0 = none)", ge=0)
     max_requests: int = flag(0, "stop after this many completed requests (0 = none)", ge=0)
+    max_failure_rate: float = max_failure_rate_flag(group=ADDITIONS)
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
     request_log: str | None = flag(
         None,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from kvtier.config.base import StrictModel, flag
+from kvtier.config.base import StrictModel, flag, max_failure_rate_flag
 
 DatasetFormat = Literal["auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl"]
 EventLoopKind = Literal["auto", "uvloop", "asyncio"]
@@ -36,12 +36,28 @@ class ReplayConfig(StrictModel):
                     le=1_000_000)  # fmt: skip
     shared_prefix: int = flag(0, "--synthetic: tokens of a system prompt every session shares", ge=0, le=10_000_000)
     synthetic_seed: int = flag(0, "--synthetic: seed of the words")
-    min_chunk_rounds: int = flag(0, "sessions shorter than this give no user", ge=0)
+    min_chunk_rounds: int = flag(
+        5, "sessions of fewer turns than this give no user (the KV offload methodology's 5; 0 = any)", ge=0
+    )
     user_order: Literal["interleave", "session"] = flag(
         "interleave", "dispatch order of virtual users: round-robin over sessions, or session by session"
     )
     concurrency: int = flag(4, "virtual users in flight at once", ge=1)
     output: str | None = flag(None, "result folder (requests.jsonl, summary.json)")
+    max_requests: int = flag(0, "send at most this many requests, then let those in flight finish (0 = no bound)",
+                             ge=0)  # fmt: skip
+    duration: float = flag(
+        0,
+        "seconds to dispatch requests; then in-flight ones get --read-timeout to finish and the rest are cut "
+        "(0 = no bound)",
+        ge=0,
+    )
+    skip_too_long: bool = flag(
+        False,
+        "do not send prompts that cannot fit the server's max_model_len (counted and warned of either way; "
+        "by default they are sent, so the server's answer is recorded)",
+    )
+    max_failure_rate: float = max_failure_rate_flag()
     gap_scale: float = flag(1.0, "scale of recorded think/tool gaps (0 = none)", ge=0)
     request_timeout: float = flag(64800.0, "seconds one request may take", gt=0)
     read_timeout: float = flag(600.0, "seconds a request may go without receiving a byte", gt=0)

@@ -77,6 +77,38 @@ def bssplit(counts: dict[int, int]) -> str:
     return ":".join(f"{_fio_size(s)}/{p}" for s, p in kept)
 
 
+FREE_SPACE_SHARE = 0.9
+"""Most of the target's free space a job's file may take: fio lays the whole file out before it starts."""
+
+
+def fit_free_space(size: int, cfg: TraceFioConfig) -> tuple[int, str | None]:
+    """The job file's size against the free space under ``--directory`` (when it exists): a size given with
+    --size-gb that does not fit is refused; the working set's is scaled down to FREE_SPACE_SHARE of the free
+    space, and the note says so (the job then covers a smaller working set than the trace)."""
+    import shutil
+
+    from kvtier.errors import ConfigError
+
+    try:
+        free = shutil.disk_usage(cfg.directory).free
+    except OSError:
+        return size, f"--directory {cfg.directory} does not exist here: its free space was not checked"
+    room = int(free * FREE_SPACE_SHARE) // MiB * MiB
+    if size <= room:
+        return size, None
+    if cfg.size_gb:
+        raise ConfigError(
+            f"--size-gb {cfg.size_gb:g}: {size} bytes exceed {FREE_SPACE_SHARE:.0%} of the {free} bytes free under "
+            f"{cfg.directory}; lower it, or name another --directory"
+        )
+    if room < MiB:
+        raise ConfigError(f"--directory {cfg.directory}: {free} bytes free: no room for a fio file")
+    return room, (
+        f"size scaled down from the working set's {size} bytes to {room} ({FREE_SPACE_SHARE:.0%} of the {free} bytes "
+        f"free under {cfg.directory}): the job reuses a smaller file than the trace's working set"
+    )
+
+
 def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     """The job file's text and the figures it was made from."""
     tiers = [int(t) for t in cfg.tiers.split(",")]
@@ -94,6 +126,7 @@ def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     ws = int(sum(working.values()))
     size = int(cfg.size_gb * GiB) if cfg.size_gb else max(GiB, ws)
     size = (size + MiB - 1) // MiB * MiB
+    size, size_note = fit_free_space(size, cfg)
     rw = "randrw" if r_ios and w_ios else ("randread" if r_ios else "randwrite")
     rwmix = round(100 * r_ios / (r_ios + w_ios))
     largest = max([*r_counts, *w_counts])
@@ -113,6 +146,8 @@ def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
         "iodepth": cfg.iodepth,
         "largest_io_bytes": largest,
         "buffer_bytes": largest * cfg.iodepth,
+        "size_bytes": size,
+        "size_note": size_note,
     }
     lines = [
         f"; fio job distilled by kvtier trace fio from {trace.path}",
@@ -120,6 +155,7 @@ def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
         f"{r_bytes} bytes read, {w_bytes} bytes written ({len(working)} objects, {ws} bytes)",
         f"; objects moved in pieces of at most {cfg.max_bs_mb} MiB: {r_ios} reads and {w_ios} writes",
         f"; iodepth {cfg.iodepth} is a choice (--iodepth): the trace records completions, not queue depth",
+        *([f"; {size_note}"] if size_note else []),
         "",
         "[global]",
         f"ioengine={cfg.ioengine}",

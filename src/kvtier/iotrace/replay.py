@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -223,17 +224,39 @@ class _Replayer:
         return start, load_end, max(0, len(tr) - self.counts["rows_done"])
 
 
-def _bench_config(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[BenchConfig, list[Any]]:
-    notes: list[Any] = []
+def sizing(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[float, float, str]:
+    """The CPU and storage tiers' GB, and the sentence that says where each came from in the flags' terms:
+    --cpu-mem-gb / --storage-capacity-gb when given, else the trace's peak bytes on those tiers plus
+    headroom of --workers x the largest object (rows of different keys run on different workers, so up to
+    one object per worker may be ahead of the trace's order), at the 95 % fill target."""
     peaks = peak_bytes(trace)
-    # rows of different keys run on different workers, so at one instant up to one object per worker
-    # may be ahead of the trace's order: that much headroom keeps the trace's own placement possible
     slack = cfg.workers * int(trace.size.max())
     target = 0.95
     cpu_need = peaks.get(0, 0) + peaks.get(1, 0)
     cpu_gb = cfg.cpu_mem_gb or (round((cpu_need + slack) / target / GiB + 0.001, 3) if cpu_need else 0.0)
     st_need = peaks.get(2, 0)
     st_gb = cfg.storage_capacity_gb or (round((st_need + slack) / target / GiB + 0.01, 3) if st_need else 0.01)
+
+    def why(gb: float, given: float, flag: str, need: int, tiers: str) -> str:
+        if given:
+            return f"{gb:g} GB (--{flag})"
+        if not need:
+            return f"{gb:g} GB (the trace has no {tiers} rows)"
+        return (f"{gb:g} GB (--{flag} 0: the trace's {tiers} peak {need / GiB:.3f} GiB + --workers {cfg.workers} x "
+                f"the largest object {int(trace.size.max()) / GiB:.3f} GiB, at {target:.0%} fill)")  # fmt: skip
+
+    said = (
+        f"CPU tier {why(cpu_gb, cfg.cpu_mem_gb, 'cpu-mem-gb', cpu_need, 'Tier-0/1')}, storage tier "
+        f"{why(st_gb, cfg.storage_capacity_gb, 'storage-capacity-gb', st_need, 'Tier-2')}"
+    )
+    return cpu_gb, st_gb, said
+
+
+def _bench_config(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[BenchConfig, list[Any]]:
+    notes: list[Any] = []
+    cpu_gb, st_gb, said = sizing(cfg, trace)
+    target = 0.95
+    print(f"kvtier trace replay: {said}", file=sys.stderr)
     dur = trace.duration_s / cfg.speed if cfg.speed > 0 else trace.duration_s
     values: dict[str, Any] = {
         "model": cfg.model,

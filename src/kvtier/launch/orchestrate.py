@@ -34,7 +34,7 @@ from kvtier.errors import KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
 from kvtier.launch.devices import VISIBLE, Inventory, child_env, discover, place
 from kvtier.launch.engines import EngineCheck, check_engines
-from kvtier.launch.procs import HealthWatch, Supervisor, free_ports, port_in_use
+from kvtier.launch.procs import NO_TELEMETRY, HealthWatch, Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.report.envelope import (
     ResultWarning,
@@ -93,6 +93,36 @@ def default_sizes(cfg: LaunchConfig, nvme_dir: Path) -> dict[str, Any]:
             l2 = max(1.0, float(int(free * L2_FRACTION)))
             l2_src = f"{L2_FRACTION:g} x {free:.1f} GB free under {probe}"
     return {"l1_gb": l1, "l1_source": l1_src, "l2_gb": l2, "l2_source": l2_src}
+
+
+L1_FLAGS = ("--l1-size-gb", "--cpu-offload-gb", "--staging-gb")  # LMCache's L1; the kvtier cache server's CPU tier
+L2_FLAGS = ("--nvme-offload-gb",)
+
+
+def sizes_given(argv: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The sizes the sidecar's command really gives (a profile may fix its own, as the sim profiles do),
+    in place of the defaults, with the flag they came from; an LMCache L2 adapter's max_capacity_gb too."""
+    out = dict(sizes)
+    for i, a in enumerate(argv[:-1]):
+        nxt = argv[i + 1]
+        for key, flags in (("l1", L1_FLAGS), ("l2", L2_FLAGS)):
+            if a in flags:
+                try:
+                    given(out, key, float(nxt), a)
+                except ValueError:
+                    pass
+        if a == "--l2-adapter" and "max_capacity_gb" in nxt:
+            try:
+                given(out, "l2", float(json.loads(nxt).get("max_capacity_gb")), "max_capacity_gb")
+            except (ValueError, AttributeError, TypeError):
+                pass
+    return out
+
+
+def given(sizes: dict[str, Any], key: str, gb: float, flag: str) -> None:
+    """A size the command fixes itself replaces the default (and its source); the default's own value keeps it."""
+    if sizes.get(f"{key}_gb") != gb:
+        sizes[f"{key}_gb"], sizes[f"{key}_source"] = gb, f"the profile's sidecar command ({flag})"
 
 
 def _gb(x: float) -> str:
@@ -229,6 +259,8 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         "l2_gb": _gb(sizes["l2_gb"]) if sizes["l2_gb"] is not None else "0",
     }
     sidecar, replicas = resolve(profile, values, replica_ports, replica_devices)
+    if sidecar is not None:
+        sizes = sizes_given(sidecar.argv, sizes)  # what the sidecar was really given is what launch.json says
     metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
     replay = cfg.replay.model_copy(
         update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
@@ -262,7 +294,9 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     if inventory is not None:
         for note in inventory.notes:
             p.warnings.append(warning(WarningCode.gpu_env_conflict, note, source=inventory.source))
-    p.commands = [(x.name, x.env, kvtier_argv(x.argv)) for x in p.processes]
+    # what each process gets on top of the inherited environment, as it starts (procs.child_environment): the
+    # dry run's lines and launch.json show it whole, so a pasted line starts the same process
+    p.commands = [(x.name, {**x.env, **NO_TELEMETRY}, kvtier_argv(x.argv)) for x in p.processes]
     return p
 
 
@@ -278,6 +312,7 @@ class _Record:
         self.engines: EngineCheck | None = None
         self.device: dict[str, Any] | None = None  # the NVMe tier's devices over the replay (diskstats)
         self.warnings: list[ResultWarning] = list(lp.warnings)
+        self.hardware: dict[str, Any] | None = None  # the replay's host CPU and GPU samples
 
     def event(self, what: str) -> None:
         self.events.append({"t_unix_s": round(time.time(), 3), "event": what})
@@ -313,6 +348,7 @@ class _Record:
                 "policies": lp.policies(),
                 "engines": self.engines.as_dict() if self.engines is not None else None,
                 "device": self.device,
+                "hardware": self.hardware,
                 "warnings": self.warnings,
                 "error": self.error,
                 "exit_status": exit_status,
@@ -560,6 +596,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
             write_outputs(result, records, folder)
         status, stop = result.status, result.stop_reason
+        rec.hardware = result.hardware.model_dump(mode="json") if result.hardware is not None else None
         rc = exit_code(status, stop.code)
         rec.event(f"replay finished with exit status {rc}")
         _save_metrics(lp.out / "metrics", lp.processes)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from kvtier.modelspec import ModelSpec
+from kvtier.modelspec import ModelSpec, geometry
 from kvtier.plan import capacity, costs
 from kvtier.plan.measured import TierReadCost
 
@@ -31,6 +31,7 @@ class CatalogRow(_Report):
     dtype: str
     kv_bytes_per_token: int
     gib_per_million_tokens: float
+    geometry: str  # "spec": the MLPerf spec's figures, not the released model's (modelspec.SPEC_GEOMETRY)
 
 
 class CatalogReport(_Report):
@@ -49,6 +50,7 @@ def catalog_report(catalog: Mapping[str, ModelSpec]) -> CatalogReport:
                 dtype=m.dtype,
                 kv_bytes_per_token=m.kv_bytes_per_token,
                 gib_per_million_tokens=round(capacity.gib_per_million_tokens(m), 3),
+                geometry=geometry(key),
             )
             for key, m in catalog.items()
         ]

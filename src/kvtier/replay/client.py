@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from kvtier.telemetry.clock import MONOTONIC, Clock
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 """Largest server-sent event: a stream that sends more without a separator is a recorded error."""
+MAX_ERROR_BYTES = 64 * 1024
+"""Most of an error reply read: enough for any server's message, bounded against a hostile one."""
 
 
 @dataclass
@@ -66,6 +69,26 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return None
 
 
+CONTEXT_LENGTH_WORDS = re.compile(
+    r"context length|context_length|max_model_len|maximum context|context window|too long|too many tokens", re.I
+)
+
+
+def http_cause(status: int, body: str) -> str:
+    """The cause of a refused request (report/outcome.py), from its HTTP status and the server's words:
+    context-length (a prompt over the model length: vLLM answers 400), model-not-found (404 naming a
+    model), not-found, rate-limited (429), server-error (5xx), bad-request (any other 4xx)."""
+    if status in (400, 413, 422) and CONTEXT_LENGTH_WORDS.search(body):
+        return "context-length"
+    if status == 404:
+        return "model-not-found" if "model" in body.lower() else "not-found"
+    if status == 429:
+        return "rate-limited"
+    if status >= 500:
+        return "server-error"
+    return "bad-request"
+
+
 def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str, Any]:
     """The per-request record (one line of requests.jsonl; fields in docs/metrics.md)."""
     return {
@@ -75,6 +98,7 @@ def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str,
         "session_turn": user.first_turn + turn_index,
         "max_tokens": max_tokens,
         "status": "ok",
+        "cause": None,
         "error": None,
         "http_status": None,
         "replica": None,
@@ -205,23 +229,28 @@ async def stream_request(
             rec["http_status"] = r.status
             rec["replica"] = r.headers.get("x-kvtier-replica")
             if r.status != 200:
-                rec["status"], rec["error"] = "error", (await r.text())[:500]
+                text = (await r.content.read(MAX_ERROR_BYTES)).decode("utf-8", "replace")
+                rec["status"], rec["cause"], rec["error"] = "error", http_cause(r.status, text), text[:500]
                 return rec, ""
             async for data_chunk in r.content.iter_any():
                 if sr.feed(data_chunk, now_s()):
                     break
-            if not sr.done:
-                rec["status"], rec["error"] = "cut", "stream ended without [DONE]"
+            if not sr.done:  # the server closed the stream early (a dying server does)
+                rec["status"], rec["cause"], rec["error"] = "error", "connection", "stream ended without [DONE]"
     except asyncio.CancelledError:
-        # the run is stopping (Ctrl+C): the request is recorded as cut, and the worker ends
-        rec["status"], rec["error"] = "cut", "the run stopped while this request was in flight"
+        # the run is stopping (Ctrl+C, or a bound's grace ran out): recorded as cut, and the worker ends
+        rec["status"], rec["cause"] = "cut", "cut-at-stop"
+        rec["error"] = "the run stopped while this request was in flight"
     except TimeoutError:
-        rec["status"], rec["error"] = (
+        rec["status"], rec["cause"], rec["error"] = (
+            "timeout",
             "timeout",
             (f"no answer within {cfg.request_timeout_s} s, or nothing read for {cfg.read_timeout_s} s"),
         )
-    except (aiohttp.ClientError, OSError, ValueError) as e:  # ValueError: malformed JSON in an event
-        rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"[:500]
+    except ValueError as e:  # malformed JSON or fields in an event, an event over MAX_EVENT_BYTES
+        rec["status"], rec["cause"], rec["error"] = "error", "stream-malformed", f"{type(e).__name__}: {e}"[:500]
+    except (aiohttp.ClientError, OSError) as e:
+        rec["status"], rec["cause"], rec["error"] = "error", "connection", f"{type(e).__name__}: {e}"[:500]
     finally:
         rec["e2e_s"] = now_s() - t0
     return rec, sr.reply
@@ -233,6 +262,20 @@ class UsersOutcome:
     achieved_concurrency: int
 
 
+@dataclass
+class Bounds:
+    """Where a replay stops dispatching before its dataset is done (``--max-requests``, ``--duration``).
+
+    Once a bound is hit no new request is sent; requests in flight get ``grace_s`` (``--read-timeout``)
+    to finish, then they are cut (recorded as ``cut-at-stop``). ``hit`` names the bound that stopped it."""
+
+    max_requests: int = 0  # requests sent at most (0: no bound)
+    duration_s: float = 0.0  # seconds of dispatch (0: no bound)
+    grace_s: float = 600.0
+    hit: str | None = None  # "max-requests" | "duration"
+    sent: int = 0
+
+
 async def run_users(
     cfg: ClientConfig,
     users: list[VirtualUser],
@@ -240,13 +283,15 @@ async def run_users(
     clock: Clock = MONOTONIC,
     records: list[dict[str, Any]] | None = None,
     gauge: dict[str, int] | None = None,
+    bounds: Bounds | None = None,
 ) -> UsersOutcome:
-    """Run every virtual user, ``cfg.concurrency`` at a time, until done or ``stop`` is set; once
-    it is, requests in flight are cancelled and recorded as cut. Records are appended to
-    ``records`` as they finish, so a caller keeps them whatever happens; ``gauge["in_flight"]`` counts
-    the requests under way (progress lines)."""
+    """Run every virtual user, ``cfg.concurrency`` at a time, until done, until a bound stops dispatch,
+    or until ``stop`` is set; then requests in flight are cancelled and recorded as cut (at once for
+    ``stop``, after the bound's grace otherwise). Records are appended to ``records`` as they finish, so
+    a caller keeps them whatever happens; ``gauge["in_flight"]`` counts the requests under way."""
     records = [] if records is None else records
     gauge = {} if gauge is None else gauge
+    bounds = Bounds() if bounds is None else bounds
     gauge["in_flight"] = 0
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
     for u in users:
@@ -254,11 +299,34 @@ async def run_users(
     timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s, sock_read=cfg.read_timeout_s)
     conn = aiohttp.TCPConnector(limit=0)
     peak = {"now": 0, "max": 0}
+    halt = asyncio.Event()  # no new request: a bound was hit, or the run stops
+    cut = asyncio.Event()  # cancel what is in flight
+
+    def bound(name: str) -> None:
+        if bounds.hit is None:
+            bounds.hit = name
+        halt.set()
+
+    async def watch() -> None:
+        async def on_stop() -> None:
+            await stop.wait()
+            halt.set()
+            cut.set()
+
+        async def on_deadline() -> None:
+            if bounds.duration_s > 0:
+                await asyncio.sleep(bounds.duration_s)
+                bound("duration")
+            await halt.wait()
+            await asyncio.sleep(bounds.grace_s)  # in-flight requests may finish meanwhile
+            cut.set()
+
+        await asyncio.gather(on_stop(), on_deadline())
 
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
 
         async def worker() -> None:
-            while not stop.is_set():
+            while not halt.is_set():
                 try:
                     user = queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -270,10 +338,14 @@ async def run_users(
                 try:
                     for i, turn in enumerate(user.turns):
                         gap = max(0.0, turn.gap_s * cfg.gap_scale - prev_e2e) if i else 0.0
-                        if gap and (await _wait(stop, gap)):
+                        if gap and (await _wait(halt, gap)):
                             return
-                        if stop.is_set():
+                        if halt.is_set():
                             return
+                        if bounds.max_requests and bounds.sent >= bounds.max_requests:
+                            bound("max-requests")
+                            return
+                        bounds.sent += 1
                         msgs = list(turn.messages)
                         if cfg.history == "runtime" and i:
                             msgs = live + [m for m in turn.messages if m.get("role") != "assistant"][-1:]
@@ -291,12 +363,13 @@ async def run_users(
                     peak["now"] -= 1
 
         workers = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
-        stopper = asyncio.create_task(stop.wait())
+        watcher = asyncio.create_task(watch())
+        cutter = asyncio.create_task(cut.wait())
         try:
-            pending: set[asyncio.Task[Any]] = {*workers, stopper}
-            while stopper in pending and any(not w.done() for w in workers):
+            pending: set[asyncio.Task[Any]] = {*workers, cutter}
+            while cutter in pending and any(not w.done() for w in workers):
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if stopper not in pending:  # stop: cut what is in flight (each cut request is still recorded)
+            if cutter not in pending:  # cut what is in flight (each cut request is still recorded)
                 for w in workers:
                     w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
@@ -305,7 +378,8 @@ async def run_users(
                 if err is not None:
                     raise err  # a bug in a worker must not pass silently
         finally:
-            stopper.cancel()
+            watcher.cancel()
+            cutter.cancel()
     return UsersOutcome(records, peak["max"])
 
 
@@ -323,6 +397,8 @@ __all__ = [
     "stream_request",
     "run_users",
     "UsersOutcome",
+    "Bounds",
+    "http_cause",
     "new_record",
     "event_loop_kind",
     "loop_factory",

@@ -170,7 +170,9 @@ def load_agent_trace(p: Path, count: Counter, notes: list[str] | None = None) ->
     """One file of LMCache agent-trace calls -> its sessions. Variants read (and said in ``notes``):
     timestamps as integer µs / ms / s or float seconds (or ISO strings); ``session_id`` as a string, an
     integer, empty or missing (then one session per file), or different on every call (then sessions
-    are rebuilt from the prompt prefix chain); several sessions in one file (grouped by session_id)."""
+    are rebuilt from the prompt prefix chain; where that chain links no call to another, as in an aider
+    fork whose every call has its own chat-completion id, the file is one session in recorded order);
+    several sessions in one file (grouped by session_id)."""
     rows = _read_json_lines(p)
     raw: list[tuple[Any, str, str, Any, int]] = []
     for n, r in rows:
@@ -195,8 +197,15 @@ def load_agent_trace(p: Path, count: Counter, notes: list[str] | None = None) ->
         groups, how = [(p.stem, calls)], "no session_id: one session per file"
     elif len(set(named)) == len(calls) > 1:
         chains = _chain_sessions(calls)
-        groups = [(p.stem if len(chains) == 1 else f"{p.stem}#{k}", g) for k, g in enumerate(chains)]
-        how = f"session_id differs on every call: {len(groups)} sessions rebuilt from the prompt prefix chain"
+        if len(chains) == len(calls):  # per-call ids (a chat-completion id each), and no prompt extends another
+            groups = [(p.stem, calls)]
+            how = (
+                f"session_id differs on every call and no prompt extends another: the file is one session "
+                f"(one task) of {len(calls)} calls in recorded order"
+            )
+        else:
+            groups = [(p.stem if len(chains) == 1 else f"{p.stem}#{k}", g) for k, g in enumerate(chains)]
+            how = f"session_id differs on every call: {len(groups)} sessions rebuilt from the prompt prefix chain"
     else:
         by: dict[str, list[_Call]] = {}
         for c in calls:  # a call without an id joins the file's own session
@@ -434,7 +443,8 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
 def virtual_users(
     sessions: list[Session], num_rounds: int, min_chunk_rounds: int = 0, order: str = "interleave"
 ) -> list[VirtualUser]:
-    """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user.
+    """Cut each session into chunks of num_rounds turns; each full chunk is a virtual user. A session of
+    fewer than ``min_chunk_rounds`` turns gives none (the methodology's 5 by default in ``kvtier replay``).
 
     Dispatch order: ``interleave`` (default) takes every session's first chunk, then every
     session's second chunk, and so on, so the users in flight together come from different
@@ -445,11 +455,13 @@ def virtual_users(
         raise ValueError("num_rounds must be >= 1")
     if order not in ("interleave", "session"):
         raise ValueError(f"order must be interleave or session, got {order!r}")
-    need = max(num_rounds, min_chunk_rounds)
     per_session: list[list[VirtualUser]] = []
     for s in sessions:
-        mine = []
-        for start in range(0, len(s.turns) - need + 1, num_rounds):
+        mine: list[VirtualUser] = []
+        if len(s.turns) < min_chunk_rounds:  # too short a conversation to say anything of later turns
+            per_session.append(mine)
+            continue
+        for start in range(0, len(s.turns) - num_rounds + 1, num_rounds):
             chunk = s.turns[start : start + num_rounds]
             if len(chunk) == num_rounds:
                 mine.append(VirtualUser(f"{s.session_id}#{start // num_rounds}", s.session_id, start, chunk))

@@ -8,8 +8,10 @@ typed result; ``write_outputs`` writes requests.jsonl and summary.json.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, DatasetError
+from kvtier.replay.client import Bounds
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
 from kvtier.report.envelope import (
     ResultWarning,
@@ -29,9 +32,11 @@ from kvtier.report.envelope import (
     utc_now,
     warning,
 )
-from kvtier.report.replay import ReplayResult
+from kvtier.report.outcome import Failure, judge
+from kvtier.report.replay import ReplayResult, ScrapeSummary
 from kvtier.report.writers import write_json
 from kvtier.telemetry.clock import MONOTONIC, Clock
+from kvtier.telemetry.hardware import HardwareSampler
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -47,6 +52,7 @@ class ReplayPlan:
     warnings: list[ResultWarning] = field(default_factory=list)
     reuse: dict[str, Any] | None = None  # what the prompts share, computed before the run (replay/reuse.py)
     scrape: bool = True  # False on MPI ranks other than 0: one scraper per server
+    prompt_tokens: dict[str, list[int]] = field(default_factory=dict)  # user -> prompt size per turn (tokenizer's)
 
 
 def prepare(cfg: ReplayConfig) -> ReplayPlan:
@@ -70,9 +76,15 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     else:
         assert cfg.dataset is not None  # missing() said so otherwise
         loaded = load_sessions(cfg.dataset, cfg.dataset_format, tokenizer.count)
-    users = virtual_users(loaded.sessions, cfg.num_rounds, cfg.min_chunk_rounds, cfg.user_order)
+    # synthetic sessions have the turns asked for: the methodology's floor is for recorded ones
+    floor = cfg.min_chunk_rounds if not cfg.synthetic or "min_chunk_rounds" in cfg.model_fields_set else 0
+    users = virtual_users(loaded.sessions, cfg.num_rounds, floor, cfg.user_order)
     if not users:
-        raise DatasetError(f"{cfg.dataset}: no session has {cfg.num_rounds} turns; lower --num-rounds")
+        need = max(cfg.num_rounds, floor)
+        raise DatasetError(
+            f"{cfg.dataset}: no session has {need} turns (--num-rounds {cfg.num_rounds}, --min-chunk-rounds "
+            f"{floor}); lower them"
+        )
     if cfg.output:  # an unwritable result folder fails now, not after the run
         try:
             Path(cfg.output).mkdir(parents=True, exist_ok=True)
@@ -93,7 +105,7 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
         tool_schemas(loaded.sessions) if cfg.agentic_tools else None,
         list(loaded.warnings),
     )
-    plan.reuse = _reuse(cfg, users, tokenizer)
+    plan.reuse = _reuse(cfg, users, tokenizer, plan.prompt_tokens)
     if cfg.concurrency > len(users):
         plan.warnings.append(
             warning(
@@ -107,7 +119,9 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     return plan
 
 
-def _reuse(cfg: ReplayConfig, users: list[VirtualUser], tokenizer: Tokenizer) -> dict[str, Any]:
+def _reuse(
+    cfg: ReplayConfig, users: list[VirtualUser], tokenizer: Tokenizer, prompt_tokens: dict[str, list[int]]
+) -> dict[str, Any]:
     """The reuse opportunity, at the KV size of --kv-model (an error if unknown) or of --model when the
     catalog knows it (else token figures only)."""
     from kvtier.modelspec import build_catalog
@@ -119,30 +133,125 @@ def _reuse(cfg: ReplayConfig, users: list[VirtualUser], tokenizer: Tokenizer) ->
     if cfg.kv_model and spec is None:
         raise ConfigError(f"--kv-model: unknown model {cfg.kv_model!r} (known: {', '.join(sorted(catalog))})")
     bpt = spec.kv_bytes_per_token_per_rank(1) if spec is not None else None
-    out = reuse_opportunity(users, tokenizer.encode, cfg.reuse_block_tokens, bpt)
+    out = reuse_opportunity(users, tokenizer.encode, cfg.reuse_block_tokens, bpt, prompt_tokens=prompt_tokens)
     out["kv_model"] = name if spec is not None else None
     return out
 
 
+MAX_PROBE_BYTES = 1 << 20
+"""Most of a /models or warm-up answer read: a model list is a few KB; a hostile server gets no more."""
+
+
+async def _read_capped(r: Any, what: str) -> bytes:
+    body: bytes = await r.content.read(MAX_PROBE_BYTES + 1)
+    if len(body) > MAX_PROBE_BYTES:
+        raise ConfigError(f"--base-url: {what} answered more than {MAX_PROBE_BYTES} bytes: refused")
+    return body
+
+
 async def _probe(cfg: ReplayConfig) -> dict[str, Any]:
-    """The server's identity (GET /models) and the throwaway warm-up requests."""
+    """The server's identity (GET /models, read with a cap) checked against the flags before any request:
+    the server must answer, serve --model, and (where it says) its max_model_len is returned under
+    ``max_model_len``. Then the throwaway warm-up requests."""
     import aiohttp
 
     base = (cfg.base_url or "").rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         try:
             async with s.get(base + "/models") as r:
-                server = {"models": await r.json(), "replica": r.headers.get("x-kvtier-replica")}
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+                status, body, replica = (
+                    r.status,
+                    await _read_capped(r, "GET /models"),
+                    r.headers.get("x-kvtier-replica"),
+                )
+            if status == 404 and not base.endswith("/v1"):
+                async with s.get(base + "/v1/models") as r2:
+                    if r2.status == 200:
+                        raise ConfigError(
+                            f"--base-url: {base} answers GET /models with HTTP 404, but {base}/v1/models answers: "
+                            f"the OpenAI API is under /v1 (--base-url {base}/v1)"
+                        )
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise ConfigError(f"--base-url: {base} does not answer GET /models ({type(e).__name__})") from None
+        if status != 200:
+            raise ConfigError(
+                f"--base-url: GET {base}/models answered HTTP {status}: {body[:200].decode(errors='replace')}"
+            )
+        try:
+            models = json.loads(body)
+        except ValueError:
+            raise ConfigError(f"--base-url: GET {base}/models did not answer JSON") from None
+        entries = models.get("data") if isinstance(models, dict) else None
+        served = [m for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(
+            entries, list) else []  # fmt: skip
+        mine = [m for m in served if m["id"] == cfg.model]
+        if served and not mine:
+            raise ConfigError(
+                f"--model {cfg.model!r} is not served by {base} (it serves: {', '.join(m['id'] for m in served)})"
+            )
+        mml = mine[0].get("max_model_len") if mine else None
+        server = {
+            "models": models,
+            "replica": replica,
+            "max_model_len": mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None,
+        }
         for i in range(cfg.warmup):
-            body = {"model": cfg.model, "messages": [{"role": "user", "content": f"warmup {i}"}], "max_tokens": 4}
+            warm = {"model": cfg.model, "messages": [{"role": "user", "content": f"warmup {i}"}], "max_tokens": 4}
             try:
-                async with s.post(base + "/chat/completions", json=body) as r:
-                    await r.read()
-            except (TimeoutError, aiohttp.ClientError, OSError):
+                async with s.post(base + "/chat/completions", json=warm) as r:
+                    await _read_capped(r, "a warm-up request")
+            except (TimeoutError, aiohttp.ClientError, OSError, ConfigError):
                 pass
     return server
+
+
+def fit_check(plan: ReplayPlan, max_model_len: int | None) -> tuple[list[VirtualUser], list[ResultWarning], int]:
+    """Prompts (prompt + max_tokens, counted with the replay's tokenizer) that cannot fit the server's
+    max_model_len: counted and warned of; with --skip-too-long each user stops before its first such
+    turn (every later turn carries it). Returns the users to run, the warnings and the turns skipped."""
+    cfg = plan.config
+    if max_model_len is None:
+        return plan.users, [], 0
+    too_long, largest, total = 0, 0, 0
+    keep: list[VirtualUser] = []
+    skipped = 0
+    for u in plan.users:
+        sizes = plan.prompt_tokens.get(u.user_id, [])
+        first_bad = None
+        for i, (turn, n) in enumerate(zip(u.turns, sizes, strict=False)):
+            total += 1
+            need = n + turn.max_tokens
+            if need > max_model_len:
+                too_long += 1
+                largest = max(largest, need)
+                if first_bad is None:
+                    first_bad = i
+        if cfg.skip_too_long and first_bad is not None:
+            skipped += len(u.turns) - first_bad
+            if first_bad:
+                keep.append(dataclasses.replace(u, turns=u.turns[:first_bad]))
+        else:
+            keep.append(u)
+    out: list[ResultWarning] = []
+    if too_long:
+        what = (
+            f"not sent (--skip-too-long: {skipped} turns skipped, each user stopping at its first)"
+            if cfg.skip_too_long
+            else "sent anyway, so the server's answer is recorded (--skip-too-long skips them)"
+        )
+        out.append(
+            warning(
+                WarningCode.prompts_exceed_context,
+                f"{too_long} of {total} prompts cannot fit the server's max_model_len {max_model_len} (prompt + "
+                f"max_tokens counted with the {plan.tokenizer.name} tokenizer; largest {largest}): {what}",
+                prompts=too_long,
+                of=total,
+                largest_tokens=largest,
+                max_model_len=max_model_len,
+                skipped_turns=skipped,
+            )
+        )
+    return keep, out, skipped
 
 
 @dataclass
@@ -167,6 +276,15 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     cfg = plan.config
     started = utc_now()
     server = await _probe(cfg)
+    users, fit_warnings, skipped = fit_check(plan, server["max_model_len"])
+    if not users:
+        raise DatasetError(
+            f"{cfg.dataset}: --skip-too-long: every virtual user's first prompt exceeds the server's max_model_len "
+            f"{server['max_model_len']}: nothing to send"
+        )
+    if cfg.progress != "none":
+        for w in fit_warnings:
+            print(f"kvtier: warning: {w.message}", file=sys.stderr)
     stop = _Stop(asyncio.Event())
     loop = asyncio.get_running_loop()
     if handle_signals and threading.current_thread() is threading.main_thread():
@@ -191,7 +309,9 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     records: list[dict[str, Any]] = []  # filled as requests finish: kept whatever happens below
     achieved, failure = 0, ""
     gauge: dict[str, int] = {"in_flight": 0}
-    total = sum(len(u.turns) for u in plan.users)
+    bounds = Bounds(cfg.max_requests, cfg.duration, cfg.read_timeout)
+    in_dataset = sum(len(u.turns) for u in users)
+    total = min(in_dataset, cfg.max_requests) if cfg.max_requests else in_dataset
 
     async def report_progress(bar: ReplayProgress) -> None:
         tally = Tally()
@@ -200,13 +320,15 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 await asyncio.wait_for(scrape_stop.wait(), cfg.progress_interval)
             except TimeoutError:
                 rates = scrapers[0].hit_rates_so_far() if scrapers else {}
-                snap = snapshot(records, total, cfg.num_rounds, len(plan.users), gauge["in_flight"], rates, tally)
-                bar.tick((clock.now_ns() - t0) / 1e9, snap)
+                snap = snapshot(records, total, cfg.num_rounds, len(users), gauge["in_flight"], rates, tally)
+                bar.tick((clock.now_ns() - t0) / 1e9, snap, in_dataset, cfg.duration)
 
+    hardware = HardwareSampler()
+    hardware.start()
     with ReplayProgress(cfg.progress) as bar:
         progress_task = asyncio.create_task(report_progress(bar))
         try:
-            achieved = (await run_users(client, plan.users, stop.event, clock, records, gauge)).achieved_concurrency
+            achieved = (await run_users(client, users, stop.event, clock, records, gauge, bounds)).achieved_concurrency
         except Exception as e:  # noqa: BLE001 - a bug must not lose the records: they are written, marked partial
             failure = f"internal error in the client: {type(e).__name__}: {e}"
         finally:
@@ -216,19 +338,14 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 loop.remove_signal_handler(signal.SIGINT)
                 loop.remove_signal_handler(signal.SIGTERM)
     wall = (clock.now_ns() - t0) / 1e9
-    summary = summarize(records, len(plan.users), cfg.num_rounds, wall)
+    hw = hardware.stop()
+    summary = summarize(records, len(users), cfg.num_rounds, wall)
     metrics = [sc.summary() for sc in scrapers]
-    warnings = list(plan.warnings)
-    if failure:
-        status, reason = Status.partial, StopReason(code=StopCode.internal_error, message=failure)
-    elif stop.code is not None:
-        status = Status.partial
-        reason = StopReason(
-            code=stop.code, message=f"{stop.code.value}: the replay stopped early; the result is partial"
-        )
-    else:
-        status = Status.complete if summary["requests_ok"] > 0 else Status.failed
-        reason = StopReason(code=StopCode.dataset_finished, message="every virtual user ran")
+    warnings = list(plan.warnings) + fit_warnings
+    status, reason = verdict(cfg, summary, failure, stop.code, bounds)
+    failures = {c: Failure.model_validate(f) for c, f in summary["failures"].items()}
+    status, reason, failed = judge(status, reason, summary["requests_ok"], failures, cfg.max_failure_rate)
+    warnings += failed
     if status != Status.complete:
         warnings.append(
             warning(
@@ -257,9 +374,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                     scrape_errors=m.scrape_errors,
                 )
             )
-        elif (m.external_prefix_cache_queries and not m.external_prefix_cache_hits) or (
-            m.lmcache_lookup_requested_tokens and not m.lmcache_lookup_hit_tokens
-        ):
+        elif offload_never_hit(m):
             asked = m.external_prefix_cache_queries or m.lmcache_lookup_requested_tokens or 0.0
             warnings.append(
                 warning(
@@ -283,7 +398,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 "path": "synthetic" if cfg.synthetic else str(cfg.dataset),
                 "format": plan.dataset.format,
                 "sessions": len(plan.dataset.sessions),
-                "virtual_users": len(plan.users),
+                "virtual_users": len(users),
                 "tokenizer": plan.tokenizer.name,
                 "agentic_tool_names": [t["function"]["name"] for t in plan.tools or []],
                 "notes": plan.dataset.notes,
@@ -291,16 +406,49 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
             "concurrency": {
                 "requested": cfg.concurrency,
                 "achieved": achieved,
-                "virtual_users": len(plan.users),
+                "virtual_users": len(users),
             },
             "server": server,
             "summary": summary,
             "server_metrics": metrics,
             "reuse_opportunity": plan.reuse,
+            "hardware": hw,
             "config": cfg,
         }
     )
     return result, records
+
+
+def offload_never_hit(m: ScrapeSummary) -> bool:
+    """Whether the server looked tokens up in its offload tier and no counter shows a hit: vLLM's external
+    prefix cache and LMCache's own lookup counters are both read, so the warning never contradicts a
+    counter printed beside it (one of them showing hits is the offload tier serving)."""
+    asked = (m.external_prefix_cache_queries or 0.0) + (m.lmcache_lookup_requested_tokens or 0.0)
+    hits = (m.external_prefix_cache_hits or 0.0) + (m.lmcache_lookup_hit_tokens or 0.0)
+    hits += (m.lmcache_lookup_hit_l1_tokens or 0.0) + (m.lmcache_lookup_hit_l2_tokens or 0.0)
+    return asked > 0 and hits == 0
+
+
+def verdict(
+    cfg: ReplayConfig, summary: dict[str, Any], failure: str, signal_code: StopCode | None, bounds: Bounds
+) -> tuple[Status, StopReason]:
+    """The run's own verdict, before the failure rule (report/outcome.py) is applied to it."""
+    if failure:
+        return Status.partial, StopReason(code=StopCode.internal_error, message=failure)
+    if signal_code is not None:
+        return Status.partial, StopReason(
+            code=signal_code, message=f"{signal_code.value}: the replay stopped early; the result is partial"
+        )
+    status = Status.complete if summary["requests_ok"] > 0 or summary["requests_failed"] else Status.failed
+    if bounds.hit == "max-requests":
+        return status, StopReason(code=StopCode.max_requests, message=f"--max-requests {cfg.max_requests} sent")
+    if bounds.hit == "duration":
+        return status, StopReason(
+            code=StopCode.duration,
+            message=f"--duration {cfg.duration:g} s of dispatch ended; in-flight requests had --read-timeout "
+            f"{cfg.read_timeout:g} s to finish",
+        )
+    return status, StopReason(code=StopCode.dataset_finished, message="every virtual user ran")
 
 
 def execute(

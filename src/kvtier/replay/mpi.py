@@ -22,7 +22,8 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError
 from kvtier.mpi import TAG_RESULT, Rank, agree_start, sleep_until
 from kvtier.replay.driver import ReplayPlan, execute, prepare, write_outputs
-from kvtier.report.envelope import ResultWarning, Status, StopReason, WarningCode, warning
+from kvtier.report.envelope import ResultWarning, Status, StopCode, StopReason, WarningCode, warning
+from kvtier.report.outcome import Failure, judge
 from kvtier.report.replay import ReplayResult
 
 START_MARGIN_S = 1.0
@@ -97,11 +98,22 @@ def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayR
                 lost_ranks=lost,
             )
         )
-    partial = bool(lost) or any(c["status"] != "complete" for c in got.values())
-    status = Status.partial if partial else result.status
+    warnings = [w for w in warnings if w.code != WarningCode.requests_failed]  # said again over the union
+    partial = bool(lost) or any(c["status"] == "partial" for c in got.values())
     stop = result.stop_reason
+    if stop.code == StopCode.too_many_failures:  # rank 0's own verdict: decided again over the union
+        stop = StopReason(code=StopCode.dataset_finished, message="every virtual user ran")
     if lost:
         stop = StopReason(code=stop.code, message=f"lost rank(s) {lost}; {stop.message}")
+    failures = {c: Failure.model_validate(f) for c, f in summary["failures"].items()}
+    status, stop, failed = judge(
+        Status.partial if partial else Status.complete if summary["requests_total"] else Status.failed,
+        stop,
+        summary["requests_ok"],
+        failures,
+        cfg.max_failure_rate,
+    )
+    warnings += failed
     pooled = result.model_copy(
         update={
             "status": status,

@@ -62,14 +62,33 @@ def _f(v: float | None, fmt: str) -> str:
     return "—" if v is None else format(v, fmt)
 
 
+def eta_s(elapsed_s: float, done: int, total: int, duration_s: float = 0.0) -> float | None:
+    """Seconds left: the requests left at the rate so far, or what is left of --duration when sooner;
+    None before the first request ends (no rate yet) without a duration."""
+    left = None
+    if done and total > done:
+        left = (total - done) * elapsed_s / done
+    elif total and done >= total:
+        left = 0.0
+    if duration_s > 0:
+        until = max(0.0, duration_s - elapsed_s)
+        left = until if left is None else min(left, until)
+    return left
+
+
 class ReplayProgress(ProgressOutput):
-    def tick(self, elapsed_s: float, s: dict[str, Any]) -> None:
+    def tick(self, elapsed_s: float, s: dict[str, Any], in_dataset: int | None = None, duration_s: float = 0.0) -> None:
+        """One progress update: requests done of the run's total (its --max-requests where that is fewer),
+        the share of the dataset's requests done, and the ETA (eta_s)."""
         if not self.enabled:
             return
+        of_dataset = f" ({s['done'] / in_dataset:.0%} of dataset)" if in_dataset else ""
+        eta = eta_s(elapsed_s, s["done"], s["total"], duration_s)
         rates = " ".join(f"{k.replace('_hit_rate', '')}={_f(v, '.2f')}" for k, v in s["rates"].items()) or "—"
         vals = (
             f"{elapsed_s:6.1f}s",
-            f"{s['done']}/{s['total']}",
+            f"{s['done']}/{s['total']}{of_dataset}",
+            "—" if eta is None else f"{eta:.0f}s",
             str(s["in_flight"]),
             f"{s['sessions_complete']}/{s['sessions_open']}/{s['sessions_error']}",
             f"{_f(s['ttft_p50_s'], '.3f')}/{_f(s['ttft_p95_s'], '.3f')}",
@@ -81,6 +100,7 @@ class ReplayProgress(ProgressOutput):
             (
                 "elapsed",
                 "requests",
+                "ETA",
                 "in flight",
                 "sessions ok/open/error",
                 "TTFT p50/p95 s",
@@ -88,9 +108,9 @@ class ReplayProgress(ProgressOutput):
                 "server hit rates",
             ),
             vals,
-            f"[kvtier replay] t={vals[0]} requests={vals[1]} in_flight={vals[2]} sessions ok/open/error={vals[3]} "
-            f"ttft_p50/p95={vals[4]} s failed={vals[5]} hit_rates: {vals[6]}",
+            f"[kvtier replay] t={vals[0]} requests={vals[1]} eta={vals[2]} in_flight={vals[3]} "
+            f"sessions ok/open/error={vals[4]} ttft_p50/p95={vals[5]} s failed={vals[6]} hit_rates: {vals[7]}",
         )
 
 
-__all__ = ["ReplayProgress", "Tally", "snapshot"]
+__all__ = ["ReplayProgress", "Tally", "snapshot", "eta_s"]

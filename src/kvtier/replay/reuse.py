@@ -41,7 +41,10 @@ def reuse_opportunity(
     block_tokens: int = 256,
     kv_bytes_per_token: int | None = None,
     points: int = 50,
+    prompt_tokens: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
+    """The figures of the module docstring; ``prompt_tokens``, when given, is filled with each virtual
+    user's prompt sizes, turn by turn (the replay checks them against the server's max_model_len)."""
     cache: dict[str, list[int]] = {}
     first_session: dict[bytes, str] = {}
     hist = cross = new = total = 0
@@ -58,6 +61,8 @@ def reuse_opportunity(
                     ids = cache[text] = encode(text)
                 tokens += ids
             n = len(tokens)
+            if prompt_tokens is not None:
+                prompt_tokens.setdefault(u.user_id, []).append(n)
             total += n
             session_max[u.session_id] = max(session_max.get(u.session_id, 0), n)
             parent: bytes | None = None

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from kvtier import stats
+from kvtier.replay.client import http_cause
+from kvtier.report.outcome import NOT_COUNTED, failed_count, tally
 
 
 def _stats(xs: list[float]) -> dict[str, float | int | None]:
@@ -23,9 +25,29 @@ def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> floa
     return (e2e_s - ttft_s) / (completion_tokens - 1)
 
 
+def record_cause(r: dict[str, Any]) -> str:
+    """A failed record's cause (report/outcome.py); records of files written before causes were kept get
+    one from their status and HTTP status."""
+    cause = r.get("cause")
+    if isinstance(cause, str) and cause:
+        return cause
+    if r["status"] == "cut":
+        return "cut-at-stop"
+    if r["status"] == "timeout":
+        return "timeout"
+    status = r.get("http_status")
+    if isinstance(status, int) and status != 200:
+        return http_cause(status, str(r.get("error") or ""))
+    return "connection"
+
+
 def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == "ok" and r["ttft_s"] is not None]
-    failed = [r for r in records if r["status"] != "ok"]
+    failures = tally(
+        (record_cause(r), r.get("error") or "", r.get("http_status") if r.get("http_status") != 200 else None)
+        for r in records
+        if r["status"] != "ok"
+    )
     tpots = [v for r in ok if (v := tpot_s(r["e2e_s"], r["ttft_s"], r.get("completion_tokens"))) is not None]
     first: dict[str, float] = {}
     for r in ok:
@@ -55,10 +77,9 @@ def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: i
     return {
         "requests_total": len(records),
         "requests_ok": len(ok),
-        "requests_failed": len(failed),
-        "failures_by_status": {
-            k: sum(1 for r in failed if r["status"] == k) for k in sorted({r["status"] for r in failed})
-        },
+        "requests_failed": failed_count(failures),
+        "requests_cut_at_stop": sum(f.count for c, f in failures.items() if c in NOT_COUNTED),
+        "failures": {c: f.model_dump() for c, f in failures.items()},
         "ttft_s": _stats([r["ttft_s"] for r in ok]),
         "tpot_s_mean": round(float(np.mean(tpots)), 6) if tpots else None,
         "e2e_s": _stats([r["e2e_s"] for r in ok]),

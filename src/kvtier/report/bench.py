@@ -13,6 +13,7 @@ from pydantic import Field, create_model
 
 from kvtier.config.bench import BenchConfig
 from kvtier.report.envelope import Distribution, Envelope, Section
+from kvtier.report.outcome import Failure
 from kvtier.stats import PERCENTILE_NAMES
 
 TIER_NAMES = ("gpu", "cpu", "storage")
@@ -369,6 +370,7 @@ class ModelInfo(Section):
 
 class ErrorStats(Section):
     requests_failed: int
+    failures: dict[str, Failure]  # by cause: tier-full, io-error, cancelled (report/outcome.py)
     tier_operations: dict[str, int]
     first_messages: list[str]
 

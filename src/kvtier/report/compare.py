@@ -34,6 +34,14 @@ BENCH_FIXED = (
 )  # fmt: skip
 
 
+COSMETIC = frozenset({
+    "output", "seed", "progress", "progress_interval", "log_level", "xlsx_output", "request_log", "base_url",
+    "metrics_url", "scrape_interval", "mpi_timeout", "device_interval", "io_trace_log", "config", "cache_dir",
+})  # fmt: skip
+"""Config fields that change how a run is watched or where it writes, not what it measures: never listed as
+differences (a result's cache folder is a fresh temporary one each run)."""
+
+
 @dataclass
 class Row:
     name: str
@@ -62,11 +70,17 @@ def _fixed(kind: str) -> tuple[str, ...]:
 
 
 def _config(it: Loaded) -> dict[str, Any]:
-    return dict(it.result.config.model_dump(mode="json"))
+    cfg = it.result.config  # an MPI aggregate keeps rank 0's config as a dict
+    return dict(cfg) if isinstance(cfg, dict) else dict(cfg.model_dump(mode="json"))
+
+
+def _kind(it: Loaded) -> str:
+    """An MPI aggregate compares as a bench run: its figures have the bench's names."""
+    return "bench" if it.kind == "bench-mpi" else it.kind
 
 
 def _problems(conditions: Sequence[Sequence[Loaded]]) -> tuple[list[str], list[str]]:
-    kind = conditions[0][0].kind
+    kind = _kind(conditions[0][0])
     fixed = _fixed(kind)
     base = _config(conditions[0][0])
     problems, differs = [], set()
@@ -77,7 +91,7 @@ def _problems(conditions: Sequence[Sequence[Loaded]]) -> tuple[list[str], list[s
                 if c.get(k) != base.get(k):
                     shown = "(differs)" if k == "tuning" else f"{base.get(k)!r} vs {c.get(k)!r}"
                     problems.append(f"{it.label}: {k}: {shown}")
-            differs |= {k for k in c if k not in fixed and c.get(k) != base.get(k) and k not in ("output", "seed")}
+            differs |= {k for k in c if k not in fixed and c.get(k) != base.get(k) and k not in COSMETIC}
     if kind == "replay":
         b = conditions[0][0].result
         for cond in conditions:
@@ -96,9 +110,12 @@ def _problems(conditions: Sequence[Sequence[Loaded]]) -> tuple[list[str], list[s
 def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
     if not conditions or any(not c for c in conditions):
         raise DatasetError("compare: give at least one result per condition")
-    kinds = {it.kind for c in conditions for it in c}
+    kinds = {_kind(it) for c in conditions for it in c}
     if len(kinds) != 1 or kinds - {"bench", "replay"}:
-        raise DatasetError(f"compare: bench results or replay results, one kind at a time (got {sorted(kinds)})")
+        raise DatasetError(
+            f"compare: bench results (single runs or MPI aggregates) or replay results, one kind at a time (got "
+            f"{sorted({it.kind for c in conditions for it in c})})"
+        )
     problems, differs = _problems(conditions)
     names: list[tuple[str, str, str]] = []
     for c in conditions:

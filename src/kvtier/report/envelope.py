@@ -25,15 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvtier import __version__
 
-SCHEMA_VERSION = 2
-"""2: warnings became coded objects, stop_reason became {code, message}, host gained versions and
-directories, replay and launch files gained the envelope."""
+SCHEMA_VERSION = 3
+"""3: failures by cause ({cause: {count, first_message, http_status}}) replaced failures_by_status, and the
+status follows the one rule of report/outcome.py. 2: warnings became coded objects, stop_reason became
+{code, message}, host gained versions and directories, replay and launch files gained the envelope."""
 
 
 class Status(enum.StrEnum):
-    complete = "complete"  # the run ended as configured (duration, request count, data exhausted)
+    complete = "complete"  # ran to its stop condition with failed work within --max-failure-rate
     partial = "partial"  # stopped early (signal, device full, internal error): what it has is kept
-    failed = "failed"  # nothing usable was measured
+    failed = "failed"  # nothing usable was measured, or more than --max-failure-rate of the work failed
 
 
 class StopCode(enum.StrEnum):
@@ -51,6 +52,7 @@ class StopCode(enum.StrEnum):
     internal_error = "internal-error"  # a bug stopped the run; the message names it
     startup_failed = "startup-failed"  # launch: a process did not start or become healthy
     running = "running"  # launch.json written while the replay was still running
+    too_many_failures = "too-many-failures"  # it ran to its end, but more than --max-failure-rate of its work failed
 
 
 class Section(BaseModel):
@@ -93,7 +95,9 @@ class WarningCode(enum.StrEnum):
     trace_rows_skipped = "trace-rows-skipped"
     rag_ingest_excluded = "rag-ingest-excluded"
     prepopulation_excluded = "prepopulation-excluded"
-    errors_seen = "errors-seen"
+    errors_seen = "errors-seen"  # tier operations failed (a failed request is requests-failed)
+    requests_failed = "requests-failed"  # some requests failed: counts by cause (report/outcome.py)
+    prompts_exceed_context = "prompts-exceed-context"  # replay: prompts longer than the server's max_model_len
     run_not_complete = "run-not-complete"
     concurrency_capped = "concurrency-capped"
     concurrency_not_reached = "concurrency-not-reached"

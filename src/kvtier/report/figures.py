@@ -27,12 +27,22 @@ _RECORD = re.compile(
 """The fields the report reads from one requests.jsonl line, as replay/client.py writes them."""
 
 
+FEW_SAMPLES = 30
+"""A percentile or mean from fewer samples than this is flagged in the report: its tail is one or two
+requests, not a distribution."""
+
+
 @dataclass
 class Figure:
     name: str
     value: float | None
     unit: str
     better: str  # LOWER | HIGHER | "" (informative)
+    samples: int | None = None  # how many samples a percentile or mean comes from (None: not a sample figure)
+
+    @property
+    def few_samples(self) -> bool:
+        return self.samples is not None and self.value is not None and self.samples < FEW_SAMPLES
 
 
 @dataclass
@@ -124,21 +134,24 @@ def _p(values: np.ndarray, q: float) -> float | None:
 def bench_figures(r: Any) -> list[Figure]:
     s = r.summary
     cs = s.cache_stats
+    e2e, sio = s.end_to_end_latency_ms, s.storage_io_latency_ms
     out = [
+        Figure("requests completed", float(r.requests_completed), "", HIGHER),
+        Figure("requests failed", float(r.requests_failed), "", LOWER),
         Figure("throughput tokens/s", s.avg_throughput_tokens_per_sec, "tok/s", HIGHER),
         Figure("storage throughput tokens/s (MLPerf)", s.storage_throughput_tokens_per_sec, "tok/s", HIGHER),
         Figure("KV tokens moved/s", s.storage_kv_tokens_per_sec, "tok/s", HIGHER),
         Figure("requests/s", s.requests_per_second, "req/s", HIGHER),
-        Figure("end-to-end p50 ms", s.end_to_end_latency_ms.p50, "ms", LOWER),
-        Figure("end-to-end p95 ms", s.end_to_end_latency_ms.p95, "ms", LOWER),
-        Figure("storage I/O p95 ms", s.storage_io_latency_ms.p95, "ms", LOWER),
+        Figure("end-to-end p50 ms", e2e.p50, "ms", LOWER, e2e.count),
+        Figure("end-to-end p95 ms", e2e.p95, "ms", LOWER, e2e.count),
+        Figure("storage I/O p95 ms", sio.p95, "ms", LOWER, sio.count),
         Figure("cache hit rate", cs.cache_hit_rate, "", HIGHER),
     ]
     for tier, t in r.tiers.items():
         for op in ("read", "write"):
             o = getattr(t, op)
             if o.ops:
-                out.append(Figure(f"{tier} {op} device p95 ms", o.device_latency_ms.p95, "ms", LOWER))
+                out.append(Figure(f"{tier} {op} device p95 ms", o.device_latency_ms.p95, "ms", LOWER, o.ops))
                 out.append(Figure(f"{tier} {op} GB/s (device time)", _gbps(o.device_bandwidth_bytes_per_sec), "GB/s",
                                   HIGHER))  # fmt: skip
     amp = s.kv_layout_stats.read_amplification
@@ -152,18 +165,20 @@ def _gbps(v: float | None) -> float | None:
 
 def replay_figures(r: Any, rec: ReplayRecords | None) -> list[Figure]:
     s = r.summary
+    n = s.ttft_s.count
     out = [
-        Figure("TTFT p50 s", s.ttft_s.p50, "s", LOWER),
-        Figure("TTFT p95 s", s.ttft_s.p95, "s", LOWER),
+        Figure("requests ok", float(s.requests_ok), "", HIGHER),
+        Figure("TTFT p50 s", s.ttft_s.p50, "s", LOWER, n),
+        Figure("TTFT p95 s", s.ttft_s.p95, "s", LOWER, n),
     ]
     if rec is not None:
         later = rec.ttft_ok(later=True)
-        out += [Figure("later-turn TTFT p50 s", _p(later, 50), "s", LOWER),
-                Figure("later-turn TTFT p95 s", _p(later, 95), "s", LOWER)]  # fmt: skip
+        out += [Figure("later-turn TTFT p50 s", _p(later, 50), "s", LOWER, int(later.size)),
+                Figure("later-turn TTFT p95 s", _p(later, 95), "s", LOWER, int(later.size))]  # fmt: skip
     out += [
         Figure("TTFT degradation median %", s.ttft_degradation.median_pct, "%", LOWER),
         Figure("TPOT mean s", s.tpot_s_mean, "s", LOWER),
-        Figure("end-to-end p50 s", s.e2e_s.p50, "s", LOWER),
+        Figure("end-to-end p50 s", s.e2e_s.p50, "s", LOWER, s.e2e_s.count),
         Figure("requests/s", s.requests_per_s, "req/s", HIGHER),
         Figure("output tokens/s", s.output_tokens_per_s, "tok/s", HIGHER),
         Figure("sessions complete", float(s.sessions.complete), "", HIGHER),
@@ -204,6 +219,11 @@ def aggregate_figures(r: Any) -> list[Figure]:
 def mlperf_figures(r: Any) -> list[Figure]:
     out = []
     for o, s in (r.options or {}).items():
+        spread = (s.get("kvtier") or {}).get("spread") or {}
+        for name, sp in spread.items():
+            cv = sp.get("cv") if isinstance(sp, dict) else None
+            out.append(Figure(f"option {o} {name} spread across trials (CV %)", None if cv is None else cv * 100, "%",
+                              LOWER))  # fmt: skip
         out += [
             Figure(f"option {o} read GiB/s", s.get("aggregated_read_bandwidth_gbps"), "GiB/s", HIGHER),
             Figure(f"option {o} write GiB/s", s.get("aggregated_write_bandwidth_gbps"), "GiB/s", HIGHER),

@@ -21,7 +21,8 @@ from typing import Any
 
 from kvtier import __version__
 from kvtier.errors import ConfigError
-from kvtier.report.figures import Loaded, ReplayRecords, figures_of, sentences
+from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences
+from kvtier.report.outcome import label as cause_label
 
 KINDS = {
     "kvtier bench": "bench",
@@ -80,6 +81,14 @@ def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[
         item = Loaded(str(p), label, kind, r, records)
         item.figures = figures_of(item)
         out.append(item)
+        given = {Path(q).resolve() for q in paths}
+        folder = _launch_replay(item) if kind == "launch" else None
+        if folder is not None and not {folder.resolve(), (folder / "summary.json").resolve()} & given:
+            replay = load(folder)  # a launch's own replay: its TTFT figures and plots in the serving section
+            rec = ReplayRecords.read(folder / "requests.jsonl")
+            sub = Loaded(str(folder), f"{label}/replay", "replay", replay, rec)
+            sub.figures = figures_of(sub)
+            out.append(sub)
     return out
 
 
@@ -111,20 +120,108 @@ def _table(items: Sequence[Loaded]) -> str:
                 diff = (f.value - b.value) / abs(b.value)
                 if abs(diff) >= 0.05:
                     cls = " class='better'" if (diff < 0) == (f.better == "lower") else " class='worse'"
-            cells.append(f"<td{cls}>{_fmt(None if f is None else f.value)}</td>")
+            mark = FEW_MARK if f is not None and f.few_samples else ""
+            cells.append(f"<td{cls}>{_fmt(None if f is None else f.value)}{mark}</td>")
         rows.append(f"<tr><td>{html.escape(n)}</td>{''.join(cells)}</tr>")
-    return f"<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table>"
+    table = f"<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table>"
+    if any(f.few_samples for it in items for f in it.figures):
+        table += f"<p class='meta'>{FEW_MARK} from fewer than {FEW_SAMPLES} samples: a tail of one or two requests.</p>"
+    return table
+
+
+FEW_MARK = " †"
+
+
+def _causes(failures: dict[str, Any]) -> str:
+    return ", ".join(f"{cause_label(c, f)} {f.count}" for c, f in failures.items()) or "none"
+
+
+def _flags(cfg: Any, names: Sequence[str]) -> str:
+    """The run's key flags, as the command line spells them."""
+    d = cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json")
+    return " ".join(f"--{k.replace('_', '-')} {d[k]}" for k in names if d.get(k) not in (None, "", [], False))
+
+
+BENCH_FLAGS = ("model", "num_users", "duration", "gpu_mem_gb", "cpu_mem_gb", "storage_capacity_gb",
+               "max_concurrent_allocs", "generation_mode", "tier_order")  # fmt: skip
+REPLAY_FLAGS = ("model", "dataset", "concurrency", "num_rounds", "gap_scale", "max_requests", "duration",
+                "max_failure_rate")  # fmt: skip
+
+
+def status_rows(it: Loaded) -> list[tuple[str, Any]]:
+    """What each kind's verdict is, in rows: status, why it stopped, counts and causes, its key flags."""
+    r = it.result
+    rows: list[tuple[str, Any]] = [("file", it.path)]
+    if hasattr(r, "status"):
+        rows += [("status", r.status.value), ("stop", f"{r.stop_reason.code.value}: {r.stop_reason.message}")]
+    if it.kind == "bench":
+        h = r.summary.cache_stats.storage_health
+        rows += [
+            ("requests ok / failed", f"{r.requests_completed:,} / {r.requests_failed:,}"),
+            ("failures by cause", _causes(r.errors.failures)),
+            (f"storage health ({h.profile})", f"{h.overall_status} ({h.passed_count}/{h.total_count} criteria passed)"),
+            ("key flags", _flags(r.config, BENCH_FLAGS)),
+        ]
+    elif it.kind == "replay":
+        s = r.summary
+        rows += [
+            ("requests ok / failed / cut", f"{s.requests_ok:,} / {s.requests_failed:,} / {s.requests_cut_at_stop:,}"),
+            ("failures by cause", _causes(s.failures)),
+            (
+                "dataset",
+                f"{r.dataset.path} ({r.dataset.format}, {r.dataset.virtual_users} users; tokenizer "
+                f"{r.dataset.tokenizer})",
+            ),  # fmt: skip
+            ("key flags", _flags(r.config, REPLAY_FLAGS)),
+        ]
+    elif it.kind == "bench-mpi":
+        t = r.totals
+        rows += [
+            ("ranks reported / launched", f"{r.ranks_reported} / {r.ranks_launched}"),
+            ("requests ok / failed", f"{t.requests_completed:,} / {t.requests_failed:,}"),
+            ("failures by cause", _causes(t.failures)),
+        ]
+    elif it.kind == "mlperf":
+        rows += [
+            ("mode", f"{r.mode}, {r.trials_per_option} trials per option, {r.total_ranks} ranks"),
+            ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
+            ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
+        ]
+    elif it.kind == "launch":
+        rows += [
+            (
+                "profile",
+                f"{r.profile} ({r.tier} tier, {r.engine}, {r.replicas} replica(s), {r.lb_policy or 'no'} routing)",
+            ),  # fmt: skip
+            ("exit status", r.exit_status),
+            (
+                "replay",
+                "below, under the serving benchmark"
+                if it.records is not None or _launch_replay(it)
+                else "no replay summary beside launch.json",
+            ),  # fmt: skip
+        ]
+    rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
+    return rows
+
+
+def _launch_replay(it: Loaded) -> Path | None:
+    """The replay folder of a launch (its summary.json beside launch.json's replay/), when present."""
+    cfg = it.result.config
+    here = Path(it.path) if Path(it.path).is_dir() else Path(it.path).parent
+    folder = Path(cfg.replay.output) if cfg.replay.output else here / "replay"
+    return folder if (folder / "summary.json").is_file() else None
 
 
 def _status_table(items: Sequence[Loaded]) -> str:
     head = "".join(f"<th>{html.escape(it.label)}</th>" for it in items)
-    rows: list[tuple[str, list[Any]]] = [
-        ("file", [it.path for it in items]),
-        ("status", [getattr(it.result, "status", None) and it.result.status.value for it in items]),
-        ("stop", [getattr(getattr(it.result, "stop_reason", None), "message", None) for it in items]),
-        ("warnings", [", ".join(w.code for w in getattr(it.result, "warnings", [])) or "none" for it in items]),
-    ]
-    body = "".join(f"<tr><td>{k}</td>{''.join(f'<td>{_fmt(v)}</td>' for v in vals)}</tr>" for k, vals in rows)
+    per = [dict(status_rows(it)) for it in items]
+    keys: list[str] = []
+    for d in per:
+        keys += [k for k in d if k not in keys]
+    body = "".join(
+        f"<tr><td>{html.escape(k)}</td>{''.join(f'<td>{_fmt(d.get(k))}</td>' for d in per)}</tr>" for k in keys
+    )
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 
 
@@ -161,6 +258,10 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         if not group:
             continue
         parts.append(f"<h2>{TITLES[kind]}</h2>")
+        if kind == "replay" and len({(it.result.dataset.path, it.result.dataset.format) for it in group}) > 1:
+            used = ", ".join(f"{it.label}: {it.result.dataset.path}" for it in group)
+            parts.append(f"<p><b>Note:</b> these replays used different datasets ({html.escape(used)}): their "
+                         "figures describe different work.</p>")  # fmt: skip
         if len(group) > 1:
             found = [s for it in group[1:] for s in sentences(group[0], it)]
             parts.append("<h3>What differs</h3>")

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from kvtier.config.launch import LaunchConfig
 from kvtier.report.envelope import Envelope, Section
+from kvtier.report.replay import Hardware
 
 
 class ProcessCommand(Section):
@@ -79,6 +80,7 @@ class LaunchResult(Envelope):
     policies: LaunchPolicies | None = None
     engines: dict[str, Any] | None = None  # the pre-flight check (launch/engines.py; None for the sim)
     device: dict[str, Any] | None = None  # NVMe tier: its devices over the replay (telemetry/diskstats.py)
+    hardware: Hardware | None = None  # the replay's host CPU and GPU telemetry (report/replay.py Hardware)
     error: str | None
     exit_status: int | None
     config: LaunchConfig

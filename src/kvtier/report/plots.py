@@ -30,11 +30,21 @@ def _plt() -> Any:
     return plt
 
 
+MIN_WIDTH_PX = 1100
+"""Every plot is drawn at least this wide: the resolution rises for a narrow figure, so its text grows with
+it and legends stay legible in the report."""
+
+
+def dpi_for(width_in: float) -> float:
+    """The resolution that draws a figure ``width_in`` inches wide at MIN_WIDTH_PX or more (96 at least)."""
+    return max(96.0, MIN_WIDTH_PX / width_in)
+
+
 def _png(fig: Any) -> bytes:
     """PNG bytes. Margins are set, not measured: bbox_inches="tight" draws every figure twice."""
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.88, wspace=0.32)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96)
+    fig.savefig(buf, format="png", dpi=dpi_for(fig.get_size_inches()[0]))
     _plt().close(fig)
     return buf.getvalue()
 
@@ -44,7 +54,7 @@ def _label(ax: Any, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
 
 
 def _log_y(ax: Any) -> None:
@@ -118,14 +128,16 @@ def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
                 if pts:
                     b.plot(*zip(*pts), ["-", "--", ":"][j % 3], color=f"C{i}", label=f"{it.label} {tier}")
     a.set_title("generated tokens/s")
-    a.set_xlabel("s")
+    a.set_xlabel("time since the load began, s")
+    a.set_ylabel("tokens/s")
     b.set_title("tier fill (used / capacity)")
-    b.set_xlabel("s")
+    b.set_xlabel("time since the load began, s")
+    b.set_ylabel("fraction of capacity")
     b.set_ylim(0, 1.05)
     for ax in (a, b):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=8)
     return ("Throughput and tier fill over time", "Did the run reach a steady state, and when did each tier fill "
             "and start demoting?", _png(fig))  # fmt: skip
 
@@ -149,11 +161,13 @@ def device_timeline(items: Sequence[Loaded]) -> Plot | None:
             b.plot(t, wr, ":", color=f"C{i}", label=f"{it.label} {dev} write")
     a.set_title("device utilisation")
     a.set_ylim(0, 1.05)
-    b.set_title("device GB/s")
+    a.set_ylabel("busy fraction of each interval")
+    b.set_title("device throughput")
+    b.set_ylabel("GB/s")
     for ax in (a, b):
-        ax.set_xlabel("s")
+        ax.set_xlabel("time since the load began, s")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     return ("The storage device over time", "Was the device busy, and did it move what kvtier asked (or someone "
             "else's traffic too)?", _png(fig))  # fmt: skip
 
@@ -175,15 +189,18 @@ def qos(items: Sequence[Loaded]) -> Plot | None:
                 xs.append(k + i * width)
                 ys.append(q.sla.actual_p95_ms)
         ax.bar(xs, ys, width, color=f"C{i}", label=f"{it.label} p95")
-    for k, c in enumerate(classes):
+    labelled = False
+    for k, c in enumerate(classes):  # each class's target over its own bars: from its first to its last
         q = next((q for _, cc, q in rows if cc == c), None)
         if q is not None:
-            ax.hlines(q.sla.target_p95_ms, k - 0.1, k + 0.9, colors="k", linestyles="--")
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))])
+            ax.hlines(q.sla.target_p95_ms, k - width / 2, k + (len(items) - 0.5) * width, colors="k",
+                      linestyles="--", label=None if labelled else "target p95")  # fmt: skip
+            labelled = True
+    ax.set_xticks([k + (len(items) - 1) * width / 2 for k in range(len(classes))])
     ax.set_xticklabels(classes)
     _log_y(ax)
-    ax.set_ylabel("end-to-end p95, ms (dashed: target)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("end-to-end p95, ms")
+    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return ("QoS classes against their targets", "Did each class meet its p95 target?", _png(fig))
 
@@ -204,9 +221,9 @@ def autoscaler(items: Sequence[Loaded]) -> Plot | None:
         if any(s is not None for s in sat):
             b.plot(t, sat, ":", color=f"C{i}", label=f"{it.label} saturation")
     a.set_ylabel("users")
-    b.set_ylabel("saturation")
-    a.set_xlabel("s")
-    a.legend(fontsize=7, loc="upper left")
+    b.set_ylabel("saturation (0..1)")
+    a.set_xlabel("time since the first scaling event, s")
+    a.legend(fontsize=8, loc="upper left")
     return ("Autoscaler path", "How many users could the storage carry, and where did it saturate?", _png(fig))
 
 
@@ -317,7 +334,7 @@ def hit_rates(items: Sequence[Loaded]) -> Plot | None:
         plt.close(fig)
         return None
     ax.set_ylim(0, 1.05)
-    _label(ax, "s", "hit rate (rolling window)")
+    _label(ax, "time since the replay began, s", "hit rate (rolling window, 0..1)")
     return ("Server cache hit rates over time", "Was the offload tier actually hit, and did it warm up?", _png(fig))
 
 
@@ -331,7 +348,7 @@ def sessions(items: Sequence[Loaded]) -> Plot | None:
         ax.bar(labels, v, bottom=bottom, color=color, label=name)
         bottom += v
     ax.set_ylabel("sessions")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     return ("Sessions", "Did every virtual user finish its turns?", _png(fig))
 
 

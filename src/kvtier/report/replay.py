@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from kvtier.config.replay import ReplayConfig
+from kvtier.report.bench import GpuTelemetry
 from kvtier.report.envelope import Distribution, Envelope, Section
+from kvtier.report.outcome import Failure
 
 
 class Degradation(Section):
@@ -28,8 +30,9 @@ class Sessions(Section):
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
-    requests_failed: int
-    failures_by_status: dict[str, int]
+    requests_failed: int  # failed requests: every cause but cut-at-stop (report/outcome.py)
+    requests_cut_at_stop: int  # cut by the run's own end (a bound's grace, Ctrl+C): not counted as failed
+    failures: dict[str, Failure]  # by cause: {count, first_message, http_status}
     ttft_s: Distribution
     tpot_s_mean: float | None
     e2e_s: Distribution
@@ -99,6 +102,7 @@ class DatasetInfo(Section):
 class ServerIdentity(Section):
     models: Any
     replica: str | None
+    max_model_len: int | None = None  # the served model's, from GET /models (vLLM and the sim say it)
     launch: dict[str, Any] | None = None  # set by kvtier launch: profile, engine versions, devices, sizes, policies
 
 
@@ -121,6 +125,22 @@ class ReuseOpportunity(Section):
     working_set: list[dict[str, int | None]]
 
 
+class HostCpu(Section):
+    """The host CPU's busy share over the replay (/proc/stat: not idle, not iowait), and its timeline."""
+
+    code: str | None  # None when sampled; proc-stat-unreadable otherwise (figures null)
+    utilization: float | None
+    timeline: list[dict[str, float | None]]
+
+
+class Hardware(Section):
+    """What the methodology asks a serving run to record of the hardware while it runs: the host CPU, and
+    per GPU power, utilisation and memory where NVML answers (nulls with a code where it does not)."""
+
+    host_cpu: HostCpu
+    gpu: GpuTelemetry
+
+
 class ReplayResult(Envelope):
     """One ``kvtier replay`` run (summary.json)."""
 
@@ -135,6 +155,7 @@ class ReplayResult(Envelope):
     reuse_opportunity: ReuseOpportunity | None = None  # None only in results written before it was computed
     ranks: list[dict[str, Any]] | None = None  # MPI runs: one line per rank (replay/mpi.py)
     lost_ranks: list[int] | None = None  # MPI runs: ranks whose records never reached rank 0
+    hardware: Hardware | None = None  # None only in results written before it was recorded
 
 
 __all__ = ["ReuseOpportunity", "ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]

@@ -42,6 +42,9 @@ from kvtier.sim.requests import (
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 
 GiB = 1024**3
+MAX_MODEL_LEN = 131072
+"""The modelled model's own context limit, tokens (Llama 3.1's): a prompt + max_tokens past it is refused
+even when the simulated GPU could hold it."""
 
 
 @dataclass(frozen=True)
@@ -153,13 +156,25 @@ class SimEngine:
                     if not q.done.done():
                         q.done.set_result(None)
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + max_tokens the simulated GPU can hold, tokens (vLLM's max_model_len is
+        bounded the same way by its KV cache: a longer sequence is refused with HTTP 400)."""
+        return min(MAX_MODEL_LEN, self.gpu.capacity * BLOCK_TOKENS)
+
+    def too_long(self, need_tokens: int) -> BadRequest:
+        """vLLM's wording, so clients classify it as they would vLLM's (replay: context-length)."""
+        return BadRequest(
+            f"This model's maximum context length is {self.max_model_len} tokens (the simulated GPU holds "
+            f"{self.gpu.capacity} KV blocks of {BLOCK_TOKENS}). However, you requested {need_tokens} tokens",
+            "max_tokens",
+        )
+
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """BadRequest when prompt + max_tokens need more KV blocks than the simulated GPU holds."""
         need = math.ceil((prompt_tokens + max_tokens) / BLOCK_TOKENS)
-        if need > self.gpu.capacity:
-            raise BadRequest(
-                f"prompt + max_tokens need {need} KV blocks; the simulated GPU holds {self.gpu.capacity}", "max_tokens"
-            )
+        if need > self.gpu.capacity or prompt_tokens + max_tokens > MAX_MODEL_LEN:
+            raise self.too_long(prompt_tokens + max_tokens)
 
     def surely_too_long(self, text: str, max_tokens: int) -> bool:
         """Whether ``text`` cannot fit even at the tokenizer's longest tokens: checked before encoding,
@@ -328,7 +343,8 @@ def make_app(engine: SimEngine) -> web.Application:
     async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
         req = parse_completion(await read_json(request), chat, s.served_model_name, s.default_max_tokens)
         if engine.surely_too_long(req.text, req.max_tokens):  # refused before any tokenization
-            raise BadRequest(f"the prompt cannot fit the simulated GPU's {engine.gpu.capacity} KV blocks", "max_tokens")
+            fewest = len(req.text.encode("utf-8", "surrogatepass")) // engine.tokenizer.max_bytes_per_token
+            raise engine.too_long(fewest + req.max_tokens)
         prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
@@ -461,7 +477,7 @@ def make_app(engine: SimEngine) -> web.Application:
                         "object": "model",
                         "created": 0,
                         "owned_by": "kvtier-sim",
-                        "max_model_len": 131072,
+                        "max_model_len": engine.max_model_len,
                     }
                 ],
             }

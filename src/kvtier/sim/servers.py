@@ -285,7 +285,8 @@ def serve(cfg: SimConfig) -> None:
         e = server.sim
         return (
             f"kvtier sim: {e.s.served_model_name} on http://{cfg.host}:{server.port}/v1 (replica {e.replica_id}, "
-            f"GPU {e.gpu.capacity} blocks, offload {cfg.offload}, tokenizer {e.tokenizer.name})"
+            f"GPU {e.gpu.capacity} blocks = {e.max_model_len:,} tokens (the longest prompt + max_tokens it serves; "
+            f"/v1/models says max_model_len), offload {cfg.offload}, tokenizer {e.tokenizer.name})"
         )
 
     _serve(lambda: start_sim(cfg), announce, cfg.port_file, cfg.event_loop)

@@ -3,6 +3,7 @@ and the file it makes loads back into the same typed result."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -185,7 +186,39 @@ def test_failed_run_has_no_throughput_and_says_so(built):
     run = finished(plan, MS, Status.failed)
     r = build_result(plan, comp, rec, run, dt.datetime.now(dt.UTC))
     assert r.summary.end_to_end_latency_ms.count == 0 and r.summary.end_to_end_latency_ms.p95 is None
-    assert {"errors-seen", "run-not-complete"} <= {w.code for w in r.warnings}
+    assert {"requests-failed", "run-not-complete"} <= {w.code for w in r.warnings}
+    assert r.errors.failures["tier-full"].count == 1 and r.errors.failures["tier-full"].first_message == "tier_full: x"
+
+
+def test_failed_work_above_the_rate_makes_a_run_that_ran_to_its_end_failed(built):
+    """The status rule (report/outcome.py): 2 of 100 failed is over 1 %: failed, too-many-failures; cut
+    requests are listed but not counted; 1 of 100 is within it: complete, with requests-failed."""
+    plan, comp, rec = built
+    rec.requests.extend([record() for _ in range(98)] + [record(ok=False, error="tier_full: no room")] * 2)
+    rec.requests.extend([record(ok=False, error=CUT)] * 5)
+    r = build_result(plan, comp, rec, finished(plan, 1000 * MS), dt.datetime.now(dt.UTC))
+    assert r.status == Status.failed and r.stop_reason.code == StopCode.too_many_failures
+    assert "2.0% of 100 requests failed, above --max-failure-rate 0.01" in r.stop_reason.message
+    assert {c: f.count for c, f in r.errors.failures.items()} == {"cancelled": 5, "tier-full": 2}
+    w = next(w for w in r.warnings if w.code == "requests-failed")
+    assert w.model_extra is not None and w.model_extra["failed"] == 2 and w.model_extra["attempted"] == 100
+    rec.requests[:] = [record() for _ in range(99)] + [record(ok=False, error="storage_error: EIO")]
+    r = build_result(plan, comp, rec, finished(plan, 1000 * MS), dt.datetime.now(dt.UTC))
+    assert r.status == Status.complete and r.stop_reason.code == StopCode.duration
+    assert "requests-failed" in {w.code for w in r.warnings} and "io-error" in r.errors.failures
+    loose = plan.config.model_copy(update={"max_failure_rate": 0.5})
+    rec.requests[:] = [record() for _ in range(60)] + [record(ok=False, error="tier_full: x")] * 40
+    r = build_result(dataclasses.replace(plan, config=loose), comp, rec, finished(plan, MS), dt.datetime.now(dt.UTC))
+    assert r.status == Status.complete
+
+
+def test_a_partial_run_stays_partial_whatever_failed(built):
+    plan, comp, rec = built
+    rec.requests.extend([record(ok=False, error="tier_full: x")] * 3)
+    run = finished(plan, MS, Status.partial)
+    run.stop = StopReason(code=StopCode.interrupted, message="SIGINT")
+    r = build_result(plan, comp, rec, run, dt.datetime.now(dt.UTC))
+    assert r.status == Status.partial and r.stop_reason.code == StopCode.interrupted
 
 
 def test_the_mlperf_table_from_two_instances_equals_the_hand_computation(built):

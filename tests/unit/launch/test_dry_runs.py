@@ -66,8 +66,10 @@ def test_each_vllm_profile_dry_run_is_the_expected_command_lines(tmp_path: Path,
     r0, r1 = lp.replica_ports
     lines = [shlex.split(x) for x in lp.lines()]
     var = "CUDA_VISIBLE_DEVICES" if build == "nvidia" else "HIP_VISIBLE_DEVICES"
+    # every variable the process gets on top of the inherited ones (DO_NOT_TRACK too): a pasted line is the launch
     env0 = (["env", "-u", "CUDA_VISIBLE_DEVICES", "VLLM_ROCM_USE_AITER=1"] if build == "amd" else []) + [f"{var}=0,1"]
     env1 = (["env", "-u", "CUDA_VISIBLE_DEVICES", "VLLM_ROCM_USE_AITER=1"] if build == "amd" else []) + [f"{var}=2,3"]
+    env0, env1 = env0 + ["DO_NOT_TRACK=1"], env1 + ["DO_NOT_TRACK=1"]
     expected = []
     if tier != "gpu":
         l2 = (
@@ -75,7 +77,7 @@ def test_each_vllm_profile_dry_run_is_the_expected_command_lines(tmp_path: Path,
             if tier == "nvme"
             else None
         )
-        expected.append(lmcache_argv(side, http, "16", 4, l2))
+        expected.append(["DO_NOT_TRACK=1", *lmcache_argv(side, http, "16", 4, l2)])
     expected += [
         env0 + vllm_argv(r0, 2, side if tier != "gpu" else None),
         env1 + vllm_argv(r1, 2, side if tier != "gpu" else None),

@@ -80,6 +80,26 @@ def test_a_new_id_on_every_call_rebuilds_sessions_from_the_prefix_chain(tmp_path
                        "rebuilt from the prompt prefix chain"]  # fmt: skip
 
 
+def test_per_call_ids_whose_prompts_link_nothing_are_one_session_in_recorded_order():
+    """The aider-style file: each call its own chat-completion id, no prompt extending another. Split by id
+    it would be 4 one-turn sessions (no user at all with --num-rounds 2); it is one task, one session."""
+    f = Path(__file__).parents[2] / "fixtures" / "aider_per_call.jsonl"
+    d = load_sessions(f, "auto", chars_tokenizer().count)
+    assert [s.session_id for s in d.sessions] == ["aider_per_call"]
+    assert [t.messages[0]["content"].split("\n")[-1] for t in d.sessions[0].turns] == [
+        "User: add a --verbose flag to main",
+        "Write a one-line commit message.",
+        "User: the tests fail with TypeError, fix them",
+        "Write a one-line commit message.",
+    ]
+    assert gaps(d.sessions) == [[0.0, 7.375, 11.5, 12.25]]
+    note = (
+        "aider_per_call.jsonl: timestamps float seconds; session_id differs on every call and no prompt extends "
+        "another: the file is one session (one task) of 4 calls in recorded order"
+    )
+    assert d.notes == [note]
+
+
 def test_the_real_traces_say_how_they_were_read():
     from tests.conftest import SHARED_DATA
 

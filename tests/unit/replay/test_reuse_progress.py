@@ -7,7 +7,7 @@ import io
 import pytest
 
 from kvtier.replay.datasets import Turn, VirtualUser
-from kvtier.replay.progress import ReplayProgress, snapshot
+from kvtier.replay.progress import ReplayProgress, eta_s, snapshot
 from kvtier.replay.reuse import reuse_opportunity
 
 IDS: dict[str, int] = {}
@@ -61,11 +61,34 @@ def test_progress_lines_say_where_the_run_is():
     assert s["ttft_p50_s"] == pytest.approx(0.2)
     out = io.StringIO()
     with ReplayProgress("plain", out) as p:
-        p.tick(12.5, s)
-    line = out.getvalue()
-    assert line.startswith("[kvtier replay] t=  12.5s requests=3/6 in_flight=2 sessions ok/open/error=1/1/1")
+        p.tick(12.5, s, in_dataset=12)
+        p.tick(12.5, s, in_dataset=12, duration_s=20)
+    first, second = out.getvalue().splitlines()
+    line = first
+    # 3 of 6 done in 12.5 s: 12.5 s more at that rate; a --duration of 20 s ends sooner, in 7.5 s
+    assert line.startswith(
+        "[kvtier replay] t=  12.5s requests=3/6 (25% of dataset) eta=12s in_flight=2 sessions ok/open/error=1/1/1"
+    )
+    assert "eta=8s" in second
     assert "prefix_cache=0.50" in line and "failed=1" in line
+    assert eta_s(0.0, 0, 6) is None and eta_s(5.0, 6, 6) == 0.0
     quiet = io.StringIO()
     with ReplayProgress("none", quiet) as p:
         p.tick(1.0, s)
     assert quiet.getvalue() == ""
+
+
+def test_offload_never_exercised_never_contradicts_a_counter_beside_it():
+    from kvtier.replay.driver import offload_never_hit
+    from kvtier.report.replay import ScrapeSummary
+
+    def m(**kw: float) -> ScrapeSummary:
+        return ScrapeSummary(url="u", samples=3, scrape_errors=0, **kw)
+
+    # vLLM's external counter saw no hit, but LMCache's own lookup counter saw 9,728 hit tokens: no warning
+    both = m(external_prefix_cache_queries=20_000, external_prefix_cache_hits=0,
+             lmcache_lookup_requested_tokens=20_000, lmcache_lookup_hit_tokens=9_728)  # fmt: skip
+    assert not offload_never_hit(both)
+    assert offload_never_hit(m(external_prefix_cache_queries=20_000, external_prefix_cache_hits=0))
+    assert offload_never_hit(m(lmcache_lookup_requested_tokens=5, lmcache_lookup_hit_tokens=0))
+    assert not offload_never_hit(m())  # nothing looked up: nothing to say
