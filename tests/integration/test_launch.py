@@ -297,6 +297,10 @@ def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
     summary = json.loads((out / "replay" / "summary.json").read_text())
     assert summary["summary"]["sessions"]["complete"] == 16 and len(summary["server_metrics"]) == 2
     assert sorted(x.name for x in (out / "logs").iterdir()) == ["caddy.log", "replica0.log", "replica1.log"]
+    rec = json.loads((out / "launch.json").read_text())
+    assert rec["hardware"] == summary["hardware"] and rec["hardware"]["host_cpu"]["utilization"] is not None
+    # a launch ends with its replay's result line, then its own
+    assert "replay (complete, dataset-finished): 80/80 requests ok" in p.stdout and "launch: complete" in p.stdout
     assert_no_orphans(out)
 
 

@@ -91,6 +91,9 @@ def test_prompts_over_the_servers_length_are_counted_up_front_and_fail_the_run(t
     s, recs = load(tmp_path / "sent")
     assert s["status"] == "failed" and s["stop_reason"]["code"] == "too-many-failures"
     assert s["server"]["max_model_len"] == 2176
+    hw = s["hardware"]  # the methodology's hardware telemetry: the host CPU sampled, no GPU here (a code, nulls)
+    assert hw["host_cpu"]["code"] is None and 0 < hw["host_cpu"]["utilization"] <= 1 and hw["host_cpu"]["timeline"]
+    assert not hw["gpu"]["available"] and hw["gpu"]["code"] and hw["gpu"]["gpus"] == []
     w = codes(s)["prompts-exceed-context"]
     assert (w["prompts"], w["of"], w["max_model_len"], w["skipped_turns"]) == (1, 20, 2176, 0)
     assert w["largest_tokens"] > 2176

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from html.parser import HTMLParser
@@ -168,3 +169,24 @@ def test_the_offload_tiers_own_counters_are_beside_the_client_figures(results: d
     assert cpu["lmcache_chunks_stored"] is None  # the sim replica does not expose it: null, never a made-up 0
     none = json.loads((results["none"] / "summary.json").read_text())["server_metrics"][0]
     assert not none["lmcache_lookup_requested_tokens"]  # no offload tier: nothing looked up there
+
+
+def test_compare_is_quiet_on_a_closed_pipe_and_takes_an_mpi_aggregate(results: dict[str, Path], tmp_path: Path):
+    """`kvtier compare A B | head -0`: no traceback, exit 0. An MPI aggregate compares as a bench run (its
+    figures have the bench's names); cosmetic fields (progress_interval, output) are never differences."""
+    p = subprocess.Popen([*kvtier_cmd(), "compare", str(results["small"]), str(results["large"])],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # the reader is gone before kvtier writes
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err
+    from kvtier.report.compare import compare
+    from kvtier.report.html import load_all
+
+    small, large = load_all([str(results["small"]), str(results["large"])])
+    agg = dataclasses.replace(small, kind="bench-mpi")  # a stand-in: the same figures under the aggregate's kind
+    c = compare([[small], [agg]])
+    assert c.comparable and not c.differs and any(r.name == "throughput tokens/s" for r in c.rows)
+    loud = large.result.model_copy(update={"config": large.result.config.model_copy(update={"progress_interval": 3})})
+    c = compare([[small], [dataclasses.replace(large, result=loud)]])
+    assert "progress_interval" not in c.differs and "cpu_mem_gb" in c.differs
