@@ -15,6 +15,10 @@ root, THP is set to 'always' for the run and restored after (--no-thp-always lea
 CPU tier: MemoryTier write and read of one entry vs np.copyto of the same size into a preallocated
 array (both warm), median of repetitions.
 
+Both write data no array can deduplicate or compress: kvtier's stamped noise (engine/noise.py: every 4 KiB
+block unique), fio with refill_buffers, randrepeat=0, dedupe_percentage=0, buffer_compress_percentage=0.
+The stamp's own cost per GB is printed against a plain memcpy of the same bytes.
+
 Last line: ``io_vs_fio write=<min over sizes> read=<min over sizes> cpu=<min of write, read>``.
 """
 
@@ -92,6 +96,12 @@ def fio_bandwidth(fio: str, directory: Path, rw: str, entry: int, total: int, jo
         "--output-format=json",
         "--allow_file_create=1",
         "--fallocate=none",
+        # fio writes data as unique and incompressible as kvtier's (engine/noise.py): fresh random buffers for
+        # every write, no dedupable or compressible share, no repeated random seed
+        "--refill_buffers=1",
+        "--randrepeat=0",
+        "--dedupe_percentage=0",
+        "--buffer_compress_percentage=0",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{") :])["jobs"][0]
@@ -109,22 +119,28 @@ def kvtier_bandwidth(
         try:
             for k in keys[w::jobs]:
                 if op == "write":
-                    tier.write(k, noise.chunks(k, entry, chunk), entry)
+                    tier.write(k, noise.chunks(k, entry, chunk, out=bufs[w]), entry)
                 else:
                     tier.read(k, bufs[w])
         except BaseException as e:  # noqa: BLE001 - any failure in a worker thread is reported by the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(w,)) for w in range(jobs)]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     dt = time.perf_counter() - t0
+    CPU_S_PER_GB.setdefault(op, []).append((time.process_time() - c0) / (n_entries * entry / 1e9))
     if errors:
         raise errors[0]
     return n_entries * entry / dt
+
+
+CPU_S_PER_GB: dict[str, list[float]] = {}
+"""kvtier's process CPU seconds (all threads: the stamped copy, syscalls) per GB moved, per operation."""
 
 
 def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
@@ -155,6 +171,26 @@ def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
         tier.delete("x")
     tier.close()
     return median(w_ratio), median(r_ratio)
+
+
+def stamp_cost(reps: int) -> tuple[float, float]:
+    """Seconds of one core per GB for kvtier's data: the stamped copy (engine/noise.py) against a plain
+    memcpy of the same bytes from the noise buffer (what the unstamped slices cost: nothing, but a tier's
+    own copy would still happen). Returns (stamped s/GB, plain copy s/GB), medians."""
+    noise = NoiseBuffer(256 * MiB, seed=3)
+    out = aligned_buffer(64 * MiB)
+    stamped, plain = [], []
+    for r in range(reps):
+        t = time.perf_counter()
+        for _ in noise.chunks(f"s{r}", 512 * MiB, out=out):
+            pass
+        stamped.append((time.perf_counter() - t) / (512 * MiB / 1e9))
+        t = time.perf_counter()
+        for i in range(8):
+            o = (i * 32 * MiB) % (192 * MiB)
+            out[:] = noise._view[o : o + 64 * MiB]
+        plain.append((time.perf_counter() - t) / (512 * MiB / 1e9))
+    return median(stamped), median(plain)
 
 
 def main() -> None:
@@ -231,6 +267,13 @@ def main() -> None:
             shutil.rmtree(base, ignore_errors=True)
     cw, cr = cpu_ratios(a.cpu_mb * MiB, max(a.reps, 5))
     print(f"cpu tier vs np.copyto ({a.cpu_mb} MiB): write={cw:.2f} read={cr:.2f}")
+    cpu = {op: median(v) * 1e3 for op, v in CPU_S_PER_GB.items()}
+    print(f"kvtier host CPU per device GB: write {cpu.get('write', 0):.0f} ms, read {cpu.get('read', 0):.0f} ms")
+    st, pl = stamp_cost(max(a.reps, 5))
+    print(
+        f"unique data: stamped copy {st * 1e3:.1f} ms of one core per GB ({1 / st:.1f} GB/s) against a plain "
+        f"memcpy {pl * 1e3:.1f} ms/GB: the stamp costs {(st - pl) * 1e3:.1f} ms/GB"
+    )
     print(f"io_vs_fio write={worst_w:.2f} read={worst_r:.2f} cpu={min(cw, cr):.2f}")
 
 

@@ -678,3 +678,52 @@ def test_a_bench_whose_storage_cannot_hold_its_users_is_failed_not_complete(tmp_
     assert f"{r['requests_failed']} of {r['requests_failed'] + r['requests_completed']} requests failed: tier-full" in (
         " ".join(p.stdout.split())
     )
+
+
+def test_a_runs_files_hold_no_repeated_block_and_its_result_says_so(tmp_path, cache_dir, small_workload):
+    """#32: with a 1 MiB noise buffer a run's entries wrap it many times, yet no 4 KiB block of its files
+    repeats; storage.payload records the scheme and the run's own sample (distinct, incompressible)."""
+    import hashlib
+
+    out = tmp_path / "r.json"
+    p = bench(
+        [
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "4",
+            "--duration",
+            "2",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--generation-mode",
+            "none",
+            "--config",
+            small_workload,
+            "--seed",
+            "5",
+            "--noise-mb",
+            "1",
+            "--keep-cache",
+            "--cache-dir",
+            str(cache_dir),
+            "--output",
+            str(out),
+        ],  # fmt: skip
+        tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    pay = r["storage"]["payload"]
+    assert pay["payload"] == "unique" and pay["block_bytes"] == 4096 and pay["noise_bytes"] <= 2 << 20
+    s = pay["sample"]
+    assert s["blocks_sampled"] > 0 and s["distinct_fraction"] == 1.0 and s["compress_ratio"] <= 1.01
+    seen, total = set(), 0
+    for f in Path(r["storage"]["run_dir"]).glob("*.kv"):
+        data = f.read_bytes()
+        for i in range(0, len(data), 4096):
+            seen.add(hashlib.blake2b(data[i : i + 4096], digest_size=16).digest())
+            total += 1
+    assert total * 4096 > 4 * pay["noise_bytes"] and len(seen) == total  # past the noise buffer, no block repeated

@@ -227,6 +227,8 @@ def test_fio_job_splits_objects_into_pieces_and_keeps_the_mix(tmp_path: Path):
     assert "bssplit=24m/33:64m/67,24m/33:64m/67" in text
     assert f"rate={int(12 * 150 * MiB / 8)},{int(4 * 150 * MiB / 8)}" in text  # 16 rows over 8 s
     assert "size=1g" in text and "runtime=8" in text  # the 600 MiB working set, at least 1 GiB and "direct=1" in text
+    for opt in ("refill_buffers=1", "randrepeat=0", "dedupe_percentage=0", "buffer_compress_percentage=0"):
+        assert opt in text.splitlines()  # the data fio writes is as unique and incompressible as kvtier's
     with pytest.raises(DatasetError, match=r"no operations on Tier-0 \(the trace has Tier-1, Tier-2\)"):
         distil(t, TraceFioConfig(trace=t.path, output="j.fio", tiers="0"))
 

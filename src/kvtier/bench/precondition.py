@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.file import FileTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.errors import StorageError
@@ -30,12 +31,13 @@ def precondition(
     errors: list[str] = []
 
     def work(w: int) -> None:
+        buf = aligned_buffer(chunk_bytes)  # one per thread: the stamped chunks are copied into it
         for i in range(w, files, threads):
             if stop.is_set():
                 return
             n = min(GiB, size_bytes - i * GiB)
             try:
-                tier.write(keys[i], _until(stop, noise.chunks(keys[i], n, chunk_bytes)), n)
+                tier.write(keys[i], _until(stop, noise.chunks(keys[i], n, chunk_bytes, out=buf)), n)
                 written[w] += n
             except StorageError as e:
                 errors.append(str(e))

@@ -530,6 +530,7 @@ def storage_section(comp: Components) -> dict[str, Any]:
         "tier_order": comp.store.tier_names,
         "gds": comp.gds or None,
         "remote_tiers": {t.name: getattr(t, "server", {}) for t in comp.remote},
+        "payload": comp.noise.describe(),
     }
 
 

@@ -111,7 +111,8 @@ class RequestService:
             raise _Cut
         nbytes = self.entry_bytes(tokens)
         noise, chunk = self.noise, self.io_chunk_bytes
-        res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf)
+        # the entry's bytes are stamped into buf chunk by chunk (engine/noise.py): each write is unique on disk
+        res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk, out=buf), nbytes, buf)
         if not res.deduplicated:  # a concurrent writer of the same key wrote it, not us
             t.bytes_written += nbytes
             t.tokens_written += tokens

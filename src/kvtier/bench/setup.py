@@ -584,7 +584,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     )
     return Components(
         store,
-        NoiseBuffer(cfg.noise_mb * MiB, plan.seed),
+        NoiseBuffer(cfg.noise_mb * MiB, plan.seed, cfg.payload),
         file_tier,
         cache_dir,
         owns,

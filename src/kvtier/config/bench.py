@@ -446,7 +446,13 @@ class BenchConfig(RemoteTierFlags):
         group=ADDITIONS,
         ge=1,
     )
-    noise_mb: int = flag(256, "static noise buffer the entries are sliced from, MiB", group=ADDITIONS, ge=1, le=65536)
+    noise_mb: int = flag(256, "static noise buffer the entries are copied from, MiB", group=ADDITIONS, ge=1, le=65536)
+    payload: Literal["unique", "realistic"] = flag(
+        "unique",
+        "the data written: random bytes no array can deduplicate or compress (unique), or float16 KV-like values "
+        "that compress a little, as real KV does (realistic); both stamped so no 4 KiB block repeats",
+        group=ADDITIONS,
+    )
     progress: Literal["auto", "live", "plain", "none"] = flag(
         "auto", "live table on a terminal (auto), plain lines, or nothing", group=ADDITIONS
     )

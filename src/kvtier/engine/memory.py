@@ -99,11 +99,15 @@ class MemoryTier:
             self._index[key] = (start, padded, nbytes)
         t1 = time.perf_counter_ns()
         off = start
+        fill = getattr(chunks, "fill", None)  # a source that writes straight into our memory: one copy, not two
         try:
-            for c in chunks:
-                n = min(len(c), start + padded - off)
-                np.copyto(self._np[off : off + n], np.frombuffer(c, dtype=np.uint8, count=n))
-                off += n
+            if fill is not None:
+                fill(memoryview(self._np[start : start + padded].data))
+            else:
+                for c in chunks:
+                    n = min(len(c), start + padded - off)
+                    np.copyto(self._np[off : off + n], np.frombuffer(c, dtype=np.uint8, count=n))
+                    off += n
         except BaseException:
             self.delete(key)
             raise

@@ -44,6 +44,23 @@ Promotion = Literal["none", "on-read"]
 ChunkSource = Callable[[], Iterable[memoryview]]
 
 
+class _Cancellable:
+    """Chunks checked against the cancel event between chunks (and between ``fill``'s pieces)."""
+
+    def __init__(self, chunks: Iterable[memoryview], cancel: threading.Event | None, what: str) -> None:
+        self.chunks, self.cancel, self.what = chunks, cancel, what
+        inner = getattr(chunks, "fill", None)
+        if inner is not None:
+            self.fill = lambda dst: inner(dst, lambda done: check_cancel(self.cancel, self.what, done))
+
+    def __iter__(self) -> Iterator[memoryview]:
+        done = 0
+        for c in self.chunks:
+            check_cancel(self.cancel, self.what, done)
+            yield c
+            done += len(c)
+
+
 class EventSink(Protocol):
     """Receives every tier operation; the store itself keeps no statistics."""
 
@@ -316,13 +333,10 @@ class TieredStore:
             evicted += len(victims)
         return False
 
-    def _cancellable(self, chunks: Iterable[memoryview], what: str) -> Iterator[memoryview]:
-        """Pass chunks through, raising Cancelled between chunks once the cancel event is set."""
-        done = 0
-        for c in chunks:
-            check_cancel(self.cancel, what, done)
-            yield c
-            done += len(c)
+    def _cancellable(self, chunks: Iterable[memoryview], what: str) -> Iterable[memoryview]:
+        """Pass chunks through, raising Cancelled between chunks once the cancel event is set; a source
+        that can ``fill`` a tier's memory directly keeps that ability (with the same check between pieces)."""
+        return _Cancellable(chunks, self.cancel, what)
 
     def _write_making_room(
         self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int, buf: memoryview

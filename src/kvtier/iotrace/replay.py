@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from kvtier.bench.results import build_result
@@ -111,8 +111,8 @@ class _Replayer:
         name = TIER_OF[tier]
         chunk = len(buf)
 
-        def source() -> Iterator[memoryview]:
-            return noise.chunks(key, size, chunk)
+        def source() -> Iterable[memoryview]:
+            return noise.chunks(key, size, chunk, out=buf)
 
         with self._lock:
             self.counts["rows_done"] += 1

@@ -407,6 +407,26 @@ class GdsChoice(Section):
     reason: str
 
 
+class PayloadSampleStats(Section):
+    blocks_sampled: int
+    distinct_blocks: int
+    distinct_fraction: float | None
+    compress_codec: str | None
+    compress_sample_bytes: int
+    compress_ratio: float | None
+
+
+class PayloadFacts(Section):
+    """What was written: the scheme that makes every 4 KiB block unique, and the run's own sample of it."""
+
+    scheme: str
+    payload: str
+    noise_bytes: int
+    stamp_bytes_per_block: int
+    block_bytes: int
+    sample: PayloadSampleStats
+
+
 class StorageFacts(Section):
     cache_dir: str
     run_dir: str | None
@@ -417,6 +437,7 @@ class StorageFacts(Section):
     tier_order: list[str] = Field(default_factory=list)  # the waterfall, fastest first (empty: older results)
     gds: GdsChoice | None = None  # --gds: requested, used, reason
     remote_tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # Redis/S3: the server as found at start
+    payload: PayloadFacts | None = None  # the data written and the check of its own sample (engine/noise.py)
 
 
 class SyntheticSource(Section):

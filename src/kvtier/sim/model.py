@@ -19,7 +19,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -203,9 +203,9 @@ class Offload(_Measured):
     def chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
         return self.scope.keys_for_tokens(token_ids)
 
-    def _chunks(self, key: str, nbytes: int) -> Callable[[], Iterator[memoryview]]:
-        """The store's chunk source for one entry: aligned slices of the noise buffer."""
-        return lambda: self.noise.chunks(key, nbytes, 16 * 1024 * 1024)
+    def _chunks(self, key: str, nbytes: int, buf: memoryview) -> Callable[[], Iterable[memoryview]]:
+        """The store's chunk source for one entry: the noise, stamped into ``buf`` (engine/noise.py)."""
+        return lambda: self.noise.chunks(key, nbytes, out=buf)
 
     def _failed(self, e: StorageError) -> None:
         """A failed read or write of the tier (a Redis or S3 server gone, a corrupt file): the rest is
@@ -254,7 +254,7 @@ class Offload(_Measured):
             if self.store.location(k) is not None:
                 continue
             try:
-                self.store.put(k, self._chunks(k, chunk_bytes), chunk_bytes, buf)
+                self.store.put(k, self._chunks(k, chunk_bytes, buf), chunk_bytes, buf)
                 n += chunk_bytes
             except StorageError as e:
                 self._failed(e)

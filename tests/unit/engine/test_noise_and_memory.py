@@ -11,10 +11,10 @@ def test_noise_is_seeded_aligned_and_wraps():
     a, b, c = NoiseBuffer(1 << 20, seed=1), NoiseBuffer(1 << 20, seed=1), NoiseBuffer(1 << 20, seed=2)
     assert bytes(a._view[:4096]) == bytes(b._view[:4096])
     assert bytes(a._view[:4096]) != bytes(c._view[:4096])
-    chunks = list(a.chunks("k", 3 * (1 << 20) + 5, chunk_bytes=256 * 1024))
+    chunks = [bytes(c) for c in a.chunks("k", 3 * (1 << 20) + 5, chunk_bytes=256 * 1024)]  # each consumed at once
     assert sum(len(x) for x in chunks) == round_up(3 * (1 << 20) + 5)
     assert all(len(x) % ALIGN == 0 for x in chunks)
-    assert bytes(chunks[0][:64]) == a.head("k", 64)
+    assert chunks[0][:64] == a.head("k", 64) and b"".join(chunks) == a.expected("k", round_up(3 * (1 << 20) + 5))
 
 
 def test_extent_allocator_coalesces_and_reuses():
@@ -41,7 +41,7 @@ def test_memory_tier_roundtrip_and_accounting(noise):
     assert timing.device_ns > 0
     assert bytes(buf[:64]) == noise.head("a", 64)
     exported = b"".join(bytes(c) for c in t.export("a", buf, timing))
-    assert exported[:4096] == bytes(list(noise.chunks("a", n, 1 << 20))[0][:4096])
+    assert exported[:4096] == noise.expected("a", 4096)
     t.delete("a")
     assert t.stored_bytes() == 0
     with pytest.raises(EntryNotFound):
