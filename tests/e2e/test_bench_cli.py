@@ -513,7 +513,7 @@ def test_rag_burst_is_measured_and_ingest_reported(tmp_path, cache_dir, small_wo
     assert rs["ingest"]["entries"] > 0 and rs["ingest"]["bytes"] > 0
 
 
-def test_precondition_writes_then_removes(tmp_path, cache_dir, small_workload):
+def test_precondition_writes_keeps_until_needed_then_removes(tmp_path, cache_dir, small_workload):
     out = tmp_path / "r.json"
     p = bench(
         [
@@ -547,7 +547,10 @@ def test_precondition_writes_then_removes(tmp_path, cache_dir, small_workload):
     r = json.loads(out.read_text())
     pc = r["setup"]["precondition"]
     assert pc["completed"] and pc["written_bytes"] == int(0.25 * 2**30) and pc["threads"] == 2
+    # the data stayed on the device until the load began (removed only as the tier needed room)
+    assert pc["kept_bytes"] == pc["written_bytes"] and pc["kept_files"] == 1
     assert r["process_io"]["write_ratio"] is None or r["process_io"]["write_ratio"] < 1.5  # excluded from the run
+    assert r["summary"]["cache_stats"]["evictions"] == 0  # filler is not the run's eviction
     assert os.listdir(cache_dir) == []
 
 
@@ -608,8 +611,6 @@ def test_zero_valued_flags_take_the_reference_meaning(tmp_path, small_workload):
     args += ["--cpu-mem-gb", "0.01", "--generation-mode", "none", "--config", small_workload, "--seed", "3"]
     args += ["--max-concurrent-allocs", "0", "--io-buffer-budget-mb", "20", "--cache-dir", str(cache)]
     args += ["--storage-capacity-gb", "0.01", "--precondition", "--log-level", "CRITICAL", "--output", str(out)]
-    # 40 users into a 0.01 GB tier fail stores (tier-full) far above 1 %: this test is about the flags' meaning
-    args += ["--max-failure-rate", "1"]
     p = bench(args, tmp_path)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
@@ -623,26 +624,32 @@ def test_zero_valued_flags_take_the_reference_meaning(tmp_path, small_workload):
     assert "warning" not in p.stderr.lower()  # --log-level CRITICAL silences the warnings on stderr
 
 
-def test_the_load_ends_on_time_at_200_users(tmp_path):
-    """After --duration, in-flight I/O stops at its next chunk: the load phase ends within 2 s of the
-    duration at 200 users with 16 requests in flight (llama3.1-8b entries of tens of MB); the removal
-    of the run's files is timed apart, in teardown."""
-    out = tmp_path / "r.json"
+def test_the_load_ends_at_its_deadline_at_200_users(tmp_path):
+    """After --duration no request does any I/O: judged from what the run recorded (each request's start in
+    --request-log against the load's start + duration), not from the wall clock of a loaded machine
+    (benchmarks/stop_latency.py measures how soon after the deadline the load phase ends). The removal of
+    the run's files is timed apart, in teardown."""
+    out, log = tmp_path / "r.json", tmp_path / "req.jsonl"
     args = ["--model", "llama3.1-8b", "--num-users", "200", "--duration", "4", "--gpu-mem-gb", "0"]
     args += ["--cpu-mem-gb", "0", "--max-concurrent-allocs", "16", "--generation-mode", "none", "--seed", "42"]
-    args += ["--cache-dir", str(tmp_path), "--output", str(out)]
+    args += ["--cache-dir", str(tmp_path / "c"), "--output", str(out), "--request-log", str(log)]
+    (tmp_path / "c").mkdir()
     p = bench(args, tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert r["stop_reason"]["code"] == "duration"
-    assert r["elapsed_s"] - 4 < 2.0, (r["elapsed_s"], r["load_duration_s"])
+    deadline = r["load_start_unix_s"] + 4.0
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    late = [x for x in lines if x["submit_unix_s"] + x["queue_ms"] / 1e3 > deadline + 0.01]  # 10 ms: clock mapping
+    assert lines and all(x["status"] == "cut" and x["bytes_read"] == x["bytes_written"] == 0 for x in late), late[:3]
     td = r["teardown"]
     assert td["seconds"] >= 0 and td["storage_bytes"] > 0 and not td["kept"]
 
 
-def test_a_bench_whose_storage_cannot_hold_its_users_is_failed_not_complete(tmp_path, cache_dir):
-    """The status rule (report/outcome.py): entries of 0.1-3 GB into a 0.05 GB tier all fail tier-full;
-    the run ran its --duration but is failed (exit 1, too-many-failures), said in words at the end."""
+def test_a_store_no_tier_can_take_is_dropped_not_failed(tmp_path, cache_dir):
+    """Entries of 0.1-3 GB into a 0.05 GB tier: no tier can take them, so each store is dropped (counted by
+    cause, warned of), the requests complete and later reads miss; no request failed, so the status rule
+    (report/outcome.py) leaves the run complete. The rule itself on failed requests: tests/unit/bench."""
     out = tmp_path / "r.json"
     p = bench(
         [
@@ -669,15 +676,13 @@ def test_a_bench_whose_storage_cannot_hold_its_users_is_failed_not_complete(tmp_
         ],  # fmt: skip
         tmp_path,
     )
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
-    assert r["status"] == "failed" and r["stop_reason"]["code"] == "too-many-failures"
-    f = r["errors"]["failures"]["tier-full"]
-    assert f["count"] == r["requests_failed"] >= 1 and f["first_message"].startswith("tier_full")
-    assert {"requests-failed", "run-not-complete"} <= codes(r)
-    assert f"{r['requests_failed']} of {r['requests_failed'] + r['requests_completed']} requests failed: tier-full" in (
-        " ".join(p.stdout.split())
-    )
+    cs = r["summary"]["cache_stats"]
+    assert r["status"] == "complete" and r["requests_failed"] == 0 and r["requests_completed"] >= 1
+    assert cs["stores_dropped"] >= 1 and cs["stores_dropped_by_cause"]["entry-too-large"] == cs["stores_dropped"]
+    assert cs["stores_dropped_bytes"] > 0.05 * 2**30 and cs["cache_misses"] >= 1
+    assert "stores-dropped" in codes(r) and "requests-failed" not in codes(r)
 
 
 def test_a_runs_files_hold_no_repeated_block_and_its_result_says_so(tmp_path, cache_dir, small_workload):

@@ -80,6 +80,8 @@ def test_mooncake_measured_hit_rate_matches_the_trace(tmp_path, capacity_gb):
         "0",
         "--max-concurrent-allocs",
         "1",
+        "--alloc-bound",
+        "all-io",  # one worker doing all I/O: the trace is served in order, as the model below assumes
         "--storage-capacity-gb",
         str(capacity_gb or 100),
     ]

@@ -35,3 +35,26 @@ def test_a_dry_run_line_reproduces_the_process_and_launch_sizes_are_the_commands
     assert first.startswith("DO_NOT_TRACK=1 ") and " cache-server " in first and "--cpu-offload-gb 2" in first
     # the sim profile fixes its cache server's size: that, not the host's default, is what is recorded
     assert "# cache sidecar L1 2 GB (the profile's sidecar command (--cpu-offload-gb))" in p.stderr
+
+
+def test_the_mlperf_shim_runs_kvtier_bench_as_python3_kv_cache_py(tmp_path: Path):
+    """The wrappers call `python3 kv-cache.py ARGS` by path: the shim runs kvtier bench with that argv, under
+    the system python3 too (it re-executes kvtier's own interpreter)."""
+    import json
+    import shutil
+
+    p = run("mlperf", "shim", str(tmp_path / "bin"))
+    assert p.returncode == 0, p.stderr
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    out = tmp_path / "r.json"
+    py = shutil.which("python3") or "python3"
+    q = subprocess.run(
+        [py, str(tmp_path / "bin" / "kv-cache.py"), "--model", "tiny-1b", "--num-users", "2", "--duration", "1",
+         "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.01", "--generation-mode", "none", "--cache-dir", str(cache),
+         "--output", str(out), "--progress", "none"],  # fmt: skip
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert q.returncode == 0, q.stderr
+    r = json.loads(out.read_text())
+    assert r["benchmark"] == "kvtier bench" and r["config"]["num_users"] == 2

@@ -15,7 +15,7 @@ def rec(service_ms: float, qos: str = "batch", tokens: int = 100) -> RequestReco
 
 def scaler(mode: str, **kw) -> Autoscaler:
     kw.setdefault("consecutive_samples_required", 1)
-    return Autoscaler(mode, 0.8, AutoscalerTuning(cooldown_s=0, **kw), Tuning().qos_profiles)
+    return Autoscaler(mode, 0.8, AutoscalerTuning(cooldown_s=0, **kw), Tuning().qos_profiles, algorithm="kvtier")
 
 
 def test_qos_adds_below_holds_inside_removes_above():
@@ -55,6 +55,7 @@ def test_qos_saturation_includes_the_storage_thresholds():
         AutoscalerTuning(cooldown_s=0, consecutive_samples_required=1),
         Tuning().qos_profiles,
         SaturationDetection(read_latency_p95_threshold_ms=1000),
+        algorithm="kvtier",
     )
     assert b.saturation([rec(100)], StorageSample(read_p95_ms=150)) == 0.15
     # a slow storage read p95 scales users down even when every QoS class meets its target
@@ -63,11 +64,45 @@ def test_qos_saturation_includes_the_storage_thresholds():
 
 def test_qos_cooldown_and_limits():
     a = Autoscaler(
-        "qos", 0.8, AutoscalerTuning(cooldown_s=10, max_users=11, consecutive_samples_required=1), Tuning().qos_profiles
+        "qos",
+        0.8,
+        AutoscalerTuning(cooldown_s=10, max_users=11, consecutive_samples_required=1),
+        Tuning().qos_profiles,
+        algorithm="kvtier",
     )
     assert a.step(1, 1, [rec(10)], 10) == ("scale_up", 11)
     assert a.step(2, 1, [rec(10)], 11)[0] == "hold (cooldown)"
     assert a.step(20, 1, [rec(10)], 11)[0] == "hold (at the user limit)"
+
+
+def reference(mode: str, **kw) -> Autoscaler:
+    return Autoscaler(mode, 0.8, AutoscalerTuning(**kw), Tuning().qos_profiles)  # the default algorithm
+
+
+def test_the_reference_qos_band_steps_and_cooldown():
+    """kv_cache/monitoring.py's qos mode: up x1.2 below 0.72, down x0.8 after two samples above 0.88, then a
+    3-sample hold; fewer than 5 users never grow (int(users x 1.2) == users)."""
+    a = reference("qos")
+    assert a.algorithm == "reference"
+    assert a.step(1, 1, [rec(100)], 10) == ("scale_up", 12)  # saturation 0.1 < 0.72
+    assert a.step(2, 1, [rec(800)], 12) == ("hold", 12)  # 0.8: in the band
+    assert a.step(3, 1, [rec(2000)], 12)[0] == "hold (1 of 2 samples above)"  # 2.0 > 0.88, once
+    assert a.step(4, 1, [rec(2000)], 12) == ("scale_down", 9)  # twice: x0.8
+    assert [a.step(t, 1, [rec(100)], 9)[0] for t in (5, 6, 7)] == ["hold (cooldown)"] * 3
+    assert a.step(8, 1, [rec(100)], 9) == ("scale_up", 10)
+    assert reference("qos").step(1, 1, [rec(100)], 4) == ("hold", 4)  # int(4 x 1.2) = 4
+    assert reference("qos").step(1, 1, [rec(100)], 480) == ("scale_up", 500)  # capped at 500 users
+
+
+def test_the_reference_capacity_steps_and_stop_rule():
+    """+max(40 %, 5) first, +max(20 %, 5) (at most 100) per 1 % gain of the mean throughput since the start,
+    stop after two samples without it."""
+    a = reference("capacity")
+    assert a.step(1, 1, [rec(10, tokens=100)], 10) == ("scale_up", 15)  # +max(4, 5)
+    assert a.step(2, 1, [rec(10, tokens=300)], 15) == ("scale_up", 20)  # 200 tok/s > 100 x 1.01: +max(3, 5)
+    assert a.step(3, 1, [rec(10, tokens=200)], 20) == ("hold", 20)  # 200 tok/s: no 1 % gain
+    assert a.step(4, 1, [rec(10, tokens=200)], 20) == ("stop", 20)  # twice: the peak
+    assert a.stop_reason == "Peak capacity found" and a.peak == (15, 200.0)
 
 
 def test_capacity_doubles_then_grows_then_stops_at_peak():

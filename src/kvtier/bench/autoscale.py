@@ -15,6 +15,19 @@ action and a new user count, and the runner really starts or stops user threads.
 * ``capacity``: throughput = generated tokens per second in the window. Double the users while
   throughput grows by more than ``growth_fast`` (20 %) per step, grow x1.5 while it still grows,
   and stop the run with "Peak capacity found" when it falls, reporting the peak.
+
+That is kvtier's own search (``--autoscaler-algorithm kvtier``). The default, ``reference``, is the
+MLPerf reference's (kv_cache/monitoring.py ``WorkloadAutoscaler``, benchmark.py's monitor loop), on the
+same saturation figure:
+
+* ``qos``: while a cooldown of 3 samples runs, hold. Saturation above target x 1.1 for 2 samples in a
+  row: users x ``scale_down_factor`` (0.8), then the cooldown; below target x 0.9: users x
+  ``scale_up_factor`` (1.2, rounded down, so fewer than 5 users never grow), no cooldown; in the band:
+  hold (and the count of samples above restarts).
+* ``capacity``: throughput = generated tokens since the start / seconds since the start. First sample:
+  users + max(users x 0.4, 5) (at most +100); a sample more than 1 % above the peak: a new peak, users +
+  max(users x 0.2, 5) (at most +100); two samples without that gain: stop, "Peak capacity found".
+* Users stay within [1, 500] (the reference's worker cap) and [``min_users``, ``max_users``].
 """
 
 from __future__ import annotations
@@ -52,6 +65,13 @@ class Autoscaler:
     peak: tuple[int, float] = (0, 0.0)
     stop_reason: str | None = None
     _streak: tuple[str, int] = ("", 0)
+    algorithm: str = "reference"  # reference | kvtier (module docstring)
+    _cooldown: int = 0  # reference qos: samples left to hold
+    _above: int = 0  # reference: samples in a row above the band (qos) or without a 1 % gain (capacity)
+    _tokens: int = 0  # reference capacity: generated tokens since the start
+    _samples: int = 0
+
+    REFERENCE_USER_CAP = 500
 
     def saturation(self, window: Sequence[RequestRecord], storage: StorageSample | None = None) -> float | None:
         ratios: list[float] = []
@@ -91,6 +111,51 @@ class Autoscaler:
         self._streak = ("", 0)
         return f"scale_{want}", target
 
+    def _ref_clamp(self, n: int) -> int:
+        return max(1, self.tuning.min_users, min(self.tuning.max_users, self.REFERENCE_USER_CAP, n))
+
+    def _reference_qos(self, sat: float, users: int) -> tuple[str, int]:
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return "hold (cooldown)", users
+        tu = self.tuning
+        if sat > self.target_saturation * 1.1:
+            self._above += 1
+            if self._above >= tu.consecutive_samples_required:
+                target = self._ref_clamp(int(users * tu.scale_down_factor))
+                if target < users:
+                    self._cooldown = 3
+                    return "scale_down", target
+            return f"hold ({self._above} of {tu.consecutive_samples_required} samples above)", users
+        self._above = 0
+        if sat < self.target_saturation * 0.9:
+            target = self._ref_clamp(int(users * tu.scale_up_factor))
+            if target > users:
+                return "scale_up", target
+        return "hold", users
+
+    def _reference_capacity(self, t_s: float, users: int) -> tuple[str, int]:
+        throughput = self._tokens / max(t_s, 1e-6)
+        self._samples += 1
+
+        def step(fraction: float) -> int:
+            return min(max(int(users * fraction), 5), 100)
+
+        if self._samples == 1:
+            self.peak = (users, throughput)
+            target = self._ref_clamp(users + step(0.4))
+            return ("scale_up", target) if target > users else ("hold", users)
+        if throughput > self.peak[1] * 1.01:
+            self.peak = (users, throughput)
+            self._above = 0
+            target = self._ref_clamp(users + step(0.2))
+            return ("scale_up", target) if target > users else ("hold", users)
+        self._above += 1
+        if self._above >= 2:
+            self.stop_reason = "Peak capacity found"
+            return "stop", users
+        return "hold", users
+
     def step(
         self,
         t_s: float,
@@ -103,7 +168,15 @@ class Autoscaler:
         throughput = sum(r.generate_tokens for r in ok) / window_s if window_s > 0 else 0.0
         sat = self.saturation(ok, storage)
         action, target = "hold", users
-        if not ok:
+        self._tokens += sum(r.generate_tokens for r in ok)
+        if self.algorithm == "reference":
+            if self.mode == "qos":
+                action, target = ("hold (no completed requests in the window)", users) if sat is None else (
+                    self._reference_qos(sat, users))  # fmt: skip
+            else:
+                action, target = self._reference_capacity(t_s, users)
+                throughput = self._tokens / max(t_s, 1e-6)
+        elif not ok:
             action = "hold (no completed requests in the window)"
         elif self.mode == "qos":
             assert sat is not None
@@ -147,6 +220,7 @@ class Autoscaler:
             "initial_users": initial_users,
             "mode": self.mode,
             "target_saturation": self.target_saturation,
+            "algorithm": self.algorithm,
             "steps": self.history,
             "final_users": final_users,
             "peak_users": self.peak[0] or None,

@@ -24,7 +24,7 @@ from kvtier.report.bench import OPS, TIER_NAMES, BenchResult, pct_key
 from kvtier.report.envelope import ResultWarning, Status, StopReason, WarningCode, collect_host, iso, utc_now, warning
 from kvtier.report.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
-from kvtier.telemetry.host import mem_total_bytes, peak_rss_bytes
+from kvtier.telemetry.host import mem_total_bytes, mount_options, peak_rss_bytes
 from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
 
 GB = 1024**3
@@ -206,6 +206,19 @@ def reference_cache_counts(
     return out
 
 
+DROP_CAUSES = ("no-room", "entry-too-large")
+
+
+def dropped_stores(rec: Recorder) -> dict[str, Any]:
+    """Stores no tier could take (bench/service.py): dropped, not failed, by cause."""
+    by = {c: rec.counters.get(f"stores_dropped_{c}", 0) for c in DROP_CAUSES}
+    return {
+        "stores_dropped": sum(by.values()),
+        "stores_dropped_bytes": rec.counters.get("stores_dropped_bytes", 0),
+        "stores_dropped_by_cause": {c: n for c, n in by.items() if n},
+    }
+
+
 def cache_stats(
     plan: Plan,
     comp: Components,
@@ -234,6 +247,7 @@ def cache_stats(
         "entries_dropped_unreadable": rec.counters.get("entries_dropped_unreadable", 0),
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
         "fragmented_fallthroughs": rec.counters.get("fragmented_fallthroughs", 0),
+        **dropped_stores(rec),
     }
     for name in TIER_NAMES:
         t = tiers.get(name)
@@ -621,6 +635,16 @@ def run_warnings(
                 mem_total_bytes=mem_total_bytes(),
             )
         )
+    if not comp.trace_mode and "discard" in mount_options(comp.file_tier.directory):
+        out.append(
+            warning(
+                WarningCode.discard_mount,
+                f"{comp.file_tier.directory}: its filesystem is mounted with 'discard': every deleted entry reaches "
+                "the drive as a trim at once, which frees flash blocks and moves it away from the steady state "
+                "a preconditioned drive is measured in (mount without discard and run fstrim between runs)",
+                path=str(comp.file_tier.directory),
+            )
+        )
     n_tier = sum(rec.errors.values())
     if n_tier:
         out.append(
@@ -632,6 +656,30 @@ def run_warnings(
         )
     status, stop, failed = verdict
     out += failed
+    load: dict[str, Any] = dict(run.load)
+    if load.get("requests_dropped"):
+        out.append(
+            warning(
+                WarningCode.requests_dropped,
+                f"{load['requests_dropped']} requests found --max-queued {load['max_queued']} requests waiting and "
+                f"were dropped ({load['requests_dropped_bytes'] / GB:.2f} GB of KV they would have moved): the "
+                "offered load exceeded what the storage served",
+                requests_dropped=load["requests_dropped"],
+                requests_dropped_bytes=load["requests_dropped_bytes"],
+            )
+        )
+    dropped = dropped_stores(rec)
+    if dropped["stores_dropped"]:
+        out.append(
+            warning(
+                WarningCode.stores_dropped,
+                f"{dropped['stores_dropped']} stores ({dropped['stores_dropped_bytes'] / GB:.2f} GB) were dropped: no "
+                "tier could take them ("
+                + ", ".join(f"{c} {n}" for c, n in dropped["stores_dropped_by_cause"].items())
+                + "); their requests completed and later reads of them missed (not failures)",
+                **dropped,
+            )
+        )
     if status != Status.complete:
         out.append(
             warning(
@@ -766,6 +814,7 @@ def build_result(
             "requests_failed": len(reqs.failed),
             "requests_abandoned": run.abandoned_requests,
             "requests_cut_at_stop": len(reqs.cut),
+            "load": run.load or None,
             "total_tokens_generated": sum(r.generate_tokens for r in reqs.ok),
             **reference_arrays(plan, rec, reqs, run, wall_s),
             "summary": summary_section(plan, comp, rec, reqs, run, tiers, wall_s),

@@ -1,13 +1,18 @@
 """The benchmark loop: user threads submit requests, I/O workers serve them by QoS priority.
 
-* Users are real threads, closed loop: think (the profile's think time), submit one request,
-  wait for it, repeat. ``--request-rate`` additionally paces submissions globally. A trace is
-  replayed open loop by one dispatcher thread at the recorded arrival times.
-* ``io_slots`` worker threads (``--max-concurrent-allocs``, or min(users, 32) when 0) take
-  requests from one priority queue (interactive before responsive before batch, FIFO within a
-  class) and serve each with the RequestService (bench/service.py). Each worker owns one reusable
-  aligned buffer of ``--io-chunk-mb``; writes are zero-copy slices of the noise buffer, so bytes
-  in flight are bounded by io_slots x io_chunk.
+* Users are real threads. ``--arrival open`` (default, the reference's load): think (the profile's
+  think time), queue the next request whatever the last one did, repeat; a request that finds
+  ``--max-queued`` (4 x workers) waiting is dropped and counted with its would-be bytes.
+  ``--arrival closed``: a user's next request waits for its last one to end. ``--request-rate``
+  additionally paces submissions globally. A trace is replayed open loop by one dispatcher thread
+  at the recorded arrival times.
+* ``io_slots`` worker threads (min(users, 500), as the reference's; ``--alloc-bound all-io``:
+  ``--max-concurrent-allocs`` when set) take requests from one priority queue (interactive before
+  responsive before batch, FIFO within a class) and serve each with the RequestService
+  (bench/service.py), where ``--max-concurrent-allocs`` bounds the writes in flight (reads run on
+  every worker). Each worker owns one reusable aligned buffer of ``--io-chunk-mb`` (or the
+  ``--io-buffer-budget-mb`` share); a write's bytes are stamped into it, so bytes in flight are
+  bounded by io_slots x io_chunk.
 * Stop: --duration, --max-requests, the end of a trace or dataset, the capacity autoscaler's peak,
   SIGINT/SIGTERM or KeyboardInterrupt (partial), the device filling up (ENOSPC: partial), or an
   internal error (partial). In-flight requests finish; queued ones are abandoned and counted.
@@ -21,6 +26,7 @@ import itertools
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -124,6 +130,7 @@ class RunOutcome:
     autoscaling: dict[str, object] | None = None
     start_unix_s: float = 0.0  # wall-clock time of start_ns
     device: DeviceSampler | None = None  # /proc/diskstats of the devices under the storage tier, sampled
+    load: dict[str, object] = field(default_factory=dict)  # how the load was offered (BenchRunner.load_facts)
 
 
 class BenchRunner:
@@ -163,7 +170,16 @@ class BenchRunner:
             clock,
             self.stop,
             self.hard_stop,
+            alloc_slots=(
+                threading.BoundedSemaphore(self.cfg.max_concurrent_allocs)
+                if self.cfg.max_concurrent_allocs and self.cfg.alloc_bound == "writes"
+                else None
+            ),
         )
+        self.max_queued = self.cfg.max_queued or 4 * plan.io_slots
+        self.dropped_requests = 0
+        self.dropped_request_bytes = 0
+        self.queue_timeline: list[tuple[float, int]] = []  # (seconds since the load began, requests queued)
         self.start_ns = 0
         self.start_unix_s = 0.0
         self.prepopulated: list[tuple[str, int]] = []
@@ -256,15 +272,38 @@ class BenchRunner:
         except Exception as e:  # noqa: BLE001 - see _internal_error
             self._internal_error("trace dispatch", e)
 
+    def _drop(self, req: Request) -> None:
+        """An open-loop request that found the queue full: counted, with the bytes it would have moved."""
+        refs = (*req.reads, *req.writes, *req.rag_reads)
+        nbytes = sum(self.plan.entry_bytes(r.tokens) for r in refs)
+        with self._lock:
+            self.dropped_requests += 1
+            self.dropped_request_bytes += nbytes
+
     def _user(self, user: UserProfile, ustop: threading.Event) -> None:
+        """A user: think, submit, repeat. Closed arrival waits for each request to end before thinking;
+        open arrival (the reference's) queues the next one after the think time whatever the last one
+        did, and drops a request that finds --max-queued requests waiting."""
+        pending: deque[_Job] = deque()
+        open_loop = self.cfg.arrival == "open"
         try:
             for req in self._requests(user):
                 if ustop.wait(req.think_before_s) or self.stop.is_set() or not self.limiter.wait(self.stop):
                     return
                 job = _Job(req, self.clock.now_ns())
+                if open_loop and len(self.queue) >= self.max_queued:
+                    self._drop(req)
+                    continue
                 if not self.queue.put(job):
                     return
-                job.done.wait()
+                if open_loop:
+                    pending.append(job)
+                    while pending and pending[0].done.is_set():
+                        pending.popleft()
+                else:
+                    job.done.wait()
+            for j in pending:  # the dataset's end: this user's requests still queued or in flight
+                j.done.wait()
             if self.plan.workload.dataset is not None:  # this user has replayed its share of the dataset
                 with self._lock:
                     self._users_done += 1
@@ -368,7 +407,8 @@ class BenchRunner:
         if cfg.precondition and not self.c.trace_mode:  # trace mode moves no bytes: nothing to condition
             size = int(cfg.precondition_size_gb * GiB) or 2 * ft.capacity_bytes  # the reference's default
             self.setup_stats["precondition"] = precondition(
-                ft,
+                self.c.store,
+                ft.name,
                 self.c.noise,
                 size,
                 cfg.precondition_threads or os.cpu_count() or 4,
@@ -457,7 +497,26 @@ class BenchRunner:
             scaler.stats(self.cfg.num_users, self.live_users()) if scaler is not None else None,
             self.start_unix_s,
             sampler,
+            self.load_facts(),
         )
+
+    def load_facts(self) -> dict[str, object]:
+        """How the load was offered (the result's ``load`` section): arrival, workers, the allocation bound,
+        the queue's bound, depth over time, and the requests it dropped."""
+        depths = [d for _, d in self.queue_timeline]
+        return {
+            "arrival": self.cfg.arrival,
+            "workers": self.plan.io_slots,
+            "alloc_bound": self.cfg.alloc_bound,
+            "max_concurrent_allocs": self.cfg.max_concurrent_allocs,
+            "max_queued": self.max_queued,
+            "requests_dropped": self.dropped_requests,
+            "requests_dropped_bytes": self.dropped_request_bytes,
+            "queue_depth_max": max(depths) if depths else 0,
+            "queue_depth_mean": round(sum(depths) / len(depths), 3) if depths else None,
+            "queue_depth_timeline": [{"t_s": t, "queued": d} for t, d in self.queue_timeline],
+            "alloc_wait_s": round(self.rec.counters.get("alloc_wait_ns", 0) / 1e9, 6),
+        }
 
     def _block_tracer(self) -> BlockTracer | None:
         """--enable-latency-tracing: bpftrace on the storage tier's devices, or why not (never fatal)."""
@@ -500,12 +559,16 @@ class BenchRunner:
         clock = self.clock
         deadline = self.start_ns + int(self.duration_s * 1e9)
         next_tick = self.start_ns + int(tick_s * 1e9)
+        next_sample = self.start_ns + 1_000_000_000
         while not self.stop.is_set():
             now = clock.now_ns()
             if now >= deadline:
                 self.request_stop(StopCode.duration, f"--duration {self.cfg.duration:g} s elapsed", partial=False)
                 return
             self.stop.wait(min(0.1, (deadline - now) / 1e9))
+            if clock.now_ns() >= next_sample:  # the queue's depth, once a second
+                self.queue_timeline.append((round((clock.now_ns() - self.start_ns) / 1e9, 3), len(self.queue)))
+                next_sample += 1_000_000_000
             if on_tick is not None and clock.now_ns() >= next_tick:
                 on_tick(self, (clock.now_ns() - self.start_ns) / 1e9)
                 next_tick += int(tick_s * 1e9)

@@ -11,7 +11,10 @@ A request (workload/users.py ``Request``) is served in this order:
 5. simulated generation: generate_tokens x the per-token time, slept (cut short by a hard stop).
 
 Only completed operations count: a failed one ends the request with an error; the run's stop
-between two operations cuts the request (``CUT``), counted apart from failures.
+between two operations cuts the request (``CUT``), counted apart from failures. A store that no tier can
+take is *dropped*, not failed (a serving system does not cache what it has no room for): counted by cause,
+the request completes, and a later read of that key misses. A request fails only when its reads fail or
+the device errors.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ CUT = "cut: the run stopped while this request was in flight"
 """Error text of requests cut short by the end of the run; counted apart from failures."""
 
 
+def drop_cause(e: TierFullError, nbytes: int, store: TieredStore) -> str:
+    """Why no tier took a store: ``entry-too-large`` (larger than any tier may hold) or ``no-room`` (the tiers
+    were full of entries that could not be evicted in time: in flight, or past the eviction limit)."""
+    return "entry-too-large" if nbytes > store.largest_entry_bytes() else "no-room"
+
+
 class _Cut(Exception):
     """The run stopped between two operations of a request."""
 
@@ -55,6 +64,8 @@ class _Tally:
     rag_bytes: int = 0
     prefill_ns: int = 0  # the request's own KV writes before its first token
     decode_ns: int | None = None  # the decode phase's reads (None: the request had no decode phase)
+    dropped: int = 0  # stores no tier could take (the request went on without caching them)
+    alloc_wait_ns: int = 0  # time waiting for an allocation slot (--max-concurrent-allocs), outside storage time
     counts: dict[str, int] = field(default_factory=dict)
     tier_ns: dict[str, int] = field(default_factory=dict)  # the request's own operations' time, by tier
 
@@ -93,7 +104,9 @@ class RequestService:
         clock: Clock,
         stop: threading.Event,
         hard_stop: threading.Event,
+        alloc_slots: threading.Semaphore | None = None,
     ) -> None:
+        self.alloc_slots = alloc_slots  # --max-concurrent-allocs: writes in flight at most (reads are not bound)
         self.store = store
         self.noise = noise
         self.io_chunk_bytes = io_chunk_bytes
@@ -111,8 +124,33 @@ class RequestService:
             raise _Cut
         nbytes = self.entry_bytes(tokens)
         noise, chunk = self.noise, self.io_chunk_bytes
-        # the entry's bytes are stamped into buf chunk by chunk (engine/noise.py): each write is unique on disk
-        res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk, out=buf), nbytes, buf)
+        t0 = self.clock.now_ns()
+        slots = self.alloc_slots
+        if slots is not None:
+            while not slots.acquire(timeout=0.1):  # the allocation bound; the run's stop is polled
+                if self.stop.is_set():
+                    raise _Cut
+            waited = self.clock.now_ns() - t0
+            t.count("alloc_wait_ns", waited)
+            t.alloc_wait_ns += waited
+            t0 += waited
+        try:
+            # the entry's bytes are stamped into buf chunk by chunk (engine/noise.py): each write is unique on disk
+            res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk, out=buf), nbytes, buf)
+        except TierFullError as e:
+            cause = e.__cause__
+            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the device itself is full: the run stops (device-full)
+            # no tier could take it: a serving system would not cache it. The KV was computed, so the request
+            # goes on; a later read of the key misses. The time spent trying is its storage time.
+            spent = self.clock.now_ns() - t0
+            t.count(f"stores_dropped_{drop_cause(e, nbytes, self.store)}")
+            t.count("stores_dropped_bytes", nbytes)
+            t.dropped += 1
+            return spent
+        finally:
+            if slots is not None:
+                slots.release()
         if not res.deduplicated:  # a concurrent writer of the same key wrote it, not us
             t.bytes_written += nbytes
             t.tokens_written += tokens
@@ -248,6 +286,8 @@ class RequestService:
             key=req.key,
             seq=req.seq,
             tier_ns=tuple(sorted(t.tier_ns.items())),
+            stores_dropped=t.dropped,
+            alloc_wait_ns=t.alloc_wait_ns,
         )
         return Served(record, device_full)
 

@@ -50,10 +50,13 @@ MAX_IMPLICIT_IO_SLOTS = 500
 
 
 def io_slots(cfg: BenchConfig) -> tuple[int, int]:
-    """(I/O workers, bytes per worker buffer). --max-concurrent-allocs, or one per user up to 500 when
-    0, as the reference's workers; each buffer is --io-chunk-mb unless the workers' buffers together
-    would exceed --io-buffer-budget-mb, then budget / workers (a whole number of MiB, at least 1)."""
-    slots = cfg.max_concurrent_allocs or min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
+    """(I/O workers, bytes per worker buffer). One worker per user up to 500, as the reference's workers
+    (--max-concurrent-allocs then bounds writes only, bench/service.py); with --alloc-bound all-io,
+    --max-concurrent-allocs workers when it is set. Each buffer is --io-chunk-mb unless the workers'
+    buffers together would exceed --io-buffer-budget-mb, then budget / workers (a whole MiB, at least 1)."""
+    slots = min(cfg.num_users, MAX_IMPLICIT_IO_SLOTS)
+    if cfg.alloc_bound == "all-io" and cfg.max_concurrent_allocs:
+        slots = cfg.max_concurrent_allocs
     per_slot_mb = max(1, min(cfg.io_chunk_mb, cfg.io_buffer_budget_mb // slots))
     return slots, per_slot_mb * MiB
 
@@ -219,7 +222,14 @@ def derive_workload(
     rag = RagCorpus(rag_settings(cfg, model), seed) if cfg.enable_rag else None
     # The autoscaler changes live synthetic users; a trace or dataset replay fixes the load itself.
     autoscaler = (
-        Autoscaler(cfg.autoscaler_mode, cfg.target_saturation, t.autoscaler, t.qos_profiles, t.saturation_detection)
+        Autoscaler(
+            cfg.autoscaler_mode,
+            cfg.target_saturation,
+            t.autoscaler,
+            t.qos_profiles,
+            t.saturation_detection,
+            algorithm=cfg.autoscaler_algorithm,
+        )
         if cfg.enable_autoscaling and trace is None and dataset is None
         else None
     )

@@ -1,4 +1,5 @@
-"""``kvtier mlperf datasize|run``: the MLPerf Storage v3.0 KV cache submission workflow (bench/submission.py)."""
+"""``kvtier mlperf datasize|run|shim``: the MLPerf Storage v3.0 KV cache submission workflow (bench/submission.py),
+and the shim that lets the MLPerf wrappers' ``python3 kv-cache.py`` run kvtier bench."""
 
 from __future__ import annotations
 
@@ -25,6 +26,40 @@ def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         a = actions.add_parser(name, help=text, description=text)
         add_config_arguments(a, MlperfConfig)
         a.set_defaults(func=run_mlperf)
+    text = "write DIR/kv-cache.py: the MLPerf wrappers' `python3 kv-cache.py ARGS` then runs `kvtier bench ARGS`"
+    s = actions.add_parser("shim", help=text, description=text)
+    s.add_argument("dir", metavar="DIR", help="folder the wrapper runs kv-cache.py from (created if missing)")
+    s.set_defaults(func=run_shim)
+
+
+SHIM = """#!{python}
+# Written by `kvtier mlperf shim` (kvtier {version}). The MLPerf Storage KV cache wrappers (mlpstorage,
+# kv-cache-wrapper.sh) run `python3 kv-cache.py ARGS`; this file runs `kvtier bench ARGS` instead, with the
+# same argv, under the Python that kvtier is installed in (whichever python3 starts this file).
+import os
+import sys
+
+PYTHON = {python!r}
+os.execv(PYTHON, [PYTHON, "-m", "kvtier", "bench", *sys.argv[1:]])
+"""
+
+
+def run_shim(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvtier import __version__
+    from kvtier.errors import ConfigError
+
+    folder = Path(a.dir)
+    path = folder / "kv-cache.py"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(SHIM.format(python=sys.executable, version=__version__), encoding="utf-8")
+        path.chmod(0o755)
+    except OSError as e:
+        raise ConfigError(f"DIR: cannot write {path}: {e.strerror}") from e
+    print(f"{path}: `python3 {path} ARGS` runs `kvtier bench ARGS` ({sys.executable} -m kvtier)")
+    return 0
 
 
 def run_mlperf(a: argparse.Namespace) -> int:

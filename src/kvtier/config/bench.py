@@ -351,6 +351,13 @@ class BenchConfig(RemoteTierFlags):
         "qos", "qos: hold p95 latency at the target saturation; capacity: grow users until throughput falls"
     )
     target_saturation: float = flag(0.8, "qos autoscaler target: worst class p95 / its target", gt=0, le=1)
+    autoscaler_algorithm: Literal["reference", "kvtier"] = flag(
+        "reference",
+        "the reference's autoscaler (qos: a x0.9/x1.1 band, up x1.2, down x0.8 after two samples above, a "
+        "3-sample cooldown; capacity: +40 %, then +20 % while it gains 1 %, stop after two samples without; "
+        "users at most 500), or kvtier's own search (bench/autoscale.py)",
+        group=ADDITIONS,
+    )
     use_burst_trace: bool = flag(False, "replay the BurstGPT trace at --burst-trace-path")
     burst_trace_path: str = flag(
         "BurstGPT/data/BurstGPT_1.csv", "BurstGPT CSV file or directory (with --use-burst-trace)"
@@ -372,6 +379,26 @@ class BenchConfig(RemoteTierFlags):
         ge=0,
     )
     request_rate: float = flag(0, "global cap on submitted requests per second (0 = none)", ge=0)
+    arrival: Literal["open", "closed"] = flag(
+        "open",
+        "open: each user thinks, then queues its next request whether or not its last one finished (the "
+        "reference's load); closed: a user's next request waits for its last one to end",
+        group=ADDITIONS,
+    )
+    max_queued: int = flag(
+        0,
+        "requests waiting for a worker at most (0 = 4 x workers); an open-loop request that finds the queue full "
+        "is dropped and counted with its would-be bytes",
+        group=ADDITIONS,
+        ge=0,
+    )
+    alloc_bound: Literal["writes", "all-io"] = flag(
+        "writes",
+        "what --max-concurrent-allocs bounds: writes only, reads running on every worker (the reference's "
+        "allocation semaphore; workers = min(users, 500)); or all-io, the workers themselves (kvtier's "
+        "earlier bound)",
+        group=ADDITIONS,
+    )
     max_requests: int = flag(0, "stop after this many completed requests (0 = none)", ge=0)
     max_failure_rate: float = max_failure_rate_flag(group=ADDITIONS)
     xlsx_output: str | None = flag(None, "also write the result as XLSX")

@@ -137,11 +137,12 @@ class StoreConfig:
 
 
 class _Entry:
-    __slots__ = ("key", "nbytes", "tier", "size", "moving", "lock")
+    __slots__ = ("key", "nbytes", "tier", "size", "moving", "lock", "filler")
 
-    def __init__(self, key: str, nbytes: int) -> None:
+    def __init__(self, key: str, nbytes: int, filler: bool = False) -> None:
         self.key = key
         self.nbytes = nbytes
+        self.filler = filler  # preconditioning data: never read, never demoted, removed when room is needed
         self.tier = -1  # index into the store's tiers; -1 while not stored
         self.size = 0  # bytes it occupies in its tier
         self.moving = False  # chosen for demotion, promotion or deletion (then not in its tier's policy)
@@ -203,6 +204,24 @@ class TieredStore:
         self._space = threading.Condition(self._lock)  # notified when room or a victim may have appeared
 
     # -- introspection -----------------------------------------------------------------------
+    def filler_bytes(self) -> int:
+        """Logical bytes of the filler entries (preconditioning data) still stored."""
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values() if e.filler and e.tier >= 0)
+
+    def filler_entries(self) -> int:
+        with self._lock:
+            return sum(1 for e in self._entries.values() if e.filler and e.tier >= 0)
+
+    def largest_entry_bytes(self) -> int:
+        """The largest entry (logical bytes) some tier may hold: its stored size within that tier's limit."""
+        best = 0
+        for t in self._tiers:
+            if t.max_entry >= t.backend.stored_size(0):
+                # stored_size is padding + header: the payload that fits is the limit less the overhead
+                best = max(best, t.max_entry - t.backend.stored_size(0))
+        return best
+
     @property
     def tier_names(self) -> list[str]:
         return [t.backend.name for t in self._tiers]
@@ -367,6 +386,11 @@ class TieredStore:
         """Demote ``e`` out of tier ``i`` (picked as a victim by the caller) or delete it at the bottom."""
         with e.lock:
             if e.tier != i:  # deleted meanwhile
+                return
+            if e.filler:  # preconditioning data makes room by going away, counted apart from evictions
+                self._remove(e)
+                self.sink.count("filler_removed")
+                self.sink.count("filler_removed_bytes", e.nbytes)
                 return
             if depth < self.config.max_recursion:
                 for j in range(i + 1, len(self._tiers)):
@@ -551,10 +575,14 @@ class TieredStore:
                 return i
         raise KeyError(f"no tier {tier!r} (tiers: {', '.join(self.tier_names)})")
 
-    def place(self, key: str, tier: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
+    def place(
+        self, key: str, tier: str, source: ChunkSource, nbytes: int, buf: memoryview, filler: bool = False
+    ) -> PutResult:
         """Store an entry in the named tier (replacing any entry under the key). Room is made by
-        *deleting* that tier's victims: a replayed trace carries its own demotions as rows. Raises
-        TierFullError when the tier cannot make room, StorageError when the write fails."""
+        *deleting* that tier's victims: a replayed trace carries its own demotions as rows. ``filler``
+        marks preconditioning data: it stays on the device, oldest in the LRU, until the tier needs its
+        room, then it is removed (never demoted), counted as ``filler_removed``. Raises TierFullError when
+        the tier cannot make room, StorageError when the write fails."""
         i = self._index(tier)
         self.delete(key)
         t = self._tiers[i]
@@ -570,7 +598,7 @@ class TieredStore:
             elif not isinstance(exc, TierFragmented):
                 self.sink.tier_error(tier, "write", "request", nbytes, exc)
             raise
-        self._commit(_Entry(key, nbytes), i, size)
+        self._commit(_Entry(key, nbytes, filler), i, size)
         self._done(tier, "write", "request", key, nbytes, timing)
         return PutResult(tier, timing)
 

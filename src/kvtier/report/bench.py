@@ -119,6 +119,9 @@ class _CacheStatsFixed(Section):
     entries_dropped_unreadable: int
     deduplicated_writes: int
     fragmented_fallthroughs: int = 0
+    stores_dropped: int = 0  # stores no tier could take: the request went on, a later read misses
+    stores_dropped_bytes: int = 0
+    stores_dropped_by_cause: dict[str, int] = Field(default_factory=dict)  # no-room | entry-too-large
     nvme_read_device_p95_ms: float | None
     nvme_write_device_p95_ms: float | None
     storage_health: StorageHealth
@@ -240,6 +243,8 @@ class PreconditionStats(Section):
     bytes_per_sec: float | None
     completed: bool
     errors: list[str]
+    kept_bytes: int | None = None  # still on the device when the load began (None: older results)
+    kept_files: int | None = None
 
 
 class StaleRunsStats(Section):
@@ -315,6 +320,7 @@ class AutoscalingSummary(Section):
     peak_throughput_tokens_per_sec: float | None = None
     mode: Literal["qos", "capacity"]
     target_saturation: float
+    algorithm: str = "kvtier"  # reference | kvtier (--autoscaler-algorithm); older results: kvtier's
     steps: list[AutoscaleStep]
     peak_users: int | None = None
     stop_reason: str | None = None
@@ -545,6 +551,23 @@ class GpuTelemetry(Section):
     timeline: list[dict[str, Any]]
 
 
+class LoadFacts(Section):
+    """How the load was offered (bench/runner.py): the reference's open arrival or closed loop, the workers,
+    what --max-concurrent-allocs bounded, and what the bounded queue did."""
+
+    arrival: str
+    workers: int
+    alloc_bound: str
+    max_concurrent_allocs: int
+    max_queued: int
+    requests_dropped: int  # open arrival: found --max-queued requests waiting, never served
+    requests_dropped_bytes: int  # the KV bytes they would have read and written
+    queue_depth_max: int
+    queue_depth_mean: float | None
+    queue_depth_timeline: list[dict[str, float]]
+    alloc_wait_s: float  # summed over requests: time waiting for a write slot (outside storage time)
+
+
 class BenchResult(Envelope):
     """One ``kvtier bench`` run."""
 
@@ -558,6 +581,7 @@ class BenchResult(Envelope):
     requests_failed: int
     requests_abandoned: int
     requests_cut_at_stop: int
+    load: LoadFacts | None = None  # None only in results written before it was recorded
     total_tokens_generated: int
     total_storage_io_latency: float
     total_generation_latency: float

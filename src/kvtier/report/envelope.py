@@ -96,6 +96,9 @@ class WarningCode(enum.StrEnum):
     rag_ingest_excluded = "rag-ingest-excluded"
     prepopulation_excluded = "prepopulation-excluded"
     errors_seen = "errors-seen"  # tier operations failed (a failed request is requests-failed)
+    requests_dropped = "requests-dropped"  # bench --arrival open: requests found the queue full (never served)
+    discard_mount = "discard-mount"  # bench: the cache dir's filesystem trims every delete (mounted -o discard)
+    stores_dropped = "stores-dropped"  # bench: stores no tier could take (dropped, not failed)
     requests_failed = "requests-failed"  # some requests failed: counts by cause (report/outcome.py)
     prompts_exceed_context = "prompts-exceed-context"  # replay: prompts longer than the server's max_model_len
     run_not_complete = "run-not-complete"

@@ -52,6 +52,24 @@ def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
     return best
 
 
+def mount_options(path: str | os.PathLike[str], mounts: str | None = None) -> list[str]:
+    """The mount options of the filesystem holding ``path`` (longest mount prefix; [] if unknown)."""
+    real = os.path.realpath(path)
+    best, opts = "", []
+    try:
+        text = mounts if mounts is not None else Path("/proc/mounts").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, opts = mnt, parts[3].split(",")
+    return opts
+
+
 LIBRARIES = (
     "numpy",
     "pydantic",

@@ -57,6 +57,8 @@ class RequestRecord(NamedTuple):
     key: str = ""  # the request's own KV key (its id in --request-log)
     seq: int = 0  # the user's request number
     tier_ns: tuple[tuple[str, int], ...] = ()  # the request's own operations' time by tier
+    stores_dropped: int = 0  # its stores no tier could take (dropped, not failed)
+    alloc_wait_ns: int = 0  # waiting for an allocation slot before its writes (--max-concurrent-allocs)
 
 
 @dataclass

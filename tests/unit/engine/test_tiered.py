@@ -253,3 +253,18 @@ def test_concurrent_puts_of_one_key_are_deduplicated(noise):
     assert all(r.tier == "cpu" for r in results)
     assert rec.counters["deduplicated_writes"] == 1 and len(rec.ops[("cpu", "write")]) == 1
     s.check_accounting()
+
+
+def test_filler_stays_until_its_room_is_needed_and_is_never_demoted(noise, buf):
+    """Preconditioning data (place(..., filler=True)) occupies a tier until the waterfall needs the room; then
+    it is removed, counted as filler_removed, never demoted and never an eviction of the run's entries."""
+    s, rec = two_tier(top=4, bottom=4)
+    for k in ("p0", "p1"):
+        s.place(k, "cpu", lambda k=k: noise.chunks(k, 2 * KB4, 1 << 20), 2 * KB4, buf, filler=True)
+    assert s.filler_bytes() == 4 * KB4 and s.filler_entries() == 2  # the tier is full of filler
+    put(s, noise, "a", 2 * KB4, buf)  # the run's first entry takes the oldest filler's room
+    assert s.location("a") == "cpu" and s.location("p0") is None and s.location("p1") == "cpu"
+    assert rec.counters["filler_removed"] == 1 and rec.counters["filler_removed_bytes"] == 2 * KB4
+    assert rec.counters.get("demotions", 0) == 0 and rec.counters.get("evictions_bottom", 0) == 0
+    assert s.filler_entries() == 1
+    s.check_accounting()
