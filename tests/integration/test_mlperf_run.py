@@ -97,3 +97,10 @@ def test_open_run_two_processes_one_workload_one_trial(tmp_path: Path):
     )
     assert summary["verdict"][0].startswith("open: CLOSED parameters changed: duration=6, trials=1")
     assert opt["kvtier"]["trials"][0]["pooled_end_to_end_p95_ms"] is not None
+    system = summary["system"]  # what a submission records beside its figures
+    assert system["drives"] and all("model" in d and "firmware" in d for d in system["drives"])
+    assert system["metric_rule"]["2"].startswith("cpu-mem-gb 4:")
+    assert system["submission_table_text"].startswith("Option 2 (Storage Throughput): throughput ")
+    assert system["submission_table_text"] in p.stdout
+    peaks = [p["interval_s"] for r in ranks for p in (r["device"] or {}).get("timeline", [])]
+    assert (system["peak_device_bytes_per_s"] is not None) == bool(peaks)

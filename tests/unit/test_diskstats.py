@@ -131,3 +131,28 @@ def test_a_real_run_sees_at_least_its_own_bytes_on_the_device(tmp_path: Path):
     assert sum(row["kvtier_storage_write_bytes"] for row in d.timeline) > 0
     assert d.sampler_cpu_fraction is not None and d.sampler_cpu_fraction < 0.01
     assert os.listdir(cache) == []
+
+
+def test_drive_facts_from_a_sysfs_tree(tmp_path):
+    """An NVMe namespace's model, firmware, transport and PCIe link (from its controller), and the link's
+    theoretical bandwidth; a field sysfs lacks is null."""
+    from kvtier.telemetry.drives import drive_facts, link_bandwidth_bytes_per_s
+
+    blk = tmp_path / "block" / "nvme0n1"
+    (blk / "queue").mkdir(parents=True)
+    (blk / "queue" / "rotational").write_text("0\n")
+    (blk / "size").write_text("7814037168\n")
+    ctrl = tmp_path / "class" / "nvme" / "nvme0"
+    (ctrl / "device").mkdir(parents=True)
+    (ctrl / "model").write_text("Samsung SSD 990 PRO 4TB\n")
+    (ctrl / "firmware_rev").write_text("4B2QJXD7\n")
+    (ctrl / "transport").write_text("pcie\n")
+    (ctrl / "device" / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    (ctrl / "device" / "current_link_width").write_text("4\n")
+    d = drive_facts("nvme0n1", tmp_path)
+    assert (d["model"], d["firmware"], d["transport"], d["rotational"]) == ("Samsung SSD 990 PRO 4TB", "4B2QJXD7",
+                                                                             "pcie", False)  # fmt: skip
+    assert d["size_bytes"] == 7814037168 * 512 and d["link_width"] == "4"
+    assert d["link_bandwidth_bytes_per_s"] == pytest.approx(16e9 * 128 / 130 / 8 * 4)
+    assert link_bandwidth_bytes_per_s("8.0 GT/s PCIe", "x4") is None and link_bandwidth_bytes_per_s(None, "4") is None
+    assert drive_facts("sdz", tmp_path)["model"] is None

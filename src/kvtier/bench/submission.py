@@ -332,6 +332,65 @@ def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: lis
     return broken
 
 
+OPTION_NAMES = {1: "Max Storage Stress", 2: "Storage Throughput", 3: "Large Model (70B)"}
+
+
+def metric_rule(cpu_mem_gb: float) -> str:
+    """What an option's storage figures mean, by its CPU tier (Rules 6.3.1: options 1 and 3 have none)."""
+    if cpu_mem_gb <= 0:
+        return (
+            "cpu-mem-gb 0: every KV object goes to the storage tier under test, so the storage figures are the "
+            "storage system's alone"
+        )
+    return (
+        f"cpu-mem-gb {cpu_mem_gb:g}: a {cpu_mem_gb:g} GiB CPU tier takes the hottest objects first, so the storage "
+        "figures are the traffic that reaches the storage tier past it (fewer, larger misses)"
+    )
+
+
+def peak_device_bandwidth(results: list[dict[str, Any]]) -> float | None:
+    """The highest one-interval bytes/s (read + written) any instance's device timeline shows."""
+    best: float | None = None
+    for r in results:
+        for p in (r.get("device") or {}).get("timeline") or []:
+            span = float(p.get("interval_s") or 0)
+            if span > 0:
+                moved = sum(float((d.get("read_bytes") or 0) + (d.get("write_bytes") or 0))
+                            for d in (p.get("devices") or {}).values())  # fmt: skip
+                best = moved / span if best is None else max(best, moved / span)
+    return best
+
+
+def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a submission records beside its figures: the drives under --cache-dir (sysfs: model, firmware, link),
+    the peak device bandwidth the trials reached beside the links' theoretical one, the metric rule of each
+    option by its CPU tier, and the submission table as text."""
+    from kvtier.telemetry.drives import drives_under
+
+    drives = drives_under(cfg.cache_dir or ".")
+    links = [d["link_bandwidth_bytes_per_s"] for d in drives["drives"]]
+    theoretical = sum(links) if links and all(x is not None for x in links) else None
+    peak = peak_device_bandwidth(results)
+    table = []
+    for o, s in opts.items():
+        p95 = s.get("aggregated_device_read_p95_ms")
+        table.append(
+            f"Option {o} ({OPTION_NAMES.get(int(o), o)}): throughput "
+            f"{s['aggregated_storage_throughput_tokens_per_sec']:.1f} tokens/s, read "
+            f"{s['aggregated_read_bandwidth_gbps']:.3f} GiB/s, write {s['aggregated_write_bandwidth_gbps']:.3f} GiB/s, "
+            f"P95 read {'—' if p95 is None else f'{p95:.2f}'} ms ({s['trial_count']} trials, {s['rank_count']} ranks)"
+        )
+    return {
+        "drives": drives["drives"],
+        "drive_resolution": drives["resolution"],
+        "peak_device_bytes_per_s": None if peak is None else round(peak, 1),
+        "theoretical_link_bytes_per_s": None if theoretical is None else round(theoretical, 1),
+        "peak_share_of_link": None if peak is None or not theoretical else round(peak / theoretical, 4),
+        "metric_rule": {o: metric_rule(float(WORKLOADS[int(o)]["cpu_mem_gb"])) for o in opts},
+        "submission_table_text": "\n".join(table),
+    }
+
+
 def run(cfg: MlperfConfig) -> dict[str, Any]:
     """Every option x trial as one MPI run; returns (and writes) the run summary."""
     if not cfg.cache_dir or not cfg.results_dir:
@@ -402,6 +461,7 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
         "options": per_option,
         "partial_failure": interrupted or any(o["partial_failure"] for o in per_option.values()),
         "verdict": verdict(cfg, per_option, everything),
+        "system": system_section(cfg, per_option, everything),
         "config": cfg.model_dump(mode="json"),
     }
     path = results_dir / "kvcache_run_summary.json"

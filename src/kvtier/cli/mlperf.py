@@ -100,6 +100,7 @@ def run_mlperf(a: argparse.Namespace) -> int:
             f"{s['aggregated_storage_throughput_tokens_per_sec']:.1f} tok/s, device read p95 "
             f"{s['aggregated_device_read_p95_ms']} ms ({s['trial_count']} trials, {s['rank_count']} ranks)"
         )
+    print(summary["system"]["submission_table_text"])
     for line in summary["verdict"]:
         print(f"verdict: {line}", file=sys.stderr)
     print(f"summary: {cfg.results_dir}/kvcache_run_summary.json ({'OK' if not summary['verdict'] else 'see verdict'})")

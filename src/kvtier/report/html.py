@@ -186,6 +186,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             ("mode", f"{r.mode}, {r.trials_per_option} trials per option, {r.total_ranks} ranks"),
             ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
             ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
+            ("submission table", ((r.model_extra or {}).get("system") or {}).get("submission_table_text")),
         ]
     elif it.kind == "launch":
         rows += [
