@@ -261,10 +261,163 @@ def keys_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
     return deviations
 
 
+# -- load: what each offers the device, the three workloads at users x --users-scale ---------------------
+
+INSTRUMENT = """
+# Written by benchmarks/reference_parity.py --part load: the reference's own CLI, its request queue and its
+# cache's read and allocation paths timed from outside (nothing of its logic changed), the counts dumped at exit.
+import atexit, json, os, queue, sys, threading, time
+sys.path.insert(0, {ref!r})
+from kv_cache import benchmark, cache
+from kv_cache.cli import main
+lock = threading.Lock()
+stats = {{"submitted": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0}}
+class Q(queue.PriorityQueue):
+    def put(self, item, *a, **k):
+        with lock:
+            stats["submitted"] += 1
+        try:
+            item[1]._kvtier_put = time.perf_counter()
+        except AttributeError:
+            pass
+        return super().put(item, *a, **k)
+    def get(self, *a, **k):
+        item = super().get(*a, **k)
+        t = getattr(item[1], "_kvtier_put", None)
+        if t is not None:
+            with lock:
+                stats["waits_s"].append(time.perf_counter() - t)
+        return item
+init = benchmark.IntegratedBenchmark.__init__
+def patched(self, *a, **k):
+    init(self, *a, **k)
+    self.request_queue = Q()
+benchmark.IntegratedBenchmark.__init__ = patched
+def timed(name, key):
+    f = getattr(cache.MultiTierCache, name)
+    def w(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return f(self, *a, **k)
+        finally:
+            with lock:
+                stats[key] += time.perf_counter() - t
+    setattr(cache.MultiTierCache, name, w)
+timed("access_cache", "read_busy_s")
+timed("_allocate_cache_inner", "write_busy_s")  # inside the allocation semaphore: the write itself
+atexit.register(lambda: open(os.environ["KVTIER_REF_STATS"], "w").write(json.dumps(stats)))
+sys.argv = ["kv-cache.py", *sys.argv[1:]]
+main()
+"""
+
+
+def run_measured(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[dict, float]:
+    """(the result JSON, the child's peak RSS in GiB, from its own rusage)."""
+    import os
+    import time
+
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            p.kill()
+            raise SystemExit(f"{' '.join(cmd[:4])}: timed out")
+        time.sleep(0.2)
+    out = Path(cmd[cmd.index("--output") + 1])
+    if not out.exists():
+        err = p.stderr.read().decode(errors="replace")[-2000:] if p.stderr else ""
+        raise SystemExit(f"{' '.join(cmd[:4])} failed ({status}):\n{err}")
+    return json.loads(out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
+
+
+def kvtier_load(r: dict) -> dict[str, float]:
+    users, wall = r["config"]["num_users"], r["load_duration_s"]
+    load = r.get("load") or {}
+    submitted = (r["requests_completed"] + r["requests_failed"] + r["requests_cut_at_stop"] + r["requests_abandoned"]
+                 + load.get("requests_dropped", 0))  # fmt: skip
+    busy = {op: sum(t[op]["ops"] * (t[op]["latency_ms"]["mean"] or 0) / 1e3 for t in r["tiers"].values())
+            for op in ("read", "write")}  # fmt: skip
+    q = r["summary"]["queue_wait_ms"]
+    return {
+        "submitted_per_user_s": submitted / users / wall,
+        "completed": r["requests_completed"],
+        "queue_wait_p50_ms": q["p50"] or 0.0,
+        "queue_wait_p95_ms": q["p95"] or 0.0,
+        "read_concurrency": busy["read"] / wall,
+        "write_concurrency": busy["write"] / wall,
+    }
+
+
+def reference_load(r: dict, stats: dict, users: int, duration: float) -> dict[str, float]:
+    waits = sorted(stats["waits_s"])
+
+    def pct(q: float) -> float:
+        return 1e3 * waits[min(len(waits) - 1, int(q * (len(waits) - 1)))] if waits else 0.0
+
+    return {
+        "submitted_per_user_s": stats["submitted"] / users / duration,
+        "completed": r["summary"]["total_requests"],
+        "queue_wait_p50_ms": pct(0.5),
+        "queue_wait_p95_ms": pct(0.95),
+        "read_concurrency": stats["read_busy_s"] / duration,
+        "write_concurrency": stats["write_busy_s"] / duration,
+    }
+
+
+def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
+    """The offered load side by side: requests submitted per user per second, completed, queue wait p50/p95,
+    time-averaged operations in read and in write I/O (Little's law: busy seconds / wall), peak RSS."""
+    import os
+
+    script = work / "reference_instrumented.py"
+    script.write_text(INSTRUMENT.format(ref=str(a.reference)))
+    timeout = a.duration * 10 + 300
+    worst = []
+    for i, (model, full_users, cpu_gb, full_mca) in enumerate(WORKLOADS):
+        users = max(1, round(full_users * a.users_scale))
+        mca = min(full_mca, a.max_allocs) if a.max_allocs else full_mca
+        got: dict[str, dict[str, float]] = {}
+        order = ["reference", "kvtier"] if i % 2 == 0 else ["kvtier", "reference"]
+        for who in order:
+            cache = work / f"load-{who}-{i}"
+            cache.mkdir()
+            out = work / f"load-{who}-{i}.json"
+            args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out)
+            if who == "reference":
+                stats_path = work / f"load-stats-{i}.json"
+                env = {**os.environ, "KVTIER_REF_STATS": str(stats_path)}
+                doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
+                got[who] = reference_load(doc, json.loads(stats_path.read_text()), users, a.duration)
+            else:
+                cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
+                doc, rss = run_measured(cmd, REPO, timeout)
+                got[who] = kvtier_load(doc)
+            got[who]["rss_gib"] = rss
+            shutil.rmtree(cache, ignore_errors=True)
+        ref, kv = got["reference"], got["kvtier"]
+        for key in ref:
+            r = kv[key] / ref[key] if ref[key] else float("nan")
+            print(f"{model:24s} users={users:3d} mca={mca:2d} {key:22s} reference {ref[key]:10.3f}  kvtier "
+                  f"{kv[key]:10.3f}  ratio {r:.3f}", flush=True)  # fmt: skip
+        ratio = (
+            kv["submitted_per_user_s"] / ref["submitted_per_user_s"] if ref["submitted_per_user_s"] else float("nan")
+        )
+        worst.append(abs(ratio - 1))
+        rss = kv["rss_gib"] / ref["rss_gib"] if ref["rss_gib"] else float("nan")
+        a.load_rows = [
+            *getattr(a, "load_rows", []),
+            (model, ratio, kv["read_concurrency"], ref["read_concurrency"], rss),
+        ]
+    return worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", type=Path, required=True, help="the reference's kv_cache_benchmark folder")
-    ap.add_argument("--part", choices=["work", "keys", "both"], default="both")
+    ap.add_argument("--part", choices=["work", "keys", "both", "load"], default="both")
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[42, 7, 13, 99, 1, 2])
     ap.add_argument("--kvtier-seeds", type=int, default=40, help="seeds for kvtier's expectation (no I/O: fast)")
     ap.add_argument("--work-users", type=int, default=20)
@@ -280,6 +433,13 @@ def main() -> None:
         raise SystemExit(f"--reference {a.reference}: no kv-cache.py and config.yaml there")
     work = Path(tempfile.mkdtemp(prefix="kvtier-parity-", dir=a.workdir))
     try:
+        if a.part == "load":
+            worst = load_part(a, config, work)
+            rows = " ".join(
+                f"{m}:submitted={r:.3f},read_conc={kc:.2f}/{rc:.2f},rss={x:.3f}" for m, r, kc, rc, x in a.load_rows
+            )
+            print(f"reference_parity_load max_submitted_deviation={max(worst):.3f} {rows}")
+            return
         keys = keys_part(a, config, work) if a.part in ("keys", "both") else []
         deviations = work_part(a, config, work) if a.part in ("work", "both") else keys
     finally:
