@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvtier.replay.datasets import VirtualUser
+from kvtier.replay.summary import http_cause
 from kvtier.telemetry.clock import MONOTONIC, Clock
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
@@ -67,26 +67,6 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
         return uvloop.new_event_loop
     return None
-
-
-CONTEXT_LENGTH_WORDS = re.compile(
-    r"context length|context_length|max_model_len|maximum context|context window|too long|too many tokens", re.I
-)
-
-
-def http_cause(status: int, body: str) -> str:
-    """The cause of a refused request (report/outcome.py), from its HTTP status and the server's words:
-    context-length (a prompt over the model length: vLLM answers 400), model-not-found (404 naming a
-    model), not-found, rate-limited (429), server-error (5xx), bad-request (any other 4xx)."""
-    if status in (400, 413, 422) and CONTEXT_LENGTH_WORDS.search(body):
-        return "context-length"
-    if status == 404:
-        return "model-not-found" if "model" in body.lower() else "not-found"
-    if status == 429:
-        return "rate-limited"
-    if status >= 500:
-        return "server-error"
-    return "bad-request"
 
 
 def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str, Any]:
@@ -398,7 +378,6 @@ __all__ = [
     "run_users",
     "UsersOutcome",
     "Bounds",
-    "http_cause",
     "new_record",
     "event_loop_kind",
     "loop_factory",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 from kvtier import stats
-from kvtier.replay.client import http_cause
 from kvtier.report.outcome import NOT_COUNTED, failed_count, tally
 
 
@@ -23,6 +23,26 @@ def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> floa
     if not completion_tokens or not completion_tokens > 1:  # also False for NaN
         return None
     return (e2e_s - ttft_s) / (completion_tokens - 1)
+
+
+CONTEXT_LENGTH_WORDS = re.compile(
+    r"context length|context_length|max_model_len|maximum context|context window|too long|too many tokens", re.I
+)
+
+
+def http_cause(status: int, body: str) -> str:
+    """The cause of a refused request (report/outcome.py), from its HTTP status and the server's words:
+    context-length (a prompt over the model length: vLLM answers 400), model-not-found (404 naming a
+    model), not-found, rate-limited (429), server-error (5xx), bad-request (any other 4xx)."""
+    if status in (400, 413, 422) and CONTEXT_LENGTH_WORDS.search(body):
+        return "context-length"
+    if status == 404:
+        return "model-not-found" if "model" in body.lower() else "not-found"
+    if status == 429:
+        return "rate-limited"
+    if status >= 500:
+        return "server-error"
+    return "bad-request"
 
 
 def record_cause(r: dict[str, Any]) -> str:

@@ -92,3 +92,28 @@ def test_offload_never_exercised_never_contradicts_a_counter_beside_it():
     assert offload_never_hit(m(external_prefix_cache_queries=20_000, external_prefix_cache_hits=0))
     assert offload_never_hit(m(lmcache_lookup_requested_tokens=5, lmcache_lookup_hit_tokens=0))
     assert not offload_never_hit(m())  # nothing looked up: nothing to say
+
+
+def test_failures_are_classified_by_cause_and_counted_once_each():
+    from kvtier.replay.summary import http_cause, summarize
+
+    vllm_400 = "This model's maximum context length is 8192 tokens. However, you requested 9001 tokens"
+    assert http_cause(400, vllm_400) == "context-length"
+    assert http_cause(400, "messages: expected a list") == "bad-request"
+    assert http_cause(404, "The model `llama-typo` does not exist.") == "model-not-found"
+    assert http_cause(404, "Not Found") == "not-found"
+    assert http_cause(429, "busy") == "rate-limited" and http_cause(503, "") == "server-error"
+    base = {"user": "u", "turn": 0, "ttft_s": None, "e2e_s": 1.0, "itl_s": []}
+    recs = [
+        {**base, "status": "ok", "ttft_s": 0.1, "cause": None, "http_status": 200},
+        {**base, "status": "error", "cause": "context-length", "error": vllm_400, "http_status": 400},
+        {**base, "status": "error", "cause": "context-length", "error": "again", "http_status": 400},
+        {**base, "status": "cut", "cause": "cut-at-stop", "error": "stopped", "http_status": 200},
+        {**base, "status": "timeout", "error": "slow", "http_status": None},  # a record without a cause: derived
+    ]
+    s = summarize(recs, 1, 1, 1.0)
+    assert (s["requests_failed"], s["requests_cut_at_stop"]) == (3, 1)
+    f = s["failures"]
+    assert list(f) == ["context-length", "cut-at-stop", "timeout"]  # largest first
+    assert f["context-length"] == {"count": 2, "first_message": vllm_400, "http_status": 400}
+    assert f["cut-at-stop"]["http_status"] is None and f["timeout"]["count"] == 1
