@@ -31,6 +31,15 @@ reference holds whole entries in memory (np.save / np.load, up to 3 GiB each) an
 shrink every workload the same way for both (kvtier alone runs them full size). Their bytes per token
 are printed too, but 30 s of a scaled workload is a few dozen requests: the work part is the figure.
 
+**load** (``--part load``, alone) — what each *offers* the device on the three workloads at users x
+``--users-scale``, the same flags and seeds (``--load-seeds``, pooled as means), one after the other on the
+same disk: requests submitted per user per second (the reference's over the span of its own submissions),
+requests completed, queue wait p50/p95, the time-averaged operations in read and in write I/O (busy
+seconds / wall, Little's law: the reference's ``access_cache`` and its allocation inside the semaphore;
+kvtier's tier operations), and each one's peak RSS from its own rusage. The reference runs its own CLI with
+its request queue and cache methods wrapped from outside (its logic untouched). Last line:
+``reference_parity_load max_submitted_deviation=<max |kvtier/reference - 1|> <per workload ratios>``.
+
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
 Python (numpy and PyYAML are enough).
@@ -186,12 +195,13 @@ def work_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
 
 
 def flags(
-    model: str, users: int, cpu_gb: float, mca: int, duration: int, config: Path, cache: Path, out: Path
-) -> list[str]:
+    model: str, users: int, cpu_gb: float, mca: int, duration: int, config: Path, cache: Path, out: Path,
+    seed: int = 42,
+) -> list[str]:  # fmt: skip
     return [
         "--config", str(config), "--model", model, "--num-users", str(users), "--duration", str(duration),
         "--gpu-mem-gb", "0", "--cpu-mem-gb", str(cpu_gb), "--max-concurrent-allocs", str(mca),
-        "--generation-mode", "none", "--seed", "42", "--cache-dir", str(cache), "--output", str(out),
+        "--generation-mode", "none", "--seed", str(seed), "--cache-dir", str(cache), "--output", str(out),
     ]  # fmt: skip
 
 
@@ -271,11 +281,15 @@ sys.path.insert(0, {ref!r})
 from kv_cache import benchmark, cache
 from kv_cache.cli import main
 lock = threading.Lock()
-stats = {{"submitted": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0}}
+stats = {{"submitted": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0, "first_put": None,
+          "last_put": None}}
 class Q(queue.PriorityQueue):
     def put(self, item, *a, **k):
+        now = time.perf_counter()
         with lock:
             stats["submitted"] += 1
+            stats["first_put"] = stats["first_put"] or now
+            stats["last_put"] = now
         try:
             item[1]._kvtier_put = time.perf_counter()
         except AttributeError:
@@ -357,8 +371,9 @@ def reference_load(r: dict, stats: dict, users: int, duration: float) -> dict[st
     def pct(q: float) -> float:
         return 1e3 * waits[min(len(waits) - 1, int(q * (len(waits) - 1)))] if waits else 0.0
 
+    span = (stats["last_put"] - stats["first_put"]) if stats["first_put"] else 0.0
     return {
-        "submitted_per_user_s": stats["submitted"] / users / duration,
+        "submitted_per_user_s": stats["submitted"] / users / max(span, 1e-9),  # over the span it submitted in
         "completed": r["summary"]["total_requests"],
         "queue_wait_p50_ms": pct(0.5),
         "queue_wait_p95_ms": pct(0.95),
@@ -379,25 +394,29 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
     for i, (model, full_users, cpu_gb, full_mca) in enumerate(WORKLOADS):
         users = max(1, round(full_users * a.users_scale))
         mca = min(full_mca, a.max_allocs) if a.max_allocs else full_mca
-        got: dict[str, dict[str, float]] = {}
-        order = ["reference", "kvtier"] if i % 2 == 0 else ["kvtier", "reference"]
-        for who in order:
-            cache = work / f"load-{who}-{i}"
-            cache.mkdir()
-            out = work / f"load-{who}-{i}.json"
-            args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out)
-            if who == "reference":
-                stats_path = work / f"load-stats-{i}.json"
-                env = {**os.environ, "KVTIER_REF_STATS": str(stats_path)}
-                doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
-                got[who] = reference_load(doc, json.loads(stats_path.read_text()), users, a.duration)
-            else:
-                cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
-                doc, rss = run_measured(cmd, REPO, timeout)
-                got[who] = kvtier_load(doc)
-            got[who]["rss_gib"] = rss
-            shutil.rmtree(cache, ignore_errors=True)
-        ref, kv = got["reference"], got["kvtier"]
+        runs: dict[str, list[dict[str, float]]] = {"reference": [], "kvtier": []}
+        for k, seed in enumerate(a.load_seeds):
+            order = ["reference", "kvtier"] if (i + k) % 2 == 0 else ["kvtier", "reference"]
+            for who in order:
+                cache = work / f"load-{who}-{i}-{seed}"
+                cache.mkdir()
+                out = work / f"load-{who}-{i}-{seed}.json"
+                args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out, seed)
+                if who == "reference":
+                    stats_path = work / f"load-stats-{i}-{seed}.json"
+                    env = {**os.environ, "KVTIER_REF_STATS": str(stats_path)}
+                    doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
+                    one = reference_load(doc, json.loads(stats_path.read_text()), users, a.duration)
+                else:
+                    cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
+                    doc, rss = run_measured(cmd, REPO, timeout)
+                    one = kvtier_load(doc)
+                runs[who].append({**one, "rss_gib": rss})
+                shutil.rmtree(cache, ignore_errors=True)
+        # pooled over the seeds: means (each seed's users draw their think times and contexts anew)
+        ref, kv = (
+            {key: sum(x[key] for x in runs[w]) / len(runs[w]) for key in runs[w][0]} for w in ("reference", "kvtier")
+        )
         for key in ref:
             r = kv[key] / ref[key] if ref[key] else float("nan")
             print(f"{model:24s} users={users:3d} mca={mca:2d} {key:22s} reference {ref[key]:10.3f}  kvtier "
@@ -426,6 +445,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="where the cache folders go (default: a temp dir)")
     ap.add_argument("--users-scale", type=float, default=1.0, help="keys part: users x this, for both")
     ap.add_argument("--max-allocs", type=int, default=0, help="keys part: cap --max-concurrent-allocs (0 = none)")
+    ap.add_argument("--load-seeds", type=lambda s: [int(x) for x in s.split(",")], default=[42, 7, 13],
+                    help="load part: seeds pooled per workload (means over them)")  # fmt: skip
     a = ap.parse_args()
     a.reference = a.reference.resolve()
     config = a.reference / "config.yaml"
