@@ -71,6 +71,7 @@ def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[
         raise ConfigError(f"--labels: {len(labels)} labels for {len(paths)} results")
     out: list[Loaded] = []
     taken: set[str] = set()
+    given = {Path(q).resolve() for q in paths}  # a launch's replay given on its own is not added twice
     for k, p in enumerate(paths):
         r = load(p)
         path = Path(p)
@@ -81,7 +82,6 @@ def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[
         item = Loaded(str(p), label, kind, r, records)
         item.figures = figures_of(item)
         out.append(item)
-        given = {Path(q).resolve() for q in paths}
         folder = _launch_replay(item) if kind == "launch" else None
         if folder is not None and not {folder.resolve(), (folder / "summary.json").resolve()} & given:
             replay = load(folder)  # a launch's own replay: its TTFT figures and plots in the serving section

@@ -176,11 +176,14 @@ class SimEngine:
         if need > self.gpu.capacity or prompt_tokens + max_tokens > MAX_MODEL_LEN:
             raise self.too_long(prompt_tokens + max_tokens)
 
+    def fewest_tokens(self, text: str) -> int:
+        """The fewest tokens ``text`` can encode to (every token at the tokenizer's longest): no encoding."""
+        return len(text.encode("utf-8", "surrogatepass")) // self.tokenizer.max_bytes_per_token
+
     def surely_too_long(self, text: str, max_tokens: int) -> bool:
         """Whether ``text`` cannot fit even at the tokenizer's longest tokens: checked before encoding,
         so an oversized prompt costs no tokenization."""
-        fewest_tokens = len(text.encode("utf-8", "surrogatepass")) // self.tokenizer.max_bytes_per_token
-        return math.ceil((fewest_tokens + max_tokens) / BLOCK_TOKENS) > self.gpu.capacity
+        return math.ceil((self.fewest_tokens(text) + max_tokens) / BLOCK_TOKENS) > self.gpu.capacity
 
     async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
         """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
@@ -343,8 +346,7 @@ def make_app(engine: SimEngine) -> web.Application:
     async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
         req = parse_completion(await read_json(request), chat, s.served_model_name, s.default_max_tokens)
         if engine.surely_too_long(req.text, req.max_tokens):  # refused before any tokenization
-            fewest = len(req.text.encode("utf-8", "surrogatepass")) // engine.tokenizer.max_bytes_per_token
-            raise engine.too_long(fewest + req.max_tokens)
+            raise engine.too_long(engine.fewest_tokens(req.text) + req.max_tokens)
         prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
