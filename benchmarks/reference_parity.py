@@ -33,12 +33,17 @@ are printed too, but 30 s of a scaled workload is a few dozen requests: the work
 
 **load** (``--part load``, alone) — what each *offers* the device on the three workloads at users x
 ``--users-scale``, the same flags and seeds (``--load-seeds``, pooled as means), one after the other on the
-same disk: requests submitted per user per second (the reference's over the span of its own submissions),
+same disk: requests submitted per user per second over each one's load window (the reference's from its users'
+start to its stop event, both timed from outside), beside what each program's own users' drawn think times offer
+(mean over users of E[1 / (think x U(0.8, 1.2))]); the figure compared is submitted / offered, kvtier's over the
+reference's, so it measures the arrival process, not which think times 7-20 users happened to draw (the raw ratio
+is printed too);
 requests completed, queue wait p50/p95, the time-averaged operations in read and in write I/O (busy
 seconds / wall, Little's law: the reference's ``access_cache`` and its allocation inside the semaphore;
-kvtier's tier operations), and each one's peak RSS from its own rusage. The reference runs its own CLI with
+kvtier's tier operations), and each one's peak RSS from its own rusage, whole and beyond the ``--cpu-mem-gb``
+tier both are given. The reference runs its own CLI with
 its request queue and cache methods wrapped from outside (its logic untouched). Last line:
-``reference_parity_load max_submitted_deviation=<max |kvtier/reference - 1|> <per workload ratios>``.
+``reference_parity_load max_submitted_deviation=<max |kvtier/reference - 1| of submitted/offered> <per workload>``.
 
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
@@ -278,16 +283,34 @@ INSTRUMENT = """
 # cache's read and allocation paths timed from outside (nothing of its logic changed), the counts dumped at exit.
 import atexit, json, os, queue, sys, threading, time
 sys.path.insert(0, {ref!r})
-from kv_cache import benchmark, cache
-from kv_cache.cli import main
 lock = threading.Lock()
-stats = {{"submitted": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0, "first_put": None,
-          "last_put": None}}
+stats = {{"submitted": 0, "submitted_in_window": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0,
+          "first_put": None, "last_put": None, "load_start": None, "load_stop": None, "think_times_s": []}}
+from kv_cache import benchmark, cache, workload
+from kv_cache.cli import main
+mixed = workload.UserSimulator.generate_mixed_users.__func__
+def users(cls, n):  # the users the run draws: their think times give the rate its arrival process should offer
+    out = mixed(cls, n)
+    stats["think_times_s"] = [u.think_time for u in out]
+    return out
+workload.UserSimulator.generate_mixed_users = classmethod(users)
+gen = benchmark.IntegratedBenchmark.generate_requests
+def generate(self, users, stop_event):  # the load window: from the users' start to the run's stop event
+    stats["load_start"] = time.perf_counter()
+    set_ = stop_event.set
+    def stop():
+        with lock:
+            stats["load_stop"] = stats["load_stop"] or time.perf_counter()
+        set_()
+    stop_event.set = stop
+    return gen(self, users, stop_event)
+benchmark.IntegratedBenchmark.generate_requests = generate
 class Q(queue.PriorityQueue):
     def put(self, item, *a, **k):
         now = time.perf_counter()
         with lock:
             stats["submitted"] += 1
+            stats["submitted_in_window"] += stats["load_stop"] is None
             stats["first_put"] = stats["first_put"] or now
             stats["last_put"] = now
         try:
@@ -314,8 +337,10 @@ def timed(name, key):
         try:
             return f(self, *a, **k)
         finally:
-            with lock:
-                stats[key] += time.perf_counter() - t
+            with lock:  # only the part inside the load window (its workers run on while it writes its results)
+                start, stop = stats["load_start"], stats["load_stop"]
+                if start is not None:
+                    stats[key] += max(0.0, min(time.perf_counter(), stop or float("inf")) - max(t, start))
     setattr(cache.MultiTierCache, name, w)
 timed("access_cache", "read_busy_s")
 timed("_allocate_cache_inner", "write_busy_s")  # inside the allocation semaphore: the write itself
@@ -347,7 +372,26 @@ def run_measured(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] 
     return json.loads(out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
 
 
-def kvtier_load(r: dict) -> dict[str, float]:
+# E[1 / (think x U(0.8, 1.2))] = ln(1.2 / 0.8) / 0.4 / think: what one user's open-loop arrival offers per second
+THINK_FACTOR = math.log(1.2 / 0.8) / 0.4
+
+
+def kvtier_offered(r: dict, config: Path) -> float:
+    """Requests per user per second that kvtier's users' drawn think times offer (the same users the run drew)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from kvtier.bench.setup import derive
+    from kvtier.config.bench import BenchConfig
+
+    c = r["config"]
+    cfg = BenchConfig(
+        model=c["model"], num_users=c["num_users"], duration=c["duration"], gpu_mem_gb=0, cpu_mem_gb=0,
+        seed=r["seed"], generation_mode="none", config=str(config), cache_dir=tempfile.gettempdir(),
+    )  # fmt: skip
+    users = derive(cfg).workload.users
+    return sum(THINK_FACTOR / u.think_time_s for u in users) / len(users)
+
+
+def kvtier_load(r: dict, config: Path) -> dict[str, float]:
     users, wall = r["config"]["num_users"], r["load_duration_s"]
     load = r.get("load") or {}
     submitted = (r["requests_completed"] + r["requests_failed"] + r["requests_cut_at_stop"] + r["requests_abandoned"]
@@ -357,6 +401,8 @@ def kvtier_load(r: dict) -> dict[str, float]:
     q = r["summary"]["queue_wait_ms"]
     return {
         "submitted_per_user_s": submitted / users / wall,
+        "offered_per_user_s": kvtier_offered(r, config),
+        "load_window_s": wall,
         "completed": r["requests_completed"],
         "queue_wait_p50_ms": q["p50"] or 0.0,
         "queue_wait_p95_ms": q["p95"] or 0.0,
@@ -371,14 +417,18 @@ def reference_load(r: dict, stats: dict, users: int, duration: float) -> dict[st
     def pct(q: float) -> float:
         return 1e3 * waits[min(len(waits) - 1, int(q * (len(waits) - 1)))] if waits else 0.0
 
-    span = (stats["last_put"] - stats["first_put"]) if stats["first_put"] else 0.0
+    window = (stats["load_stop"] or stats["last_put"] or 0.0) - (stats["load_start"] or stats["first_put"] or 0.0)
+    thinks = stats["think_times_s"]
     return {
-        "submitted_per_user_s": stats["submitted"] / users / max(span, 1e-9),  # over the span it submitted in
+        # over its load window: from its users' start to its stop event (the same window as kvtier's load_duration_s)
+        "submitted_per_user_s": stats["submitted_in_window"] / users / max(window, 1e-9),
+        "offered_per_user_s": sum(THINK_FACTOR / t for t in thinks) / len(thinks) if thinks else float("nan"),
+        "load_window_s": window,
         "completed": r["summary"]["total_requests"],
         "queue_wait_p50_ms": pct(0.5),
         "queue_wait_p95_ms": pct(0.95),
-        "read_concurrency": stats["read_busy_s"] / duration,
-        "write_concurrency": stats["write_busy_s"] / duration,
+        "read_concurrency": stats["read_busy_s"] / max(window, 1e-9),
+        "write_concurrency": stats["write_busy_s"] / max(window, 1e-9),
     }
 
 
@@ -410,7 +460,7 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
                 else:
                     cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
                     doc, rss = run_measured(cmd, REPO, timeout)
-                    one = kvtier_load(doc)
+                    one = kvtier_load(doc, config)
                 runs[who].append({**one, "rss_gib": rss})
                 shutil.rmtree(cache, ignore_errors=True)
         # pooled over the seeds: means (each seed's users draw their think times and contexts anew)
@@ -421,14 +471,20 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
             r = kv[key] / ref[key] if ref[key] else float("nan")
             print(f"{model:24s} users={users:3d} mca={mca:2d} {key:22s} reference {ref[key]:10.3f}  kvtier "
                   f"{kv[key]:10.3f}  ratio {r:.3f}", flush=True)  # fmt: skip
-        ratio = (
-            kv["submitted_per_user_s"] / ref["submitted_per_user_s"] if ref["submitted_per_user_s"] else float("nan")
-        )
+        raw = kv["submitted_per_user_s"] / ref["submitted_per_user_s"] if ref["submitted_per_user_s"] else float("nan")
+        # the arrival process itself: each program's submissions over what its own users' think times offer,
+        # kvtier's over the reference's (the users each draws differ: 7-20 users' think times vary by ~15 %)
+        eff = {w: d["submitted_per_user_s"] / d["offered_per_user_s"] for w, d in (("reference", ref), ("kvtier", kv))}
+        ratio = eff["kvtier"] / eff["reference"]
+        print(f"{model:24s} submitted / offered: reference {eff['reference']:.3f}  kvtier {eff['kvtier']:.3f}  "
+              f"ratio {ratio:.3f}", flush=True)  # fmt: skip
         worst.append(abs(ratio - 1))
         rss = kv["rss_gib"] / ref["rss_gib"] if ref["rss_gib"] else float("nan")
+        # beyond the CPU tier each was given (--cpu-mem-gb: the workload's own memory, held by both once full)
+        beyond = (kv["rss_gib"] - cpu_gb) / (ref["rss_gib"] - cpu_gb) if ref["rss_gib"] > cpu_gb else float("nan")
         a.load_rows = [
             *getattr(a, "load_rows", []),
-            (model, ratio, kv["read_concurrency"], ref["read_concurrency"], rss),
+            (model, ratio, raw, kv["read_concurrency"], ref["read_concurrency"], rss, beyond),
         ]
     return worst
 
@@ -457,7 +513,8 @@ def main() -> None:
         if a.part == "load":
             worst = load_part(a, config, work)
             rows = " ".join(
-                f"{m}:submitted={r:.3f},read_conc={kc:.2f}/{rc:.2f},rss={x:.3f}" for m, r, kc, rc, x in a.load_rows
+                f"{m}:submitted={r:.3f},raw={w:.3f},read_conc={kc:.2f}/{rc:.2f},rss={x:.3f},rss_beyond_cpu={b:.3f}"
+                for m, r, w, kc, rc, x, b in a.load_rows
             )
             print(f"reference_parity_load max_submitted_deviation={max(worst):.3f} {rows}")
             return

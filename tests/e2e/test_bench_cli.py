@@ -135,7 +135,7 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert foreign.read_bytes() == b"mine"
     assert sorted(os.listdir(cache_dir)) == ["user_file.npy"]  # our run dir is gone
     assert "[kvtier] t=" in p.stderr  # plain progress lines without a terminal
-    assert "throughput" in p.stdout
+    assert "throughput" in p.stdout and "arrival, workers, allocation bound" in p.stdout and "open, " in p.stdout
     import openpyxl
 
     wb = openpyxl.load_workbook(xlsx)
@@ -154,6 +154,10 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert sum(qos.values()) == r["requests_completed"]
     rows = {row[0].value: row[1].value for row in wb["kvtier summary"].iter_rows(min_row=2)}
     assert rows["requests_completed"] == r["requests_completed"]
+    # how the load was offered: the arrival mode and the allocation bound are in the workbook
+    load = {row[0].value: row[1].value for row in wb["Load"].iter_rows(min_row=2)}
+    assert load["arrival"] == r["load"]["arrival"] == "open" and load["alloc_bound"] == r["load"]["alloc_bound"]
+    assert load["workers"] == r["load"]["workers"] and "Setup" in wb.sheetnames
     # the device's own figures: a sheet of totals and one row per sampling interval
     assert {"Device", "Device timeline"} <= set(wb.sheetnames)
     dev = r["device"]

@@ -205,6 +205,21 @@ def print_summary(result: BenchResult, path: Path) -> None:
     health = cs.storage_health
     rows = [
         ("requests completed / failed", f"{result.requests_completed:,} / {result.requests_failed:,}"),
+        *(
+            [
+                (
+                    "arrival, workers, allocation bound",
+                    f"{result.load.arrival}, {result.load.workers:,}, {result.load.alloc_bound} "
+                    f"({result.load.max_concurrent_allocs or 'none'})",
+                ),
+                (
+                    "queue wait p95 ms, requests dropped",
+                    f"{fmt(s.queue_wait_ms.p95)}, {result.load.requests_dropped:,}",
+                ),
+            ]
+            if result.load is not None
+            else []
+        ),
         ("throughput (generated tokens/s)", fmt(s.avg_throughput_tokens_per_sec)),
         ("storage throughput, MLPerf formula (tokens/s)", fmt(s.storage_throughput_tokens_per_sec)),
         ("KV tokens moved / s (read + written)", fmt(s.storage_kv_tokens_per_sec)),

@@ -100,7 +100,12 @@ def run_check(cfg: LaunchConfig) -> int:
         return 0
     from kvtier.launch.engines import check_engines
 
-    chk = check_engines(needs_lmcache=cfg.tier != "gpu")
+    python = None
+    if cfg.build == "cpu":
+        from kvtier.launch.orchestrate import cpu_engine_python
+
+        python = cpu_engine_python(cfg)
+    chk = check_engines(needs_lmcache=cfg.tier != "gpu", python=python, cpu_build=cfg.build == "cpu")
     for line in chk.lines():
         print(line)
     fallback_only = bool(chk.problems) and all("compiled module" in p for p in chk.problems)

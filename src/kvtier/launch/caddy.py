@@ -20,9 +20,15 @@ from kvtier.errors import LaunchError
 from kvtier.launch.profiles import ProcPlan
 
 POLICY = {"gpu": "header X-User-Id", "cpu": "least_conn", "nvme": "least_conn"}
+LB_POLICIES = {"sticky": "header X-User-Id", "least_conn": "least_conn"}
+"""``--lb-policy`` (default ``auto``: the tier's, above) — to measure what stickiness is worth."""
 
 
-def caddyfile(tier: str, listen_port: int, upstreams: list[str], host: str = "127.0.0.1") -> str:
+def lb_policy(tier: str, choice: str = "auto") -> str:
+    return POLICY[tier] if choice == "auto" else LB_POLICIES[choice]
+
+
+def caddyfile(tier: str, listen_port: int, upstreams: list[str], host: str = "127.0.0.1", policy: str = "auto") -> str:
     """The Caddyfile. The site address alone is only a host matcher (Caddy would listen on every
     interface): ``bind`` pins the listener to ``host``; ``admin off`` closes Caddy's admin API, which
     has no authentication (a POST to its /load replaces the config)."""
@@ -36,7 +42,7 @@ def caddyfile(tier: str, listen_port: int, upstreams: list[str], host: str = "12
 http://{host}:{listen_port} {{
 	bind {host}
 	reverse_proxy {ups} {{
-		lb_policy {POLICY[tier]}
+		lb_policy {lb_policy(tier, policy)}
 		health_uri /health
 		health_interval 10s
 		health_timeout 5s
@@ -72,4 +78,4 @@ def caddy_plan(config: Path, home: Path, listen_port: int) -> ProcPlan:
     )
 
 
-__all__ = ["caddyfile", "caddy_plan", "caddy_binary", "POLICY"]
+__all__ = ["caddyfile", "caddy_plan", "caddy_binary", "lb_policy", "POLICY", "LB_POLICIES"]

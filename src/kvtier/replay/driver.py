@@ -93,7 +93,7 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     effective = cfg.model_copy(
         update={
             "dataset_format": loaded.format,
-            "tokenizer": tokenizer.kind,
+            "tokenizer": cfg.tokenizer if tokenizer.kind == "hf" else tokenizer.kind,
             "event_loop": event_loop_kind(cfg.event_loop),
         }
     )
@@ -293,7 +293,10 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     urls = (cfg.metrics_url or [cfg.server_root]) if plan.scrape else []
     scrapers = [Scraper(u, cfg.scrape_interval, cfg.rate_window) for u in urls]
     scrape_stop = asyncio.Event()
-    scrape_tasks = [asyncio.create_task(sc.run(scrape_stop)) for sc in scrapers]
+    ready = [asyncio.Event() for _ in scrapers]
+    scrape_tasks = [asyncio.create_task(sc.run(scrape_stop, r)) for sc, r in zip(scrapers, ready, strict=True)]
+    # the counters' first sample is taken before the first request: the run's deltas hold all of its work
+    await asyncio.gather(*(r.wait() for r in ready))
     t0 = clock.now_ns()
     client = ClientConfig(
         base_url=(cfg.base_url or "").rstrip("/"),

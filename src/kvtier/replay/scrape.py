@@ -83,9 +83,15 @@ class Scraper:
             pass
         self.errors += 1
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Scrape until ``stop``, then once more. ``ready`` is set once the first scrape is done (or failed):
+        the replay sends nothing before it, so the first sample precedes every request it counts."""
         async with aiohttp.ClientSession() as session:
-            await self.scrape_once(session)
+            try:
+                await self.scrape_once(session)
+            finally:
+                if ready is not None:
+                    ready.set()
             while True:
                 try:
                     await asyncio.wait_for(stop.wait(), self.interval_s)

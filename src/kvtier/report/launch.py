@@ -46,6 +46,12 @@ class LaunchSizes(Section):
     l2_source: str | None
     tensor_parallel_size: int
     sidecar_max_workers: int
+    # --build cpu: the dummy-weight model folder, its KV bytes per token and the KV cache each replica got
+    model_dir: str | None = None
+    kv_bytes_per_token: int | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    max_model_len: int | None = None
 
 
 class LaunchPolicies(Section):
@@ -63,7 +69,7 @@ class LaunchResult(Envelope):
     resolved_profile: dict[str, Any]
     tier: Literal["gpu", "cpu", "nvme"]
     engine: Literal["vllm", "sim"]
-    build: Literal["nvidia", "amd"]
+    build: Literal["nvidia", "amd", "cpu"]
     replicas: int
     lb_policy: str | None
     front_url: str

