@@ -166,7 +166,9 @@ def test_gpu_prefix_hit_then_eviction_then_offload_hit(sim: Sim):
     _, rb, _ = sim.post("/v1/chat/completions", chat(long_prompt("beta")))  # pushes alpha out of the GPU cache
     wait_stored(sim, n_alpha + rb["usage"]["prompt_tokens"] // 256)
     _, r3, _ = sim.post("/v1/chat/completions", chat(a))
-    assert r3["kvtier"]["gpu_hit_tokens"] < r3["usage"]["prompt_tokens"] // 2
+    # alpha lost its tail first (blocks are freed in reverse, as vLLM's free queue does): its head still hits the
+    # GPU, the rest comes back from the offload tier
+    assert 0 < r3["kvtier"]["gpu_hit_tokens"] < r2["kvtier"]["gpu_hit_tokens"]
     assert r3["kvtier"]["external_tokens"] >= 256 and r3["kvtier"]["load_s"] > 0
     m = sim.metrics()
     ext = sum(r["kvtier"]["external_tokens"] for r in (r1, r2, r3))

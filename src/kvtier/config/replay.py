@@ -29,6 +29,12 @@ class ReplayConfig(StrictModel):
         "chars, or hf:DIR — the served model's own tokenizer.json (kvtier launch passes the folder it serves)",
         pattern=r"^(auto|tiktoken|chars|hf:.+)$",
     )
+    max_tokens_cap: int | None = flag(
+        None,
+        "cap every request's max_tokens at N (recorded replies longer than N are cut; prompts keep the recorded "
+        "history): for slow servers such as a CPU build, where decode, not the cache, would take the run's time",
+        ge=1,
+    )
     agentic_tools: bool = flag(False, "gpt-oss mode: send a tools schema naming every function the traces call")
     num_rounds: int = flag(5, "turns per virtual user (with --synthetic: --turns unless given)", ge=1)
     synthetic: bool = flag(False, "synthetic sessions instead of --dataset: --users x --turns, --isl/--osl tokens")

@@ -38,6 +38,21 @@ class SimConfig(OffloadTierConfig):
     batch_slowdown: float | None = flag(
         None, "TPOT grows by this fraction per extra running sequence (default: the preset's)", ge=0
     )
+    gpu_kv_tokens: int | None = flag(
+        None, "GPU KV capacity in tokens, as vLLM reports it ('KV cache size: N tokens'); replaces --gpu-kv-gb", ge=1
+    )
+    block_tokens: int = flag(
+        16, "tokens per KV block of the prefix cache (vLLM: 16 on GPUs, 128 on its CPU build)", ge=1
+    )
+    max_model_len: int | None = flag(
+        None, "longest prompt + max_tokens served (default: what the GPU holds, at most 131072)", ge=16
+    )
+    tokenizer: str = flag(
+        "auto",
+        "how prompts become token ids: auto, tiktoken, chars, or hf:DIR (a model folder's tokenizer.json; a kvtier "
+        "model make folder's chat template too, so prompt ids match a real vLLM serving that folder)",
+        pattern=r"^(auto|tiktoken|chars|hf:.+)$",
+    )
     max_num_seqs: int = flag(256, "running sequences at most", ge=1)
     max_waiting: int = flag(1024, "requests waiting for a slot at most; more get 429 with Retry-After", ge=1)
     queue_timeout: float = flag(600.0, "seconds a request may wait for a slot before it gets 429", gt=0)

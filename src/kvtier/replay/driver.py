@@ -13,7 +13,7 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,9 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     # synthetic sessions have the turns asked for: the methodology's floor is for recorded ones
     floor = cfg.min_chunk_rounds if not cfg.synthetic or "min_chunk_rounds" in cfg.model_fields_set else 0
     users = virtual_users(loaded.sessions, cfg.num_rounds, floor, cfg.user_order)
+    if cfg.max_tokens_cap is not None:
+        cap = cfg.max_tokens_cap
+        users = [replace(u, turns=tuple(replace(t, max_tokens=min(t.max_tokens, cap)) for t in u.turns)) for u in users]
     if not users:
         need = max(cfg.num_rounds, floor)
         raise DatasetError(

@@ -1,9 +1,12 @@
 """The simulated engine: a modelled GPU prefix cache in front of a real kvtier offload tier.
 
-GPU (modelled, like vLLM's prefix cache): capacity in 16-token blocks from --gpu-kv-gb and the
-model's KV bytes per token; prefix blocks are chained hashes of token ids (kvtier.keys); a request
-hits the longest run of leading blocks present; blocks of running requests are pinned; unpinned
-blocks are evicted LRU when new blocks are needed.
+GPU (modelled, like vLLM's prefix cache): capacity in blocks (--block-tokens, default 16, vLLM's GPU
+default; its CPU build uses 128) from --gpu-kv-gb and the model's KV bytes per token, or --gpu-kv-tokens;
+prefix blocks are chained hashes of token ids (kvtier.keys); a request hits the longest run of leading
+blocks present among those that end before its last token (vLLM always computes the last token);
+blocks of running requests are pinned; a finished request's blocks are freed tail first, and unpinned
+blocks are evicted LRU when new blocks are needed — so under pressure a history loses its end before
+its start, as in vLLM's free-block queue.
 
 Offload (real, like LMCache): 256-token chunks keyed by prefix-chained hashes in a kvtier
 TieredStore (CPU RAM, or a small CPU staging tier in front of the file tier for NVMe). After a
@@ -37,17 +40,18 @@ BLOCK_TOKENS = 16
 GiB = 1024**3
 
 
-def block_hashes(token_ids: Sequence[int]) -> list[bytes]:
-    return prefix_chunk_hashes(token_ids, BLOCK_TOKENS)
+def block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
+    return prefix_chunk_hashes(token_ids, block_tokens)
 
 
 class GpuPrefixCache:
     """Block-granular prefix cache with pinning and LRU eviction of unpinned blocks. Thread safe."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, block_tokens: int = BLOCK_TOKENS) -> None:
         if capacity_blocks < 1:
-            raise ConfigError("--gpu-kv-gb: too small to hold one 16-token block of this model")
+            raise ConfigError(f"--gpu-kv-gb: too small to hold one {block_tokens}-token block of this model")
         self.capacity = capacity_blocks
+        self.block_tokens = block_tokens
         self._ref: dict[bytes, int] = {}
         self._free: OrderedDict[bytes, None] = OrderedDict()  # cached, unpinned (LRU first)
         self._anon = 0  # pinned blocks without a reusable hash (generated tokens, partial tails)
@@ -87,8 +91,10 @@ class GpuPrefixCache:
             return True
 
     def release(self, hashes: Sequence[bytes], anon_blocks: int) -> None:
+        """Unpin; blocks no request holds join the LRU end tail first (the prefix's last block is evicted
+        before its first, as vLLM frees a request's blocks in reverse order)."""
         with self._lock:
-            for h in hashes:
+            for h in reversed(hashes):
                 self._ref[h] -= 1
                 if self._ref[h] == 0:
                     self._free[h] = None

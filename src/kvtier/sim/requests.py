@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,13 @@ class Completion:
     include_usage: bool
 
 
-def parse_completion(body: dict[str, Any], chat: bool, served_model_name: str, default_max_tokens: int) -> Completion:
+def parse_completion(
+    body: dict[str, Any],
+    chat: bool,
+    served_model_name: str,
+    default_max_tokens: int,
+    render: Callable[[Sequence[dict[str, Any]]], str] = render_chat,
+) -> Completion:
     if body.get("model") not in (None, served_model_name):
         raise NotFound(f"model {body.get('model')!r} does not exist", "model")
     if chat:
@@ -146,7 +153,7 @@ def parse_completion(body: dict[str, Any], chat: bool, served_model_name: str, d
             if not isinstance(msg, dict) or msg.get("role") not in ROLES:
                 raise BadRequest(f"messages[{i}] needs a role of {', '.join(ROLES)}", "messages")
         try:
-            text = render_chat(msgs)
+            text = render(msgs)
         except ValueError as e:
             raise BadRequest(f"messages: {e}", "messages") from None
     else:

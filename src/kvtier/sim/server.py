@@ -20,6 +20,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,10 @@ class SimSettings:
     default_max_tokens: int = 256
     max_waiting: int = 1024
     queue_timeout_s: float = 600.0
+    block_tokens: int = BLOCK_TOKENS
+    gpu_kv_tokens: int | None = None  # capacity in tokens (as vLLM reports it), instead of gpu_kv_gb
+    max_model_len: int | None = None  # at most this (else what the GPU holds, up to MAX_MODEL_LEN)
+    tokenizer: str = "auto"  # kvtier.tokenizer kinds; hf:DIR of a kvtier model make folder renders its template
 
 
 class _Seq:
@@ -75,6 +80,20 @@ class _Seq:
         self.emit = emit
         self.stamps = [t_first]
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+def chat_renderer(tokenizer: str) -> Callable[[Sequence[dict[str, Any]]], str]:
+    """How messages become the prompt text: the chat template of a ``kvtier model make`` folder when the sim
+    counts with that folder's tokenizer (so its prompt ids are the ids vLLM serving that folder computes),
+    else the sim's own rendering (sim/tokens.py)."""
+    from pathlib import Path
+
+    from kvtier.modelmaker import MARKER
+    from kvtier.sim.tokens import render_chat, render_kvtier_model_chat
+
+    if tokenizer.startswith("hf:") and (Path(tokenizer[3:]) / MARKER).exists():
+        return render_kvtier_model_chat
+    return render_chat
 
 
 class SimEngine:
@@ -93,9 +112,13 @@ class SimEngine:
         self.s = s
         self.replica_id = replica_id
         self.kvpt = s.model.kv_bytes_per_token
-        self.gpu = GpuPrefixCache(int(s.gpu_kv_gb * GiB // (self.kvpt * BLOCK_TOKENS)))
+        self.block = s.block_tokens
+        by_bytes = int(s.gpu_kv_gb * GiB // (self.kvpt * self.block))
+        blocks = s.gpu_kv_tokens // self.block if s.gpu_kv_tokens else by_bytes
+        self.gpu = GpuPrefixCache(blocks, self.block)
         self.offload = offload
-        self.tokenizer = tokenizer or load_tokenizer("auto")
+        self.tokenizer = tokenizer or load_tokenizer(s.tokenizer)
+        self.render_chat = chat_renderer(s.tokenizer)
         self.metrics = VllmMetrics(s.served_model_name)
         self.running = 0
         self.waiting = 0
@@ -160,20 +183,20 @@ class SimEngine:
     def max_model_len(self) -> int:
         """The longest prompt + max_tokens the simulated GPU can hold, tokens (vLLM's max_model_len is
         bounded the same way by its KV cache: a longer sequence is refused with HTTP 400)."""
-        return min(MAX_MODEL_LEN, self.gpu.capacity * BLOCK_TOKENS)
+        return min(self.s.max_model_len or MAX_MODEL_LEN, self.gpu.capacity * self.block)
 
     def too_long(self, need_tokens: int) -> BadRequest:
         """vLLM's wording, so clients classify it as they would vLLM's (replay: context-length)."""
         return BadRequest(
             f"This model's maximum context length is {self.max_model_len} tokens (the simulated GPU holds "
-            f"{self.gpu.capacity} KV blocks of {BLOCK_TOKENS}). However, you requested {need_tokens} tokens",
+            f"{self.gpu.capacity} KV blocks of {self.block}). However, you requested {need_tokens} tokens",
             "max_tokens",
         )
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """BadRequest when prompt + max_tokens need more KV blocks than the simulated GPU holds."""
-        need = math.ceil((prompt_tokens + max_tokens) / BLOCK_TOKENS)
-        if need > self.gpu.capacity or prompt_tokens + max_tokens > MAX_MODEL_LEN:
+        need = math.ceil((prompt_tokens + max_tokens) / self.block)
+        if need > self.gpu.capacity or prompt_tokens + max_tokens > self.max_model_len:
             raise self.too_long(prompt_tokens + max_tokens)
 
     def fewest_tokens(self, text: str) -> int:
@@ -183,7 +206,7 @@ class SimEngine:
     def surely_too_long(self, text: str, max_tokens: int) -> bool:
         """Whether ``text`` cannot fit even at the tokenizer's longest tokens: checked before encoding,
         so an oversized prompt costs no tokenization."""
-        return math.ceil((self.fewest_tokens(text) + max_tokens) / BLOCK_TOKENS) > self.gpu.capacity
+        return self.fewest_tokens(text) + max_tokens > self.max_model_len
 
     async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
         """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
@@ -194,8 +217,9 @@ class SimEngine:
         s, m = self.s, self.metrics
         t_arrive = time.perf_counter()
         self.check_fits(len(prompt_ids), max_tokens)
-        hashes = await asyncio.to_thread(block_hashes, prompt_ids)  # hashing a long prompt stays off the loop
-        anon = math.ceil((len(prompt_ids) + max_tokens) / BLOCK_TOKENS) - len(hashes)
+        hashes = await asyncio.to_thread(block_hashes, prompt_ids, self.block)  # a long prompt stays off the loop
+        anon = math.ceil((len(prompt_ids) + max_tokens) / self.block) - len(hashes)
+        hittable = (len(prompt_ids) - 1) // self.block  # vLLM computes the last token: its block cannot hit
         if self.waiting >= s.max_waiting:
             raise Busy(f"{self.waiting} requests are already waiting (--max-waiting {s.max_waiting})")
         self.waiting += 1
@@ -205,7 +229,7 @@ class SimEngine:
         def admitted() -> bool:
             if self.running >= s.max_num_seqs:
                 return False
-            n = self.gpu.match(hashes)
+            n = self.gpu.match(hashes[:hittable])
             if not self.gpu.acquire(hashes, anon):
                 return False
             hit.append(n)
@@ -223,7 +247,7 @@ class SimEngine:
         try:
             t_admit = time.perf_counter()
             m.queue.observe(t_admit - t_arrive)
-            gpu_hit = hit[0] * BLOCK_TOKENS
+            gpu_hit = hit[0] * self.block
             m.pc_queries.inc(len(prompt_ids))
             m.pc_hits.inc(gpu_hit)
             load_s, ext = 0.0, 0
@@ -344,7 +368,9 @@ def make_app(engine: SimEngine) -> web.Application:
         return resp
 
     async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
-        req = parse_completion(await read_json(request), chat, s.served_model_name, s.default_max_tokens)
+        req = parse_completion(
+            await read_json(request), chat, s.served_model_name, s.default_max_tokens, engine.render_chat
+        )
         if engine.surely_too_long(req.text, req.max_tokens):  # refused before any tokenization
             raise engine.too_long(engine.fewest_tokens(req.text) + req.max_tokens)
         prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop

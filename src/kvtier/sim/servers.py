@@ -63,6 +63,10 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         batch_slowdown=values["batch_slowdown"],
         max_num_seqs=cfg.max_num_seqs,
         seed=cfg.seed,
+        block_tokens=cfg.block_tokens,
+        gpu_kv_tokens=cfg.gpu_kv_tokens,
+        max_model_len=cfg.max_model_len,
+        tokenizer=cfg.tokenizer,
     )
 
 

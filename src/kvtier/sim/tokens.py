@@ -60,3 +60,16 @@ def render_chat(messages: Sequence[dict[str, Any]]) -> str:
         parts.append(f"<|{m['role']}|>\n{text}<|end|>\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def render_kvtier_model_chat(messages: Sequence[dict[str, Any]]) -> str:
+    """The chat template ``kvtier model make`` writes (kvtier.modelmaker.CHAT_TEMPLATE), in Python: a real vLLM
+    serving such a folder renders the same text, so the sim's prompt ids equal the server's. Like that template,
+    only message contents are rendered (tool calls are not)."""
+    from kvtier.modelmaker import BOS, IM_END, IM_START
+
+    parts = [BOS]
+    for m in messages:
+        parts.append(f"{IM_START}{m['role']}\n{content_text(m.get('content'))}{IM_END}\n")
+    parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)

@@ -55,3 +55,13 @@ def test_synthetic_flags():
         prepare(ReplayConfig(base_url="http://127.0.0.1:9/v1", model="m", synthetic=True, dataset="x"))
     with pytest.raises(ConfigError, match="--dataset: required"):
         prepare(ReplayConfig(base_url="http://127.0.0.1:9/v1", model="m"))
+
+
+def test_max_tokens_cap_cuts_every_turn_and_keeps_the_rest():
+    base = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "synthetic": True, "users": 2, "turns": 3, "isl": 32}
+    plain = prepare(ReplayConfig(**base, osl=50))
+    capped = prepare(ReplayConfig(**base, osl=50, max_tokens_cap=7))
+    assert {t.max_tokens for u in plain.users for t in u.turns} == {50}
+    assert {t.max_tokens for u in capped.users for t in u.turns} == {7}
+    assert [t.messages for u in capped.users for t in u.turns] == [t.messages for u in plain.users for t in u.turns]
+    assert capped.config.max_tokens_cap == 7
