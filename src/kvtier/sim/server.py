@@ -114,7 +114,8 @@ class SimEngine:
         self.kvpt = s.model.kv_bytes_per_token
         self.block = s.block_tokens
         by_bytes = int(s.gpu_kv_gb * GiB // (self.kvpt * self.block))
-        blocks = s.gpu_kv_tokens // self.block if s.gpu_kv_tokens else by_bytes
+        # vLLM's "KV cache size: N tokens" counts every block; it keeps one as its null block (never cached)
+        blocks = s.gpu_kv_tokens // self.block - 1 if s.gpu_kv_tokens else by_bytes
         self.gpu = GpuPrefixCache(blocks, self.block)
         self.offload = offload
         self.tokenizer = tokenizer or load_tokenizer(s.tokenizer)

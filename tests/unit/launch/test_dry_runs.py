@@ -198,3 +198,36 @@ def test_an_lmcache_sidecar_is_identified_by_its_healthcheck(tmp_path: Path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_cpu_build_splits_cores_and_sizes_the_kv_cache_from_the_model(tmp_path: Path):
+    from kvtier.modelmaker import Geometry, make_model
+
+    model = make_model(tmp_path / "m", Geometry(num_layers=4))  # 2 KiB of KV per token
+    cfg = LaunchConfig(tier="gpu", engine="vllm", build="cpu", replicas=2, gpus="0,1,2,3", output=str(tmp_path / "o"),
+                       model_dir=str(model), engine_python="/opt/py/bin/python", kv_cache_tokens=8192,
+                       max_model_len=4096, replay=ReplayConfig(model="tiny", dataset="d"))  # fmt: skip
+    lp = plan(cfg)
+    r0, r1 = lp.replicas
+    assert r0.argv[:3] == ["/opt/py/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert r0.argv[r0.argv.index("--kv-cache-memory-bytes") + 1] == str(8192 * 2048)
+    assert r0.argv[r0.argv.index("--model") + 1] == str(model) and "--load-format" in r0.argv
+    assert (r0.env["VLLM_CPU_OMP_THREADS_BIND"], r1.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0-1", "2-3")
+    assert r0.env["OMP_NUM_THREADS"] == "2" and r0.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert lp.replay.tokenizer == f"hf:{model}" and lp.sizes["kv_bytes_per_token"] == 2048
+    assert lp.devices()["variable"] == "VLLM_CPU_OMP_THREADS_BIND"
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"tier": "cpu"}, "only --tier gpu"),
+        ({"engine": "sim"}, "a build of vLLM"),
+        ({"max_model_len": 32768}, "less one 128-token block"),
+    ],
+)
+def test_the_cpu_build_refuses_what_it_cannot_run(changes: dict, words: str):
+    base = {"tier": "gpu", "engine": "vllm", "build": "cpu", "dry_run": True,
+            "replay": ReplayConfig(model="tiny", dataset="d")}  # fmt: skip
+    with pytest.raises(ValueError, match=words):
+        LaunchConfig(**{**base, **changes})

@@ -33,7 +33,7 @@ def fake_env(root: Path, vllm: str | None, lmcache: str | None, torch: str, c_op
         (site / name / "__init__.py").write_text(f"__version__ = {version!r}\n")
     if lmcache is not None:
         body = "" if c_ops_imports else f"raise ImportError({UNDEFINED!r})\n"
-        (site / "lmcache" / "c_ops.py").write_text(body)
+        (site / "lmcache" / "cuda_ops.py").write_text(body)
     return {**os.environ, "PYTHONPATH": str(site)}
 
 
@@ -42,7 +42,7 @@ def test_a_compiled_module_that_does_not_import_is_refused(tmp_path: Path):
     chk = check_engines(needs_lmcache=True, python=sys.executable, environ=env)
     assert (chk.vllm, chk.lmcache, chk.torch) == ("0.33.0", "0.5.6", "2.14.0")
     assert chk.compiled_import == f"ImportError: {UNDEFINED}" and not chk.pinned
-    assert not chk.ok and len(chk.problems) == 1 and "lmcache.c_ops does not import" in chk.problems[0]
+    assert not chk.ok and len(chk.problems) == 1 and "lmcache.cuda_ops does not import" in chk.problems[0]
     assert "--allow-fallback" in chk.problems[0] and chk.lines()[-1] == "check: FAILED"
     # the GPU tier runs vLLM alone: LMCache's state does not matter there
     assert check_engines(needs_lmcache=False, python=sys.executable, environ=env).ok
@@ -52,7 +52,7 @@ def test_the_known_good_pair_passes(tmp_path: Path):
     env = fake_env(tmp_path, KNOWN_GOOD["vllm"], KNOWN_GOOD["lmcache"], "2.13.0", c_ops_imports=True)
     chk = check_engines(needs_lmcache=True, python=sys.executable, environ=env)
     assert chk.ok and chk.pinned and chk.compiled_import == "ok" and not chk.notes
-    assert "lmcache.c_ops: imports" in chk.lines()
+    assert "lmcache.cuda_ops: imports" in chk.lines()
     assert chk.as_dict()["ok"] is True
 
 
@@ -83,7 +83,7 @@ def test_launch_check_command(tmp_path: Path, allow: bool):
     env["PATH"] = str(tmp_path / "nobin") + os.pathsep + env["PATH"]
     argv = ["launch", "--tier", "nvme", "--engine", "vllm", "--check"] + (["--allow-fallback"] if allow else [])
     p = subprocess.run(kvtier_cmd() + argv, capture_output=True, text=True, timeout=120, env=env)
-    assert "vllm     0.33.0" in p.stdout and "lmcache.c_ops: ImportError" in p.stdout
+    assert "vllm     0.33.0" in p.stdout and "lmcache.cuda_ops: ImportError" in p.stdout
     assert p.returncode == (0 if allow else 1), p.stdout + p.stderr
 
 

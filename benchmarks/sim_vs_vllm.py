@@ -1,0 +1,161 @@
+"""The simulator's prefix cache against a real vLLM's, on the same trace: is the sim's hit rate vLLM's?
+
+One held-in trace (an LMCache mini-SWE-agent trace from ../shared/data by default) is replayed against a real
+vLLM 0.32.0 (the CPU build, ``scripts/install-engines.sh cpu``, serving a ``kvtier model make`` folder with
+dummy weights) and against ``kvtier sim`` given the same KV capacity in tokens, block size (128: the CPU
+build's), model length and tokenizer (``--tokenizer hf:DIR``: the folder's tokenizer and chat template, so
+the sim's prompt ids are the server's). One replica, no gaps (``--gap-scale 0``), ``--max-tokens-cap``
+(decode on 2 cores would take the run's time, and the replay sends the recorded history, not the replies),
+``--skip-too-long`` (this small tokenizer counts the longest prompts past 16,384 tokens: a user stops before
+its first such turn), concurrency 1 then 4. Each server is started fresh per concurrency, so no run meets
+another's cache.
+
+Printed per concurrency: each server's overall prefix hit rate from its own counters (the replay's scrape:
+hits / queries over the run, no warm-up) and the hit rate per turn of a virtual user (Σ cached / Σ prompt
+tokens from usage.prompt_tokens_details), then the prompt tokens each counted (a template mismatch would
+show here). Last line: ``sim_vs_vllm hit_rate_vllm=… hit_rate_sim=… abs_diff=…`` over both concurrencies
+(Σ hits / Σ queries of each server), with the worst single concurrency's difference beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO
+
+sys.path.insert(0, str(REPO / "src"))
+from kvtier.launch import cpu_engine
+from kvtier.launch.devices import cpu_inventory
+from kvtier.launch.procs import free_ports
+from kvtier.modelmaker import Geometry, make_model
+
+SHARED = REPO.parent / "shared" / "data"
+
+
+def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurrency: int) -> dict:
+    cmd = [sys.executable, "-m", "kvtier", "replay", "--base-url", url + "/v1", "--model", "tiny",
+           "--dataset", str(a.trace), "--tokenizer", f"hf:{model_dir}", "--num-rounds", str(a.num_rounds),
+           "--concurrency", str(concurrency), "--gap-scale", "0", "--warmup", "0", "--skip-too-long",
+           "--max-tokens-cap", str(a.max_tokens_cap), "--metrics-url", url, "--scrape-interval", "2",
+           "--progress", "none", "--output", str(out)]  # fmt: skip
+    if a.max_requests:
+        cmd += ["--max-requests", str(a.max_requests)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"replay against {url} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    per_turn: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for r in recs:
+        if r["status"] == "ok":
+            per_turn[r["turn"]][0] += r["cached_tokens"] or 0
+            per_turn[r["turn"]][1] += r["prompt_tokens"] or 0
+    hits = sum(v[0] for v in per_turn.values())
+    prompt = sum(v[1] for v in per_turn.values())
+    (m,) = s["server_metrics"]
+    return {"status": s["status"], "hit_rate": m["prefix_cache_hit_rate_overall"], "per_turn": dict(per_turn),
+            "cached": hits, "prompt": prompt, "requests": len(recs)}  # fmt: skip
+
+
+def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "kvtier", "sim", "--model", "tiny-1b", "--served-model-name", "tiny",
+           "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
+           "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}", "--offload", "none",
+           "--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms),
+           "--port", str(port)]  # fmt: skip
+    log = (work / f"sim-{port}.log").open("wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    import time
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"kvtier sim exited {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit("kvtier sim did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine-python", default=str(REPO / cpu_engine.DEFAULT_PYTHON))
+    ap.add_argument("--trace", type=Path, default=SHARED / "lmcache_agent_trace" / "miniswe",
+                    help="a trace file, or a folder of them (the first --sessions files, by name)")  # fmt: skip
+    ap.add_argument("--sessions", type=int, default=3, help="files taken from a --trace folder")
+    ap.add_argument("--kv-tokens", type=int, default=16512,
+                    help="KV cache per server, tokens (129 blocks, one the null block: sessions compete)")  # fmt: skip
+    ap.add_argument("--block-tokens", type=int, default=128, help="vLLM's block size on its CPU build")
+    ap.add_argument("--max-model-len", type=int, default=16384)
+    ap.add_argument("--num-rounds", type=int, default=5)
+    ap.add_argument("--max-tokens-cap", type=int, default=16)
+    ap.add_argument("--max-requests", type=int, default=0, help="0: the whole trace")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--sim-prefill-tps", type=float, default=8000.0, help="near the CPU build's, measured here")
+    ap.add_argument("--sim-tpot-ms", type=float, default=40.0)
+    a = ap.parse_args()
+    if a.trace is None or not a.trace.exists():
+        raise SystemExit("--trace: no trace (../shared/data/lmcache_agent_trace/miniswe is the default)")
+    if not Path(a.engine_python).exists():
+        raise SystemExit(f"{a.engine_python}: missing (bash scripts/install-engines.sh cpu)")
+    work = Path(tempfile.mkdtemp(prefix="kvtier-sim-vs-vllm-"))
+    if a.trace.is_dir():  # the first --sessions files, as one dataset folder
+        files = sorted(a.trace.glob("*.jsonl"))[: a.sessions]
+        (work / "trace").mkdir()
+        for f in files:
+            (work / "trace" / f.name).symlink_to(f.resolve())
+        a.trace = work / "trace"
+    model_dir = make_model(work / "tiny", Geometry())
+    kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
+    cores = cpu_inventory(None).devices
+    totals = {"vllm": [0.0, 0.0], "sim": [0.0, 0.0]}
+    worst = 0.0
+    for conc in a.concurrency:
+        got = {}
+        (port,) = free_ports(1)
+        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work / f"vllm-{conc}.log", kv_bytes,
+                               a.max_model_len, cores)  # fmt: skip
+        try:
+            srv.wait_healthy()
+            got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+        finally:
+            srv.stop()
+        (port,) = free_ports(1)
+        sim = start_sim(a, model_dir, port, work)
+        try:
+            wait_http(f"http://127.0.0.1:{port}", sim)
+            got["sim"] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
+        finally:
+            sim.terminate()
+            sim.wait(timeout=30)
+        for who, r in got.items():
+            turns = " ".join(f"t{t}={c / p:.3f}" for t, (c, p) in sorted(r["per_turn"].items()) if p)
+            print(f"concurrency {conc} {who:5s} {r['status']:8s} requests {r['requests']:3d} hit_rate "
+                  f"{r['hit_rate']:.4f} (usage: {r['cached']:,} of {r['prompt']:,} prompt tokens) per turn: {turns}",
+                  flush=True)  # fmt: skip
+            # pooled over the concurrencies from the usage counts (the counters' deltas agree with them)
+            totals[who][0] += r["cached"]
+            totals[who][1] += r["prompt"]
+        worst = max(worst, abs(got["vllm"]["hit_rate"] - got["sim"]["hit_rate"]))
+    hv, hs = (totals[w][0] / totals[w][1] for w in ("vllm", "sim"))
+    print(
+        f"sim_vs_vllm hit_rate_vllm={hv:.4f} hit_rate_sim={hs:.4f} abs_diff={abs(hv - hs):.4f} "
+        f"worst_concurrency_abs_diff={worst:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
