@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--max-tokens-cap", type=int, default=16)
     ap.add_argument("--max-requests", type=int, default=0, help="0: the whole trace")
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--vllm-max-num-batched-tokens", type=int, default=0,
+                    help="vLLM's prefill chunk (0: its CPU default, 2048; >= --max-model-len: unchunked)")  # fmt: skip
     ap.add_argument("--sim-prefill-tps", type=float, default=8000.0, help="near the CPU build's, measured here")
     ap.add_argument("--sim-tpot-ms", type=float, default=40.0)
     a = ap.parse_args()
@@ -126,8 +128,11 @@ def main() -> None:
     for conc in a.concurrency:
         got = {}
         (port,) = free_ports(1)
+        extra = (
+            ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)] if a.vllm_max_num_batched_tokens else []
+        )
         srv = cpu_engine.start(a.engine_python, str(model_dir), port, work / f"vllm-{conc}.log", kv_bytes,
-                               a.max_model_len, cores)  # fmt: skip
+                               a.max_model_len, cores, extra=extra)  # fmt: skip
         try:
             srv.wait_healthy()
             got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)

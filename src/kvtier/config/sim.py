@@ -39,8 +39,10 @@ class SimConfig(OffloadTierConfig):
         None, "TPOT grows by this fraction per extra running sequence (default: the preset's)", ge=0
     )
     gpu_kv_tokens: int | None = flag(
-        None, "GPU KV capacity in tokens, as vLLM reports it ('KV cache size: N tokens'; one block of it is vLLM's "
-        "null block, so N / --block-tokens - 1 blocks cache); replaces --gpu-kv-gb", ge=1
+        None,
+        "GPU KV capacity in tokens, as vLLM reports it ('KV cache size: N tokens'; one block of it is vLLM's "
+        "null block, so N / --block-tokens - 1 blocks cache); replaces --gpu-kv-gb",
+        ge=1,
     )
     block_tokens: int = flag(
         16, "tokens per KV block of the prefix cache (vLLM: 16 on GPUs, 128 on its CPU build)", ge=1

@@ -85,9 +85,11 @@ def start(
     max_model_len: int,
     cores: list[str],
     served_name: str = "tiny",
+    extra: list[str] | None = None,
 ) -> CpuVllm:
-    """Start one server in its own session (so ``stop`` reaches its engine core process too)."""
-    argv = serve_argv(python, model_dir, served_name, port, kv_cache_bytes, max_model_len)
+    """Start one server in its own session (so ``stop`` reaches its engine core process too); ``extra``: more
+    vLLM flags after the profile's."""
+    argv = [*serve_argv(python, model_dir, served_name, port, kv_cache_bytes, max_model_len), *(extra or [])]
     env = {**os.environ, **child_env("cpu", cores)[0], "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
     with log.open("wb") as f:
         proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -73,22 +73,32 @@ class GpuPrefixCache:
                 n += 1
             return n
 
-    def acquire(self, hashes: Sequence[bytes], anon_blocks: int) -> bool:
-        """Pin the request's prefix blocks (allocating missing ones) plus anonymous blocks; False if no room."""
+    def acquire(self, hashes: Sequence[bytes], anon_blocks: int, hittable: int | None = None) -> int | None:
+        """Pin the request's prefix blocks (allocating missing ones) plus anonymous blocks, and return how many
+        leading blocks (of the first ``hittable``) were already cached — or None, changing nothing, when there
+        is no room. The request's own cached blocks are pinned before anything is evicted (as vLLM touches a
+        request's hit blocks before it allocates): making room never evicts what the request is about to hit."""
         with self._lock:
-            missing = [h for h in hashes if h not in self._ref]
-            need = len(missing) + anon_blocks
-            if len(self._ref) + self._anon + need - len(self._free) > self.capacity:
-                return False
+            limit = len(hashes) if hittable is None else min(hittable, len(hashes))
+            n = 0
+            while n < limit and hashes[n] in self._ref:
+                n += 1
+            present = {h for h in hashes if h in self._ref}
+            missing = len(set(hashes) - present)
+            own_free = sum(1 for h in present if h in self._free)
+            evictable = len(self._free) - own_free
+            need = missing + anon_blocks
+            if len(self._ref) + self._anon + need - evictable > self.capacity:
+                return None
+            for h in present:  # pinned first: out of the free list before any eviction
+                self._free.pop(h, None)
             while len(self._ref) + self._anon + need > self.capacity:
                 victim, _ = self._free.popitem(last=False)
                 del self._ref[victim]
             for h in hashes:
-                if self._ref.get(h, 0) == 0:
-                    self._free.pop(h, None)
                 self._ref[h] = self._ref.get(h, 0) + 1
             self._anon += anon_blocks
-            return True
+            return n
 
     def release(self, hashes: Sequence[bytes], anon_blocks: int) -> None:
         """Unpin; blocks no request holds join the LRU end tail first (the prefix's last block is evicted

@@ -230,8 +230,8 @@ class SimEngine:
         def admitted() -> bool:
             if self.running >= s.max_num_seqs:
                 return False
-            n = self.gpu.match(hashes[:hittable])
-            if not self.gpu.acquire(hashes, anon):
+            n = self.gpu.acquire(hashes, anon, hittable)
+            if n is None:
                 return False
             hit.append(n)
             return True

@@ -13,12 +13,26 @@ from kvtier.sim.tokens import render_kvtier_model_chat
 def test_a_finished_request_loses_its_tail_blocks_before_its_head():
     cache = GpuPrefixCache(capacity_blocks=6, block_tokens=4)
     a = block_hashes(list(range(16)), 4)  # 4 blocks
-    assert cache.acquire(a, 0)
+    assert cache.acquire(a, 0) == 0
     cache.release(a, 0)
     b = block_hashes(list(range(100, 108)), 4)  # 2 more blocks fit beside a; the next 2 evict
-    assert cache.acquire(b, 2)
+    assert cache.acquire(b, 2) == 0
     assert cache.match(a) == 2  # a's first two blocks stay: the tail went first
     cache.release(b, 2)
+
+
+def test_making_room_never_evicts_the_blocks_the_request_hits():
+    cache = GpuPrefixCache(capacity_blocks=4, block_tokens=4)
+    a = block_hashes(list(range(8)), 4)  # 2 blocks, freed first: the oldest in the LRU
+    b = block_hashes(list(range(50, 58)), 4)
+    for blocks in (a, b):
+        assert cache.acquire(blocks, 0) == 0
+        cache.release(blocks, 0)
+    longer = block_hashes(list(range(16)), 4)  # a's 2 blocks + 2 new: b's must go, not a's
+    assert cache.acquire(longer, 0) == 2
+    assert cache.match(b) == 0 and cache.match(a) == 2
+    assert cache.acquire(block_hashes(list(range(100, 104)), 4), 0) is None  # all 4 pinned: no room, nothing changed
+    assert cache.match(longer) == 4
 
 
 def test_blocks_are_of_the_given_size():
