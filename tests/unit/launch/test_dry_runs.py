@@ -86,7 +86,7 @@ def test_each_vllm_profile_dry_run_is_the_expected_command_lines(tmp_path: Path,
     assert lines[:-1] == expected
     assert lines[-1][:2] == ["kvtier", "replay"] and f"http://127.0.0.1:{lp.ports['caddy']}/v1" in lines[-1]
     if tier != "gpu":
-        assert lp.sidecar is not None and lp.sidecar.health == f"http://127.0.0.1:{http}/api/healthcheck"
+        assert lp.sidecar is not None and lp.sidecar.health == f"http://127.0.0.1:{http}/healthcheck"
     assert lp.policies() == {
         "kv_load_failure_policy": "recompute" if tier != "gpu" else None,
         "eviction_policy": "LRU" if tier != "gpu" else None,
@@ -166,7 +166,7 @@ def test_an_lmcache_sidecar_is_identified_by_its_healthcheck(tmp_path: Path):
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/api/healthcheck" else 404)
+            self.send_response(200 if self.path == "/healthcheck" else 404)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
             self.wfile.write(answer["body"])
@@ -188,7 +188,7 @@ def test_an_lmcache_sidecar_is_identified_by_its_healthcheck(tmp_path: Path):
             )
         )
         assert lp.sidecar is not None
-        lp.sidecar = dataclasses.replace(lp.sidecar, health=f"http://127.0.0.1:{srv.server_port}/api/healthcheck")
+        lp.sidecar = dataclasses.replace(lp.sidecar, health=f"http://127.0.0.1:{srv.server_port}/healthcheck")
         check = _identify(lp, lp.sidecar)
         assert check() is None
         answer["body"] = b'{"status": "unhealthy", "reason": "engine not initialized"}'
