@@ -21,6 +21,14 @@ from urllib.parse import unquote, urlsplit
 
 CRLF = b"\r\n"
 READ_SIZE = 256 * 1024
+MAX_LINE_BYTES = 64 * 1024
+"""Longest reply line (a type byte, a length or a simple string) read: a server that never sends CRLF is a
+protocol error, not an ever-growing buffer."""
+MAX_REPLY_BULK_BYTES = 8 * 1024 * 1024
+"""Largest bulk string a non-data reply (INFO, SCAN keys, CONFIG) may carry; values are read with
+``bulk_into``, whose bound is the caller's buffer. A hostile ``$3000000000`` is refused before allocating."""
+MAX_ARRAY_ITEMS = 1 << 20
+MAX_DEPTH = 8
 
 
 class RespError(Exception):
@@ -109,10 +117,25 @@ class RespConnection:
         while True:
             end = self._rbuf.find(CRLF, self._pos)
             if end >= 0:
+                if end - self._pos > MAX_LINE_BYTES:
+                    raise RespConnectionError(f"protocol error: a reply line longer than {MAX_LINE_BYTES} bytes")
                 line = bytes(self._rbuf[self._pos : end])
                 self._pos = end + 2
                 return line
+            if len(self._rbuf) - self._pos > MAX_LINE_BYTES:
+                raise RespConnectionError(f"protocol error: no CRLF within {MAX_LINE_BYTES} bytes")
             self._fill()
+
+    @staticmethod
+    def _length(rest: bytes, what: str, most: int) -> int:
+        """A reply's length field: an integer from -1 to ``most``; anything else is a protocol error."""
+        try:
+            n = int(rest)
+        except ValueError:
+            raise RespConnectionError(f"protocol error: {what} length {rest[:40]!r} is not an integer") from None
+        if n < -1 or n > most:
+            raise RespConnectionError(f"protocol error: {what} of {n} (at most {most} accepted)")
+        return n
 
     def _exact_into(self, view: memoryview) -> None:
         have = len(self._rbuf) - self._pos
@@ -135,18 +158,21 @@ class RespConnection:
             self._fill()
         self._pos += 2
 
-    def reply(self) -> object:
-        """One reply: str (simple), int, bytes or None (bulk), list (array), RespError (error)."""
+    def reply(self, max_bulk: int = MAX_REPLY_BULK_BYTES, depth: int = 0) -> object:
+        """One reply: str (simple), int, bytes or None (bulk), list (array), RespError (error). Lengths are
+        checked before anything is allocated (``max_bulk``, MAX_ARRAY_ITEMS, MAX_DEPTH); a violation is a
+        RespConnectionError, so the connection is dropped and the operation fails."""
         line = self._line()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
-            return rest.decode()
+            return rest.decode(errors="replace")
         if kind == b"-":
             return RespError(rest.decode(errors="replace"))
         if kind == b":":
-            return int(rest)
+            return self._length(rest, "an integer reply", 2**63 - 1) if rest[:1] != b"-" else -self._length(
+                rest[1:], "an integer reply", 2**63)  # fmt: skip
         if kind == b"$":
-            n = int(rest)
+            n = self._length(rest, "a bulk string", max_bulk)
             if n < 0:
                 return None
             data = bytearray(n)
@@ -154,8 +180,10 @@ class RespConnection:
             self._crlf()
             return bytes(data)
         if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.reply() for _ in range(n)]
+            if depth >= MAX_DEPTH:
+                raise RespConnectionError(f"protocol error: arrays nested deeper than {MAX_DEPTH}")
+            n = self._length(rest, "an array", MAX_ARRAY_ITEMS)
+            return None if n < 0 else [self.reply(max_bulk, depth + 1) for _ in range(n)]
         raise RespConnectionError(f"protocol error: unexpected reply {line[:40]!r}")
 
     def bulk_into(self, view: memoryview) -> int | RespError | None:
@@ -166,7 +194,7 @@ class RespConnection:
             return RespError(line[1:].decode(errors="replace"))
         if line[:1] != b"$":
             raise RespConnectionError(f"protocol error: expected a bulk reply, got {line[:40]!r}")
-        n = int(line[1:])
+        n = self._length(line[1:], "a bulk value", 2**62)
         if n < 0:
             return None
         if n > len(view):

@@ -1,0 +1,82 @@
+"""The RESP client against a hostile server on loopback (#28): lengths are checked before anything is
+allocated, a reply without CRLF cannot grow without bound, and malformed lengths are protocol errors — each a
+RespConnectionError (the connection is dropped, the operation fails), never a traceback or a hang."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+from kvtier.engine.resp import MAX_LINE_BYTES, RespConnection, RespConnectionError
+
+
+class Hostile:
+    """Accepts one connection, reads a command, answers ``reply`` (then keeps dribbling ``tail`` if given)."""
+
+    def __init__(self, reply: bytes, tail: bytes = b"") -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.reply, self.tail, self.stop = reply, tail, threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                conn.sendall(self.reply)
+                deadline = time.monotonic() + 10
+                while self.tail and not self.stop.is_set() and time.monotonic() < deadline:
+                    conn.sendall(self.tail)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "tail", "words"),
+    [
+        (b"$3000000000\r\n", b"", "a bulk string of 3000000000"),
+        (b"*99999999999\r\n", b"", "an array of 99999999999"),
+        (b"$abc\r\n", b"", "is not an integer"),
+        (b":12x\r\n", b"", "is not an integer"),
+        (b"+" + b"a" * 1000, b"b" * 65536, f"no CRLF within {MAX_LINE_BYTES} bytes"),
+        (b"*1\r\n" * 20 + b":1\r\n", b"", "nested deeper"),
+    ],
+)
+def test_a_hostile_reply_is_a_protocol_error_not_memory(reply: bytes, tail: bytes, words: str):
+    srv = Hostile(reply, tail)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        conn = RespConnection(f"redis://127.0.0.1:{srv.port}", None, timeout_s=5.0)
+        t0 = time.monotonic()
+        with pytest.raises(RespConnectionError, match=words):
+            conn.call("INFO")
+        assert time.monotonic() - t0 < 5
+        conn.close()
+    finally:
+        srv.close()
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mib < 64  # nothing near the 2.8 GiB the length asked for
+
+
+def test_a_value_longer_than_the_callers_buffer_is_refused():
+    srv = Hostile(b"$1048577\r\n")
+    try:
+        conn = RespConnection(f"redis://127.0.0.1:{srv.port}", None, timeout_s=5.0)
+        conn.send([("GET", "k")])
+        with pytest.raises(RespConnectionError, match="1048577-byte value for a 1024-byte buffer"):
+            conn.bulk_into(memoryview(bytearray(1024)))
+        conn.close()
+    finally:
+        srv.close()
