@@ -302,3 +302,21 @@ def test_trace_replay_says_how_its_tiers_were_sized_in_the_flags_terms(tmp_path:
     assert "--storage-capacity-gb 0: the trace's Tier-2 peak 0.098 GiB + --workers 2 x the largest object" in said
     cpu, st, said = sizing(TraceReplayConfig(trace=t.path, cpu_mem_gb=3, storage_capacity_gb=4), t)
     assert (cpu, st) == (3, 4) and "CPU tier 3 GB (--cpu-mem-gb)" in said and "4 GB (--storage-capacity-gb)" in said
+
+
+def test_the_rate_timeline_follows_the_rows_not_the_timestamps_span(tmp_path: Path):
+    """#28: two rows a billion seconds apart once made a timeline of a billion bins (22 s, 387 MB, 106 MB of JSON
+    at a much smaller span); the bins are capped and widened, and the interval used is recorded."""
+    import json
+    import time
+
+    from kvtier.iotrace.stats import MAX_TIMELINE_BINS
+
+    p = tmp_path / "wide.csv"
+    p.write_text(HEADER + "1.0,Write,100,Tier-1,a,Prefill\n1000000001.0,Read,100,Tier-1,a,Decode\n")
+    t0 = time.monotonic()
+    s = trace_stats(read_trace(str(p)), interval_s=1.0)
+    assert time.monotonic() - t0 < 5
+    assert len(s["rate_timeline"]) <= MAX_TIMELINE_BINS and s["rate_interval_s"] > 1e5
+    assert sum(b["ops_per_s"] for b in s["rate_timeline"]) * s["rate_interval_s"] == pytest.approx(2)
+    assert len(json.dumps(s)) < 2_000_000

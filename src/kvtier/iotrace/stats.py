@@ -47,9 +47,27 @@ def size_histogram(trace: IOTrace) -> list[dict[str, int]]:
     return out
 
 
+def _sig(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+MAX_TIMELINE_BINS = 10_000
+"""At most this many rate bins: a trace whose span would need more is binned coarser (``rate_interval_s``
+says the width used), so time and JSON size follow the rows, never the timestamps' span."""
+
+
+def timeline_interval(trace: IOTrace, interval_s: float) -> float:
+    """``interval_s``, widened so that the trace's span fits in MAX_TIMELINE_BINS bins."""
+    if not len(trace):
+        return interval_s
+    span = float(trace.ts.max() - trace.ts.min())
+    return max(interval_s, span / (MAX_TIMELINE_BINS - 1)) if span > 0 else interval_s
+
+
 def rate_timeline(trace: IOTrace, interval_s: float) -> list[dict[str, float]]:
+    interval_s = timeline_interval(trace, interval_s)
     t = trace.ts - trace.ts[0]
-    bins = np.floor(t / interval_s).astype(np.int64)
+    bins = np.minimum(np.floor(t / interval_s), MAX_TIMELINE_BINS - 1).astype(np.int64)
     n = int(bins.max()) + 1 if len(trace) else 0
     ops = np.bincount(bins, minlength=n)
     rb = np.bincount(bins, weights=np.where(trace.op == 0, trace.size, 0), minlength=n)
@@ -57,9 +75,9 @@ def rate_timeline(trace: IOTrace, interval_s: float) -> list[dict[str, float]]:
     return [
         {
             "t_s": round(i * interval_s, 6),
-            "ops_per_s": round(float(ops[i]) / interval_s, 3),
-            "read_bytes_per_s": round(float(rb[i]) / interval_s, 1),
-            "write_bytes_per_s": round(float(wb[i]) / interval_s, 1),
+            "ops_per_s": _sig(float(ops[i]) / interval_s),  # significant digits: wide bins keep small rates
+            "read_bytes_per_s": _sig(float(rb[i]) / interval_s),
+            "write_bytes_per_s": _sig(float(wb[i]) / interval_s),
         }
         for i in range(n)
     ]
@@ -196,7 +214,7 @@ def trace_stats(trace: IOTrace, interval_s: float = 1.0) -> dict[str, Any]:
             "min": int(sizes.min()),
         },
         "size_histogram": size_histogram(trace),
-        "rate_interval_s": interval_s,
+        "rate_interval_s": timeline_interval(trace, interval_s),
         "rate_timeline": timeline,
         "reuse": reuse_section(trace, ws_bytes),
     }
