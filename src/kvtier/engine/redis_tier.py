@@ -91,6 +91,8 @@ class RedisTier:
         self._index: dict[str, list[int]] = {}  # key -> the lengths of its parts
         self._lock = threading.Lock()
         self.cleanup_problems: list[str] = []
+        self.foreign_keys_listed = 0  # keys a SCAN of our prefix answered that are not under it (never deleted)
+        self.foreign_examples: list[str] = []
         try:
             with self._conn() as c:
                 info = _info(c.call("INFO"))
@@ -274,17 +276,29 @@ class RedisTier:
         return sum(r for r in replies if isinstance(r, int))
 
     def server_keys(self) -> list[str]:
-        """Every key on the server under this run's prefix (SCAN; for checks and cleanup)."""
+        """Every key on the server under this run's prefix (SCAN; for checks and cleanup). The server's
+        answer is not trusted: a key outside the prefix (a server that ignores MATCH) is left out and noted in
+        ``foreign_keys_listed``; a cursor that never returns to 0 ends after MAX_SCAN_CALLS calls."""
         out: list[str] = []
         cursor = "0"
+        mine = f"{self.prefix}:"
         with self._conn() as c:
-            while True:
+            for _ in range(MAX_SCAN_CALLS):
                 reply = c.call("SCAN", cursor, "MATCH", f"{self.prefix}:*", "COUNT", 1000)
-                assert isinstance(reply, list)
-                cursor = reply[0].decode()
-                out += [k.decode() for k in reply[1]]
+                if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes)
+                        and isinstance(reply[1], list)):  # fmt: skip
+                    raise RespConnectionError(f"protocol error: SCAN answered {str(reply)[:80]}")
+                cursor = reply[0].decode(errors="replace")
+                listed = [k.decode(errors="replace") for k in reply[1] if isinstance(k, bytes)]
+                ours, foreign = only_ours(listed, mine)
+                out += ours
+                self.foreign_keys_listed += len(foreign)
+                if foreign and len(self.foreign_examples) < 3:
+                    self.foreign_examples += foreign[: 3 - len(self.foreign_examples)]
                 if cursor == "0":
                     return out
+        self.cleanup_problems.append(f"{self.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
+        return out
 
     def close(self) -> None:
         """Delete every key under this run's prefix (ours only) and drop the connections. A server
@@ -300,6 +314,22 @@ class RedisTier:
             self.cleanup_problems.append(f"{self.url}: keys {self.prefix}:* not removed ({e})")
         finally:
             self._pool.close()
+        if self.foreign_keys_listed:
+            self.cleanup_problems.append(
+                f"{self.url}: SCAN MATCH {self.prefix}:* listed {self.foreign_keys_listed} keys outside this run's "
+                f"prefix (e.g. {', '.join(self.foreign_examples)}): left alone — the server does not honour MATCH"
+            )
+
+
+MAX_SCAN_CALLS = 100_000
+"""SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
+
+
+def only_ours(keys: list[str], prefix: str) -> tuple[list[str], list[str]]:
+    """(keys under ``prefix``, the others): what a remote tier may delete is decided here, not by the server's
+    listing (a server that ignores MATCH or Prefix would otherwise have kvtier delete another team's data)."""
+    ours = [k for k in keys if k.startswith(prefix) and len(k) > len(prefix)]
+    return ours, [k for k in keys if not (k.startswith(prefix) and len(k) > len(prefix))]
 
 
 def _info(reply: object) -> dict[str, str]:

@@ -88,6 +88,8 @@ class S3Tier:
         self._index: dict[str, int] = {}  # key -> object size
         self._lock = threading.Lock()
         self.cleanup_problems: list[str] = []
+        self.foreign_keys_listed = 0  # objects a listing of our prefix answered that are not under it (never deleted)
+        self.foreign_examples: list[str] = []
         created = False
         try:
             try:
@@ -243,12 +245,18 @@ class S3Tier:
             pass  # what it could not remove): noting each failure here would grow without bound
 
     def listing(self) -> dict[str, int]:
-        """Every object under this run's prefix and its size, as the server lists them."""
+        """Every object under this run's prefix and its size. The server's answer is not trusted: an object
+        outside the prefix (an endpoint that ignores Prefix) is left out and counted in ``foreign_keys_listed``."""
+        from kvtier.engine.redis_tier import only_ours
+
         out: dict[str, int] = {}
         pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + "/")
         for page in pages:
-            for o in page.get("Contents", []):
-                out[o["Key"]] = int(o["Size"])
+            objs = {o["Key"]: int(o["Size"]) for o in page.get("Contents", []) if isinstance(o.get("Key"), str)}
+            ours, foreign = only_ours(list(objs), self.prefix + "/")
+            out.update({k: objs[k] for k in ours})
+            self.foreign_keys_listed += len(foreign)
+            self.foreign_examples += foreign[: max(0, 3 - len(self.foreign_examples))]
         return out
 
     def stored_bytes(self) -> int:
@@ -271,9 +279,16 @@ class S3Tier:
                 )
             uploads = self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix + "/")
             for u in uploads.get("Uploads", []):
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
+                if str(u.get("Key", "")).startswith(self.prefix + "/"):  # ours only, whatever the server listed
+                    self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
         except Exception as e:  # noqa: BLE001 - noted
             self.cleanup_problems.append(f"s3://{self.bucket}/{self.prefix}/: objects not removed ({e})")
+        if self.foreign_keys_listed:
+            self.cleanup_problems.append(
+                f"s3://{self.bucket}/: a listing with Prefix {self.prefix}/ answered {self.foreign_keys_listed} "
+                f"objects outside it (e.g. {', '.join(self.foreign_examples)}): left alone — the endpoint does not "
+                "honour Prefix"
+            )
 
 
 def _read_into(body: Any, view: memoryview) -> int:

@@ -1,0 +1,99 @@
+"""#28: a remote tier deletes only what is under its own run's prefix, whatever the server lists. A fake Redis
+on loopback ignores SCAN's MATCH (it lists another team's key beside ours) and records every UNLINK."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from kvtier.engine.redis_tier import RedisTier, only_ours
+
+
+class IgnoresMatch:
+    """A RESP server answering INFO, DBSIZE, SCAN (ignoring MATCH: a foreign key in every answer) and UNLINK."""
+
+    def __init__(self, endless_cursor: bool = False) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.unlinked: list[str] = []
+        self.scans = 0
+        self.endless = endless_cursor
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_command(f) -> list[str] | None:  # type: ignore[no-untyped-def]
+        head = f.readline()
+        if not head:
+            return None
+        n = int(head[1:])
+        out = []
+        for _ in range(n):
+            size = int(f.readline()[1:])
+            out.append(f.read(size + 2)[:-2].decode())
+        return out
+
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        with conn:
+            while (cmd := self._read_command(f)) is not None:
+                name = cmd[0].upper()
+                if name == "INFO":
+                    body = b"redis_version:7.2.0\r\nmaxmemory:0\r\nused_memory:1000\r\n"
+                    conn.sendall(b"$%d\r\n%s\r\n" % (len(body), body))
+                elif name == "DBSIZE":
+                    conn.sendall(b":2\r\n")
+                elif name == "SCAN":
+                    self.scans += 1
+                    ours = cmd[3][:-1] + "0123"  # MATCH <prefix>:* -> one of ours
+                    keys = [ours.encode(), b"teamB:precious"]
+                    cursor = b"7" if self.endless else b"0"
+                    items = b"".join(b"$%d\r\n%s\r\n" % (len(k), k) for k in keys)
+                    conn.sendall(b"*2\r\n$%d\r\n%s\r\n*%d\r\n%s" % (len(cursor), cursor, len(keys), items))
+                elif name == "UNLINK":
+                    self.unlinked += cmd[1:]
+                    conn.sendall(b":%d\r\n" % (len(cmd) - 1))
+                else:
+                    conn.sendall(b"-ERR unknown command\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_key_the_server_lists_outside_our_prefix_is_never_deleted():
+    srv = IgnoresMatch()
+    try:
+        tier = RedisTier(f"redis://127.0.0.1:{srv.port}", capacity_bytes=1 << 20, connections=1)
+        tier.close()
+    finally:
+        srv.close()
+    assert srv.unlinked == [f"{tier.prefix}:0123"] and "teamB:precious" not in srv.unlinked
+    assert tier.foreign_keys_listed == 1
+    assert any("outside this run's prefix" in p and "teamB:precious" in p for p in tier.cleanup_problems)
+
+
+def test_a_scan_cursor_that_never_ends_is_bounded(monkeypatch):
+    import kvtier.engine.redis_tier as rt
+
+    monkeypatch.setattr(rt, "MAX_SCAN_CALLS", 50)
+    srv = IgnoresMatch(endless_cursor=True)
+    try:
+        tier = RedisTier(f"redis://127.0.0.1:{srv.port}", capacity_bytes=1 << 20, connections=1)
+        tier.close()
+    finally:
+        srv.close()
+    assert srv.scans == 50 and any("did not finish in 50 calls" in p for p in tier.cleanup_problems)
+    assert "teamB:precious" not in srv.unlinked
+
+
+def test_only_ours_needs_the_whole_prefix_and_something_after_it():
+    assert only_ours(["run1:a", "run10:a", "run1:", "other"], "run1:") == (["run1:a"], ["run10:a", "run1:", "other"])
