@@ -45,75 +45,118 @@ class StaleRun:
     files: int
 
 
-def _our_files(run_dir: Path) -> list[Path]:
-    return [p for p in run_dir.iterdir() if p.is_file() and (p.suffix in OURS or p.name.startswith(PROBE_PREFIX))]
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def find_stale_runs(base: str | os.PathLike[str]) -> list[StaleRun]:
-    """Run folders in ``base`` whose marker proves kvtier made them and whose lock is free."""
-    out: list[StaleRun] = []
+def _open_run_dir(parent_fd: int, name: str) -> int | None:
+    """The run folder ``name`` in ``parent_fd``, opened as a directory and never through a symlink (a
+    ``kvtier-run-*`` symlink to a folder elsewhere is not a run folder: ELOOP / ENOTDIR -> None)."""
     try:
-        candidates = sorted(p for p in Path(base).iterdir() if p.name.startswith(RUN_DIR_PREFIX) and p.is_dir())
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError:
-        return out
-    for d in candidates:
-        if _lock_free(d):
-            files = _our_files(d)
-            out.append(StaleRun(str(d), sum(_size(f) for f in files), len(files)))
+        return None
+
+
+def _our_files(run_fd: int) -> list[tuple[str, int]]:
+    """(name, size) of kvtier's own regular files in the folder behind ``run_fd`` (symlinks never count)."""
+    out = []
+    with os.scandir(run_fd) as it:
+        for e in it:
+            if (e.name.endswith(OURS) or e.name.startswith(PROBE_PREFIX)) and e.is_file(follow_symlinks=False):
+                try:
+                    out.append((e.name, e.stat(follow_symlinks=False).st_size))
+                except OSError:
+                    out.append((e.name, 0))
     return out
 
 
-def _size(p: Path) -> int:
+def _lock_marker(run_fd: int) -> int | None:
+    """The marker, opened through the run folder's own descriptor and locked; None when it is missing or a live
+    run holds it. The caller closes the fd (which drops the lock)."""
     try:
-        return p.stat().st_size
+        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=run_fd)
     except OSError:
-        return 0
-
-
-def _lock_free(run_dir: Path) -> bool:
-    marker = run_dir / MARKER
-    try:
-        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False  # no marker (or not ours to open): never touched
+        return None  # no marker (or not ours to open): never touched
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
     except OSError:
-        return False  # a live run holds it
+        os.close(fd)
+        return None  # a live run holds it
+    return fd
+
+
+def find_stale_runs(base: str | os.PathLike[str]) -> list[StaleRun]:
+    """Run folders in ``base`` whose marker proves kvtier made them and whose lock is free. Every look goes
+    through directory descriptors: a symlinked ``kvtier-run-*`` is never followed."""
+    out: list[StaleRun] = []
+    try:
+        parent = os.open(base, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return out
+    try:
+        with os.scandir(parent) as it:
+            names = sorted(e.name for e in it if e.name.startswith(RUN_DIR_PREFIX))
+        for name in names:
+            run_fd = _open_run_dir(parent, name)
+            if run_fd is None:
+                continue
+            try:
+                lock = _lock_marker(run_fd)
+                if lock is None:
+                    continue
+                os.close(lock)
+                files = _our_files(run_fd)
+                out.append(StaleRun(str(Path(base) / name), sum(n for _, n in files), len(files)))
+            finally:
+                os.close(run_fd)
     finally:
-        os.close(fd)  # also drops the lock we may have taken
+        os.close(parent)
+    return out
 
 
 def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
-    """Remove a stale run folder's own files and, if then empty, the folder. Checks the lock again
-    while holding it. Returns problems (files left, errors); an empty list means it is gone."""
+    """Remove a stale run folder's own files and, if then empty, the folder. The folder is opened once (never
+    through a symlink), its marker is proven and locked through that descriptor, and every unlink goes through
+    it too (``unlinkat``): a folder swapped in under the same name mid-clean is never touched. Returns problems
+    (files left, errors); an empty list means it is gone."""
     d = Path(run_dir)
     try:
-        fd = os.open(d / MARKER, os.O_RDONLY | os.O_NOFOLLOW)
+        parent = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        return [f"{d}: no marker ({e.strerror}): left alone"]
+        return [f"{d.parent}: {e.strerror}: left alone"]
     problems: list[str] = []
     try:
+        run_fd = _open_run_dir(parent, d.name)
+        if run_fd is None:
+            return [f"{d}: not a run folder (missing, or a symlink): left alone"]
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return [f"{d}: in use by a live run: left alone"]
-        for f in _our_files(d):
+            lock = _lock_marker(run_fd)
+            if lock is None:
+                return [f"{d}: no marker, or in use by a live run: left alone"]
             try:
-                f.unlink()
+                for name, _ in _our_files(run_fd):
+                    try:
+                        os.unlink(name, dir_fd=run_fd)
+                    except OSError as e:
+                        problems.append(f"{d / name}: {e.strerror}")
+                try:
+                    os.unlink(MARKER, dir_fd=run_fd)
+                except OSError as e:
+                    problems.append(f"{d / MARKER}: {e.strerror}")
+            finally:
+                os.close(lock)
+            mine = os.fstat(run_fd)
+            try:  # the folder itself, only if the name still names the folder we emptied
+                now = os.stat(d.name, dir_fd=parent, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                    return [*problems, f"{d}: another folder took its name meanwhile: left alone"]
+                os.rmdir(d.name, dir_fd=parent)
             except OSError as e:
-                problems.append(f"{f}: {e.strerror}")
-        try:
-            (d / MARKER).unlink()
-        except OSError as e:
-            problems.append(f"{d / MARKER}: {e.strerror}")
+                problems.append(f"{d}: not removed ({e.strerror})")
+        finally:
+            os.close(run_fd)
     finally:
-        os.close(fd)
-    try:
-        d.rmdir()
-    except OSError as e:
-        problems.append(f"{d}: not removed ({e.strerror})")
+        os.close(parent)
     return problems
 
 
