@@ -41,9 +41,9 @@ def test_a_folder_swapped_in_mid_clean_loses_nothing(tmp_path: Path):
         victim = _run_folder(tmp_path / f"victim{rounds}", 400, marker=False)
         swapped = threading.Event()
 
-        def swap(run: Path = run, victim: Path = victim, swapped: threading.Event = swapped) -> None:
+        def swap(run: Path = run, victim: Path = victim, swapped: threading.Event = swapped, n: int = rounds) -> None:
             try:
-                os.rename(run, tmp_path / f"moved{rounds}")
+                os.rename(run, tmp_path / f"moved{n}")
             except FileNotFoundError:
                 pass  # the clean already removed the whole run folder: the victim comes in after it
             os.rename(victim, run)
