@@ -60,6 +60,9 @@ class SimConfig(OffloadTierConfig):
     max_waiting: int = flag(1024, "requests waiting for a slot at most; more get 429 with Retry-After", ge=1)
     queue_timeout: float = flag(600.0, "seconds a request may wait for a slot before it gets 429", gt=0)
     idle_timeout: float = flag(15.0, "seconds an idle or half-sent connection is kept (the header-read deadline)", gt=0)
+    body_timeout: float = flag(
+        30.0, "seconds a request body may take to arrive (then HTTP 408); 32 bodies are received at once", gt=0
+    )
     cache_timeout: float = flag(
         10.0,
         "seconds one call to the cache server may take (--offload remote); a "

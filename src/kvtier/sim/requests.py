@@ -9,6 +9,7 @@ instead of being silently ignored.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import zlib
@@ -55,6 +56,19 @@ class UnsupportedMedia(ApiError):
     status = 415
 
 
+class RequestTimeout(ApiError):
+    """The body did not arrive within the body deadline (a client dribbling its body)."""
+
+    status = 408
+
+
+MAX_BODIES_IN_FLIGHT = 32
+"""Request bodies read at once; the others wait (up to the body deadline) for a slot, then get 429. With
+MAX_BODY_BYTES each, the bytes a slow or hostile client can make the server hold are bounded."""
+BODY_GATE: web.AppKey[asyncio.Semaphore] = web.AppKey("kvtier_body_gate", asyncio.Semaphore)
+BODY_TIMEOUT: web.AppKey[float] = web.AppKey("kvtier_body_timeout_s", float)
+
+
 class Busy(ApiError):
     """The server is full: the waiting queue is at its bound, or a request waited too long."""
 
@@ -81,10 +95,22 @@ def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
 async def read_json(request: web.Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """The body as a JSON object. The server runs with auto_decompress off, so ``read()`` returns the
     bytes as sent (bounded by client_max_size); decompression and decoding happen here, bounded."""
+    gate, deadline = request.app.get(BODY_GATE), request.app.get(BODY_TIMEOUT, 30.0)
     try:
-        raw = await request.read()
+        if gate is not None:
+            try:
+                await asyncio.wait_for(gate.acquire(), deadline)
+            except TimeoutError:
+                raise Busy(f"{MAX_BODIES_IN_FLIGHT} request bodies are being received; try again") from None
+        try:
+            raw = await asyncio.wait_for(request.read(), deadline)
+        finally:
+            if gate is not None:
+                gate.release()
     except web.HTTPRequestEntityTooLarge:
         raise TooLarge(f"request body exceeds {limit} bytes") from None
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {deadline:g} s (--body-timeout)") from None
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("gzip", "x-gzip", "deflate"):
         raw = _inflate(raw, encoding, limit)

@@ -30,6 +30,9 @@ from kvtier.modelspec import ModelSpec
 from kvtier.sim.metrics import CONTENT_TYPE, VllmMetrics, exposition
 from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
 from kvtier.sim.requests import (
+    BODY_GATE,
+    BODY_TIMEOUT,
+    MAX_BODIES_IN_FLIGHT,
     MAX_BODY_BYTES,
     ApiError,
     BadRequest,
@@ -68,6 +71,7 @@ class SimSettings:
     gpu_kv_tokens: int | None = None  # capacity in tokens (as vLLM reports it), instead of gpu_kv_gb
     max_model_len: int | None = None  # at most this (else what the GPU holds, up to MAX_MODEL_LEN)
     tokenizer: str = "auto"  # kvtier.tokenizer kinds; hf:DIR of a kvtier model make folder renders its template
+    body_timeout_s: float = 30.0  # a request body must arrive within this (HTTP 408 otherwise)
 
 
 class _Seq:
@@ -526,6 +530,8 @@ def make_app(engine: SimEngine) -> web.Application:
         return web.Response(body=exposition(engine.metrics.registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(middlewares=[replica_header], client_max_size=MAX_BODY_BYTES)
+    app[BODY_GATE] = asyncio.Semaphore(MAX_BODIES_IN_FLIGHT)  # bodies being received at once (bounded memory)
+    app[BODY_TIMEOUT] = s.body_timeout_s
     app.add_routes(
         [
             web.post("/v1/chat/completions", chat_completions),

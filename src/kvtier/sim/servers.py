@@ -67,6 +67,7 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         gpu_kv_tokens=cfg.gpu_kv_tokens,
         max_model_len=cfg.max_model_len,
         tokenizer=cfg.tokenizer,
+        body_timeout_s=cfg.body_timeout,
     )
 
 
