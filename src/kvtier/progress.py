@@ -37,7 +37,7 @@ class ProgressOutput:
             from rich.table import Table
             from rich.text import Text
 
-            table = Table(title=title)
+            table = Table(title=Text(title))
             for h in headers:
                 table.add_column(h)
             table.add_row(*(Text(v) for v in values))  # outside text (server names, rates): never markup

@@ -111,3 +111,23 @@ def test_write_json_never_follows_a_planted_temp_file(tmp_path):
     write_json({"a": 1}, out)
     assert json.loads(out.read_text()) == {"a": 1} and victim.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.json.tmp", "victim.txt"]  # no temp left
+
+
+def test_outside_text_in_plan_tables_and_progress_is_never_markup():
+    """#28 low 2: a name with rich markup (or a stray closing tag, which crashes rich) prints as written."""
+    import io
+
+    from rich.console import Console
+
+    from kvtier.cli.plan import _table
+    from kvtier.progress import ProgressOutput
+
+    t = _table("model [bold]x[/bold]", ["name", "value"])
+    t.add_row("[/] [red]evil[/red]", "1")
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(t)
+    assert "[/] [red]evil[/red]" in buf.getvalue() and "model [bold]x[/bold]" in buf.getvalue()
+    out = io.StringIO()
+    with ProgressOutput("live", out) as p:
+        p.show("replay [/] of [red]x", ["a"], ["[/]"], "line")
+    assert "replay [/] of [red]x" in " ".join(out.getvalue().split())  # wrapped to the table, printed as written

@@ -97,9 +97,16 @@ def _emit(a: argparse.Namespace, report: BaseModel, table: Any, lines: list[str]
 
 
 def _table(title: str, cols: list[str]) -> Any:
+    """A rich table whose title and string cells are plain text, never markup (model names, tier names and
+    file names come from outside: ``[red]`` or a stray ``[/]`` must print as written, not style or crash)."""
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title)
+    class PlainTable(Table):
+        def add_row(self, *cells: Any, **kw: Any) -> None:
+            super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kw)
+
+    t = PlainTable(title=Text(title))
     for i, col in enumerate(cols):
         t.add_column(col, justify="left" if i == 0 else "right")
     return t
