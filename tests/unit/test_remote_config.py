@@ -41,6 +41,18 @@ def test_a_password_in_the_redis_url_is_refused_and_the_env_is_named():
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["redsi://user:secret@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?password=secret", "http://:secret@h:1"],
+)
+def test_a_bad_redis_url_never_echoes_its_password_and_query_parameters_are_refused(url):
+    """#28 low 7: a mistyped scheme echoed the password; ?password= was accepted, unused, and recorded."""
+    with pytest.raises(ConfigError) as e:
+        build_bench_config({"redis_url": url, "redis_mem_gb": 1})
+    assert "secret" not in str(e.value)
+    assert "KVTIER_REDIS_PASSWORD" in str(e.value) or "query parameters are not used" in str(e.value)
+
+
+@pytest.mark.parametrize(
     ("values", "needle"),
     [
         ({"redis_url": "redis://127.0.0.1:6379"}, "--redis-url needs --redis-mem-gb"),

@@ -47,16 +47,39 @@ DEFAULT_PART_BYTES = 4 * 1024 * 1024
 def url_problem(url: str) -> str | None:
     """What is wrong with a Redis URL (redis://, rediss:// or unix://, no password in it), or None.
     Names no flag: the config's validator says which flag it came from."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        return f"{url!r}: expected redis://host:port/db, rediss://... (TLS) or unix:///path"
-    if parts.password is not None:
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+    except ValueError:
+        return "not a URL: expected redis://host:port/db, rediss://... (TLS) or unix:///path"
+    shown = redact_url(url)  # a message never carries a password, whatever else is wrong
+    if has_password:
         return f"a password in the URL would be visible in the process list; give it in {PASSWORD_ENV[0]} instead"
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return f"{shown!r}: expected redis://host:port/db, rediss://... (TLS) or unix:///path"
+    if parts.query or parts.fragment:
+        names = sorted({q.split("=", 1)[0] for q in parts.query.split("&") if q}) or ["#fragment"]
+        return f"{shown!r}: query parameters are not used here ({', '.join(names)}): refused, not ignored"
     if parts.scheme != "unix" and not parts.hostname:
-        return f"{url!r}: no host"
+        return f"{shown!r}: no host"
     if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
-        return f"{url!r}: the path must be a database number (redis://host:port/0)"
+        return f"{shown!r}: the path must be a database number (redis://host:port/0)"
     return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user:password and query removed (what messages and results may show)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<not a URL>"
+    if not (parts.username or parts.password or parts.query or parts.fragment):
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    netloc = host if (parts.username or parts.password) else parts.netloc
+    return parts._replace(netloc=netloc, query="", fragment="").geturl()
 
 
 def _password() -> str | None:
