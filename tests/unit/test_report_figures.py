@@ -61,3 +61,26 @@ def test_a_change_of_a_percentage_is_said_in_points():
     base = Loaded("a", "none", "replay", None, figures=[Figure("TTFT degradation median %", 4.2, "%", LOWER)])
     other = Loaded("b", "cpu", "replay", None, figures=[Figure("TTFT degradation median %", -37.5, "%", LOWER)])
     assert sentences(base, other) == ["cpu: TTFT degradation median % -41.7 points vs none (better)"]
+
+
+def test_a_crafted_requests_line_costs_linear_time(tmp_path):
+    """#28 low 3: a lazy regular expression backtracked for minutes on a 54 KB line of repeated keys; the fields
+    are now found left to right, and a line that is not the client's own is parsed as JSON (or named)."""
+    import time
+
+    from kvtier.errors import DatasetError
+    from kvtier.report.figures import ReplayRecords
+
+    evil = '{"a": "' + '\\"turn\\": 1, ' * 2000 + '", ' + '"turn": 1, "status": "x", ' * 2000 + '"z": 1}\n'
+    p = tmp_path / "requests.jsonl"
+    good = ('{"user": "u", "session": "s", "turn": 2, "status": "ok", "cause": null, "ttft_s": 0.5, "itl_s": '
+            '[0.1, 0.1], "e2e_s": 0.7, "prompt_tokens": 9, "completion_tokens": 3, "cached_tokens": 0, '
+            '"start_unix_s": 100.0}\n')  # fmt: skip
+    p.write_text(good + evil)
+    t0 = time.monotonic()
+    r = ReplayRecords.read(p)
+    assert time.monotonic() - t0 < 2 and r is not None
+    assert r.turn.tolist() == [2, 1] and r.ok.tolist() == [True, False] and r.ttft_s[0] == 0.5
+    p.write_text(good + '{"turn": "x", "status": "ok"\n')
+    with pytest.raises(DatasetError, match=":2: not valid JSON"):
+        ReplayRecords.read(p)

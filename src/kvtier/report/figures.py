@@ -8,7 +8,6 @@ records (``requests.jsonl`` beside ``summary.json``); they are read once into ``
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,28 @@ from kvtier.replay.summary import tpot_s
 from kvtier.stats import percentile
 
 LOWER, HIGHER = "lower", "higher"
-_RECORD = re.compile(
-    r'"turn": (\d+),.*?"status": "([^"]*)",.*?"ttft_s": ([^,]+), "itl_s": \[[^\]]*\], "e2e_s": ([^,]+),'
-    r'.*?"completion_tokens": ([^,]+),.*?"start_unix_s": ([^,}]+)\}'
-)
-"""The fields the report reads from one requests.jsonl line, as replay/client.py writes them."""
+_FIELDS = (('"turn": ', ","), ('"status": "', '"'), ('"ttft_s": ', ","), ('"e2e_s": ', ","),
+           ('"completion_tokens": ', ","), ('"start_unix_s": ', "}"))  # fmt: skip
+"""The fields the report reads from one requests.jsonl line, in the order replay/client.py writes them,
+each as (key, the character that ends its value)."""
+
+
+def _fast_fields(text: str) -> tuple[str, ...] | None:
+    """The six fields, found left to right with ``str.find`` — linear in the line, whatever it holds (a lazy
+    regular expression backtracked for minutes on a crafted line). Keys cannot appear inside values: JSON
+    escapes a quote inside a string. None when a field is missing (the line is then parsed as JSON)."""
+    out, pos = [], 0
+    for key, end in _FIELDS:
+        i = text.find(key, pos)
+        if i < 0:
+            return None
+        start = i + len(key)
+        j = text.find(end, start)
+        if j < 0:
+            return None
+        out.append(text[start:j].strip())
+        pos = j
+    return tuple(out)
 
 
 FEW_SAMPLES = 30
@@ -74,24 +90,33 @@ class ReplayRecords:
 
         with path.open(encoding="utf-8") as f:
             for line, text in enumerate(f, start=1):
-                m = _RECORD.search(text)
-                if m is not None:
-                    t, status, tt, e2e, n, st = m.groups()
-                else:
+                fields: tuple[Any, ...] | None = _fast_fields(text)
+                try:
+                    if fields is None or not fields[0].isdigit():
+                        raise ValueError
+                    t, status, tt, e2e, n, st = fields
+                    ttft_v, e2e_v, n_v, start_v = num(tt), num(e2e), num(n), num(st)
+                except ValueError:  # not as the client writes it: the line as JSON
                     try:
                         r = json.loads(text)
                     except json.JSONDecodeError as e:
                         raise DatasetError(f"{path}:{line}: not valid JSON ({e.msg})") from None
+                    if not isinstance(r, dict):
+                        raise DatasetError(f"{path}:{line}: not a JSON object") from None
                     t, status, tt, e2e, n, st = (r.get("turn") or 0, r.get("status"), r.get("ttft_s"), r.get("e2e_s"),
                                                  r.get("completion_tokens"), r.get("start_unix_s"))  # fmt: skip
-                ttft_v, e2e_v, n_v = num(tt), num(e2e), num(n)
+                    try:
+                        ttft_v, e2e_v, n_v, start_v = num(tt), num(e2e), num(n), num(st)
+                        t = int(t)
+                    except (TypeError, ValueError):
+                        raise DatasetError(f"{path}:{line}: a field that is not a number") from None
                 good = status == "ok" and ttft_v == ttft_v
                 turn.append(int(t))
                 ok.append(good)
                 ttft.append(ttft_v)
                 v = tpot_s(e2e_v, ttft_v, n_v) if good else None
                 tpot.append(nan if v is None else v)
-                start.append(num(st))
+                start.append(start_v)
         s = np.asarray(start, dtype=np.float64)
         base = np.nanmin(s) if np.isfinite(s).any() else 0.0
         return cls(
