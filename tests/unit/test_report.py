@@ -131,3 +131,23 @@ def test_outside_text_in_plan_tables_and_progress_is_never_markup():
     with ProgressOutput("live", out) as p:
         p.show("replay [/] of [red]x", ["a"], ["[/]"], "line")
     assert "replay [/] of [red]x" in " ".join(out.getvalue().split())  # wrapped to the table, printed as written
+
+
+def test_result_files_are_written_atomically_and_never_through_a_planted_link(tmp_path):
+    """#28 low 6: every result file goes through one atomic writer; a symlink planted at the old fixed
+    temporary name, or at the target itself, never makes kvtier write into the file it points at."""
+    import os
+
+    from kvtier.report.writers import write_text_atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "kvcache_run_summary.json"
+    os.symlink(victim, out.with_suffix(".tmp"))  # the name the mlperf summary used to be staged under
+    write_text_atomic(out, '{"a": 1}')
+    assert victim.read_text() == "keep me" and out.read_text() == '{"a": 1}' and not out.is_symlink()
+    link = tmp_path / "report.html"
+    os.symlink(victim, link)  # a link planted at the target: replaced by the new file, its target untouched
+    write_text_atomic(link, "<html></html>", "--html")
+    assert victim.read_text() == "keep me" and not link.is_symlink() and link.read_text() == "<html></html>"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()) == []

@@ -464,10 +464,10 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
         "system": system_section(cfg, per_option, everything),
         "config": cfg.model_dump(mode="json"),
     }
-    path = results_dir / "kvcache_run_summary.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path)
+    from kvtier.report.writers import write_text_atomic
+
+    # a random, exclusively created temporary name: a planted kvcache_run_summary.tmp symlink is never followed
+    write_text_atomic(results_dir / "kvcache_run_summary.json", json.dumps(summary, indent=2), "--results-dir")
     return summary
 
 

@@ -303,10 +303,9 @@ def write_report(
     t0 = time.perf_counter()
     items = load_all(paths, labels)
     text, info = build(items, png_dir)
-    try:
-        Path(out).write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"--html: cannot write {out}: {e.strerror}") from e
+    from kvtier.report.writers import write_text_atomic
+
+    write_text_atomic(out, text, "--html")
     return {**info, "results": [it.label for it in items], "seconds": round(time.perf_counter() - t0, 3),
             "bytes": len(text.encode())}  # fmt: skip
 
