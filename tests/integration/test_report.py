@@ -190,3 +190,34 @@ def test_compare_is_quiet_on_a_closed_pipe_and_takes_an_mpi_aggregate(results: d
     loud = large.result.model_copy(update={"config": large.result.config.model_copy(update={"progress_interval": 3})})
     c = compare([[small], [dataclasses.replace(large, result=loud)]])
     assert "progress_interval" not in c.differs and "cpu_mem_gb" in c.differs
+
+
+def test_a_synthetic_replay_and_hostile_labels_make_a_report(results: dict[str, Path], tmp_path: Path):
+    """#28 low 4: every replay --synthetic result was refused (its config said dataset_format synthetic);
+    mathtext in a label or device name crashed matplotlib; a timeline point without t_s crashed the plot."""
+    sim = start_sim(tmp_path, "--gpu-kv-gb", "0.05")
+    try:
+        p = subprocess.run(
+            [*kvtier_cmd(), "replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--synthetic",
+             "--users", "2", "--turns", "2", "--isl", "32", "--osl", "4", "--output", str(tmp_path / "syn"),
+             "--progress", "none"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        stop_sim(sim)
+    assert p.returncode == 0, p.stderr
+    bench = json.loads(results["small"].read_text())
+    dev = bench.get("device") or {}
+    dev["devices"] = ["$\\frac$ nvme0n1"]
+    dev["timeline"] = [*(dev.get("timeline") or []), {"devices": {}}]  # a point that says no time
+    bench["device"] = dev
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps(bench))
+    html = tmp_path / "r.html"
+    p = subprocess.run(
+        [*kvtier_cmd(), "report", str(tmp_path / "syn"), str(hostile), "--labels", "syn $x^2$,$\\frac$",
+         "--html", str(html)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "$\\frac$" in html.read_text()

@@ -95,7 +95,9 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
             raise ConfigError(f"--output: cannot create {cfg.output}: {e.strerror}") from e
     effective = cfg.model_copy(
         update={
-            "dataset_format": loaded.format,
+            # synthetic sessions have no file format (dataset.format says "synthetic"): the flag stays as given,
+            # so the result's config reads back as a ReplayConfig (kvtier report, compare)
+            "dataset_format": cfg.dataset_format if cfg.synthetic else loaded.format,
             "tokenizer": cfg.tokenizer if tokenizer.kind == "hf" else tokenizer.kind,
             "event_loop": event_loop_kind(cfg.event_loop),
         }

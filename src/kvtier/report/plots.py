@@ -25,6 +25,9 @@ def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    # labels are outside text (result labels, device and tier names): a "$" must print, not start mathtext
+    # (a "$\\frac$" in a device name crashed the report)
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
@@ -123,7 +126,8 @@ def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
         caps = {k: v.capacity_bytes for k, v in it.result.tier_usage_at_end.items()}
         if dev is not None and dev.timeline:
             for j, tier in enumerate(sorted(caps)):
-                pts = [(p["t_s"], p.get("tier_used_bytes", {}).get(tier)) for p in dev.timeline]
+                pts = [(p["t_s"], (p.get("tier_used_bytes") or {}).get(tier)) for p in dev.timeline
+                       if isinstance(p.get("t_s"), (int, float))]  # fmt: skip
                 pts = [(t, u / caps[tier]) for t, u in pts if u is not None and caps[tier]]
                 if pts:
                     b.plot(*zip(*pts), ["-", "--", ":"][j % 3], color=f"C{i}", label=f"{it.label} {tier}")
@@ -149,14 +153,14 @@ def device_timeline(items: Sequence[Loaded]) -> Plot | None:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
     for i, it in enumerate(have):
-        tl = it.result.device.timeline
+        tl = [p for p in it.result.device.timeline if isinstance(p.get("t_s"), (int, float))]  # a point must say when
         for j, dev in enumerate(it.result.device.devices):
             t = [p["t_s"] for p in tl]
-            a.plot(t, [p["devices"].get(dev, {}).get("utilization") for p in tl], ["-", "--"][j % 2], color=f"C{i}",
-                   label=f"{it.label} {dev}")  # fmt: skip
+            util = [(p.get("devices") or {}).get(dev, {}).get("utilization") for p in tl]
+            a.plot(t, util, ["-", "--"][j % 2], color=f"C{i}", label=f"{it.label} {dev}")
             iv = [max(p.get("interval_s") or 1.0, 1e-9) for p in tl]
-            rd = [(p["devices"].get(dev, {}).get("read_bytes") or 0) / s / 1e9 for p, s in zip(tl, iv)]
-            wr = [(p["devices"].get(dev, {}).get("write_bytes") or 0) / s / 1e9 for p, s in zip(tl, iv)]
+            rd = [((p.get("devices") or {}).get(dev, {}).get("read_bytes") or 0) / s / 1e9 for p, s in zip(tl, iv)]
+            wr = [((p.get("devices") or {}).get(dev, {}).get("write_bytes") or 0) / s / 1e9 for p, s in zip(tl, iv)]
             b.plot(t, rd, "-", color=f"C{i}", label=f"{it.label} {dev} read")
             b.plot(t, wr, ":", color=f"C{i}", label=f"{it.label} {dev} write")
     a.set_title("device utilisation")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import model_validator
+
 from kvtier.config.replay import ReplayConfig
 from kvtier.report.bench import GpuTelemetry
 from kvtier.report.envelope import Distribution, Envelope, Section
@@ -143,6 +145,16 @@ class Hardware(Section):
 
 class ReplayResult(Envelope):
     """One ``kvtier replay`` run (summary.json)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _synthetic_format(cls, data: Any) -> Any:
+        """Results of ``replay --synthetic`` written before the fix recorded ``dataset_format: synthetic``,
+        which is no value of the flag: read them as ``auto`` (``dataset.format`` keeps "synthetic")."""
+        cfg = data.get("config") if isinstance(data, dict) else None
+        if isinstance(cfg, dict) and cfg.get("dataset_format") == "synthetic":
+            data = {**data, "config": {**cfg, "dataset_format": "auto"}}
+        return data
 
     benchmark: Literal["kvtier replay"] = "kvtier replay"
     wall_s: float
