@@ -3,6 +3,7 @@ and the analyses (stats, reuse distance, fio distilling) on hand-built traces wi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +100,7 @@ def test_bad_traces_name_file_and_line(tmp_path: Path):
     p.write_text(
         HEADER + "1.0,Write,10,Tier-1,a,Prefill\n2.0,Delete,10,Tier-1,a,Prefill\n3.0,Read,10,Tier-1,a,Decode\n"
     )
-    with pytest.raises(DatasetError, match=r"bad.csv:3: bad row \(unknown value 'Delete'\)"):
+    with pytest.raises(DatasetError, match=r"bad.csv:3: bad row \(Operation 'Delete' is not Write or Read\)"):
         read_trace(str(p))
     t = read_trace(str(p), max_bad_rows=1)
     assert len(t) == 2 and t.rows_skipped == 1
@@ -320,3 +321,30 @@ def test_the_rate_timeline_follows_the_rows_not_the_timestamps_span(tmp_path: Pa
     assert len(s["rate_timeline"]) <= MAX_TIMELINE_BINS and s["rate_interval_s"] > 1e5
     assert sum(b["ops_per_s"] for b in s["rate_timeline"]) * s["rate_interval_s"] == pytest.approx(2)
     assert len(json.dumps(s)) < 2_000_000
+
+
+@pytest.mark.parametrize(
+    ("row", "words"),
+    [
+        ("nan,Write,100,Tier-1,a,Prefill", "Timestamp 'nan' is not a finite number"),
+        ("inf,Write,100,Tier-1,a,Prefill", "Timestamp 'inf' is not a finite number"),
+        ("1.0,Write,99999999999999999999999,Tier-1,a,Prefill", "Object_Size_Bytes 99999999999999999999999 is outside"),
+        ("1.0,Write,9223372036854775000,Tier-1,a,Prefill", "is outside 0..281474976710656"),
+        ("1.0,Write,1e3,Tier-1,a,Prefill", "Object_Size_Bytes '1e3' is not an integer"),
+        ("1.0,Wrte,100,Tier-1,a,Prefill", "Operation 'Wrte' is not Write or Read"),
+        ("1.0,Write,100,Tier-9,a,Prefill", "Tier 'Tier-9' is not one of"),
+    ],
+)
+def test_hostile_trace_values_are_one_line_naming_file_line_and_column(tmp_path: Path, row: str, words: str):
+    """#28 low 5: NaN, inf, sizes past int64 and unknown labels gave tracebacks or wrapped silently."""
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER + "0.5,Read,1,Tier-1,a,Decode\n" + row + "\n")
+    with pytest.raises(DatasetError, match=rf"t\.csv:3: bad row \(.*{re.escape(words)}"):
+        read_trace(str(p))
+
+
+def test_more_phases_than_an_int8_holds_are_refused(tmp_path: Path):
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER + "".join(f"{i}.0,Read,1,Tier-1,a,phase{i}\n" for i in range(140)))
+    with pytest.raises(DatasetError, match="more than 127 distinct Phase values"):
+        read_trace(str(p))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import queue
 import threading
@@ -238,6 +239,20 @@ def _open_text(path: str) -> IO[str]:
     return open(path, encoding="utf-8", newline="")
 
 
+MAX_OBJECT_BYTES = 1 << 48
+"""The largest Object_Size_Bytes read (256 TiB): beyond it sizes summed in int64 could wrap."""
+MAX_PHASES = 127
+"""Distinct Phase values a trace may hold (their index is an int8)."""
+
+
+def _checked(text: str, column: str, kind: type) -> Any:
+    """``kind(text)``, or a ValueError that names the column and the value."""
+    try:
+        return kind(text)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{column} {text[:40]!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
 def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
     """Load a trace written by kvtier or by the reference (same columns, any column order).
 
@@ -275,12 +290,20 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
                 try:
                     if len(row) != width:
                         raise ValueError(f"{len(row)} fields, header has {width}")
-                    t = float(row[i_ts])
-                    o = op_codes[row[i_op]]
-                    n = int(row[i_size])
-                    if n < 0:
-                        raise ValueError(f"negative Object_Size_Bytes {n}")
+                    t = _checked(row[i_ts], COLUMNS[0], float)
+                    if not math.isfinite(t):
+                        raise ValueError(f"{COLUMNS[0]} {row[i_ts]!r} is not a finite number")
+                    o = op_codes.get(row[i_op], -1)
+                    if o < 0:
+                        raise ValueError(f"{COLUMNS[1]} {row[i_op][:40]!r} is not Write or Read")
+                    n = _checked(row[i_size], COLUMNS[2], int)
+                    if not 0 <= n <= MAX_OBJECT_BYTES:
+                        raise ValueError(f"{COLUMNS[2]} {n} is outside 0..{MAX_OBJECT_BYTES} (2^48)")
+                    if row[i_tier] not in TIER_NUMBERS:
+                        raise ValueError(f"{COLUMNS[3]} {row[i_tier][:40]!r} is not one of {', '.join(TIER_NUMBERS)}")
                     tr = TIER_NUMBERS[row[i_tier]]
+                    if row[i_phase] not in phases and len(phases) >= MAX_PHASES:
+                        raise ValueError(f"more than {MAX_PHASES} distinct {COLUMNS[5]} values")
                 except (ValueError, KeyError) as e:
                     skipped += 1
                     if skipped > max_bad_rows:
