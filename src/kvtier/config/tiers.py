@@ -44,6 +44,14 @@ class RemoteTierFlags(StrictModel):
         16, "S3 tier: multipart part size, MiB; entries up to it go in one PUT", group=REMOTE, ge=5, le=5120
     )
 
+    remote_timeout: float = flag(
+        10.0,
+        "seconds one remote-tier operation may take in all (Redis: a command and its reply; S3: connect and each "
+        "read); a dribbling or hung server then fails that operation",
+        group=REMOTE,
+        gt=0,
+    )
+
     def remote_capacity_bytes(self, kind: str) -> int:
         """The capacity of the remote tier ``kind`` ("redis" or "s3"), bytes."""
         return int((self.redis_mem_gb if kind == "redis" else self.s3_capacity_gb) * GiB)
@@ -56,14 +64,17 @@ class RemoteTierFlags(StrictModel):
             from kvtier.engine.redis_tier import RedisTier
 
             assert self.redis_url is not None
-            return RedisTier(self.redis_url, capacity, connections, self.redis_part_mb * MiB)
+            return RedisTier(
+                self.redis_url, capacity, connections, self.redis_part_mb * MiB, timeout_s=self.remote_timeout
+            )
         if kind == "s3":
             from kvtier.engine.s3_tier import S3Tier
 
             assert self.s3_bucket is not None
             return S3Tier(
-                self.s3_endpoint, self.s3_bucket, capacity, self.s3_prefix, connections, self.s3_part_mb * MiB
-            )
+                self.s3_endpoint, self.s3_bucket, capacity, self.s3_prefix, connections, self.s3_part_mb * MiB,
+                timeout_s=self.remote_timeout,
+            )  # fmt: skip
         raise ValueError(f"not a remote tier: {kind!r}")
 
     @field_validator("redis_url")

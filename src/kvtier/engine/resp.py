@@ -16,6 +16,7 @@ import queue
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
@@ -61,6 +62,8 @@ class RespConnection:
             raise RespConnectionError(f"cannot connect to {parts.hostname or parts.path}: {e}") from e
         sock.settimeout(timeout_s)
         self.sock = sock
+        self.op_timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
         self._rbuf = bytearray()
         self._pos = 0
         if password:
@@ -76,9 +79,20 @@ class RespConnection:
         except OSError:
             pass
 
+    def _arm(self) -> None:
+        """Before each socket call: the time left of the operation's deadline, or a timeout now. One operation
+        (a send and the replies it asks for) has ``op_timeout_s`` in all, so a server that dribbles a byte at a
+        time cannot stretch it (a per-recv timeout would restart with every byte)."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise RespConnectionError(f"timed out: the operation took more than {self.op_timeout_s:g} s")
+        self.sock.settimeout(left)
+
     # -- sending ------------------------------------------------------------------------------
     def send(self, commands: Sequence[Sequence[str | bytes | int | memoryview]]) -> None:
-        """Send commands (pipelined); a memoryview argument goes from its own memory, not copied."""
+        """Send commands (pipelined); a memoryview argument goes from its own memory, not copied. Starts the
+        operation's deadline: these commands and their replies have ``op_timeout_s`` together."""
+        self._deadline = time.monotonic() + self.op_timeout_s
         out: list[bytes | memoryview] = []
         small = bytearray()
         for cmd in commands:
@@ -96,12 +110,14 @@ class RespConnection:
             out.append(bytes(small))
         try:
             for piece in out:
+                self._arm()
                 self.sock.sendall(piece)
         except OSError as e:
             raise RespConnectionError(f"send failed: {e}") from e
 
     # -- receiving ----------------------------------------------------------------------------
     def _fill(self) -> None:
+        self._arm()
         try:
             data = self.sock.recv(READ_SIZE)
         except OSError as e:
@@ -145,6 +161,7 @@ class RespConnection:
             self._pos += take
         got = take
         while got < len(view):
+            self._arm()
             try:
                 n = self.sock.recv_into(view[got:])
             except OSError as e:

@@ -80,3 +80,32 @@ def test_a_value_longer_than_the_callers_buffer_is_refused():
         conn.close()
     finally:
         srv.close()
+
+
+def test_a_dribbling_server_cannot_stretch_an_operation_past_its_deadline():
+    """#28 medium 4 (in part): a byte every 0.1 s restarted a per-recv timeout forever; an operation now has
+    ``timeout_s`` in all — command, reply and value together."""
+
+    class Dribbler(Hostile):
+        def _serve(self) -> None:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(65536)
+                try:
+                    conn.sendall(b"$100000\r\n")
+                    while not self.stop.is_set():
+                        conn.sendall(b"x")
+                        time.sleep(0.1)
+                except OSError:
+                    pass
+
+    srv = Dribbler(b"")
+    try:
+        conn = RespConnection(f"redis://127.0.0.1:{srv.port}", None, timeout_s=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(RespConnectionError, match="timed out"):
+            conn.call("GET", "k")
+        assert 0.9 <= time.monotonic() - t0 < 3
+        conn.close()
+    finally:
+        srv.close()
