@@ -209,6 +209,11 @@ class BenchRunner:
         self.stop.set()
         for ev in live:
             ev.set()
+        if code in (StopCode.interrupted, StopCode.terminated):  # Ctrl+C ends the run now, whatever a server does
+            for tier in self.c.remote:
+                abort = getattr(tier, "abort", None)
+                if abort is not None:
+                    abort()
 
     def _internal_error(self, where: str, e: Exception) -> None:
         """A bug must end the run visibly, not silently lose a thread."""

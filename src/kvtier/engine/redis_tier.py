@@ -323,6 +323,12 @@ class RedisTier:
         self.cleanup_problems.append(f"{self.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
         return out
 
+    def abort(self) -> None:
+        """The run was interrupted: fail the operations in flight now (their connections are shut down), and
+        give the cleanup that follows a short deadline (ABORT_CLEANUP_TIMEOUT_S a call): a hung server must not
+        hold the run's exit."""
+        self._pool.abort(ABORT_CLEANUP_TIMEOUT_S)
+
     def close(self) -> None:
         """Delete every key under this run's prefix (ours only) and drop the connections. A server
         that cannot be reached is noted in ``cleanup_problems``; nothing raises."""
@@ -344,6 +350,8 @@ class RedisTier:
             )
 
 
+ABORT_CLEANUP_TIMEOUT_S = 1.0
+"""Each cleanup call's deadline after an interrupt (a healthy server answers in milliseconds)."""
 MAX_SCAN_CALLS = 100_000
 """SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
 

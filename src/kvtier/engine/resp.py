@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
@@ -238,6 +239,7 @@ class RespPool:
         self._idle: queue.LifoQueue[RespConnection] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(self.size)
         self._closed = False
+        self._made: weakref.WeakSet[RespConnection] = weakref.WeakSet()  # every connection, idle or in use
 
     def get(self) -> RespConnection:
         if not self._slots.acquire(timeout=self.timeout_s):
@@ -247,10 +249,12 @@ class RespPool:
         except queue.Empty:
             pass
         try:
-            return RespConnection(self.url, self._password, self.timeout_s, self._ca)
+            conn = RespConnection(self.url, self._password, self.timeout_s, self._ca)
         except BaseException:
             self._slots.release()
             raise
+        self._made.add(conn)
+        return conn
 
     def put(self, conn: RespConnection, broken: bool = False) -> None:
         if broken or self._closed:
@@ -258,6 +262,21 @@ class RespPool:
         else:
             self._idle.put(conn)
         self._slots.release()
+
+    def abort(self, timeout_s: float) -> None:
+        """Shut every connection down, the ones in use too: an operation blocked on a hung server fails at once
+        (a run's Ctrl+C must not wait out the deadline). Connections made afterwards (cleanup) get ``timeout_s``."""
+        self.timeout_s = min(self.timeout_s, timeout_s)
+        for conn in list(self._made):
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        while True:  # the idle ones are dead now: never handed out again
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
 
     def close(self) -> None:
         self._closed = True

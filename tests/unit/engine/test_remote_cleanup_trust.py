@@ -39,7 +39,7 @@ class IgnoresMatch:
         out = []
         for _ in range(n):
             size = int(f.readline()[1:])
-            out.append(f.read(size + 2)[:-2].decode())
+            out.append(f.read(size + 2)[:-2].decode(errors="replace"))
         return out
 
     def _serve(self, conn: socket.socket) -> None:
@@ -97,3 +97,54 @@ def test_a_scan_cursor_that_never_ends_is_bounded(monkeypatch):
 
 def test_only_ours_needs_the_whole_prefix_and_something_after_it():
     assert only_ours(["run1:a", "run10:a", "run1:", "other"], "run1:") == (["run1:a"], ["run10:a", "run1:", "other"])
+
+
+class Hung(IgnoresMatch):
+    """Answers INFO and DBSIZE, then never answers anything else (a hung server)."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        with conn:
+            while (cmd := self._read_command(f)) is not None:
+                if cmd[0].upper() == "INFO":
+                    body = b"redis_version:7.2.0\r\nmaxmemory:0\r\nused_memory:1000\r\n"
+                    conn.sendall(b"$%d\r\n%s\r\n" % (len(body), body))
+                elif cmd[0].upper() == "DBSIZE":
+                    conn.sendall(b":0\r\n")
+                else:
+                    threading.Event().wait(60)  # never answers
+                    return
+
+
+def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
+    """#28 medium 4: with a hung Redis a 10 s run ended 80-91 s late with Ctrl+C ignored. Now SIGINT shuts the
+    tier's connections (in-flight operations fail at once) and cleanup gets a 1 s deadline a call."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import TINY_TEMPLATES, kvtier_cmd
+
+    srv = Hung()
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES}))
+    out = tmp_path / "r.json"
+    try:
+        p = subprocess.Popen(
+            [*kvtier_cmd(), "bench", "--model", "tiny-1b", "--num-users", "2", "--duration", "60", "--gpu-mem-gb",
+             "0", "--cpu-mem-gb", "0.004", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
+             "--generation-mode", "none", "--progress", "none", "--cache-dir", str(tmp_path), "--output", str(out),
+             "--config", str(cfg), "--noise-mb", "16", "--io-chunk-mb", "4"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(4)  # the load has begun; its writes to Redis hang
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    r = json.loads(out.read_text())
+    assert r["status"] == "partial" and r["stop_reason"]["code"] == "interrupted", (r["stop_reason"], err[-2000:])
+    assert took < 6, took  # before: the 10 s deadline per operation, then per cleanup call
