@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
@@ -116,19 +117,25 @@ def reference_trace_runs(
     return out
 
 
-def kvtier_stream(config: Path, model: str, users: int, duration: float, seed: int) -> tuple[int, int, int]:
-    """(bytes, tokens, requests) of the requests kvtier bench's users would issue within ``duration``
-    (think times summed; service time zero, as in the reference's trace mode), every lookup a hit."""
+def kvtier_plan(config: Path, model: str, users: int, duration: float, seed: int) -> Any:  # kvtier.bench.setup.Plan
+    """What kvtier bench derives for these flags (users, their draws, sizes), without running anything."""
     sys.path.insert(0, str(REPO / "src"))
     from kvtier.bench.setup import derive
-    from kvtier.bench.sources import user_requests
     from kvtier.config.bench import BenchConfig
 
     cfg = BenchConfig(
         model=model, num_users=users, duration=duration, gpu_mem_gb=0, cpu_mem_gb=0, seed=seed,
         generation_mode="none", config=str(config), cache_dir=tempfile.gettempdir(),
     )  # fmt: skip
-    plan = derive(cfg)
+    return derive(cfg)
+
+
+def kvtier_stream(config: Path, model: str, users: int, duration: float, seed: int) -> tuple[int, int, int]:
+    """(bytes, tokens, requests) of the requests kvtier bench's users would issue within ``duration``
+    (think times summed; service time zero, as in the reference's trace mode), every lookup a hit."""
+    from kvtier.bench.sources import user_requests
+
+    plan = kvtier_plan(config, model, users, duration, seed)
     size, batch = plan.entry_bytes, plan.workload.decode_batch
     moved = tokens = requests = 0
     for user in plan.workload.users:
@@ -378,16 +385,8 @@ THINK_FACTOR = math.log(1.2 / 0.8) / 0.4
 
 def kvtier_offered(r: dict, config: Path) -> float:
     """Requests per user per second that kvtier's users' drawn think times offer (the same users the run drew)."""
-    sys.path.insert(0, str(REPO / "src"))
-    from kvtier.bench.setup import derive
-    from kvtier.config.bench import BenchConfig
-
     c = r["config"]
-    cfg = BenchConfig(
-        model=c["model"], num_users=c["num_users"], duration=c["duration"], gpu_mem_gb=0, cpu_mem_gb=0,
-        seed=r["seed"], generation_mode="none", config=str(config), cache_dir=tempfile.gettempdir(),
-    )  # fmt: skip
-    users = derive(cfg).workload.users
+    users = kvtier_plan(config, c["model"], c["num_users"], c["duration"], r["seed"]).workload.users
     return sum(THINK_FACTOR / u.think_time_s for u in users) / len(users)
 
 

@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
 sys.path.insert(0, str(REPO / "src"))
+from kvtier.config.launch import CPU_BLOCK_TOKENS
 from kvtier.launch import cpu_engine
 from kvtier.launch.devices import cpu_inventory
-from kvtier.launch.procs import free_ports
+from kvtier.launch.procs import free_ports, http_ok
 from kvtier.modelmaker import Geometry, make_model
 
 SHARED = REPO.parent / "shared" / "data"
@@ -76,18 +77,14 @@ def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path) -> 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     import time
-    import urllib.request
 
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
+    while not http_ok(url + "/health"):
         if proc.poll() is not None:
             raise SystemExit(f"kvtier sim exited {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit("kvtier sim did not start")
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit("kvtier sim did not start")
+        time.sleep(0.3)
 
 
 def main() -> None:
@@ -98,7 +95,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=3, help="files taken from a --trace folder")
     ap.add_argument("--kv-tokens", type=int, default=16512,
                     help="KV cache per server, tokens (129 blocks, one the null block: sessions compete)")  # fmt: skip
-    ap.add_argument("--block-tokens", type=int, default=128, help="vLLM's block size on its CPU build")
+    ap.add_argument("--block-tokens", type=int, default=CPU_BLOCK_TOKENS, help="vLLM's block size on its CPU build")
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--num-rounds", type=int, default=5)
     ap.add_argument("--max-tokens-cap", type=int, default=16)
@@ -131,8 +128,8 @@ def main() -> None:
         extra = (
             ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)] if a.vllm_max_num_batched_tokens else []
         )
-        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work / f"vllm-{conc}.log", kv_bytes,
-                               a.max_model_len, cores, extra=extra)  # fmt: skip
+        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
+                               name=f"vllm-{conc}", extra=extra)  # fmt: skip
         try:
             srv.wait_healthy()
             got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)

@@ -86,7 +86,9 @@ class Geometry:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * {"float32": 4}.get(self.dtype, 2)
+        """kvtier's one rule (ModelSpec) for this geometry."""
+        spec = ModelSpec("made", "made", self.num_layers, self.kv_heads, self.head_dim, dtype=self.dtype)
+        return spec.kv_bytes_per_token
 
 
 def geometry_like(spec: ModelSpec, **widths: int) -> Geometry:
@@ -96,7 +98,7 @@ def geometry_like(spec: ModelSpec, **widths: int) -> Geometry:
         raise UnsupportedError(
             f"--like {spec.key}: MLA (a joint KV latent) has no Llama form; give the geometry by flags instead"
         )
-    dtype = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}.get(spec.dtype)
+    dtype = spec.dtype if spec.dtype in HF_DTYPE else None
     if dtype is None:
         raise UnsupportedError(
             f"--like {spec.key}: its KV dtype {spec.dtype} is not one vLLM allocates for dummy weights"

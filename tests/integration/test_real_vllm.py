@@ -67,8 +67,7 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     model = make_model(d / "tiny", Geometry())
     (port,) = free_ports(1)
     kv_bytes = KV_TOKENS * Geometry().kv_bytes_per_token
-    srv = cpu_engine.start(str(ENGINE_PYTHON), str(model), port, d / "vllm.log", kv_bytes, MAX_LEN,
-                           cpu_inventory(None).devices)  # fmt: skip
+    srv = cpu_engine.start(str(ENGINE_PYTHON), str(model), port, d, kv_bytes, MAX_LEN, cpu_inventory(None).devices)
     try:
         srv.wait_healthy(STARTUP_S)
         yield Server(srv.url, model, srv.log, kv_bytes)

@@ -310,16 +310,13 @@ def test_clients_dropping_mid_body_do_not_flood_the_cache_servers_log(tmp_path: 
 
 def test_a_dribbled_body_gets_408_after_the_body_deadline(tmp_path: Path):
     """#28: clients dribbling their bodies held memory with no deadline; now the body must arrive in time."""
-    import time
-
     sim = start_sim(tmp_path, "--body-timeout", "1")
     try:
         s = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100000\r\n\r\n{\"model\": ")  # fmt: skip
-        t0 = time.monotonic()
-        head = s.recv(4096)
-        assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5, head[:200]
+        head = s.recv(4096)  # without a body deadline: nothing, until the socket's 10 s timeout fails the test
+        assert head.startswith(b"HTTP/1.1 408"), head[:200]
         s.close()
         assert post(sim, json.dumps(chat("still alive")).encode(), {})[0] == 200
     finally:

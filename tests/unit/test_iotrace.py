@@ -309,15 +309,12 @@ def test_the_rate_timeline_follows_the_rows_not_the_timestamps_span(tmp_path: Pa
     """#28: two rows a billion seconds apart once made a timeline of a billion bins (22 s, 387 MB, 106 MB of JSON
     at a much smaller span); the bins are capped and widened, and the interval used is recorded."""
     import json
-    import time
 
     from kvtier.iotrace.stats import MAX_TIMELINE_BINS
 
     p = tmp_path / "wide.csv"
     p.write_text(HEADER + "1.0,Write,100,Tier-1,a,Prefill\n1000000001.0,Read,100,Tier-1,a,Decode\n")
-    t0 = time.monotonic()
-    s = trace_stats(read_trace(str(p)), interval_s=1.0)
-    assert time.monotonic() - t0 < 5
+    s = trace_stats(read_trace(str(p)), interval_s=1.0)  # the time it takes: benchmarks/hostile_inputs.py
     assert len(s["rate_timeline"]) <= MAX_TIMELINE_BINS and s["rate_interval_s"] > 1e5
     assert sum(b["ops_per_s"] for b in s["rate_timeline"]) * s["rate_interval_s"] == pytest.approx(2)
     assert len(json.dumps(s)) < 2_000_000

@@ -66,8 +66,6 @@ def test_a_change_of_a_percentage_is_said_in_points():
 def test_a_crafted_requests_line_costs_linear_time(tmp_path):
     """#28 low 3: a lazy regular expression backtracked for minutes on a 54 KB line of repeated keys; the fields
     are now found left to right, and a line that is not the client's own is parsed as JSON (or named)."""
-    import time
-
     from kvtier.errors import DatasetError
     from kvtier.report.figures import ReplayRecords
 
@@ -77,9 +75,8 @@ def test_a_crafted_requests_line_costs_linear_time(tmp_path):
             '[0.1, 0.1], "e2e_s": 0.7, "prompt_tokens": 9, "completion_tokens": 3, "cached_tokens": 0, '
             '"start_unix_s": 100.0}\n')  # fmt: skip
     p.write_text(good + evil)
-    t0 = time.monotonic()
-    r = ReplayRecords.read(p)
-    assert time.monotonic() - t0 < 2 and r is not None
+    r = ReplayRecords.read(p)  # the time it takes: benchmarks/hostile_inputs.py (the old regex: over 30 s)
+    assert r is not None
     assert r.turn.tolist() == [2, 1] and r.ok.tolist() == [True, False] and r.ttft_s[0] == 0.5
     p.write_text(good + '{"turn": "x", "status": "ok"\n')
     with pytest.raises(DatasetError, match=":2: not valid JSON"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 ALIGN = 4096
@@ -136,3 +136,32 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release memory and remove every file this tier created."""
         ...
+
+
+@dataclass
+class OwnKeys:
+    """What a remote tier may delete is decided here, not by the server's listing: of the keys a server lists
+    for the run's ``prefix``, only those really under it are kept (a server that ignores MATCH or Prefix would
+    otherwise have kvtier delete another team's data); the others are counted, a few named, and said once."""
+
+    prefix: str
+    foreign: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def keep(self, keys: Iterable[str]) -> list[str]:
+        ours = []
+        for k in keys:
+            if k.startswith(self.prefix) and len(k) > len(self.prefix):
+                ours.append(k)
+            else:
+                self.foreign += 1
+                if len(self.examples) < 3:
+                    self.examples.append(k)
+        return ours
+
+    def problem(self, where: str, listing: str, honoured: str) -> str | None:
+        """The sentence for the run's cleanup problems, or None when the server listed only ours."""
+        if not self.foreign:
+            return None
+        return (f"{where}: {listing} {self.prefix}* listed {self.foreign} keys outside this run's prefix (e.g. "
+                f"{', '.join(self.examples)}): left alone — the server does not honour {honoured}")  # fmt: skip

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from kvtier.engine.backend import IOTiming, check_cancel, read_through_export, round_up
+from kvtier.engine.backend import IOTiming, OwnKeys, check_cancel, read_through_export, round_up
 from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespPool
 from kvtier.errors import ConfigError, EntryNotFound, StorageError, TierFullError, TierUnavailable
 
@@ -114,8 +114,7 @@ class RedisTier:
         self._index: dict[str, list[int]] = {}  # key -> the lengths of its parts
         self._lock = threading.Lock()
         self.cleanup_problems: list[str] = []
-        self.foreign_keys_listed = 0  # keys a SCAN of our prefix answered that are not under it (never deleted)
-        self.foreign_examples: list[str] = []
+        self._own = OwnKeys(f"{self.prefix}:")  # SCAN's answers filtered to what is really ours
         try:
             with self._conn() as c:
                 info = _info(c.call("INFO"))
@@ -138,6 +137,11 @@ class RedisTier:
             "connections": self._pool.size,
             "key_prefix": self.prefix,
         }
+
+    @property
+    def foreign_keys_listed(self) -> int:
+        """Keys a SCAN of our prefix answered that are not under it (never deleted)."""
+        return self._own.foreign
 
     @contextmanager
     def _conn(self) -> Iterator[RespConnection]:
@@ -300,11 +304,10 @@ class RedisTier:
 
     def server_keys(self) -> list[str]:
         """Every key on the server under this run's prefix (SCAN; for checks and cleanup). The server's
-        answer is not trusted: a key outside the prefix (a server that ignores MATCH) is left out and noted in
-        ``foreign_keys_listed``; a cursor that never returns to 0 ends after MAX_SCAN_CALLS calls."""
+        answer is not trusted: a key outside the prefix (a server that ignores MATCH) is left out and noted
+        (engine.backend.OwnKeys); a cursor that never returns to 0 ends after MAX_SCAN_CALLS calls."""
         out: list[str] = []
         cursor = "0"
-        mine = f"{self.prefix}:"
         with self._conn() as c:
             for _ in range(MAX_SCAN_CALLS):
                 reply = c.call("SCAN", cursor, "MATCH", f"{self.prefix}:*", "COUNT", 1000)
@@ -313,11 +316,7 @@ class RedisTier:
                     raise RespConnectionError(f"protocol error: SCAN answered {str(reply)[:80]}")
                 cursor = reply[0].decode(errors="replace")
                 listed = [k.decode(errors="replace") for k in reply[1] if isinstance(k, bytes)]
-                ours, foreign = only_ours(listed, mine)
-                out += ours
-                self.foreign_keys_listed += len(foreign)
-                if foreign and len(self.foreign_examples) < 3:
-                    self.foreign_examples += foreign[: 3 - len(self.foreign_examples)]
+                out += self._own.keep(listed)
                 if cursor == "0":
                     return out
         self.cleanup_problems.append(f"{self.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
@@ -343,24 +342,15 @@ class RedisTier:
             self.cleanup_problems.append(f"{self.url}: keys {self.prefix}:* not removed ({e})")
         finally:
             self._pool.close()
-        if self.foreign_keys_listed:
-            self.cleanup_problems.append(
-                f"{self.url}: SCAN MATCH {self.prefix}:* listed {self.foreign_keys_listed} keys outside this run's "
-                f"prefix (e.g. {', '.join(self.foreign_examples)}): left alone — the server does not honour MATCH"
-            )
+        problem = self._own.problem(self.url, "SCAN MATCH", "MATCH")
+        if problem:
+            self.cleanup_problems.append(problem)
 
 
 ABORT_CLEANUP_TIMEOUT_S = 1.0
 """Each cleanup call's deadline after an interrupt (a healthy server answers in milliseconds)."""
 MAX_SCAN_CALLS = 100_000
 """SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
-
-
-def only_ours(keys: list[str], prefix: str) -> tuple[list[str], list[str]]:
-    """(keys under ``prefix``, the others): what a remote tier may delete is decided here, not by the server's
-    listing (a server that ignores MATCH or Prefix would otherwise have kvtier delete another team's data)."""
-    ours = [k for k in keys if k.startswith(prefix) and len(k) > len(prefix)]
-    return ours, [k for k in keys if not (k.startswith(prefix) and len(k) > len(prefix))]
 
 
 def _info(reply: object) -> dict[str, str]:

@@ -86,7 +86,7 @@ class RespConnection:
         time cannot stretch it (a per-recv timeout would restart with every byte)."""
         left = self._deadline - time.monotonic()
         if left <= 0:
-            raise RespConnectionError(f"timed out: the operation took more than {self.op_timeout_s:g} s")
+            raise self._timed_out()
         self.sock.settimeout(left)
 
     # -- sending ------------------------------------------------------------------------------
@@ -117,10 +117,15 @@ class RespConnection:
             raise RespConnectionError(f"send failed: {e}") from e
 
     # -- receiving ----------------------------------------------------------------------------
+    def _timed_out(self) -> RespConnectionError:
+        return RespConnectionError(f"timed out: the operation took more than {self.op_timeout_s:g} s")
+
     def _fill(self) -> None:
         self._arm()
         try:
             data = self.sock.recv(READ_SIZE)
+        except TimeoutError:
+            raise self._timed_out() from None
         except OSError as e:
             raise RespConnectionError(f"receive failed: {e}") from e
         if not data:
@@ -165,6 +170,8 @@ class RespConnection:
             self._arm()
             try:
                 n = self.sock.recv_into(view[got:])
+            except TimeoutError:
+                raise self._timed_out() from None
             except OSError as e:
                 raise RespConnectionError(f"receive failed: {e}") from e
             if n == 0:

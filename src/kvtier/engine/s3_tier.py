@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kvtier.engine.backend import IOTiming, check_cancel, read_through_export, round_up
+from kvtier.engine.backend import IOTiming, OwnKeys, check_cancel, read_through_export, round_up
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, TierUnavailable, UnsupportedError
 
 MIN_PART_BYTES = 5 * 1024 * 1024
@@ -88,8 +88,7 @@ class S3Tier:
         self._index: dict[str, int] = {}  # key -> object size
         self._lock = threading.Lock()
         self.cleanup_problems: list[str] = []
-        self.foreign_keys_listed = 0  # objects a listing of our prefix answered that are not under it (never deleted)
-        self.foreign_examples: list[str] = []
+        self._own = OwnKeys(self.prefix + "/")  # listings filtered to what is really ours
         created = False
         try:
             try:
@@ -246,17 +245,12 @@ class S3Tier:
 
     def listing(self) -> dict[str, int]:
         """Every object under this run's prefix and its size. The server's answer is not trusted: an object
-        outside the prefix (an endpoint that ignores Prefix) is left out and counted in ``foreign_keys_listed``."""
-        from kvtier.engine.redis_tier import only_ours
-
+        outside the prefix (an endpoint that ignores Prefix) is left out and counted (engine.backend.OwnKeys)."""
         out: dict[str, int] = {}
         pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + "/")
         for page in pages:
             objs = {o["Key"]: int(o["Size"]) for o in page.get("Contents", []) if isinstance(o.get("Key"), str)}
-            ours, foreign = only_ours(list(objs), self.prefix + "/")
-            out.update({k: objs[k] for k in ours})
-            self.foreign_keys_listed += len(foreign)
-            self.foreign_examples += foreign[: max(0, 3 - len(self.foreign_examples))]
+            out.update({k: objs[k] for k in self._own.keep(objs)})
         return out
 
     def stored_bytes(self) -> int:
@@ -283,12 +277,9 @@ class S3Tier:
                     self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
         except Exception as e:  # noqa: BLE001 - noted
             self.cleanup_problems.append(f"s3://{self.bucket}/{self.prefix}/: objects not removed ({e})")
-        if self.foreign_keys_listed:
-            self.cleanup_problems.append(
-                f"s3://{self.bucket}/: a listing with Prefix {self.prefix}/ answered {self.foreign_keys_listed} "
-                f"objects outside it (e.g. {', '.join(self.foreign_examples)}): left alone — the endpoint does not "
-                "honour Prefix"
-            )
+        problem = self._own.problem(f"s3://{self.bucket}/", "a listing with Prefix", "Prefix")
+        if problem:
+            self.cleanup_problems.append(problem)
 
 
 def _read_into(body: Any, view: memoryview) -> int:

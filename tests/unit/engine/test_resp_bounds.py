@@ -59,10 +59,8 @@ def test_a_hostile_reply_is_a_protocol_error_not_memory(reply: bytes, tail: byte
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         conn = RespConnection(f"redis://127.0.0.1:{srv.port}", None, timeout_s=5.0)
-        t0 = time.monotonic()
         with pytest.raises(RespConnectionError, match=words):
             conn.call("INFO")
-        assert time.monotonic() - t0 < 5
         conn.close()
     finally:
         srv.close()
@@ -84,7 +82,8 @@ def test_a_value_longer_than_the_callers_buffer_is_refused():
 
 def test_a_dribbling_server_cannot_stretch_an_operation_past_its_deadline():
     """#28 medium 4 (in part): a byte every 0.1 s restarted a per-recv timeout forever; an operation now has
-    ``timeout_s`` in all — command, reply and value together."""
+    ``timeout_s`` in all — command, reply and value together. The server dribbles 40 bytes (4 s), then goes
+    quiet: a per-recv timeout would fail only then, and say so differently."""
 
     class Dribbler(Hostile):
         def _serve(self) -> None:
@@ -93,19 +92,18 @@ def test_a_dribbling_server_cannot_stretch_an_operation_past_its_deadline():
                 conn.recv(65536)
                 try:
                     conn.sendall(b"$100000\r\n")
-                    while not self.stop.is_set():
+                    for _ in range(40):
                         conn.sendall(b"x")
                         time.sleep(0.1)
+                    self.stop.wait(30)
                 except OSError:
                     pass
 
     srv = Dribbler(b"")
     try:
         conn = RespConnection(f"redis://127.0.0.1:{srv.port}", None, timeout_s=1.0)
-        t0 = time.monotonic()
-        with pytest.raises(RespConnectionError, match="timed out"):
+        with pytest.raises(RespConnectionError, match="timed out: the operation took more than 1 s"):
             conn.call("GET", "k")
-        assert 0.9 <= time.monotonic() - t0 < 3
         conn.close()
     finally:
         srv.close()
