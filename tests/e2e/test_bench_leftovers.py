@@ -41,6 +41,13 @@ def run_dirs(d: Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.name.startswith(RUN_DIR_PREFIX))
 
 
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:  # evicted meanwhile
+        return 0
+
+
 def killed_run(cache: Path, tmp: Path) -> Path:
     """A bench killed with SIGKILL once its folder holds entries: what a crash leaves behind."""
     proc = subprocess.Popen(
@@ -64,7 +71,8 @@ def killed_run(cache: Path, tmp: Path) -> Path:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             dirs = run_dirs(cache)
-            if dirs and any(p.suffix == ".kv" for p in dirs[0].iterdir()):
+            # an entry with bytes in it (a file just created is empty: killed then, the folder would hold 0 bytes)
+            if dirs and any(p.suffix == ".kv" and _size(p) > 0 for p in dirs[0].iterdir()):
                 break
             time.sleep(0.05)
         else:
