@@ -38,6 +38,7 @@ from kvtier.launch.procs import free_ports, http_ok
 from kvtier.modelmaker import Geometry, make_model
 
 SHARED = REPO.parent / "shared" / "data"
+CPU_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM 0.32's prefill chunk on its CPU build (the sim is given the same)
 
 
 def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurrency: int) -> dict:
@@ -70,6 +71,7 @@ def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path) -> 
            "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
            "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}", "--offload", "none",
            "--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms),
+           "--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS),
            "--port", str(port)]  # fmt: skip
     log = (work / f"sim-{port}.log").open("wb")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -105,6 +107,8 @@ def main() -> None:
                     help="vLLM's prefill chunk (0: its CPU default, 2048; >= --max-model-len: unchunked)")  # fmt: skip
     ap.add_argument("--sim-prefill-tps", type=float, default=8000.0, help="near the CPU build's, measured here")
     ap.add_argument("--sim-tpot-ms", type=float, default=40.0)
+    ap.add_argument("--vllm-results", type=Path, default=None,
+                    help="a JSON file of vLLM's side: read when it exists (same flags), written when not")  # fmt: skip
     a = ap.parse_args()
     if a.trace is None or not a.trace.exists():
         raise SystemExit("--trace: no trace (../shared/data/lmcache_agent_trace/miniswe is the default)")
@@ -122,19 +126,29 @@ def main() -> None:
     cores = cpu_inventory(None).devices
     totals = {"vllm": [0.0, 0.0], "sim": [0.0, 0.0]}
     worst = 0.0
+    saved = json.loads(a.vllm_results.read_text()) if a.vllm_results and a.vllm_results.exists() else {}
     for conc in a.concurrency:
         got = {}
-        (port,) = free_ports(1)
-        extra = (
-            ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)] if a.vllm_max_num_batched_tokens else []
-        )
-        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
-                               name=f"vllm-{conc}", extra=extra)  # fmt: skip
-        try:
-            srv.wait_healthy()
-            got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
-        finally:
-            srv.stop()
+        if str(conc) in saved:
+            got["vllm"] = saved[str(conc)]
+            got["vllm"]["per_turn"] = {int(k): v for k, v in got["vllm"]["per_turn"].items()}
+        else:
+            (port,) = free_ports(1)
+            extra = (
+                ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)]
+                if a.vllm_max_num_batched_tokens
+                else []
+            )
+            srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
+                                   name=f"vllm-{conc}", extra=extra)  # fmt: skip
+            try:
+                srv.wait_healthy()
+                got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+            finally:
+                srv.stop()
+            saved[str(conc)] = got["vllm"]
+            if a.vllm_results:
+                a.vllm_results.write_text(json.dumps(saved))
         (port,) = free_ports(1)
         sim = start_sim(a, model_dir, port, work)
         try:

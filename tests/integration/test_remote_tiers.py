@@ -301,3 +301,82 @@ def test_sim_offloads_to_the_remote_tier_and_hits_it(kind, request, tmp_path):
     s = start_sim(tmp_path, "--offload", kind, *args, "--staging-gb", "0.01")
     offload_round_trip(s, lambda: held() > 0, f"the {kind} server")
     assert held() == 0
+
+
+class DropsPrefix:
+    """An HTTP proxy on loopback in front of the real S3 server that removes ``prefix`` from every query (an
+    S3 endpoint that ignores Prefix lists the whole bucket); everything else is forwarded as received."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.client
+        import http.server
+        import urllib.parse
+
+        up = urllib.parse.urlsplit(upstream)
+        self.listings = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                path, _, query = self.path.partition("?")
+                kept = [p for p in query.split("&") if p and not p.lower().startswith("prefix=")]
+                if len(kept) != len([p for p in query.split("&") if p]):
+                    proxy.listings += 1
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "expect")}
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+                conn.request(self.command, path + ("?" + "&".join(kept) if kept else ""), body, headers)
+                r = conn.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_s3_cleanup_behind_an_endpoint_that_ignores_prefix_deletes_only_ours(s3, noise):
+    """#28 medium 2: an S3 endpoint that ignores Prefix made a 4 s bench delete the whole bucket. The tier keeps
+    only listed keys under its run's prefix, deletes those, leaves the rest and says so."""
+    import boto3
+
+    from kvtier.engine.s3_tier import S3Tier
+
+    direct = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1")
+    proxy = DropsPrefix(s3.url)
+    try:
+        tier = S3Tier(proxy.url, "kvtier-noprefix", 64 * MiB, prefix="runs", connections=2, part_bytes=5 * MiB)
+        for k in ("teamB/precious", "runs/other-run/entry"):
+            direct.put_object(Bucket="kvtier-noprefix", Key=k, Body=b"not ours")
+        for i in range(3):
+            tier.write(f"e{i}", noise.chunks(f"e{i}", MiB, MiB), MiB)
+        assert len(tier.listing()) == 3 and tier.stored_bytes() == 3 * tier.stored_size(MiB)
+        tier.close()
+    finally:
+        proxy.close()
+    left = sorted(o["Key"] for o in direct.list_objects_v2(Bucket="kvtier-noprefix").get("Contents", []))
+    assert left == ["runs/other-run/entry", "teamB/precious"]  # ours gone, the others untouched
+    assert proxy.listings >= 1  # the listings really went out without Prefix
+    assert any("does not honour Prefix" in p and "teamB/precious" in p for p in tier.cleanup_problems), (
+        tier.cleanup_problems
+    )

@@ -321,3 +321,34 @@ def test_a_dribbled_body_gets_408_after_the_body_deadline(tmp_path: Path):
         assert post(sim, json.dumps(chat("still alive")).encode(), {})[0] == 200
     finally:
         stop_sim(sim)
+
+
+def test_a_hung_redis_opens_the_offload_breaker_and_requests_recompute(tmp_path: Path):
+    """#28 medium 4: `kvtier sim --offload redis` on a hung server gave 55-58 s TTFTs (every store waited out its
+    deadline in the worker threads the requests need too). Now three failed calls in a row open a breaker: the
+    tier is bypassed (recompute, stores skipped, both counted) and probed once every BYPASS_S."""
+    from tests.unit.engine.test_remote_cleanup_trust import Hung
+
+    srv = Hung()
+    sim = start_sim(
+        tmp_path, "--offload", "redis", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
+        "--staging-gb", "0.001", "--remote-timeout", "0.5",
+    )  # fmt: skip
+    requests = 24
+    try:
+        for i in range(requests):
+            code, r, _ = sim.post("/v1/chat/completions", chat(" ".join(f"p{i}w{j}" for j in range(300))))
+            assert code == 200 and r["kvtier"]["external_tokens"] == 0, r
+        wait_until(lambda: sim.metrics().get("kvtier_sim:offload_errors", 0) >= 3, "three failed calls")
+        code, r, _ = sim.post("/v1/chat/completions", chat("after the breaker opened " * 80))
+        assert code == 200
+        with urllib.request.urlopen(sim.base + "/health", timeout=10) as h:
+            health = json.loads(h.read())
+    finally:
+        stop_sim(sim)
+        srv.close()
+    assert health["status"] == "degraded" and health["offload_bypassed"]["loads"] >= 1, health
+    # without the breaker every request's store waits out its deadline on the hung server and fails; with it,
+    # only those begun before the third failure (at most the worker threads) and a probe
+    assert 3 <= health["offload_errors"] < requests // 2 and health["offload_bypassed"]["stores"] >= 1, health
+    assert srv.stalls >= health["offload_errors"]  # each failed call really met the server

@@ -345,3 +345,20 @@ def test_more_phases_than_an_int8_holds_are_refused(tmp_path: Path):
     p.write_text(HEADER + "".join(f"{i}.0,Read,1,Tier-1,a,phase{i}\n" for i in range(140)))
     with pytest.raises(DatasetError, match="more than 127 distinct Phase values"):
         read_trace(str(p))
+
+
+def test_a_trace_longer_than_max_rows_is_refused_at_the_row_past_it(tmp_path: Path):
+    """#28 low 5: rows had no cap (about 330 bytes each in Python lists). Columns are typed arrays now and
+    --max-rows bounds them: the first row past it is named with the flag."""
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER + "".join(f"{1764530000 + i}.0,Write,100,Tier-1,k{i},Prefill\n" for i in range(5)))
+    trace = read_trace(str(p), max_rows=5)
+    assert len(trace) == 5 and trace.ts.dtype == np.float64 and trace.size.tolist() == [100] * 5
+    with pytest.raises(DatasetError, match=r"t\.csv:6: more than 4 operations; give --max-rows"):
+        read_trace(str(p), max_rows=4)
+    import subprocess
+
+    from tests.conftest import kvtier_cmd
+
+    out = subprocess.run([*kvtier_cmd(), "trace", "stats", str(p), "--max-rows", "3"], capture_output=True, text=True)
+    assert out.returncode != 0 and "t.csv:5: more than 3 operations" in out.stderr, out.stderr

@@ -27,7 +27,7 @@ class Progress(ProgressOutput):
         usage = runner.c.store.usage()
         fill = "  ".join(f"{n} {u['used_bytes'] / u['capacity_bytes'] * 100:5.1f}%" for n, u in usage.items())
         done = rec.completed_requests()
-        failed = sum(1 for r in rec.requests[:done] if not r.ok)
+        failed = len(rec.requests) - done
         vals = (
             f"{elapsed_s:6.1f}s",
             str(done),
@@ -38,8 +38,8 @@ class Progress(ProgressOutput):
         )
         self.show(
             "kvtier bench",
-            ("elapsed", "requests", "failed", "read GB/s", "write GB/s", "tier fill"),
+            ("elapsed", "requests ok", "failed", "read GB/s", "write GB/s", "tier fill"),
             vals,
-            f"[kvtier] t={vals[0]} requests={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
+            f"[kvtier] t={vals[0]} requests_ok={vals[1]} failed={vals[2]} read={vals[3]} GB/s "
             f"write={vals[4]} GB/s fill: {fill}",
         )

@@ -399,7 +399,9 @@ class BenchConfig(RemoteTierFlags):
         "earlier bound)",
         group=ADDITIONS,
     )
-    max_requests: int = flag(0, "stop after this many completed requests (0 = none)", ge=0)
+    max_requests: int = flag(
+        0, "stop after this many requests did their work (failed ones do not count; 0 = none)", ge=0
+    )
     max_failure_rate: float = max_failure_rate_flag(group=ADDITIONS)
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
     request_log: str | None = flag(

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from kvtier.config.base import StrictModel, flag
+from kvtier.telemetry.iotrace import MAX_TRACE_ROWS
 
 TRACE_HELP = "I/O trace CSV (kvtier bench --io-trace-log, or the MLPerf reference's); .zst is read too"
 
@@ -18,19 +19,26 @@ def _tier_list(v: str) -> str:
     return ",".join(sorted(set(parts)))
 
 
-class TraceStatsConfig(StrictModel):
-    """``kvtier trace stats FILE``."""
+class TraceInput(StrictModel):
+    """The trace every ``kvtier trace`` command reads, and how much of it."""
 
     trace: str = flag(..., TRACE_HELP, cli=False)
-    interval: float = flag(1.0, "seconds per bin of the rate over time", gt=0)
     max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
+    max_rows: int = flag(
+        MAX_TRACE_ROWS, "operations read at most; a longer trace is refused (about 63 bytes of memory a row)", ge=1
+    )
+
+
+class TraceStatsConfig(TraceInput):
+    """``kvtier trace stats FILE``."""
+
+    interval: float = flag(1.0, "seconds per bin of the rate over time", gt=0)
     output: str | None = flag(None, "also write the statistics as JSON here")
 
 
-class TraceFioConfig(StrictModel):
+class TraceFioConfig(TraceInput):
     """``kvtier trace fio FILE --output job.fio``."""
 
-    trace: str = flag(..., TRACE_HELP, cli=False)
     output: str = flag(..., "the fio job file to write")
     tiers: str = flag("2", "tiers whose operations the job reproduces (Tier-N list; 2 = the storage tier)")
     directory: str = flag(".", "fio's directory= (where the job's file lives: the device under test)")
@@ -41,7 +49,6 @@ class TraceFioConfig(StrictModel):
     ioengine: Literal["libaio", "io_uring", "psync"] = flag("libaio", "fio ioengine")
     rate: bool = flag(True, "pace reads and writes at the trace's mean bytes/s (off: --no-rate)", cli=False)
     size_gb: float = flag(0, "fio file size, GB (0 = the trace's working set on those tiers, at least 1 GiB)", ge=0)
-    max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
 
     @field_validator("tiers")
     @classmethod
@@ -49,10 +56,9 @@ class TraceFioConfig(StrictModel):
         return _tier_list(v)
 
 
-class TraceReplayConfig(StrictModel):
+class TraceReplayConfig(TraceInput):
     """``kvtier trace replay FILE``: the trace's operations against kvtier's real tiers."""
 
-    trace: str = flag(..., TRACE_HELP, cli=False)
     cache_dir: str | None = flag(None, "directory of the storage tier (default: a new temporary directory)")
     speed: float = flag(1.0, "recorded times divided by this (0 = as fast as possible)", ge=0)
     workers: int = flag(8, "operations in flight at once (each key stays on one worker, in trace order)", ge=1, le=512)
@@ -65,7 +71,6 @@ class TraceReplayConfig(StrictModel):
     direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the storage tier")
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", ge=1, le=4096)
     model: str = flag("llama3.1-8b", "model whose bytes per token turn object sizes into tokens in the result")
-    max_bad_rows: int = flag(0, "malformed rows to skip (counted) before the file is refused", ge=0)
     output: str | None = flag(None, "result JSON (a kvtier bench result; default ./kvtier_trace_replay_<time>.json)")
     xlsx_output: str | None = flag(None, "also write the result as XLSX")
 

@@ -57,6 +57,12 @@ class SimConfig(OffloadTierConfig):
         pattern=r"^(auto|tiktoken|chars|hf:.+)$",
     )
     max_num_seqs: int = flag(256, "running sequences at most", ge=1)
+    max_num_batched_tokens: int = flag(
+        8192,
+        "prompt tokens one prefill chunk computes (vLLM's chunked prefill: a longer prompt's blocks are taken "
+        "chunk by chunk; its CPU build's default is 2048)",
+        ge=16,
+    )
     max_waiting: int = flag(1024, "requests waiting for a slot at most; more get 429 with Retry-After", ge=1)
     queue_timeout: float = flag(600.0, "seconds a request may wait for a slot before it gets 429", gt=0)
     idle_timeout: float = flag(15.0, "seconds an idle or half-sent connection is kept (the header-read deadline)", gt=0)

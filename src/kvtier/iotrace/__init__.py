@@ -33,7 +33,7 @@ def run_stats(cfg: TraceStatsConfig) -> dict[str, Any]:
     out = {
         "kind": "kvtier trace stats",
         "kvtier_version": __version__,
-        **trace_stats(read_trace(cfg.trace, cfg.max_bad_rows), cfg.interval),
+        **trace_stats(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg.interval),
     }
     if cfg.output:
         with open(cfg.output, "w", encoding="utf-8") as f:
@@ -46,7 +46,7 @@ def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     from kvtier.iotrace.fio import distil
 
     check_output_path("--output", cfg.output)
-    text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows), cfg)
+    text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg)
     with open(cfg.output, "w", encoding="utf-8") as f:
         f.write(text)
     return text, figures

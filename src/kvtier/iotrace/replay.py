@@ -298,7 +298,7 @@ def run(cfg: TraceReplayConfig, *, handle_signals: bool = False) -> BenchResult:
 
     check_output_path("--output", cfg.output)
     check_output_path("--xlsx-output", cfg.xlsx_output)
-    trace = read_trace(cfg.trace, cfg.max_bad_rows)
+    trace = read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows)
     remote = sorted({int(t) for t in trace.tier.tolist() if int(t) not in TIER_OF})
     if remote:  # a trace of a run with Redis/S3 tiers: their rows have no tier here to run on
         names = ", ".join(f"Tier-{t} ({TIER_BY_NUMBER.get(t, '?')})" for t in remote)

@@ -117,6 +117,7 @@ class VllmMetrics:
 
         self.running = g("vllm:num_requests_running", "requests in the running batch")
         self.waiting = g("vllm:num_requests_waiting", "requests waiting for a slot or KV blocks")
+        self.preemptions = c("vllm:num_preemptions", "requests preempted (their blocks freed, computed anew)")
         self.kv_usage = g("vllm:kv_cache_usage_perc", "fraction of GPU KV blocks in use (0-1)")
         self.pc_queries = c("vllm:prefix_cache_queries", "prompt tokens looked up in the GPU prefix cache")
         self.pc_hits = c("vllm:prefix_cache_hits", "prompt tokens found in the GPU prefix cache")
@@ -138,6 +139,14 @@ class VllmMetrics:
         self.offload_errors = g(
             "kvtier_sim:offload_errors",
             "failed calls to the offload tier: a cache server, Redis, S3 or files (treated as misses)",
+        )
+        self.offload_bypassed = g(
+            "kvtier_sim:offload_bypassed",
+            "requests recomputed without asking the offload tier: it failed repeatedly (its breaker was open)",
+        )
+        self.stores_skipped = g(
+            "kvtier_sim:offload_stores_skipped",
+            "stores after prefill not made: the tier's breaker was open, or 64 stores were already queued",
         )
         self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
         self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")

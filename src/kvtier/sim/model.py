@@ -23,6 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,70 +46,109 @@ def block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> 
 
 
 class GpuPrefixCache:
-    """Block-granular prefix cache with pinning and LRU eviction of unpinned blocks. Thread safe."""
+    """vLLM's block pool, block-granular: a request holds a list of blocks, each keyed by its prefix hash once
+    full (cached: another request's prompt can hit it) or anonymous while partial; blocks no request holds stay
+    cached in LRU order until a new block needs their room. Thread safe.
+
+    The rules that decide hit rates are vLLM 0.32's (v1/core): blocks are allocated chunk by chunk as a request
+    is scheduled (``grow``), and registered as cached then, before they are computed; a block a request fills
+    while decoding is cached too (``seal``; nothing later matches it, but it takes room); a request's blocks are
+    freed in reverse order (``free``: its tail is evicted before its head); and the admission gate counts the
+    whole prompt's blocks against the free ones (``admissible``, vLLM's ``full_sequence_must_fit``)."""
 
     def __init__(self, capacity_blocks: int, block_tokens: int = BLOCK_TOKENS) -> None:
         if capacity_blocks < 1:
             raise ConfigError(f"--gpu-kv-gb: too small to hold one {block_tokens}-token block of this model")
         self.capacity = capacity_blocks
         self.block_tokens = block_tokens
-        self._ref: dict[bytes, int] = {}
-        self._free: OrderedDict[bytes, None] = OrderedDict()  # cached, unpinned (LRU first)
-        self._anon = 0  # pinned blocks without a reusable hash (generated tokens, partial tails)
+        self._ref: dict[bytes, int] = {}  # cached blocks -> requests holding them
+        self._free: OrderedDict[bytes, None] = OrderedDict()  # cached, held by none (LRU first)
+        self._anon = 0  # held blocks without a key (a partial block, being filled)
         self._lock = threading.Lock()
 
     @property
     def used_blocks(self) -> int:
-        """Blocks held by running requests. Cached blocks no request holds count as free, as in
-        vLLM's kv_cache_usage_perc: they are reused (evicted) as soon as room is needed."""
+        """Blocks held by requests. Cached blocks no request holds count as free, as in vLLM's
+        kv_cache_usage_perc: they are reused (evicted) as soon as room is needed."""
         with self._lock:
             return len(self._ref) - len(self._free) + self._anon
 
-    def match(self, hashes: Sequence[bytes]) -> int:
-        with self._lock:
-            n = 0
-            for h in hashes:
-                if h not in self._ref:
-                    break
-                n += 1
-            return n
+    def _available(self) -> int:
+        """Blocks a request could take now: never used, or cached and held by none (evictable)."""
+        return self.capacity - (len(self._ref) - len(self._free)) - self._anon
 
-    def acquire(self, hashes: Sequence[bytes], anon_blocks: int, hittable: int | None = None) -> int | None:
-        """Pin the request's prefix blocks (allocating missing ones) plus anonymous blocks, and return how many
-        leading blocks (of the first ``hittable``) were already cached — or None, changing nothing, when there
-        is no room. The request's own cached blocks are pinned before anything is evicted (as vLLM touches a
-        request's hit blocks before it allocates): making room never evicts what the request is about to hit."""
+    def match(self, hashes: Sequence[bytes], limit: int | None = None) -> int:
+        """Leading blocks of ``hashes`` (of the first ``limit``) that are cached."""
         with self._lock:
-            limit = len(hashes) if hittable is None else min(hittable, len(hashes))
+            limit = len(hashes) if limit is None else min(limit, len(hashes))
             n = 0
             while n < limit and hashes[n] in self._ref:
                 n += 1
-            present = {h for h in hashes if h in self._ref}
-            missing = len(set(hashes) - present)
-            own_free = sum(1 for h in present if h in self._free)
-            evictable = len(self._free) - own_free
-            need = missing + anon_blocks
-            if len(self._ref) + self._anon + need - evictable > self.capacity:
-                return None
-            for h in present:  # pinned first: out of the free list before any eviction
-                self._free.pop(h, None)
-            while len(self._ref) + self._anon + need > self.capacity:
-                victim, _ = self._free.popitem(last=False)
-                del self._ref[victim]
-            for h in hashes:
-                self._ref[h] = self._ref.get(h, 0) + 1
-            self._anon += anon_blocks
             return n
 
-    def release(self, hashes: Sequence[bytes], anon_blocks: int) -> None:
-        """Unpin; blocks no request holds join the LRU end tail first (the prefix's last block is evicted
-        before its first, as vLLM frees a request's blocks in reverse order)."""
+    def admissible(self, hashes: Sequence[bytes], hit: int, total_blocks: int) -> bool:
+        """Whether a waiting request whose sequence needs ``total_blocks`` blocks, the first ``hit`` of them
+        cached, may start: the blocks it does not share with running requests must be free now (hits held by
+        none count, since touching them takes them off the free list)."""
         with self._lock:
-            for h in reversed(hashes):
+            shared = sum(1 for h in hashes[:hit] if h in self._ref and h not in self._free)
+            return total_blocks - shared <= self._available()
+
+    def grow(self, held: list[bytes | None], keys: Sequence[bytes], upto: int) -> bool:
+        """Extend a request's ``held`` blocks to ``upto`` blocks: block i is keyed ``keys[i]`` (held with the
+        requests already holding it, or allocated and cached) or anonymous past ``keys``. All or nothing:
+        False, changing nothing, when the free blocks cannot cover it. A block's own cached copy is taken off
+        the free list before anything is evicted, so making room never evicts what the request is about to
+        hit."""
+        with self._lock:
+            want = [keys[i] if i < len(keys) else None for i in range(len(held), upto)]
+            touched = {h for h in want if h is not None and h in self._ref}  # prefix hashes never repeat
+            need = sum(1 for h in want if h not in touched) + sum(1 for h in touched if h in self._free)
+            if need > self._available():
+                return False
+            for t in touched:  # off the free list before anything is evicted
+                self._free.pop(t, None)
+                self._ref[t] += 1
+            for h in want:
+                if h in touched:
+                    continue
+                while len(self._ref) + self._anon >= self.capacity:
+                    victim, _ = self._free.popitem(last=False)
+                    del self._ref[victim]
+                if h is None:
+                    self._anon += 1
+                else:
+                    self._ref[h] = 1
+            held.extend(want)
+            return True
+
+    def seal(self, held: list[bytes | None], index: int, key: bytes) -> None:
+        """Block ``index`` of a request filled up while decoding: cache it under ``key`` (vLLM hashes every
+        full block, the generated ones too)."""
+        with self._lock:
+            if held[index] is not None:
+                return
+            self._anon -= 1
+            if key in self._ref:  # already cached (the same generated block): share it, free our copy
+                if key in self._free:
+                    del self._free[key]
+                self._ref[key] += 1
+            else:
+                self._ref[key] = 1
+            held[index] = key
+
+    def free(self, held: list[bytes | None]) -> None:
+        """Give back a request's blocks, last first: cached ones no other request holds join the LRU end in
+        that order (the tail of the sequence is evicted before its head), anonymous ones are simply free."""
+        with self._lock:
+            for h in reversed(held):
+                if h is None:
+                    self._anon -= 1
+                    continue
                 self._ref[h] -= 1
                 if self._ref[h] == 0:
                     self._free[h] = None
-            self._anon -= anon_blocks
+            held.clear()
 
 
 @dataclass(frozen=True)
@@ -127,6 +167,8 @@ class _Measured:
 
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
     DEGRADED_S = 30.0  # /health says degraded while the last failure is this recent
+    BREAK_AFTER = 3  # consecutive failed calls open the breaker: the tier is bypassed (recompute) ...
+    BYPASS_S = 10.0  # ... this long, then one call probes it (a failed probe opens it again)
     kvpt: int
     errors = 0  # failed calls to the tier (a cache server, or an in-process Redis/S3/file tier)
     last_error = ""
@@ -141,6 +183,10 @@ class _Measured:
 
     def _init_measured(self) -> None:
         self._lock = threading.Lock()
+        self.consecutive_errors = 0
+        self.bypass_until = 0.0
+        self.bypassed_loads = 0  # requests recomputed without asking the tier: its breaker was open
+        self.bypassed_stores = 0  # stores not attempted for the same reason
         self.loaded_bytes = 0
         self.load_seconds = 0.0
         self.loads = 0
@@ -149,6 +195,42 @@ class _Measured:
         self.chunks_loaded = 0
         self.last_load_at = 0.0
         self._bw_ewma: float | None = None
+
+    def _note_error(self, message: str) -> None:
+        """One failed call (a timeout, a server gone, a malformed reply): counted, and BREAK_AFTER of them in a
+        row open the breaker, so a hung server costs a few requests their deadline, not every request."""
+        now = time.monotonic()
+        with self._lock:
+            self.errors += 1
+            self.last_error, self.last_error_at = message[:300], now
+            self.consecutive_errors += 1
+            if self.consecutive_errors >= self.BREAK_AFTER:
+                self.bypass_until = now + self.BYPASS_S
+
+    def _note_ok(self) -> None:
+        with self._lock:
+            self.consecutive_errors = 0
+
+    def admit(self, what: str) -> bool:
+        """Whether a call may go to the tier now. While the breaker is open the answer is no (the caller
+        recomputes, or skips the store, and it is counted); once BYPASS_S has passed one caller is let
+        through as the probe, and the breaker stays open for the others until the probe succeeds."""
+        with self._lock:
+            if self.consecutive_errors < self.BREAK_AFTER:
+                return True
+            now = time.monotonic()
+            if now >= self.bypass_until:
+                self.bypass_until = now + self.BYPASS_S
+                return True
+            if what == "load":
+                self.bypassed_loads += 1
+            else:
+                self.bypassed_stores += 1
+            return False
+
+    @property
+    def breaker_open(self) -> bool:
+        return self.consecutive_errors >= self.BREAK_AFTER
 
     def _note_load(self, dt: float, nbytes: int, found: int) -> None:
         with self._lock:
@@ -206,9 +288,13 @@ class Offload(_Measured):
         else:
             raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
+        self._remote = remote
         self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
         self._bufs = threading.local()
         self._init_measured()
+        self._store_pool = ThreadPoolExecutor(self.STORE_THREADS, thread_name_prefix="kvtier-sim-store")
+        self._pending_stores = 0
+        self.stores_skipped_busy = 0
 
     def _buf(self) -> memoryview:
         b = getattr(self._bufs, "b", None)
@@ -228,9 +314,7 @@ class Offload(_Measured):
         recomputed, and the failure counted (kvtier_sim:offload_errors) and shown by /health."""
         if isinstance(e, TierFullError) and not isinstance(e.__cause__, OSError):
             return  # no room, nothing failed
-        with self._lock:
-            self.errors += 1
-            self.last_error, self.last_error_at = str(e), time.monotonic()
+        self._note_error(str(e))
 
     def lookup(self, keys: Sequence[str]) -> int:
         n = 0
@@ -245,27 +329,35 @@ class Offload(_Measured):
         buf = self._buf()
         t0 = time.perf_counter()
         nbytes = found = 0
+        failed = False
         for k in keys:
             try:
                 r = self.store.get(k, buf)
             except StorageError as e:
                 self._failed(e)
+                failed = True
                 break
             if not r.hit:
                 break  # evicted since the lookup: the rest is recomputed
             nbytes += r.nbytes
             found += 1
         dt = time.perf_counter() - t0
+        if not failed:
+            self._note_ok()
         self._note_load(dt, nbytes, found)
         return dt, nbytes, found
 
     def save(self, keys: Sequence[str]) -> int:
         """Store chunks not already present (the store path after prefill); returns the bytes
         written. Runs in a worker thread."""
+        if not self.admit("store"):
+            return 0
         buf = self._buf()
         chunk_bytes = self.cfg.chunk_tokens * self.kvpt
         t0 = time.perf_counter()
         n = 0
+        errors_before, _ = self.recorder.error_total()
+        failed = False
         for k in keys:
             if self.store.location(k) is not None:
                 continue
@@ -274,7 +366,15 @@ class Offload(_Measured):
                 n += chunk_bytes
             except StorageError as e:
                 self._failed(e)
+                failed = True
                 break
+            errors_now, message = self.recorder.error_total()
+            if errors_now > errors_before:  # a demotion to the tier below failed (the store counted it)
+                self._note_error(message)
+                failed = True
+                break
+        if not failed:
+            self._note_ok()
         with self._lock:
             self.stored_bytes += n
             self.store_seconds += time.perf_counter() - t0
@@ -287,9 +387,26 @@ class Offload(_Measured):
     async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
         return await asyncio.to_thread(self.load, keys)
 
+    STORE_THREADS = 2  # the store path's own threads: a slow or hung tier never takes the request path's
+    MAX_PENDING_STORES = 64  # stores queued behind them at most; past it a store is skipped, counted
+
     def store_later(self, keys: Sequence[str]) -> None:
-        """The store path after prefill, off the request's path."""
-        asyncio.get_running_loop().run_in_executor(None, self.save, keys)
+        """The store path after prefill, off the request's path and off its threads (a store waiting out a
+        hung server's deadline must not delay the next request's lookup)."""
+        with self._lock:
+            if self._pending_stores >= self.MAX_PENDING_STORES:
+                self.stores_skipped_busy += 1
+                return
+            self._pending_stores += 1
+
+        def run() -> None:
+            try:
+                self.save(keys)
+            finally:
+                with self._lock:
+                    self._pending_stores -= 1
+
+        self._store_pool.submit(run)
 
     def usage(self) -> dict[str, Any] | None:
         u = self.store.usage()
@@ -305,6 +422,13 @@ class Offload(_Measured):
         pass
 
     def close(self) -> None:
+        """Stores not begun are dropped. A remote tier with stores in flight or recent failures is aborted first
+        (those stores fail at once, its cleanup gets a second a call: what they wrote is deleted anyway), so a
+        hung server cannot hold the sim's exit."""
+        abort = getattr(self._remote, "abort", None)
+        if abort is not None and (self._pending_stores or self.recent_error is not None):
+            abort()
+        self._store_pool.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
 
@@ -369,12 +493,11 @@ class RemoteOffload(_Measured):
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
                 reply: dict[str, Any] = await r.json()
-                return reply
         except Exception as e:  # noqa: BLE001 - any failure of the shared tier is a miss, counted
-            self.errors += 1
-            self.last_error = f"{path}: {type(e).__name__}: {e}"[:300]
-            self.last_error_at = time.monotonic()
+            self._note_error(f"{path}: {type(e).__name__}: {e}")
             return None
+        self._note_ok()
+        return reply
 
     def _counts(self, path: str, reply: dict[str, Any] | None, keys: Sequence[str], *fields: str) -> list[int]:
         """Non-negative integer fields of a reply; a missing or malformed one is an error (all zeros).
@@ -383,8 +506,7 @@ class RemoteOffload(_Measured):
             return [0] * len(fields)
         values = [reply.get(f) for f in fields]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            self.errors += 1
-            self.last_error, self.last_error_at = f"{path}: malformed reply {str(reply)[:200]}", time.monotonic()
+            self._note_error(f"{path}: malformed reply {str(reply)[:200]}")
             return [0] * len(fields)
         counts = [int(v) for v in values]  # type: ignore[arg-type]  # checked just above
         if fields[0] == "found":
@@ -404,6 +526,9 @@ class RemoteOffload(_Measured):
         return dt, nbytes, found
 
     def store_later(self, keys: Sequence[str]) -> None:
+        if not self.admit("store"):
+            return
+
         async def store() -> None:
             t0 = time.perf_counter()
             r = await self._post("/v1/store", {"keys": list(keys), "chunk_bytes": self.cfg.chunk_tokens * self.kvpt})

@@ -1,10 +1,13 @@
 """The OpenAI-compatible HTTP front of kvtier sim (aiohttp), with vLLM/LMCache-named metrics.
 
 Latency model per request:
-  TTFT = queue wait (real: waiting for a sequence slot and GPU blocks)
+  TTFT = queue wait (real: waiting for a sequence slot and GPU blocks; vLLM's scheduler rules,
+         docs/architecture.md "The simulator against a real vLLM": first come first served, the whole
+         sequence must fit to start, no blocks reserved for output, recompute preemption)
        + offload load time                                   (real reads, measured)
        + wait for the GPU's prefill compute                  (modelled: one FIFO, see below)
-       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept)
+       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept; in chunks of
+         --max-num-batched-tokens, each chunk's blocks taken when it is queued)
   then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept; one
   batch step hands a token to every decoding sequence).
 Prefill compute is one shared resource: the GPU runs one forward pass at a time, so concurrent
@@ -20,6 +23,7 @@ import json
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,18 +76,63 @@ class SimSettings:
     max_model_len: int | None = None  # at most this (else what the GPU holds, up to MAX_MODEL_LEN)
     tokenizer: str = "auto"  # kvtier.tokenizer kinds; hf:DIR of a kvtier model make folder renders its template
     body_timeout_s: float = 30.0  # a request body must arrive within this (HTTP 408 otherwise)
+    max_num_batched_tokens: int = 8192  # a prefill chunk, tokens (vLLM's chunked prefill)
+
+
+class _Req:
+    """One request as the scheduler sees it: its block keys (the prompt's full blocks, then one per block it
+    fills while decoding), the blocks it holds, how far it is computed, and whether it was preempted."""
+
+    __slots__ = (
+        "keys",
+        "prompt_len",
+        "generated",
+        "held",
+        "ready",
+        "hit_blocks",
+        "computed",
+        "preemptions",
+        "seq",
+        "keys_base",
+    )
+    _ids = 0
+
+    def __init__(self, keys: list[bytes], prompt_len: int, ready: asyncio.Future[None]) -> None:
+        self.keys = keys
+        self.prompt_len = prompt_len
+        self.generated = 0
+        self.held: list[bytes | None] = []
+        self.ready = ready
+        self.hit_blocks = 0
+        self.computed = 0
+        self.preemptions = 0
+        self.seq: _Seq | None = None
+        _Req._ids += 1
+        self.keys_base = _Req._ids
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
+
+    def block_key(self) -> bytes:
+        """The key of the next block this request fills while decoding: unique to it (no other prompt can
+        match generated tokens the replay never sends back), and kept so a preempted request hits it."""
+        key = b"gen:" + self.keys_base.to_bytes(8, "little") + len(self.keys).to_bytes(4, "little")
+        self.keys.append(key)
+        return key
 
 
 class _Seq:
-    """One decoding sequence in the batch: tokens left, the sink for its tokens, token times."""
+    """One decoding sequence in the batch: tokens left, the sink for its tokens, token times, its request."""
 
-    __slots__ = ("left", "emit", "stamps", "done")
+    __slots__ = ("left", "emit", "stamps", "done", "req")
 
-    def __init__(self, left: int, emit: Any, t_first: float) -> None:
+    def __init__(self, left: int, emit: Any, t_first: float, req: _Req | None = None) -> None:
         self.left = left
         self.emit = emit
         self.stamps = [t_first]
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.req = req
 
 
 def chat_renderer(tokenizer: str) -> Callable[[Sequence[dict[str, Any]]], str]:
@@ -125,9 +174,8 @@ class SimEngine:
         self.tokenizer = tokenizer or load_tokenizer(s.tokenizer)
         self.render_chat = chat_renderer(s.tokenizer)
         self.metrics = VllmMetrics(s.served_model_name)
-        self.running = 0
-        self.waiting = 0
-        self._admit = asyncio.Condition()
+        self._running: list[_Req] = []  # in the order they started (the last one is preempted first)
+        self._waiting: deque[_Req] = deque()  # first come, first served; a preempted request at the front
         self._seqs: set[_Seq] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._prefill_free_at = 0.0  # when the modelled GPU finishes the prefill work queued so far
@@ -143,6 +191,117 @@ class SimEngine:
             m.lmcache.update(o)
             if o.errors:
                 m.offload_errors.set(o.errors)
+                m.offload_bypassed.set(o.bypassed_loads)
+            m.stores_skipped.set(o.bypassed_stores + getattr(o, "stores_skipped_busy", 0))
+
+    # -- the scheduler: vLLM's rules for who runs and who holds which blocks ------------------------------
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _schedule(self) -> None:
+        """Admit waiting requests first come, first served (a preempted one is at the front): the head starts
+        when a slot is free and its whole sequence fits (vLLM's admission gate); while it does not, no one behind
+        it starts. A started request holds its cached prefix and the blocks of its first chunk at once."""
+        while self._waiting and len(self._running) < self.s.max_num_seqs:
+            r = self._waiting[0]
+            hit = self.gpu.match(r.keys, (r.num_tokens - 1) // self.block)  # the last token is always computed
+            total = -(-r.num_tokens // self.block)
+            if not self.gpu.admissible(r.keys, hit, total):
+                return
+            first = min(hit * self.block + self.s.max_num_batched_tokens, r.num_tokens)
+            if not self.gpu.grow(r.held, r.keys, -(-first // self.block)):
+                return
+            self._waiting.popleft()
+            r.hit_blocks, r.computed = hit, hit * self.block
+            self._running.append(r)
+            if not r.ready.done():
+                r.ready.set_result(None)
+
+    def _preempt(self, victim: _Req) -> None:
+        """vLLM's recompute preemption: the victim's blocks are freed (its cached ones stay cached, tail first),
+        it goes back to the front of the queue and, when it starts again, computes its whole sequence anew."""
+        self._running.remove(victim)
+        self.gpu.free(victim.held)
+        victim.preemptions += 1
+        victim.ready = asyncio.get_running_loop().create_future()
+        self._waiting.appendleft(victim)
+        self.metrics.preemptions.inc()
+        if victim.seq is not None:
+            self._seqs.discard(victim.seq)
+            if not victim.seq.done.done():
+                victim.seq.done.set_result(None)
+
+    def _grow(self, r: _Req, tokens: int) -> bool:
+        """Blocks for ``tokens`` of ``r``'s sequence, preempting the latest-started running request (``r``
+        itself last) until they fit: False when ``r`` was the one preempted."""
+        need = -(-tokens // self.block)
+        while not self.gpu.grow(r.held, r.keys, need):
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is r:
+                return False
+        return True
+
+    def _filled(self, r: _Req) -> None:
+        """After a token: when it filled a block, vLLM caches that block (nothing will match it, but it takes
+        room in the LRU like any other)."""
+        i = r.num_tokens // self.block - 1
+        if r.num_tokens % self.block == 0 and i < len(r.held) and i == len(r.keys):
+            self.gpu.seal(r.held, i, r.block_key())
+
+    def _finish(self, r: _Req) -> None:
+        if r in self._running:
+            self._running.remove(r)
+        elif r in self._waiting:
+            self._waiting.remove(r)
+        self.gpu.free(r.held)
+        self._schedule()
+        self.refresh_metrics()
+
+    async def _start(self, r: _Req) -> None:
+        """Wait until ``r`` is admitted (``--queue-timeout``; Busy past it)."""
+        self._schedule()
+        self.refresh_metrics()
+        try:
+            await asyncio.wait_for(asyncio.shield(r.ready), self.s.queue_timeout_s)
+        except TimeoutError:
+            raise Busy(f"waited {self.s.queue_timeout_s:g} s for a slot (--queue-timeout)") from None
+
+    async def _prefill(self, r: _Req, loaded: int = 0) -> bool:
+        """Compute ``r``'s sequence from what it holds, chunk by chunk (``--max-num-batched-tokens``), each chunk's
+        blocks allocated as it is scheduled and its compute queued on the one modelled GPU; ``loaded`` tokens past
+        the GPU hit came from the offload tier (blocks, no compute). False when ``r`` was preempted meanwhile."""
+        s = self.s
+        epoch = r.preemptions
+        r.computed += loaded
+        overhead = s.prefill_overhead_ms / 1e3
+        while r.computed < r.num_tokens:
+            n = min(s.max_num_batched_tokens, r.num_tokens - r.computed)
+            if not self._grow(r, r.computed + n):
+                return False
+            now = time.perf_counter()
+            self._prefill_free_at = max(now, self._prefill_free_at) + overhead + n / s.prefill_tps
+            overhead = 0.0
+            await asyncio.sleep(self._prefill_free_at - now)
+            if r.preemptions != epoch:  # preempted while its chunk ran: that work is lost
+                return False
+            r.computed += n
+        return True
+
+    async def _compute(self, r: _Req, loaded: int = 0) -> None:
+        """Until ``r``'s whole sequence is computed: started again (and computed anew) each time it is preempted."""
+        while True:
+            if r not in self._running:
+                await self._start(r)
+                loaded = 0
+            if await self._prefill(r, loaded):
+                return
+            loaded = 0
 
     def _join(self, seq: _Seq) -> None:
         self._seqs.add(seq)
@@ -153,8 +312,10 @@ class SimEngine:
         """Continuous-batching decode: one timer per step for the whole batch (not one per token).
 
         A step lasts tpot x (1 + batch_slowdown x (running - 1)); at its end every decoding sequence
-        gets its next token. Steps are scheduled on absolute deadlines, so per-step work does not
-        stretch the modelled time unless the host cannot keep up."""
+        gets its next token, in the order the requests started, each first taking a new block when its
+        sequence fills one (preempting the latest-started request when none is free, as vLLM does). Steps
+        are scheduled on absolute deadlines, so per-step work does not stretch the modelled time unless
+        the host cannot keep up."""
         s, clock, sleep = self.s, time.perf_counter, asyncio.sleep
         tpot, slow = s.tpot_ms / 1e3, s.batch_slowdown
         due = clock()
@@ -167,7 +328,13 @@ class SimEngine:
             else:
                 due = now  # behind schedule: do not try to catch up with a burst of steps
                 await sleep(0)
-            for q in list(self._seqs):
+            order = {id(r): i for i, r in enumerate(self._running)}
+            for q in sorted(self._seqs, key=lambda q: order.get(id(q.req), -1)):
+                if q not in self._seqs:
+                    continue  # preempted earlier in this step
+                r = q.req
+                if r is not None and not self._grow(r, r.num_tokens + 1):
+                    continue  # preempted: it starts again from the queue
                 try:
                     sent = True if q.emit is None else q.emit(len(q.stamps))
                 except Exception:  # noqa: BLE001 - one broken stream must not stop the batch
@@ -177,12 +344,17 @@ class SimEngine:
                 if sent:
                     q.stamps.append(now)
                     q.left -= 1
+                    if r is not None:
+                        r.generated += 1
+                        self._filled(r)
                 else:
                     q.left = 0  # the client went away: stop decoding this sequence
                 if q.left <= 0:
                     self._seqs.discard(q)
                     if not q.done.done():
                         q.done.set_result(None)
+            if self._waiting:
+                self._schedule()
 
     @property
     def max_model_len(self) -> int:
@@ -223,36 +395,15 @@ class SimEngine:
         t_arrive = time.perf_counter()
         self.check_fits(len(prompt_ids), max_tokens)
         hashes = await asyncio.to_thread(block_hashes, prompt_ids, self.block)  # a long prompt stays off the loop
-        anon = math.ceil((len(prompt_ids) + max_tokens) / self.block) - len(hashes)
-        hittable = (len(prompt_ids) - 1) // self.block  # vLLM computes the last token: its block cannot hit
         if self.waiting >= s.max_waiting:
             raise Busy(f"{self.waiting} requests are already waiting (--max-waiting {s.max_waiting})")
-        self.waiting += 1
-        self.refresh_metrics()
-        hit: list[int] = []
-
-        def admitted() -> bool:
-            if self.running >= s.max_num_seqs:
-                return False
-            n = self.gpu.acquire(hashes, anon, hittable)
-            if n is None:
-                return False
-            hit.append(n)
-            return True
-
-        try:  # a request that leaves or times out while waiting is no longer counted as waiting
-            async with self._admit:
-                try:
-                    await asyncio.wait_for(self._admit.wait_for(admitted), s.queue_timeout_s)
-                except TimeoutError:
-                    raise Busy(f"waited {s.queue_timeout_s:g} s for a slot (--queue-timeout)") from None
-                self.running += 1
-        finally:
-            self.waiting -= 1
+        r = _Req(hashes, len(prompt_ids), asyncio.get_running_loop().create_future())
+        self._waiting.append(r)
         try:
+            await self._start(r)
             t_admit = time.perf_counter()
             m.queue.observe(t_admit - t_arrive)
-            gpu_hit = hit[0] * self.block
+            gpu_hit = r.hit_blocks * self.block
             m.pc_queries.inc(len(prompt_ids))
             m.pc_hits.inc(gpu_hit)
             load_s, ext = 0.0, 0
@@ -262,7 +413,8 @@ class SimEngine:
                 keys = await asyncio.to_thread(o.chunk_keys, prompt_ids)
                 m.ext_queries.inc(max(0, len(prompt_ids) - gpu_hit))
                 m.lm_req.inc(len(prompt_ids))
-                n = min(await o.alookup(keys), len(keys))  # a (remote) tier's count is clamped to the prompt
+                # a (remote) tier's count is clamped to the prompt; with its breaker open the tier is not asked
+                n = min(await o.alookup(keys), len(keys)) if o.admit("load") else 0
                 m.lm_hit.inc(n * o.cfg.chunk_tokens)
                 first_chunk = gpu_hit // o.cfg.chunk_tokens
                 cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
@@ -271,15 +423,13 @@ class SimEngine:
                         load_s, nbytes, found = await o.aload(keys[first_chunk:n])
                         found = max(0, min(found, n - first_chunk))
                         ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
+                        ext = min(ext, len(prompt_ids) - 1 - gpu_hit)  # the last token is computed
                         m.lm_loaded.inc(found)
                     else:
                         m.gate_recompute.inc()
                 m.ext_hits.inc(ext)
-            uncached = len(prompt_ids) - gpu_hit - ext
-            model_s = s.prefill_overhead_ms / 1e3 + uncached / s.prefill_tps
-            now = time.perf_counter()
-            self._prefill_free_at = max(now, self._prefill_free_at) + model_s
-            await asyncio.sleep(self._prefill_free_at - now)
+            await self._compute(r, ext if r.preemptions == 0 else 0)
+            epoch = r.preemptions
             t_first = time.perf_counter()
             m.prefill.observe(t_first - t_admit)
             m.ttft.observe(t_first - t_arrive)
@@ -296,11 +446,18 @@ class SimEngine:
                     "queue_s": t_admit - t_arrive,
                 },
             )
+            r.generated = 1
+            self._filled(r)
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
             # step ticker, which hands one token to every running sequence per step.
-            seq = _Seq(max_tokens - 1, emit, t_first)
+            seq = _Seq(max_tokens - 1, emit, t_first, r)
+            r.seq = seq
             try:
-                if seq.left > 0:
+                while seq.left > 0:
+                    if r.preemptions != epoch:  # preempted while decoding: queued, prompt + output computed anew
+                        await self._compute(r)
+                        epoch = r.preemptions
+                    seq.done = asyncio.get_running_loop().create_future()
                     self._join(seq)
                     await seq.done
             finally:
@@ -318,11 +475,7 @@ class SimEngine:
             m.success.inc()
             yield "done", max_tokens
         finally:
-            self.gpu.release(hashes, anon)
-            async with self._admit:
-                self.running -= 1
-                self._admit.notify_all()
-            self.refresh_metrics()
+            self._finish(r)
 
 
 WORDS = (
@@ -520,9 +673,14 @@ def make_app(engine: SimEngine) -> web.Application:
         """200 always (the server is up); the body says ``degraded`` while its shared offload tier fails."""
         o = engine.offload
         err = getattr(o, "recent_error", None) if o is not None else None
-        body = {"status": "degraded" if err else "ok", "offload_errors": o.errors if o is not None else 0}
+        body: dict[str, Any] = {
+            "status": "degraded" if err else "ok",
+            "offload_errors": o.errors if o is not None else 0,
+        }
         if err:
             body["last_offload_error"] = err
+        if o is not None and o.breaker_open:  # the tier is being bypassed: requests recompute
+            body["offload_bypassed"] = {"loads": o.bypassed_loads, "stores": o.bypassed_stores}
         return web.json_response(body)
 
     async def metrics(request: web.Request) -> web.Response:

@@ -68,6 +68,7 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         max_model_len=cfg.max_model_len,
         tokenizer=cfg.tokenizer,
         body_timeout_s=cfg.body_timeout,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
     )
 
 

@@ -20,6 +20,7 @@ thread formats nothing, it only compresses and writes whole batches in order.
 
 from __future__ import annotations
 
+import array
 import csv
 import io
 import math
@@ -253,19 +254,27 @@ def _checked(text: str, column: str, kind: type) -> Any:
         raise ValueError(f"{column} {text[:40]!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
-def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
+MAX_TRACE_ROWS = 50_000_000
+"""Rows read at most by default (``--max-rows``): reading peaks at about 63 bytes a row (34 in the columns, the
+rest while sorting by time; benchmarks/hostile_inputs.py), plus each distinct key once, so about 3 GB at 50 M
+rows; a longer trace is refused at the first row past it, naming the flag."""
+
+
+def read_trace(path: str, max_bad_rows: int = 0, max_rows: int = MAX_TRACE_ROWS) -> IOTrace:
     """Load a trace written by kvtier or by the reference (same columns, any column order).
 
-    Raises DatasetError naming the file and line for a missing file, a wrong header or a bad row
-    (more than ``max_bad_rows`` of them; fewer are skipped and counted)."""
+    Rows are gathered in typed arrays (8 bytes for the time, size and key, 1 for the rest: no Python object
+    a row), and at most ``max_rows`` of them. Raises DatasetError naming the file and line for a missing
+    file, a wrong header, a bad row (more than ``max_bad_rows`` of them; fewer are skipped and counted) or
+    a row past ``max_rows``."""
     if not os.path.isfile(path):
         raise DatasetError(f"{path}: no such file")
-    ts: list[float] = []
-    ops: list[int] = []
-    sizes: list[int] = []
-    tiers: list[int] = []
-    key_ids: list[int] = []
-    phase_ids: list[int] = []
+    ts = array.array("d")
+    ops = array.array("b")
+    sizes = array.array("q")
+    tiers = array.array("b")
+    key_ids = array.array("q")
+    phase_ids = array.array("b")
     keys: dict[str, int] = {}
     phases: dict[str, int] = {p: i for i, p in enumerate(PHASE_NAMES)}
     skipped = 0
@@ -310,6 +319,11 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
                         what = f"unknown value {e}" if isinstance(e, KeyError) else str(e)
                         raise DatasetError(f"{path}:{line}: bad row ({what}): {','.join(row)[:200]}") from None
                     continue
+                if len(ts) >= max_rows:
+                    raise DatasetError(
+                        f"{path}:{line}: more than {max_rows:,} operations; give --max-rows to read more "
+                        "(about 63 bytes of memory a row while reading, and each distinct key once)"
+                    )
                 ts.append(t)
                 ops.append(o)
                 sizes.append(n)
@@ -332,15 +346,16 @@ def read_trace(path: str, max_bad_rows: int = 0) -> IOTrace:
         raise DatasetError(f"{path}: cannot read: {e}") from e
     if not ts:
         raise DatasetError(f"{path}: no operations (only a header)")
-    order = np.argsort(np.asarray(ts), kind="stable")  # rows are written per batch; sort by time once
+    t_col = np.frombuffer(ts, dtype=np.float64)
+    order = np.argsort(t_col, kind="stable")  # rows are written per batch; sort by time once
     return IOTrace(
         path,
-        np.asarray(ts, dtype=np.float64)[order],
-        np.asarray(ops, dtype=np.int8)[order],
-        np.asarray(sizes, dtype=np.int64)[order],
-        np.asarray(tiers, dtype=np.int8)[order],
-        np.asarray(key_ids, dtype=np.int64)[order],
-        np.asarray(phase_ids, dtype=np.int8)[order],
+        t_col[order],
+        np.frombuffer(ops, dtype=np.int8)[order],
+        np.frombuffer(sizes, dtype=np.int64)[order],
+        np.frombuffer(tiers, dtype=np.int8)[order],
+        np.frombuffer(key_ids, dtype=np.int64)[order],
+        np.frombuffer(phase_ids, dtype=np.int8)[order],
         list(keys),
         list(phases),
         skipped,
@@ -355,6 +370,7 @@ __all__ = [
     "IOTraceWriter",
     "IOTrace",
     "read_trace",
+    "MAX_TRACE_ROWS",
     "TIER_BY_NUMBER",
     "check_trace_path",
     "rank_trace_path",

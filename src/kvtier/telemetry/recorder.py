@@ -73,6 +73,7 @@ class Recorder:
     requests: list[RequestRecord] = field(default_factory=list)
     clock: Clock = MONOTONIC
     unavailable: str | None = None  # the first "server unreachable" error of a remote tier (the run stops)
+    ok_requests: int = 0  # records with ok
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # EventSink
@@ -96,8 +97,16 @@ class Recorder:
         with self._lock:
             self.counters[name] += n
 
+    def error_total(self) -> tuple[int, str]:
+        """(failed tier operations so far, the last one's message), read under the lock."""
+        with self._lock:
+            return sum(self.errors.values()), (self.error_messages[-1] if self.error_messages else "")
+
     def request(self, rec: RequestRecord) -> None:
-        self.requests.append(rec)
+        with self._lock:
+            self.requests.append(rec)
+            if rec.ok:
+                self.ok_requests += 1
 
     # Progress snapshots (cheap: lengths and running sums over appended lists)
     def bytes_moved(self, op: str) -> int:
@@ -108,4 +117,6 @@ class Recorder:
         return total
 
     def completed_requests(self) -> int:
-        return len(self.requests)
+        """Requests that did their work (``ok``): what --max-requests counts. A failed request is in
+        ``requests`` too, counted by cause, but does not bring the run's end nearer."""
+        return self.ok_requests

@@ -103,7 +103,10 @@ def test_only_ours_needs_the_whole_prefix_and_something_after_it():
 
 
 class Hung(IgnoresMatch):
-    """Answers INFO and DBSIZE, then never answers anything else (a hung server)."""
+    """Answers INFO and DBSIZE, then never answers anything else (a hung server); ``stalls`` counts the
+    commands it left unanswered."""
+
+    stalls = 0
 
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
@@ -115,6 +118,7 @@ class Hung(IgnoresMatch):
                 elif cmd[0].upper() == "DBSIZE":
                     conn.sendall(b":0\r\n")
                 else:
+                    self.stalls += 1
                     threading.Event().wait(60)  # never answers
                     return
 

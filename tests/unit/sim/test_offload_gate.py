@@ -37,3 +37,30 @@ def test_gate_recomputes_on_slow_measurements_and_probes_again_later(tmp_path):
         assert o.gate(10_000, prefill_tps=1e6)
     finally:
         o.close()
+
+
+def test_the_breaker_opens_after_three_failures_probes_once_and_closes_on_success(tmp_path, monkeypatch):
+    import time
+
+    o = make(tmp_path)
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    try:
+        for _ in range(2):
+            o._note_error("timed out")
+        assert o.admit("load") and not o.breaker_open  # two in a row: still asked
+        o._note_error("timed out")
+        assert o.breaker_open and not o.admit("load") and not o.admit("store")
+        assert (o.bypassed_loads, o.bypassed_stores, o.errors) == (1, 1, 3)
+        now[0] += o.BYPASS_S
+        assert o.admit("load")  # the probe
+        assert not o.admit("load")  # only one
+        o._note_error("timed out")  # the probe failed: open for another BYPASS_S
+        now[0] += o.BYPASS_S / 2
+        assert not o.admit("store")
+        now[0] += o.BYPASS_S
+        assert o.admit("load")
+        o._note_ok()  # the probe succeeded: closed
+        assert not o.breaker_open and o.admit("load") and o.admit("store")
+    finally:
+        o.close()
