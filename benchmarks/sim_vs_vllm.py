@@ -13,8 +13,10 @@ another's cache.
 Printed per concurrency: each server's overall prefix hit rate from its own counters (the replay's scrape:
 hits / queries over the run, no warm-up) and the hit rate per turn of a virtual user (Σ cached / Σ prompt
 tokens from usage.prompt_tokens_details), then the prompt tokens each counted (a template mismatch would
-show here). Last line: ``sim_vs_vllm hit_rate_vllm=… hit_rate_sim=… abs_diff=…`` over both concurrencies
-(Σ hits / Σ queries of each server), with the worst single concurrency's difference beside it.
+show here). Last line: ``sim_vs_vllm hit_rate_vllm=… hit_rate_sim=… abs_diff=…`` over both concurrencies and all
+``--trials`` (Σ hits / Σ queries of each server), with the worst single concurrency's difference (of the
+trials' means) beside it. At concurrency 4 the arrival order of the users' turns decides which prefixes
+survive, and it varies from run to run on both servers: ``--trials 3`` prints each one's spread.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def main() -> None:
                     help="vLLM's prefill chunk (0: its CPU default, 2048; >= --max-model-len: unchunked)")  # fmt: skip
     ap.add_argument("--sim-prefill-tps", type=float, default=8000.0, help="near the CPU build's, measured here")
     ap.add_argument("--sim-tpot-ms", type=float, default=40.0)
+    ap.add_argument("--trials", type=int, default=1,
+                    help="runs of each concurrency on each server (fresh ones): means and spreads")  # fmt: skip
     ap.add_argument("--vllm-results", type=Path, default=None,
                     help="a JSON file of vLLM's side: read when it exists (same flags), written when not")  # fmt: skip
     a = ap.parse_args()
@@ -127,10 +131,12 @@ def main() -> None:
     totals = {"vllm": [0.0, 0.0], "sim": [0.0, 0.0]}
     worst = 0.0
     saved = json.loads(a.vllm_results.read_text()) if a.vllm_results and a.vllm_results.exists() else {}
-    for conc in a.concurrency:
+    rates: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for conc, trial in [(c, t) for c in a.concurrency for t in range(a.trials)]:
         got = {}
-        if str(conc) in saved:
-            got["vllm"] = saved[str(conc)]
+        tag = str(conc) if trial == 0 else f"{conc}.{trial}"
+        if tag in saved:
+            got["vllm"] = saved[tag]
             got["vllm"]["per_turn"] = {int(k): v for k, v in got["vllm"]["per_turn"].items()}
         else:
             (port,) = free_ports(1)
@@ -146,7 +152,7 @@ def main() -> None:
                 got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
             finally:
                 srv.stop()
-            saved[str(conc)] = got["vllm"]
+            saved[tag] = got["vllm"]
             if a.vllm_results:
                 a.vllm_results.write_text(json.dumps(saved))
         (port,) = free_ports(1)
@@ -165,7 +171,14 @@ def main() -> None:
             # pooled over the concurrencies from the usage counts (the counters' deltas agree with them)
             totals[who][0] += r["cached"]
             totals[who][1] += r["prompt"]
-        worst = max(worst, abs(got["vllm"]["hit_rate"] - got["sim"]["hit_rate"]))
+            rates[(conc, who)].append(r["hit_rate"])
+    for conc in a.concurrency:  # each concurrency over its trials: the mean, and each server's own spread
+        mv, ms = (sum(rates[(conc, w)]) / len(rates[(conc, w)]) for w in ("vllm", "sim"))
+        worst = max(worst, abs(mv - ms))
+        if a.trials > 1:
+            spread = {w: max(rates[(conc, w)]) - min(rates[(conc, w)]) for w in ("vllm", "sim")}
+            print(f"concurrency {conc} over {a.trials} trials: vllm {mv:.4f} (spread {spread['vllm']:.4f}), "
+                  f"sim {ms:.4f} (spread {spread['sim']:.4f})")  # fmt: skip
     hv, hs = (totals[w][0] / totals[w][1] for w in ("vllm", "sim"))
     print(
         f"sim_vs_vllm hit_rate_vllm={hv:.4f} hit_rate_sim={hs:.4f} abs_diff={abs(hv - hs):.4f} "

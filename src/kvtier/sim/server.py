@@ -205,9 +205,14 @@ class SimEngine:
 
     def _schedule(self) -> None:
         """Admit waiting requests first come, first served (a preempted one is at the front): the head starts
-        when a slot is free and its whole sequence fits (vLLM's admission gate); while it does not, no one behind
-        it starts. A started request holds its cached prefix and the blocks of its first chunk at once."""
+        when a slot is free, the running requests' prefills leave some of a step's token budget
+        (--max-num-batched-tokens: vLLM schedules running requests first), and its whole sequence fits (vLLM's
+        admission gate); while it cannot, no one behind it starts. A started request holds its cached prefix
+        and the blocks of its first chunk at once."""
+        budget = self.s.max_num_batched_tokens
         while self._waiting and len(self._running) < self.s.max_num_seqs:
+            if sum(q.num_tokens - q.computed for q in self._running) >= budget:
+                return  # a step's token budget goes to the running prefills first: none is left to start one
             r = self._waiting[0]
             hit = self.gpu.match(r.keys, (r.num_tokens - 1) // self.block)  # the last token is always computed
             total = -(-r.num_tokens // self.block)
@@ -291,6 +296,8 @@ class SimEngine:
             if r.preemptions != epoch:  # preempted while its chunk ran: that work is lost
                 return False
             r.computed += n
+            if self._waiting:
+                self._schedule()  # what this chunk leaves of the step's budget may start the next request
         return True
 
     async def _compute(self, r: _Req, loaded: int = 0) -> None:
