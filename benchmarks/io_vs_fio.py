@@ -12,8 +12,8 @@ Ratio = kvtier bandwidth / fio bandwidth; the reported figure is the median over
 Transparent huge pages: kvtier's buffers ask for them (madvise); fio's malloc'd buffers only get
 them with THP=always, and on these machines O_DIRECT runs ~2.5x faster from huge pages. So, as
 root, THP is set to 'always' for the run and restored after (--no-thp-always leaves it alone).
-CPU tier: MemoryTier write and read of one entry vs np.copyto of the same size into a preallocated
-array (both warm), median of repetitions.
+CPU tier: MemoryTier write and read of one entry (in 32 MiB pages, kvtier bench's default for
+llama3.1-8b) vs np.copyto of the same size into a preallocated array (both warm), median of repetitions.
 
 Both write data no array can deduplicate or compress: kvtier's stamped noise (engine/noise.py: every 4 KiB
 block unique), fio with refill_buffers, randrepeat=0, dedupe_percentage=0, buffer_compress_percentage=0.
@@ -35,14 +35,11 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ensure_tool, median
 
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.file import FileTier
-from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 
 MiB = 1024**2
@@ -144,33 +141,11 @@ CPU_S_PER_GB: dict[str, list[float]] = {}
 
 
 def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
-    noise = NoiseBuffer(size, seed=1)
-    tier = MemoryTier(size + MiB)
-    buf = aligned_buffer(size)
-    src = np.frombuffer(noise._view, dtype=np.uint8)
-    dst = np.frombuffer(buf, dtype=np.uint8)
-    np.copyto(dst, src)  # warm both
-    tier.write("w", noise.chunks("w", size, size), size)
-    tier.delete("w")
-    w_ratio, r_ratio = [], []
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        ref = time.perf_counter() - t
-        t = time.perf_counter()
-        tier.write("x", noise.chunks("x", size, size), size)
-        ours = time.perf_counter() - t
-        w_ratio.append(ref / ours)
-        t = time.perf_counter()
-        tier.read("x", buf)
-        ours = time.perf_counter() - t
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        ref = time.perf_counter() - t
-        r_ratio.append(ref / ours)
-        tier.delete("x")
-    tier.close()
-    return median(w_ratio), median(r_ratio)
+    """The CPU tier's write and read of one entry against np.copyto, in 32 MiB pages (kvtier bench's page for
+    llama3.1-8b: 256 tokens of its KV); the measurement is benchmarks/cpu_tier_pages.py's."""
+    from cpu_tier_pages import ratios
+
+    return ratios(size, 32 * MiB, reps)
 
 
 def stamp_cost(reps: int) -> tuple[float, float]:

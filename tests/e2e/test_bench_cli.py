@@ -240,7 +240,12 @@ def test_cpu_tier_demotes_into_file_tier_with_timed_writes(tmp_path, cache_dir, 
     assert w["by_cause"]["demotion"]["ops"] == r["summary"]["cache_stats"]["demotions"]
     assert w["by_cause"]["demotion"]["latency_ms"]["p95"] > 0
     assert r["summary"]["cache_stats"]["storage_write_p95_ms"] is not None
-    assert r["tier_usage_at_end"]["cpu"]["used_bytes"] <= r["tier_usage_at_end"]["cpu"]["capacity_bytes"]
+    cpu = r["tier_usage_at_end"]["cpu"]
+    assert cpu["used_bytes"] <= cpu["capacity_bytes"]
+    # paged (#31): 256 tokens of tiny-1b's KV asked for, cut to 1/16 of the 20 MB tier; whole pages held
+    assert cpu["page_bytes"] == 1_339_392 and cpu["capacity_bytes"] % cpu["page_bytes"] == 0
+    assert cpu["used_bytes"] % cpu["page_bytes"] == 0 and 0 <= cpu["waste_bytes"] <= cpu["used_bytes"]
+    assert r["summary"]["cache_stats"]["fragmented_fallthroughs"] == 0
 
 
 def test_gpu_without_device_is_a_recorded_warning(tmp_path, cache_dir, small_workload):

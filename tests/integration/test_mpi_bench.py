@@ -18,7 +18,7 @@ import pytest
 
 from kvtier.report import load
 from kvtier.report.aggregate import BenchAggregate
-from tests.conftest import NEEDS_MPI, kvtier_cmd
+from tests.conftest import NEEDS_MPI, TINY_TEMPLATES, kvtier_cmd
 
 pytestmark = [*NEEDS_MPI, pytest.mark.slow]
 
@@ -202,3 +202,37 @@ def test_without_output_or_seed_every_rank_takes_rank_0s(tmp_path: Path):
     agg = json.loads((tmp_path / f"{stem}.json").read_text())
     seeds = [json.loads((tmp_path / f"{stem}.rank_{r}.json").read_text())["seed"] for r in (0, 1)]
     assert seeds == [agg["seed"], agg["seed"] + 1]
+
+
+def test_two_ranks_on_a_shared_redis_namespace_hit_each_others_entries(tmp_path: Path):
+    """#31: ranks of one run write one shared key space (--remote-namespace shared:NAME): the aggregate counts
+    the reads a rank served from entries another rank wrote (the system prompts every user shares)."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/install-tools.sh redis-server)")
+    pytest.importorskip("redis", reason="redis-py is not installed (the test extra installs it)")
+    import redis
+
+    from kvtier.localservers import redis_server
+
+    out = tmp_path / "out.json"
+    cfg = tmp_path / "shared.yaml"  # short turns, and every conversation opens with one of 8 system prompts
+    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES,
+                               "prefix_cache": {"num_system_prompts": 8, "system_prompt_hit_probability": 1.0},
+                               "conversation": {"end_conversation_probability": 0.9}}))  # fmt: skip
+    with redis_server() as srv:
+        args = [a if a != "0.25" else "0" for a in BENCH]  # no CPU tier: entries go to Redis
+        p = mpirun(
+            2,
+            [*args, "--num-users", "3", "--duration", "4", "--seed", "7", "--cache-dir", str(tmp_path / "cache"),
+             "--redis-url", srv.url, "--redis-mem-gb", "0.2", "--remote-namespace", "shared:mpi31",
+             "--config", str(cfg), "--output", str(out)],
+        )  # fmt: skip
+        left = len(list(redis.Redis.from_url(srv.url).scan_iter("kvtier:shared:mpi31:*")))
+    assert p.returncode == 0, p.stdout + p.stderr
+    agg = json.loads(out.read_text())
+    ranks = [json.loads((tmp_path / f"out.rank_{r}.json").read_text()) for r in (0, 1)]
+    cross = [r["summary"]["cache_stats"]["remote_cross_writer_hits"] for r in ranks]
+    assert agg["totals"]["remote_cross_writer_hits"] == sum(cross) > 0, cross
+    assert left > 0  # the run left the namespace to its TTL

@@ -380,3 +380,79 @@ def test_s3_cleanup_behind_an_endpoint_that_ignores_prefix_deletes_only_ours(s3,
     assert any("does not honour Prefix" in p and "teamB/precious" in p for p in tier.cleanup_problems), (
         tier.cleanup_problems
     )
+
+
+def _shared_cfg(tmp_path, name: str, **remote: object):  # type: ignore[no-untyped-def]
+    from kvtier.config.bench import BenchConfig, Tuning
+
+    return BenchConfig(
+        model="tiny-1b", num_users=3, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,
+        remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5,
+        cache_dir=str(tmp_path), output=str(tmp_path / f"r-{name}-{len(list(tmp_path.iterdir()))}.json"),
+        progress="none", noise_mb=16, io_chunk_mb=4,
+        tuning=Tuning.model_validate({"user_templates": TINY_TEMPLATES}), **remote,
+    )  # fmt: skip
+
+
+@NEEDS_REDIS
+def test_two_runs_on_a_shared_redis_namespace_hit_each_others_entries_and_leave_the_rest(rserver, tmp_path):
+    """#31: with --remote-namespace shared:NAME a later run reads the entries an earlier one wrote (cross-writer
+    hits), every key carries the TTL, runs leave the namespace, and kvtier clean --remote empties it alone."""
+    from kvtier.bench import run
+    from kvtier.report.envelope import Status
+    from tests.conftest import kvtier_cmd
+
+    client = redis.Redis.from_url(rserver.url)
+    client.set("someone-else:key", b"not ours")
+    client.set("kvtier:shared:other:x", b"another namespace")
+    results = []
+    for _ in range(2):
+        r = run(_shared_cfg(tmp_path, "t31", redis_url=rserver.url, redis_mem_gb=0.03), handle_signals=False)
+        assert r.status == Status.complete, r.stop_reason
+        results.append(r)
+    first, second = (r.summary.cache_stats for r in results)
+    assert first.remote_cross_writer_hits == 0 and second.remote_cross_writer_hits > 0, (first, second)
+    assert results[1].storage.remote_tiers["redis"]["namespace"] == "shared:t31"
+    keys = [k.decode() for k in client.scan_iter("kvtier:shared:t31:*")]
+    assert keys, "the runs left the namespace to its TTL"
+    ttls = [client.pttl(k) for k in keys]
+    assert all(0 < t <= 600_000 for t in ttls), ttls[:5]
+    import subprocess
+
+    p = subprocess.run(
+        [*kvtier_cmd(), "clean", "--remote", "--remote-namespace", "shared:t31", "--redis-url", rserver.url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 0 and f"removed {len(keys)} keys under kvtier:shared:t31" in p.stdout, p.stdout + p.stderr
+    assert not list(client.scan_iter("kvtier:shared:t31:*"))
+    assert client.get("someone-else:key") == b"not ours" and client.get("kvtier:shared:other:x") is not None
+    client.delete("someone-else:key", "kvtier:shared:other:x")
+
+
+def test_two_runs_on_a_shared_s3_namespace_hit_each_others_entries(s3, tmp_path):
+    import boto3
+
+    from kvtier.bench import run
+    from kvtier.report.envelope import Status
+    from tests.conftest import kvtier_cmd
+
+    client = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1")
+    remote = {"s3_endpoint": s3.url, "s3_bucket": "kvtier-shared", "s3_capacity_gb": 1}
+    results = [run(_shared_cfg(tmp_path, "s31", **remote), handle_signals=False) for _ in range(2)]
+    assert all(r.status == Status.complete for r in results), [r.stop_reason for r in results]
+    assert results[1].summary.cache_stats.remote_cross_writer_hits > 0
+    objs = client.list_objects_v2(Bucket="kvtier-shared").get("Contents", [])
+    assert objs and all(o["Key"].startswith("kvtier/shared/s31/") for o in objs)
+    head = client.head_object(Bucket="kvtier-shared", Key=objs[0]["Key"])
+    assert float(head["Metadata"]["kvtier-expires"]) > 0 and head["Metadata"]["kvtier-writer"]
+    client.put_object(Bucket="kvtier-shared", Key="teamB/precious", Body=b"x")
+    import subprocess
+
+    p = subprocess.run(
+        [*kvtier_cmd(), "clean", "--remote", "--remote-namespace", "shared:s31", "--s3-bucket", "kvtier-shared",
+         "--s3-endpoint", s3.url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    left = [o["Key"] for o in client.list_objects_v2(Bucket="kvtier-shared").get("Contents", [])]
+    assert left == ["teamB/precious"]

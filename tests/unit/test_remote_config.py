@@ -1,6 +1,7 @@
 """The remote tiers' flags: the waterfall order, credentials kept out of argv, --gds, the cold threshold."""
 
 import pytest
+from pydantic import ValidationError
 
 from kvtier.config.bench import build_bench_config
 from kvtier.config.tiers import parse_tier_order
@@ -117,3 +118,21 @@ def test_a_redis_servers_own_limits_are_warned_of():
         warnings,
     )
     assert warnings == []
+
+
+def test_a_shared_namespace_is_checked_before_anything_runs():
+    from kvtier.config import SimConfig
+    from kvtier.config.bench import BenchConfig
+
+    ok = BenchConfig(redis_url="redis://127.0.0.1:6379/0", redis_mem_gb=1, remote_namespace="shared:team-a.v1")
+    assert ok.shared_namespace == "team-a.v1" and BenchConfig().shared_namespace is None
+    for bad, words in [
+        ({"remote_namespace": "shared:x"}, "needs a remote tier"),
+        ({"remote_namespace": "shared:a/b", "redis_url": "redis://h/0", "redis_mem_gb": 1}, "pattern"),
+        ({"remote_namespace": "shared:x", "redis_url": "redis://h/0", "redis_mem_gb": 1, "enable_rag": True},
+         "--enable-rag with --remote-namespace shared:x: not supported"),
+    ]:  # fmt: skip
+        with pytest.raises(ValidationError, match=words):
+            BenchConfig(**bad)
+    with pytest.raises(ValidationError, match="sim replicas share an offload tier through kvtier cache-server"):
+        SimConfig(remote_namespace="shared:x")

@@ -274,6 +274,8 @@ def aggregate(
                     sum(float(s["storage_write_bytes_per_sec"]) for s in summaries), 1
                 ),
                 "tier_bytes": tier_bytes,
+                "remote_own_hits": sum(int(c.get("remote_own_hits", 0)) for c in caches),
+                "remote_cross_writer_hits": sum(int(c.get("remote_cross_writer_hits", 0)) for c in caches),
             },
             "latency": latency,
             "mlperf": {

@@ -11,11 +11,13 @@ Two steps, in this order:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend, round_up
 from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import GpuTier, gpu_available, gpu_memory_bytes
-from kvtier.engine.memory import MemoryTier
+from kvtier.engine.memory import MemoryTier, page_size
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.null import NullTier
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
@@ -194,6 +196,20 @@ def rag_settings(cfg: BenchConfig, model: ModelSpec) -> RagSettings:
     )
 
 
+def shared_key_scope(cfg: BenchConfig, seed: int) -> dict[str, Any]:
+    """In a shared remote namespace a key must name content wherever it is read: a conversation id names it
+    only with the seed that drew the conversation, so it carries the seed; the system prompts, which every
+    user of one deployment shares, are the namespace's (drawn from its name), so every rank and every run on
+    it serves the same ones under the same keys."""
+    name = cfg.shared_namespace
+    if name is None:
+        return {}
+    return {
+        "key_scope": f"s{seed}/",
+        "prompt_seed": int.from_bytes(hashlib.blake2b(name.encode()).digest()[:4], "little"),
+    }
+
+
 def derive_workload(
     cfg: BenchConfig, model: ModelSpec, seed: int, trace: Trace | None, dataset: Dataset | None
 ) -> Workload:
@@ -218,6 +234,7 @@ def derive_workload(
         system_prompt_tokens=(int(pc.system_prompt_tokens.low), int(pc.system_prompt_tokens.high)),
         system_prompt_probability=pc.system_prompt_hit_probability,
         min_prefix_length=pc.min_prefix_length,
+        **shared_key_scope(cfg, seed),
     )
     rag = RagCorpus(rag_settings(cfg, model), seed) if cfg.enable_rag else None
     # The autoscaler changes live synthetic users; a trace or dataset replay fixes the load itself.
@@ -381,14 +398,20 @@ def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Back
     the reference's trace mode does (a trace of a GPU host, written anywhere); remote tiers are
     modelled at their capacity without connecting."""
     cfg = plan.config
+    cpu_bytes = int(cfg.cpu_mem_gb * GiB)
+    page = page_size(cpu_bytes, cpu_page_bytes(plan))
     capacity = {
         "gpu": int(cfg.gpu_mem_gb * cfg.num_gpus * GiB),
-        "cpu": int(cfg.cpu_mem_gb * GiB),
+        "cpu": cpu_bytes // page * page,  # whole pages, as the paged CPU tier holds
         "redis": cfg.remote_capacity_bytes("redis"),
         "storage": file_tier.capacity_bytes,
         "s3": cfg.remote_capacity_bytes("s3"),
     }
-    return [NullTier(name, capacity[name], file_tier.stored_size if name == "storage" else round_up) for name in order]
+    sizes: dict[str, Callable[[int], int]] = {
+        "storage": file_tier.stored_size,
+        "cpu": lambda n: -(-round_up(n) // page) * page,
+    }
+    return [NullTier(name, capacity[name], sizes.get(name, round_up)) for name in order]
 
 
 def _file_tier(cfg: BenchConfig, cache_dir: str, gds: dict[str, Any]) -> FileTier:
@@ -429,6 +452,18 @@ def _remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:
         )
 
 
+CPU_PAGE_TOKENS = 256
+"""The CPU tier's default page holds this many tokens of KV (LMCache's chunk), so a typical entry is a few pages."""
+
+
+def cpu_page_bytes(plan: Plan) -> int:
+    """The CPU tier's page asked for: --cpu-page-mb, or CPU_PAGE_TOKENS of the model's KV per rank."""
+    cfg = plan.config
+    if cfg.cpu_page_mb > 0:
+        return int(cfg.cpu_page_mb * MiB)
+    return CPU_PAGE_TOKENS * plan.model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)
+
+
 def _tiers(
     plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
 ) -> tuple[list[Backend], FileTier]:
@@ -457,7 +492,7 @@ def _tiers(
                         )
                     )
             elif name == "cpu":
-                built[name] = MemoryTier(int(cfg.cpu_mem_gb * GiB))
+                built[name] = MemoryTier(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan))
             elif name == "storage":
                 built[name] = file_tier = _file_tier(cfg, cache_dir, gds)
             else:

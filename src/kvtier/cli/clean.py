@@ -2,6 +2,10 @@
 
 Only folders whose marker proves kvtier made them and whose lock no live run holds
 (kvtier.engine.runs); a folder without the marker is never touched.
+
+``kvtier clean --remote --remote-namespace shared:NAME --redis-url URL | --s3-bucket B``: empty one shared
+namespace of the Redis/S3 tiers (runs leave a shared namespace to its TTL); only keys under it are deleted,
+whatever the server lists.
 """
 
 from __future__ import annotations
@@ -12,9 +16,57 @@ import sys
 
 def add_clean_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
     p = sub.add_parser("clean", help="remove the run folders of killed kvtier runs from a cache or NVMe directory")
-    p.add_argument("directory", help="the --cache-dir / --nvme-dir to clean")
+    p.add_argument("directory", nargs="?", help="the --cache-dir / --nvme-dir to clean")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    p.add_argument("--remote", action="store_true", help="empty the shared namespace named by --remote-namespace")
+    p.add_argument("--remote-namespace", default="run", help="shared:NAME, the namespace to empty (with --remote)")
+    p.add_argument("--redis-url", help="the Redis/Valkey server of that namespace")
+    p.add_argument("--s3-bucket", help="the S3 bucket of that namespace")
+    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: AWS)")
+    p.add_argument("--s3-prefix", default="kvtier", help="the --s3-prefix the runs used")
     p.set_defaults(func=run_clean)
+
+
+def clean_remote(a: argparse.Namespace) -> int:
+    """Empty a shared namespace on the given servers; 0 when every server was emptied."""
+    from pydantic import ValidationError
+
+    from kvtier.config.tiers import RemoteTierFlags
+    from kvtier.errors import ConfigError, StorageError
+
+    given = {
+        "remote_namespace": a.remote_namespace, "redis_url": a.redis_url, "s3_bucket": a.s3_bucket,
+        "s3_endpoint": a.s3_endpoint, "s3_prefix": a.s3_prefix, "redis_mem_gb": 1 if a.redis_url else 0,
+    }  # fmt: skip
+    try:
+        flags = RemoteTierFlags.model_validate(given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "kvtier clean"
+        raise ConfigError(f"{where}: {err['msg']}") from None
+    if flags.shared_namespace is None:
+        raise ConfigError("--remote: give --remote-namespace shared:NAME (a run's own key space is emptied by the run)")
+    kinds = [k for k, v in (("redis", a.redis_url), ("s3", a.s3_bucket)) if v]
+    if not kinds:
+        raise ConfigError("--remote: give --redis-url and/or --s3-bucket")
+    problems: list[str] = []
+    for kind in kinds:
+        try:
+            tier = flags.open_remote(kind, 2)
+        except StorageError as e:
+            problems.append(str(e))
+            continue
+        where = tier.prefix
+        if a.dry_run:
+            keys = tier.server_keys() if kind == "redis" else list(tier.listing())
+            print(f"would remove {len(keys)} {'keys' if kind == 'redis' else 'objects'} under {where}")
+        else:
+            print(f"removed {tier.purge()} {'keys' if kind == 'redis' else 'objects'} under {where}")
+        problems += tier.cleanup_problems
+        tier.close()
+    for p in problems:
+        print(f"kvtier: warning: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def run_clean(a: argparse.Namespace) -> int:
@@ -23,6 +75,10 @@ def run_clean(a: argparse.Namespace) -> int:
     from kvtier.engine.runs import find_stale_runs, remove_stale_run
     from kvtier.errors import ConfigError
 
+    if a.remote:
+        return clean_remote(a)
+    if a.directory is None:
+        raise ConfigError("kvtier clean: give a DIR (or --remote)")
     if not Path(a.directory).is_dir():
         raise ConfigError(f"{a.directory}: not a directory")
     stale = find_stale_runs(a.directory)

@@ -332,6 +332,12 @@ class BenchConfig(RemoteTierFlags):
         1, "tensor-parallel degree: each entry is one rank's share (KV heads split, MLA latent whole)", ge=1
     )
     cpu_mem_gb: float = flag(32, "CPU RAM tier, GB", aliases=("--cpu_mem_gb",), ge=0)
+    cpu_page_mb: float = flag(
+        0,
+        "CPU tier page, MiB: entries are lists of pages, so the tier never fragments (0 = 256 tokens of the "
+        "model's KV per rank, LMCache's chunk; rounded to 4 KiB or 2 MiB, at most 1/16 of the tier)",
+        ge=0,
+    )
     cache_dir: str | None = flag(None, "directory of the storage tier (default: a new temporary directory)")
     generation_mode: GenerationMode = flag(
         "realistic", "simulated GPU time per generated token: generation_timing none / fast / realistic (0 / 2 / 30 ms)"
@@ -492,7 +498,7 @@ class BenchConfig(RemoteTierFlags):
     num_clients: int = flag(
         1,
         "run N client processes on this host as one run: kvtier starts mpirun -np N itself (under mpirun, "
-        "each rank is one client; see README 'Many processes and hosts')",
+        "each rank is one client; see docs/bench.md 'Many processes and hosts (MPI)')",
         group=ADDITIONS,
         ge=1,
         le=1024,
@@ -541,6 +547,17 @@ class BenchConfig(RemoteTierFlags):
     def _consistent(self) -> BenchConfig:
         if self.prefill_only and self.decode_only:
             raise ValueError("--prefill-only and --decode-only are mutually exclusive")
+        if self.shared_namespace is not None:
+            if not (self.redis_url or self.s3_bucket):
+                raise ValueError(
+                    f"--remote-namespace {self.remote_namespace}: needs a remote tier (--redis-url, --s3-bucket)"
+                )
+            for on, what in ((self.enable_rag, "--enable-rag"), (self.decode_only, "--decode-only")):
+                if on:  # their keys (RAG documents, prepopulated entries) do not name their content across seeds
+                    raise ValueError(
+                        f"{what} with --remote-namespace {self.remote_namespace}: not supported (its keys "
+                        "name content only within one seed, so ranks and runs would overwrite each other)"
+                    )
         lim = self.tuning.validation_limits
         checks = [
             ("--num-users", self.num_users, lim.max_users),

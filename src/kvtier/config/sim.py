@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from kvtier.config.base import flag
 from kvtier.config.replay import EventLoopKind
 from kvtier.config.tiers import RemoteTierFlags
@@ -23,6 +25,17 @@ class OffloadTierConfig(RemoteTierFlags):
     nvme_offload_gb: float = flag(8.0, "NVMe offload tier capacity, GB", gt=0, group=OFFLOAD)
     staging_gb: float = flag(0.5, "CPU staging tier in front of NVMe, Redis or S3, GB", gt=0, group=OFFLOAD)
     direct_io: Literal["auto", "on", "off"] = flag("auto", "O_DIRECT for the NVMe tier's files", group=OFFLOAD)
+
+    @model_validator(mode="after")
+    def _own_namespace(self) -> OffloadTierConfig:
+        """The sim's offload tier looks up only what it stored; replicas share one tier through ``kvtier
+        cache-server``, not through a shared Redis/S3 namespace (kvtier bench's --remote-namespace)."""
+        if self.remote_namespace != "run":
+            raise ValueError(
+                f"--remote-namespace {self.remote_namespace}: kvtier bench only; sim replicas share an offload "
+                "tier through kvtier cache-server (--offload remote)"
+            )
+        return self
 
 
 class SimConfig(OffloadTierConfig):

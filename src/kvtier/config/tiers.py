@@ -52,6 +52,24 @@ class RemoteTierFlags(StrictModel):
         gt=0,
     )
 
+    remote_namespace: str = flag(
+        "run",
+        "key space of the Redis/S3 tiers: run (this run's own prefix, emptied at its end) or shared:NAME (one key "
+        "space for every rank and every later run: entries carry --remote-ttl, are read by the others, and stay "
+        "until their TTL or kvtier clean --remote)",
+        group=REMOTE,
+        pattern=r"^(run|shared:[A-Za-z0-9._-]{1,64})$",
+    )
+    remote_ttl: float = flag(
+        3600.0, "seconds an entry of a shared: namespace lives on the server (Redis PX; S3: read as a miss past it)",
+        group=REMOTE, gt=0,
+    )  # fmt: skip
+
+    @property
+    def shared_namespace(self) -> str | None:
+        """NAME of --remote-namespace shared:NAME, or None for the run's own key space."""
+        return self.remote_namespace.removeprefix("shared:") if self.remote_namespace != "run" else None
+
     def remote_capacity_bytes(self, kind: str) -> int:
         """The capacity of the remote tier ``kind`` ("redis" or "s3"), bytes."""
         return int((self.redis_mem_gb if kind == "redis" else self.s3_capacity_gb) * GiB)
@@ -65,15 +83,16 @@ class RemoteTierFlags(StrictModel):
 
             assert self.redis_url is not None
             return RedisTier(
-                self.redis_url, capacity, connections, self.redis_part_mb * MiB, timeout_s=self.remote_timeout
-            )
+                self.redis_url, capacity, connections, self.redis_part_mb * MiB, timeout_s=self.remote_timeout,
+                namespace=self.shared_namespace, ttl_s=self.remote_ttl,
+            )  # fmt: skip
         if kind == "s3":
             from kvtier.engine.s3_tier import S3Tier
 
             assert self.s3_bucket is not None
             return S3Tier(
                 self.s3_endpoint, self.s3_bucket, capacity, self.s3_prefix, connections, self.s3_part_mb * MiB,
-                timeout_s=self.remote_timeout,
+                timeout_s=self.remote_timeout, namespace=self.shared_namespace, ttl_s=self.remote_ttl,
             )  # fmt: skip
         raise ValueError(f"not a remote tier: {kind!r}")
 

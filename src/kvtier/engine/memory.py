@@ -1,15 +1,17 @@
-"""CPU RAM tier: one arena reserved up front, entries copied into reused extents.
+"""CPU RAM tier: one arena reserved up front, cut into fixed-size pages; an entry is a list of pages.
 
-The arena is an anonymous mapping of the tier's capacity made with MAP_NORESERVE: address space
-is reserved at start, physical pages appear as entries are first written and are then reused
-(freed extents go back to a first-fit free list and are coalesced). Writes and reads are
-``np.copyto`` between aligned views, so the tier runs at memory-copy speed and allocates nothing
-per request.
+The arena is an anonymous mapping of the tier's capacity made with MAP_NORESERVE (and advised for huge
+pages): address space is reserved at start, physical pages appear as entries are first written and are
+then reused. Pages come from a free list, so the tier never fragments: a write fails for space only when
+the free pages cannot hold it (the store evicts first), never because free bytes lie in holes. That is
+how LMCache's CPU backend and vLLM's block pool allocate. Writes and reads are ``np.copyto`` between
+aligned views, page by page (scatter on write, gather on read), so the tier runs at memory-copy speed
+and allocates nothing per request. The cost of pages is internal waste: an entry's last page is partly
+empty; ``waste_bytes`` says how much.
 """
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import threading
 import time
@@ -17,61 +19,37 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from kvtier.engine.backend import ALIGN, IOTiming, advise_huge_pages, check_cancel, round_up
-from kvtier.errors import EntryNotFound, TierFragmented
+from kvtier.engine.backend import ALIGN, HUGE_PAGE, IOTiming, advise_huge_pages, check_cancel, round_up
+from kvtier.errors import EntryNotFound, TierFullError
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
+DEFAULT_PAGE_BYTES = ALIGN
+"""The page of a tier built without one: 4 KiB, byte-exact like the entries' own padding (kvtier bench and
+the sim give the model's chunk instead, so an entry is a few pages)."""
+MIN_PAGES = 16
+"""A tier holds at least this many pages: a page its capacity cannot hold 16 times is cut down."""
 
 
-class ExtentAllocator:
-    """First-fit allocator over [0, size) in ALIGN units, with coalescing on free. Not thread safe."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._starts: list[int] = [0] if size else []
-        self._lens: list[int] = [size] if size else []
-        self.allocated = 0
-
-    def alloc(self, n: int) -> int | None:
-        for i, length in enumerate(self._lens):
-            if length >= n:
-                start = self._starts[i]
-                if length == n:
-                    del self._starts[i]
-                    del self._lens[i]
-                else:
-                    self._starts[i] = start + n
-                    self._lens[i] = length - n
-                self.allocated += n
-                return start
-        return None
-
-    def free(self, start: int, n: int) -> None:
-        i = bisect.bisect_left(self._starts, start)
-        # merge with the following extent
-        if i < len(self._starts) and start + n == self._starts[i]:
-            self._starts[i] = start
-            self._lens[i] += n
-        else:
-            self._starts.insert(i, start)
-            self._lens.insert(i, n)
-        # merge with the preceding extent
-        if i > 0 and self._starts[i - 1] + self._lens[i - 1] == self._starts[i]:
-            self._lens[i - 1] += self._lens[i]
-            del self._starts[i]
-            del self._lens[i]
-        self.allocated -= n
-
-    def largest_free(self) -> int:
-        return max(self._lens, default=0)
+def page_size(capacity_bytes: int, wanted: int) -> int:
+    """The page a tier of ``capacity_bytes`` uses when ``wanted`` is asked for: a multiple of 4 KiB (of 2 MiB,
+    a huge page, when at least that), at most 1/MIN_PAGES of the capacity, at least 4 KiB."""
+    page = round_up(max(wanted, ALIGN))
+    cap = capacity_bytes // MIN_PAGES // ALIGN * ALIGN
+    if page > cap:
+        page = max(cap, ALIGN)
+    if page >= HUGE_PAGE:
+        page = page // HUGE_PAGE * HUGE_PAGE
+    return page
 
 
 class MemoryTier:
-    """KV entries in host RAM."""
+    """KV entries in host RAM, in fixed-size pages."""
 
-    def __init__(self, capacity_bytes: int, name: str = "cpu") -> None:
+    def __init__(self, capacity_bytes: int, name: str = "cpu", page_bytes: int = DEFAULT_PAGE_BYTES) -> None:
         self.name = name
-        self.capacity_bytes = round_up(capacity_bytes) if capacity_bytes > 0 else 0
+        self.page_bytes = page_size(max(capacity_bytes, 0), page_bytes)
+        pages = max(capacity_bytes, 0) // self.page_bytes
+        self.capacity_bytes = pages * self.page_bytes
         self._arena = (
             mmap.mmap(-1, self.capacity_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
             if self.capacity_bytes
@@ -80,41 +58,69 @@ class MemoryTier:
         if self._arena is not None:
             advise_huge_pages(self._arena)
         self._np = np.frombuffer(self._arena, dtype=np.uint8) if self._arena is not None else np.empty(0, np.uint8)
-        self._alloc = ExtentAllocator(self.capacity_bytes)
-        self._index: dict[str, tuple[int, int, int]] = {}  # key -> (start, padded, nbytes)
+        self._free: list[int] = list(range(pages - 1, -1, -1))  # a stack: pop() gives the lowest page first
+        self._index: dict[str, tuple[list[int], int]] = {}  # key -> (its pages, in order; its bytes)
+        self._used_pages = 0
+        self._payload = 0  # bytes of the entries themselves (padded to 4 KiB): used pages minus this is waste
         self._lock = threading.Lock()
 
     def stored_size(self, nbytes: int) -> int:
-        return round_up(nbytes)
+        """What an entry of ``nbytes`` takes: whole pages (the capacity the store accounts in)."""
+        p = self.page_bytes
+        return -(-round_up(nbytes) // p) * p
+
+    def _views(self, pages: list[int], padded: int) -> list[np.ndarray]:
+        """The entry's bytes as one view per page, the last cut to what the entry uses."""
+        p, out, left = self.page_bytes, [], padded
+        for i in pages:
+            n = min(p, left)
+            out.append(self._np[i * p : i * p + n])
+            left -= n
+        return out
 
     def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
         padded = round_up(nbytes)
+        need = self.stored_size(nbytes) // self.page_bytes
         with self._lock:
             if key in self._index:
                 raise ValueError(f"cpu tier: {key!r} already stored")
-            start = self._alloc.alloc(padded)
-            if start is None:
-                raise TierFragmented(f"cpu tier: no contiguous {padded} bytes free (fragmentation)")
-            self._index[key] = (start, padded, nbytes)
+            if need > len(self._free):
+                raise TierFullError(f"cpu tier: {need} pages needed, {len(self._free)} free")
+            pages = [self._free.pop() for _ in range(need)]
+            self._index[key] = (pages, nbytes)
+            self._used_pages += need
+            self._payload += padded
+        views = self._views(pages, padded)
         t1 = time.perf_counter_ns()
-        off = start
         fill = getattr(chunks, "fill", None)  # a source that writes straight into our memory: one copy, not two
         try:
             if fill is not None:
-                fill(memoryview(self._np[start : start + padded].data))
+                fill([memoryview(v.data) for v in views])
             else:
-                for c in chunks:
-                    n = min(len(c), start + padded - off)
-                    np.copyto(self._np[off : off + n], np.frombuffer(c, dtype=np.uint8, count=n))
-                    off += n
+                self._scatter(chunks, views)
         except BaseException:
             self.delete(key)
             raise
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
-    def _lookup(self, key: str) -> tuple[int, int, int]:
+    @staticmethod
+    def _scatter(chunks: Iterable[memoryview], views: list[np.ndarray]) -> None:
+        """Copy the chunks, in order, across the page views."""
+        k, at = 0, 0
+        for c in chunks:
+            src = np.frombuffer(c, dtype=np.uint8)
+            pos = 0
+            while pos < len(src) and k < len(views):
+                n = min(len(src) - pos, len(views[k]) - at)
+                np.copyto(views[k][at : at + n], src[pos : pos + n])
+                pos += n
+                at += n
+                if at == len(views[k]):
+                    k, at = k + 1, 0
+
+    def _lookup(self, key: str) -> tuple[list[int], int]:
         with self._lock:
             try:
                 return self._index[key]
@@ -122,41 +128,62 @@ class MemoryTier:
                 raise EntryNotFound(f"cpu tier: {key!r} not stored") from None
 
     def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
+        """Gather the entry's pages through ``buf`` (its bytes pass through in ``len(buf)`` pieces)."""
         t0 = time.perf_counter_ns()
-        start, padded, _ = self._lookup(key)
+        pages, nbytes = self._lookup(key)
+        views = self._views(pages, round_up(nbytes))
         dst = np.frombuffer(buf, dtype=np.uint8)
         step = len(buf) - len(buf) % ALIGN
         t1 = time.perf_counter_ns()
-        for off in range(start, start + padded, step):
-            check_cancel(cancel, "cpu read", off - start)
-            n = min(step, start + padded - off)
-            np.copyto(dst[:n], self._np[off : off + n])
+        at = done = 0
+        for v in views:
+            pos = 0
+            while pos < len(v):
+                if at == 0:
+                    check_cancel(cancel, "cpu read", done)
+                n = min(len(v) - pos, step - at)
+                np.copyto(dst[at : at + n], v[pos : pos + n])
+                pos += n
+                at += n
+                done += n
+                if at == step:
+                    at = 0
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
     def export(self, key: str, buf: memoryview, timing: IOTiming) -> Iterator[memoryview]:
-        # Zero copy: the consumer (the next tier's write) reads RAM directly, so the cost of this
-        # read is inside the consumer's timed write. The store holds the entry lock meanwhile.
-        start, padded, _ = self._lookup(key)
+        # Zero copy: the consumer (the next tier's write) reads RAM directly, page by page, so the cost of
+        # this read is inside the consumer's timed write. The store holds the entry lock meanwhile.
+        pages, nbytes = self._lookup(key)
         if self._arena is None:  # a zero-capacity tier stores nothing, so _lookup already raised
             raise EntryNotFound(f"cpu tier: {key!r} not stored")
-        view = memoryview(self._arena)[start : start + padded]
         step = max(ALIGN, len(buf) - len(buf) % ALIGN)  # the caller's I/O size: cancellation granularity
-        for off in range(0, padded, step):
-            yield view[off : off + step]
+        for v in self._views(pages, round_up(nbytes)):
+            view = memoryview(v.data)
+            for off in range(0, len(view), step):
+                yield view[off : off + step]
 
     def delete(self, key: str) -> None:
         with self._lock:
-            start, padded, _ = self._index.pop(key)
-            self._alloc.free(start, padded)
+            pages, nbytes = self._index.pop(key)
+            self._free.extend(reversed(pages))
+            self._used_pages -= len(pages)
+            self._payload -= round_up(nbytes)
 
     def stored_bytes(self) -> int:
+        """Bytes of the pages entries hold (whole pages: what the capacity is spent on)."""
         with self._lock:
-            return self._alloc.allocated
+            return self._used_pages * self.page_bytes
+
+    def waste_bytes(self) -> int:
+        """The part of the held pages no entry uses (each entry's last page is partly empty)."""
+        with self._lock:
+            return self._used_pages * self.page_bytes - self._payload
 
     def close(self) -> None:
         with self._lock:
             self._index.clear()
+            self._free.clear()
             self._np = np.empty(0, np.uint8)
             if self._arena is not None:
                 try:

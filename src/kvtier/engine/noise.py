@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -268,12 +268,17 @@ class NoiseChunks:
         finally:
             pending.result()  # never leave a helper writing into the caller's buffer after we return
 
-    def fill(self, dst: memoryview, check: Callable[[int], None] | None = None) -> None:
-        """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly; ``check(done)`` is called
-        between pieces of ``limit`` bytes (a cancel check raises there)."""
+    def fill(self, dst: memoryview | Sequence[memoryview], check: Callable[[int], None] | None = None) -> None:
+        """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly: one view, or the tier's
+        pages in order (each a multiple of 4 KiB; the bytes are those of one view of them all); ``check(done)``
+        is called between pieces of ``limit`` bytes (a cancel check raises there)."""
         off, block, h = self.noise.offset_for(self.key), 0, self.noise.key_hash(self.key)
-        for at in range(0, self.padded, self.limit):
-            if check is not None:
-                check(at)
-            n = min(self.limit, self.padded - at)
-            off, block = self._pieces(dst[at : at + n], at, off, block, h)
+        views = [dst] if isinstance(dst, memoryview) else list(dst)
+        done = 0
+        for v in views:
+            for at in range(0, min(len(v), self.padded - done), self.limit):
+                if check is not None:
+                    check(done)
+                n = min(self.limit, len(v) - at, self.padded - done)
+                off, block = self._pieces(v[at : at + n], done, off, block, h)
+                done += n

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import threading
 import time
 import uuid
@@ -101,7 +102,12 @@ class RedisTier:
         part_bytes: int = DEFAULT_PART_BYTES,
         name: str = "redis",
         timeout_s: float = 30.0,
+        namespace: str | None = None,
+        ttl_s: float = 3600.0,
     ) -> None:
+        """``namespace``: None for this run's own key space (emptied by close()), or NAME of a shared one: every
+        key written lives ``ttl_s`` (PX), entries other writers put there are read (``read_shared``), and close()
+        leaves it (``kvtier clean --remote`` empties it)."""
         self.name = name
         problem = url_problem(url)
         if problem is not None:
@@ -109,7 +115,12 @@ class RedisTier:
         self.url = url
         self.capacity_bytes = capacity_bytes
         self.part_bytes = round_up(max(part_bytes, 4096))
-        self.prefix = f"{KEY_PREFIX}:{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.writer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this run (and rank)
+        self.namespace = namespace
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.prefix = (
+            f"{KEY_PREFIX}:shared:{namespace}" if namespace else f"{KEY_PREFIX}:{self.writer.split('-', 1)[1]}"
+        )
         self._pool = RespPool(url, connections, _password(), timeout_s, os.environ.get(CA_ENV) or None)
         self._index: dict[str, list[int]] = {}  # key -> the lengths of its parts
         self._lock = threading.Lock()
@@ -136,6 +147,9 @@ class RedisTier:
             "part_bytes": self.part_bytes,
             "connections": self._pool.size,
             "key_prefix": self.prefix,
+            "namespace": f"shared:{namespace}" if namespace else "run",
+            "ttl_s": ttl_s if namespace else None,
+            "writer": self.writer,
         }
 
     @property
@@ -186,7 +200,7 @@ class RedisTier:
                     cmds: list[Sequence[str | memoryview]] = []
                     for off in range(0, len(chunk), step):
                         part = chunk[off : off + step]
-                        cmds.append(("SET", f"{base}:{len(lengths)}", part))
+                        cmds.append(("SET", f"{base}:{len(lengths)}", part, *self._expiry()))
                         lengths.append(len(part))
                     t = time.perf_counter_ns()
                     c.send(cmds)
@@ -195,6 +209,13 @@ class RedisTier:
                     bad = next((r for r in replies if isinstance(r, RespError)), None)
                     if bad is not None:
                         raise bad
+                if self.namespace:  # the entry's description, last: a reader that finds it finds every part
+                    meta = " ".join([self.writer, *map(str, lengths)])
+                    t = time.perf_counter_ns()
+                    reply = c.call("SET", f"{base}:m", meta, *self._expiry())
+                    device += time.perf_counter_ns() - t
+                    if isinstance(reply, RespError):
+                        raise reply
         except BaseException as e:
             self._forget_parts(key, len(lengths))
             if isinstance(e, (RespError, RespConnectionError)):
@@ -203,6 +224,39 @@ class RedisTier:
         with self._lock:
             self._index[key] = lengths
         return IOTiming(host_ns=time.perf_counter_ns() - t0 - device, device_ns=device)
+
+    def _expiry(self) -> tuple[str, ...]:
+        """SET's expiry arguments: PX ttl in a shared namespace, none in the run's own."""
+        return ("PX", str(self.ttl_ms)) if self.namespace else ()
+
+    def read_shared(
+        self, key: str, buf: memoryview, cancel: threading.Event | None = None
+    ) -> tuple[int, IOTiming, bool] | None:
+        """In a shared namespace, an entry this run does not hold but some writer put there (another rank, an
+        earlier run): read it through ``buf``; (bytes, timing, whether another writer wrote it), or None when
+        the server has no such entry (or its TTL ended). Outside a shared namespace: None."""
+        if not self.namespace:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            with self._conn() as c:
+                meta = c.call("GET", f"{self._base(key)}:m")
+        except (RespError, RespConnectionError) as e:
+            raise self._fail(f"lookup of {key!r}", e) from e
+        if not isinstance(meta, bytes):
+            return None
+        fields = meta.decode(errors="replace").split(" ")
+        try:
+            writer, lengths = fields[0], [int(x) for x in fields[1:]]
+        except ValueError:
+            raise StorageError(f"{self.name} tier: {key!r}: a malformed entry description") from None
+        if not lengths or any(n <= 0 or n > self.part_bytes for n in lengths):
+            raise StorageError(f"{self.name} tier: {key!r}: a malformed entry description")
+        timing = IOTiming()
+        for _ in self._export_parts(key, lengths, buf, timing, cancel):
+            pass
+        timing.host_ns = time.perf_counter_ns() - t0 - timing.device_ns
+        return sum(lengths), timing, writer != self.writer
 
     def _forget_parts(self, key: str, parts: int) -> None:
         """Best effort: remove what a failed write may have left (close() sweeps the prefix again)."""
@@ -229,7 +283,11 @@ class RedisTier:
     def export(
         self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
     ) -> Iterator[memoryview]:
-        lengths = self._lengths(key)
+        return self._export_parts(key, self._lengths(key), buf, timing, cancel)
+
+    def _export_parts(
+        self, key: str, lengths: list[int], buf: memoryview, timing: IOTiming, cancel: threading.Event | None
+    ) -> Iterator[memoryview]:
         keys = self._part_keys(key, len(lengths))
         room = len(buf)
         i = done = 0
@@ -284,9 +342,11 @@ class RedisTier:
         return read_through_export(self.export, key, buf, cancel)
 
     def delete(self, key: str) -> None:
+        """This run no longer holds the entry. In its own namespace the keys are removed; in a shared one they
+        stay until their TTL (another writer may have written the same entry since, or another reader want it)."""
         with self._lock:
             lengths = self._index.pop(key, None)
-        if lengths:
+        if lengths and not self.namespace:
             self._forget_parts(key, len(lengths))
 
     def stored_bytes(self) -> int:
@@ -329,10 +389,22 @@ class RedisTier:
         self._pool.abort(ABORT_CLEANUP_TIMEOUT_S)
 
     def close(self) -> None:
-        """Delete every key under this run's prefix (ours only) and drop the connections. A server
-        that cannot be reached is noted in ``cleanup_problems``; nothing raises."""
+        """Delete every key under this run's prefix (ours only) and drop the connections; a shared namespace
+        is left as it is (its keys expire). A server that cannot be reached is noted in ``cleanup_problems``;
+        nothing raises."""
         with self._lock:
             self._index.clear()
+        try:
+            if not self.namespace:
+                self.purge()
+        finally:
+            self._pool.close()
+
+    def purge(self) -> int:
+        """Delete every key under this tier's prefix (the run's own, or the whole shared namespace: what
+        ``kvtier clean --remote`` does), ours only whatever the server lists; the keys deleted. Problems go to
+        ``cleanup_problems``; nothing raises."""
+        keys: list[str] = []
         try:
             keys = self.server_keys()
             with self._conn() as c:
@@ -340,11 +412,12 @@ class RedisTier:
                     c.call("UNLINK", *keys[i : i + 1000])
         except (RespError, RespConnectionError) as e:
             self.cleanup_problems.append(f"{self.url}: keys {self.prefix}:* not removed ({e})")
+            return 0
         finally:
-            self._pool.close()
-        problem = self._own.problem(self.url, "SCAN MATCH", "MATCH")
-        if problem:
-            self.cleanup_problems.append(problem)
+            problem = self._own.problem(self.url, "SCAN MATCH", "MATCH")
+            if problem and problem not in self.cleanup_problems:
+                self.cleanup_problems.append(problem)
+        return len(keys)
 
 
 ABORT_CLEANUP_TIMEOUT_S = 1.0

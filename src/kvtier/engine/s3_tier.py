@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import socket
 import threading
 import time
 import uuid
@@ -60,14 +61,24 @@ class S3Tier:
         name: str = "s3",
         timeout_s: float = 60.0,
         region: str | None = None,
+        namespace: str | None = None,
+        ttl_s: float = 3600.0,
     ) -> None:
+        """``namespace``: None for this run's own prefix (emptied by close()), or NAME of a shared one under
+        PREFIX/shared/NAME/: objects carry their writer and expiry time as metadata, an object past its expiry
+        reads as a miss (S3 has no per-object TTL; a bucket lifecycle rule or ``kvtier clean --remote`` removes
+        it), other writers' objects are read (``read_shared``), and close() leaves the namespace."""
         boto3, config, exc = _boto()
         self._exc = exc
         self.name = name
         self.bucket = bucket
         self.capacity_bytes = capacity_bytes
         self.part_bytes = round_up(max(part_bytes, MIN_PART_BYTES))
-        self.prefix = f"{prefix.strip('/')}/{os.getpid()}-{uuid.uuid4().hex[:8]}".lstrip("/")
+        run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.writer = f"{socket.gethostname()}-{run}"
+        self.namespace = namespace
+        self.ttl_s = ttl_s
+        self.prefix = f"{prefix.strip('/')}/{f'shared/{namespace}' if namespace else run}".lstrip("/")
         cfg = config.Config(
             max_pool_connections=max(1, connections),
             connect_timeout=min(timeout_s, 10.0),
@@ -108,6 +119,9 @@ class S3Tier:
             "part_bytes": self.part_bytes,
             "connections": max(1, connections),
             "region": region,
+            "namespace": f"shared:{namespace}" if namespace else "run",
+            "ttl_s": ttl_s if namespace else None,
+            "writer": self.writer,
         }
 
     def _object(self, key: str) -> str:
@@ -163,14 +177,15 @@ class S3Tier:
             parts = self._parts(chunks)
             first = next(parts, bytearray())
             second = next(parts, None)
+            meta = self._metadata()
             if second is None:  # one part: a plain PUT
                 t = time.perf_counter_ns()
-                self._client.put_object(Bucket=self.bucket, Key=obj, Body=first)
+                self._client.put_object(Bucket=self.bucket, Key=obj, Body=first, **meta)
                 device += time.perf_counter_ns() - t
                 total = len(first)
             else:
                 t = time.perf_counter_ns()
-                upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=obj)["UploadId"]
+                upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=obj, **meta)["UploadId"]
                 device += time.perf_counter_ns() - t
                 done: list[dict[str, Any]] = []
                 for number, body in enumerate(itertools.chain((first, second), parts), 1):
@@ -200,6 +215,42 @@ class S3Tier:
             self._index[key] = total
         return IOTiming(host_ns=time.perf_counter_ns() - t0 - device, device_ns=device)
 
+    def _metadata(self) -> dict[str, Any]:
+        """put_object's Metadata in a shared namespace: who wrote it and when it expires (Unix seconds)."""
+        if not self.namespace:
+            return {}
+        return {"Metadata": {"kvtier-writer": self.writer, "kvtier-expires": f"{time.time() + self.ttl_s:.3f}"}}
+
+    def read_shared(
+        self, key: str, buf: memoryview, cancel: threading.Event | None = None
+    ) -> tuple[int, IOTiming, bool] | None:
+        """In a shared namespace, an object this run does not hold but some writer put there: read it through
+        ``buf``; (bytes, timing, whether another writer wrote it), or None when there is none or it expired."""
+        if not self.namespace:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._object(key))
+        except self._exc.ClientError as e:
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail(f"lookup of {key!r}", e) from e
+        except Exception as e:
+            raise self._fail(f"lookup of {key!r}", e) from e
+        meta = head.get("Metadata") or {}
+        try:
+            expires = float(meta.get("kvtier-expires", "0"))
+        except ValueError:
+            expires = 0.0
+        if expires < time.time():
+            return None  # past its TTL: a miss (the object stays until a lifecycle rule or kvtier clean --remote)
+        size = int(head.get("ContentLength", 0))
+        timing = IOTiming(device_ns=time.perf_counter_ns() - t0)
+        for _ in self._export_object(key, size, buf, timing, cancel):
+            pass
+        timing.host_ns = time.perf_counter_ns() - t0 - timing.device_ns
+        return size, timing, meta.get("kvtier-writer") != self.writer
+
     def export(
         self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
     ) -> Iterator[memoryview]:
@@ -207,6 +258,11 @@ class S3Tier:
             size = self._index.get(key)
         if size is None:
             raise EntryNotFound(f"{self.name} tier: {key!r} not stored")
+        return self._export_object(key, size, buf, timing, cancel)
+
+    def _export_object(
+        self, key: str, size: int, buf: memoryview, timing: IOTiming, cancel: threading.Event | None
+    ) -> Iterator[memoryview]:
         obj = self._object(key)
         step = len(buf)
         off = 0
@@ -234,9 +290,11 @@ class S3Tier:
         return read_through_export(self.export, key, buf, cancel)
 
     def delete(self, key: str) -> None:
+        """This run no longer holds the object: removed in its own prefix; in a shared namespace left to its
+        expiry (another writer may have written it since, or another reader want it)."""
         with self._lock:
             had = self._index.pop(key, None)
-        if had is None:
+        if had is None or self.namespace:
             return
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._object(key))
@@ -261,10 +319,19 @@ class S3Tier:
             raise self._fail("listing", e) from e
 
     def close(self) -> None:
-        """Delete every object (and abort every open multipart upload) under this run's prefix; a
-        server that cannot be reached is noted in ``cleanup_problems``. Nothing raises."""
+        """Delete every object (and abort every open multipart upload) under this run's prefix; a shared
+        namespace is left as it is (a failed write already aborted its own upload; other writers' uploads are
+        theirs). A server that cannot be reached is noted in ``cleanup_problems``. Nothing raises."""
         with self._lock:
             self._index.clear()
+        if not self.namespace:
+            self.purge()
+
+    def purge(self) -> int:
+        """Delete every object under this tier's prefix (the run's own, or a whole shared namespace: ``kvtier
+        clean --remote``) and abort its open multipart uploads, ours only whatever the server lists; the
+        objects deleted. Problems go to ``cleanup_problems``; nothing raises."""
+        keys: list[str] = []
         try:
             keys = list(self.listing())
             for i in range(0, len(keys), 1000):
@@ -277,9 +344,11 @@ class S3Tier:
                     self._client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
         except Exception as e:  # noqa: BLE001 - noted
             self.cleanup_problems.append(f"s3://{self.bucket}/{self.prefix}/: objects not removed ({e})")
+            keys = []
         problem = self._own.problem(f"s3://{self.bucket}/", "a listing with Prefix", "Prefix")
         if problem:
             self.cleanup_problems.append(problem)
+        return len(keys)
 
 
 def _read_into(body: Any, view: memoryview) -> int:

@@ -227,11 +227,18 @@ class TieredStore:
         return [t.backend.name for t in self._tiers]
 
     def usage(self) -> dict[str, dict[str, int]]:
+        """Per tier: bytes used (the tier's stored sizes), capacity, entries; a paged tier adds its page and
+        the part of the used pages no entry fills."""
         with self._lock:
-            return {
+            out = {
                 t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": len(t.policy)}
                 for t in self._tiers
             }
+        for t in self._tiers:
+            waste = getattr(t.backend, "waste_bytes", None)
+            if waste is not None:
+                out[t.backend.name].update(page_bytes=getattr(t.backend, "page_bytes", 0), waste_bytes=waste())
+        return out
 
     def location(self, key: str) -> str | None:
         with self._lock:
@@ -523,7 +530,7 @@ class TieredStore:
         with self._lock:
             e = self._entries.get(key)
         if e is None:
-            return GetResult(hit=False)
+            return self._get_shared(key, buf)
         if self.config.promotion == "on-read":
             promoted = self._try_promote(e, buf)
             if promoted is not None:
@@ -545,7 +552,34 @@ class TieredStore:
                     self.sink.count("entries_dropped_unreadable")
                 raise
         self._done(t.backend.name, "read", "request", key, e.nbytes, timing)
+        if getattr(t.backend, "namespace", None):
+            self.sink.count("remote_own_hits")
         return GetResult(True, t.backend.name, e.nbytes, timing)
+
+    def _get_shared(self, key: str, buf: memoryview) -> GetResult:
+        """A key this store does not hold, looked up in the tiers whose key space is shared (``read_shared``:
+        Redis or S3 with --remote-namespace shared:NAME): an entry another rank or an earlier run wrote there
+        serves the read from that tier (counted as a cross-writer hit; it stays theirs, this store does not
+        take it into its accounting). A failed lookup is a tier error and a miss."""
+        for t in self._tiers:
+            read_shared = getattr(t.backend, "read_shared", None)
+            if read_shared is None or not getattr(t.backend, "namespace", None):
+                continue
+            try:
+                got = read_shared(key, buf, self.cancel)
+            except StorageError as exc:
+                if isinstance(exc, Cancelled):
+                    self.sink.tier_cancelled(t.backend.name, "read", "request", exc.bytes_done)
+                    raise
+                self.sink.tier_error(t.backend.name, "read", "request", 0, exc)
+                continue
+            if got is None:
+                continue
+            nbytes, timing, cross = got
+            self._done(t.backend.name, "read", "request", key, nbytes, timing)
+            self.sink.count("remote_cross_writer_hits" if cross else "remote_own_hits")
+            return GetResult(True, t.backend.name, nbytes, timing)
+        return GetResult(hit=False)
 
     def _try_promote(self, e: _Entry, buf: memoryview) -> GetResult | None:
         """Move a hit below the top tier to the top with the read that serves the request; None

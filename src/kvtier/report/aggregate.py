@@ -48,6 +48,8 @@ class Totals(Section):
     storage_read_bytes_per_sec: float  # Σ per-rank (all tiers)
     storage_write_bytes_per_sec: float
     tier_bytes: dict[str, dict[str, int]]  # tier -> {read, written}: Σ logical bytes of completed ops
+    remote_own_hits: int = 0  # Σ reads a rank's shared remote tier served from entries that rank wrote
+    remote_cross_writer_hits: int = 0  # Σ reads served from entries another rank or an earlier run wrote
 
 
 class PooledLatency(Section):

@@ -46,6 +46,8 @@ class TierUsage(Section):
     used_bytes: int
     capacity_bytes: int
     entries: int
+    page_bytes: int | None = None  # a paged tier (CPU RAM): its page; used_bytes counts whole pages
+    waste_bytes: int | None = None  # of used_bytes, what no entry uses (each entry's last page is partly empty)
 
 
 class Criterion(Section):
@@ -119,6 +121,8 @@ class _CacheStatsFixed(Section):
     entries_dropped_unreadable: int
     deduplicated_writes: int
     fragmented_fallthroughs: int = 0
+    remote_own_hits: int = 0  # --remote-namespace shared: reads the shared tier served from this run's entries
+    remote_cross_writer_hits: int = 0  # ... from entries another rank or an earlier run wrote
     stores_dropped: int = 0  # stores no tier could take: the request went on, a later read misses
     stores_dropped_bytes: int = 0
     stores_dropped_by_cause: dict[str, int] = Field(default_factory=dict)  # no-room | entry-too-large

@@ -274,17 +274,18 @@ class Offload(_Measured):
         self.kvpt = kv_bytes_per_token
         self.recorder = Recorder()
         tiers: list[Backend]
+        page = cfg.chunk_tokens * kv_bytes_per_token  # a chunk is one page of the CPU tier: no waste
         if cfg.kind == "cpu":
-            tiers = [MemoryTier(int(cfg.cpu_offload_gb * GiB), "cpu")]
+            tiers = [MemoryTier(int(cfg.cpu_offload_gb * GiB), "cpu", page)]
         elif cfg.kind == "nvme":
             if not cfg.nvme_dir:
                 raise ConfigError("--offload nvme: give --nvme-dir")
             tiers = [
-                MemoryTier(int(cfg.staging_gb * GiB), "cpu"),
+                MemoryTier(int(cfg.staging_gb * GiB), "cpu", page),
                 FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io),
             ]
         elif cfg.kind in ("redis", "s3") and remote is not None:
-            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu"), remote]
+            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu", page), remote]
         else:
             raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)

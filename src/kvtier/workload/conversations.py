@@ -93,6 +93,8 @@ class ConversationSettings:
     system_prompt_tokens: tuple[int, int] = (256, 2048)
     system_prompt_probability: float = 0.2
     min_prefix_length: int = 50
+    key_scope: str = ""  # before every conversation id: the seed's, in a shared remote namespace (ids name content)
+    prompt_seed: int | None = None  # the system prompts' seed (a shared namespace's own); None: the run's seed
 
 
 def system_prompts(settings: ConversationSettings, seed: int) -> list[tuple[str, int]]:
@@ -106,7 +108,8 @@ def conversation_requests(
 ) -> Iterator[Request]:
     """The user's endless, deterministic stream of (multi-turn) requests in the chosen layout."""
     rng = user_rng(seed, user.user_id, stream=2)
-    prompts = system_prompts(settings, seed) if settings.prefix_caching else []
+    prompts = system_prompts(settings, seed if settings.prompt_seed is None else settings.prompt_seed)
+    prompts = prompts if settings.prefix_caching else []
     conv: Conversation | None = None
     n_conv = 0
     for seq, (new_user_tokens, gen, think) in enumerate(draws(user, seed)):
@@ -118,7 +121,8 @@ def conversation_requests(
             if prompts and rng.random() < settings.system_prompt_probability:
                 sp, sp_tokens = prompts[int(rng.integers(0, len(prompts)))]
             shared = sp is not None and sp_tokens >= settings.min_prefix_length
-            conv = Conversation(f"conv_u{user.user_id}_{n_conv:05d}", user.user_id, sp if shared else None, sp_tokens)
+            conv_id = f"{settings.key_scope}conv_u{user.user_id}_{n_conv:05d}"
+            conv = Conversation(conv_id, user.user_id, sp if shared else None, sp_tokens)
             n_conv += 1
             if shared:
                 conv.segments.append((str(sp), sp_tokens))

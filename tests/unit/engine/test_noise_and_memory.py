@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from kvtier.engine.backend import ALIGN, aligned_buffer, round_up
-from kvtier.engine.memory import ExtentAllocator, MemoryTier
+from kvtier.engine.memory import MemoryTier, page_size
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.errors import EntryNotFound, TierFullError
 
@@ -17,18 +17,11 @@ def test_noise_is_seeded_aligned_and_wraps():
     assert chunks[0][:64] == a.head("k", 64) and b"".join(chunks) == a.expected("k", round_up(3 * (1 << 20) + 5))
 
 
-def test_extent_allocator_coalesces_and_reuses():
-    al = ExtentAllocator(10 * ALIGN)
-    x = al.alloc(3 * ALIGN)
-    y = al.alloc(3 * ALIGN)
-    z = al.alloc(4 * ALIGN)
-    assert (x, y, z) == (0, 3 * ALIGN, 6 * ALIGN)
-    assert al.alloc(ALIGN) is None
-    al.free(x, 3 * ALIGN)
-    al.free(z, 4 * ALIGN)
-    assert al.largest_free() == 4 * ALIGN  # not adjacent yet
-    al.free(y, 3 * ALIGN)
-    assert al.largest_free() == 10 * ALIGN and al.allocated == 0
+def test_page_size_is_whole_4k_huge_pages_when_large_and_a_sixteenth_of_the_tier_at_most():
+    assert page_size(64 << 30, 32 << 20) == 32 << 20
+    assert page_size(64 << 30, (3 << 20) + 5) == 2 << 20  # rounded to 4 KiB, then down to a huge page
+    assert page_size(4 << 20, 32 << 20) == 256 << 10  # a small tier still holds 16 pages
+    assert page_size(3 * ALIGN, 32 << 20) == ALIGN and page_size(0, 1) == ALIGN
 
 
 def test_memory_tier_roundtrip_and_accounting(noise):
@@ -49,15 +42,39 @@ def test_memory_tier_roundtrip_and_accounting(noise):
     t.close()
 
 
-def test_memory_tier_fragmentation_is_a_tier_full_error(noise):
-    t = MemoryTier(3 * ALIGN)
-    for k in "abc":
+def test_memory_tier_never_fragments_and_pages_hold_the_same_bytes(noise):
+    """#31: the CPU tier was a first-fit extent arena, so a write could fail with free bytes in holes. With pages a
+    write fits whenever enough pages are free, wherever they lie, and reads back the bytes a contiguous copy
+    holds; it fails only when the free pages cannot hold it."""
+    t = MemoryTier(6 * ALIGN, page_bytes=ALIGN)
+    for k in "abcdef":
         t.write(k, noise.chunks(k, ALIGN, ALIGN), ALIGN)
+    for k in "ace":
+        t.delete(k)  # three free pages, none adjacent
+    n = 3 * ALIGN - 100
+    t.write("x", noise.chunks("x", n, ALIGN), n)  # through fill(): the noise source writes into the pages
+    buf = aligned_buffer(ALIGN)
+    got = b"".join(bytes(c) for c in t.export("x", buf, None))  # type: ignore[arg-type]
+    assert got == noise.expected("x", round_up(n))
+    t.delete("x")
+    plain = [memoryview(bytes(c)) for c in noise.chunks("y", n, ALIGN)]  # a plain chunk list: scattered
+    t.write("y", plain, n)
+    assert b"".join(bytes(c) for c in t.export("y", buf, None)) == noise.expected("y", round_up(n))  # type: ignore[arg-type]
+    t.read("y", aligned_buffer(2 * ALIGN))  # gathered through a buffer of two pages
+    with pytest.raises(TierFullError, match="pages needed"):
+        t.write("z", noise.chunks("z", ALIGN, ALIGN), ALIGN)  # all six pages held
+    assert t.stored_bytes() == 6 * ALIGN and t.waste_bytes() == 0
+    t.close()
+
+
+def test_internal_waste_is_the_unused_part_of_last_pages(noise):
+    t = MemoryTier(64 * ALIGN, page_bytes=4 * ALIGN)
+    t.write("a", noise.chunks("a", 5 * ALIGN, ALIGN), 5 * ALIGN)  # two pages, 3 KiB-pages of the second unused
+    assert t.stored_size(5 * ALIGN) == 8 * ALIGN and t.stored_bytes() == 8 * ALIGN
+    assert t.waste_bytes() == 3 * ALIGN
     t.delete("a")
-    t.delete("c")
-    with pytest.raises(TierFullError, match="fragmentation"):
-        t.write("d", noise.chunks("d", 2 * ALIGN, ALIGN), 2 * ALIGN)
-    assert t.stored_bytes() == ALIGN
+    assert t.stored_bytes() == 0 and t.waste_bytes() == 0
+    t.close()
 
 
 def test_memory_tier_failed_write_leaves_nothing(noise):
@@ -77,3 +94,33 @@ def test_aligned_buffer_is_page_aligned():
     b = aligned_buffer(10)
     addr = np.frombuffer(b, dtype=np.uint8).ctypes.data
     assert addr % ALIGN == 0 and len(b) == ALIGN
+
+
+def test_a_fragmenting_pattern_never_refuses_a_write_the_free_pages_hold():
+    """#31's test: sizes 1-250 MB, random frees. Every write that the free pages can hold lands, the others
+    are refused only for pages, and the tier's accounting is its entries' pages throughout."""
+    import random
+
+    MB = 1_000_000
+    rng = random.Random(5)
+    t = MemoryTier(512 * MB, page_bytes=2 << 20)
+    zeros = memoryview(bytearray(4 << 20))
+    held: dict[str, int] = {}
+    refused_with_room = refused = 0
+    for i in range(60):
+        n = rng.randint(1, 250) * MB
+        key = f"e{i}"
+        fits = t.stored_size(n) <= t.capacity_bytes - t.stored_bytes()
+        try:
+            t.write(key, [zeros] * -(-n // len(zeros)), n)
+            held[key] = n
+        except TierFullError:
+            refused += 1
+            refused_with_room += fits
+        for k in rng.sample(sorted(held), k=min(len(held), rng.randint(0, 2))):  # random frees
+            t.delete(k)
+            del held[k]
+        assert t.stored_bytes() == sum(t.stored_size(v) for v in held.values())
+        assert t.waste_bytes() == sum(t.stored_size(v) - round_up(v) for v in held.values())
+    assert refused_with_room == 0 and refused > 0  # the pattern did fill the tier
+    t.close()
