@@ -666,12 +666,14 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         _save_metrics(lp.out / "metrics", lp.processes)
     except KeyboardInterrupt:
         rec.event("interrupted: tearing down")
-        status, stop, rc = Status.partial, StopReason(code=StopCode.interrupted, message="interrupted"), 130
+        status, stop = Status.partial, StopReason(code=StopCode.interrupted, message="interrupted")
+        rc = exit_code(status, stop.code)
     except KvtierError as e:
-        rc = exit_code_for(e)
+        rc = exit_code_for(e)  # the error class's code (errors.EXIT_CODES): a LaunchError is a start-up failure
         rec.error = str(e)
         status = Status.failed
-        stop = StopReason(code=StopCode.startup_failed if rc == 6 else StopCode.internal_error, message=str(e))
+        code = StopCode.startup_failed if isinstance(e, LaunchError) else StopCode.internal_error
+        stop = StopReason(code=code, message=str(e))
         raise
     finally:
         if sampler is not None and rec.device is not None:
