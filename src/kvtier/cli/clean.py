@@ -13,40 +13,31 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvtier.cli.args import add_config_arguments, config_from_args
+from kvtier.config.tiers import RemoteTierFlags
+
+CLEAN_SKIPS = ("redis_mem_gb", "redis_part_mb", "s3_capacity_gb", "s3_part_mb", "remote_ttl")
+"""Remote flags that size or age what a run writes: nothing to do with emptying a namespace."""
+
 
 def add_clean_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
     p = sub.add_parser("clean", help="remove the run folders of killed kvtier runs from a cache or NVMe directory")
     p.add_argument("directory", nargs="?", help="the --cache-dir / --nvme-dir to clean")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     p.add_argument("--remote", action="store_true", help="empty the shared namespace named by --remote-namespace")
-    p.add_argument("--remote-namespace", default="run", help="shared:NAME, the namespace to empty (with --remote)")
-    p.add_argument("--redis-url", help="the Redis/Valkey server of that namespace")
-    p.add_argument("--s3-bucket", help="the S3 bucket of that namespace")
-    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: AWS)")
-    p.add_argument("--s3-prefix", default="kvtier", help="the --s3-prefix the runs used")
+    add_config_arguments(p, RemoteTierFlags, skip=CLEAN_SKIPS)  # the servers and the namespace, as bench names them
     p.set_defaults(func=run_clean)
 
 
 def clean_remote(a: argparse.Namespace) -> int:
     """Empty a shared namespace on the given servers; 0 when every server was emptied."""
-    from pydantic import ValidationError
 
-    from kvtier.config.tiers import RemoteTierFlags
     from kvtier.errors import ConfigError, StorageError
 
-    given = {
-        "remote_namespace": a.remote_namespace, "redis_url": a.redis_url, "s3_bucket": a.s3_bucket,
-        "s3_endpoint": a.s3_endpoint, "s3_prefix": a.s3_prefix, "redis_mem_gb": 1 if a.redis_url else 0,
-    }  # fmt: skip
-    try:
-        flags = RemoteTierFlags.model_validate(given)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "kvtier clean"
-        raise ConfigError(f"{where}: {err['msg']}") from None
+    flags = config_from_args(a, RemoteTierFlags, redis_mem_gb=1 if getattr(a, "redis_url", None) else 0)
     if flags.shared_namespace is None:
         raise ConfigError("--remote: give --remote-namespace shared:NAME (a run's own key space is emptied by the run)")
-    kinds = [k for k, v in (("redis", a.redis_url), ("s3", a.s3_bucket)) if v]
+    kinds = [k for k, v in (("redis", flags.redis_url), ("s3", flags.s3_bucket)) if v]
     if not kinds:
         raise ConfigError("--remote: give --redis-url and/or --s3-bucket")
     problems: list[str] = []

@@ -196,6 +196,10 @@ class TieredStore:
         self.sink: EventSink = sink or NullSink()
         self.io_log: IOLog | None = None  # set by the I/O trace mode; None costs one test per operation
         self._tiers = [_Tier(b, self.config) for b in backends if b.capacity_bytes > 0]
+        # the tiers whose key space others write too (--remote-namespace shared:NAME): a miss is looked up there
+        self._shared = [
+            t for t in self._tiers if getattr(t.backend, "namespace", None) and hasattr(t.backend, "read_shared")
+        ]
         if not self._tiers:
             raise ValueError("no tier has a capacity > 0")
         self._entries: dict[str, _Entry] = {}
@@ -552,7 +556,7 @@ class TieredStore:
                     self.sink.count("entries_dropped_unreadable")
                 raise
         self._done(t.backend.name, "read", "request", key, e.nbytes, timing)
-        if getattr(t.backend, "namespace", None):
+        if t in self._shared:
             self.sink.count("remote_own_hits")
         return GetResult(True, t.backend.name, e.nbytes, timing)
 
@@ -561,12 +565,9 @@ class TieredStore:
         Redis or S3 with --remote-namespace shared:NAME): an entry another rank or an earlier run wrote there
         serves the read from that tier (counted as a cross-writer hit; it stays theirs, this store does not
         take it into its accounting). A failed lookup is a tier error and a miss."""
-        for t in self._tiers:
-            read_shared = getattr(t.backend, "read_shared", None)
-            if read_shared is None or not getattr(t.backend, "namespace", None):
-                continue
+        for t in self._shared:
             try:
-                got = read_shared(key, buf, self.cancel)
+                got = t.backend.read_shared(key, buf, self.cancel)  # type: ignore[attr-defined]  # Redis/S3 only
             except StorageError as exc:
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "read", "request", exc.bytes_done)

@@ -81,7 +81,7 @@ class SimSettings:
 
 class _Req:
     """One request as the scheduler sees it: its block keys (the prompt's full blocks, then one per block it
-    fills while decoding), the blocks it holds, how far it is computed, and whether it was preempted."""
+    fills while decoding), the blocks it holds, how many of its tokens have KV, and how often it was preempted."""
 
     __slots__ = (
         "keys",
@@ -127,7 +127,7 @@ class _Seq:
 
     __slots__ = ("left", "emit", "stamps", "done", "req")
 
-    def __init__(self, left: int, emit: Any, t_first: float, req: _Req | None = None) -> None:
+    def __init__(self, left: int, emit: Any, t_first: float, req: _Req) -> None:
         self.left = left
         self.emit = emit
         self.stamps = [t_first]
@@ -218,7 +218,7 @@ class SimEngine:
             total = -(-r.num_tokens // self.block)
             if not self.gpu.admissible(r.keys, hit, total):
                 return
-            first = min(hit * self.block + self.s.max_num_batched_tokens, r.num_tokens)
+            first = min(hit * self.block + budget, r.num_tokens)
             if not self.gpu.grow(r.held, r.keys, -(-first // self.block)):
                 return
             self._waiting.popleft()
@@ -252,9 +252,11 @@ class SimEngine:
                 return False
         return True
 
-    def _filled(self, r: _Req) -> None:
-        """After a token: when it filled a block, vLLM caches that block (nothing will match it, but it takes
-        room in the LRU like any other)."""
+    def _emitted(self, r: _Req) -> None:
+        """A token decoded: its KV is computed (so a decoding request takes none of a step's prefill budget), and
+        when it filled a block vLLM caches that block (nothing will match it, but it takes room in the LRU)."""
+        r.generated += 1
+        r.computed += 1
         i = r.num_tokens // self.block - 1
         if r.num_tokens % self.block == 0 and i < len(r.held) and i == len(r.keys):
             self.gpu.seal(r.held, i, r.block_key())
@@ -335,12 +337,11 @@ class SimEngine:
             else:
                 due = now  # behind schedule: do not try to catch up with a burst of steps
                 await sleep(0)
-            order = {id(r): i for i, r in enumerate(self._running)}
-            for q in sorted(self._seqs, key=lambda q: order.get(id(q.req), -1)):
-                if q not in self._seqs:
+            for r in [r for r in self._running if r.seq in self._seqs]:  # in the order they started
+                q = r.seq
+                if q is None or q not in self._seqs:
                     continue  # preempted earlier in this step
-                r = q.req
-                if r is not None and not self._grow(r, r.num_tokens + 1):
+                if not self._grow(r, r.num_tokens + 1):
                     continue  # preempted: it starts again from the queue
                 try:
                     sent = True if q.emit is None else q.emit(len(q.stamps))
@@ -351,9 +352,7 @@ class SimEngine:
                 if sent:
                     q.stamps.append(now)
                     q.left -= 1
-                    if r is not None:
-                        r.generated += 1
-                        self._filled(r)
+                    self._emitted(r)
                 else:
                     q.left = 0  # the client went away: stop decoding this sequence
                 if q.left <= 0:
@@ -453,8 +452,7 @@ class SimEngine:
                     "queue_s": t_admit - t_arrive,
                 },
             )
-            r.generated = 1
-            self._filled(r)
+            self._emitted(r)  # token 0, computed with the prefill
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
             # step ticker, which hands one token to every running sequence per step.
             seq = _Seq(max_tokens - 1, emit, t_first, r)
