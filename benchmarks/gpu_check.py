@@ -6,10 +6,13 @@
    reference seconds / ours, the median of 5 repetitions (aim >= 0.9).
 2. GPUDirect Storage: with kvikio, a 256 MiB device buffer written to and read from a file in --dir through
    ``kvikio.CuFile``, and what kvikio says of its path (cuFile, or compatibility mode: POSIX through a host
-   bounce buffer), beside kvtier's own probe (engine/gds.py ``probe_gds``).
+   bounce buffer), beside kvtier's own probe (engine/gds.py ``probe_gds``); then kvtier's GDS file tier
+   (``GdsFileTier``: the payload through a per-thread device buffer) writing and reading a 256 MiB entry,
+   checked against the noise, with its verdict from kvikio's own account (``outcome()``: used, evidence,
+   bytes per backend).
 
 Without torch, a CUDA device or kvikio, each part says why it was skipped; nothing here needs a GPU to run.
-Last line: ``gpu_check gpu_write_ratio=… gpu_read_ratio=… gds=…`` (a ratio is ``skipped`` when its part was).
+Last line: ``gpu_check gpu_write_ratio=… gpu_read_ratio=… gds=… gds_tier=…`` (``skipped`` where its part was).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
 sys.path.insert(0, str(REPO / "src"))
-from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.backend import IOTiming, aligned_buffer
 from kvtier.engine.gds import probe_gds
 from kvtier.engine.gpu import gpu_available
 
@@ -103,6 +106,30 @@ def gds_check(directory: str, size: int) -> str:
     return "cufile" if not compat and same else ("compat" if same else "corrupt")
 
 
+def gds_tier_check(directory: str, size: int) -> str:
+    """kvtier's GDS file tier: one entry written and read back through its device buffers; kvikio's verdict."""
+    from kvtier.engine.gds import GdsFileTier
+    from kvtier.engine.noise import NoiseBuffer
+
+    noise = NoiseBuffer(64 * MiB, seed=1)
+    tier = GdsFileTier(directory, 4 * size)
+    buf = aligned_buffer(64 * MiB)
+    try:
+        t = time.perf_counter()
+        tier.write("g", noise.chunks("g", size, out=aligned_buffer(64 * MiB)), size)
+        tw = time.perf_counter() - t
+        t = time.perf_counter()
+        same = b"".join(bytes(c) for c in tier.export("g", buf, IOTiming())) == noise.expected("g", size)
+        tr = time.perf_counter() - t
+        out = tier.outcome()
+    finally:
+        tier.close()
+    print(f"GDS tier: {size // MiB} MiB entry: write {size / tw / 1e9:.2f} GB/s, read {size / tr / 1e9:.2f} GB/s "
+          f"(with the staging copies), data {'intact' if same else 'DIFFERS'}; used={out['used']} "
+          f"({out['reason']}; evidence: {out['evidence']})", flush=True)  # fmt: skip
+    return ("used" if out["used"] else "not-used") if same else "corrupt"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="a directory on the NVMe under test (default: a temporary one)")
@@ -118,7 +145,7 @@ def main() -> None:
         print(f"GPU tier: skipped ({why})", flush=True)
     gds_ok, gds_why = probe_gds()
     print(f"kvtier's GDS probe: {'usable' if gds_ok else 'not usable'} ({gds_why})", flush=True)
-    gds = "skipped"
+    gds = tier = "skipped"
     try:
         import cupy  # noqa: F401
         import kvikio  # noqa: F401
@@ -128,9 +155,10 @@ def main() -> None:
         if ok:
             with tempfile.TemporaryDirectory(dir=a.dir, prefix="kvtier-gpu-check-") as d:
                 gds = gds_check(d, 256 * MiB)
+                tier = gds_tier_check(d, 256 * MiB)
         else:
             print("GDS check: skipped (no CUDA device)", flush=True)
-    print(f"gpu_check gpu_write_ratio={w} gpu_read_ratio={r} gds={gds}")
+    print(f"gpu_check gpu_write_ratio={w} gpu_read_ratio={r} gds={gds} gds_tier={tier}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,28 @@ def kvtier_cmd() -> list[str]:
 TINY_TEMPLATES = {
     "chatbot": {"context_range": [64, 512], "generation_range": [8, 64], "think_time_range": [0.01, 0.05]}
 }
+
+
+def tiny_bench_config(d: Path, **overrides: Any):  # type: ignore[no-untyped-def]
+    """A short bench run's config (tiny model, chatbot users, file tier in ``d``), with ``overrides``."""
+    from kvtier.config.bench import BenchConfig, Tuning
+
+    fields: dict[str, Any] = {
+        "model": "tiny-1b",
+        "num_users": 2,
+        "duration": 2,
+        "gpu_mem_gb": 0,
+        "cpu_mem_gb": 0,
+        "generation_mode": "none",
+        "seed": 3,
+        "cache_dir": str(d),
+        "output": str(d / "r.json"),
+        "progress": "none",
+        "noise_mb": 16,
+        "io_chunk_mb": 4,
+        "tuning": Tuning.model_validate({"user_templates": TINY_TEMPLATES}),
+    }
+    return BenchConfig(**{**fields, **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -534,6 +534,15 @@ def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
     }
 
 
+def gds_section(comp: Components) -> dict[str, Any] | None:
+    """storage.gds: what --gds resolved to, then, where the GDS tier ran, kvikio's account of the run
+    (``used`` is then the evidence's, not the probe's: engine/gds.py)."""
+    if not comp.gds:
+        return None
+    outcome = getattr(comp.file_tier, "outcome", None)
+    return {**comp.gds, **outcome()} if comp.gds["used"] and outcome is not None else dict(comp.gds)
+
+
 def storage_section(comp: Components) -> dict[str, Any]:
     ft = comp.file_tier
     return {
@@ -544,7 +553,7 @@ def storage_section(comp: Components) -> dict[str, Any]:
         "capacity_bytes": ft.capacity_bytes,
         "detected_free_bytes": ft.detected_free_bytes,
         "tier_order": comp.store.tier_names,
-        "gds": comp.gds or None,
+        "gds": gds_section(comp),
         "remote_tiers": {t.name: getattr(t, "server", {}) for t in comp.remote},
         "payload": comp.noise.describe(),
     }
@@ -645,6 +654,15 @@ def run_warnings(
                 "the drive as a trim at once, which frees flash blocks and moves it away from the steady state "
                 "a preconditioned drive is measured in (mount without discard and run fstrim between runs)",
                 path=str(comp.file_tier.directory),
+            )
+        )
+    gds = gds_section(comp)
+    if gds is not None and comp.gds["used"] and not gds["used"]:
+        out.append(
+            warning(
+                WarningCode.gds_off,
+                f"--gds {gds['requested']}: the file tier's payload did not go by GPUDirect Storage: {gds['reason']}",
+                reason=gds["reason"],
             )
         )
     n_tier = sum(rec.errors.values())

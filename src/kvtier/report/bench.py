@@ -412,9 +412,15 @@ class MemoryStats(Section):
 
 
 class GdsChoice(Section):
+    """--gds: what it resolved to and, where the GDS tier ran, kvikio's account of the payload's path."""
+
     requested: Literal["auto", "on", "off"]
-    used: bool
+    used: bool  # the probe's answer, replaced by the evidence's where the GDS tier ran
     reason: str
+    evidence: str | None = None  # "kvikio statistics" (bytes per backend) or its compatibility mode
+    gds_bytes: int | None = None  # kvikio's cuFile backend: bytes moved (null without its statistics)
+    posix_bytes: int | None = None  # kvikio's POSIX backend (its compatibility mode): bytes moved
+    staged_bytes: int | None = None  # payload moved through the tier's device buffers, writes and reads
 
 
 class PayloadSampleStats(Section):

@@ -118,7 +118,9 @@ class WarningCode(enum.StrEnum):
     latency_tracing_unavailable = "latency-tracing-unavailable"
     io_trace_incomplete = "io-trace-incomplete"
     remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
-    gds_off = "gds-off"  # --gds auto found no cuFile path: the file tier used O_DIRECT
+    gds_off = (
+        "gds-off"  # --gds auto found no cuFile path (the file tier used O_DIRECT), or kvikio moved the bytes by POSIX
+    )
 
 
 class ResultWarning(BaseModel):

@@ -91,7 +91,7 @@ def test_a_repeated_block_is_seen_by_the_sample():
     noise.key_hash = lambda key: 42  # type: ignore[method-assign]  # every key stamped alike
     noise.offset_for = lambda key: 0  # type: ignore[method-assign]  # and read from the same offset
     for k in range(40):
-        for _ in noise.chunks(f"k{k}", 8 * MiB, out=buf):
+        for _ in noise.chunks(f"k{k}", 32 * MiB, out=buf):
             pass
     s = noise.describe()["sample"]
     assert s["blocks_sampled"] > 0 and s["distinct_fraction"] is not None and s["distinct_fraction"] < 0.2
