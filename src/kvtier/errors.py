@@ -6,7 +6,6 @@
     ├── StorageError            a tier cannot do what was asked
     │   ├── UnusableDirectory   a file tier's directory is missing, unwritable or refuses O_DIRECT
     │   ├── TierFullError       no room even after eviction (capacity, ENOSPC)
-    │   │   └── TierFragmented  room by count, but no contiguous extent (evicting more helps)
     │   ├── EntryNotFound       key is not stored in that tier
     │   ├── TierUnavailable     a remote tier's server cannot be reached (Redis, S3): the run stops, partial
     │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
@@ -48,10 +47,6 @@ class UnusableDirectory(StorageError):
 
 class TierFullError(StorageError):
     """A tier has no room for an entry, even after eviction."""
-
-
-class TierFragmented(TierFullError):
-    """The tier has the bytes free but not in one piece; evicting more entries can help."""
 
 
 class TierUnavailable(StorageError):

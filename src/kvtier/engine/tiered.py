@@ -38,7 +38,7 @@ from typing import Literal, Protocol
 
 from kvtier.engine.backend import Backend, IOTiming, check_cancel
 from kvtier.engine.policy import EvictionPolicy, LRUPolicy
-from kvtier.errors import Cancelled, EntryNotFound, StorageError, TierFragmented, TierFullError
+from kvtier.errors import Cancelled, EntryNotFound, StorageError, TierFullError
 
 Promotion = Literal["none", "on-read"]
 ChunkSource = Callable[[], Iterable[memoryview]]
@@ -368,31 +368,6 @@ class TieredStore:
         that can ``fill`` a tier's memory directly keeps that ability (with the same check between pieces)."""
         return _Cancellable(chunks, self.cancel, what)
 
-    def _write_making_room(
-        self, i: int, key: str, chunks: Callable[[], Iterable[memoryview]], nbytes: int, buf: memoryview
-    ) -> IOTiming:
-        """Write into tier i (space reserved); on fragmentation evict more victims and retry."""
-        t = self._tiers[i]
-        backend = t.backend
-        for attempt in range(4):
-            try:
-                return backend.write(key, chunks(), nbytes)
-            except TierFragmented:
-                need = backend.stored_size(nbytes)
-
-                def enough(freed: int, need: int = need) -> bool:
-                    return freed >= need
-
-                with self._lock:
-                    victims = self._pick_victims(t, enough, self.config.eviction_limit(len(t.policy), t.backend.name))
-                if attempt == 3 or not victims:
-                    for e in victims:
-                        self._unpin(e, i)
-                    raise
-                for e in victims:
-                    self._evict(e, i, 0, buf)
-        raise AssertionError("unreachable")
-
     def _evict(self, e: _Entry, i: int, depth: int, buf: memoryview) -> None:
         """Demote ``e`` out of tier ``i`` (picked as a victim by the caller) or delete it at the bottom."""
         with e.lock:
@@ -437,7 +412,7 @@ class TieredStore:
                 raise
 
         try:
-            write_t = self._write_making_room(j, e.key, chunks, e.nbytes, buf)
+            write_t = dst.backend.write(e.key, chunks(), e.nbytes)
         except StorageError as exc:
             self._release(j, size)
             if isinstance(exc, Cancelled):
@@ -445,8 +420,6 @@ class TieredStore:
                 self.sink.tier_cancelled(dst.backend.name, "write", write_cause, exc.bytes_done)
             elif read_error:
                 self.sink.tier_error(src.backend.name, "read", write_cause, e.nbytes, exc)
-            elif isinstance(exc, TierFragmented):  # no hole big enough in j: a move not made, no I/O failed
-                self.sink.count("fragmented_fallthroughs")
             else:
                 self.sink.tier_error(dst.backend.name, "write", write_cause, e.nbytes, exc)
             return None
@@ -508,16 +481,13 @@ class TieredStore:
             if not self._reserve(i, size, 0, buf):
                 continue
             try:
-                timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"), nbytes, buf)
+                timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
             except StorageError as exc:
                 self._release(i, size)
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "write", "request", exc.bytes_done)
                     raise
                 last_error = exc
-                if isinstance(exc, TierFragmented):  # nothing failed: no hole big enough, so the next tier
-                    self.sink.count("fragmented_fallthroughs")
-                    continue
                 self.sink.tier_error(t.backend.name, "write", "request", nbytes, exc)
                 if isinstance(exc, TierFullError):
                     continue  # the medium is full (ENOSPC): try the next tier
@@ -625,12 +595,12 @@ class TieredStore:
         if not self._reserve(i, size, self.config.max_recursion, buf):
             raise TierFullError(f"{tier}: no room for {key!r} ({nbytes} bytes)")
         try:
-            timing = self._write_making_room(i, key, lambda: self._cancellable(source(), "write"), nbytes, buf)
+            timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
         except StorageError as exc:
             self._release(i, size)
             if isinstance(exc, Cancelled):
                 self.sink.tier_cancelled(tier, "write", "request", exc.bytes_done)
-            elif not isinstance(exc, TierFragmented):
+            else:
                 self.sink.tier_error(tier, "write", "request", nbytes, exc)
             raise
         self._commit(_Entry(key, nbytes, filler), i, size)
