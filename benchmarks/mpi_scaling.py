@@ -60,7 +60,7 @@ def merge_time(agg_doc: dict, work: Path, total: int) -> float:
     sys.path.insert(0, str(REPO / "src"))
     from kvtier.bench.mpi import aggregate
     from kvtier.config.bench import BenchConfig
-    from kvtier.report.envelope import utc_now
+    from kvtier.results.envelope import utc_now
 
     rng = np.random.default_rng(1)
     got = {}

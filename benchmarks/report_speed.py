@@ -52,7 +52,7 @@ def bench_result(work: Path, n: int) -> Path:
 
 def replay_result(work: Path, n: int) -> Path:
     from kvtier.replay.summary import summarize
-    from kvtier.report.replay import ReplayResult
+    from kvtier.results.replay import ReplayResult
     from tests.integration.test_launch import conversations
 
     data = conversations(work / "data", users=8, turns=5, max_tokens=16)

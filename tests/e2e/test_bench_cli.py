@@ -658,7 +658,7 @@ def test_the_load_ends_at_its_deadline_at_200_users(tmp_path):
 def test_a_store_no_tier_can_take_is_dropped_not_failed(tmp_path, cache_dir):
     """Entries of 0.1-3 GB into a 0.05 GB tier: no tier can take them, so each store is dropped (counted by
     cause, warned of), the requests complete and later reads miss; no request failed, so the status rule
-    (report/outcome.py) leaves the run complete. The rule itself on failed requests: tests/unit/bench."""
+    (results/outcome.py) leaves the run complete. The rule itself on failed requests: tests/unit/bench."""
     out = tmp_path / "r.json"
     p = bench(
         [

@@ -169,7 +169,7 @@ def _bench(tmp_path, gds_mode: str):
 
 def test_bench_with_gds_records_kvikio_s_account(stand_in, tmp_path):
     """kvtier bench --gds on through the stand-in: storage.gds carries the evidence and the bytes per path."""
-    from kvtier.report.envelope import Status
+    from kvtier.results.envelope import Status
 
     kv = stand_in()
     result = _bench(tmp_path, "on")

@@ -101,7 +101,7 @@ def test_replay_reproduces_the_bytes_of_the_traced_run(traced, tmp_path: Path): 
             assert out.tiers[tier].model_dump()[op]["bytes"] == res.tiers[tier].model_dump()[op]["bytes"], (tier, op)
     # real I/O this time: the storage tier's bytes went through the kernel
     assert out.process_io.process_write_bytes >= res.tiers["storage"].write.bytes
-    from kvtier.report import load
+    from kvtier.results import load
 
     assert load(tmp_path / "rr.json").workload_source.kind == "io-trace"
     assert list((tmp_path / "cache").iterdir()) == []

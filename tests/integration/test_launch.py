@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from kvtier.report import load
-from kvtier.report.launch import LaunchResult
-from kvtier.report.replay import ReplayResult
+from kvtier.results import load
+from kvtier.results.launch import LaunchResult
+from kvtier.results.replay import ReplayResult
 from tests.conftest import kvtier_cmd
 
 pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)

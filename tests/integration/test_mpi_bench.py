@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.report import load
-from kvtier.report.aggregate import BenchAggregate
+from kvtier.results import load
+from kvtier.results.aggregate import BenchAggregate
 from tests.conftest import NEEDS_MPI, TINY_TEMPLATES, kvtier_cmd
 
 pytestmark = [*NEEDS_MPI, pytest.mark.slow]

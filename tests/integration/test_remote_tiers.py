@@ -149,7 +149,7 @@ def test_redis_refusing_for_memory_is_a_full_tier_and_the_entry_falls_through(no
 def test_redis_killed_mid_run_stops_the_bench_as_partial(tmp_path):
     from kvtier.bench import run
     from kvtier.config.bench import BenchConfig, Tuning
-    from kvtier.report.envelope import Status, StopCode
+    from kvtier.results.envelope import Status, StopCode
 
     with redis_server() as srv:
         cfg = BenchConfig(
@@ -191,7 +191,7 @@ def test_bench_with_redis_and_s3_tiers_end_to_end(rserver, s3, tmp_path):
     from kvtier.bench import run
     from kvtier.config.bench import BenchConfig, Tuning
     from kvtier.plan.measured import read_costs
-    from kvtier.report.envelope import Status
+    from kvtier.results.envelope import Status
 
     before = redis.Redis.from_url(rserver.url).dbsize()
     cfg = BenchConfig(
@@ -399,7 +399,7 @@ def test_two_runs_on_a_shared_redis_namespace_hit_each_others_entries_and_leave_
     """#31: with --remote-namespace shared:NAME a later run reads the entries an earlier one wrote (cross-writer
     hits), every key carries the TTL, runs leave the namespace, and kvtier clean --remote empties it alone."""
     from kvtier.bench import run
-    from kvtier.report.envelope import Status
+    from kvtier.results.envelope import Status
     from tests.conftest import kvtier_cmd
 
     client = redis.Redis.from_url(rserver.url)
@@ -433,7 +433,7 @@ def test_two_runs_on_a_shared_s3_namespace_hit_each_others_entries(s3, tmp_path)
     import boto3
 
     from kvtier.bench import run
-    from kvtier.report.envelope import Status
+    from kvtier.results.envelope import Status
     from tests.conftest import kvtier_cmd
 
     client = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1")

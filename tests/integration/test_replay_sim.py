@@ -76,8 +76,8 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
 def assert_envelope_and_compare(tmp_path: Path, summary: Path) -> None:
     """The summary loads back as a typed ReplayResult; compare accepts it against itself and refuses a
     run with another concurrency."""
-    from kvtier.report import load
-    from kvtier.report.replay import ReplayResult
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
 
     r = load(summary)
     assert isinstance(r, ReplayResult) and r.status == "complete" and r.stop_reason.code == "dataset-finished"

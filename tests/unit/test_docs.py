@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvtier.report.envelope import StopCode, WarningCode
+from kvtier.results.envelope import StopCode, WarningCode
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS = (REPO / "docs" / "metrics.md").read_text()

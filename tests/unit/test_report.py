@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kvtier.errors import DatasetError
-from kvtier.report import load
-from kvtier.report.bench import BenchResult
-from kvtier.report.envelope import SCHEMA_VERSION, Status, StopCode, exit_code
+from kvtier.results import load
+from kvtier.results.bench import BenchResult
+from kvtier.results.envelope import SCHEMA_VERSION, Status, StopCode, exit_code
 from kvtier.stats import PERCENTILE_NAMES, percentile, summarize, summarize_ns_as_ms
 
 
@@ -102,7 +102,7 @@ def test_one_percentile_definition():
 
 
 def test_write_json_never_follows_a_planted_temp_file(tmp_path):
-    from kvtier.report.writers import write_json
+    from kvtier.results.io import write_json
 
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
@@ -138,7 +138,7 @@ def test_result_files_are_written_atomically_and_never_through_a_planted_link(tm
     temporary name, or at the target itself, never makes kvtier write into the file it points at."""
     import os
 
-    from kvtier.report.writers import write_text_atomic
+    from kvtier.results.io import write_text_atomic
 
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")

@@ -16,34 +16,19 @@ serving through service.py) -> ``build_result`` (results.py) -> a typed ``BenchR
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import Components, Plan
     from kvtier.config.bench import BenchConfig
-    from kvtier.report.bench import BenchResult
+    from kvtier.results.bench import BenchResult
     from kvtier.telemetry.clock import Clock
     from kvtier.telemetry.recorder import Recorder
-
-
-def check_output_path(flag: str, path: str | None) -> None:
-    """The folder of an output file exists and is writable (checked before the load, not after)."""
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"{flag}: directory {parent} is not writable")
 
 
 @contextlib.contextmanager
@@ -52,7 +37,7 @@ def stop_on_signals(runner: BenchRunner) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from kvtier.report.envelope import StopCode
+    from kvtier.results.envelope import StopCode
 
     codes = {
         signal.SIGINT: (StopCode.interrupted, "interrupted (SIGINT)"),
@@ -80,8 +65,8 @@ def close_timed(comp: Components) -> tuple[dict[str, int], float, list[str]]:
 def record_teardown(result: BenchResult, closed: tuple[dict[str, int], float, list[str]], kept: bool) -> None:
     """The result's ``teardown``, and a ``cleanup-failed`` warning for what could not be removed (e.g. the
     folder became read-only mid-run): said in the result, never a traceback."""
-    from kvtier.report.bench import TeardownStats
-    from kvtier.report.envelope import WarningCode, warning
+    from kvtier.results.bench import TeardownStats
+    from kvtier.results.envelope import WarningCode, warning
 
     held, seconds, problems = closed
     result.teardown = TeardownStats(
@@ -122,8 +107,9 @@ def run(
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive
-    from kvtier.report.envelope import utc_now
-    from kvtier.report.writers import write_json, write_xlsx
+    from kvtier.results.envelope import utc_now
+    from kvtier.results.io import check_output_path, write_json
+    from kvtier.results.xlsx import write_xlsx
     from kvtier.telemetry.clock import MONOTONIC
     from kvtier.telemetry.recorder import Recorder
 
@@ -166,4 +152,4 @@ def run(
     return result
 
 
-__all__ = ["run", "check_output_path", "stop_on_signals"]
+__all__ = ["run", "stop_on_signals"]

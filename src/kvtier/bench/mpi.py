@@ -29,10 +29,10 @@ from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import TIER_KINDS
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, sleep_until
-from kvtier.report.aggregate import BenchAggregate
-from kvtier.report.bench import BenchResult
-from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
-from kvtier.report.outcome import Failure, judge, merge
+from kvtier.results.aggregate import BenchAggregate
+from kvtier.results.bench import BenchResult
+from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.results.outcome import Failure, judge, merge
 from kvtier.stats import summarize_ns_as_ms
 from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
@@ -155,7 +155,7 @@ def run_rank(
         return result
     agg = aggregate(cfg, r.size, seed, gate.window, got, started)
     if cfg.output:
-        from kvtier.report.writers import write_json
+        from kvtier.results.io import write_json
 
         write_json(agg, cfg.output, flag="--output")
     return agg

@@ -15,21 +15,29 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench.facts import (
+    GB,
+    PROCESS_BASE_BYTES,
+    device_section,
+    io_trace_section,
+    memory_section,
+    process_io_section,
+    ratio,
+    source_section,
+    storage_bytes_on_disk,
+    storage_section,
+)
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.service import CUT
 from kvtier.bench.setup import Components, Plan
 from kvtier.bench.validation import validation_section
+from kvtier.bench.warnings import measurement_warnings, run_warnings
 from kvtier.config.bench import BenchConfig
-from kvtier.report.bench import OPS, TIER_NAMES, BenchResult, pct_key
-from kvtier.report.envelope import ResultWarning, Status, StopReason, WarningCode, collect_host, iso, utc_now, warning
-from kvtier.report.outcome import Failure, judge, tally
+from kvtier.results.bench import OPS, TIER_NAMES, BenchResult, pct_key
+from kvtier.results.envelope import collect_host, iso, utc_now
+from kvtier.results.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
-from kvtier.telemetry.host import mem_total_bytes, mount_options, peak_rss_bytes
 from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
-
-GB = 1024**3
-PROCESS_BASE_BYTES = 256 * 1024**2
-"""Allowance for the interpreter, numpy, threads and bookkeeping in the documented memory bound."""
 
 CPU_P95_TARGET_MS = 150.0
 STORAGE_WRITE_P95_TARGET_MS = 500.0
@@ -44,10 +52,6 @@ def iso_ms(unix_s: float) -> str:
 
 def _gb(n: float) -> float:
     return round(n / GB, 6)
-
-
-def _ratio(a: float, b: float, digits: int = 6) -> float | None:
-    return round(a / b, digits) if b else None
 
 
 @dataclass
@@ -230,7 +234,7 @@ def cache_stats(
     profile = plan.config.performance_profile
     hits = sum(r.hits for r in reqs.all)
     misses = sum(r.misses for r in reqs.all)
-    hit_rate = _ratio(hits, hits + misses)
+    hit_rate = ratio(hits, hits + misses)
     out: dict[str, Any] = {
         "cache_hit_rate": hit_rate,
         "cache_hits": hits,
@@ -309,7 +313,7 @@ def lookup_section(rec: Recorder, kind: str) -> dict[str, Any]:
     return {
         "hits": h,
         "misses": m,
-        "hit_rate": _ratio(h, h + m),
+        "hit_rate": ratio(h, h + m),
         "restores": c.get(f"restores_{kind}", 0),
         "bytes_read_gb": _gb(c.get(f"read_{kind}_bytes", 0)),
     }
@@ -364,7 +368,7 @@ def kv_layout_section(plan: Plan, rec: Recorder, reqs: _Requests) -> dict[str, A
         "chunk_tokens": cfg.kv_chunk_tokens if cfg.kv_layout == "chunked" else None,
         "new_context_gb": _gb(new_bytes),
         "bytes_read_gb": _gb(read_bytes),
-        "read_amplification": _ratio(read_bytes, new_bytes, 4),
+        "read_amplification": ratio(read_bytes, new_bytes, 4),
         "decode": lookup_section(rec, "decode"),
     }
 
@@ -452,7 +456,7 @@ def summary_section(
         "storage_io_latency_ms": summarize_ns_as_ms([r.storage_ns for r in ok]),
         "generation_latency_ms": summarize_ns_as_ms([r.generation_ns for r in ok]),
         "queue_wait_ms": summarize_ns_as_ms([r.start_ns - r.submit_ns for r in ok]),
-        "host_time_fraction": _ratio(host_ns, host_ns + dev_ns),
+        "host_time_fraction": ratio(host_ns, host_ns + dev_ns),
         "cache_stats": cache_stats(plan, comp, rec, reqs, tiers, wall_s),
         "qos_metrics": qos_section(cfg, reqs),
         "multi_turn_stats": multi_turn_section(plan, rec, reqs),
@@ -491,102 +495,8 @@ def reference_arrays(plan: Plan, rec: Recorder, reqs: _Requests, run: RunOutcome
     }
 
 
-# -- outside the summary ---------------------------------------------------------------------
-def storage_bytes_on_disk(comp: Components, rec: Recorder) -> tuple[dict[str, int], dict[str, list[int]]]:
-    """Per direction: bytes the completed file-tier operations put on disk (header and padding
-    included), and [ops, bytes] of those cancelled by the end of the run."""
-    ft = comp.file_tier
-    on_disk = {op: sum(ft.stored_size(s.nbytes) for s in rec.ops.get(("storage", op), [])) for op in OPS}
-    cancelled = {op: rec.cancelled.get(("storage", op), [0, 0]) for op in OPS}
-    return on_disk, cancelled
-
-
-def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, list[int]]]) -> dict[str, Any]:
-    """What the kernel says this process read and wrote, beside what the storage tier did (``disk``:
-    storage_bytes_on_disk)."""
-    delta = {k: run.io_after.get(k, 0) - run.io_before.get(k, 0) for k in ("read_bytes", "write_bytes")}
-    on_disk, cancelled = disk
-    expect = {op: on_disk[op] + cancelled[op][1] for op in OPS}
-    return {
-        "storage_tier_bytes_written_on_disk": on_disk["write"],
-        "storage_tier_bytes_read_on_disk": on_disk["read"],
-        "cancelled_ops": {"write": cancelled["write"][0], "read": cancelled["read"][0]},
-        "cancelled_bytes": {"write": cancelled["write"][1], "read": cancelled["read"][1]},
-        "process_write_bytes": delta["write_bytes"],
-        "process_read_bytes": delta["read_bytes"],
-        "write_ratio": _ratio(delta["write_bytes"], expect["write"], 4),
-        "read_ratio": _ratio(delta["read_bytes"], expect["read"], 4),
-    }
-
-
-def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
-    cpu_cap = int(plan.config.cpu_mem_gb * GB)
-    bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + cpu_cap + PROCESS_BASE_BYTES
-    peak = peak_rss_bytes()
-    return {
-        "peak_rss_bytes": peak,
-        "bound_bytes": bound,
-        "noise_buffer_bytes": comp.noise.nbytes,
-        "io_slots": plan.io_slots,
-        "io_chunk_bytes": plan.io_chunk_bytes,
-        "cpu_tier_capacity_bytes": cpu_cap,
-        "within_bound": peak <= bound,
-    }
-
-
-def gds_section(comp: Components) -> dict[str, Any] | None:
-    """storage.gds: what --gds resolved to, then, where the GDS tier ran, kvikio's account of the run
-    (``used`` is then the evidence's, not the probe's: engine/gds.py)."""
-    if not comp.gds:
-        return None
-    outcome = getattr(comp.file_tier, "outcome", None)
-    return {**comp.gds, **outcome()} if comp.gds["used"] and outcome is not None else dict(comp.gds)
-
-
-def storage_section(comp: Components) -> dict[str, Any]:
-    ft = comp.file_tier
-    return {
-        "cache_dir": comp.cache_dir,
-        "run_dir": str(ft.directory),
-        "direct_io": ft.direct,
-        "direct_io_supported": ft.direct_io_supported,
-        "capacity_bytes": ft.capacity_bytes,
-        "detected_free_bytes": ft.detected_free_bytes,
-        "tier_order": comp.store.tier_names,
-        "gds": gds_section(comp),
-        "remote_tiers": {t.name: getattr(t, "server", {}) for t in comp.remote},
-        "payload": comp.noise.describe(),
-    }
-
-
-def source_section(plan: Plan) -> dict[str, Any]:
-    w = plan.workload
-    if w.trace is not None:
-        t = w.trace
-        return {
-            "kind": "trace",
-            "format": t.format,
-            "files": t.files,
-            "requests": len(t.requests),
-            "skipped_rows": t.skipped_rows,
-            "block_tokens": t.block_tokens,
-        }
-    if w.dataset is not None:
-        d = w.dataset
-        return {
-            "kind": "dataset",
-            "format": "sharegpt",
-            "path": d.path,
-            "conversations": len(d.conversations),
-            "turns": sum(len(c.turns) for c in d.conversations),
-            "tokenizer": d.tokenizer,
-            "skipped_records": d.skipped_records,
-        }
-    return {"kind": "synthetic", "profiles": sorted(plan.config.tuning.user_templates)}
-
-
 def request_cause(error: str) -> str:
-    """A failed bench request's cause (report/outcome.py): tier-full, io-error or cancelled."""
+    """A failed bench request's cause (results/outcome.py): tier-full, io-error or cancelled."""
     if error == CUT:
         return "cancelled"
     return "tier-full" if error.startswith("tier_full") else "io-error"
@@ -604,160 +514,6 @@ def errors_section(rec: Recorder, reqs: _Requests, failures: dict[str, Failure])
         "tier_operations": {f"{t}.{o}.{c}": n for (t, o, c), n in sorted(rec.errors.items())},
         "first_messages": rec.error_messages[:20] + sorted({r.error for r in reqs.failed})[:5],
     }
-
-
-def run_warnings(
-    plan: Plan,
-    comp: Components,
-    rec: Recorder,
-    run: RunOutcome,
-    tiers: dict[str, dict[str, Any]],
-    verdict: tuple[Status, StopReason, list[ResultWarning]],
-) -> list[ResultWarning]:
-    """Warnings the finished run implies (set-up warnings come first, from plan and components)."""
-    cfg = plan.config
-    out = [*plan.warnings, *comp.warnings]
-    if cfg.enable_rag:
-        out.append(
-            warning(
-                WarningCode.rag_ingest_excluded,
-                "--enable-rag: the RAG corpus was ingested before the "
-                "run; its writes are reported in summary.rag_stats.ingest and excluded from the tier "
-                "statistics",
-            )
-        )
-    if run.prepopulated_entries:
-        out.append(
-            warning(
-                WarningCode.prepopulation_excluded,
-                f"--decode-only: {run.prepopulated_entries} entries "
-                "were written before the run and are excluded from the statistics",
-                entries=run.prepopulated_entries,
-            )
-        )
-    written = tiers["storage"]["write"]["bytes"] if "storage" in tiers else 0
-    if not comp.file_tier.direct and written < 0.5 * mem_total_bytes():
-        out.append(
-            warning(
-                WarningCode.working_set_fits_page_cache,
-                "working set fits in page cache and direct I/O "
-                "is off: reads may be served from RAM (fadvise DONTNEED is applied, but check process_io)",
-                storage_bytes_written=written,
-                mem_total_bytes=mem_total_bytes(),
-            )
-        )
-    if not comp.trace_mode and "discard" in mount_options(comp.file_tier.directory):
-        out.append(
-            warning(
-                WarningCode.discard_mount,
-                f"{comp.file_tier.directory}: its filesystem is mounted with 'discard': every deleted entry reaches "
-                "the drive as a trim at once, which frees flash blocks and moves it away from the steady state "
-                "a preconditioned drive is measured in (mount without discard and run fstrim between runs)",
-                path=str(comp.file_tier.directory),
-            )
-        )
-    gds = gds_section(comp)
-    if gds is not None and comp.gds["used"] and not gds["used"]:
-        out.append(
-            warning(
-                WarningCode.gds_off,
-                f"--gds {gds['requested']}: the file tier's payload did not go by GPUDirect Storage: {gds['reason']}",
-                reason=gds["reason"],
-            )
-        )
-    n_tier = sum(rec.errors.values())
-    if n_tier:
-        out.append(
-            warning(
-                WarningCode.errors_seen,
-                f"{n_tier} tier operations failed; see 'errors.tier_operations'",
-                tier_operation_errors=n_tier,
-            )
-        )
-    status, stop, failed = verdict
-    out += failed
-    load: dict[str, Any] = dict(run.load)
-    if load.get("requests_dropped"):
-        out.append(
-            warning(
-                WarningCode.requests_dropped,
-                f"{load['requests_dropped']} requests found --max-queued {load['max_queued']} requests waiting and "
-                f"were dropped ({load['requests_dropped_bytes'] / GB:.2f} GB of KV they would have moved): the "
-                "offered load exceeded what the storage served",
-                requests_dropped=load["requests_dropped"],
-                requests_dropped_bytes=load["requests_dropped_bytes"],
-            )
-        )
-    dropped = dropped_stores(rec)
-    if dropped["stores_dropped"]:
-        out.append(
-            warning(
-                WarningCode.stores_dropped,
-                f"{dropped['stores_dropped']} stores ({dropped['stores_dropped_bytes'] / GB:.2f} GB) were dropped: no "
-                "tier could take them ("
-                + ", ".join(f"{c} {n}" for c, n in dropped["stores_dropped_by_cause"].items())
-                + "); their requests completed and later reads of them missed (not failures)",
-                **dropped,
-            )
-        )
-    if status != Status.complete:
-        out.append(
-            warning(
-                WarningCode.run_not_complete,
-                f"run is {status.value}: {stop.message}",
-                status=status.value,
-                stop_code=stop.code.value,
-            )
-        )
-    return out
-
-
-DEVICE_OTHER_TRAFFIC_WARN = 0.10  # a device share above this not ours: the run's figures are in doubt
-
-
-def device_section(
-    comp: Components, run: RunOutcome, resolution: str, disk: tuple[dict[str, int], dict[str, list[int]]]
-) -> dict[str, Any]:
-    """What the devices under the storage tier did over the load (diskstats), beside our own bytes."""
-    ft = comp.file_tier
-    sampler = run.device
-    base: dict[str, Any] = {"path": str(ft.directory), "resolution": resolution}
-    if sampler is None:
-        return {**base, "devices": [], "totals": None, "timeline": [], "ours": None, "other_traffic_fraction": None}
-    on_disk, cancelled = disk
-    ours = {op: on_disk[op] + cancelled[op][1] for op in OPS}
-    totals = sampler.totals()
-    device = {"read": int(totals.get("read_bytes", 0)), "write": int(totals.get("write_bytes", 0))}
-    other = {
-        op: (round(max(0.0, 1 - ours[op] / device[op]), 4) if device[op] else None) for op in OPS
-    }  # a direct-I/O run's bytes all reach the device: the rest is someone else's (or metadata)
-    seconds = max(float(totals.get("seconds") or 0.0), 1e-9)
-    return {
-        **base,
-        "devices": sampler.devices,
-        "interval_s": sampler.interval_s,
-        "totals": totals,
-        "timeline": sampler.timeline(),
-        "ours": {
-            "storage_read_bytes_on_disk": ours["read"],
-            "storage_write_bytes_on_disk": ours["write"],
-        },
-        "other_traffic_fraction": other,
-        "sampler_cpu_seconds": round(sampler.cpu_seconds, 6),
-        "sampler_cpu_fraction": round(sampler.cpu_seconds / seconds, 6),
-    }
-
-
-def io_trace_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict[str, Any] | None:
-    """The trace file's figures; rows by tier and operation come from the recorder (same events)."""
-    stats = comp.io_trace_stats
-    if stats is None:
-        return None
-    from kvtier.telemetry.iotrace import OPERATIONS, TIER_LABELS
-
-    load_s = (run.load_end_ns - run.start_ns) / 1e9
-    by = {f"{TIER_LABELS.get(t, t)} {OPERATIONS[o]}": len(v) for (t, o), v in sorted(rec.ops.items()) if v}
-    return {**stats, "rows_per_sec": round(int(stats["rows"]) / load_s, 1) if load_s > 0 else None, "by_tier_op": by}
 
 
 def build_result(
@@ -779,40 +535,9 @@ def build_result(
     device = device_section(comp, run, resolution, disk)
     failures = request_failures(reqs)
     verdict = judge(run.status, run.stop, len(reqs.ok), failures, cfg.max_failure_rate)
-    warnings = run_warnings(plan, comp, rec, run, tiers, verdict)
+    warnings = run_warnings(plan, comp, rec, run, tiers, verdict, dropped_stores(rec))
     io_trace = io_trace_section(comp, rec, run)
-    if latency_tracing is not None and not latency_tracing.get("traced"):
-        warnings.append(
-            warning(
-                WarningCode.latency_tracing_unavailable,
-                f"--enable-latency-tracing: no block-layer histograms: {latency_tracing.get('reason')}; "
-                "the device section's diskstats figures stand in",
-                reason=latency_tracing.get("reason"),
-            )
-        )
-    if io_trace is not None and (io_trace["error"] or io_trace["rows_dropped"]):
-        warnings.append(
-            warning(
-                WarningCode.io_trace_incomplete,
-                f"the I/O trace misses {io_trace['rows_dropped']} operations: "
-                f"{io_trace['error'] or 'written after the end'}",
-                rows_dropped=io_trace["rows_dropped"],
-            )
-        )
-    shared = {
-        op: f for op, f in (device["other_traffic_fraction"] or {}).items() if f and f > DEVICE_OTHER_TRAFFIC_WARN
-    }
-    if shared:
-        warnings.append(
-            warning(
-                WarningCode.device_shared,
-                "the storage device moved more than ours: "
-                + ", ".join(f"{op} {f:.0%} not from this run" for op, f in shared.items())
-                + f" ({', '.join(device['devices'])}); its figures include other traffic",
-                devices=device["devices"],
-                other_traffic_fraction=device["other_traffic_fraction"],
-            )
-        )
+    warnings += measurement_warnings(latency_tracing, io_trace, device)
     return BenchResult.model_validate(
         {
             "status": verdict[0],

@@ -38,7 +38,7 @@ from kvtier.bench.setup import Components, Plan
 from kvtier.bench.sources import decode_only_requests, prepopulated_entries, trace_requests, user_requests
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.tiered import NullSink
-from kvtier.report.envelope import Status, StopCode, StopReason
+from kvtier.results.envelope import Status, StopCode, StopReason
 from kvtier.stats import percentile
 from kvtier.telemetry.blocktrace import BlockTracer
 from kvtier.telemetry.clock import MONOTONIC, Clock

@@ -35,7 +35,7 @@ from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
-from kvtier.report.envelope import ResultWarning, WarningCode, warning
+from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
 from kvtier.tokenizer import load_tokenizer

@@ -31,7 +31,7 @@ from typing import Any
 from kvtier.config.bench import BenchConfig
 from kvtier.config.mlperf import MlperfConfig
 from kvtier.errors import ConfigError, UnsupportedError
-from kvtier.report.envelope import iso, utc_now
+from kvtier.results.envelope import iso, utc_now
 from kvtier.telemetry.host import mem_total_bytes
 
 WORKLOADS: dict[int, dict[str, Any]] = {
@@ -464,7 +464,7 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
         "system": system_section(cfg, per_option, everything),
         "config": cfg.model_dump(mode="json"),
     }
-    from kvtier.report.writers import write_text_atomic
+    from kvtier.results.io import write_text_atomic
 
     # a random, exclusively created temporary name: a planted kvcache_run_summary.tmp symlink is never followed
     write_text_atomic(results_dir / "kvcache_run_summary.json", json.dumps(summary, indent=2), "--results-dir")

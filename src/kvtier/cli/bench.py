@@ -17,7 +17,7 @@ from kvtier.config.bench import BenchConfig
 
 if TYPE_CHECKING:
     from kvtier.bench.setup import Components, Plan
-    from kvtier.report.bench import BenchResult
+    from kvtier.results.bench import BenchResult
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
@@ -52,7 +52,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from kvtier.bench import run
     from kvtier.bench.progress import Progress
     from kvtier.mpi import current
-    from kvtier.report.envelope import exit_code, utc_now
+    from kvtier.results.envelope import exit_code, utc_now
 
     cfg = config_from_args(args, BenchConfig)
     log = configure_logging(cfg.log_level)
@@ -92,7 +92,7 @@ def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> in
     import time
 
     from kvtier.errors import UnsupportedError
-    from kvtier.report.envelope import Status, StopCode, exit_code
+    from kvtier.results.envelope import Status, StopCode, exit_code
 
     mpirun = shutil.which("mpirun")
     if mpirun is None:
@@ -147,9 +147,9 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_
     """One rank of an MPI run (bench/mpi.py); rank 0 prints the aggregate."""
     from kvtier.bench.mpi import run_rank
     from kvtier.mpi import Rank
-    from kvtier.report.aggregate import BenchAggregate
-    from kvtier.report.envelope import exit_code
-    from kvtier.report.outcome import closing_lines
+    from kvtier.results.aggregate import BenchAggregate
+    from kvtier.results.envelope import exit_code
+    from kvtier.results.outcome import closing_lines
 
     assert isinstance(rank, Rank)
     if rank.rank == 0:
@@ -191,7 +191,7 @@ def print_summary(result: BenchResult, path: Path) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from kvtier.report.outcome import closing_lines
+    from kvtier.results.outcome import closing_lines
 
     s = result.summary
     cs = s.cache_stats

@@ -82,10 +82,10 @@ def run_launch(a: argparse.Namespace) -> int:
     summary = Path(cfg.replay.output or Path(str(cfg.output)) / "replay") / "summary.json"
     if summary.is_file():  # the launch ends with its replay's result line, as the replay alone would
         from kvtier.cli.replay import print_outcome
-        from kvtier.report import load
+        from kvtier.results import load
 
         replayed = load(summary)
-        from kvtier.report.replay import ReplayResult
+        from kvtier.results.replay import ReplayResult
 
         if isinstance(replayed, ReplayResult):
             print_outcome(replayed, str(summary.parent))

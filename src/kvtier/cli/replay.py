@@ -17,7 +17,7 @@ from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.replay.driver import ReplayPlan
-    from kvtier.report.replay import ReplayResult
+    from kvtier.results.replay import ReplayResult
 
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def replay(cfg: ReplayConfig) -> int:
     Under mpirun with two or more ranks, this process replays its share of the users (replay/mpi.py)."""
     from kvtier.mpi import current
     from kvtier.replay import run
-    from kvtier.report.envelope import exit_code
+    from kvtier.results.envelope import exit_code
 
     rank = current(timeout_s=cfg.mpi_timeout)
     if rank is not None:
@@ -86,7 +86,7 @@ def replay(cfg: ReplayConfig) -> int:
 
 def print_outcome(result: ReplayResult, folder: str) -> None:
     """The replay's result line, then what failed by cause and why it is not complete, in words."""
-    from kvtier.report.outcome import closing_lines
+    from kvtier.results.outcome import closing_lines
 
     s = result.summary
     sessions = s.sessions.model_dump()

@@ -92,7 +92,7 @@ def run_trace(a: argparse.Namespace) -> int:
             print(f"kvtier trace fio: {f['size_note']}", file=sys.stderr)
         return 0
     from kvtier.cli.bench import print_summary
-    from kvtier.report.envelope import exit_code, utc_now
+    from kvtier.results.envelope import exit_code, utc_now
 
     rcfg = config_from_args(a, TraceReplayConfig, trace=a.trace)
     if rcfg.output is None:

@@ -49,7 +49,7 @@ def flag(
 
 
 DEFAULT_MAX_FAILURE_RATE = 0.01
-"""--max-failure-rate's default: above 1 % of failed work a run is failed (report/outcome.py)."""
+"""--max-failure-rate's default: above 1 % of failed work a run is failed (results/outcome.py)."""
 
 
 def max_failure_rate_flag(group: str | None = None) -> Any:

@@ -22,12 +22,12 @@ from kvtier.telemetry.iotrace import read_trace
 
 if TYPE_CHECKING:
     from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
-    from kvtier.report.bench import BenchResult
+    from kvtier.results.bench import BenchResult
 
 
 def run_stats(cfg: TraceStatsConfig) -> dict[str, Any]:
-    from kvtier.bench import check_output_path
     from kvtier.iotrace.stats import trace_stats
+    from kvtier.results.io import check_output_path
 
     check_output_path("--output", cfg.output)
     out = {
@@ -42,8 +42,8 @@ def run_stats(cfg: TraceStatsConfig) -> dict[str, Any]:
 
 
 def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
-    from kvtier.bench import check_output_path
     from kvtier.iotrace.fio import distil
+    from kvtier.results.io import check_output_path
 
     check_output_path("--output", cfg.output)
     text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg)

@@ -41,8 +41,8 @@ from kvtier.config.bench import BenchConfig
 from kvtier.config.iotrace import TraceReplayConfig
 from kvtier.engine.backend import aligned_buffer
 from kvtier.errors import DatasetError, StorageError
-from kvtier.report.bench import BenchResult, IOTraceSource
-from kvtier.report.envelope import Status, StopCode, StopReason, WarningCode, utc_now, warning
+from kvtier.results.bench import BenchResult, IOTraceSource
+from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, utc_now, warning
 from kvtier.telemetry.clock import MONOTONIC
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
@@ -293,8 +293,9 @@ def _bench_config(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[BenchConfig, 
 
 def run(cfg: TraceReplayConfig, *, handle_signals: bool = False) -> BenchResult:
     """Replay ``cfg.trace`` and return (and write) its bench result."""
-    from kvtier.bench import check_output_path, close_timed, record_teardown
-    from kvtier.report.writers import write_json, write_xlsx
+    from kvtier.bench import close_timed, record_teardown
+    from kvtier.results.io import check_output_path, write_json
+    from kvtier.results.xlsx import write_xlsx
 
     check_output_path("--output", cfg.output)
     check_output_path("--xlsx-output", cfg.xlsx_output)

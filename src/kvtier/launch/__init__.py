@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvtier.config.launch import LaunchConfig
     from kvtier.launch.orchestrate import LaunchPlan
-    from kvtier.report.launch import LaunchResult
+    from kvtier.results.launch import LaunchResult
 
 
 def plan(config: LaunchConfig) -> LaunchPlan:

@@ -36,7 +36,7 @@ from kvtier.launch.devices import VISIBLE, Inventory, child_env, cpu_inventory, 
 from kvtier.launch.engines import EngineCheck, check_engines, engine_python
 from kvtier.launch.procs import NO_TELEMETRY, HealthWatch, Supervisor, free_ports, port_in_use
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
-from kvtier.report.envelope import (
+from kvtier.results.envelope import (
     ResultWarning,
     Status,
     StopCode,
@@ -48,7 +48,7 @@ from kvtier.report.envelope import (
     utc_now,
     warning,
 )
-from kvtier.report.launch import LaunchResult
+from kvtier.results.launch import LaunchResult
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import mem_available_bytes, proc_io
 
@@ -417,7 +417,7 @@ class _Record:
         )
 
     def save(self, result: LaunchResult) -> None:
-        from kvtier.report.writers import write_json
+        from kvtier.results.io import write_json
 
         write_json(result, self.lp.out / "launch.json")
 
@@ -528,8 +528,8 @@ def _replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
     with what ran added as ``server.launch``."""
     import subprocess
 
-    from kvtier.report import load
-    from kvtier.report.replay import ReplayResult
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
 
     if shutil.which("mpirun") is None:
         raise LaunchError("--client-ranks: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun")
@@ -646,7 +646,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         rec.event(f"replay: {shlex.join(lp.client_argv)}")
         folder = lp.replay.output or str(lp.out / "replay")
         if cfg.client_ranks > 1:
-            from kvtier.report.writers import write_json
+            from kvtier.results.io import write_json
 
             result = _replay_over_mpi(lp, folder)
             write_json(result, Path(folder) / "summary.json")  # rank 0's records are in requests.jsonl

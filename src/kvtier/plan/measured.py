@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.errors import DatasetError
-from kvtier.report.bench import BenchResult
+from kvtier.results.bench import BenchResult
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def read_costs(result: BenchResult) -> list[TierReadCost]:
 
 
 def load_read_costs(path: str | Path) -> tuple[list[TierReadCost], BenchResult]:
-    """Read costs of the bench result in ``path`` (loaded and validated by kvtier.report.load)."""
-    from kvtier.report import load
+    """Read costs of the bench result in ``path`` (loaded and validated by kvtier.results.load)."""
+    from kvtier.results import load
 
     result = load(path)
     if not isinstance(result, BenchResult):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvtier.config.replay import ReplayConfig
     from kvtier.replay.driver import ReplayPlan
-    from kvtier.report.replay import ReplayResult
+    from kvtier.results.replay import ReplayResult
 
 
 def run(

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import DatasetError
-from kvtier.report.envelope import ResultWarning, WarningCode, warning
+from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.workload.sharegpt import read_sharegpt_records, sharegpt_id, sharegpt_messages
 
 FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl")

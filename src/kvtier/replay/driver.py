@@ -21,7 +21,7 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.replay.client import Bounds
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
-from kvtier.report.envelope import (
+from kvtier.results.envelope import (
     ResultWarning,
     Status,
     StopCode,
@@ -32,9 +32,9 @@ from kvtier.report.envelope import (
     utc_now,
     warning,
 )
-from kvtier.report.outcome import Failure, judge
-from kvtier.report.replay import ReplayResult, ScrapeSummary
-from kvtier.report.writers import write_json
+from kvtier.results.io import write_json
+from kvtier.results.outcome import Failure, judge
+from kvtier.results.replay import ReplayResult, ScrapeSummary
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.hardware import HardwareSampler
 from kvtier.tokenizer import Tokenizer, load_tokenizer
@@ -440,7 +440,7 @@ def offload_never_hit(m: ScrapeSummary) -> bool:
 def verdict(
     cfg: ReplayConfig, summary: dict[str, Any], failure: str, signal_code: StopCode | None, bounds: Bounds
 ) -> tuple[Status, StopReason]:
-    """The run's own verdict, before the failure rule (report/outcome.py) is applied to it."""
+    """The run's own verdict, before the failure rule (results/outcome.py) is applied to it."""
     if failure:
         return Status.partial, StopReason(code=StopCode.internal_error, message=failure)
     if signal_code is not None:

@@ -22,9 +22,9 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError
 from kvtier.mpi import TAG_RESULT, Rank, agree_start, sleep_until
 from kvtier.replay.driver import ReplayPlan, execute, prepare, write_outputs
-from kvtier.report.envelope import ResultWarning, Status, StopCode, StopReason, WarningCode, warning
-from kvtier.report.outcome import Failure, judge
-from kvtier.report.replay import ReplayResult
+from kvtier.results.envelope import ResultWarning, Status, StopCode, StopReason, WarningCode, warning
+from kvtier.results.outcome import Failure, judge
+from kvtier.results.replay import ReplayResult
 
 START_MARGIN_S = 1.0
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.report.replay import ScrapeSummary
+from kvtier.results.replay import ScrapeSummary
 
 MAX_METRICS_BYTES = 16 * 1024 * 1024
 """Largest /metrics page read; an endless or huge one is a scrape error, not memory."""

@@ -9,20 +9,13 @@ from typing import Any
 import numpy as np
 
 from kvtier import stats
-from kvtier.report.outcome import NOT_COUNTED, failed_count, tally
+from kvtier.results.outcome import NOT_COUNTED, failed_count, tally
+from kvtier.results.replay import tpot_s
 
 
 def _stats(xs: list[float]) -> dict[str, float | int | None]:
     """A summary in seconds (kvtier.stats: the same percentile rule as every other result)."""
     return stats.summarize(xs, scale=1.0, digits=6)
-
-
-def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> float | None:
-    """Time per output token after the first, (e2e - TTFT) / (tokens - 1): the one rule of the replay's
-    summary and the report's records; None for fewer than two tokens (or none known)."""
-    if not completion_tokens or not completion_tokens > 1:  # also False for NaN
-        return None
-    return (e2e_s - ttft_s) / (completion_tokens - 1)
 
 
 CONTEXT_LENGTH_WORDS = re.compile(
@@ -31,7 +24,7 @@ CONTEXT_LENGTH_WORDS = re.compile(
 
 
 def http_cause(status: int, body: str) -> str:
-    """The cause of a refused request (report/outcome.py), from its HTTP status and the server's words:
+    """The cause of a refused request (results/outcome.py), from its HTTP status and the server's words:
     context-length (a prompt over the model length: vLLM answers 400), model-not-found (404 naming a
     model), not-found, rate-limited (429), server-error (5xx), bad-request (any other 4xx)."""
     if status in (400, 413, 422) and CONTEXT_LENGTH_WORDS.search(body):
@@ -46,7 +39,7 @@ def http_cause(status: int, body: str) -> str:
 
 
 def record_cause(r: dict[str, Any]) -> str:
-    """A failed record's cause (report/outcome.py); records of files written before causes were kept get
+    """A failed record's cause (results/outcome.py); records of files written before causes were kept get
     one from their status and HTTP status."""
     cause = r.get("cause")
     if isinstance(cause, str) and cause:

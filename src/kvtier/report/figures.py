@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DatasetError
-from kvtier.replay.summary import tpot_s
+from kvtier.results.replay import tpot_s
 from kvtier.stats import percentile
 
 LOWER, HIGHER = "lower", "higher"

@@ -1,6 +1,6 @@
 """``kvtier report``: one self-contained HTML file from any mix of kvtier results.
 
-Results are loaded through ``kvtier.report.load`` (bench results, replay folders or summary.json — with
+Results are loaded through ``kvtier.results.load`` (bench results, replay folders or summary.json — with
 their requests.jsonl when present —, MPI aggregates, MLPerf run summaries, launch.json). The page has,
 per kind: a side-by-side table of the figures that matter, the differences stated in words against
 the first result of that kind, and the plots (``report/plots.py``) as PNGs embedded as data: URIs — no
@@ -22,7 +22,7 @@ from typing import Any
 from kvtier import __version__
 from kvtier.errors import ConfigError
 from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences
-from kvtier.report.outcome import label as cause_label
+from kvtier.results.outcome import label as cause_label
 
 KINDS = {
     "kvtier bench": "bench",
@@ -65,7 +65,7 @@ def _label_for(path: Path, taken: set[str]) -> str:
 
 
 def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[Loaded]:
-    from kvtier.report import load
+    from kvtier.results import load
 
     if labels and len(labels) != len(paths):
         raise ConfigError(f"--labels: {len(labels)} labels for {len(paths)} results")
@@ -297,13 +297,13 @@ def write_report(
     paths: Sequence[str], out: str, png_dir: str | None = None, labels: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """Load, build and write; returns what went in (``plots``, ``seconds``, ``results``)."""
-    from kvtier.bench import check_output_path
+    from kvtier.results.io import check_output_path
 
     check_output_path("--html", out)
     t0 = time.perf_counter()
     items = load_all(paths, labels)
     text, info = build(items, png_dir)
-    from kvtier.report.writers import write_text_atomic
+    from kvtier.results.io import write_text_atomic
 
     write_text_atomic(out, text, "--html")
     return {**info, "results": [it.label for it in items], "seconds": round(time.perf_counter() - t0, 3),

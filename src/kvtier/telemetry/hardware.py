@@ -12,7 +12,7 @@ from kvtier.telemetry.gpu import GpuSampler
 
 class HardwareSampler:
     """Samples every ``interval_s`` on two threads from ``start`` to ``stop``; ``stop`` returns the section
-    (report/replay.py ``Hardware``)."""
+    (results/replay.py ``Hardware``)."""
 
     def __init__(self, interval_s: float = 1.0, gpu: GpuSampler | None = None) -> None:
         self.cpu = DeviceSampler([], interval_s)

@@ -14,9 +14,9 @@ from kvtier.bench.service import CUT
 from kvtier.bench.setup import build_components, derive
 from kvtier.config.bench import BenchConfig
 from kvtier.engine.backend import IOTiming
-from kvtier.report import load
-from kvtier.report.envelope import Status, StopCode, StopReason
-from kvtier.report.writers import write_json
+from kvtier.results import load
+from kvtier.results.envelope import Status, StopCode, StopReason
+from kvtier.results.io import write_json
 from kvtier.telemetry.recorder import Recorder, RequestRecord
 
 MS = 1_000_000
@@ -191,7 +191,7 @@ def test_failed_run_has_no_throughput_and_says_so(built):
 
 
 def test_failed_work_above_the_rate_makes_a_run_that_ran_to_its_end_failed(built):
-    """The status rule (report/outcome.py): 2 of 100 failed is over 1 %: failed, too-many-failures; cut
+    """The status rule (results/outcome.py): 2 of 100 failed is over 1 %: failed, too-many-failures; cut
     requests are listed but not counted; 1 of 100 is within it: complete, with requests-failed."""
     plan, comp, rec = built
     rec.requests.extend([record() for _ in range(98)] + [record(ok=False, error="tier_full: no room")] * 2)
@@ -222,8 +222,8 @@ def test_a_partial_run_stays_partial_whatever_failed(built):
 
 
 def test_the_mlperf_table_from_two_instances_equals_the_hand_computation(built):
-    """MLPerf's table: sums of throughput and bandwidth, the highest p95 read (kvtier.report.mlperf)."""
-    from kvtier.report.mlperf import run_figures, workload_figures
+    """MLPerf's table: sums of throughput and bandwidth, the highest p95 read (kvtier.results.mlperf)."""
+    from kvtier.results.mlperf import run_figures, workload_figures
 
     plan, comp, _ = built
     results = []

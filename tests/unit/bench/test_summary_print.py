@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtier.cli.bench import print_summary
-from kvtier.report.envelope import ResultWarning
+from kvtier.results.envelope import ResultWarning
 
 
 def test_markup_in_a_warning_is_printed_as_it_is(tiny_bench_result, capsys):  # type: ignore[no-untyped-def]

@@ -80,7 +80,7 @@ def test_progress_lines_say_where_the_run_is():
 
 def test_offload_never_exercised_never_contradicts_a_counter_beside_it():
     from kvtier.replay.driver import offload_never_hit
-    from kvtier.report.replay import ScrapeSummary
+    from kvtier.results.replay import ScrapeSummary
 
     def m(**kw: float) -> ScrapeSummary:
         return ScrapeSummary(url="u", samples=3, scrape_errors=0, **kw)

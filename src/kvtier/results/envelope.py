@@ -27,7 +27,7 @@ from kvtier import __version__
 
 SCHEMA_VERSION = 3
 """3: failures by cause ({cause: {count, first_message, http_status}}) replaced failures_by_status, and the
-status follows the one rule of report/outcome.py. 2: warnings became coded objects, stop_reason became
+status follows the one rule of results/outcome.py. 2: warnings became coded objects, stop_reason became
 {code, message}, host gained versions and directories, replay and launch files gained the envelope."""
 
 
@@ -99,7 +99,7 @@ class WarningCode(enum.StrEnum):
     requests_dropped = "requests-dropped"  # bench --arrival open: requests found the queue full (never served)
     discard_mount = "discard-mount"  # bench: the cache dir's filesystem trims every delete (mounted -o discard)
     stores_dropped = "stores-dropped"  # bench: stores no tier could take (dropped, not failed)
-    requests_failed = "requests-failed"  # some requests failed: counts by cause (report/outcome.py)
+    requests_failed = "requests-failed"  # some requests failed: counts by cause (results/outcome.py)
     prompts_exceed_context = "prompts-exceed-context"  # replay: prompts longer than the server's max_model_len
     run_not_complete = "run-not-complete"
     concurrency_capped = "concurrency-capped"

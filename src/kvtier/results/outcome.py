@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from kvtier.config.base import DEFAULT_MAX_FAILURE_RATE
-from kvtier.report.envelope import ResultWarning, Section, Status, StopCode, StopReason, WarningCode, warning
+from kvtier.results.envelope import ResultWarning, Section, Status, StopCode, StopReason, WarningCode, warning
 
 NOT_COUNTED = frozenset({"cut-at-stop", "cancelled"})
 """Causes that are the run's own end (its --duration, its Ctrl+C), not failed work."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvtier.report.envelope import Envelope, Section
-from kvtier.report.outcome import Failure
+from kvtier.results.envelope import Envelope, Section
+from kvtier.results.outcome import Failure
 from kvtier.stats import Summary
 
 
@@ -41,7 +41,7 @@ class Totals(Section):
 
     requests_completed: int
     requests_failed: int
-    failures: dict[str, Failure]  # by cause, summed over the ranks (report/outcome.py)
+    failures: dict[str, Failure]  # by cause, summed over the ranks (results/outcome.py)
     total_tokens_generated: int
     avg_throughput_tokens_per_sec: float  # Σ per-rank generated tokens / the shared load window
     storage_kv_tokens_per_sec: float  # Σ per-rank

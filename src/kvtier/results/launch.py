@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from kvtier.config.launch import LaunchConfig
-from kvtier.report.envelope import Envelope, Section
-from kvtier.report.replay import Hardware
+from kvtier.results.envelope import Envelope, Section
+from kvtier.results.replay import Hardware
 
 
 class ProcessCommand(Section):
@@ -86,7 +86,7 @@ class LaunchResult(Envelope):
     policies: LaunchPolicies | None = None
     engines: dict[str, Any] | None = None  # the pre-flight check (launch/engines.py; None for the sim)
     device: dict[str, Any] | None = None  # NVMe tier: its devices over the replay (telemetry/diskstats.py)
-    hardware: Hardware | None = None  # the replay's host CPU and GPU telemetry (report/replay.py Hardware)
+    hardware: Hardware | None = None  # the replay's host CPU and GPU telemetry (results/replay.py Hardware)
     error: str | None
     exit_status: int | None
     config: LaunchConfig

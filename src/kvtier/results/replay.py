@@ -10,9 +10,17 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from kvtier.config.replay import ReplayConfig
-from kvtier.report.bench import GpuTelemetry
-from kvtier.report.envelope import Distribution, Envelope, Section
-from kvtier.report.outcome import Failure
+from kvtier.results.bench import GpuTelemetry
+from kvtier.results.envelope import Distribution, Envelope, Section
+from kvtier.results.outcome import Failure
+
+
+def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> float | None:
+    """Time per output token after the first, (e2e - TTFT) / (tokens - 1): the one rule of the replay's
+    summary and the report's records; None for fewer than two tokens (or none known)."""
+    if not completion_tokens or not completion_tokens > 1:  # also False for NaN
+        return None
+    return (e2e_s - ttft_s) / (completion_tokens - 1)
 
 
 class Degradation(Section):
@@ -32,7 +40,7 @@ class Sessions(Section):
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
-    requests_failed: int  # failed requests: every cause but cut-at-stop (report/outcome.py)
+    requests_failed: int  # failed requests: every cause but cut-at-stop (results/outcome.py)
     requests_cut_at_stop: int  # cut by the run's own end (a bound's grace, Ctrl+C): not counted as failed
     failures: dict[str, Failure]  # by cause: {count, first_message, http_status}
     ttft_s: Distribution

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, create_model
 
 from kvtier.config.bench import BenchConfig
-from kvtier.report.envelope import Distribution, Envelope, Section
-from kvtier.report.outcome import Failure
+from kvtier.results.envelope import Distribution, Envelope, Section
+from kvtier.results.outcome import Failure
 from kvtier.stats import PERCENTILE_NAMES
 
 TIER_NAMES = ("gpu", "cpu", "storage")
@@ -380,7 +380,7 @@ class ModelInfo(Section):
 
 class ErrorStats(Section):
     requests_failed: int
-    failures: dict[str, Failure]  # by cause: tier-full, io-error, cancelled (report/outcome.py)
+    failures: dict[str, Failure]  # by cause: tier-full, io-error, cancelled (results/outcome.py)
     tier_operations: dict[str, int]
     first_messages: list[str]
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kvtier.report.bench import BenchResult
+from kvtier.results.bench import BenchResult
 
 
 @dataclass(frozen=True)

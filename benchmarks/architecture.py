@@ -1,0 +1,113 @@
+"""The shape of the code (#29), from the source alone: lines per package, modules over the house limit of
+600 lines, the longest functions, package import cycles (module-level and counting imports inside
+functions), who imports the presentation floor (``report/``), and string-key subscripts on result dicts
+outside ``results/`` (``r["summary"]``-style reads of a result that has a typed model).
+
+``--src DIR`` measures another checkout (a before/after pair in one run). Last line:
+``architecture modules_over_600=… longest_function=… package_cycles=… report_importers=…``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO
+
+LIMIT = 600
+RESULT_KEYS = re.compile(r"""\[["'](summary|cache_stats|tiers|totals|ranks|storage|config|requests|latency)["']\]""")
+
+
+def package_of(root: Path, f: Path) -> str:
+    rel = f.relative_to(root)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one package (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(n: str) -> None:
+        index[n] = low[n] = len(index)
+        stack.append(n)
+        for m in graph.get(n, ()):
+            if m not in index:
+                visit(m)
+                low[n] = min(low[n], low[m])
+            elif m in stack:
+                low[n] = min(low[n], index[m])
+        if low[n] == index[n]:
+            comp = []
+            while True:
+                m = stack.pop()
+                comp.append(m)
+                if m == n:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for n in list(graph):
+        if n not in index:
+            visit(n)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", default=str(REPO / "src"), help="the src/ folder of the checkout to measure")
+    a = ap.parse_args()
+    root = Path(a.src) / "kvtier"
+    lines: collections.Counter[str] = collections.Counter()
+    over, funcs, subscripts = [], [], 0
+    top: dict[str, set[str]] = collections.defaultdict(set)
+    every: dict[str, set[str]] = collections.defaultdict(set)
+    report_importers: set[str] = set()
+    for f in sorted(root.rglob("*.py")):
+        text = f.read_text()
+        n = text.count("\n")
+        pkg = package_of(root, f)
+        lines[pkg] += n
+        rel = str(f.relative_to(root))
+        if n > LIMIT:
+            over.append(f"{rel} {n}")
+        if pkg != "results":
+            subscripts += len(RESULT_KEYS.findall(text))
+        tree = ast.parse(text)
+        body = {id(x) for x in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                funcs.append((node.end_lineno - node.lineno + 1, f"{rel}:{node.name}"))  # type: ignore[operator]
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvtier."):
+                dst = node.module.split(".")[1]
+                if dst == pkg:
+                    continue
+                every[pkg].add(dst)
+                if id(node) in body:
+                    top[pkg].add(dst)
+                if dst == "report":
+                    report_importers.add(pkg)
+    print("lines per package: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items(), key=lambda kv: -kv[1])))
+    print(f"modules over {LIMIT} lines: {', '.join(over) or 'none'}")
+    funcs.sort(reverse=True)
+    print("longest functions: " + ", ".join(f"{name} {n}" for n, name in funcs[:8]))
+    cyc_top, cyc_all = sccs(top), sccs(every)
+    print(f"package cycles: module-level {cyc_top or 'none'}; with imports inside functions {cyc_all or 'none'}")
+    others = sorted(report_importers - {"cli"})
+    print(f"packages importing report/ (the presentation floor) besides cli: {others or 'none'}")
+    print(f"string-key subscripts on result sections outside results/: {subscripts}")
+    print(
+        f"architecture modules_over_600={len(over)} longest_function={funcs[0][0]} "
+        f"package_cycles={len(cyc_all)} report_importers={len(others)} result_key_subscripts={subscripts}"
+    )
+
+
+if __name__ == "__main__":
+    main()

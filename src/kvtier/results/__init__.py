@@ -1,0 +1,104 @@
+"""Results: the shared envelope, each command's typed result, the writers, and ``load``.
+
+``load(path)`` reads any file kvtier writes — a bench result JSON, an MPI bench aggregate, a replay
+``summary.json`` (or its folder), a ``launch.json`` (or its folder) — back into its typed model, validating every key;
+an error names the file and the key path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from kvtier.errors import DatasetError
+
+if TYPE_CHECKING:
+    from kvtier.results.aggregate import BenchAggregate
+    from kvtier.results.bench import BenchResult
+    from kvtier.results.launch import LaunchResult
+    from kvtier.results.mlperf import MlperfRunSummary
+    from kvtier.results.replay import ReplayResult
+
+    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary
+
+
+def _model_for(benchmark: Any) -> Any:
+    if benchmark == "kvtier bench":
+        from kvtier.results.bench import BenchResult
+
+        return BenchResult
+    if benchmark == "kvtier replay":
+        from kvtier.results.replay import ReplayResult
+
+        return ReplayResult
+    if benchmark == "kvtier launch":
+        from kvtier.results.launch import LaunchResult
+
+        return LaunchResult
+    if benchmark == "kvtier bench mpi":
+        from kvtier.results.aggregate import BenchAggregate
+
+        return BenchAggregate
+    return None
+
+
+def _file(path: Path) -> Path:
+    if path.is_dir():
+        for name in ("summary.json", "launch.json", "kvcache_run_summary.json"):
+            if (path / name).is_file():
+                return path / name
+        raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")
+    return path
+
+
+def load(path: str | Path) -> AnyResult:
+    """The typed result in ``path`` (a result file, or a replay/launch result folder)."""
+    from kvtier.results.envelope import SCHEMA_VERSION
+
+    p = _file(Path(path))
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise DatasetError(f"{p}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise DatasetError(f"{p}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{p}: not a kvtier result (expected a JSON object)")
+    if raw.get("benchmark") == "kvtier mlperf run":  # the wrapper's own layout, not an envelope
+        from kvtier.results.mlperf import MlperfRunSummary
+
+        try:
+            return MlperfRunSummary.model_validate(raw)
+        except ValidationError as e:
+            raise DatasetError(_errors(p, e)) from None
+    model = _model_for(raw.get("benchmark"))
+    if model is None:
+        raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
+    version = raw.get("result_schema_version")
+    if version != SCHEMA_VERSION:
+        raise DatasetError(
+            f"{p}: result_schema_version: {version!r}; this kvtier reads version {SCHEMA_VERSION} "
+            "(re-run with this kvtier to get a file it can read)"
+        )
+    try:
+        return model.model_validate(raw)  # type: ignore[no-any-return]
+    except ValidationError as e:
+        raise DatasetError(_errors(p, e)) from None
+
+
+def _errors(p: Path, e: ValidationError) -> str:
+    lines = []
+    for err in e.errors()[:20]:
+        where = ".".join(str(x) for x in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{p}: {where}: {msg}")
+    more = len(e.errors()) - 20
+    return "\n".join(lines + ([f"{p}: ... and {more} more"] if more > 0 else []))
+
+
+__all__ = ["load"]
