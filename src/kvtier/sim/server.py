@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front of kvtier sim (aiohttp), with vLLM/LMCache-named metrics.
+"""The engine of kvtier sim: admission, scheduling, prefill and decode of the modelled GPU, with
+vLLM/LMCache-named metrics (the OpenAI-compatible HTTP front over it: sim/api.py).
 
 Latency model per request:
   TTFT = queue wait (real: waiting for a sequence slot and GPU blocks; vLLM's scheduler rules,
@@ -19,33 +20,19 @@ prefill compute (an approximation: vLLM interleaves them).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from kvtier.modelspec import ModelSpec
-from kvtier.sim.metrics import CONTENT_TYPE, VllmMetrics, exposition
+from kvtier.sim.metrics import VllmMetrics
 from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
 from kvtier.sim.requests import (
-    BODY_GATE,
-    BODY_TIMEOUT,
-    MAX_BODIES_IN_FLIGHT,
-    MAX_BODY_BYTES,
-    ApiError,
     BadRequest,
     Busy,
-    Completion,
-    NotFound,
-    error_response,
-    parse_completion,
-    read_json,
 )
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 
@@ -481,227 +468,3 @@ class SimEngine:
             yield "done", max_tokens
         finally:
             self._finish(r)
-
-
-WORDS = (
-    "the",
-    "cache",
-    "moves",
-    "tokens",
-    "to",
-    "faster",
-    "tiers",
-    "when",
-    "it",
-    "pays",
-    "and",
-    "recomputes",
-    "otherwise",
-    "because",
-    "bandwidth",
-    "matters",
-)
-
-
-def _word(i: int) -> str:
-    """Deterministic filler text; periodic in len(WORDS) so per-token chunks can be pre-encoded."""
-    return WORDS[(i * 7 + 3) % len(WORDS)] + " "
-
-
-STALL_LIMIT_S = 60.0
-"""A streaming client whose socket buffer stays full this long is treated as gone."""
-WRITE_BUFFER_HIGH = 1 << 20
-"""Bytes queued for one client above which its stream pauses (backpressure: decoding waits for it)."""
-
-
-def make_app(engine: SimEngine) -> web.Application:
-    s = engine.s
-
-    @web.middleware
-    async def replica_header(request: web.Request, handler):  # type: ignore[no-untyped-def]  # aiohttp's handler type
-        try:
-            resp = await handler(request)
-        except ApiError as e:
-            resp = error_response(e)
-        except web.HTTPException as e:
-            err = NotFound(e.reason or "not found") if e.status == 404 else ApiError(e.reason or "error")
-            err.status = e.status
-            resp = error_response(err)
-        resp.headers["x-kvtier-replica"] = engine.replica_id
-        return resp
-
-    async def completion(request: web.Request, chat: bool) -> web.StreamResponse:
-        req = parse_completion(
-            await read_json(request), chat, s.served_model_name, s.default_max_tokens, engine.render_chat
-        )
-        if engine.surely_too_long(req.text, req.max_tokens):  # refused before any tokenization
-            raise engine.too_long(engine.fewest_tokens(req.text) + req.max_tokens)
-        prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
-        if not prompt_ids:
-            raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
-        gen = engine.generate(prompt_ids, req.max_tokens)
-        try:  # from here on, every path closes the generator: it holds a slot and KV blocks
-            return await _respond(request, req, prompt_ids, gen)
-        finally:
-            await gen.aclose()
-
-    async def _respond(request: web.Request, req: Completion, prompt_ids: list[int], gen: Any) -> web.StreamResponse:
-        chat = req.chat
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        _, info = await gen.__anext__()  # admission and prefill; raises BadRequest/Busy before any byte is sent
-
-        def usage(n: int) -> dict[str, Any]:
-            return {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": n,
-                "total_tokens": len(prompt_ids) + n,
-                "prompt_tokens_details": {"cached_tokens": info["cached_tokens"]},
-            }
-
-        if not req.stream:
-            tr = request.transport
-
-            def still_there(i: int) -> bool | None:  # a client that left stops the decoding
-                return not (tr is None or tr.is_closing())
-
-            _, n = await gen.asend(still_there)
-            content = "".join(_word(i) for i in range(n))
-            choice = (
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}
-                if chat
-                else {"index": 0, "text": content, "finish_reason": "length", "logprobs": None}
-            )
-            return web.json_response(
-                {
-                    "id": rid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": created,
-                    "model": s.served_model_name,
-                    "choices": [choice],
-                    "usage": usage(n),
-                    "kvtier": info,
-                }
-            )
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-kvtier-replica": engine.replica_id,
-            }
-        )
-        await resp.prepare(request)
-
-        async def send(payload: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
-
-        def chunk(delta: Any, finish: str | None) -> dict[str, Any]:
-            ch = (
-                {"index": 0, "delta": delta, "finish_reason": finish}
-                if chat
-                else {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
-            )
-            return {"id": rid, "object": obj, "created": created, "model": s.served_model_name, "choices": [ch]}
-
-        # Per-token chunks are pre-encoded once per request: the hot path only hands bytes to the
-        # transport. With chunked transfer encoding (HTTP/1.1) the chunk framing is pre-encoded too,
-        # so the decode ticker can write synchronously, one send per token, no task wake-up.
-        head, tail = (
-            json.dumps(chunk({"content": "\x00"} if chat else "\x00", None), separators=(",", ":"))
-            .encode()
-            .split(b"\\u0000")
-        )
-        lines = [b"data: " + head + w.encode() + tail + b"\n\n" for w in (_word(i) for i in range(len(WORDS)))]
-        if chat:
-            await send(chunk({"role": "assistant", "content": ""}, None))
-        await resp.write(lines[0])  # token 0 leaves with the prefill (and flushes the headers)
-        tr, L = request.transport, len(WORDS)
-        if resp.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            frames = [f"{len(x):x}\r\n".encode() + x + b"\r\n" for x in lines]
-        else:
-            frames = lines
-        stalled_since: list[float] = []
-
-        def emit(i: int) -> bool | None:
-            """Write token i: True sent, False the client is gone, None paused (its buffer is full)."""
-            if tr is None or tr.is_closing():
-                return False
-            if tr.get_write_buffer_size() > WRITE_BUFFER_HIGH:  # a client that does not read
-                now = time.perf_counter()
-                if not stalled_since:
-                    stalled_since.append(now)
-                return False if now - stalled_since[0] > STALL_LIMIT_S else None
-            stalled_since.clear()
-            tr.write(frames[i % L])
-            return True
-
-        _, n = await gen.asend(emit)
-        await send(chunk({} if chat else "", "length"))
-        if req.include_usage:
-            await send(
-                {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": s.served_model_name,
-                    "choices": [],
-                    "usage": usage(n),
-                }
-            )
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def chat_completions(request: web.Request) -> web.StreamResponse:
-        return await completion(request, True)
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await completion(request, False)
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": s.served_model_name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "kvtier-sim",
-                        "max_model_len": engine.max_model_len,
-                    }
-                ],
-            }
-        )
-
-    async def health(request: web.Request) -> web.Response:
-        """200 always (the server is up); the body says ``degraded`` while its shared offload tier fails."""
-        o = engine.offload
-        err = getattr(o, "recent_error", None) if o is not None else None
-        body: dict[str, Any] = {
-            "status": "degraded" if err else "ok",
-            "offload_errors": o.errors if o is not None else 0,
-        }
-        if err:
-            body["last_offload_error"] = err
-        if o is not None and o.breaker_open:  # the tier is being bypassed: requests recompute
-            body["offload_bypassed"] = {"loads": o.bypassed_loads, "stores": o.bypassed_stores}
-        return web.json_response(body)
-
-    async def metrics(request: web.Request) -> web.Response:
-        engine.refresh_metrics()
-        return web.Response(body=exposition(engine.metrics.registry), headers={"Content-Type": CONTENT_TYPE})
-
-    app = web.Application(middlewares=[replica_header], client_max_size=MAX_BODY_BYTES)
-    app[BODY_GATE] = asyncio.Semaphore(MAX_BODIES_IN_FLIGHT)  # bodies being received at once (bounded memory)
-    app[BODY_TIMEOUT] = s.body_timeout_s
-    app.add_routes(
-        [
-            web.post("/v1/chat/completions", chat_completions),
-            web.post("/v1/completions", completions),
-            web.get("/v1/models", models),
-            web.get("/health", health),
-            web.get("/metrics", metrics),
-        ]
-    )
-    return app

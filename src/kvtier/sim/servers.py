@@ -24,8 +24,9 @@ from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig
 from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload
-from kvtier.sim.server import SimEngine, SimSettings, make_app
+from kvtier.sim.server import SimEngine, SimSettings
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
 """Latency-model fields a preset supplies and a flag overrides."""
