@@ -17,27 +17,25 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
-from kvtier.engine.backend import Backend, round_up
+from kvtier.engine.backend import Backend
 from kvtier.engine.file import FileTier
-from kvtier.engine.gpu import GpuTier, gpu_available, gpu_memory_bytes
-from kvtier.engine.memory import MemoryTier, page_size
+from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.engine.noise import NoiseBuffer
-from kvtier.engine.null import NullTier
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
-from kvtier.errors import ConfigError, StorageError, UnusableDirectory
+from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
+from kvtier.tiers import TierSpec, open_tier, stand_in
 from kvtier.tokenizer import load_tokenizer
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
@@ -369,7 +367,7 @@ def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dic
     return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems}
 
 
-def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> GpuTier:
+def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:
     """The GPU tier: --gpu-mem-gb x --num-gpus, within what gpu_backend lets this process use of
     the device (memory_fraction, less free_memory_threshold kept free); capped with a warning."""
     gb = cfg.tuning.gpu_backend
@@ -389,42 +387,30 @@ def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> GpuTier:
                 device_bytes=total,
             )
         )
-    return GpuTier(min(asked, usable), memory_fraction=gb.memory_fraction)
+    return open_tier("gpu", TierSpec(min(asked, usable), memory_fraction=gb.memory_fraction))
 
 
 def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Backend]:
-    """Trace mode: each tier a NullTier of the real tier's capacity and stored size, so the waterfall
-    decides as in a real run. The GPU tier is modelled whenever --gpu-mem-gb > 0, device or not, as
-    the reference's trace mode does (a trace of a GPU host, written anywhere); remote tiers are
-    modelled at their capacity without connecting."""
+    """Trace mode: each tier its kind's stand-in (kvtier/tiers.py) at the real tier's capacity, so the
+    waterfall decides as in a real run. The GPU tier is modelled whenever --gpu-mem-gb > 0, device or not,
+    as the reference's trace mode does (a trace of a GPU host, written anywhere); remote tiers are modelled
+    at their capacity without connecting; the storage tier takes the real directory's capacity and sizes."""
+    tiers = {name: stand_in(name, _spec(plan, name, "")) for name in order if name != "storage"}
+    tiers["storage"] = stand_in("storage", TierSpec(file_tier.capacity_bytes), file_tier.stored_size)
+    return [tiers[name] for name in order]
+
+
+def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
+    """What the flags ask of tier ``name`` (the GPU tier's cap against the device is _gpu_tier's)."""
     cfg = plan.config
-    cpu_bytes = int(cfg.cpu_mem_gb * GiB)
-    page = page_size(cpu_bytes, cpu_page_bytes(plan))
-    capacity = {
-        "gpu": int(cfg.gpu_mem_gb * cfg.num_gpus * GiB),
-        "cpu": cpu_bytes // page * page,  # whole pages, as the paged CPU tier holds
-        "redis": cfg.remote_capacity_bytes("redis"),
-        "storage": file_tier.capacity_bytes,
-        "s3": cfg.remote_capacity_bytes("s3"),
-    }
-    sizes: dict[str, Callable[[int], int]] = {
-        "storage": file_tier.stored_size,
-        "cpu": lambda n: -(-round_up(n) // page) * page,
-    }
-    return [NullTier(name, capacity[name], sizes.get(name, round_up)) for name in order]
-
-
-def _file_tier(cfg: BenchConfig, cache_dir: str, gds: dict[str, Any]) -> FileTier:
-    cls: type[FileTier] = FileTier
-    if gds["used"]:
-        from kvtier.engine.gds import GdsFileTier
-
-        cls = GdsFileTier
-    try:
-        return cls(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io, keep_files=cfg.keep_cache)
-    except UnusableDirectory as e:
-        flag_ = "--direct-io on" if e.direct_io else "--cache-dir"
-        raise ConfigError(f"{flag_}: {e}") from e
+    if name == "gpu":
+        return TierSpec(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB))
+    if name == "cpu":
+        return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan))
+    if name == "storage":
+        return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
+                        keep_files=cfg.keep_cache, gds=gds)  # fmt: skip
+    return TierSpec(cfg.remote_capacity_bytes(name), remote=cfg, connections=plan.io_slots)
 
 
 def _remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:
@@ -468,45 +454,36 @@ def _tiers(
     plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
 ) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
-    if cfg.io_trace_log:
-        try:
-            sizer = FileTier(cache_dir, int(cfg.storage_capacity_gb * GiB), cfg.direct_io)
-        except UnusableDirectory as e:
-            raise ConfigError(f"--cache-dir: {e}") from e
+    if cfg.io_trace_log:  # a real file tier sizes the stand-in (its directory's free space, its entry sizes)
+        sizer = open_tier("storage", replace(_spec(plan, "storage", cache_dir), keep_files=False))
+        assert isinstance(sizer, FileTier)
         return _trace_tiers(plan, sizer, order), sizer
     built: dict[str, Backend] = {}
-    file_tier: FileTier | None = None
     try:
         for name in order:
-            if name == "gpu":
-                ok, why = gpu_available()
-                if ok:
-                    built[name] = _gpu_tier(cfg, warnings)
-                else:
-                    warnings.append(
-                        warning(
-                            WarningCode.gpu_tier_off,
-                            f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
-                            requested_gb=cfg.gpu_mem_gb,
-                            reason=why,
-                        )
-                    )
-            elif name == "cpu":
-                built[name] = MemoryTier(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan))
-            elif name == "storage":
-                built[name] = file_tier = _file_tier(cfg, cache_dir, gds)
+            if name != "gpu":
+                built[name] = tier = open_tier(name, _spec(plan, name, cache_dir, bool(gds["used"])))
+                if name in ("redis", "s3"):
+                    _remote_warnings(tier, warnings)
+                continue
+            ok, why = gpu_available()
+            if ok:
+                built[name] = _gpu_tier(cfg, warnings)
             else:
-                try:
-                    built[name] = tier = cfg.open_remote(name, plan.io_slots)
-                except StorageError as e:
-                    flag_ = "--redis-url" if name == "redis" else "--s3-endpoint/--s3-bucket"
-                    raise ConfigError(f"{flag_}: {e}") from e
-                _remote_warnings(tier, warnings)
+                warnings.append(
+                    warning(
+                        WarningCode.gpu_tier_off,
+                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
+                        requested_gb=cfg.gpu_mem_gb,
+                        reason=why,
+                    )
+                )
     except BaseException:
         for b in built.values():
             b.close()
         raise
-    assert file_tier is not None  # "storage" is in every order
+    file_tier = built["storage"]  # "storage" is in every order
+    assert isinstance(file_tier, FileTier)
     if not file_tier.direct:
         why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
         warnings.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.tiers import RemoteTierFlags
@@ -32,7 +33,8 @@ def add_clean_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 def clean_remote(a: argparse.Namespace) -> int:
     """Empty a shared namespace on the given servers; 0 when every server was emptied."""
 
-    from kvtier.errors import ConfigError, StorageError
+    from kvtier.errors import ConfigError
+    from kvtier.tiers import TierSpec, open_tier
 
     flags = config_from_args(a, RemoteTierFlags, redis_mem_gb=1 if getattr(a, "redis_url", None) else 0)
     if flags.shared_namespace is None:
@@ -43,8 +45,8 @@ def clean_remote(a: argparse.Namespace) -> int:
     problems: list[str] = []
     for kind in kinds:
         try:
-            tier = flags.open_remote(kind, 2)
-        except StorageError as e:
+            tier: Any = open_tier(kind, TierSpec(flags.remote_capacity_bytes(kind), remote=flags, connections=2))
+        except ConfigError as e:
             problems.append(str(e))
             continue
         where = tier.prefix

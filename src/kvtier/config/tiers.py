@@ -10,12 +10,11 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
+from kvtier.tiers import TIER_KINDS
 
 REMOTE = "remote tiers"
-TIER_KINDS = ("gpu", "cpu", "redis", "storage", "s3")
 GiB = 1024**3
-MiB = 1024**2
-DEFAULT_TIER_ORDER = TIER_KINDS  # Redis between CPU RAM and the file tier; S3 below it (cold)
+DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
 
 
 class RemoteTierFlags(StrictModel):
@@ -73,28 +72,6 @@ class RemoteTierFlags(StrictModel):
     def remote_capacity_bytes(self, kind: str) -> int:
         """The capacity of the remote tier ``kind`` ("redis" or "s3"), bytes."""
         return int((self.redis_mem_gb if kind == "redis" else self.s3_capacity_gb) * GiB)
-
-    def open_remote(self, kind: str, connections: int) -> Any:
-        """The remote tier ``kind`` ("redis" or "s3") these flags describe, connected; its pool sized
-        to ``connections`` (the I/O slots). Raises TierUnavailable when the server cannot be reached."""
-        capacity = self.remote_capacity_bytes(kind)
-        if kind == "redis":
-            from kvtier.engine.redis_tier import RedisTier
-
-            assert self.redis_url is not None
-            return RedisTier(
-                self.redis_url, capacity, connections, self.redis_part_mb * MiB, timeout_s=self.remote_timeout,
-                namespace=self.shared_namespace, ttl_s=self.remote_ttl,
-            )  # fmt: skip
-        if kind == "s3":
-            from kvtier.engine.s3_tier import S3Tier
-
-            assert self.s3_bucket is not None
-            return S3Tier(
-                self.s3_endpoint, self.s3_bucket, capacity, self.s3_prefix, connections, self.s3_part_mb * MiB,
-                timeout_s=self.remote_timeout, namespace=self.shared_namespace, ttl_s=self.remote_ttl,
-            )  # fmt: skip
-        raise ValueError(f"not a remote tier: {kind!r}")
 
     @field_validator("redis_url")
     @classmethod

@@ -25,17 +25,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvtier.engine.backend import Backend, aligned_buffer
-from kvtier.engine.file import FileTier
-from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.plan.costs import should_fetch
 from kvtier.telemetry.recorder import Recorder
+from kvtier.tiers import TierSpec, open_tier
+
+if TYPE_CHECKING:
+    from kvtier.config.tiers import RemoteTierFlags
 
 BLOCK_TOKENS = 16
 GiB = 1024**3
@@ -262,34 +264,53 @@ class _Measured:
         return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
 
 
+def offload_tiers(cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTierFlags | None = None,
+                  connections: int = 1) -> list[Backend]:  # fmt: skip
+    """The offload tier's waterfall (through the tier table, kvtier/tiers.py): CPU RAM (``cpu``), or a CPU
+    staging tier in front of the files (``nvme``) or the remote server (``redis``, ``s3``: ``remote`` names
+    it). A chunk is one page of the CPU tier: no waste."""
+    page = cfg.chunk_tokens * kv_bytes_per_token
+    if cfg.kind == "cpu":
+        return [open_tier("cpu", TierSpec(int(cfg.cpu_offload_gb * GiB), page_bytes=page))]
+    staging = TierSpec(int(cfg.staging_gb * GiB), page_bytes=page)
+    if cfg.kind == "nvme":
+        if not cfg.nvme_dir:
+            raise ConfigError("--offload nvme: give --nvme-dir")
+        nvme = TierSpec(int(cfg.nvme_offload_gb * GiB), directory=cfg.nvme_dir, direct_io=cfg.direct_io)
+        tiers = [open_tier("cpu", staging)]
+        try:
+            return [*tiers, open_tier("storage", nvme, "--nvme-dir")]
+        except BaseException:
+            tiers[0].close()
+            raise
+    if cfg.kind in ("redis", "s3") and remote is not None:
+        spec = TierSpec(remote.remote_capacity_bytes(cfg.kind), remote=remote, connections=connections)
+        far = open_tier(cfg.kind, spec, f"--offload {cfg.kind}")
+        return [open_tier("cpu", staging), far]
+    raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
+
+
 class Offload(_Measured):
     """The real offload tier, in process: chunk KV through kvtier's TieredStore."""
 
     def __init__(
-        self, cfg: OffloadConfig, scope: KeyScope, kv_bytes_per_token: int, seed: int, remote: Backend | None = None
+        self,
+        cfg: OffloadConfig,
+        scope: KeyScope,
+        kv_bytes_per_token: int,
+        seed: int,
+        tiers: list[Backend] | None = None,
     ) -> None:
-        """``remote``: the connected Redis or S3 tier of ``cfg.kind`` redis/s3 (behind CPU staging)."""
+        """``tiers``: the built tiers, fastest first (``offload_tiers``: the CPU tier, or CPU
+        staging in front of NVMe, Redis or S3); without them, those ``cfg`` describes."""
         self.cfg = cfg
         self.scope = scope
         self.kvpt = kv_bytes_per_token
         self.recorder = Recorder()
-        tiers: list[Backend]
-        page = cfg.chunk_tokens * kv_bytes_per_token  # a chunk is one page of the CPU tier: no waste
-        if cfg.kind == "cpu":
-            tiers = [MemoryTier(int(cfg.cpu_offload_gb * GiB), "cpu", page)]
-        elif cfg.kind == "nvme":
-            if not cfg.nvme_dir:
-                raise ConfigError("--offload nvme: give --nvme-dir")
-            tiers = [
-                MemoryTier(int(cfg.staging_gb * GiB), "cpu", page),
-                FileTier(cfg.nvme_dir, int(cfg.nvme_offload_gb * GiB), cfg.direct_io),
-            ]
-        elif cfg.kind in ("redis", "s3") and remote is not None:
-            tiers = [MemoryTier(int(cfg.staging_gb * GiB), "cpu", page), remote]
-        else:
-            raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
+        if tiers is None:
+            tiers = offload_tiers(cfg, kv_bytes_per_token)
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
-        self._remote = remote
+        self._remote = tiers[-1] if cfg.kind in ("redis", "s3") else None
         self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
         self._bufs = threading.local()
         self._init_measured()

@@ -21,11 +21,11 @@ import yaml
 from aiohttp import web
 
 from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig
-from kvtier.errors import ConfigError, StorageError, UnusableDirectory
+from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.sim.api import make_app
-from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload
+from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload, offload_tiers
 from kvtier.sim.server import SimEngine, SimSettings
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
@@ -93,28 +93,15 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
                 + (f"; {problems[0]}" if problems else ""),
                 file=sys.stderr,
             )
-    remote = None
-    if kind in ("redis", "s3"):
-        if kind == "redis" and not tier.redis_url:
-            raise ConfigError("--offload redis: give --redis-url and --redis-mem-gb")
-        if kind == "s3" and not tier.s3_bucket:
-            raise ConfigError("--offload s3: give --s3-bucket (and --s3-endpoint for a server other than AWS)")
-        try:
-            remote = tier.open_remote(kind, REMOTE_CONNECTIONS)
-        except StorageError as e:
-            raise ConfigError(f"--offload {kind}: {e}") from e
-    try:
-        return Offload(
-            OffloadConfig(
-                kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, 256, tier.direct_io
-            ),
-            scope_for(model),
-            model.kv_bytes_per_token,
-            seed,
-            remote,
-        )
-    except UnusableDirectory as e:
-        raise ConfigError(f"{'--direct-io on' if e.direct_io else '--nvme-dir'}: {e}") from e
+    if kind == "redis" and not tier.redis_url:
+        raise ConfigError("--offload redis: give --redis-url and --redis-mem-gb")
+    if kind == "s3" and not tier.s3_bucket:
+        raise ConfigError("--offload s3: give --s3-bucket (and --s3-endpoint for a server other than AWS)")
+    cfg = OffloadConfig(
+        kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, 256, tier.direct_io
+    )
+    tiers = offload_tiers(cfg, model.kv_bytes_per_token, tier, REMOTE_CONNECTIONS)
+    return Offload(cfg, scope_for(model), model.kv_bytes_per_token, seed, tiers)
 
 
 REMOTE_CONNECTIONS = 32

@@ -36,12 +36,12 @@ from typing import IO, Any
 import numpy as np
 
 from kvtier.errors import ConfigError, DatasetError
+from kvtier.tiers import TIER_LABELS  # the reference's Tier-<n> labels, by tier kind
 
 COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
 HEADER = ",".join(COLUMNS) + "\n"
 # The reference's three tiers, then kvtier's remote ones (numbers past the reference's, fixed by kind, not by
 # --tier-order, so one label means one medium in every trace).
-TIER_LABELS = {"gpu": "Tier-0", "cpu": "Tier-1", "storage": "Tier-2", "redis": "Tier-3", "s3": "Tier-4"}
 TIER_NUMBERS = {v: int(v.removeprefix("Tier-")) for v in TIER_LABELS.values()}  # "Tier-2" -> 2
 TIER_BY_NUMBER = {TIER_NUMBERS[v]: k for k, v in TIER_LABELS.items()}  # 2 -> "storage"
 OPERATIONS = {"read": "Read", "write": "Write"}

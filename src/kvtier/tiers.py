@@ -1,0 +1,181 @@
+"""The tier kinds, in one table: what each kind is called, its label in an I/O trace, the flag that places
+it, how much of the bytes asked for it really holds, the size an entry takes in it, and how it is built.
+
+Every command builds its tiers here (``open_tier``): ``kvtier bench`` its waterfall, the sim's in-process
+offload tier and ``kvtier cache-server`` their staging and offload tiers, ``kvtier trace replay`` and the
+bench's trace mode their stand-ins (``stand_in``: a NullTier with the kind's capacity and entry sizes, so
+the waterfall decides as it would on the real tier), ``kvtier clean --remote`` the remote tiers it empties.
+The table's order is the default waterfall, fastest first. A new kind is a row here and its own module in
+``engine/``; the engine modules are imported only when a tier of theirs is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from kvtier.errors import ConfigError, StorageError, UnusableDirectory
+
+if TYPE_CHECKING:
+    from kvtier.engine.backend import Backend
+    from kvtier.engine.null import NullTier
+
+ALIGN = 4096  # engine/backend.py ALIGN: entries are padded to it (kept here so this table imports no numpy)
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class RemoteFlags(Protocol):
+    """The remote tiers' flags (config/tiers.py ``RemoteTierFlags``, which every command's config has)."""
+
+    redis_url: str | None
+    redis_part_mb: int
+    s3_bucket: str | None
+    s3_endpoint: str | None
+    s3_prefix: str
+    s3_part_mb: int
+    remote_timeout: float
+    remote_ttl: float
+
+    @property
+    def shared_namespace(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """What one tier is built from: the bytes asked for and the settings of its kind."""
+
+    capacity_bytes: int
+    name: str | None = None  # the tier's own name, when not its kind's
+    page_bytes: int = ALIGN  # cpu: the page asked for (engine/memory.py page_size decides)
+    directory: str | None = None  # storage: the folder its run directory goes in
+    direct_io: Literal["auto", "on", "off"] = "auto"
+    keep_files: bool = False
+    gds: bool = False  # storage: its payload through cuFile (engine/gds.py)
+    memory_fraction: float = 1.0  # gpu: of the device, for torch's allocator
+    remote: RemoteFlags | None = None  # redis, s3: the flags that name the server
+    connections: int = 1  # redis, s3: the connection pool
+
+
+@dataclass(frozen=True)
+class TierKind:
+    name: str
+    trace_number: int  # its label in an I/O trace: Tier-<n> (the reference's numbering, 0 fastest)
+    flag: str  # the flag that names where it lives, for errors
+    make: Callable[[TierSpec], Backend]
+    capacity: Callable[[TierSpec], int] = lambda spec: spec.capacity_bytes  # what it holds of the bytes asked
+    entry_size: Callable[[TierSpec], Callable[[int], int]] = lambda spec: _round_up  # an entry's stored bytes
+
+    @property
+    def trace_label(self) -> str:
+        return f"Tier-{self.trace_number}"
+
+
+def _gpu(spec: TierSpec) -> Backend:
+    from kvtier.engine.gpu import GpuTier
+
+    return GpuTier(spec.capacity_bytes, spec.name or "gpu", memory_fraction=spec.memory_fraction)
+
+
+def _page(spec: TierSpec) -> int:
+    from kvtier.engine.memory import page_size
+
+    return page_size(spec.capacity_bytes, spec.page_bytes)
+
+
+def _cpu(spec: TierSpec) -> Backend:
+    from kvtier.engine.memory import MemoryTier
+
+    return MemoryTier(spec.capacity_bytes, spec.name or "cpu", spec.page_bytes)
+
+
+def _cpu_capacity(spec: TierSpec) -> int:
+    page = _page(spec)
+    return spec.capacity_bytes // page * page  # whole pages
+
+
+def _cpu_entry(spec: TierSpec) -> Callable[[int], int]:
+    page = _page(spec)
+    return lambda n: -(-_round_up(n) // page) * page
+
+
+def _storage(spec: TierSpec) -> Backend:
+    from kvtier.engine.file import FileTier
+
+    cls: type[FileTier] = FileTier
+    if spec.gds:
+        from kvtier.engine.gds import GdsFileTier
+
+        cls = GdsFileTier
+    assert spec.directory is not None, "a storage tier needs its directory"
+    return cls(spec.directory, spec.capacity_bytes, spec.direct_io, name=spec.name or "storage",
+               keep_files=spec.keep_files)  # fmt: skip
+
+
+def _storage_entry(spec: TierSpec) -> Callable[[int], int]:
+    return lambda n: ALIGN + _round_up(n)  # one header block, then the padded payload (engine/file.py)
+
+
+def _redis(spec: TierSpec) -> Backend:
+    from kvtier.engine.redis_tier import RedisTier
+
+    f = spec.remote
+    assert f is not None and f.redis_url is not None, "a redis tier needs --redis-url"
+    return RedisTier(
+        f.redis_url, spec.capacity_bytes, spec.connections, f.redis_part_mb * 1024**2, timeout_s=f.remote_timeout,
+        namespace=f.shared_namespace, ttl_s=f.remote_ttl,
+    )  # fmt: skip
+
+
+def _s3(spec: TierSpec) -> Backend:
+    from kvtier.engine.s3_tier import S3Tier
+
+    f = spec.remote
+    assert f is not None and f.s3_bucket is not None, "an s3 tier needs --s3-bucket"
+    return S3Tier(
+        f.s3_endpoint, f.s3_bucket, spec.capacity_bytes, f.s3_prefix, spec.connections, f.s3_part_mb * 1024**2,
+        timeout_s=f.remote_timeout, namespace=f.shared_namespace, ttl_s=f.remote_ttl,
+    )  # fmt: skip
+
+
+KINDS: dict[str, TierKind] = {
+    k.name: k
+    for k in (
+        TierKind("gpu", 0, "--gpu-mem-gb", _gpu),
+        TierKind("cpu", 1, "--cpu-mem-gb", _cpu, _cpu_capacity, _cpu_entry),
+        TierKind("redis", 3, "--redis-url", _redis),
+        TierKind("storage", 2, "--cache-dir", _storage, entry_size=_storage_entry),
+        TierKind("s3", 4, "--s3-endpoint/--s3-bucket", _s3),
+    )
+}
+"""Every kind, in the default waterfall order: Redis between CPU RAM and the file tier, S3 below it (cold)."""
+
+TIER_KINDS = tuple(KINDS)
+TIER_LABELS = {k.name: k.trace_label for k in KINDS.values()}
+
+
+def open_tier(kind: str, spec: TierSpec, flag: str | None = None) -> Backend:
+    """Build a tier of ``kind``. What stops it becomes a ConfigError naming the flag to fix: ``flag`` (the
+    caller's own name for where the tier lives, e.g. ``--nvme-dir``) or the kind's."""
+    k = KINDS[kind]
+    try:
+        return k.make(spec)
+    except UnusableDirectory as e:
+        raise ConfigError(f"{'--direct-io on' if e.direct_io else flag or k.flag}: {e}") from e
+    except StorageError as e:  # a remote server that cannot be reached or refuses the tier
+        raise ConfigError(f"{flag or k.flag}: {e}") from e
+
+
+def stand_in(kind: str, spec: TierSpec, entry_size: Callable[[int], int] | None = None) -> NullTier:
+    """A tier of ``kind`` that moves no bytes (trace mode): the kind's capacity and entry sizes
+    (``entry_size`` overrides them: a storage tier measured on the real directory)."""
+    from kvtier.engine.null import NullTier
+
+    k = KINDS[kind]
+    return NullTier(spec.name or kind, k.capacity(spec), entry_size or k.entry_size(spec))
+
+
+__all__ = ["KINDS", "TIER_KINDS", "TIER_LABELS", "TierKind", "TierSpec", "open_tier", "stand_in"]
