@@ -71,7 +71,7 @@ def test_inconsistent_remote_flags_are_named(values, needle):
 
 
 def test_gds_on_without_a_device_is_refused_before_the_run(tmp_path):
-    from kvtier.bench.setup import gds_for
+    from kvtier.bench.tier_setup import gds_for
     from kvtier.engine.gds import probe_gds
 
     ok, why = probe_gds()
@@ -101,17 +101,17 @@ def test_the_cold_threshold_is_the_file_tiers_own_target():
 def test_a_redis_servers_own_limits_are_warned_of():
     from types import SimpleNamespace
 
-    from kvtier.bench.setup import _remote_warnings
+    from kvtier.bench.tier_setup import remote_warnings
 
     warnings: list = []
     tier = SimpleNamespace(
         name="redis", capacity_bytes=8 << 30, server={"maxmemory_bytes": 1 << 30, "maxmemory_policy": "allkeys-lru"}
     )
-    _remote_warnings(tier, warnings)
+    remote_warnings(tier, warnings)
     assert [w.code for w in warnings] == ["remote-tier-limit", "remote-tier-limit"]
     assert "maxmemory (1.00 GiB) is below" in warnings[0].message and "allkeys-lru" in warnings[1].message
     warnings.clear()
-    _remote_warnings(
+    remote_warnings(
         SimpleNamespace(
             name="redis", capacity_bytes=1 << 30, server={"maxmemory_bytes": 0, "maxmemory_policy": "noeviction"}
         ),

@@ -17,15 +17,15 @@ import os
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
+from kvtier.bench.tier_setup import build_tiers, gds_for
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend
 from kvtier.engine.file import FileTier
-from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.runs import find_stale_runs, remove_stale_run
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
@@ -35,7 +35,6 @@ from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
-from kvtier.tiers import TierSpec, open_tier, stand_in
 from kvtier.tokenizer import load_tokenizer
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
@@ -367,155 +366,6 @@ def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dic
     return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems}
 
 
-def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:
-    """The GPU tier: --gpu-mem-gb x --num-gpus, within what gpu_backend lets this process use of
-    the device (memory_fraction, less free_memory_threshold kept free); capped with a warning."""
-    gb = cfg.tuning.gpu_backend
-    asked = int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)
-    total = gpu_memory_bytes(0)
-    usable = int(total * min(gb.memory_fraction, 1.0 - gb.free_memory_threshold))
-    if asked > usable:
-        warnings.append(
-            warning(
-                WarningCode.gpu_tier_capped,
-                f"GPU tier capped at {usable / GiB:.2f} GiB: --gpu-mem-gb {cfg.gpu_mem_gb:g} x --num-gpus "
-                f"{cfg.num_gpus} asks {asked / GiB:.2f} GiB of one {total / GiB:.2f} GiB device "
-                f"(gpu_backend.memory_fraction {gb.memory_fraction:g}, free_memory_threshold "
-                f"{gb.free_memory_threshold:g})",
-                requested_bytes=asked,
-                capacity_bytes=usable,
-                device_bytes=total,
-            )
-        )
-    return open_tier("gpu", TierSpec(min(asked, usable), memory_fraction=gb.memory_fraction))
-
-
-def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Backend]:
-    """Trace mode: each tier its kind's stand-in (kvtier/tiers.py) at the real tier's capacity, so the
-    waterfall decides as in a real run. The GPU tier is modelled whenever --gpu-mem-gb > 0, device or not,
-    as the reference's trace mode does (a trace of a GPU host, written anywhere); remote tiers are modelled
-    at their capacity without connecting; the storage tier takes the real directory's capacity and sizes."""
-    tiers = {name: stand_in(name, _spec(plan, name, "")) for name in order if name != "storage"}
-    tiers["storage"] = stand_in("storage", TierSpec(file_tier.capacity_bytes), file_tier.stored_size)
-    return [tiers[name] for name in order]
-
-
-def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
-    """What the flags ask of tier ``name`` (the GPU tier's cap against the device is _gpu_tier's)."""
-    cfg = plan.config
-    if name == "gpu":
-        return TierSpec(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB))
-    if name == "cpu":
-        return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan))
-    if name == "storage":
-        return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
-                        keep_files=cfg.keep_cache, gds=gds)  # fmt: skip
-    return TierSpec(cfg.remote_capacity_bytes(name), remote=cfg, connections=plan.io_slots)
-
-
-def _remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:
-    """Say where a Redis server's own limits can undercut kvtier's capacity accounting."""
-    server = getattr(tier, "server", {})
-    maxmem, policy = server.get("maxmemory_bytes"), server.get("maxmemory_policy")
-    if maxmem and maxmem < tier.capacity_bytes:
-        warnings.append(
-            warning(
-                WarningCode.remote_tier_limit,
-                f"{tier.name} tier: the server's maxmemory ({maxmem / GiB:.2f} GiB) is below the tier's capacity "
-                f"({tier.capacity_bytes / GiB:.2f} GiB): writes past it are refused (OOM) and fall through",
-                maxmemory_bytes=maxmem,
-                capacity_bytes=tier.capacity_bytes,
-            )
-        )
-    if policy and policy != "noeviction":
-        warnings.append(
-            warning(
-                WarningCode.remote_tier_limit,
-                f"{tier.name} tier: maxmemory-policy {policy} lets the server evict kvtier's keys; such entries "
-                "are counted as unreadable (entries_dropped_unreadable)",
-                maxmemory_policy=policy,
-            )
-        )
-
-
-CPU_PAGE_TOKENS = 256
-"""The CPU tier's default page holds this many tokens of KV (LMCache's chunk), so a typical entry is a few pages."""
-
-
-def cpu_page_bytes(plan: Plan) -> int:
-    """The CPU tier's page asked for: --cpu-page-mb, or CPU_PAGE_TOKENS of the model's KV per rank."""
-    cfg = plan.config
-    if cfg.cpu_page_mb > 0:
-        return int(cfg.cpu_page_mb * MiB)
-    return CPU_PAGE_TOKENS * plan.model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)
-
-
-def _tiers(
-    plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
-) -> tuple[list[Backend], FileTier]:
-    cfg = plan.config
-    if cfg.io_trace_log:  # a real file tier sizes the stand-in (its directory's free space, its entry sizes)
-        sizer = open_tier("storage", replace(_spec(plan, "storage", cache_dir), keep_files=False))
-        assert isinstance(sizer, FileTier)
-        return _trace_tiers(plan, sizer, order), sizer
-    built: dict[str, Backend] = {}
-    try:
-        for name in order:
-            if name != "gpu":
-                built[name] = tier = open_tier(name, _spec(plan, name, cache_dir, bool(gds["used"])))
-                if name in ("redis", "s3"):
-                    _remote_warnings(tier, warnings)
-                continue
-            ok, why = gpu_available()
-            if ok:
-                built[name] = _gpu_tier(cfg, warnings)
-            else:
-                warnings.append(
-                    warning(
-                        WarningCode.gpu_tier_off,
-                        f"GPU tier off: --gpu-mem-gb {cfg.gpu_mem_gb:g} asked for, but {why}",
-                        requested_gb=cfg.gpu_mem_gb,
-                        reason=why,
-                    )
-                )
-    except BaseException:
-        for b in built.values():
-            b.close()
-        raise
-    file_tier = built["storage"]  # "storage" is in every order
-    assert isinstance(file_tier, FileTier)
-    if not file_tier.direct:
-        why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
-        warnings.append(
-            warning(
-                WarningCode.direct_io_off,
-                f"direct I/O off ({why}): buffered write+fsync and fadvise(DONTNEED) are used instead",
-                reason=why,
-            )
-        )
-    return [built[n] for n in order if n in built], file_tier
-
-
-def gds_for(cfg: BenchConfig, warnings: list[ResultWarning]) -> dict[str, Any]:
-    """Resolve --gds: refused when 'on' cannot be honoured; a warning when 'auto' falls back."""
-    from kvtier.engine.gds import gds_choice
-
-    if cfg.io_trace_log:
-        return {"requested": cfg.gds, "used": False, "reason": "trace mode: no bytes move"}
-    choice = gds_choice(cfg.gds)
-    if cfg.gds == "on" and not choice["used"]:
-        raise ConfigError(f"--gds on: GPUDirect Storage is not usable here: {choice['reason']}")
-    if cfg.gds == "auto" and not choice["used"] and gpu_available()[0]:
-        warnings.append(  # a GPU host without cuFile: worth a word (without a GPU there is nothing to say)
-            warning(
-                WarningCode.gds_off,
-                f"--gds auto: the file tier uses O_DIRECT, not GPUDirect Storage: {choice['reason']}",
-                reason=choice["reason"],
-            )
-        )
-    return choice
-
-
 def build_components(plan: Plan, sink: EventSink) -> Components:
     """The tiers, the store, the noise buffer and the cache directory of a derived run."""
     cfg = plan.config
@@ -533,7 +383,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     try:
         order = parse_tier_order(cfg.tier_order, cfg.configured_tiers())
         gds = gds_for(cfg, warnings)
-        backends, file_tier = _tiers(plan, cache_dir, warnings, order, gds)
+        backends, file_tier = build_tiers(plan, cache_dir, warnings, order, gds)
         ev = cfg.tuning.eviction
         try:
             store = TieredStore(
