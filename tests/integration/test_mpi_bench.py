@@ -61,6 +61,11 @@ def test_two_ranks_share_one_window_and_pool_exactly(tmp_path: Path):
     assert mp["storage_throughput_tokens_per_sec_sum"] == pytest.approx(
         sum(r["summary"]["storage_throughput_tokens_per_sec"] for r in ranks), rel=1e-6
     )
+    for op in ("read", "write"):  # the MLPerf table's sums and highest p95 (results/mlperf.py, the one formula)
+        key = f"tier_storage_{op}_bandwidth_gbps"
+        assert mp[f"{key}_sum"] == pytest.approx(sum(r["summary"]["cache_stats"][key] for r in ranks), abs=1e-6)
+    p95s = [r["summary"]["cache_stats"]["storage_read_p95_ms"] for r in ranks]
+    assert mp["storage_read_p95_ms_max"] == max(p for p in p95s if p is not None)
     # pooled percentiles are those of the union of the ranks' raw end-to-end latencies
     union = np.concatenate([np.asarray(r["end_to_end_latencies"], dtype=np.float64) for r in ranks]) * 1e3
     e2e = agg["latency"]["end_to_end_latency_ms"]

@@ -30,8 +30,9 @@ from kvtier.config.tiers import TIER_KINDS
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, sleep_until
 from kvtier.results.aggregate import BenchAggregate
-from kvtier.results.bench import BenchResult
+from kvtier.results.bench import OPS, BenchResult
 from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.results.mlperf import run_figures
 from kvtier.results.outcome import Failure, judge, merge
 from kvtier.stats import summarize_ns_as_ms
 from kvtier.telemetry.iotrace import rank_trace_path
@@ -161,58 +162,42 @@ def run_rank(
     return agg
 
 
-def _rank_window(res: dict[str, Any]) -> tuple[float, float]:
-    start = float(res.get("load_start_unix_s") or 0.0)
-    return start, start + float(res["load_duration_s"])
+def _rank_window(res: BenchResult) -> tuple[float, float]:
+    start = float(res.load_start_unix_s or 0.0)
+    return start, start + res.load_duration_s
 
 
-def aggregate(
-    cfg: BenchConfig, size: int, seed: int, window: dict[str, float], got: dict[int, dict[str, Any]], started: Any
-) -> BenchAggregate:
-    """Rank 0's view of the run from every contribution it received (``got``: rank -> contribution)."""
+def pooled_latency(got: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Exact percentiles over every rank's raw samples (end to end, storage, per tier and operation)."""
     t0 = time.perf_counter()
-    results = {k: v["result"] for k, v in sorted(got.items())}
     pooled = {
         name: np.concatenate([v["samples"].get(name, np.empty(0, np.int64)) for v in got.values()])
         for name in {n for v in got.values() for n in v["samples"]}
     }
-    latency = {
+
+    def per_tier(suffix: str) -> dict[str, dict[str, Any]]:
+        return {
+            t: {op: summarize_ns_as_ms(pooled[f"{t}.{op}{suffix}"]) for op in OPS if f"{t}.{op}{suffix}" in pooled}
+            for t in TIERS
+            if any(f"{t}.{op}{suffix}" in pooled for op in OPS)
+        }
+
+    latency: dict[str, Any] = {
         "end_to_end_latency_ms": summarize_ns_as_ms(pooled.get("e2e", np.empty(0, np.int64))),
         "storage_io_latency_ms": summarize_ns_as_ms(pooled.get("storage", np.empty(0, np.int64))),
-        "tiers": {
-            t: {op: summarize_ns_as_ms(pooled[f"{t}.{op}"]) for op in ("read", "write") if f"{t}.{op}" in pooled}
-            for t in TIERS
-            if any(f"{t}.{op}" in pooled for op in ("read", "write"))
-        },
-        "tiers_device": {
-            t: {
-                op: summarize_ns_as_ms(pooled[f"{t}.{op}.device"])
-                for op in ("read", "write")
-                if f"{t}.{op}.device" in pooled
-            }
-            for t in TIERS
-            if any(f"{t}.{op}.device" in pooled for op in ("read", "write"))
-        },
+        "tiers": per_tier(""),
+        "tiers_device": per_tier(".device"),
         "samples": int(sum(a.size for a in pooled.values())),
     }
     latency["merge_seconds"] = round(time.perf_counter() - t0, 4)
-    span = max(1e-9, window.get("deadline_unix_s", 0.0) - window.get("start_unix_s", 0.0))
-    summaries = [res["summary"] for res in results.values()]
-    caches = [s["cache_stats"] for s in summaries]
-    tier_bytes: dict[str, dict[str, int]] = {}
-    for res in results.values():
-        for name, t in res.get("tiers", {}).items():
-            b = tier_bytes.setdefault(name, {"read": 0, "written": 0})
-            b["read"] += int(t["read"]["bytes"])
-            b["written"] += int(t["write"]["bytes"])
-    p95s = [c.get("storage_read_p95_ms") for c in caches if c.get("storage_read_p95_ms") is not None]
-    windows = {k: _rank_window(res) for k, res in results.items()}
-    lost = [k for k in range(size) if k not in got]
-    partial = bool(lost) or any(res["status"] == "partial" for res in results.values())
-    failures = merge(
-        {c: Failure.model_validate(f) for c, f in res["errors"]["failures"].items()} for res in results.values()
-    )
-    completed = sum(int(res["requests_completed"]) for res in results.values())
+    return latency
+
+
+def _verdict(
+    cfg: BenchConfig, results: dict[int, BenchResult], lost: list[int], completed: int, failures: dict[str, Failure]
+) -> tuple[Status, StopReason, list[Any]]:
+    """The run's status over every rank: partial with a lost or partial rank; the failure rule over the
+    pooled requests (a rank's own too-many-failures is decided again here)."""
     warnings = []
     if lost:
         warnings.append(
@@ -224,16 +209,17 @@ def aggregate(
             )
         )
     for k, res in results.items():
-        if res["status"] != "complete":
+        if res.status != Status.complete:
             warnings.append(
                 warning(
                     WarningCode.rank_not_complete,
-                    f"rank {k}: {res['status']} ({res['stop_reason']['code']})",
+                    f"rank {k}: {res.status.value} ({res.stop_reason.code.value})",
                     rank=k,
-                    status=res["status"],
+                    status=res.status.value,
                 )
             )
-    stops = {res["stop_reason"]["code"] for res in results.values()}
+    partial = bool(lost) or any(res.status == Status.partial for res in results.values())
+    stops = {res.stop_reason.code.value for res in results.values()}
     stops -= {StopCode.too_many_failures.value}  # decided again below, over the pooled requests
     stop_code = StopCode.duration if stops <= {"duration"} else StopCode(sorted(stops - {"duration"})[0])
     status, stop, failed = judge(
@@ -246,7 +232,72 @@ def aggregate(
         failures,
         cfg.max_failure_rate,
     )
-    warnings += failed
+    return status, stop, warnings + failed
+
+
+def _totals(results: dict[int, BenchResult], failures: dict[str, Failure], span: float) -> dict[str, Any]:
+    """What adds up over the ranks."""
+    rs = list(results.values())
+    caches = [r.summary.cache_stats for r in rs]
+    tier_bytes: dict[str, dict[str, int]] = {}
+    for r in rs:
+        for name, t in r.tiers.items():
+            b = tier_bytes.setdefault(name, {"read": 0, "written": 0})
+            b["read"] += t.read.bytes
+            b["written"] += t.write.bytes
+    tokens = sum(r.total_tokens_generated for r in rs)
+    return {
+        "requests_completed": sum(r.requests_completed for r in rs),
+        "requests_failed": sum(r.requests_failed for r in rs),
+        "failures": failures,
+        "total_tokens_generated": tokens,
+        "avg_throughput_tokens_per_sec": round(tokens / span, 3),
+        "storage_kv_tokens_per_sec": round(sum(r.summary.storage_kv_tokens_per_sec for r in rs), 3),
+        "storage_read_bytes_per_sec": round(sum(r.summary.storage_read_bytes_per_sec for r in rs), 1),
+        "storage_write_bytes_per_sec": round(sum(r.summary.storage_write_bytes_per_sec for r in rs), 1),
+        "tier_bytes": tier_bytes,
+        "remote_own_hits": sum(c.remote_own_hits for c in caches),
+        "remote_cross_writer_hits": sum(c.remote_cross_writer_hits for c in caches),
+    }
+
+
+def _rank_row(k: int, contribution: dict[str, Any], res: BenchResult) -> dict[str, Any]:
+    c = res.summary.cache_stats
+    start, end = _rank_window(res)
+    return {
+        "rank": k,
+        "host": contribution["host"],
+        "status": res.status,
+        "stop_code": res.stop_reason.code,
+        "result_file": contribution["result_file"],
+        "requests_completed": res.requests_completed,
+        "requests_failed": res.requests_failed,
+        "total_tokens_generated": res.total_tokens_generated,
+        "load_start_unix_s": start,
+        "load_end_unix_s": end,
+        "storage_throughput_tokens_per_sec": res.summary.storage_throughput_tokens_per_sec,
+        "storage_read_p95_ms": c.percentile_ms("storage_read", "p95"),
+        "avg_throughput_tokens_per_sec": res.summary.avg_throughput_tokens_per_sec,
+        "tier_storage_read_bandwidth_gbps": c.tier_storage_read_bandwidth_gbps,
+        "tier_storage_write_bandwidth_gbps": c.tier_storage_write_bandwidth_gbps,
+        "storage_read_device_p95_ms": c.percentile_ms("storage_read_device", "p95"),
+        "storage_write_device_p95_ms": c.percentile_ms("storage_write_device", "p95"),
+    }
+
+
+def aggregate(
+    cfg: BenchConfig, size: int, seed: int, window: dict[str, float], got: dict[int, dict[str, Any]], started: Any
+) -> BenchAggregate:
+    """Rank 0's view of the run from every contribution it received (``got``: rank -> contribution), each
+    rank's result validated back into its model."""
+    results = {k: BenchResult.model_validate(v["result"]) for k, v in sorted(got.items())}
+    lost = [k for k in range(size) if k not in got]
+    failures = merge(r.errors.failures for r in results.values())
+    completed = sum(r.requests_completed for r in results.values())
+    status, stop, warnings = _verdict(cfg, results, lost, completed, failures)
+    span = max(1e-9, window.get("deadline_unix_s", 0.0) - window.get("start_unix_s", 0.0))
+    figures = run_figures(list(results.values()))  # the MLPerf table's one formula (results/mlperf.py)
+    windows = [_rank_window(r) for r in results.values()]
     return BenchAggregate.model_validate(
         {
             "status": status,
@@ -260,66 +311,19 @@ def aggregate(
             "lost_ranks": lost,
             "window": window,
             "seed": seed,
-            "totals": {
-                "requests_completed": completed,
-                "requests_failed": sum(int(res["requests_failed"]) for res in results.values()),
-                "failures": failures,
-                "total_tokens_generated": sum(int(res["total_tokens_generated"]) for res in results.values()),
-                "avg_throughput_tokens_per_sec": round(
-                    sum(int(res["total_tokens_generated"]) for res in results.values()) / span, 3
-                ),
-                "storage_kv_tokens_per_sec": round(sum(float(s["storage_kv_tokens_per_sec"]) for s in summaries), 3),
-                "storage_read_bytes_per_sec": round(sum(float(s["storage_read_bytes_per_sec"]) for s in summaries), 1),
-                "storage_write_bytes_per_sec": round(
-                    sum(float(s["storage_write_bytes_per_sec"]) for s in summaries), 1
-                ),
-                "tier_bytes": tier_bytes,
-                "remote_own_hits": sum(int(c.get("remote_own_hits", 0)) for c in caches),
-                "remote_cross_writer_hits": sum(int(c.get("remote_cross_writer_hits", 0)) for c in caches),
-            },
-            "latency": latency,
+            "totals": _totals(results, failures, span),
+            "latency": pooled_latency(got),
             "mlperf": {
-                "storage_throughput_tokens_per_sec_sum": round(
-                    sum(float(s["storage_throughput_tokens_per_sec"]) for s in summaries), 3
-                ),
-                "tier_storage_read_bandwidth_gbps_sum": round(
-                    sum(float(c["tier_storage_read_bandwidth_gbps"]) for c in caches), 6
-                ),
-                "tier_storage_write_bandwidth_gbps_sum": round(
-                    sum(float(c["tier_storage_write_bandwidth_gbps"]) for c in caches), 6
-                ),
-                "storage_read_p95_ms_max": max(p95s) if p95s else None,
+                "storage_throughput_tokens_per_sec_sum": round(figures.throughput_tokens_per_sec, 3),
+                "tier_storage_read_bandwidth_gbps_sum": round(figures.read_bandwidth_gibps, 6),
+                "tier_storage_write_bandwidth_gbps_sum": round(figures.write_bandwidth_gibps, 6),
+                "storage_read_p95_ms_max": figures.p95_read_latency_ms,
             },
             "skew": {
-                "start_s": round(max(w[0] for w in windows.values()) - min(w[0] for w in windows.values()), 4),
-                "stop_s": round(max(w[1] for w in windows.values()) - min(w[1] for w in windows.values()), 4),
+                "start_s": round(max(w[0] for w in windows) - min(w[0] for w in windows), 4),
+                "stop_s": round(max(w[1] for w in windows) - min(w[1] for w in windows), 4),
             },
-            "ranks": [
-                {
-                    "rank": k,
-                    "host": got[k]["host"],
-                    "status": res["status"],
-                    "stop_code": res["stop_reason"]["code"],
-                    "result_file": got[k]["result_file"],
-                    "requests_completed": int(res["requests_completed"]),
-                    "requests_failed": int(res["requests_failed"]),
-                    "total_tokens_generated": int(res["total_tokens_generated"]),
-                    "load_start_unix_s": windows[k][0],
-                    "load_end_unix_s": windows[k][1],
-                    "storage_throughput_tokens_per_sec": float(res["summary"]["storage_throughput_tokens_per_sec"]),
-                    "storage_read_p95_ms": res["summary"]["cache_stats"].get("storage_read_p95_ms"),
-                    "avg_throughput_tokens_per_sec": float(res["summary"]["avg_throughput_tokens_per_sec"]),
-                    "tier_storage_read_bandwidth_gbps": float(
-                        res["summary"]["cache_stats"]["tier_storage_read_bandwidth_gbps"]
-                    ),
-                    "tier_storage_write_bandwidth_gbps": float(
-                        res["summary"]["cache_stats"]["tier_storage_write_bandwidth_gbps"]
-                    ),
-                    "storage_read_device_p95_ms": res["summary"]["cache_stats"].get("storage_read_device_p95_ms"),
-                    "storage_write_device_p95_ms": res["summary"]["cache_stats"].get("storage_write_device_p95_ms"),
-                }
-                for k, res in results.items()
-            ],
+            "ranks": [_rank_row(k, got[k], res) for k, res in results.items()],
             "config": cfg.model_dump(mode="json"),
         }
     )
