@@ -194,7 +194,7 @@ def test_an_alias_bomb_profile_file_is_refused_fast(tmp_path: Path):
 
 
 def test_socket_folders_of_killed_launches_are_removed(tmp_path: Path):
-    from kvtier.launch.orchestrate import _remove_stale_sockdirs
+    from kvtier.launch.running import remove_stale_sockdirs as _remove_stale_sockdirs
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -160,7 +160,7 @@ def test_an_lmcache_sidecar_is_identified_by_its_healthcheck(tmp_path: Path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from kvtier.launch.orchestrate import _identify
+    from kvtier.launch.running import identify as _identify
 
     answer = {"body": b'{"status": "healthy"}'}
 
