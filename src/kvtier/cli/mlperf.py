@@ -1,4 +1,4 @@
-"""``kvtier mlperf datasize|run|shim``: the MLPerf Storage v3.0 KV cache submission workflow (bench/submission.py),
+"""``kvtier mlperf datasize|run|shim``: the MLPerf Storage v3.0 KV cache submission workflow (mlperf/run.py),
 and the shim that lets the MLPerf wrappers' ``python3 kv-cache.py`` run kvtier bench."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_shim(a: argparse.Namespace) -> int:
 
 
 def run_mlperf(a: argparse.Namespace) -> int:
-    from kvtier.bench import submission
+    from kvtier.mlperf import run as submission
 
     cfg = config_from_args(a, MlperfConfig)
     if a.mlperf_action == "datasize":

@@ -63,7 +63,7 @@ def workload_figures(runs: Sequence[MLPerfFigures]) -> MLPerfFigures:
 
 
 class MlperfRunSummary(BaseModel):
-    """``kvcache_run_summary.json`` of ``kvtier mlperf run`` (bench/submission.py), as ``report.load`` reads
+    """``kvcache_run_summary.json`` of ``kvtier mlperf run`` (mlperf/run.py), as ``report.load`` reads
     it: the keys the report uses are typed, the wrapper's own keys are kept as they are."""
 
     model_config = ConfigDict(extra="allow")

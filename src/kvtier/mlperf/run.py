@@ -25,13 +25,17 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvtier.config.bench import BenchConfig
 from kvtier.config.mlperf import MlperfConfig
-from kvtier.errors import ConfigError, UnsupportedError
-from kvtier.results.envelope import iso, utc_now
+from kvtier.errors import ConfigError, DatasetError, UnsupportedError
+from kvtier.results import load
+from kvtier.results.aggregate import BenchAggregate
+from kvtier.results.bench import BenchResult
+from kvtier.results.envelope import WarningCode, iso, utc_now
 from kvtier.telemetry.host import mem_total_bytes
 
 WORKLOADS: dict[int, dict[str, Any]] = {
@@ -182,24 +186,38 @@ def mpi_prefix(cfg: MlperfConfig) -> list[str]:
     return [mpirun, *root, *placement, "--enable-recovery", "-np", str(cfg.num_processes)]
 
 
-def _instance_results(out: Path, n: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+@dataclass
+class Trial:
+    """One trial of an option: its folder, what its processes returned, and the results it left."""
+
+    folder: str
+    seconds: float
+    returncode: int | None
+    results: list[BenchResult]  # the instances' results readable here
+    aggregate: BenchAggregate | None  # rank 0's MPI aggregate (None for one process)
+    missing: list[str]
+
+
+def _instance_results(out: Path, n: int) -> tuple[list[BenchResult], BenchAggregate | None, list[str]]:
     """The trial's result files readable here (per rank on other hosts need a shared filesystem; the
     table does not), its MPI aggregate (None for one process), and what is missing: the result of a
-    single process, or the aggregate and the ranks it lost."""
+    single process, or the aggregate and the ranks it lost. Each is validated into its model; a file
+    that is absent or does not validate counts as missing."""
     files = [out] if n == 1 else [out.with_name(f"{out.stem}.rank_{r}{out.suffix}") for r in range(n)]
-    results = []
-    for f in files:
-        try:
-            results.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            pass
+    results = [r for f in files if isinstance(r := _load_or_none(f), BenchResult)]
     if n == 1:
         return results, None, [] if results else [str(out)]
-    try:
-        agg = json.loads(out.read_text())
-    except (OSError, ValueError):
+    agg = _load_or_none(out)
+    if not isinstance(agg, BenchAggregate):
         return results, None, [str(out)]
-    return results, agg, [f"rank {r} (lost)" for r in agg.get("lost_ranks", [])]
+    return results, agg, [f"rank {r} (lost)" for r in agg.lost_ranks]
+
+
+def _load_or_none(path: Path) -> object | None:
+    try:
+        return load(path)
+    except DatasetError:
+        return None
 
 
 def _spread(xs: list[float]) -> dict[str, float | None]:
@@ -210,57 +228,70 @@ def _spread(xs: list[float]) -> dict[str, float | None]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "cv": round(cv, 4)}
 
 
-KEYS = (
-    "tier_storage_read_bandwidth_gbps",
-    "tier_storage_write_bandwidth_gbps",
-    "storage_read_device_p95_ms",
-    "storage_write_device_p95_ms",
-)
+@dataclass(frozen=True)
+class Instance:
+    """One instance's figures for the wrapper's table."""
+
+    read_bandwidth_gbps: float
+    write_bandwidth_gbps: float
+    read_device_p95_ms: float | None
+    write_device_p95_ms: float | None
+    avg_throughput_tokens_per_sec: float
+    storage_throughput_tokens_per_sec: float
+    status: str
 
 
-def _instances(t: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each instance's figures for the wrapper's table: from rank 0's aggregate (every rank's, as sent
-    to rank 0: no file of another host needed), else from the result files."""
-    if t["aggregate"]:
+def _instances(t: Trial) -> list[Instance]:
+    """Each instance's figures: from rank 0's aggregate (every rank's, as sent to rank 0: no file of
+    another host needed), else from the result files."""
+    if t.aggregate is not None:
         return [
-            {
-                k: r.get(k)
-                for k in (*KEYS, "avg_throughput_tokens_per_sec", "storage_throughput_tokens_per_sec", "status")
-            }
-            for r in t["aggregate"]["ranks"]
+            Instance(
+                r.tier_storage_read_bandwidth_gbps or 0.0,
+                r.tier_storage_write_bandwidth_gbps or 0.0,
+                r.storage_read_device_p95_ms,
+                r.storage_write_device_p95_ms,
+                r.avg_throughput_tokens_per_sec or 0.0,
+                r.storage_throughput_tokens_per_sec,
+                r.status,
+            )
+            for r in t.aggregate.ranks
         ]
     out = []
-    for r in t["results"]:
-        c = r["summary"]["cache_stats"]
+    for r in t.results:
+        c = r.summary.cache_stats
         out.append(
-            {
-                **{k: c.get(k) for k in KEYS},
-                "avg_throughput_tokens_per_sec": r["summary"]["avg_throughput_tokens_per_sec"],
-                "storage_throughput_tokens_per_sec": r["summary"]["storage_throughput_tokens_per_sec"],
-                "status": r["status"],
-            }
+            Instance(
+                c.tier_storage_read_bandwidth_gbps,
+                c.tier_storage_write_bandwidth_gbps,
+                c.percentile_ms("storage_read_device", "p95"),
+                c.percentile_ms("storage_write_device", "p95"),
+                r.summary.avg_throughput_tokens_per_sec,
+                r.summary.storage_throughput_tokens_per_sec,
+                r.status.value,
+            )
         )
     return out
 
 
-def summarize_option(option: int, trials: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def summarize_option(option: int, trials: list[Trial], n: int) -> dict[str, Any]:
     """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
     per = {k: [] for k in ("read", "write", "avg", "storage", "rp95", "wp95")}  # type: dict[str, list[float]]
     missing: list[str] = []
     partial: list[str] = []
     for i, t in enumerate(trials):
         inst = _instances(t)
-        missing += t["missing"]
-        per["read"].append(sum(x["tier_storage_read_bandwidth_gbps"] for x in inst))
-        per["write"].append(sum(x["tier_storage_write_bandwidth_gbps"] for x in inst))
-        per["avg"].append(sum(x["avg_throughput_tokens_per_sec"] for x in inst))
-        per["storage"].append(sum(x["storage_throughput_tokens_per_sec"] for x in inst))
-        rp = [x["storage_read_device_p95_ms"] for x in inst if x["storage_read_device_p95_ms"] is not None]
-        wp = [x["storage_write_device_p95_ms"] for x in inst if x["storage_write_device_p95_ms"] is not None]
+        missing += t.missing
+        per["read"].append(sum(x.read_bandwidth_gbps for x in inst))
+        per["write"].append(sum(x.write_bandwidth_gbps for x in inst))
+        per["avg"].append(sum(x.avg_throughput_tokens_per_sec for x in inst))
+        per["storage"].append(sum(x.storage_throughput_tokens_per_sec for x in inst))
+        rp = [x.read_device_p95_ms for x in inst if x.read_device_p95_ms is not None]
+        wp = [x.write_device_p95_ms for x in inst if x.write_device_p95_ms is not None]
         per["rp95"].append(max(rp) if rp else 0.0)
         per["wp95"].append(max(wp) if wp else 0.0)
-        states = [x["status"] for x in inst] + ([t["aggregate"]["status"]] if t["aggregate"] else [])
-        if t["missing"] or any(s != "complete" for s in states) or t["returncode"] not in (0, None):
+        states = [x.status for x in inst] + ([t.aggregate.status.value] if t.aggregate is not None else [])
+        if t.missing or any(s != "complete" for s in states) or t.returncode not in (0, None):
             partial.append(f"trial {i}")
     mean = statistics.fmean
     return {
@@ -284,17 +315,12 @@ def summarize_option(option: int, trials: list[dict[str, Any]], n: int) -> dict[
             },
             "trials": [
                 {
-                    "folder": t["folder"],
-                    "seconds": t["seconds"],
-                    "returncode": t["returncode"],
-                    "pooled_storage_read_device_p95_ms": _pooled(t, "tiers_device", "read"),
-                    "pooled_storage_write_device_p95_ms": _pooled(t, "tiers_device", "write"),
-                    "pooled_end_to_end_p95_ms": (t["aggregate"] or {})
-                    .get("latency", {})
-                    .get("end_to_end_latency_ms", {})
-                    .get("p95")
-                    if t["aggregate"]
-                    else (t["results"][0]["summary"]["end_to_end_latency_ms"]["p95"] if t["results"] else None),
+                    "folder": t.folder,
+                    "seconds": t.seconds,
+                    "returncode": t.returncode,
+                    "pooled_storage_read_device_p95_ms": _pooled_device_p95(t, "read"),
+                    "pooled_storage_write_device_p95_ms": _pooled_device_p95(t, "write"),
+                    "pooled_end_to_end_p95_ms": _pooled_e2e_p95(t),
                 }
                 for t in trials
             ],
@@ -302,17 +328,24 @@ def summarize_option(option: int, trials: list[dict[str, Any]], n: int) -> dict[
     }
 
 
-def _pooled(t: dict[str, Any], kind: str, op: str) -> float | None:
-    if t["aggregate"]:
-        v = t["aggregate"].get("latency", {}).get(kind, {}).get("storage", {}).get(op, {}).get("p95")
+def _pooled_device_p95(t: Trial, op: str) -> float | None:
+    """The storage tier's device p95 over every rank's samples (the aggregate's), else the one instance's."""
+    if t.aggregate is not None:
+        v = t.aggregate.latency.tiers_device.get("storage", {}).get(op, {}).get("p95")
         return float(v) if v is not None else None
-    if t["results"]:
-        v = t["results"][0]["summary"]["cache_stats"].get(f"storage_{op}_device_p95_ms")
-        return float(v) if v is not None else None
+    if t.results:
+        return t.results[0].summary.cache_stats.percentile_ms(f"storage_{op}_device", "p95")
     return None
 
 
-def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: list[dict[str, Any]]) -> list[str]:
+def _pooled_e2e_p95(t: Trial) -> float | None:
+    if t.aggregate is not None:
+        v = t.aggregate.latency.end_to_end_latency_ms.get("p95")
+        return float(v) if v is not None else None
+    return t.results[0].summary.end_to_end_latency_ms.p95 if t.results else None
+
+
+def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: list[BenchResult]) -> list[str]:
     """Every submission rule the run broke (empty: none)."""
     broken = []
     changed = overrides(cfg)
@@ -324,10 +357,10 @@ def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: lis
         for name, sp in s["kvtier"]["spread"].items():
             if sp["cv"] is not None and sp["cv"] > CV_BOUND:
                 broken.append(f"option {o}: {name} varies {sp['cv']:.1%} across trials (bound {CV_BOUND:.0%})")
-    codes = {w["code"] for r in all_results for w in r.get("warnings", [])}
-    if "working-set-fits-page-cache" in codes:
+    codes = {w.code for r in all_results for w in r.warnings}
+    if WarningCode.working_set_fits_page_cache in codes:
         broken.append("a working set fits the page cache: reads may come from RAM, not the device")
-    if "direct-io-off" in codes:
+    if WarningCode.direct_io_off in codes:
         broken.append("direct I/O was off on the storage tier")
     return broken
 
@@ -348,11 +381,11 @@ def metric_rule(cpu_mem_gb: float) -> str:
     )
 
 
-def peak_device_bandwidth(results: list[dict[str, Any]]) -> float | None:
+def peak_device_bandwidth(results: list[BenchResult]) -> float | None:
     """The highest one-interval bytes/s (read + written) any instance's device timeline shows."""
     best: float | None = None
     for r in results:
-        for p in (r.get("device") or {}).get("timeline") or []:
+        for p in r.device.timeline if r.device is not None else []:
             span = float(p.get("interval_s") or 0)
             if span > 0:
                 moved = sum(float((d.get("read_bytes") or 0) + (d.get("write_bytes") or 0))
@@ -361,7 +394,7 @@ def peak_device_bandwidth(results: list[dict[str, Any]]) -> float | None:
     return best
 
 
-def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: list[BenchResult]) -> dict[str, Any]:
     """What a submission records beside its figures: the drives under --cache-dir (sysfs: model, firmware, link),
     the peak device bandwidth the trials reached beside the links' theoretical one, the metric rule of each
     option by its CPU tier, and the submission table as text."""
@@ -403,7 +436,7 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
     started = utc_now()
     interrupted = False
     per_option: dict[str, dict[str, Any]] = {}
-    everything: list[dict[str, Any]] = []
+    everything: list[BenchResult] = []
     for k, option in enumerate(chosen):
         trials = []
         for trial in range(eff["trials"]):
@@ -428,16 +461,7 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
                     rc = None
             results, agg, missing = _instance_results(out, cfg.num_processes)
             everything += results
-            trials.append(
-                {
-                    "folder": str(folder),
-                    "seconds": round(time.monotonic() - t0, 3),
-                    "returncode": rc,
-                    "results": results,
-                    "aggregate": agg,
-                    "missing": missing,
-                }
-            )
+            trials.append(Trial(str(folder), round(time.monotonic() - t0, 3), rc, results, agg, missing))
             if interrupted:
                 break
         per_option[str(option)] = summarize_option(option, trials, cfg.num_processes)
