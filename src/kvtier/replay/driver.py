@@ -21,20 +21,16 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.replay.client import Bounds
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
+from kvtier.replay.results import RunFacts, build_result
 from kvtier.results.envelope import (
     ResultWarning,
-    Status,
     StopCode,
-    StopReason,
     WarningCode,
-    collect_host,
-    iso,
     utc_now,
     warning,
 )
 from kvtier.results.io import write_json
-from kvtier.results.outcome import Failure, judge
-from kvtier.results.replay import ReplayResult, ScrapeSummary
+from kvtier.results.replay import ReplayResult
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.hardware import HardwareSampler
 from kvtier.tokenizer import Tokenizer, load_tokenizer
@@ -276,7 +272,6 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     from kvtier.replay.client import ClientConfig, run_users
     from kvtier.replay.progress import ReplayProgress, Tally, snapshot
     from kvtier.replay.scrape import Scraper
-    from kvtier.replay.summary import summarize
 
     cfg = plan.config
     started = utc_now()
@@ -347,116 +342,11 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 loop.remove_signal_handler(signal.SIGTERM)
     wall = (clock.now_ns() - t0) / 1e9
     hw = hardware.stop()
-    summary = summarize(records, len(users), cfg.num_rounds, wall)
-    metrics = [sc.summary() for sc in scrapers]
-    warnings = list(plan.warnings) + fit_warnings
-    status, reason = verdict(cfg, summary, failure, stop.code, bounds)
-    failures = {c: Failure.model_validate(f) for c, f in summary["failures"].items()}
-    status, reason, failed = judge(status, reason, summary["requests_ok"], failures, cfg.max_failure_rate)
-    warnings += failed
-    if status != Status.complete:
-        warnings.append(
-            warning(
-                WarningCode.run_not_complete,
-                f"run is {status.value}: {reason.message}",
-                status=status.value,
-                stop_code=reason.code.value,
-            )
-        )
-    if achieved < cfg.concurrency:
-        warnings.append(
-            warning(
-                WarningCode.concurrency_not_reached,
-                f"achieved concurrency {achieved} < requested {cfg.concurrency}",
-                requested=cfg.concurrency,
-                achieved=achieved,
-            )
-        )
-    for m in metrics:
-        if m.samples < 2:
-            warnings.append(
-                warning(
-                    WarningCode.scrape_failed,
-                    f"{m.url}/metrics: {m.samples} scrapes succeeded ({m.scrape_errors} failed): no server figures",
-                    url=m.url,
-                    scrape_errors=m.scrape_errors,
-                )
-            )
-        elif offload_never_hit(m):
-            asked = m.external_prefix_cache_queries or m.lmcache_lookup_requested_tokens or 0.0
-            warnings.append(
-                warning(
-                    WarningCode.offload_never_exercised,
-                    f"{m.url}: the server looked up {asked:,.0f} tokens in its offload tier and found none: "
-                    "the offload tier never served a hit",
-                    url=m.url,
-                    external_queries_tokens=asked,
-                )
-            )
-    result = ReplayResult.model_validate(
-        {
-            "status": status,
-            "stop_reason": reason,
-            "started_at": iso(started),
-            "finished_at": iso(utc_now()),
-            "host": collect_host({"output": cfg.output, "dataset": cfg.dataset}),
-            "warnings": warnings,
-            "wall_s": round(wall, 3),
-            "dataset": {
-                "path": "synthetic" if cfg.synthetic else str(cfg.dataset),
-                "format": plan.dataset.format,
-                "sessions": len(plan.dataset.sessions),
-                "virtual_users": len(users),
-                "tokenizer": plan.tokenizer.name,
-                "agentic_tool_names": [t["function"]["name"] for t in plan.tools or []],
-                "notes": plan.dataset.notes,
-            },
-            "concurrency": {
-                "requested": cfg.concurrency,
-                "achieved": achieved,
-                "virtual_users": len(users),
-            },
-            "server": server,
-            "summary": summary,
-            "server_metrics": metrics,
-            "reuse_opportunity": plan.reuse,
-            "hardware": hw,
-            "config": cfg,
-        }
-    )
+    result = build_result(
+        plan, RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw),
+        records, [sc.summary() for sc in scrapers],
+    )  # fmt: skip
     return result, records
-
-
-def offload_never_hit(m: ScrapeSummary) -> bool:
-    """Whether the server looked tokens up in its offload tier and no counter shows a hit: vLLM's external
-    prefix cache and LMCache's own lookup counters are both read, so the warning never contradicts a
-    counter printed beside it (one of them showing hits is the offload tier serving)."""
-    asked = (m.external_prefix_cache_queries or 0.0) + (m.lmcache_lookup_requested_tokens or 0.0)
-    hits = (m.external_prefix_cache_hits or 0.0) + (m.lmcache_lookup_hit_tokens or 0.0)
-    hits += (m.lmcache_lookup_hit_l1_tokens or 0.0) + (m.lmcache_lookup_hit_l2_tokens or 0.0)
-    return asked > 0 and hits == 0
-
-
-def verdict(
-    cfg: ReplayConfig, summary: dict[str, Any], failure: str, signal_code: StopCode | None, bounds: Bounds
-) -> tuple[Status, StopReason]:
-    """The run's own verdict, before the failure rule (results/outcome.py) is applied to it."""
-    if failure:
-        return Status.partial, StopReason(code=StopCode.internal_error, message=failure)
-    if signal_code is not None:
-        return Status.partial, StopReason(
-            code=signal_code, message=f"{signal_code.value}: the replay stopped early; the result is partial"
-        )
-    status = Status.complete if summary["requests_ok"] > 0 or summary["requests_failed"] else Status.failed
-    if bounds.hit == "max-requests":
-        return status, StopReason(code=StopCode.max_requests, message=f"--max-requests {cfg.max_requests} sent")
-    if bounds.hit == "duration":
-        return status, StopReason(
-            code=StopCode.duration,
-            message=f"--duration {cfg.duration:g} s of dispatch ended; in-flight requests had --read-timeout "
-            f"{cfg.read_timeout:g} s to finish",
-        )
-    return status, StopReason(code=StopCode.dataset_finished, message="every virtual user ran")
 
 
 def execute(

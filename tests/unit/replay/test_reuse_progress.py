@@ -79,7 +79,7 @@ def test_progress_lines_say_where_the_run_is():
 
 
 def test_offload_never_exercised_never_contradicts_a_counter_beside_it():
-    from kvtier.replay.driver import offload_never_hit
+    from kvtier.replay.results import offload_never_hit
     from kvtier.results.replay import ScrapeSummary
 
     def m(**kw: float) -> ScrapeSummary:
