@@ -29,7 +29,7 @@ def test_fast_path_and_json_agree(tmp_path: Path):
         _record(0, "ok", 0.5, 1.5, 11, 100.0),
         _record(1, "ok", 0.25, 0.35, 1, 101.0),  # one token: no TPOT
         _record(2, "http_500", None, None, None, 102.0),
-        _record(3, "ok", 0.1, 0.6, 6, 103.0, rank=2),  # a field after start_unix_s: the JSON path
+        _record(3, "ok", 0.1, 0.6, 6, 103.0, rank=2),  # a field after start_unix_s (an MPI rank's line)
     ]
     p = tmp_path / "requests.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -43,6 +43,26 @@ def test_fast_path_and_json_agree(tmp_path: Path):
     p.write_text(json.dumps(recs[0]) + "\n{not json\n")
     with pytest.raises(DatasetError, match=r"requests.jsonl:2: not valid JSON"):
         ReplayRecords.read(p)
+
+
+def test_an_mpi_rank_s_lines_and_any_key_order_take_the_fast_path(tmp_path: Path, monkeypatch):
+    """A line with ``rank`` after start_unix_s (replay/mpi.py) or its keys in another order is read without
+    json.loads, with the same values; a string holding an escaped quote still goes to JSON."""
+    from kvtier.report import figures
+
+    mpi = _record(3, "ok", 0.1, 0.6, 6, 103.0, rank=2)
+    shuffled = dict(reversed(list(_record(4, "ok", 0.2, 0.5, 4, 104.0).items())))
+    p = tmp_path / "requests.jsonl"
+    p.write_text(json.dumps(mpi) + "\n" + json.dumps(shuffled) + "\n")
+
+    def no_json(text: str):
+        raise AssertionError(f"the JSON path read {text[:60]!r}")
+
+    monkeypatch.setattr(figures.json, "loads", no_json)
+    r = ReplayRecords.read(p)
+    assert r is not None and r.turn.tolist() == [3, 4] and r.ttft_s.tolist() == [0.1, 0.2]
+    assert r.tpot_s.tolist() == pytest.approx([0.1, 0.1]) and r.start_s.tolist() == [0.0, 1.0]
+    assert figures._fast_fields(json.dumps(_record(0, 'o"k', 0.1, 0.2, 3, 1.0))) is None
 
 
 def test_sentences_say_better_or_worse():

@@ -22,6 +22,7 @@ import aiohttp
 
 from kvtier.replay.datasets import VirtualUser
 from kvtier.replay.summary import http_cause
+from kvtier.results.replay import ReplayRecord
 from kvtier.telemetry.clock import MONOTONIC, Clock
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
@@ -69,7 +70,7 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return None
 
 
-def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> dict[str, Any]:
+def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> ReplayRecord:
     """The per-request record (one line of requests.jsonl; fields in docs/metrics.md)."""
     return {
         "user": user.user_id,
@@ -100,7 +101,7 @@ class StreamRecorder:
     time (one parse per chunk, not per line, keeps the client's own cost per token low — see
     benchmarks/replay_overhead.py). TTFT is the first delta carrying content or reasoning."""
 
-    def __init__(self, rec: dict[str, Any], t0: float) -> None:
+    def __init__(self, rec: ReplayRecord, t0: float) -> None:
         self.rec = rec
         self.t0 = t0
         self.last: float | None = None
@@ -179,7 +180,7 @@ async def stream_request(
     max_tokens: int,
     clock: Clock = MONOTONIC,
     wall: Callable[[], float] | None = None,
-) -> tuple[dict[str, Any], str]:
+) -> tuple[ReplayRecord, str]:
     """Stream one request; returns its record and the reply text. Never raises for a failed request."""
     import time
 
@@ -238,7 +239,7 @@ async def stream_request(
 
 @dataclass
 class UsersOutcome:
-    records: list[dict[str, Any]]
+    records: list[ReplayRecord]
     achieved_concurrency: int
 
 
@@ -261,7 +262,7 @@ async def run_users(
     users: list[VirtualUser],
     stop: asyncio.Event,
     clock: Clock = MONOTONIC,
-    records: list[dict[str, Any]] | None = None,
+    records: list[ReplayRecord] | None = None,
     gauge: dict[str, int] | None = None,
     bounds: Bounds | None = None,
 ) -> UsersOutcome:

@@ -30,7 +30,7 @@ from kvtier.results.envelope import (
     warning,
 )
 from kvtier.results.io import write_json
-from kvtier.results.replay import ReplayResult
+from kvtier.results.replay import ReplayRecord, ReplayResult
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.hardware import HardwareSampler
 from kvtier.tokenizer import Tokenizer, load_tokenizer
@@ -268,7 +268,7 @@ class _Stop:
         self.event.set()
 
 
-async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple[ReplayResult, list[dict[str, Any]]]:
+async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple[ReplayResult, list[ReplayRecord]]:
     from kvtier.replay.client import ClientConfig, run_users
     from kvtier.replay.progress import ReplayProgress, Tally, snapshot
     from kvtier.replay.scrape import Scraper
@@ -309,7 +309,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
         cache_salt=cfg.cache_salt,
         tools=plan.tools,
     )
-    records: list[dict[str, Any]] = []  # filled as requests finish: kept whatever happens below
+    records: list[ReplayRecord] = []  # filled as requests finish: kept whatever happens below
     achieved, failure = 0, ""
     gauge: dict[str, int] = {"in_flight": 0}
     bounds = Bounds(cfg.max_requests, cfg.duration, cfg.read_timeout)
@@ -351,7 +351,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
 
 def execute(
     plan: ReplayPlan, handle_signals: bool = True, clock: Clock = MONOTONIC
-) -> tuple[ReplayResult, list[dict[str, Any]]]:
+) -> tuple[ReplayResult, list[ReplayRecord]]:
     """Run the plan on its event loop; returns the result and the per-request records."""
     from kvtier.replay.client import loop_factory
 
@@ -359,7 +359,7 @@ def execute(
         return runner.run(_replay(plan, handle_signals, clock))
 
 
-def write_outputs(result: ReplayResult, records: list[dict[str, Any]], folder: str | Path) -> Path:
+def write_outputs(result: ReplayResult, records: list[ReplayRecord], folder: str | Path) -> Path:
     """requests.jsonl (one record a line) and summary.json in ``folder``; returns summary.json's path."""
     out = Path(folder)
     try:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from kvtier.progress import ProgressOutput
+from kvtier.results.replay import ReplayRecord
 from kvtier.stats import percentile
 
 
@@ -22,7 +23,7 @@ class Tally:
         self.ttft_ok: list[float] = []
         self.per_user: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # user -> [records, failed]
 
-    def update(self, records: list[dict[str, Any]]) -> None:
+    def update(self, records: list[ReplayRecord]) -> None:
         new = records[self.seen :]  # appended to by the client meanwhile: one consistent slice
         self.seen += len(new)
         for r in new:
@@ -36,7 +37,7 @@ class Tally:
                 self.failed += 1
 
 
-def snapshot(records: list[dict[str, Any]], total: int, turns: int, users: int, in_flight: int,
+def snapshot(records: list[ReplayRecord], total: int, turns: int, users: int, in_flight: int,
              rates: dict[str, float | None], tally: Tally | None = None) -> dict[str, Any]:  # fmt: skip
     """The figures of one progress line, from the records finished so far (``tally`` keeps the counts
     between calls; without one they are counted afresh)."""

@@ -23,7 +23,7 @@ from kvtier.results.envelope import (
     warning,
 )
 from kvtier.results.outcome import Failure, judge
-from kvtier.results.replay import ReplayResult, ScrapeSummary
+from kvtier.results.replay import ReplayRecord, ReplayResult, ScrapeSummary
 
 if TYPE_CHECKING:
     from kvtier.replay.driver import ReplayPlan
@@ -46,7 +46,7 @@ class RunFacts:
 
 
 def build_result(
-    plan: ReplayPlan, run: RunFacts, records: list[dict[str, Any]], metrics: list[ScrapeSummary]
+    plan: ReplayPlan, run: RunFacts, records: list[ReplayRecord], metrics: list[ScrapeSummary]
 ) -> ReplayResult:
     cfg = plan.config
     summary = summarize(records, run.virtual_users, cfg.num_rounds, run.wall_s)

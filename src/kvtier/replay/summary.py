@@ -10,7 +10,7 @@ import numpy as np
 
 from kvtier import stats
 from kvtier.results.outcome import NOT_COUNTED, failed_count, tally
-from kvtier.results.replay import tpot_s
+from kvtier.results.replay import ReplayRecord, tpot_s
 
 
 def _stats(xs: list[float]) -> dict[str, float | int | None]:
@@ -38,7 +38,7 @@ def http_cause(status: int, body: str) -> str:
     return "bad-request"
 
 
-def record_cause(r: dict[str, Any]) -> str:
+def record_cause(r: ReplayRecord) -> str:
     """A failed record's cause (results/outcome.py); records of files written before causes were kept get
     one from their status and HTTP status."""
     cause = r.get("cause")
@@ -54,27 +54,29 @@ def record_cause(r: dict[str, Any]) -> str:
     return "connection"
 
 
-def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
+def summarize(records: list[ReplayRecord], users_total: int, turns_per_user: int, wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == "ok" and r["ttft_s"] is not None]
     failures = tally(
         (record_cause(r), r.get("error") or "", r.get("http_status") if r.get("http_status") != 200 else None)
         for r in records
         if r["status"] != "ok"
     )
-    tpots = [v for r in ok if (v := tpot_s(r["e2e_s"], r["ttft_s"], r.get("completion_tokens"))) is not None]
+    tpots = [
+        v for r in ok if (v := tpot_s(r["e2e_s"] or 0.0, r["ttft_s"] or 0.0, r.get("completion_tokens"))) is not None
+    ]
     first: dict[str, float] = {}
     for r in ok:
         if r["turn"] == 0:
-            first[r["user"]] = r["ttft_s"]
+            first[r["user"]] = r["ttft_s"] or 0.0
     changes: list[float] = []
     by_turn: dict[int, list[float]] = defaultdict(list)
     for r in ok:
         t0 = first.get(r["user"])
         if r["turn"] > 0 and t0:
-            c = (r["ttft_s"] - t0) / t0 * 100
+            c = ((r["ttft_s"] or 0.0) - t0) / t0 * 100
             changes.append(c)
             by_turn[r["turn"]].append(c)
-    per_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    per_user: dict[str, list[ReplayRecord]] = defaultdict(list)
     for r in records:
         per_user[r["user"]].append(r)
     complete = sum(1 for rs in per_user.values() if len(rs) == turns_per_user and all(r["status"] == "ok" for r in rs))
@@ -85,17 +87,17 @@ def summarize(records: list[dict[str, Any]], users_total: int, turns_per_user: i
     cached = sum(r.get("cached_tokens") or 0 for r in ok)
     replicas: dict[str, int] = defaultdict(int)
     for r in records:
-        if r.get("replica"):
-            replicas[r["replica"]] += 1
+        if replica := r.get("replica"):
+            replicas[replica] += 1
     return {
         "requests_total": len(records),
         "requests_ok": len(ok),
         "requests_failed": failed_count(failures),
         "requests_cut_at_stop": sum(f.count for c, f in failures.items() if c in NOT_COUNTED),
         "failures": {c: f.model_dump() for c, f in failures.items()},
-        "ttft_s": _stats([r["ttft_s"] for r in ok]),
+        "ttft_s": _stats([r["ttft_s"] or 0.0 for r in ok]),  # set on every ok record
         "tpot_s_mean": round(float(np.mean(tpots)), 6) if tpots else None,
-        "e2e_s": _stats([r["e2e_s"] for r in ok]),
+        "e2e_s": _stats([r["e2e_s"] or 0.0 for r in ok]),
         "input_tokens_per_s": round(in_tok / wall_s, 3) if wall_s > 0 else None,
         "output_tokens_per_s": round(out_tok / wall_s, 3) if wall_s > 0 else None,
         "requests_per_s": round(len(ok) / wall_s, 4) if wall_s > 0 else None,

@@ -19,27 +19,34 @@ from kvtier.results.replay import tpot_s
 from kvtier.stats import percentile
 
 LOWER, HIGHER = "lower", "higher"
-_FIELDS = (('"turn": ', ","), ('"status": "', '"'), ('"ttft_s": ', ","), ('"e2e_s": ', ","),
-           ('"completion_tokens": ', ","), ('"start_unix_s": ', "}"))  # fmt: skip
-"""The fields the report reads from one requests.jsonl line, in the order replay/client.py writes them,
-each as (key, the character that ends its value)."""
+_FIELDS = ('"turn": ', '"status": "', '"ttft_s": ', '"e2e_s": ', '"completion_tokens": ', '"start_unix_s": ')
+"""The fields the report reads from a requests.jsonl line (results/replay.py ``ReplayRecord``): each key as
+it is written, ending in what precedes its value (a string's value starts after its opening quote)."""
 
 
 def _fast_fields(text: str) -> tuple[str, ...] | None:
-    """The six fields, found left to right with ``str.find`` — linear in the line, whatever it holds (a lazy
-    regular expression backtracked for minutes on a crafted line). Keys cannot appear inside values: JSON
-    escapes a quote inside a string. None when a field is missing (the line is then parsed as JSON)."""
-    out, pos = [], 0
-    for key, end in _FIELDS:
-        i = text.find(key, pos)
+    """The six fields, each found with ``str.find`` wherever it is in the line (linear in the line, whatever
+    it holds: a lazy regular expression backtracked for minutes on a crafted line; and any key order, so an
+    MPI rank's lines, which carry ``rank`` too, take this path). A key cannot appear inside a value: JSON
+    escapes a quote inside a string, and ``"turn": `` is not a part of ``"session_turn": ``. A string value
+    ends at its closing quote, a number at the next comma or closing brace. None when a field is missing or
+    a string holds an escaped quote (the line is then parsed as JSON)."""
+    out = []
+    for key in _FIELDS:
+        i = text.find(key)
         if i < 0:
             return None
         start = i + len(key)
-        j = text.find(end, start)
-        if j < 0:
-            return None
+        if key.endswith('"'):
+            j = text.find('"', start)
+            if j < 0 or text[j - 1] == "\\":
+                return None
+        else:
+            ends = [k for k in (text.find(",", start), text.find("}", start)) if k >= 0]
+            if not ends:
+                return None
+            j = min(ends)
         out.append(text[start:j].strip())
-        pos = j
     return tuple(out)
 
 
@@ -73,9 +80,8 @@ class ReplayRecords:
 
     @classmethod
     def read(cls, path: Path) -> ReplayRecords | None:
-        """The columns of requests.jsonl. Fast path: one regular expression per line for the six fields
-        used, in the order the client writes them (the inter-token gaps, most of a line, are skipped);
-        a line it does not match is parsed as JSON."""
+        """The columns of requests.jsonl. Fast path: the six fields used found by ``_fast_fields`` (the
+        inter-token gaps, most of a line, are skipped); a line it does not read is parsed as JSON."""
         if not path.is_file():
             return None
         turn: list[int] = []

@@ -5,7 +5,7 @@ they are written on the hot path and read by tools, not by kvtier)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import model_validator
 
@@ -13,6 +13,30 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.results.bench import GpuTelemetry
 from kvtier.results.envelope import Distribution, Envelope, Section
 from kvtier.results.outcome import Failure
+
+
+class ReplayRecord(TypedDict):
+    """One request of a replay: a line of requests.jsonl (docs/metrics.md "requests.jsonl"). A TypedDict, not a
+    model: the client fills it on the hot path, one per request, and writes it as it is."""
+
+    user: str
+    session: str
+    turn: int
+    session_turn: int
+    max_tokens: int
+    status: str  # ok | error | cut
+    cause: str | None  # the failure's cause (results/outcome.py), None when ok
+    error: str | None
+    http_status: int | None
+    replica: str | None  # the server's x-kvtier-replica
+    ttft_s: float | None
+    itl_s: list[float]
+    e2e_s: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens
+    start_unix_s: float | None
+    rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
 
 
 def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> float | None:
