@@ -16,15 +16,16 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kvtier.errors import KvtierError, UnsupportedError
 
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS")
 TAG_READY, TAG_GO, TAG_RESULT, TAG_SEED = 11, 12, 13, 14
 POLL_S = 0.005
+T = TypeVar("T")
 
 
 def launched_size(environ: Mapping[str, str] | None = None) -> int:
@@ -184,8 +185,83 @@ def current(environ: Mapping[str, str] | None = None, timeout_s: float = 600.0) 
     return Rank(comm.Get_rank(), comm.Get_size(), socket.gethostname(), comm)
 
 
+@dataclass
+class RunEnvironment:
+    """Where a run runs: one process (``RunEnvironment.local()``) or one rank of an MPI launch
+    (``RunEnvironment.mpi(rank, timeout_s)``). ``kvtier bench`` and ``kvtier replay`` take one and speak one
+    protocol through it: ``start`` (every rank ready, or why not; then one start time and, with a duration,
+    one deadline), ``wait`` (until the start; the seconds left to the deadline), ``gather`` (rank 0 receives
+    every rank's contribution, each within ``timeout_s``), ``share`` and ``mine`` (this rank's part of a
+    count and of a list). Locally the same calls cost nothing and never wait on anyone."""
+
+    rank: int = 0
+    size: int = 1
+    host: str = field(default_factory=socket.gethostname)
+    timeout_s: float = 600.0
+    peers: Rank | None = None  # the communicator, for an MPI run
+
+    @classmethod
+    def local(cls) -> RunEnvironment:
+        return cls()
+
+    @classmethod
+    def mpi(cls, r: Rank, timeout_s: float) -> RunEnvironment:
+        return cls(r.rank, r.size, r.host, timeout_s, r)
+
+    @classmethod
+    def detect(cls, timeout_s: float) -> RunEnvironment:
+        """This process's environment: a rank when launched by mpirun with two or more ranks, else local."""
+        r = current(timeout_s=timeout_s)
+        return cls.local() if r is None else cls.mpi(r, timeout_s)
+
+    @property
+    def distributed(self) -> bool:
+        return self.peers is not None and self.size > 1
+
+    @property
+    def lost(self) -> set[int]:
+        return self.peers.lost if self.peers is not None else set()
+
+    def start(
+        self, problem: str | None = None, duration_s: float | None = None, margin_s: float = 1.0
+    ) -> dict[str, float]:
+        """The shared window: ``{"start_unix_s", ["deadline_unix_s"]}``. Raises RunAborted when this or another
+        rank cannot run (``problem``: why this one cannot)."""
+        if self.peers is None:
+            if problem is not None:
+                raise RunAborted(problem)
+            now = time.time()
+            return {"start_unix_s": now, **({"deadline_unix_s": now + duration_s} if duration_s is not None else {})}
+        return agree_start(self.peers, self.timeout_s, problem=problem, duration_s=duration_s, margin_s=margin_s)
+
+    def wait(self, window: dict[str, float]) -> float:
+        """Sleep until the window's start; the seconds then left to its deadline (inf without one)."""
+        sleep_until(window["start_unix_s"])
+        deadline = window.get("deadline_unix_s")
+        return float("inf") if deadline is None else max(0.0, deadline - time.time())
+
+    def gather(self, obj: Any) -> dict[int, Any] | None:
+        """Rank 0: {rank: contribution} of every rank heard from (its own included); others: None."""
+        if self.peers is None:
+            return {0: obj}
+        return self.peers.gather(obj, TAG_RESULT, self.timeout_s)
+
+    def share(self, n: int) -> int:
+        """This rank's part of ``n``: n // size, plus one for the first n % size ranks."""
+        return n // self.size + (1 if self.rank < n % self.size else 0)
+
+    def mine(self, items: Sequence[T]) -> list[T]:
+        """This rank's items: rank r takes r, r + size, r + 2 size, ... (together, every item once)."""
+        return list(items[self.rank :: self.size])
+
+    def exit(self, code: int) -> int:
+        """The command's exit status; a rank that lost a peer leaves at once (``exit_rank``)."""
+        return exit_rank(self.peers, code) if self.peers is not None else code
+
+
 __all__ = [
     "Rank",
+    "RunEnvironment",
     "RunAborted",
     "agree_start",
     "exit_rank",

@@ -336,7 +336,8 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
     )
     assert p.returncode == 0, p.stderr[-3000:]
     reqs = requests_of(out)
-    assert len(reqs) == 40 and all(r["status"] == "ok" for r in reqs)
+    bad = [(r["user"], r["turn"], r["status"], r["cause"], r["error"]) for r in reqs if r["status"] != "ok"]
+    assert len(reqs) == 40 and not bad, bad[:5]  # a failure says which requests and why (1 unexplained in ~25 runs)
     per_replica: dict[str, int] = defaultdict(int)
     for r in reqs:
         per_replica[r["replica"]] += 1

@@ -265,12 +265,12 @@ def test_ks_and_wasserstein():
 def test_each_mpi_rank_writes_its_own_trace(tmp_path: Path):
     from kvtier.bench.mpi import rank_config
     from kvtier.config.bench import BenchConfig
-    from kvtier.mpi import Rank
+    from kvtier.mpi import RunEnvironment
 
     cfg = BenchConfig(io_trace_log=str(tmp_path / "kv.csv.zst"), output=str(tmp_path / "r.json"), seed=1)
-    mine = rank_config(cfg, Rank(rank=2, size=4, host="h", comm=None), 1)
+    mine = rank_config(cfg, RunEnvironment(rank=2, size=4, host="h"), 1)
     assert mine.io_trace_log == str(tmp_path / "kv.rank_2.csv.zst") and mine.output == str(tmp_path / "r.rank_2.json")
-    assert rank_config(BenchConfig(seed=1), Rank(rank=1, size=2, host="h", comm=None), 1).io_trace_log is None
+    assert rank_config(BenchConfig(seed=1), RunEnvironment(rank=1, size=2, host="h"), 1).io_trace_log is None
 
 
 def test_a_fio_job_larger_than_the_targets_free_space_is_scaled_down_or_refused(tmp_path: Path):

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import Components, Plan
     from kvtier.config.bench import BenchConfig
+    from kvtier.mpi import RunEnvironment
+    from kvtier.results.aggregate import BenchAggregate
     from kvtier.results.bench import BenchResult
     from kvtier.telemetry.clock import Clock
     from kvtier.telemetry.recorder import Recorder
@@ -88,6 +90,8 @@ def record_teardown(result: BenchResult, closed: tuple[dict[str, int], float, li
 def run(
     config: BenchConfig,
     *,
+    env: RunEnvironment | None = None,
+    default_output: str = "kvtier_bench.json",
     on_start: Callable[[Plan, Components], None] | None = None,
     on_tick: Callable[[BenchRunner, float], None] | None = None,
     handle_signals: bool = False,
@@ -95,7 +99,7 @@ def run(
     gate: Callable[[], float] | None = None,
     recorder: Recorder | None = None,
     rank: int | None = None,
-) -> BenchResult:
+) -> BenchResult | BenchAggregate:
     """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
 
     ``on_start`` is called once the tiers exist, ``on_tick`` every ``progress_interval`` seconds;
@@ -103,7 +107,15 @@ def run(
     ConfigError or DatasetError before any load starts; a run that stops early still returns its
     (partial) result. ``gate``, ``recorder`` and ``rank`` serve a rank of an MPI run (bench/mpi.py): the
     gate holds the load until every rank is set up, the recorder's raw samples are pooled by rank 0, and
-    the rank is named in ``--request-log``."""
+    the rank is named in ``--request-log``.
+
+    ``env`` is where the run runs (kvtier/mpi.py ``RunEnvironment``): locally (the default) this process's
+    run; as one rank of an MPI launch, this rank's part of one run over a shared window (bench/mpi.py), and
+    on rank 0 the aggregate over every rank (``default_output`` names it when ``--output`` is not given)."""
+    if env is not None and env.distributed:
+        from kvtier.bench.mpi import run_rank
+
+        return run_rank(config, env, default_output, on_start=on_start, on_tick=on_tick, handle_signals=handle_signals)
     from kvtier.bench.results import build_result
     from kvtier.bench.runner import BenchRunner
     from kvtier.bench.setup import build_components, derive

@@ -28,7 +28,7 @@ import numpy as np
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import TIER_KINDS
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.mpi import TAG_RESULT, TAG_SEED, Rank, RunAborted, agree_start, sleep_until
+from kvtier.mpi import TAG_SEED, RunAborted, RunEnvironment
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import OPS, BenchResult
 from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
@@ -50,7 +50,7 @@ def rank_path(path: str | None, rank: int, suffix: str) -> str | None:
     return str(p.with_name(f"{p.stem}.rank_{rank}{p.suffix or suffix}"))
 
 
-def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
+def rank_config(cfg: BenchConfig, r: RunEnvironment, seed: int) -> BenchConfig:
     cache: str | None = None  # none given: each rank its own temporary directory, as a single run
     if cfg.cache_dir is not None:
         folder = Path(cfg.cache_dir) / f"rank_{r.rank}"
@@ -72,11 +72,13 @@ def rank_config(cfg: BenchConfig, r: Rank, seed: int) -> BenchConfig:
     )
 
 
-def shared_identity(cfg: BenchConfig, r: Rank, default_output: str) -> tuple[int, str]:
+def shared_identity(cfg: BenchConfig, env: RunEnvironment, default_output: str) -> tuple[int, str]:
     """The run's base seed and output path, the same on every rank: the given ones, or what rank 0
     chose (a drawn seed; ``default_output``, named from rank 0's clock) and sent to every rank."""
     if cfg.seed is not None and cfg.output is not None:
         return cfg.seed, cfg.output
+    r = env.peers
+    assert r is not None, "a rank of an MPI run"
     if r.rank == 0:
         seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
         ident = (seed, cfg.output or default_output)
@@ -91,21 +93,20 @@ def shared_identity(cfg: BenchConfig, r: Rank, default_output: str) -> tuple[int
 class Gate:
     """Steps 1-3 of the protocol: ready -> one start and one deadline (or an abort)."""
 
-    def __init__(self, cfg: BenchConfig, r: Rank) -> None:
-        self.cfg, self.r = cfg, r
+    def __init__(self, cfg: BenchConfig, env: RunEnvironment) -> None:
+        self.cfg, self.env = cfg, env
         self.passed = False
         self.window: dict[str, float] = {}
 
     def __call__(self) -> float:
-        self.window = agree_start(self.r, self.cfg.mpi_timeout, duration_s=self.cfg.duration, margin_s=START_MARGIN_S)
+        self.window = self.env.start(duration_s=self.cfg.duration, margin_s=START_MARGIN_S)
         self.passed = True
-        sleep_until(self.window["start_unix_s"])
-        return max(0.0, self.window["deadline_unix_s"] - time.time())
+        return self.env.wait(self.window)
 
     def report_failure(self, message: str) -> None:
         """A rank that failed before the gate says so (rank 0 then aborts every rank, naming it)."""
         try:
-            agree_start(self.r, self.cfg.mpi_timeout, problem=message)
+            self.env.start(problem=message)
         except RunAborted:
             pass  # expected: the caller raises its own error
 
@@ -124,7 +125,7 @@ def samples_of(rec: Recorder) -> dict[str, Any]:
 
 
 def run_rank(
-    cfg: BenchConfig, r: Rank, default_output: str = "kvtier_bench.json", **run_kwargs: Any
+    cfg: BenchConfig, r: RunEnvironment, default_output: str = "kvtier_bench.json", **run_kwargs: Any
 ) -> BenchResult | BenchAggregate:
     """This rank's part of the run; rank 0 returns the aggregate, the others their own result.
     Without ``--output`` every rank uses rank 0's ``default_output``."""
@@ -151,7 +152,7 @@ def run_rank(
         "result_file": mine.output,
         "samples": samples_of(rec),
     }
-    got = r.gather(contribution, TAG_RESULT, cfg.mpi_timeout)
+    got = r.gather(contribution)
     if r.rank != 0 or got is None:
         return result
     agg = aggregate(cfg, r.size, seed, gate.window, got, started)

@@ -17,6 +17,7 @@ from kvtier.config.bench import BenchConfig
 
 if TYPE_CHECKING:
     from kvtier.bench.setup import Components, Plan
+    from kvtier.mpi import RunEnvironment
     from kvtier.results.bench import BenchResult
 
 
@@ -51,17 +52,18 @@ def configure_logging(level: str) -> logging.Logger:
 def run_bench(args: argparse.Namespace) -> int:
     from kvtier.bench import run
     from kvtier.bench.progress import Progress
-    from kvtier.mpi import current
+    from kvtier.mpi import RunEnvironment
+    from kvtier.results.bench import BenchResult
     from kvtier.results.envelope import exit_code, utc_now
 
     cfg = config_from_args(args, BenchConfig)
     log = configure_logging(cfg.log_level)
-    rank = current(timeout_s=cfg.mpi_timeout)  # under mpirun with >= 2 ranks: this process is one client of many
+    env = RunEnvironment.detect(cfg.mpi_timeout)  # under mpirun with >= 2 ranks: one client of many
     default_output = f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"
-    if rank is None and cfg.num_clients > 1:
+    if not env.distributed and cfg.num_clients > 1:
         return launch_clients(cfg.num_clients, sys.argv, cfg.output or default_output, cfg.output is None)
-    if rank is not None:  # without --output, every rank takes rank 0's default name
-        return run_bench_rank(cfg, rank, log, default_output)
+    if env.distributed:  # without --output, every rank takes rank 0's default name
+        return run_bench_rank(cfg, env, log, default_output)
     if cfg.output is None:
         cfg = cfg.model_copy(update={"output": default_output})
 
@@ -77,7 +79,8 @@ def run_bench(args: argparse.Namespace) -> int:
             log.warning(w.message)
 
     with Progress(cfg.progress) as prog:
-        result = run(cfg, on_start=on_start, on_tick=prog.tick, handle_signals=True)
+        result = run(cfg, env=env, on_start=on_start, on_tick=prog.tick, handle_signals=True)
+    assert isinstance(result, BenchResult)  # a local run's
     print_summary(result, Path(cfg.output or ""))
     return exit_code(result.status, result.stop_reason.code)
 
@@ -143,15 +146,13 @@ def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> in
         return rc or 1
 
 
-def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_output: str) -> int:
+def run_bench_rank(cfg: BenchConfig, rank: RunEnvironment, log: logging.Logger, default_output: str) -> int:
     """One rank of an MPI run (bench/mpi.py); rank 0 prints the aggregate."""
-    from kvtier.bench.mpi import run_rank
-    from kvtier.mpi import Rank
+    from kvtier.bench import run
     from kvtier.results.aggregate import BenchAggregate
     from kvtier.results.envelope import exit_code
     from kvtier.results.outcome import closing_lines
 
-    assert isinstance(rank, Rank)
     if rank.rank == 0:
         print(
             f"kvtier bench: rank 0 of {rank.size} ({rank.host}); per-rank results beside "
@@ -159,16 +160,15 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_
             file=sys.stderr,
         )
     from kvtier.errors import KvtierError, exit_code_for
-    from kvtier.mpi import exit_rank
 
     try:
-        out = run_rank(cfg, rank, default_output, handle_signals=True)
+        out = run(cfg, env=rank, default_output=default_output, handle_signals=True)
     except KvtierError as e:
         if not rank.lost:
             raise
         for line in str(e).splitlines():
             print(f"kvtier: error: {line}", file=sys.stderr)
-        return exit_rank(rank, exit_code_for(e))
+        return rank.exit(exit_code_for(e))
     if isinstance(out, BenchAggregate):
         t = out.totals
         lat = out.latency
@@ -183,7 +183,7 @@ def run_bench_rank(cfg: BenchConfig, rank: object, log: logging.Logger, default_
             log.warning(w.message)
         for line in closing_lines(out.status, out.stop_reason, t.failures, t.requests_completed):
             print(line)
-    return exit_rank(rank, exit_code(out.status, out.stop_reason.code))
+    return rank.exit(exit_code(out.status, out.stop_reason.code))
 
 
 def print_summary(result: BenchResult, path: Path) -> None:

@@ -45,20 +45,17 @@ def run_replay(a: argparse.Namespace) -> int:
 def replay(cfg: ReplayConfig) -> int:
     """Run a replay as the CLI does (announce, run, print the summary line); returns the exit code.
     Under mpirun with two or more ranks, this process replays its share of the users (replay/mpi.py)."""
-    from kvtier.mpi import current
+    from kvtier.mpi import RunEnvironment
     from kvtier.replay import run
     from kvtier.results.envelope import exit_code
 
-    rank = current(timeout_s=cfg.mpi_timeout)
-    if rank is not None:
-        from kvtier.mpi import exit_rank
-        from kvtier.replay.mpi import run_rank
-
-        pooled = run_rank(cfg, rank)
-        if rank.rank == 0:
-            print(f"replay: {rank.size} MPI ranks pooled", file=sys.stderr)
+    env = RunEnvironment.detect(cfg.mpi_timeout)
+    if env.distributed:
+        pooled = run(cfg, env=env)
+        if env.rank == 0:
+            print(f"replay: {env.size} MPI ranks pooled", file=sys.stderr)
             print_outcome(pooled, str(cfg.output))
-        return exit_rank(rank, exit_code(pooled.status, pooled.stop_reason.code))
+        return env.exit(exit_code(pooled.status, pooled.stop_reason.code))
 
     def on_start(plan: ReplayPlan) -> None:
         print(

@@ -17,16 +17,29 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvtier.config.replay import ReplayConfig
+    from kvtier.mpi import RunEnvironment
     from kvtier.replay.driver import ReplayPlan
     from kvtier.results.replay import ReplayResult
 
 
 def run(
-    config: ReplayConfig, *, on_start: Callable[[ReplayPlan], None] | None = None, handle_signals: bool = True
+    config: ReplayConfig,
+    *,
+    env: RunEnvironment | None = None,
+    on_start: Callable[[ReplayPlan], None] | None = None,
+    handle_signals: bool = True,
 ) -> ReplayResult:
     """Replay ``config.dataset`` against ``config.base_url``; returns the result and, with
     ``config.output``, writes requests.jsonl and summary.json there. Bad flags or data raise before
-    any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial."""
+    any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial.
+
+    ``env`` is where the run runs (kvtier/mpi.py ``RunEnvironment``): locally (the default) every virtual
+    user; as one rank of an MPI launch, this rank's share of them over one shared start, and on rank 0 the
+    result pooled over every rank (replay/mpi.py)."""
+    if env is not None and env.distributed:
+        from kvtier.replay.mpi import run_rank
+
+        return run_rank(config, env, handle_signals)
     from kvtier.replay.driver import execute, prepare, write_outputs
 
     plan = prepare(config)

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError
-from kvtier.mpi import TAG_RESULT, Rank, agree_start, sleep_until
+from kvtier.mpi import RunEnvironment
 from kvtier.replay.driver import ReplayPlan, execute, prepare, write_outputs
 from kvtier.results.envelope import ResultWarning, Status, StopCode, StopReason, WarningCode, warning
 from kvtier.results.outcome import Failure, judge
@@ -29,22 +29,17 @@ from kvtier.results.replay import ReplayResult
 START_MARGIN_S = 1.0
 
 
-def share(n: int, r: Rank) -> int:
-    """This rank's part of ``n`` (concurrency): n // size, plus one for the first n % size ranks."""
-    return n // r.size + (1 if r.rank < n % r.size else 0)
-
-
-def rank_plan(plan: ReplayPlan, r: Rank) -> ReplayPlan:
+def rank_plan(plan: ReplayPlan, r: RunEnvironment) -> ReplayPlan:
     cfg = plan.config
     out = str(Path(cfg.output) / f"rank_{r.rank}") if cfg.output else None
-    mine = plan.users[r.rank :: r.size]
-    update: dict[str, Any] = {"concurrency": max(1, share(cfg.concurrency, r)), "output": out}
+    mine = r.mine(plan.users)
+    update: dict[str, Any] = {"concurrency": max(1, r.share(cfg.concurrency)), "output": out}
     if r.rank != 0:
         update["warmup"] = 0
     return dataclasses.replace(plan, users=mine, config=cfg.model_copy(update=update), scrape=r.rank == 0)
 
 
-def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayResult:
+def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) -> ReplayResult:
     """This rank's share of the replay; rank 0 returns (and writes) the pooled result."""
     from kvtier.replay.summary import summarize
 
@@ -54,8 +49,7 @@ def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayR
         plan = prepare(cfg)
     except KvtierError as e:
         problem = f"rank {r.rank} ({r.host}): {e}"
-    go = agree_start(r, cfg.mpi_timeout, problem=problem, margin_s=START_MARGIN_S)
-    sleep_until(go["start_unix_s"])
+    r.wait(r.start(problem=problem, margin_s=START_MARGIN_S))
     assert plan is not None
     mine = rank_plan(plan, r)
     result, records = execute(mine, handle_signals)
@@ -74,7 +68,7 @@ def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayR
         "users": len(mine.users),
         "warnings": [w.model_dump(mode="json") for w in result.warnings],
     }
-    got = r.gather(contribution, TAG_RESULT, cfg.mpi_timeout)
+    got = r.gather(contribution)
     if r.rank != 0 or got is None:
         return result
     union = [rec for k in sorted(got) for rec in got[k]["records"]]
@@ -152,4 +146,4 @@ def run_rank(cfg: ReplayConfig, r: Rank, handle_signals: bool = True) -> ReplayR
     return pooled
 
 
-__all__ = ["run_rank", "rank_plan", "share"]
+__all__ = ["run_rank", "rank_plan"]
