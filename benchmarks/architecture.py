@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
 LIMIT = 600
-RESULT_KEYS = re.compile(r"""\[["'](summary|cache_stats|qos_metrics|totals|ranks|process_io|tier_usage_at_end|storage_health)["']\]""")
+RESULT_KEYS = re.compile(
+    r"""\[["'](summary|cache_stats|qos_metrics|totals|ranks|process_io|tier_usage_at_end|storage_health)["']\]"""
+)
 
 
 def package_of(root: Path, f: Path) -> str:

@@ -65,6 +65,19 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     assert summ["ttft_degradation"]["median_pct"] is not None and summ["ttft_s"]["p50"] > 0
     assert all(r["replica"] == f"127.0.0.1:{sim.port}" for r in reqs)
     assert {"user", "turn", "status", "replica", "ttft_s"} <= set(reqs[0])
+    # the sim's TTFT decomposition (its response extension), in every ok record and by turn in the summary
+    ok = [r for r in reqs if r["status"] == "ok"]
+    for r in ok:
+        src, parts = r["prompt_sources"], r["server_ttft_parts"]
+        assert sum(src.values()) == r["prompt_tokens"] and set(src) <= {"gpu", "cpu", "recomputed"}, r
+        assert set(parts) == {"receive", "queue", "lookup", "fetch", "recompute", "first_decode"}
+        assert sum(parts.values()) == pytest.approx(r["server_ttft_s"], abs=1e-5)
+        assert r["server_ttft_s"] <= r["ttft_s"]  # measured inside the client's own interval
+        assert (src["gpu"] + src.get("cpu", 0) > 0) == (r["cached_tokens"] > 0)
+    dec = summ["ttft_decomposition"]
+    assert dec["requests"] == len(ok) and [t["turn"] for t in dec["by_turn"]] == [0, 1, 2, 3, 4]
+    assert sum(t["requests"] for t in dec["by_turn"]) == len(ok) and 0 <= dec["closure_within_5pct"] <= 1
+    assert dec["by_turn"][-1]["token_share"].get("gpu", 0) > dec["by_turn"][0]["token_share"].get("gpu", 0)
     m = s["server_metrics"][0]
     # the scraper's overall rate equals the server's own counters (warm-up included in both)
     expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]

@@ -90,6 +90,9 @@ def new_record(user: VirtualUser, turn_index: int, max_tokens: int) -> ReplayRec
         "completion_tokens": None,
         "cached_tokens": None,
         "start_unix_s": None,
+        "prompt_sources": None,
+        "server_ttft_parts": None,
+        "server_ttft_s": None,
     }
 
 
@@ -138,6 +141,9 @@ class StreamRecorder:
                     rec["cached_tokens"] = _count(
                         details.get("cached_tokens") if isinstance(details, dict) else "?", "cached_tokens"
                     )
+                ext = ev.get("kvtier")
+                if ext is not None:
+                    decomposition(rec, ext)
                 choices = ev.get("choices") or ()
                 if not isinstance(choices, (list, tuple)):
                     raise ValueError("choices is not a list")
@@ -160,6 +166,33 @@ class StreamRecorder:
     @property
     def reply(self) -> str:
         return "".join(self.parts)
+
+
+def decomposition(rec: ReplayRecord, ext: Any) -> None:
+    """kvtier's response extension (the sim's ``kvtier`` object): the request's prompt tokens by source and
+    the server's TTFT by part, into the record. Absent parts stay null; a malformed one is a ValueError."""
+    d = ext.get("ttft_decomposition") if isinstance(ext, dict) else "?"
+    if d is None:
+        return
+    if not isinstance(d, dict):
+        raise ValueError("kvtier.ttft_decomposition is not an object")
+    tokens, seconds, total = d.get("tokens"), d.get("seconds"), d.get("server_ttft_s")
+    if not isinstance(tokens, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in tokens.items()
+    ):
+        raise ValueError("kvtier.ttft_decomposition.tokens is not an object of non-negative integers")
+    if not isinstance(seconds, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        for k, v in seconds.items()
+    ):
+        raise ValueError("kvtier.ttft_decomposition.seconds is not an object of non-negative numbers")
+    if not isinstance(total, (int, float)) or isinstance(total, bool) or total < 0:
+        raise ValueError("kvtier.ttft_decomposition.server_ttft_s is not a non-negative number")
+    if len(tokens) > 16 or len(seconds) > 16:
+        raise ValueError("kvtier.ttft_decomposition has more than 16 sources or parts")
+    rec["prompt_sources"] = dict(tokens)
+    rec["server_ttft_parts"] = {k: float(v) for k, v in seconds.items()}
+    rec["server_ttft_s"] = float(total)
 
 
 def _count(v: Any, name: str) -> int | None:

@@ -113,4 +113,57 @@ def summarize(records: list[ReplayRecord], users_total: int, turns_per_user: int
         },
         "sessions": {"total": users_total, "complete": complete, "incomplete": incomplete, "error": error},
         "requests_by_replica": dict(replicas),
+        "ttft_decomposition": ttft_decomposition(ok),
+    }
+
+
+CLOSURE = 0.05
+"""The server's parts close on the client's TTFT when they sum within this fraction of it."""
+
+
+def _shares(tokens: dict[str, int]) -> dict[str, float]:
+    total = sum(tokens.values())
+    return {k: round(v / total, 6) for k, v in sorted(tokens.items())} if total else {}
+
+
+def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
+    """Where the ok requests' TTFT went, from the server's decomposition (records without one are left out):
+    mean seconds by part and the prompt's token share by source, per turn and over all; the share of requests
+    whose parts sum within CLOSURE of the client's TTFT; the client's overhead beyond the server's TTFT."""
+    with_parts = [r for r in ok if r["server_ttft_parts"] is not None and r["ttft_s"]]
+    tokens: dict[str, int] = defaultdict(int)
+    by_turn: dict[int, list[ReplayRecord]] = defaultdict(list)
+    closed, overhead = 0, []
+    for r in with_parts:
+        ttft, server = r["ttft_s"] or 0.0, r["server_ttft_s"] or 0.0
+        closed += abs(ttft - server) <= CLOSURE * ttft
+        overhead.append(ttft - server)
+        for k, v in (r["prompt_sources"] or {}).items():
+            tokens[k] += v
+        by_turn[r["turn"]].append(r)
+    turns = []
+    for turn, rs in sorted(by_turn.items()):
+        parts: dict[str, list[float]] = defaultdict(list)
+        t_tokens: dict[str, int] = defaultdict(int)
+        for r in rs:
+            for k, secs in (r["server_ttft_parts"] or {}).items():
+                parts[k].append(secs)
+            for k, n in (r["prompt_sources"] or {}).items():
+                t_tokens[k] += n
+        turns.append(
+            {
+                "turn": turn,
+                "requests": len(rs),
+                "ttft_s_mean": round(float(np.mean([r["ttft_s"] or 0.0 for r in rs])), 6),
+                "server_ttft_s_mean": round(float(np.mean([r["server_ttft_s"] or 0.0 for r in rs])), 6),
+                "seconds_mean": {k: round(float(np.mean(v)), 6) for k, v in parts.items()},
+                "token_share": _shares(t_tokens),
+            }
+        )
+    return {
+        "requests": len(with_parts),
+        "closure_within_5pct": round(closed / len(with_parts), 6) if with_parts else None,
+        "client_overhead_s_p50": round(float(np.median(overhead)), 6) if overhead else None,
+        "token_share": _shares(tokens),
+        "by_turn": turns,
     }

@@ -36,6 +36,10 @@ class ReplayRecord(TypedDict):
     completion_tokens: int | None
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens
     start_unix_s: float | None
+    # kvtier's response extension (the sim's ``kvtier.ttft_decomposition``; null from a server without it):
+    prompt_sources: dict[str, int] | None  # the prompt's tokens by source: gpu, each offload tier, recomputed
+    server_ttft_parts: dict[str, float] | None  # the server's time to the first token by part, seconds
+    server_ttft_s: float | None  # their sum: the server's own TTFT (the client's adds the network and client)
     rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
 
 
@@ -61,6 +65,27 @@ class Sessions(Section):
     error: int
 
 
+class TurnDecomposition(Section):
+    """One turn's requests that carried the server's TTFT decomposition (the sim's response extension)."""
+
+    turn: int
+    requests: int
+    ttft_s_mean: float  # the client's TTFT
+    server_ttft_s_mean: float  # the server's own, the sum of its parts
+    seconds_mean: dict[str, float]  # part -> mean seconds (receive, queue, lookup, fetch, recompute, first_decode)
+    token_share: dict[str, float]  # source -> the share of these requests' prompt tokens (gpu, a tier, recomputed)
+
+
+class TtftDecomposition(Section):
+    """Where TTFT went, by turn, and whether the parts close on the measured TTFT (docs/metrics.md)."""
+
+    requests: int  # ok requests with the decomposition (0: the server sends none, e.g. a real vLLM)
+    closure_within_5pct: float | None  # the share whose server parts sum within 5 % of the client's TTFT
+    client_overhead_s_p50: float | None  # client TTFT minus the server's: network, HTTP and the client itself
+    token_share: dict[str, float]  # over every such request
+    by_turn: list[TurnDecomposition]
+
+
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
@@ -77,6 +102,7 @@ class ReplaySummary(Section):
     ttft_degradation: Degradation
     sessions: Sessions
     requests_by_replica: dict[str, int]
+    ttft_decomposition: TtftDecomposition | None = None  # None only in results written before it was recorded
 
 
 class RatePoint(Section):

@@ -149,6 +149,7 @@ class Handlers:
         return await self._completion(request, False)
 
     async def _completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        received = time.perf_counter()  # the TTFT decomposition's start: before the body is read
         engine = self.engine
         s = engine.s
         req = parse_completion(
@@ -159,7 +160,7 @@ class Handlers:
         prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
-        gen = engine.generate(prompt_ids, req.max_tokens)
+        gen = engine.generate(prompt_ids, req.max_tokens, received)
         try:  # from here on, every path closes the generator: it holds a slot and KV blocks
             _, info = await gen.__anext__()  # admission and prefill; raises BadRequest/Busy before any byte is sent
             head = {
@@ -215,7 +216,8 @@ class Handlers:
             await send(chunk(head, chat, {"role": "assistant", "content": ""}, None))
         await resp.write(frames.first)  # token 0 leaves with the prefill (and flushes the headers)
         _, n = await gen.asend(frames.emit)
-        await send(chunk(head, chat, {} if chat else "", "length"))
+        # the last chunk carries kvtier's extension: the request's TTFT decomposition (docs/serving.md)
+        await send({**chunk(head, chat, {} if chat else "", "length"), "kvtier": info})
         if req.include_usage:
             await send({**head, "choices": [], "usage": usage(n_prompt, n, info["cached_tokens"])})
         await resp.write(b"data: [DONE]\n\n")

@@ -8,7 +8,8 @@ real tier read into its own buffer (standing in for the copy into the engine's G
 answers with what it found and how long the I/O took; the replica measures the whole round trip.
 
 Data API (JSON over HTTP on the Unix socket): POST /v1/lookup {keys} -> {found}; POST /v1/load
-{keys} -> {found, bytes, seconds}; POST /v1/store {keys, chunk_bytes} -> {stored, bytes, seconds};
+{keys} -> {found, bytes, seconds, sources (the tier of each chunk found)}; POST /v1/store
+{keys, chunk_bytes} -> {stored, bytes, seconds};
 GET /v1/info -> geometry and usage. /health and /metrics (lmcache_mp_* names) are served on the
 socket and, alone, on a TCP port of 127.0.0.1 for health checks and scrapers: the data API is never
 on TCP. A request names at most MAX_KEYS keys.
@@ -78,12 +79,13 @@ def make_cache_apps(o: Offload, server_id: str) -> tuple[web.Application, web.Ap
     async def load(request: web.Request) -> web.Response:
         keys = await keys_of(request)
         m.clients.inc()
+        sources: list[str] = []
         try:
-            dt, nbytes, found = await asyncio.to_thread(o.load, keys)
+            dt, nbytes, found = await asyncio.to_thread(o.load, keys, sources)
         finally:
             m.clients.dec()
         m.loaded.inc(found)
-        return web.json_response({"found": found, "bytes": nbytes, "seconds": dt})
+        return web.json_response({"found": found, "bytes": nbytes, "seconds": dt, "sources": sources})
 
     async def store(request: web.Request) -> web.Response:
         keys = await keys_of(request)

@@ -346,8 +346,9 @@ class Offload(_Measured):
             n += 1
         return n
 
-    def load(self, keys: Sequence[str]) -> tuple[float, int, int]:
-        """Really read the chunks; returns (seconds, bytes, chunks found). Runs in a worker thread."""
+    def load(self, keys: Sequence[str], sources: list[str] | None = None) -> tuple[float, int, int]:
+        """Really read the chunks; returns (seconds, bytes, chunks found). ``sources`` gets the tier that
+        served each chunk found, in order (the TTFT decomposition's tokens by tier). Runs in a worker thread."""
         buf = self._buf()
         t0 = time.perf_counter()
         nbytes = found = 0
@@ -363,6 +364,8 @@ class Offload(_Measured):
                 break  # evicted since the lookup: the rest is recomputed
             nbytes += r.nbytes
             found += 1
+            if sources is not None:
+                sources.append(r.tier or "?")
         dt = time.perf_counter() - t0
         if not failed:
             self._note_ok()
@@ -406,8 +409,8 @@ class Offload(_Measured):
     async def alookup(self, keys: Sequence[str]) -> int:
         return await asyncio.to_thread(self.lookup, keys)
 
-    async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
-        return await asyncio.to_thread(self.load, keys)
+    async def aload(self, keys: Sequence[str], sources: list[str] | None = None) -> tuple[float, int, int]:
+        return await asyncio.to_thread(self.load, keys, sources)
 
     STORE_THREADS = 2  # the store path's own threads: a slow or hung tier never takes the request path's
     MAX_PENDING_STORES = 64  # stores queued behind them at most; past it a store is skipped, counted
@@ -539,12 +542,16 @@ class RemoteOffload(_Measured):
         (found,) = self._counts("/v1/lookup", await self._post("/v1/lookup", {"keys": list(keys)}), keys, "found")
         return found
 
-    async def aload(self, keys: Sequence[str]) -> tuple[float, int, int]:
+    async def aload(self, keys: Sequence[str], sources: list[str] | None = None) -> tuple[float, int, int]:
         t0 = time.perf_counter()
         r = await self._post("/v1/load", {"keys": list(keys)})
         dt = time.perf_counter() - t0  # the round trip: the server's I/O plus the socket
         found, nbytes = self._counts("/v1/load", r, keys, "found", "bytes")
         self._note_load(dt, nbytes, found)
+        if sources is not None and found:  # the cache server's tier per chunk; "cache-server" where it does not say
+            got = (r or {}).get("sources")
+            ok = isinstance(got, list) and len(got) == found and all(isinstance(t, str) and len(t) < 32 for t in got)
+            sources.extend(got if ok else ["cache-server"] * found)  # type: ignore[arg-type]  # checked just above
         return dt, nbytes, found
 
     def store_later(self, keys: Sequence[str]) -> None:

@@ -136,6 +136,23 @@ def chat_renderer(tokenizer: str) -> Callable[[Sequence[dict[str, Any]]], str]:
     return render_chat
 
 
+def tokens_by_source(
+    prompt: int, gpu_hit: int, ext: int, sources: list[str], first_chunk: int, chunk_tokens: int
+) -> dict[str, int]:
+    """A prompt's tokens by where they came from: ``gpu`` (the prefix cache), each offload tier that served
+    a loaded chunk (``sources``: the tier of each chunk from ``first_chunk`` on; a chunk counts only its tokens
+    past the GPU hit and within the ``ext`` tokens taken), and ``recomputed`` (the rest). Sums to ``prompt``."""
+    out: dict[str, int] = {"gpu": gpu_hit}
+    lo, hi = gpu_hit, gpu_hit + ext
+    for j, tier in enumerate(sources):
+        a = max(lo, (first_chunk + j) * chunk_tokens)
+        b = min(hi, (first_chunk + j + 1) * chunk_tokens)
+        if b > a:
+            out[tier] = out.get(tier, 0) + b - a
+    out["recomputed"] = prompt - gpu_hit - ext
+    return out
+
+
 class SimEngine:
     """One replica's modelled GPU: admission, the prefix cache, the prefill FIFO and the decode batch.
 
@@ -378,14 +395,19 @@ class SimEngine:
         so an oversized prompt costs no tokenization."""
         return self.fewest_tokens(text) + max_tokens > self.max_model_len
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids: list[int], max_tokens: int, received: float | None = None):  # type: ignore[no-untyped-def]
         """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
         sent a plain function ``emit(i) -> bool | None`` (or None) that the decode ticker calls for
         tokens 1..max_tokens-1 (True sent; False the client is gone: decoding stops; None the client
         is not reading yet: the token waits), and yields ('done', tokens sent) at the end.
-        Close it (aclose) to release the request's resources, whatever happened."""
+        Close it (aclose) to release the request's resources, whatever happened. ``received``: when the
+        HTTP handler had the request (perf_counter), so the TTFT decomposition covers parsing and tokenizing.
+
+        The first yield's info is the request's TTFT decomposition (``ttft_decomposition``): the prompt's
+        tokens by source and the server's time to the first token by part; docs/serving.md."""
         s, m = self.s, self.metrics
         t_arrive = time.perf_counter()
+        t_recv = received if received is not None else t_arrive
         self.check_fits(len(prompt_ids), max_tokens)
         hashes = await asyncio.to_thread(block_hashes, prompt_ids, self.block)  # a long prompt stays off the loop
         if self.waiting >= s.max_waiting:
@@ -401,6 +423,8 @@ class SimEngine:
             m.pc_hits.inc(gpu_hit)
             load_s, ext = 0.0, 0
             keys: list[str] = []
+            sources: list[str] = []  # the tier of each chunk loaded, in order
+            first_chunk = 0
             if self.offload is not None:
                 o = self.offload
                 keys = await asyncio.to_thread(o.chunk_keys, prompt_ids)
@@ -413,7 +437,7 @@ class SimEngine:
                 cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
                 if cand > 0:
                     if o.gate(cand, s.prefill_tps):
-                        load_s, nbytes, found = await o.aload(keys[first_chunk:n])
+                        load_s, nbytes, found = await o.aload(keys[first_chunk:n], sources)
                         found = max(0, min(found, n - first_chunk))
                         ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
                         ext = min(ext, len(prompt_ids) - 1 - gpu_hit)  # the last token is computed
@@ -421,6 +445,7 @@ class SimEngine:
                     else:
                         m.gate_recompute.inc()
                 m.ext_hits.inc(ext)
+            t_fetched = time.perf_counter()
             await self._compute(r, ext if r.preemptions == 0 else 0)
             epoch = r.preemptions
             t_first = time.perf_counter()
@@ -429,6 +454,8 @@ class SimEngine:
             m.prompt_tokens.inc(len(prompt_ids))
             if self.offload is not None:
                 self.offload.store_later(keys)
+            ct = self.offload.cfg.chunk_tokens if self.offload is not None else self.block
+            by_source = tokens_by_source(len(prompt_ids), gpu_hit, ext, sources, first_chunk, ct)
             emit = yield (
                 "first",
                 {
@@ -437,6 +464,18 @@ class SimEngine:
                     "external_tokens": ext,
                     "load_s": load_s,
                     "queue_s": t_admit - t_arrive,
+                    "ttft_decomposition": {
+                        "tokens": by_source,
+                        "seconds": {
+                            "receive": round(t_arrive - t_recv, 6),  # body parsed, prompt rendered and tokenized
+                            "queue": round(t_admit - t_arrive, 6),  # waiting for a slot and blocks (vLLM's rules)
+                            "lookup": round(t_fetched - t_admit - load_s, 6),  # offload keys and lookup
+                            "fetch": round(load_s, 6),  # the offload tier's real reads
+                            "recompute": round(t_first - t_fetched, 6),  # prefill of what no tier held
+                            "first_decode": 0.0,  # token 0 leaves with the prefill
+                        },
+                        "server_ttft_s": round(t_first - t_recv, 6),
+                    },
                 },
             )
             self._emitted(r)  # token 0, computed with the prefill

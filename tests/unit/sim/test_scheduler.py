@@ -88,3 +88,16 @@ def test_a_long_prompt_takes_its_blocks_chunk_by_chunk():
     asyncio.run(one(e, list(range(200)), 1, [], "x"))
     steps = [n for i, n in enumerate(grown) if i == 0 or grown[i - 1] != n]
     assert steps == [4, 8, 12, 13], grown
+
+
+def test_a_prompt_s_tokens_by_source_add_up():
+    """The TTFT decomposition's tokens: the GPU hit, each loaded chunk's tokens past it (the first chunk in
+    part, the last token never loaded), the rest recomputed; every prompt token counted once."""
+    from kvtier.sim.server import tokens_by_source
+
+    # 1000-token prompt, 300 on the GPU; chunks of 256: chunk 1 (256..511) from cpu, chunk 2 from storage,
+    # chunk 3 from cpu; the store's tokens end at 1024 but the prompt's last token is computed: ext = 699
+    out = tokens_by_source(1000, 300, 699, ["cpu", "storage", "cpu"], 1, 256)
+    assert out == {"gpu": 300, "cpu": (512 - 300) + (999 - 768), "storage": 256, "recomputed": 1}
+    assert sum(out.values()) == 1000
+    assert tokens_by_source(10, 0, 0, [], 0, 256) == {"gpu": 0, "recomputed": 10}
