@@ -101,3 +101,31 @@ def test_a_crafted_requests_line_costs_linear_time(tmp_path):
     p.write_text(good + '{"turn": "x", "status": "ok"\n')
     with pytest.raises(DatasetError, match=":2: not valid JSON"):
         ReplayRecords.read(p)
+
+
+def test_where_ttft_went_is_said_from_the_decomposition():
+    from types import SimpleNamespace
+
+    from kvtier.report.figures import ttft_sentence
+    from kvtier.results.replay import TtftDecomposition
+
+    d = TtftDecomposition.model_validate(
+        {
+            "requests": 3,
+            "closure_within_5pct": 1.0,
+            "client_overhead_s_p50": 0.002,
+            "token_share": {"cpu": 0.5, "recomputed": 0.5},
+            "by_turn": [
+                {"turn": 0, "requests": 1, "ttft_s_mean": 0.03, "server_ttft_s_mean": 0.029,
+                 "seconds_mean": {"recompute": 0.028, "queue": 0.001}, "token_share": {"recomputed": 1.0}},
+                {"turn": 1, "requests": 2, "ttft_s_mean": 0.01, "server_ttft_s_mean": 0.009,
+                 "seconds_mean": {"fetch": 0.004, "recompute": 0.002}, "token_share": {"cpu": 0.8, "recomputed": 0.2}},
+            ],
+        }
+    )  # fmt: skip
+    said = ttft_sentence(SimpleNamespace(ttft_decomposition=d))
+    assert said is not None
+    assert "turn 0 (1 requests): prompt tokens 100% recomputed; TTFT 30.0 ms, of it (ms) recompute 28.0" in said
+    assert "later turns (2 requests): prompt tokens 80% cpu, 20% recomputed; TTFT 10.0 ms" in said
+    assert "fetch 4.0, recompute 2.0" in said and "within 5 % in 100% of requests" in said
+    assert ttft_sentence(SimpleNamespace(ttft_decomposition=None)) is None

@@ -277,6 +277,39 @@ def figures_of(item: Loaded) -> list[Figure]:
     return []
 
 
+def ttft_sentence(summary: Any) -> str | None:
+    """Where a replay's TTFT went, in words, from the server's decomposition: turn 0 against the later turns
+    (the prompt's share by source; the mean milliseconds by part). None without the decomposition."""
+    d = getattr(summary, "ttft_decomposition", None)
+    if d is None or not d.requests:
+        return None
+
+    def say(turns: list[Any], what: str) -> str | None:
+        n = sum(t.requests for t in turns)
+        if not n:
+            return None
+        tokens: dict[str, float] = {}
+        secs: dict[str, float] = {}
+        for t in turns:
+            for k, v in t.token_share.items():
+                tokens[k] = tokens.get(k, 0.0) + v * t.requests / n
+            for k, v in t.seconds_mean.items():
+                secs[k] = secs.get(k, 0.0) + v * t.requests / n
+        ttft = sum(t.ttft_s_mean * t.requests for t in turns) / n
+        share = ", ".join(f"{v:.0%} {k}" for k, v in sorted(tokens.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+        parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(secs.items(), key=lambda kv: -kv[1]) if v > 0)
+        return f"{what} ({n} requests): prompt tokens {share}; TTFT {ttft * 1e3:.1f} ms, of it (ms) {parts}"
+
+    first = [t for t in d.by_turn if t.turn == 0]
+    later = [t for t in d.by_turn if t.turn > 0]
+    said = [x for x in (say(first, "turn 0"), say(later, "later turns")) if x]
+    return "; ".join(said) + (
+        f". The parts account for the TTFT within 5 % in {d.closure_within_5pct:.0%} of requests."
+        if d.closure_within_5pct is not None
+        else "."
+    )
+
+
 def change_pct(base: float | None, other: float | None) -> float | None:
     if base is None or other is None or base == 0:
         return None

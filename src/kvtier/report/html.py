@@ -21,7 +21,7 @@ from typing import Any
 
 from kvtier import __version__
 from kvtier.errors import ConfigError
-from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences
+from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences, ttft_sentence
 from kvtier.results.outcome import label as cause_label
 
 KINDS = {
@@ -174,6 +174,9 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             ),  # fmt: skip
             ("key flags", _flags(r.config, REPLAY_FLAGS)),
         ]
+        went = ttft_sentence(s)
+        if went:
+            rows.append(("where TTFT went (the server's decomposition)", went))
     elif it.kind == "bench-mpi":
         t = r.totals
         rows += [

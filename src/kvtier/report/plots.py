@@ -308,6 +308,37 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
             "serves the history)?", _png(fig))  # fmt: skip
 
 
+PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode")
+
+
+def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
+    """Per turn, the server's mean TTFT stacked by part (the sim's decomposition), beside the client's TTFT;
+    one panel per result that has it, and the prompt's share from cache above each bar."""
+    have = [it for it in items if (d := it.result.summary.ttft_decomposition) is not None and d.requests]
+    if not have:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(have), figsize=(7 * len(have), 3.6), squeeze=False)
+    for ax, it in zip(axes[0], have, strict=True):
+        turns = it.result.summary.ttft_decomposition.by_turn
+        x = [t.turn for t in turns]
+        bottom = np.zeros(len(x))
+        for k, part in enumerate(PARTS):
+            v = np.array([t.seconds_mean.get(part, 0.0) * 1e3 for t in turns])
+            if v.any():
+                ax.bar(x, v, bottom=bottom, color=f"C{k}", label=part)
+                bottom += v
+        ax.plot(x, [t.ttft_s_mean * 1e3 for t in turns], "k_", markersize=18, label="client TTFT")
+        for xi, t, top in zip(x, turns, bottom, strict=True):
+            cached = 1.0 - t.token_share.get("recomputed", 0.0)
+            ax.annotate(f"{cached:.0%}", (xi, top), ha="center", va="bottom", fontsize=7)
+        ax.set_title(f"{it.label} (% of prompt tokens from a cache)", fontsize=9)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        _label(ax, "turn", "mean TTFT, ms")
+    return ("Where TTFT went, by turn", "Did the offload tier cut later turns' TTFT, and where did the rest go "
+            "(queue, fetch, recompute)?", _png(fig))  # fmt: skip
+
+
 def tpot(items: Sequence[Loaded]) -> Plot | None:
     have = [it for it in items if it.records is not None and np.isfinite(it.records.tpot_s).any()]
     if not have:
@@ -382,7 +413,7 @@ BENCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
     tier_latency, throughput_and_fill, device_timeline, qos, autoscaler, read_amplification,
 )  # fmt: skip
 REPLAY_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
-    ttft_cdf, ttft_by_turn, tpot, hit_rates, sessions, working_set,
+    ttft_cdf, ttft_by_turn, ttft_parts, tpot, hit_rates, sessions, working_set,
 )  # fmt: skip
 
 __all__ = ["BENCH_PLOTS", "REPLAY_PLOTS", "Plot"]
