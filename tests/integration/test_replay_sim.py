@@ -78,6 +78,24 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     assert dec["requests"] == len(ok) and [t["turn"] for t in dec["by_turn"]] == [0, 1, 2, 3, 4]
     assert sum(t["requests"] for t in dec["by_turn"]) == len(ok) and 0 <= dec["closure_within_5pct"] <= 1
     assert dec["by_turn"][-1]["token_share"].get("gpu", 0) > dec["by_turn"][0]["token_share"].get("gpu", 0)
+    # kvtier plan value: each tier's tokens and value from these records, inputs marked measured or given
+    pv = subprocess.run(
+        kvtier_cmd() + ["plan", "value", "--from", str(tmp_path / "out"), "--json", "--gpu-cost", "2",
+                        "--store-cost", "0.5", "--store-gb", "cpu=2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert pv.returncode == 0, pv.stderr
+    v = json.loads(pv.stdout)
+    served = sum(r["prompt_sources"].get("cpu", 0) for r in ok)
+    assert v["requests"] == len(ok) and v["prompt_tokens"] == sum(r["prompt_tokens"] for r in ok)
+    assert {i["name"]: i["source"] for i in v["inputs"]}["prefill rate"] == "measured"
+    assert [t["tokens_served"] for t in v["tiers"]] == ([served] if served else [])
+    for t in v["tiers"]:
+        assert t["hit_rate"] == pytest.approx(served / v["prompt_tokens"], abs=1e-6)
+        assert t["cost_usd_per_hour"] == pytest.approx(0.5 * 2 / 730, rel=1e-3)
+        assert t["breakeven_hit_rate"] == pytest.approx(
+            t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
+        )  # the report rounds to 6 decimals
     m = s["server_metrics"][0]
     # the scraper's overall rate equals the server's own counters (warm-up included in both)
     expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]

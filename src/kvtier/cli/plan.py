@@ -352,6 +352,62 @@ def cmd_fetch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _tier_numbers(specs: list[str] | None, flag: str) -> dict[str, float]:
+    out = {}
+    for spec in specs or []:
+        name, _, v = spec.partition("=")
+        if not name or not v:
+            raise ConfigError(f"{flag}: expected TIER=NUMBER, got {spec!r}")
+        out[name] = _positive(v, flag)
+    return out
+
+
+def cmd_value(a: argparse.Namespace) -> int:
+    from kvtier.plan.value import value_report
+
+    fetch_bw: dict[str, float] = {}
+    kvpt = None
+    if a.fetch_from:
+        from kvtier.plan.measured import load_read_costs
+
+        costs, bench = load_read_costs(a.fetch_from)
+        fetch_bw = {c.tier: c.bw_mean for c in costs}
+        kvpt = bench.model.kv_bytes_per_token_per_rank
+    r = value_report(
+        a.from_,
+        prefill_tps=_positive(a.prefill_tps, "--prefill-tps") if a.prefill_tps else None,
+        gpu_cost=_positive(a.gpu_cost, "--gpu-cost") if a.gpu_cost else None,
+        store_cost=_positive(a.store_cost, "--store-cost") if a.store_cost else None,
+        store_gb=_tier_numbers(a.store_gb, "--store-gb"),
+        fetch_bw=fetch_bw,
+        kv_bytes_per_token=kvpt,
+    )
+    t = _table(
+        f"does the tier pay? ({r.source}: {r.requests} requests, {r.wall_s:g} s, {r.prompt_tokens:,} prompt tokens)",
+        ["tier", "hit rate", "tokens/h", "prefill avoided s/h", "fetch s/h", "latency saved/hit", "value $/h",
+         "cost $/h", "pays", "break-even hit rate"],
+    )  # fmt: skip
+
+    def cell(v: float | None, f: str) -> str:
+        return "—" if v is None else format(v, f)
+
+    for x in r.tiers:
+        t.add_row(
+            x.tier, f"{x.hit_rate:.1%}", f"{x.tokens_per_hour:,.0f}", cell(x.prefill_s_avoided_per_hour, ",.1f"),
+            cell(x.fetch_s_per_hour, ",.1f"),
+            "—" if x.latency_saved_per_hit_s is None else fmt_seconds(x.latency_saved_per_hit_s),
+            cell(x.value_usd_per_hour, ".4f"), cell(x.cost_usd_per_hour, ".4f"),
+            "—" if x.pays is None else ("yes" if x.pays else "no"),
+            "—" if x.breakeven_hit_rate is None else f"{x.breakeven_hit_rate:.2%}",
+        )  # fmt: skip
+    lines = []
+    for i in r.inputs:
+        shown = "—" if i.value is None else f"{i.value:g}"
+        lines.append(f"{i.name}: {shown} {i.unit} ({i.source}{'; ' + i.note if i.note else ''})")
+    _emit(a, r, t, lines)
+    return 0
+
+
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="placement economics: KV bytes, fetch vs recompute, capacity")
     ps = p.add_subparsers(dest="plan_command", required=True)
@@ -395,3 +451,17 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     f.add_argument("--context", default="1024,4096,16384,65536", help="context lengths, comma separated")
     f.add_argument("--prefill-tps", required=True)
     f.set_defaults(func=cmd_fetch)
+
+    v = ps.add_parser(
+        "value", help="does a KV tier pay? tokens served, prefill avoided, value against cost, from a replay"
+    )
+    v.add_argument(
+        "--from", dest="from_", required=True, help="a kvtier replay's folder (or summary.json) against the sim"
+    )
+    v.add_argument("--fetch-from", help="a kvtier bench result: its tiers' measured read bandwidth as the fetch cost")
+    v.add_argument("--prefill-tps", help="prefill throughput, tokens/s (default: measured from the replay)")
+    v.add_argument("--gpu-cost", help="$ per GPU-hour: the value of the prefill time avoided")
+    v.add_argument("--store-cost", help="$ per GB-month of the tier's capacity")
+    v.add_argument("--store-gb", action="append", help="TIER=GB, the capacity paid for (e.g. cpu=64)")
+    v.add_argument("--json", action="store_true", help="the report as JSON")
+    v.set_defaults(func=cmd_value)

@@ -1,0 +1,190 @@
+"""``kvtier plan value``: does a KV tier pay? The placement model's hit_rate × (reprefill − fetch) against the
+tier's cost, fed by measurement.
+
+From a replay against the sim (its folder: summary.json and requests.jsonl with the server's TTFT
+decomposition), per offload tier:
+
+* tokens served = Σ the tier's share of the ok requests' prompts (``prompt_sources``), and per hour over the
+  replay's wall time; its hit rate = those tokens / all prompt tokens;
+* prefill avoided = tokens served / the prefill rate (measured: Σ recompute seconds / Σ recomputed tokens of
+  the same replay, the GPU's wait included; or ``--prefill-tps`` given);
+* fetch cost = the replay's own fetch seconds, split among the tiers by the tokens each served (the
+  decomposition times the fetch as a whole), or with ``--fetch-from BENCH`` the bench's measured read
+  bandwidth of that tier (bytes = tokens × the model's KV bytes per token);
+* latency saved per request that hit = (prefill avoided − fetch) / requests that hit it;
+* with ``--gpu-cost`` ($/GPU-hour) the value of the GPU time avoided, with ``--store-cost`` ($/GB-month)
+  and ``--store-gb TIER=GB`` the tier's cost, whether it pays, and the break-even hit rate (the value is
+  linear in the hit rate: break-even = hit rate × cost / value).
+
+Every input is marked measured or given, and nothing absent is guessed: a figure whose input is missing is
+null.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from kvtier.errors import DatasetError
+
+HOURS_PER_MONTH = 730.0
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Input(_Report):
+    name: str
+    value: float | None
+    unit: str
+    source: Literal["measured", "given", "absent"]
+    note: str = ""
+
+
+class TierValue(_Report):
+    tier: str
+    tokens_served: int
+    hit_rate: float  # of all prompt tokens of the ok requests
+    requests_hit: int
+    tokens_per_hour: float
+    prefill_s_avoided_per_hour: float | None
+    fetch_s_per_hour: float | None
+    gpu_s_saved_per_hour: float | None  # prefill avoided - fetch
+    latency_saved_per_hit_s: float | None
+    value_usd_per_hour: float | None  # gpu_cost x prefill avoided
+    cost_usd_per_hour: float | None  # store_cost x GB / 730
+    pays: bool | None
+    breakeven_hit_rate: float | None
+
+
+class ValueReport(_Report):
+    source: str
+    requests: int  # ok requests with the decomposition
+    wall_s: float
+    prompt_tokens: int
+    inputs: list[Input]
+    tiers: list[TierValue]
+
+
+def _records(folder: Path) -> tuple[list[dict[str, object]], float]:
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
+
+    result = load(folder)
+    if not isinstance(result, ReplayResult):
+        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
+    base = folder if folder.is_dir() else folder.parent
+    path = base / "requests.jsonl"
+    if not path.is_file():
+        raise DatasetError(f"{path}: missing (plan value reads the per-request records beside summary.json)")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line, text in enumerate(f, start=1):
+            try:
+                r = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{line}: not valid JSON ({e.msg})") from None
+            if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("server_ttft_parts"), dict):
+                rows.append(r)
+    if not rows:
+        raise DatasetError(
+            f"{path}: no ok request carries the server's TTFT decomposition (a replay against kvtier sim has it; "
+            "a real vLLM does not send it)"
+        )
+    return rows, float(result.wall_s)
+
+
+def value_report(
+    replay: str | Path,
+    prefill_tps: float | None = None,
+    gpu_cost: float | None = None,
+    store_cost: float | None = None,
+    store_gb: dict[str, float] | None = None,
+    fetch_bw: dict[str, float] | None = None,
+    kv_bytes_per_token: int | None = None,
+) -> ValueReport:
+    """The value of each offload tier a replay's requests were served from (module docstring).
+    ``fetch_bw``: bytes/s per tier measured by a bench (with ``kv_bytes_per_token``), else the replay's own."""
+    folder = Path(replay)
+    rows, wall = _records(folder)
+    store_gb = store_gb or {}
+    tokens: dict[str, int] = {}
+    hits: dict[str, int] = {}
+    prompt = recomputed = 0
+    fetch_s = recompute_s = 0.0
+    for r in rows:
+        src = r.get("prompt_sources") or {}
+        parts = r.get("server_ttft_parts") or {}
+        assert isinstance(src, dict) and isinstance(parts, dict)
+        prompt += sum(int(v) for v in src.values())
+        recomputed += int(src.get("recomputed", 0))
+        fetch_s += float(parts.get("fetch", 0.0))
+        recompute_s += float(parts.get("recompute", 0.0))
+        for k, v in src.items():
+            if k not in ("gpu", "recomputed") and int(v) > 0:
+                tokens[k] = tokens.get(k, 0) + int(v)
+                hits[k] = hits.get(k, 0) + 1
+    inputs: list[Input] = []
+    if prefill_tps is not None:
+        rate: float | None = prefill_tps
+        inputs.append(Input(name="prefill rate", value=prefill_tps, unit="tokens/s", source="given"))
+    elif recomputed and recompute_s > 0:
+        rate = recomputed / recompute_s
+        note = "the replay's recomputed tokens / recompute seconds (the GPU's wait included)"
+        inputs.append(Input(name="prefill rate", value=round(rate, 1), unit="tokens/s", source="measured", note=note))
+    else:
+        rate = None
+        inputs.append(Input(name="prefill rate", value=None, unit="tokens/s", source="absent"))
+    served = sum(tokens.values())
+    if fetch_bw:
+        inputs.append(Input(name="fetch", value=None, unit="bytes/s per tier", source="measured",
+                            note="the bench's read bandwidth of each tier (--fetch-from)"))  # fmt: skip
+    else:
+        note = "the replay's fetch seconds, split among the tiers by the tokens each served"
+        inputs.append(Input(name="fetch", value=round(fetch_s, 6), unit="s in all", source="measured", note=note))
+    inputs.append(Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"))
+    inputs.append(Input(name="store cost", value=store_cost, unit="$/GB-month",
+                        source="given" if store_cost else "absent"))  # fmt: skip
+    out = []
+    hour = 3600.0 / wall if wall > 0 else 0.0
+    for tier, n in sorted(tokens.items(), key=lambda kv: -kv[1]):
+        per_hour = n * hour
+        avoided = per_hour / rate if rate else None
+        if fetch_bw and tier in fetch_bw and kv_bytes_per_token:
+            fetch = per_hour * kv_bytes_per_token / fetch_bw[tier]
+        elif not fetch_bw:
+            fetch = fetch_s * (n / served) * hour if served else 0.0
+        else:
+            fetch = None
+        saved = avoided - fetch if avoided is not None and fetch is not None else None
+        per_hit = saved / (hits[tier] * hour) if saved is not None and hits[tier] and hour else None
+        value = gpu_cost * avoided / 3600.0 if gpu_cost and avoided is not None else None
+        gb = store_gb.get(tier)
+        cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
+        hit_rate = n / prompt if prompt else 0.0
+        out.append(
+            TierValue(
+                tier=tier,
+                tokens_served=n,
+                hit_rate=round(hit_rate, 6),
+                requests_hit=hits[tier],
+                tokens_per_hour=round(per_hour, 1),
+                prefill_s_avoided_per_hour=None if avoided is None else round(avoided, 3),
+                fetch_s_per_hour=None if fetch is None else round(fetch, 3),
+                gpu_s_saved_per_hour=None if saved is None else round(saved, 3),
+                latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
+                value_usd_per_hour=None if value is None else round(value, 6),
+                cost_usd_per_hour=None if cost is None else round(cost, 6),
+                pays=None if value is None or cost is None else value >= cost,
+                breakeven_hit_rate=None if not value or cost is None else round(hit_rate * cost / value, 6),
+            )
+        )  # fmt: skip
+    return ValueReport(source=str(folder), requests=len(rows), wall_s=round(wall, 3), prompt_tokens=prompt,
+                       inputs=inputs, tiers=out)  # fmt: skip
+
+
+__all__ = ["ValueReport", "TierValue", "Input", "value_report"]
