@@ -130,15 +130,15 @@ def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
     """Where the ok requests' TTFT went, from the server's decomposition (records without one are left out):
     mean seconds by part and the prompt's token share by source, per turn and over all; the share of requests
     whose parts sum within CLOSURE of the client's TTFT; the client's overhead beyond the server's TTFT."""
-    with_parts = [r for r in ok if r["server_ttft_parts"] is not None and r["ttft_s"]]
+    with_parts = [r for r in ok if r.get("server_ttft_parts") is not None and r["ttft_s"]]
     tokens: dict[str, int] = defaultdict(int)
     by_turn: dict[int, list[ReplayRecord]] = defaultdict(list)
     closed, overhead = 0, []
     for r in with_parts:
-        ttft, server = r["ttft_s"] or 0.0, r["server_ttft_s"] or 0.0
+        ttft, server = r["ttft_s"] or 0.0, r.get("server_ttft_s") or 0.0
         closed += abs(ttft - server) <= CLOSURE * ttft
         overhead.append(ttft - server)
-        for k, v in (r["prompt_sources"] or {}).items():
+        for k, v in (r.get("prompt_sources") or {}).items():
             tokens[k] += v
         by_turn[r["turn"]].append(r)
     turns = []
@@ -146,16 +146,16 @@ def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
         parts: dict[str, list[float]] = defaultdict(list)
         t_tokens: dict[str, int] = defaultdict(int)
         for r in rs:
-            for k, secs in (r["server_ttft_parts"] or {}).items():
+            for k, secs in (r.get("server_ttft_parts") or {}).items():
                 parts[k].append(secs)
-            for k, n in (r["prompt_sources"] or {}).items():
+            for k, n in (r.get("prompt_sources") or {}).items():
                 t_tokens[k] += n
         turns.append(
             {
                 "turn": turn,
                 "requests": len(rs),
                 "ttft_s_mean": round(float(np.mean([r["ttft_s"] or 0.0 for r in rs])), 6),
-                "server_ttft_s_mean": round(float(np.mean([r["server_ttft_s"] or 0.0 for r in rs])), 6),
+                "server_ttft_s_mean": round(float(np.mean([r.get("server_ttft_s") or 0.0 for r in rs])), 6),
                 "seconds_mean": {k: round(float(np.mean(v)), 6) for k, v in parts.items()},
                 "token_share": _shares(t_tokens),
             }
