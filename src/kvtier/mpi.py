@@ -25,6 +25,7 @@ from kvtier.errors import KvtierError, UnsupportedError
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS")
 TAG_READY, TAG_GO, TAG_RESULT, TAG_SEED = 11, 12, 13, 14
 POLL_S = 0.005
+START_MARGIN_S = 1.0  # between rank 0's go and the shared start: every rank hears it in time
 T = TypeVar("T")
 
 

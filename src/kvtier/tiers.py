@@ -15,17 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from kvtier.engine.backend import ALIGN, round_up
 from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 
 if TYPE_CHECKING:
     from kvtier.engine.backend import Backend
     from kvtier.engine.null import NullTier
-
-ALIGN = 4096  # engine/backend.py ALIGN: entries are padded to it (kept here so this table imports no numpy)
-
-
-def _round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class RemoteFlags(Protocol):
@@ -67,7 +62,7 @@ class TierKind:
     flag: str  # the flag that names where it lives, for errors
     make: Callable[[TierSpec], Backend]
     capacity: Callable[[TierSpec], int] = lambda spec: spec.capacity_bytes  # what it holds of the bytes asked
-    entry_size: Callable[[TierSpec], Callable[[int], int]] = lambda spec: _round_up  # an entry's stored bytes
+    entry_size: Callable[[TierSpec], Callable[[int], int]] = lambda spec: round_up  # an entry's stored bytes
 
     @property
     def trace_label(self) -> str:
@@ -99,7 +94,7 @@ def _cpu_capacity(spec: TierSpec) -> int:
 
 def _cpu_entry(spec: TierSpec) -> Callable[[int], int]:
     page = _page(spec)
-    return lambda n: -(-_round_up(n) // page) * page
+    return lambda n: -(-round_up(n) // page) * page
 
 
 def _storage(spec: TierSpec) -> Backend:
@@ -116,7 +111,7 @@ def _storage(spec: TierSpec) -> Backend:
 
 
 def _storage_entry(spec: TierSpec) -> Callable[[int], int]:
-    return lambda n: ALIGN + _round_up(n)  # one header block, then the padded payload (engine/file.py)
+    return lambda n: ALIGN + round_up(n)  # one header block, then the padded payload (engine/file.py)
 
 
 def _redis(spec: TierSpec) -> Backend:

@@ -38,7 +38,6 @@ from kvtier.stats import summarize_ns_as_ms
 from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
 
-START_MARGIN_S = 1.0  # between rank 0's go and the shared start: every rank hears it in time
 TIERS = TIER_KINDS  # every kind a rank may have (gpu, cpu, redis, storage, s3); pooled where present
 
 
@@ -99,7 +98,7 @@ class Gate:
         self.window: dict[str, float] = {}
 
     def __call__(self) -> float:
-        self.window = self.env.start(duration_s=self.cfg.duration, margin_s=START_MARGIN_S)
+        self.window = self.env.start(duration_s=self.cfg.duration)
         self.passed = True
         return self.env.wait(self.window)
 

@@ -26,8 +26,6 @@ from kvtier.results.envelope import ResultWarning, Status, StopCode, StopReason,
 from kvtier.results.outcome import Failure, judge
 from kvtier.results.replay import ReplayResult
 
-START_MARGIN_S = 1.0
-
 
 def rank_plan(plan: ReplayPlan, r: RunEnvironment) -> ReplayPlan:
     cfg = plan.config
@@ -49,7 +47,7 @@ def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) 
         plan = prepare(cfg)
     except KvtierError as e:
         problem = f"rank {r.rank} ({r.host}): {e}"
-    r.wait(r.start(problem=problem, margin_s=START_MARGIN_S))
+    r.wait(r.start(problem=problem))
     assert plan is not None
     mine = rank_plan(plan, r)
     result, records = execute(mine, handle_signals)

@@ -276,18 +276,19 @@ def offload_tiers(cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTie
     if cfg.kind == "nvme":
         if not cfg.nvme_dir:
             raise ConfigError("--offload nvme: give --nvme-dir")
-        nvme = TierSpec(int(cfg.nvme_offload_gb * GiB), directory=cfg.nvme_dir, direct_io=cfg.direct_io)
-        tiers = [open_tier("cpu", staging)]
-        try:
-            return [*tiers, open_tier("storage", nvme, "--nvme-dir")]
-        except BaseException:
-            tiers[0].close()
-            raise
-    if cfg.kind in ("redis", "s3") and remote is not None:
+        far = ("storage", TierSpec(int(cfg.nvme_offload_gb * GiB), directory=cfg.nvme_dir, direct_io=cfg.direct_io),
+               "--nvme-dir")  # fmt: skip
+    elif cfg.kind in ("redis", "s3") and remote is not None:
         spec = TierSpec(remote.remote_capacity_bytes(cfg.kind), remote=remote, connections=connections)
-        far = open_tier(cfg.kind, spec, f"--offload {cfg.kind}")
-        return [open_tier("cpu", staging), far]
-    raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
+        far = (cfg.kind, spec, f"--offload {cfg.kind}")
+    else:
+        raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
+    near = open_tier("cpu", staging)
+    try:
+        return [near, open_tier(*far)]
+    except BaseException:
+        near.close()
+        raise
 
 
 class Offload(_Measured):

@@ -153,6 +153,33 @@ def tokens_by_source(
     return out
 
 
+def first_info(
+    gpu_hit: int, ext: int, load_s: float, by_source: dict[str, int], stamps: tuple[float, float, float, float, float]
+) -> dict[str, Any]:
+    """What the first yield of ``SimEngine.generate`` tells the front: the cache hits, and the request's TTFT
+    decomposition from its time stamps (received, arrived, admitted, fetched, first token; perf_counter)."""
+    t_recv, t_arrive, t_admit, t_fetched, t_first = stamps
+    return {
+        "cached_tokens": gpu_hit + ext,
+        "gpu_hit_tokens": gpu_hit,
+        "external_tokens": ext,
+        "load_s": load_s,
+        "queue_s": t_admit - t_arrive,
+        "ttft_decomposition": {
+            "tokens": by_source,
+            "seconds": {
+                "receive": round(t_arrive - t_recv, 6),  # body parsed, prompt rendered and tokenized
+                "queue": round(t_admit - t_arrive, 6),  # waiting for a slot and blocks (vLLM's rules)
+                "lookup": round(t_fetched - t_admit - load_s, 6),  # offload keys and lookup
+                "fetch": round(load_s, 6),  # the offload tier's real reads
+                "recompute": round(t_first - t_fetched, 6),  # prefill of what no tier held
+                "first_decode": 0.0,  # token 0 leaves with the prefill
+            },
+            "server_ttft_s": round(t_first - t_recv, 6),
+        },
+    }
+
+
 class SimEngine:
     """One replica's modelled GPU: admission, the prefix cache, the prefill FIFO and the decode batch.
 
@@ -456,28 +483,8 @@ class SimEngine:
                 self.offload.store_later(keys)
             ct = self.offload.cfg.chunk_tokens if self.offload is not None else self.block
             by_source = tokens_by_source(len(prompt_ids), gpu_hit, ext, sources, first_chunk, ct)
-            emit = yield (
-                "first",
-                {
-                    "cached_tokens": gpu_hit + ext,
-                    "gpu_hit_tokens": gpu_hit,
-                    "external_tokens": ext,
-                    "load_s": load_s,
-                    "queue_s": t_admit - t_arrive,
-                    "ttft_decomposition": {
-                        "tokens": by_source,
-                        "seconds": {
-                            "receive": round(t_arrive - t_recv, 6),  # body parsed, prompt rendered and tokenized
-                            "queue": round(t_admit - t_arrive, 6),  # waiting for a slot and blocks (vLLM's rules)
-                            "lookup": round(t_fetched - t_admit - load_s, 6),  # offload keys and lookup
-                            "fetch": round(load_s, 6),  # the offload tier's real reads
-                            "recompute": round(t_first - t_fetched, 6),  # prefill of what no tier held
-                            "first_decode": 0.0,  # token 0 leaves with the prefill
-                        },
-                        "server_ttft_s": round(t_first - t_recv, 6),
-                    },
-                },
-            )
+            times = (t_recv, t_arrive, t_admit, t_fetched, t_first)
+            emit = yield "first", first_info(gpu_hit, ext, load_s, by_source, times)
             self._emitted(r)  # token 0, computed with the prefill
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
             # step ticker, which hands one token to every running sequence per step.
