@@ -96,6 +96,18 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
         assert t["breakeven_hit_rate"] == pytest.approx(
             t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
         )  # the report rounds to 6 decimals
+    # kvtier plan retention --from: the replay's own dataset in the order its ok requests were sent, in seconds
+    pr = subprocess.run(
+        kvtier_cmd() + ["plan", "retention", "--from", str(tmp_path / "out"), "--model", "llama3.1-8b",
+                        "--tier", "cpu=0.2", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pr.returncode == 0, pr.stderr
+    ret = json.loads(pr.stdout)
+    assert ret["requests"] == len(ok) and ret["unit"] == "s" and ret["block_tokens"] == 256
+    assert ret["accessed_tokens"] <= sum(r["prompt_tokens"] for r in ok)  # full blocks of the sent prompts
+    assert 0 < ret["span"] <= s["wall_s"] and ret["tiers"][0]["hit_fraction"] <= ret["reused_tokens"] / ret[
+        "accessed_tokens"] + 1e-6  # fmt: skip
     m = s["server_metrics"][0]
     # the scraper's overall rate equals the server's own counters (warm-up included in both)
     expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]

@@ -408,6 +408,133 @@ def cmd_value(a: argparse.Namespace) -> int:
     return 0
 
 
+# -- retention -------------------------------------------------------------------------------------
+def _stream(a: argparse.Namespace) -> Any:
+    from kvtier.plan import retention
+
+    given = [x for x in (a.trace, a.dataset, a.from_) if x]
+    if len(given) != 1:
+        raise ConfigError("--trace / --dataset / --from: give exactly one (a Mooncake trace, a replay dataset, or a "
+                          "replay result)")  # fmt: skip
+    if a.trace:
+        return retention.stream_from_trace(a.trace)
+    if a.from_:
+        return retention.stream_from_replay(a.from_)
+    from kvtier.config.replay import ReplayConfig
+    from kvtier.replay.driver import load_users
+
+    if a.concurrency < 1:
+        raise ConfigError("--concurrency: must be >= 1")
+    cfg = ReplayConfig(
+        dataset=a.dataset, dataset_format=a.dataset_format, tokenizer=a.tokenizer, num_rounds=a.num_rounds,
+        min_chunk_rounds=a.min_chunk_rounds, reuse_block_tokens=a.block_tokens,
+    )  # fmt: skip
+    cfg, _, users, tokenizer, _ = load_users(cfg)
+    order = retention.closed_loop_order([len(u.turns) for u in users], a.concurrency)
+    return retention.stream_from_users(
+        users, tokenizer.encode, a.block_tokens, order, source=a.dataset,
+        order_text=f"a closed loop of {a.concurrency} virtual users at equal service times (one step a request)",
+    )  # fmt: skip
+
+
+def _h_bytes(n: float) -> str:
+    from kvtier.iotrace.stats import human_bytes
+
+    return human_bytes(n)
+
+
+def _size(tokens: float, bpt: int) -> str:
+    return f"{tokens:,.0f} tokens ({_h_bytes(tokens * bpt)})"
+
+
+def _span(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    return fmt_seconds(v) if unit == "s" else f"{v:,.0f} req"
+
+
+def cmd_retention(a: argparse.Namespace) -> int:
+    from kvtier.plan.retention import retention_report
+
+    m = _model(a)
+    bpt = int(m.kv_bytes_per_token_per_rank(a.tp))
+    stream = _stream(a)
+    tiers = [_tier(x) for x in a.tier or []]
+    r = retention_report(stream, m.key, bpt, [(n, b / 1e9) for n, b in tiers])
+    u = r.unit
+    lines = [
+        f"{r.source}: {r.requests:,} requests, {r.accesses:,} block accesses of {r.block_tokens} tokens over "
+        f"{_span(r.span, u)}; order: {r.order}",
+        f"{m.key} at {bpt:,} B/token: accessed {_size(r.accessed_tokens, bpt)}, of which "
+        f"{r.reused_tokens / r.accessed_tokens:.1%} had an earlier access; distinct {_size(r.distinct_tokens, bpt)} "
+        "(an LRU this large misses only cold blocks)",
+    ]
+    nt = r.need_tokens
+    if nt["p50"] is not None:
+        lines.append(
+            f"the LRU capacity a reuse needs: p50 {_size(nt['p50'], bpt)}, p90 {_size(nt['p90'] or 0, bpt)}, "
+            f"p99 {_size(nt['p99'] or 0, bpt)}"
+        )
+    for t in r.tiers:
+        if t.holds_whole_trace:
+            held = "never fills: holds the whole trace"
+        else:
+            held = (
+                f"holds the last {_span(t.window.p50, u)} of history (p10 {_span(t.window.p10, u)}, p90 "
+                f"{_span(t.window.p90, u)}" + (f"; {t.window_requests.p50:,.0f} requests" if u == "s" else "")
+                + f") once full at {_span(t.fills_at, u)}"
+            )  # fmt: skip
+        lines.append(
+            f"{t.tier} {t.capacity_bytes / 1e9:g} GB ({t.capacity_tokens:,} tokens): serves {t.hit_fraction:.1%} "
+            f"of the tokens ({t.cumulative_hit_fraction:.1%} with the tiers above); down to it the waterfall {held}"
+        )
+    table = _table("hit rate against LRU capacity (exact stack distances)", ["capacity", "tokens", "hit", "of reuse"])
+    for c in r.curve:
+        table.add_row(
+            _h_bytes(c.capacity_bytes), f"{c.capacity_tokens:,}", f"{c.hit_fraction:.1%}",
+            "—" if c.reuse_hit_fraction is None else f"{c.reuse_hit_fraction:.1%}",
+        )  # fmt: skip
+    if a.plot:
+        plot_retention(a.plot, r)
+        lines.append(f"plot: {a.plot}")
+    _emit(a, r, table, lines)
+    return 0
+
+
+def plot_retention(path: str, r: Any) -> None:
+    """Two panels: the hit rate against capacity (the tiers' cumulative capacities marked) and the working set
+    over the trace."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    gb = [c.capacity_bytes / 1e9 for c in r.curve]
+    ax.plot(gb, [c.hit_fraction * 100 for c in r.curve], "k-", label="hit rate, % of tokens")
+    ax.axhline(r.reused_tokens / r.accessed_tokens * 100, ls=":", c="grey", label="every reuse (no capacity limit)")
+    for t in r.tiers:
+        ax.axvline(t.cumulative_capacity_tokens * r.kv_bytes_per_token / 1e9, ls="--", lw=1)
+        ax.annotate(t.tier, (t.cumulative_capacity_tokens * r.kv_bytes_per_token / 1e9, 2), rotation=90)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"LRU capacity, GB ({r.model})")
+    ax.set_ylabel("hit rate, %")
+    ax.legend(loc="upper left")
+    ax.set_title("hit rate against capacity (exact LRU stack distances)")
+    xs = [p.t for p in r.working_set]
+    bx.plot(xs, [p.distinct_bytes / 1e9 for p in r.working_set], "k-", label="distinct KV so far")
+    bx.plot(xs, [p.interval_bytes / 1e9 for p in r.working_set], "b-", label="distinct KV in the interval")
+    bx.set_xlabel("seconds" if r.unit == "s" else "requests")
+    bx.set_ylabel("GB")
+    bx.legend(loc="upper left")
+    bx.set_title("working set over the trace")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="placement economics: KV bytes, fetch vs recompute, capacity")
     ps = p.add_subparsers(dest="plan_command", required=True)
@@ -465,3 +592,22 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     v.add_argument("--store-gb", action="append", help="TIER=GB, the capacity paid for (e.g. cpu=64)")
     v.add_argument("--json", action="store_true", help="the report as JSON")
     v.set_defaults(func=cmd_value)
+
+    rt = ps.add_parser(
+        "retention",
+        help="how much history a tier holds before it evicts: exact LRU hit curve and retention window of a trace",
+    )
+    _model_args(rt)
+    src = rt.add_argument_group("the accesses (one of)")
+    src.add_argument("--trace", help="a Mooncake trace (hash_ids), at its arrival times")
+    src.add_argument("--dataset", help="a replay dataset, walked as a closed loop of --concurrency users")
+    src.add_argument("--from", dest="from_", help="a kvtier replay result: its dataset as its ok requests were sent")
+    rt.add_argument("--dataset-format", default="auto", help="--dataset's format (as kvtier replay)")
+    rt.add_argument("--tokenizer", default="auto", help="--dataset's tokenizer (as kvtier replay)")
+    rt.add_argument("--num-rounds", type=int, default=5, help="--dataset: turns per virtual user (5)")
+    rt.add_argument("--min-chunk-rounds", type=int, default=5, help="--dataset: as kvtier replay (5)")
+    rt.add_argument("--concurrency", type=int, default=4, help="--dataset: virtual users in flight (4)")
+    rt.add_argument("--block-tokens", type=int, default=256, help="--dataset: prefix block, tokens (256)")
+    rt.add_argument("--tier", action="append", help="NAME=SIZE_GB, fastest first: a waterfall (e.g. gpu=40 cpu=256)")
+    rt.add_argument("--plot", help="PNG: the hit curve and the working set over the trace")
+    rt.set_defaults(func=cmd_retention)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.stats import percentile
+from kvtier.stats import Fenwick, percentile
 from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace
 
 
@@ -83,33 +83,10 @@ def rate_timeline(trace: IOTrace, interval_s: float) -> list[dict[str, float]]:
     ]
 
 
-class _Fenwick:
-    __slots__ = ("n", "tree")
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.tree = [0] * (n + 1)
-
-    def add(self, i: int, v: int) -> None:
-        i += 1
-        tree, n = self.tree, self.n
-        while i <= n:
-            tree[i] += v
-            i += i & -i
-
-    def prefix(self, i: int) -> int:
-        """Sum of positions [0, i)."""
-        s, tree = 0, self.tree
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-
 def reuse_distances(trace: IOTrace) -> tuple[np.ndarray, np.ndarray, int]:
     """Per read with an earlier access: (distinct objects between, their bytes); and the cold reads."""
     n = len(trace)
-    objs, nbytes = _Fenwick(n), _Fenwick(n)
+    objs, nbytes = Fenwick(n), Fenwick(n)
     last: dict[int, tuple[int, int]] = {}  # key -> (position of its last access, its size then)
     d_objs: list[int] = []
     d_bytes: list[int] = []

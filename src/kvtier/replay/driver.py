@@ -51,12 +51,10 @@ class ReplayPlan:
     prompt_tokens: dict[str, list[int]] = field(default_factory=dict)  # user -> prompt size per turn (tokenizer's)
 
 
-def prepare(cfg: ReplayConfig) -> ReplayPlan:
-    """Check the flags, read the dataset and cut it into virtual users (no request is sent)."""
-    from kvtier.replay.client import event_loop_kind
-
-    if cfg.missing():
-        raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
+def load_users(cfg: ReplayConfig) -> tuple[ReplayConfig, LoadedDataset, list[VirtualUser], Tokenizer, int]:
+    """The tokenizer, the dataset (or the synthetic sessions) and its virtual users, as a replay of ``cfg``
+    sends them (``kvtier plan retention`` walks the same users); and the config with ``num_rounds`` filled
+    for synthetic sessions, and the --min-chunk-rounds floor applied."""
     tokenizer = load_tokenizer(cfg.tokenizer)
     if cfg.synthetic:
         from kvtier.replay.synthetic import synthetic_dataset
@@ -84,6 +82,16 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
             f"{cfg.dataset}: no session has {need} turns (--num-rounds {cfg.num_rounds}, --min-chunk-rounds "
             f"{floor}); lower them"
         )
+    return cfg, loaded, users, tokenizer, floor
+
+
+def prepare(cfg: ReplayConfig) -> ReplayPlan:
+    """Check the flags, read the dataset and cut it into virtual users (no request is sent)."""
+    from kvtier.replay.client import event_loop_kind
+
+    if cfg.missing():
+        raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
+    cfg, loaded, users, tokenizer, floor = load_users(cfg)
     if cfg.output:  # an unwritable result folder fails now, not after the run
         try:
             Path(cfg.output).mkdir(parents=True, exist_ok=True)

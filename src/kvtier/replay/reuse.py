@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import chunk_hash
-from kvtier.replay.datasets import VirtualUser
+from kvtier.replay.datasets import Turn, VirtualUser
 
 
 def _message_text(m: dict[str, Any]) -> str:
@@ -33,6 +33,19 @@ def _message_text(m: dict[str, Any]) -> str:
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True) if content else ""
     extra = {k: m[k] for k in ("tool_calls", "name", "tool_call_id") if m.get(k)}
     return f"{m.get('role', '')}: {text}" + (" " + json.dumps(extra, sort_keys=True) if extra else "")
+
+
+def turn_tokens(turn: Turn, encode: Callable[[str], list[int]], cache: dict[str, list[int]]) -> list[int]:
+    """A turn's prompt as token ids, each message as it is sent (``cache`` keeps each text's ids: a
+    conversation resends its history every turn)."""
+    tokens: list[int] = []
+    for m in turn.messages:
+        text = _message_text(m)
+        ids = cache.get(text)
+        if ids is None:
+            ids = cache[text] = encode(text)
+        tokens += ids
+    return tokens
 
 
 def reuse_opportunity(
@@ -53,13 +66,7 @@ def reuse_opportunity(
     requests = 0
     for u in users:
         for turn in u.turns:
-            tokens: list[int] = []
-            for m in turn.messages:
-                text = _message_text(m)
-                ids = cache.get(text)
-                if ids is None:
-                    ids = cache[text] = encode(text)
-                tokens += ids
+            tokens = turn_tokens(turn, encode, cache)
             n = len(tokens)
             if prompt_tokens is not None:
                 prompt_tokens.setdefault(u.user_id, []).append(n)
@@ -124,4 +131,4 @@ def reuse_opportunity(
     }
 
 
-__all__ = ["reuse_opportunity"]
+__all__ = ["reuse_opportunity", "turn_tokens"]
