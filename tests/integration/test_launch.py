@@ -369,6 +369,49 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
     assert_no_orphans(out)
 
 
+def test_restarting_the_cache_sidecar_mid_replay_measures_the_miss_storm(tmp_path: Path):
+    # One replica, an 8B model's KV in 0.5 GB of GPU (3.8k tokens: a few prompts), so later turns are served by the
+    # sidecar's CPU tier; it is killed 6 s in and comes back empty. Enough conversations that the dataset
+    # outlasts --duration (the fault must land mid-replay), and 24 s after the fault for the hit rate to return.
+    data = conversations(tmp_path / "data", users=60, max_tokens=48)
+    out = tmp_path / "run"
+    p = launch(
+        out, "--tier", "cpu", "--engine", "sim", "--replicas", "1", "--sim-model", "llama3.1-8b",
+        "--fault", "restart-cache@6", "--health-interval", "0.5",
+        replay=["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0",
+                "--duration", "30", "--skip-too-long"],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads((out / "launch.json").read_text())
+    events = [e["event"] for e in rec["events"]]
+    assert any(e.startswith("fault restart-cache@6: killing sidecar") for e in events), events
+    assert any("sidecar healthy again" in e for e in events), events
+    (f,) = rec["faults"]
+    assert f["kind"] == "restart-cache" and f["error"] is None and f["basis"] == "prompt_sources"
+    assert 0 < f["downtime_s"] and f["up_unix_s"] > f["down_unix_s"]
+    reqs = requests_of(out)
+    ok = [r for r in reqs if r["status"] == "ok"]
+
+    def tier_tokens(r: dict[str, Any]) -> int:
+        return sum(v for k, v in r["prompt_sources"].items() if k not in ("gpu", "recomputed"))
+
+    # the baseline hit the sidecar; no request started between the kill and the first hit after it was served by it
+    assert f["baseline"]["requests"] > 0 and f["baseline"]["offload_hit_rate"] > 0
+    down, zero = f["down_unix_s"], f["zero_hit_s"]
+    assert zero is not None and zero >= f["downtime_s"]  # the tier cannot serve while it is down
+    end = down + zero - 0.002  # zero_hit_s is rounded to the millisecond
+    in_storm = [r for r in ok if down <= r["start_unix_s"] < end]
+    assert in_storm and not [r for r in in_storm if tier_tokens(r)]
+    assert f["storm"]["requests"] >= len(in_storm) and f["storm"]["offload_hit_rate"] == 0
+    first = min((r for r in ok if r["start_unix_s"] >= end), key=lambda r: r["start_unix_s"])
+    assert tier_tokens(first) > 0  # the window ends at a request the restarted (empty, refilled) tier served
+    assert f["recovered_after_s"] is not None and f["recovered_after_s"] >= zero
+    assert sum(pt["requests"] for pt in f["timeline"]) == len(ok)
+    typed = load(out)
+    assert isinstance(typed, LaunchResult) and typed.status == "complete" and typed.faults is not None
+    assert_no_orphans(out)  # the restarted sidecar was stopped too
+
+
 @needs_caddy
 def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: Path):
     # Until Caddy's passive check has counted 3 failures, least_conn keeps choosing the dead replica

@@ -535,6 +535,120 @@ def plot_retention(path: str, r: Any) -> None:
     plt.close(fig)
 
 
+# -- sweep / recommend -----------------------------------------------------------------------------
+def cmd_sweep(a: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from kvtier.plan.sweep import parse_list, run_sweep
+    from kvtier.results.envelope import exit_code
+    from kvtier.results.sweep import SweepGrid
+
+    if a.trials < 1:
+        raise ConfigError("--trials: must be >= 1")
+    if a.budget < 0 or a.duration < 0:
+        raise ConfigError("--budget / --duration: must be >= 0")
+    if not Path(a.dataset).exists():
+        raise ConfigError(f"--dataset {a.dataset}: no such file or folder")
+    resolve_model(a.sim_model, build_catalog())  # an unknown model fails now, not in the first trial
+    out = Path(a.output)
+    g = SweepGrid(
+        dataset=str(Path(a.dataset).resolve()), dataset_format=a.dataset_format,
+        cpu_gb=parse_list(a.cpu_gb, "--cpu-gb"), nvme_gb=parse_list(a.nvme_gb, "--nvme-gb"),
+        concurrency=[int(x) for x in parse_list(a.concurrency, "--concurrency", int)], trials=a.trials,
+        budget_s=a.budget, preset=a.preset, sim_model=a.sim_model, gpu_kv_gb=_positive(a.gpu_kv_gb, "--gpu-kv-gb"),
+        num_rounds=a.num_rounds, max_tokens_cap=a.max_tokens_cap, duration_s=a.duration,
+        nvme_dir=str(Path(a.nvme_dir or out / "nvme").resolve()), replay_args=shlex.split(a.replay_args or ""),
+    )  # fmt: skip
+    if 0 in g.concurrency:
+        raise ConfigError("--concurrency: must be >= 1")
+    r = run_sweep(g, out, lambda line: print(f"kvtier plan sweep: {line}", file=sys.stderr, flush=True))
+    ran = sum(1 for t in r.trials if t.status != "not-run")
+    print(f"sweep ({r.status.value}, {r.stop_reason.code.value}): {ran} of {len(r.trials)} trials in {r.wall_s:.0f} s; "
+          f"{out}/sweep.json")  # fmt: skip
+    return exit_code(r.status, r.stop_reason.code)
+
+
+def cmd_recommend(a: argparse.Namespace) -> int:
+    from kvtier.plan.recommend import recommend
+
+    r = recommend(
+        a.from_,
+        _positive(a.slo_ttft_p95, "--slo-ttft-p95") if a.slo_ttft_p95 else None,
+        _tier_numbers(a.store_cost, "--store-cost"),
+        a.concurrency,
+    )
+
+    def iv(i: Any, f: str = ".3f") -> str:
+        if i.mean is None:
+            return "—"
+        return format(i.mean, f) + (f" ±{(i.high - i.mean):{f}}" if i.high is not None else "")
+
+    t = _table(
+        f"sweep {r.source} ({r.sweep_status}): TTFT p95 mean ± 95 % CI half-width across trials",
+        ["point", "trials", "TTFT p95 s", "TTFT p50 s", "GPU hit", "offload hit", "req/s", "$/h", "meets SLO"],
+    )
+    for p in r.points:
+        t.add_row(
+            p.point, f"{p.trials}" + (f" (+{p.trials_not_complete} not complete)" if p.trials_not_complete else ""),
+            iv(p.ttft_p95_s), iv(p.ttft_p50_s), iv(p.gpu_hit_share, ".1%"), iv(p.offload_hit_share, ".1%"),
+            iv(p.requests_per_s, ".2f"), "—" if p.cost_usd_per_hour is None else f"{p.cost_usd_per_hour:.4f}",
+            "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no") + (f" ({p.note})" if p.note else ""),
+        )  # fmt: skip
+    lines = []
+    for k in r.knees:
+        if k.points >= 2:
+            lines.append(
+                f"knees at NVMe {k.nvme_gb:g} GB, concurrency {k.concurrency}: offload hit rate at CPU "
+                f"{k.hit_rate_knee_cpu_gb if k.hit_rate_knee_cpu_gb is not None else '—'} GB, TTFT p95 at CPU "
+                f"{k.ttft_knee_cpu_gb if k.ttft_knee_cpu_gb is not None else '—'} GB (90 % of the line's change)"
+            )
+    if a.plot:
+        plot_sweep(a.plot, r)
+        lines.append(f"plot: {a.plot}")
+    _emit(a, r, t, lines)
+    if not a.json:
+        for pick in r.picks:
+            print(f"recommend: {pick.sentence}")
+    return 0
+
+
+def plot_sweep(path: str, r: Any) -> None:
+    """TTFT p95 (mean and 95 % CI) and the offload hit share against CPU GB, a line per NVMe size and load."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for conc in sorted({p.concurrency for p in r.points}):
+        for nvme in sorted({p.nvme_gb for p in r.points}):
+            line = [
+                p for p in r.points if p.concurrency == conc and p.nvme_gb == nvme and p.ttft_p95_s.mean is not None
+            ]
+            if not line:
+                continue
+            label = f"NVMe {nvme:g} GB, c={conc}"
+            xs = [p.cpu_gb for p in line]
+            ys = [p.ttft_p95_s.mean for p in line]
+            err = [(p.ttft_p95_s.high - p.ttft_p95_s.mean) if p.ttft_p95_s.high is not None else 0 for p in line]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+            bx.plot(xs, [(p.offload_hit_share.mean or 0) * 100 for p in line], marker="o", label=label)
+    if r.slo_ttft_p95_s is not None:
+        ax.axhline(r.slo_ttft_p95_s, ls="--", c="red", label=f"SLO {r.slo_ttft_p95_s:g} s")
+    ax.set_xlabel("CPU offload GB")
+    ax.set_ylabel("TTFT p95, s (mean, 95 % CI)")
+    ax.legend()
+    bx.set_xlabel("CPU offload GB")
+    bx.set_ylabel("prompt tokens from offload, %")
+    bx.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="placement economics: KV bytes, fetch vs recompute, capacity")
     ps = p.add_subparsers(dest="plan_command", required=True)
@@ -611,3 +725,35 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rt.add_argument("--tier", action="append", help="NAME=SIZE_GB, fastest first: a waterfall (e.g. gpu=40 cpu=256)")
     rt.add_argument("--plot", help="PNG: the hit curve and the working set over the trace")
     rt.set_defaults(func=cmd_retention)
+
+    sw = ps.add_parser(
+        "sweep", help="replay a dataset against the sim across a grid of CPU GB x NVMe GB x concurrency, trials each"
+    )
+    sw.add_argument("--dataset", required=True, help="a replay dataset (agent traces, tau2, ShareGPT, ...)")
+    sw.add_argument("--dataset-format", default="auto")
+    sw.add_argument("--cpu-gb", default="0,2", help="CPU offload sizes, comma separated (0: none)")
+    sw.add_argument("--nvme-gb", default="0", help="NVMe offload sizes, comma separated (0: none)")
+    sw.add_argument("--concurrency", default="4", help="loads: virtual users in flight, comma separated")
+    sw.add_argument("--trials", type=int, default=2, help="trials per point, for the confidence interval (2)")
+    sw.add_argument("--budget", type=float, default=0, help="seconds for the whole sweep (0: no bound)")
+    sw.add_argument("--duration", type=float, default=0, help="seconds of dispatch per trial (0: the whole dataset)")
+    sw.add_argument("--output", required=True, help="the sweep's folder (resumed when it holds one)")
+    sw.add_argument("--preset", default="h100-llama3.1-8b", help="the sim's latency preset")
+    sw.add_argument("--sim-model", default="llama3.1-8b", help="catalog model sizing the sim's KV (llama3.1-8b)")
+    sw.add_argument("--gpu-kv-gb", default="2", help="the sim's GPU KV, GB (2)")
+    sw.add_argument("--num-rounds", type=int, default=5)
+    sw.add_argument("--max-tokens-cap", type=int, help="as kvtier replay")
+    sw.add_argument("--nvme-dir", help="where NVMe points put their files (default OUTPUT/nvme)")
+    sw.add_argument(
+        "--replay-args", help='more kvtier replay flags for every trial, one string (--replay-args="--skip-too-long")'
+    )
+    sw.set_defaults(func=cmd_sweep)
+
+    rc = ps.add_parser("recommend", help="the cheapest swept placement meeting a TTFT p95 SLO, with the knees")
+    rc.add_argument("--from", dest="from_", required=True, help="a kvtier plan sweep folder")
+    rc.add_argument("--slo-ttft-p95", help="seconds: the SLO the placement must meet (its CI's upper end)")
+    rc.add_argument("--store-cost", action="append", help="TIER=$ per GB-month (cpu, nvme): rank by cost")
+    rc.add_argument("--concurrency", type=int, help="only this load")
+    rc.add_argument("--plot", help="PNG: TTFT p95 with its interval and the offload hit share against CPU GB")
+    rc.add_argument("--json", action="store_true")
+    rc.set_defaults(func=cmd_recommend)

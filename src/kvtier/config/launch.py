@@ -89,6 +89,11 @@ class LaunchConfig(StrictModel):
     allow_fallback: bool = flag(
         False, "run even when LMCache's compiled module does not import (a warning in launch.json)"
     )
+    fault: list[str] = flag(
+        [],
+        "break a part mid-replay and measure its miss storm: restart-cache@SECONDS kills the cache sidecar that many "
+        "seconds after the replay starts and starts it again, empty (repeatable)",
+    )
     replay: ReplayConfig = Field(
         default_factory=ReplayConfig,
         description="the replay to run through the processes",
@@ -115,6 +120,18 @@ class LaunchConfig(StrictModel):
                 "--nvme-dir: required for --engine vllm --tier nvme (LMCache's L2 files must live on the device "
                 "under test, with a size bound: --l2-gb)"
             )
+        if self.fault:
+            from kvtier.errors import ConfigError
+            from kvtier.launch.faults import parse_faults
+
+            try:
+                parse_faults(self.fault)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+            if self.tier == "gpu":
+                raise ValueError("--fault restart-cache: --tier gpu has no cache sidecar to restart (use cpu or nvme)")
+            if self.client_ranks > 1:
+                raise ValueError("--fault: with one client rank only (the storm is measured from one rank's records)")
         if not self.output and not self.dry_run:
             raise ValueError("--output: required (the run's result folder)")
         given = [f"--{name.replace('_', '-')}" for name in SET_BY_LAUNCH if getattr(self.replay, name)]

@@ -366,6 +366,30 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     return p
 
 
+def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthWatch) -> Any:
+    """The --fault thread: each restart-cache kills the sidecar's group, starts it again with its command and
+    waits until it answers as ours (the replicas find the same socket again)."""
+    from kvtier.launch.faults import Fault, FaultInjector, parse_faults
+
+    def restart(f: Fault) -> str | None:
+        side = lp.sidecar
+        assert side is not None  # the config refuses --fault without a sidecar
+        proc = next(p for p in sup.procs if p.name == side.name)
+        rec.event(f"fault {f.kind}@{f.at_s:g}: killing {side.name} (pid {proc.popen.pid})")
+        new = sup.restart(proc)
+        rec.pids[side.name] = new.popen.pid
+        watch.replace(side.name, new)
+        try:
+            dt = sup.wait_healthy(new, side.health, side.startup_timeout_s, identify(lp, side), starting(side.name))
+        except LaunchError as e:
+            rec.event(f"fault {f.kind}: {side.name} did not come back: {e}")
+            return str(e)
+        rec.event(f"fault {f.kind}: {side.name} healthy again after {dt:.1f} s (pid {new.popen.pid}), empty")
+        return None
+
+    return FaultInjector(parse_faults(lp.config.fault), restart)
+
+
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
     from kvtier.replay.driver import execute as replay_execute
@@ -395,6 +419,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     old_term = signal.signal(signal.SIGTERM, on_term)
     sampler: DeviceSampler | None = None
     sidecar_io: tuple[str, int, dict[str, int]] | None = None  # (name, pid, /proc/<pid>/io at the start)
+    injector = None
     status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
     try:
         for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
@@ -434,8 +459,37 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             watched = [(pp.name, pr, pp.health) for pp, pr in zip(lp.processes, sup.procs, strict=False)]
             if cp is not None:
                 watched.append(("caddy", sup.procs[-1], cp.health))
-            with HealthWatch(watched, lambda name, state: rec.event(f"{name}: {state}"), cfg.health_interval):
+            with HealthWatch(watched, lambda name, state: rec.event(f"{name}: {state}"), cfg.health_interval) as w:
+                injector = _injector(lp, sup, rec, w)
+                if injector.faults:
+                    sidecar_io = None  # a restarted sidecar is a new process: its bytes are not one counter
+                injector.start()
                 result, records = replay_execute(replay_plan)
+                done = list(injector.done)
+            if done:
+                from kvtier.launch.faults import storm_outcome
+
+                start = min((r["start_unix_s"] for r in records if r["start_unix_s"] is not None),
+                            default=injector.started_unix_s)  # fmt: skip
+                rec.faults = [storm_outcome(records, d, start).model_dump(mode="json") for d in done]
+                for d in done:
+                    if d.error:
+                        rec.warnings.append(
+                            warning(
+                                WarningCode.fault_not_recovered,
+                                f"--fault {d.fault.kind}@{d.fault.at_s:g}: the part did not come back: {d.error}",
+                                fault=d.fault.kind,
+                            )  # fmt: skip
+                        )
+            missed = [f for f in injector.faults if f not in [d.fault for d in done]]
+            for f in missed:
+                rec.warnings.append(
+                    warning(
+                        WarningCode.fault_not_injected,
+                        f"--fault {f.kind}@{f.at_s:g}: the replay ended before it: no storm measured",
+                        fault=f.kind,
+                    )  # fmt: skip
+                )
             result.server.launch = lp.identity(rec.engines)
             signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
             write_outputs(result, records, folder)
@@ -465,6 +519,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if injector is not None:
+            injector.stop()  # a fault in progress finishes first; then what it restarted may die with it
         sup.stop_all()
         signal.signal(signal.SIGINT, old_int)
         rec.event("all processes stopped")

@@ -74,6 +74,7 @@ class Proc:
     argv: list[str]
     popen: subprocess.Popen[bytes]
     log: Path
+    plan: ProcPlan
 
 
 @dataclass
@@ -100,9 +101,24 @@ class Supervisor:
                 )
             except OSError as e:
                 raise LaunchError(f"{plan.name}: cannot start {argv[0]!r}: {e.strerror}") from e
-        proc = Proc(plan.name, argv, p, log)
+        proc = Proc(plan.name, argv, p, log, plan)
         self.procs.append(proc)
         return proc
+
+    def restart(self, proc: Proc) -> Proc:
+        """Kill ``proc``'s whole group at once (a crash, not a shutdown) and start it again with the same command,
+        in its place in the stop order (its log gets the new command line appended)."""
+        i = self.procs.index(proc)
+        _signal_group(proc.popen.pid, signal.SIGKILL)
+        try:
+            proc.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.procs.remove(proc)
+        new = self.start(proc.plan, proc.argv)
+        self.procs.remove(new)
+        self.procs.insert(i, new)
+        return new
 
     def wait_healthy(
         self,
@@ -191,6 +207,10 @@ class HealthWatch:
         self.states = {name: "healthy" for name, _, _ in watched}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvtier-health-watch", daemon=True)
+
+    def replace(self, name: str, proc: Proc) -> None:
+        """Watch ``proc`` under ``name`` from now on (a restarted process)."""
+        self.watched = [(n, proc if n == name else p, u) for n, p, u in self.watched]
 
     def check(self) -> None:
         for name, proc, url in self.watched:

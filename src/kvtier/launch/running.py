@@ -56,6 +56,7 @@ class LaunchRecord:
         self.device: dict[str, Any] | None = None  # the NVMe tier's devices over the replay (diskstats)
         self.warnings: list[ResultWarning] = list(lp.warnings)
         self.hardware: dict[str, Any] | None = None  # the replay's host CPU and GPU samples
+        self.faults: list[dict[str, Any]] | None = None  # --fault: each injected and its miss storm
 
     def event(self, what: str) -> None:
         self.events.append({"t_unix_s": round(time.time(), 3), "event": what})
@@ -92,6 +93,7 @@ class LaunchRecord:
                 "engines": self.engines.as_dict() if self.engines is not None else None,
                 "device": self.device,
                 "hardware": self.hardware,
+                "faults": self.faults,
                 "warnings": self.warnings,
                 "error": self.error,
                 "exit_status": exit_status,

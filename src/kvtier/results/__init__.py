@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from kvtier.results.launch import LaunchResult
     from kvtier.results.mlperf import MlperfRunSummary
     from kvtier.results.replay import ReplayResult
+    from kvtier.results.sweep import SweepResult
 
-    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary
+    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary | SweepResult
 
 
 def _model_for(benchmark: Any) -> Any:
@@ -38,6 +39,10 @@ def _model_for(benchmark: Any) -> Any:
         from kvtier.results.launch import LaunchResult
 
         return LaunchResult
+    if benchmark == "kvtier plan sweep":
+        from kvtier.results.sweep import SweepResult
+
+        return SweepResult
     if benchmark == "kvtier bench mpi":
         from kvtier.results.aggregate import BenchAggregate
 
@@ -47,7 +52,7 @@ def _model_for(benchmark: Any) -> Any:
 
 def _file(path: Path) -> Path:
     if path.is_dir():
-        for name in ("summary.json", "launch.json", "kvcache_run_summary.json"):
+        for name in ("summary.json", "launch.json", "sweep.json", "kvcache_run_summary.json"):
             if (path / name).is_file():
                 return path / name
         raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")

@@ -53,6 +53,8 @@ class StopCode(enum.StrEnum):
     startup_failed = "startup-failed"  # launch: a process did not start or become healthy
     running = "running"  # launch.json written while the replay was still running
     too_many_failures = "too-many-failures"  # it ran to its end, but more than --max-failure-rate of its work failed
+    grid_finished = "grid-finished"  # plan sweep: every trial of the grid ran
+    budget = "budget"  # plan sweep: its --budget ran out before every trial ran
 
 
 class Section(BaseModel):
@@ -118,6 +120,8 @@ class WarningCode(enum.StrEnum):
     latency_tracing_unavailable = "latency-tracing-unavailable"
     io_trace_incomplete = "io-trace-incomplete"
     remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
+    fault_not_recovered = "fault-not-recovered"  # launch --fault: the restarted part did not answer again
+    fault_not_injected = "fault-not-injected"  # launch --fault: the replay ended before the fault's time
     gds_off = (
         "gds-off"  # --gds auto found no cuFile path (the file tier used O_DIRECT), or kvikio moved the bytes by POSIX
     )

@@ -60,6 +60,42 @@ class LaunchPolicies(Section):
     lb_policy: str | None
 
 
+class StormWindow(Section):
+    """Requests started in one window of a fault (launch/faults.py): before it, or in its zero-hit window."""
+
+    requests: int
+    failed: int
+    offload_hit_rate: float | None  # prompt tokens an offload tier served / all prompt tokens (ok requests)
+    ttft_s_p95: float | None
+    queue_s_mean: float | None  # the server's queue wait (the sim's decomposition; None without it)
+    queue_s_p95: float | None
+
+
+class StormPoint(Section):
+    t: float  # seconds after the replay started: the bin's start
+    requests: int
+    offload_hit_rate: float | None
+    ttft_s_p95: float | None
+
+
+class FaultOutcome(Section):
+    """One injected fault and the miss storm it caused (``kvtier launch --fault``; docs/metrics.md)."""
+
+    kind: str
+    at_s: float  # after the replay started
+    down_unix_s: float  # when the part was killed
+    up_unix_s: float | None  # when it answered its health check again (None: never)
+    downtime_s: float | None
+    error: str | None  # why it did not come back
+    basis: Literal["prompt_sources", "cached_tokens"]  # what says a token came from the offload tier
+    baseline: StormWindow
+    zero_hit_s: float | None  # the kill to the first request an offload tier served again (None: none did)
+    storm: StormWindow  # the requests started in the zero-hit window
+    recovered_after_s: float | None  # the kill to the hit rate back at recovered_at x the baseline's (None: not)
+    recovered_at: float
+    timeline: list[StormPoint]
+
+
 class LaunchResult(Envelope):
     """One ``kvtier launch`` run. The replay's own result is OUTDIR/replay/summary.json."""
 
@@ -87,9 +123,10 @@ class LaunchResult(Envelope):
     engines: dict[str, Any] | None = None  # the pre-flight check (launch/engines.py; None for the sim)
     device: dict[str, Any] | None = None  # NVMe tier: its devices over the replay (telemetry/diskstats.py)
     hardware: Hardware | None = None  # the replay's host CPU and GPU telemetry (results/replay.py Hardware)
+    faults: list[FaultOutcome] | None = None  # --fault: each fault injected and its miss storm
     error: str | None
     exit_status: int | None
     config: LaunchConfig
 
 
-__all__ = ["LaunchResult"]
+__all__ = ["FaultOutcome", "LaunchResult", "StormPoint", "StormWindow"]

@@ -1,0 +1,228 @@
+"""``kvtier plan recommend``: the cheapest placement a sweep measured meeting a TTFT p95 SLO at its load.
+
+From a ``kvtier plan sweep`` folder (sweep.json and each trial's replay result), per point (CPU GB x NVMe GB x
+concurrency), over its complete trials:
+
+* TTFT p95 (each trial's own p95), its mean and 95 % confidence interval across trials (Student's t; one
+  trial has no interval), TTFT p50, requests per second;
+* the prompt tokens served by the GPU prefix cache and by the offload tiers (the sim's decomposition,
+  ``summary.ttft_decomposition.token_share``), as shares, with the same interval;
+* with ``--store-cost TIER=$/GB-month`` for each tier a point uses, its cost per hour.
+
+A point **meets the SLO** when the upper end of its TTFT p95 interval is within ``--slo-ttft-p95`` (with one
+trial, its p95 itself; the report says there is no interval). At each load (concurrency) the recommendation is
+the cheapest point that meets it: by cost when every tier used has a cost, else the smallest (CPU GB, then NVMe
+GB). The knees, along CPU GB at each NVMe size and load: the smallest size whose offload hit rate has reached
+``KNEE`` of the line's whole rise (more CPU buys little hit rate beyond it), and the smallest whose TTFT p95 has
+fallen ``KNEE`` of the line's whole fall.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from kvtier.errors import ConfigError, DatasetError
+from kvtier.plan.value import HOURS_PER_MONTH
+
+KNEE = 0.9
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+"""Student's t at 0.975 by degrees of freedom (a table: kvtier does not depend on scipy)."""
+
+
+def t975(df: int) -> float:
+    if df in _T975:
+        return _T975[df]
+    below = [k for k in _T975 if k < df]
+    return _T975[max(below)] if df < 30 else 1.96
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Interval(_Report):
+    mean: float | None
+    low: float | None  # the 95 % confidence interval of the mean (None with fewer than two trials)
+    high: float | None
+    n: int
+
+
+def interval(xs: list[float]) -> Interval:
+    n = len(xs)
+    if not n:
+        return Interval(mean=None, low=None, high=None, n=0)
+    m = sum(xs) / n
+    if n < 2:
+        return Interval(mean=round(m, 6), low=None, high=None, n=1)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = t975(n - 1) * sd / math.sqrt(n)
+    return Interval(mean=round(m, 6), low=round(m - h, 6), high=round(m + h, 6), n=n)
+
+
+class PointStats(_Report):
+    point: str
+    cpu_gb: float
+    nvme_gb: float
+    concurrency: int
+    trials: int  # complete trials used
+    trials_not_complete: int
+    ttft_p95_s: Interval
+    ttft_p50_s: Interval
+    gpu_hit_share: Interval  # of prompt tokens, from the GPU prefix cache
+    offload_hit_share: Interval  # of prompt tokens, from the offload tiers
+    requests_per_s: Interval
+    cost_usd_per_hour: float | None
+    meets_slo: bool | None  # None: no complete trial, or no --slo-ttft-p95
+    note: str = ""
+
+
+class Knee(_Report):
+    nvme_gb: float
+    concurrency: int
+    hit_rate_knee_cpu_gb: float | None
+    ttft_knee_cpu_gb: float | None
+    points: int
+
+
+class Pick(_Report):
+    concurrency: int
+    point: str | None  # None: no point meets the SLO at this load
+    by: str  # cost, or size (no cost for some tier used)
+    sentence: str
+
+
+class Recommendation(_Report):
+    source: str
+    sweep_status: str
+    slo_ttft_p95_s: float | None
+    store_cost: dict[str, float]  # $/GB-month, given
+    points: list[PointStats]
+    knees: list[Knee]
+    picks: list[Pick]
+
+
+def _cost(cpu: float, nvme: float, costs: dict[str, float]) -> float | None:
+    used = {k: v for k, v in (("cpu", cpu), ("nvme", nvme)) if v > 0}
+    if any(k not in costs for k in used):
+        return None
+    return round(sum(gb * costs[k] for k, gb in used.items()) / HOURS_PER_MONTH, 6)
+
+
+def _knee(xs: list[float], ys: list[float | None], rising: bool) -> float | None:
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if len(pts) < 2:
+        return None
+    first, best = pts[0][1], (max if rising else min)(y for _, y in pts)
+    span = (best - first) if rising else (first - best)
+    if span <= 0:
+        return pts[0][0]  # nothing to gain beyond the smallest
+    for x, y in pts:
+        if (y - first if rising else first - y) >= KNEE * span:
+            return x
+    return pts[-1][0]
+
+
+def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, float],
+              concurrency: int | None = None) -> Recommendation:  # fmt: skip
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
+    from kvtier.results.sweep import SweepResult
+
+    folder = Path(path)
+    sweep = load(folder if folder.is_dir() else folder)
+    if not isinstance(sweep, SweepResult):
+        raise DatasetError(f"--from {path}: not a kvtier plan sweep result (sweep.json)")
+    root = folder if folder.is_dir() else folder.parent
+    by_point: dict[str, list[ReplayResult]] = {}
+    missing: dict[str, int] = {}
+    meta: dict[str, tuple[float, float, int]] = {}
+    for t in sweep.trials:
+        meta[t.point] = (t.cpu_gb, t.nvme_gb, t.concurrency)
+        by_point.setdefault(t.point, [])
+        if t.status != "complete":
+            missing[t.point] = missing.get(t.point, 0) + 1
+            continue
+        r = load(root / t.path)
+        if not isinstance(r, ReplayResult):
+            raise DatasetError(f"{root / t.path}: not a replay result")
+        by_point[t.point].append(r)
+    points = []
+    for name, rs in by_point.items():
+        cpu, nvme, conc = meta[name]
+        if concurrency is not None and conc != concurrency:
+            continue
+        shares = [r.summary.ttft_decomposition.token_share if r.summary.ttft_decomposition else None for r in rs]
+        p95 = interval([r.summary.ttft_s.p95 for r in rs if r.summary.ttft_s.p95 is not None])
+        meets = None
+        note = ""
+        if slo_ttft_p95_s is not None and p95.mean is not None:
+            bound = p95.high if p95.high is not None else p95.mean
+            meets = bound <= slo_ttft_p95_s
+            if p95.high is None:
+                note = "one trial: no interval"
+        points.append(
+            PointStats(
+                point=name, cpu_gb=cpu, nvme_gb=nvme, concurrency=conc, trials=len(rs),
+                trials_not_complete=missing.get(name, 0), ttft_p95_s=p95,
+                ttft_p50_s=interval([r.summary.ttft_s.p50 for r in rs if r.summary.ttft_s.p50 is not None]),
+                gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None]),
+                offload_hit_share=interval([sum(v for k, v in s.items() if k not in ("gpu", "recomputed"))
+                                            for s in shares if s is not None]),
+                requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s]),
+                cost_usd_per_hour=_cost(cpu, nvme, store_cost), meets_slo=meets, note=note,
+            )
+        )  # fmt: skip
+    if not points:
+        raise ConfigError(f"--from {path}: no point" + (f" at --concurrency {concurrency}" if concurrency else ""))
+    points.sort(key=lambda p: (p.concurrency, p.nvme_gb, p.cpu_gb))
+    knees = []
+    for conc in sorted({p.concurrency for p in points}):
+        for nvme in sorted({p.nvme_gb for p in points}):
+            line = [p for p in points if p.concurrency == conc and p.nvme_gb == nvme]
+            xs = [p.cpu_gb for p in line]
+            knees.append(
+                Knee(
+                    nvme_gb=nvme, concurrency=conc, points=len(line),
+                    hit_rate_knee_cpu_gb=_knee(xs, [p.offload_hit_share.mean for p in line], rising=True),
+                    ttft_knee_cpu_gb=_knee(xs, [p.ttft_p95_s.mean for p in line], rising=False),
+                )
+            )  # fmt: skip
+    picks = []
+    if slo_ttft_p95_s is not None:
+        for conc in sorted({p.concurrency for p in points}):
+            ok = [p for p in points if p.concurrency == conc and p.meets_slo]
+            priced = all(p.cost_usd_per_hour is not None for p in ok)
+            by = "cost" if ok and priced else "size"
+            ok.sort(key=lambda p: (p.cost_usd_per_hour or 0.0, p.cpu_gb, p.nvme_gb) if by == "cost"
+                    else (p.cpu_gb, p.nvme_gb))  # fmt: skip
+            picks.append(_pick(conc, ok[0] if ok else None, by, slo_ttft_p95_s))
+    return Recommendation(source=str(root), sweep_status=sweep.status.value, slo_ttft_p95_s=slo_ttft_p95_s,
+                          store_cost=store_cost, points=points, knees=knees, picks=picks)  # fmt: skip
+
+
+def _pick(conc: int, p: PointStats | None, by: str, slo: float) -> Pick:
+    if p is None:
+        return Pick(concurrency=conc, point=None, by=by,
+                    sentence=f"at concurrency {conc} no placement swept meets TTFT p95 <= {slo:g} s")  # fmt: skip
+    i = p.ttft_p95_s
+    ci = f" (95 % CI {i.low:.3f}-{i.high:.3f} s, {i.n} trials)" if i.high is not None and i.low is not None else (
+        " (one trial: no interval)")  # fmt: skip
+    cost = f", ${p.cost_usd_per_hour:.4f}/h of store" if p.cost_usd_per_hour is not None else ""
+    hit = (
+        f"; {p.offload_hit_share.mean:.0%} of prompt tokens from offload"
+        if p.offload_hit_share.mean is not None
+        else ""
+    )
+    where = f"CPU {p.cpu_gb:g} GB" + (f" + NVMe {p.nvme_gb:g} GB" if p.nvme_gb else "")
+    return Pick(
+        concurrency=conc, point=p.point, by=by,
+        sentence=f"at concurrency {conc}: {where} ({p.point}) meets TTFT p95 <= {slo:g} s with {i.mean:.3f} s"
+        f"{ci}{cost}{hit}; the cheapest by {by}",
+    )  # fmt: skip
+
+
+__all__ = ["Recommendation", "PointStats", "interval", "recommend", "KNEE"]

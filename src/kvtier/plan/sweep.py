@@ -1,0 +1,225 @@
+"""``kvtier plan sweep``: a trace replayed against the sim across a grid of placements, each trial a result.
+
+Each point of the grid (CPU GB x NVMe GB x concurrency) runs ``trials`` times. A trial starts a fresh
+``kvtier sim`` on a port of 127.0.0.1 the OS chose, its offload tiers kvtier's real engine:
+
+* CPU 0, NVMe 0: ``--offload none`` (the GPU prefix cache alone);
+* CPU c, NVMe 0: ``--offload cpu --cpu-offload-gb c``;
+* NVMe n: ``--offload nvme --nvme-offload-gb n --staging-gb c`` (the CPU tier in front of the files; with
+  CPU 0 the smallest staging tier, ``MIN_STAGING_GB``, which the trial's ``sim_argv`` records),
+
+then ``kvtier replay`` of the dataset against it into ``POINT/trial-N/`` (a replay result folder), then stops
+the sim and removes its files. sweep.json (a ``SweepResult``) is rewritten after every trial, so a sweep cut by
+``--budget`` (no trial starts that the mean trial time so far says would end past it), Ctrl+C or a crash
+resumes: a trial whose folder holds a complete replay result is kept (``reused``), any other is run again.
+Status: complete when every trial ran complete; partial when the budget or Ctrl+C left some unrun, or some
+trial's replay was not complete (its own status says why).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtier.errors import ConfigError, DatasetError
+from kvtier.results.envelope import (
+    Status,
+    StopCode,
+    StopReason,
+    WarningCode,
+    collect_host,
+    iso,
+    utc_now,
+    warning,
+)
+from kvtier.results.io import write_json
+from kvtier.results.sweep import SweepGrid, SweepResult, SweepTrial
+
+MIN_STAGING_GB = 0.05
+"""The CPU staging tier of an NVMe point swept at CPU 0 GB: a few chunks, so the NVMe tier serves."""
+SIM_START_S = 60.0
+
+
+@dataclass(frozen=True)
+class Point:
+    cpu_gb: float
+    nvme_gb: float
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        return f"cpu{self.cpu_gb:g}-nvme{self.nvme_gb:g}-c{self.concurrency}"
+
+    def offload_args(self, nvme_dir: Path) -> list[str]:
+        if self.nvme_gb > 0:
+            staging = self.cpu_gb if self.cpu_gb > 0 else MIN_STAGING_GB
+            return ["--offload", "nvme", "--nvme-offload-gb", f"{self.nvme_gb:g}", "--staging-gb", f"{staging:g}",
+                    "--nvme-dir", str(nvme_dir)]  # fmt: skip
+        if self.cpu_gb > 0:
+            return ["--offload", "cpu", "--cpu-offload-gb", f"{self.cpu_gb:g}"]
+        return ["--offload", "none"]
+
+
+def grid_points(g: SweepGrid) -> list[Point]:
+    return [Point(c, n, k) for k in g.concurrency for n in g.nvme_gb for c in g.cpu_gb]
+
+
+def _kvtier() -> list[str]:
+    return [sys.executable, "-m", "kvtier"]
+
+
+def _start_sim(argv: list[str], port_file: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + SIM_START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"kvtier sim exited with status {proc.returncode} before it listened; log {log}")
+        try:
+            text = port_file.read_text().strip()
+        except OSError:
+            text = ""
+        if text.isdigit():
+            return proc, int(text)
+        time.sleep(0.05)
+    _stop(proc)
+    raise ConfigError(f"kvtier sim did not listen within {SIM_START_S:.0f} s; log {log}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+def _replay_status(folder: Path) -> str | None:
+    """The status of the replay result in ``folder``, or None when there is none it can read."""
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
+
+    try:
+        r = load(folder)
+    except DatasetError:
+        return None
+    return r.status.value if isinstance(r, ReplayResult) else None
+
+
+def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
+    """One trial: a fresh sim with the point's tiers, the replay against it, the sim stopped (module docstring)."""
+    folder = out / p.name / f"trial-{trial}"
+    rel = str(folder.relative_to(out))
+    nvme = Path(g.nvme_dir) / f"{p.name}-{trial}"
+    sim_argv = _kvtier() + ["sim", "--preset", g.preset, "--model", g.sim_model, "--served-model-name", "m",
+                            "--gpu-kv-gb", f"{g.gpu_kv_gb:g}", "--host", "127.0.0.1", "--port", "0",
+                            "--port-file", str(folder / "sim.port"), *p.offload_args(nvme)]  # fmt: skip
+    base = {"point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency,
+            "trial": trial, "path": rel, "sim_argv": sim_argv}  # fmt: skip
+    if _replay_status(folder) == "complete":
+        return SweepTrial(**base, status="complete", reused=True, wall_s=None)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    if p.nvme_gb > 0:
+        nvme.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    sim, port = _start_sim(sim_argv, folder / "sim.port", folder / "sim.log")
+    try:
+        replay = _kvtier() + ["replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m",
+                              "--dataset", g.dataset, "--dataset-format", g.dataset_format,
+                              "--concurrency", str(p.concurrency), "--num-rounds", str(g.num_rounds),
+                              "--output", str(folder), "--progress", "none", "--warmup", "0",
+                              *(["--max-tokens-cap", str(g.max_tokens_cap)] if g.max_tokens_cap else []),
+                              *(["--duration", f"{g.duration_s:g}"] if g.duration_s else []),
+                              *g.replay_args]  # fmt: skip
+        with open(folder / "replay.log", "wb") as log:
+            rc = subprocess.run(replay, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    finally:
+        _stop(sim)
+        shutil.rmtree(nvme, ignore_errors=True)
+    status = _replay_status(folder)
+    err = None if status is not None else f"kvtier replay exited with status {rc} and no result; log {rel}/replay.log"
+    return SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3),
+                      error=err)  # fmt: skip
+
+
+def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: None) -> SweepResult:
+    """Every trial of the grid within the budget, sweep.json rewritten after each (module docstring)."""
+    out.mkdir(parents=True, exist_ok=True)
+    Path(g.nvme_dir).mkdir(parents=True, exist_ok=True)
+    started, t0 = utc_now(), time.monotonic()
+    todo = [(p, k) for p in grid_points(g) for k in range(g.trials)]
+    done: list[SweepTrial] = []
+    stop = StopReason(code=StopCode.grid_finished, message="every trial of the grid ran")
+    ran: list[float] = []
+
+    def result(final: bool) -> SweepResult:
+        left = [SweepTrial(point=p.name, cpu_gb=p.cpu_gb, nvme_gb=p.nvme_gb, concurrency=p.concurrency, trial=k,
+                           path=f"{p.name}/trial-{k}", status="not-run", reused=False, wall_s=None, sim_argv=[])
+                for p, k in todo[len(done):]]  # fmt: skip
+        trials = done + left
+        bad = [t for t in trials if t.status != "complete"]
+        status = Status.complete if final and not bad and stop.code == StopCode.grid_finished else Status.partial
+        if final and done and all(t.status == "failed" for t in done):
+            status = Status.failed
+        warnings = []
+        if bad:
+            warnings.append(warning(WarningCode.run_not_complete,
+                                    f"{len(bad)} of {len(trials)} trials are not complete: "
+                                    + ", ".join(f"{t.path} {t.status}" for t in bad[:8]), trials=len(bad)))  # fmt: skip
+        return SweepResult(
+            status=status if final else Status.partial,
+            stop_reason=stop if final else StopReason(code=StopCode.running, message="the sweep is running"),
+            started_at=iso(started), finished_at=iso(utc_now()), host=collect_host({"output": str(out)}),
+            warnings=warnings, grid=g, trials=trials, wall_s=round(time.monotonic() - t0, 3),
+        )  # fmt: skip
+
+    try:
+        for i, (p, k) in enumerate(todo):
+            if g.budget_s and ran:
+                mean = sum(ran) / len(ran)
+                if time.monotonic() - t0 + mean > g.budget_s:
+                    stop = StopReason(
+                        code=StopCode.budget,
+                        message=f"--budget {g.budget_s:g} s: {len(todo) - i} trials left at {mean:.1f} s each",
+                    )
+                    break
+            t = run_trial(g, p, k, out)
+            done.append(t)
+            if t.wall_s is not None:
+                ran.append(t.wall_s)
+            say(f"{p.name} trial {k}: {t.status}{' (kept from an earlier run)' if t.reused else ''}"
+                + (f" in {t.wall_s:.1f} s" if t.wall_s is not None else ""))  # fmt: skip
+            write_json(result(final=False), out / "sweep.json")
+    except KeyboardInterrupt:
+        stop = StopReason(code=StopCode.interrupted, message="interrupted: the trials not run are listed as not-run")
+    final = result(final=True)
+    write_json(final, out / "sweep.json")
+    return final
+
+
+def parse_list(text: str, flag: str, kind: type = float) -> list:  # type: ignore[type-arg]
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise ConfigError(f"{flag}: expected distinct numbers >= 0, got {text!r}")
+    return sorted(values)
+
+
+__all__ = ["Point", "grid_points", "parse_list", "run_sweep", "run_trial", "MIN_STAGING_GB"]
