@@ -70,7 +70,7 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     for r in ok:
         src, parts = r["prompt_sources"], r["server_ttft_parts"]
         assert sum(src.values()) == r["prompt_tokens"] and set(src) <= {"gpu", "cpu", "recomputed"}, r
-        assert set(parts) == {"receive", "queue", "lookup", "fetch", "recompute", "first_decode"}
+        assert set(parts) == {"receive", "queue", "lookup", "fetch", "recompute", "first_decode", "send"}
         assert sum(parts.values()) == pytest.approx(r["server_ttft_s"], abs=1e-5)
         assert r["server_ttft_s"] <= r["ttft_s"]  # measured inside the client's own interval
         assert (src["gpu"] + src.get("cpu", 0) > 0) == (r["cached_tokens"] > 0)

@@ -308,7 +308,7 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
             "serves the history)?", _png(fig))  # fmt: skip
 
 
-PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode")
+PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "send")
 
 
 def ttft_parts(items: Sequence[Loaded]) -> Plot | None:

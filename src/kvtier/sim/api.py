@@ -31,7 +31,7 @@ from kvtier.sim.requests import (
     parse_completion,
     read_json,
 )
-from kvtier.sim.server import SimEngine
+from kvtier.sim.server import SimEngine, add_send
 
 WORDS = (
     "the",
@@ -183,6 +183,7 @@ class Handlers:
         def still_there(i: int) -> bool | None:  # a client that left stops the decoding
             return not (tr is None or tr.is_closing())
 
+        info = add_send(info, None)  # not streamed: the first token leaves with the last
         _, n = await gen.asend(still_there)
         content = "".join(_word(i) for i in range(n))
         return web.json_response(
@@ -215,6 +216,7 @@ class Handlers:
         if chat:
             await send(chunk(head, chat, {"role": "assistant", "content": ""}, None))
         await resp.write(frames.first)  # token 0 leaves with the prefill (and flushes the headers)
+        info = add_send(info, time.perf_counter())
         _, n = await gen.asend(frames.emit)
         # the last chunk carries kvtier's extension: the request's TTFT decomposition (docs/serving.md)
         await send({**chunk(head, chat, {} if chat else "", "length"), "kvtier": info})

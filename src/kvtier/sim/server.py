@@ -174,10 +174,27 @@ def first_info(
                 "fetch": round(load_s, 6),  # the offload tier's real reads
                 "recompute": round(t_first - t_fetched, 6),  # prefill of what no tier held
                 "first_decode": 0.0,  # token 0 leaves with the prefill
+                "send": 0.0,  # the front sets it: the first token's frame built and written (see add_send)
             },
             "server_ttft_s": round(t_first - t_recv, 6),
         },
+        FIRST_TOKEN_AT: t_first,  # perf_counter; the front takes it out (add_send) before the info is sent
     }
+
+
+FIRST_TOKEN_AT = "_first_token_at"
+
+
+def add_send(info: dict[str, Any], sent_at: float | None) -> dict[str, Any]:
+    """The front's part of the decomposition: from the first token's readiness to its frame written to the
+    socket (``sent_at``, perf_counter; None: not streamed, 0). Returns the info without the private stamp."""
+    t_first = info.pop(FIRST_TOKEN_AT, None)
+    if sent_at is not None and t_first is not None:
+        d = info["ttft_decomposition"]
+        send = max(0.0, sent_at - t_first)
+        d["seconds"]["send"] = round(send, 6)
+        d["server_ttft_s"] = round(sum(d["seconds"].values()), 6)
+    return info
 
 
 class SimEngine:
