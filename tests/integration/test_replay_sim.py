@@ -108,6 +108,20 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     assert ret["accessed_tokens"] <= sum(r["prompt_tokens"] for r in ok)  # full blocks of the sent prompts
     assert 0 < ret["span"] <= s["wall_s"] and ret["tiers"][0]["hit_fraction"] <= ret["reused_tokens"] / ret[
         "accessed_tokens"] + 1e-6  # fmt: skip
+    # kvtier plan views (c): these requests' KV I/O run through kvtier trace replay, its reads predicting the fetch
+    pv = subprocess.run(
+        kvtier_cmd() + ["plan", "views", "--from", str(tmp_path / "out"), "--storage", "--preset", "cpu-test",
+                        "--work", str(tmp_path / "views"), "--json"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert pv.returncode == 0, pv.stderr
+    views = json.loads(pv.stdout)
+    assert [t["turn"] for t in views["turns"]] == [0, 1, 2, 3, 4] and views["requests"] == len(ok)
+    assert sum(t["requests"] for t in views["turns"]) == len(ok)
+    bench = json.loads(Path(views["storage_result"]).read_text())
+    assert bench["benchmark"] == "kvtier bench" and bench["tiers"]["cpu"]["read"]["ops"] > 0
+    assert all(t["storage_ttft_s"] is not None and t["predicted_ttft_s"] is None for t in views["turns"])
+    assert views["median_abs_storage_ttft_error"] is not None
     m = s["server_metrics"][0]
     # the scraper's overall rate equals the server's own counters (warm-up included in both)
     expect = server["vllm:prefix_cache_hits_total"] / server["vllm:prefix_cache_queries_total"]

@@ -649,6 +649,48 @@ def plot_sweep(path: str, r: Any) -> None:
     plt.close(fig)
 
 
+# -- views -----------------------------------------------------------------------------------------
+def cmd_views(a: argparse.Namespace) -> int:
+    from kvtier.plan.views import views_report
+
+    if not a.fetch_from and not a.storage:
+        raise ConfigError("--fetch-from / --storage: give a bench result to predict from, --storage, or both")
+    r = views_report(
+        a.from_, a.fetch_from, a.preset,
+        prefill_tps=_positive(a.prefill_tps, "--prefill-tps") if a.prefill_tps else None,
+        prefill_overhead_ms=float(a.prefill_overhead_ms) if a.prefill_overhead_ms is not None else None,
+        model=a.model, storage=a.storage, storage_dir=a.storage_dir, work=a.work,
+    )  # fmt: skip
+
+    def ms(x: float | None) -> str:
+        return "—" if x is None else f"{x * 1e3:,.2f}"
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{x:+.0%}"
+
+    t = _table(
+        f"one trace, three views ({r.source}: {r.requests} requests); ms, error = predicted / measured - 1",
+        ["turn", "requests", "measured TTFT", "measured fetch", "(b) TTFT", "(b) fetch", "(b) error", "(c) TTFT",
+         "(c) fetch", "(c) error"],
+    )  # fmt: skip
+    for x in r.turns:
+        t.add_row(str(x.turn), str(x.requests), ms(x.measured_ttft_s), ms(x.measured_fetch_s), ms(x.predicted_ttft_s),
+                  ms(x.predicted_fetch_s), pct(x.ttft_error), ms(x.storage_ttft_s), ms(x.storage_fetch_s),
+                  pct(x.storage_ttft_error))  # fmt: skip
+    lines = [f"{i.name}: {i.value:g} {i.unit} ({i.source})" if i.value is not None else f"{i.name}: — ({i.source})"
+             for i in r.inputs]  # fmt: skip
+    lines += [f"finding: {f}" for f in r.findings]
+    _emit(a, r, t, lines)
+    if not a.json:
+
+        def plain(x: float | None) -> str:
+            return "—" if x is None else f"{x:.0%}"
+
+        b, c = plain(r.median_abs_ttft_error), plain(r.median_abs_storage_ttft_error)
+        print(f"median |error| by turn: (b) {b}, (c) {c}")
+    return 0
+
+
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="placement economics: KV bytes, fetch vs recompute, capacity")
     ps = p.add_subparsers(dest="plan_command", required=True)
@@ -757,3 +799,18 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rc.add_argument("--plot", help="PNG: TTFT p95 with its interval and the offload hit share against CPU GB")
     rc.add_argument("--json", action="store_true")
     rc.set_defaults(func=cmd_recommend)
+
+    vw = ps.add_parser(
+        "views", help="one trace, three views: a replay against the sim, the planner's prediction, a storage run"
+    )
+    vw.add_argument("--from", dest="from_", required=True, help="a kvtier replay folder (against the sim)")
+    vw.add_argument("--fetch-from", help="a kvtier bench result of the same tier: its read bandwidth predicts (b)")
+    vw.add_argument("--storage", action="store_true", help="(c): run the requests' KV I/O through kvtier trace replay")
+    vw.add_argument("--storage-dir", help="(c): the storage tier's directory (default: a temporary one)")
+    vw.add_argument("--work", help="(c): where the I/O trace and its bench result go (default FROM/views)")
+    vw.add_argument("--preset", default="h100-llama3.1-8b", help="the sim preset whose prefill model predicts")
+    vw.add_argument("--prefill-tps", help="instead of the preset's prefill rate, tokens/s")
+    vw.add_argument("--prefill-overhead-ms", help="instead of the preset's per-prefill overhead")
+    vw.add_argument("--model", help="catalog model of the sim's KV (default: the replay's, when in the catalog)")
+    vw.add_argument("--json", action="store_true")
+    vw.set_defaults(func=cmd_views)

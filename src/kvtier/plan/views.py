@@ -1,0 +1,309 @@
+"""``kvtier plan views``: one trace, three views, checked against each other.
+
+* **(a) measured**: a replay of the trace against the sim (its folder): each ok request's TTFT as the client
+  measured it, the server's fetch seconds, and its prompt tokens by source (GPU, each offload tier, recomputed).
+* **(b) predicted** by the planner from costs measured elsewhere: the tier's read bandwidth from a
+  ``kvtier bench`` result of the same tier (``--fetch-from``), and the sim's prefill model (its preset's
+  prefill rate and per-prefill overhead, or ``--prefill-tps``/``--prefill-overhead-ms``: given, not measured).
+  Each request, at its measured start time and with its measured token split, is fed through the sim's
+  prefill model as a trace-driven queue: its fetch (tokens x KV bytes per token / the tier's bandwidth), then
+  a FIFO prefill of ``overhead + recomputed / prefill rate`` behind the requests before it. What it leaves
+  out is the admission wait for GPU blocks and the client's own overhead: where those matter, the error says so.
+* **(c) storage**: the same requests' KV reads and writes as an I/O trace (each chunk the sim reported served
+  from a tier, one read; each new chunk of a session's prompt, one write to the tier that later serves it), run
+  through ``kvtier trace replay`` on kvtier's real tiers at the recorded pace; its measured read bandwidth per
+  tier then predicts the fetch again, and the TTFT through the same model.
+
+Per turn: the mean measured TTFT and fetch, the predictions, and the prediction error (predicted / measured -
+1); overall, the median of the per-turn absolute errors. A large error is a finding, stated, not hidden.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from kvtier.errors import ConfigError, DatasetError
+from kvtier.plan.measured import TierReadCost, read_costs
+from kvtier.plan.value import _records
+from kvtier.tiers import TIER_LABELS
+
+CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's)
+OFFLOAD_SOURCES_TO_TIER = {"cpu": "cpu", "storage": "storage"}  # a record's source name -> the tier kind
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TurnView(_Report):
+    turn: int
+    requests: int
+    measured_ttft_s: float
+    measured_fetch_s: float
+    predicted_ttft_s: float | None  # (b): the bench's bandwidth
+    predicted_fetch_s: float | None
+    ttft_error: float | None  # predicted / measured - 1
+    storage_ttft_s: float | None  # (c): the storage run's bandwidth
+    storage_fetch_s: float | None
+    storage_ttft_error: float | None
+
+
+class ViewInput(_Report):
+    name: str
+    value: float | None
+    unit: str
+    source: str  # measured (where) or given (where)
+
+
+class ViewsReport(_Report):
+    source: str
+    requests: int
+    kv_bytes_per_token: int
+    inputs: list[ViewInput]
+    turns: list[TurnView]
+    median_abs_ttft_error: float | None  # (b) over the turns
+    median_abs_storage_ttft_error: float | None  # (c)
+    storage_result: str | None  # the storage run's bench result file
+    findings: list[str]
+
+
+def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: float, overhead_s: float
+             ) -> list[tuple[float, float] | None]:  # fmt: skip
+    """(TTFT, fetch) per row through the sim's prefill model (module docstring); None where a tier that served
+    the row has no bandwidth."""
+    out: list[tuple[float, float] | None] = []
+    free_at = 0.0
+    order = sorted(range(len(rows)), key=lambda i: float(rows[i]["start_unix_s"]))
+    pred: dict[int, tuple[float, float] | None] = {}
+    for i in order:
+        r = rows[i]
+        src: dict[str, int] = r["prompt_sources"]
+        fetch = 0.0
+        known = True
+        for k, v in src.items():
+            if k in ("gpu", "recomputed") or not v:
+                continue
+            if k not in bw:
+                known = False
+                break
+            fetch += v * kvpt / bw[k]
+        if not known:
+            pred[i] = None
+            continue
+        arrival = float(r["start_unix_s"])
+        start = max(arrival + fetch, free_at)
+        free_at = start + overhead_s + max(1, int(src.get("recomputed", 0))) / tps
+        pred[i] = (free_at - arrival, fetch)
+    for i in range(len(rows)):
+        out.append(pred[i])
+    return out
+
+
+def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> int:
+    """The requests' KV operations as an I/O trace (the MLPerf reference's CSV; module docstring); rows written."""
+    chunk = CHUNK_TOKENS * kvpt
+    order = sorted(rows, key=lambda r: float(r["start_unix_s"]))
+    # where each session's chunk i is first read from: its write goes there (it was held there when served)
+    home: dict[tuple[str, int], str] = {}
+    plans = []
+    for r in order:
+        src: dict[str, int] = r["prompt_sources"]
+        gpu = int(src.get("gpu", 0)) // CHUNK_TOKENS
+        i = gpu
+        reads = []
+        for k, v in src.items():
+            if k in ("gpu", "recomputed") or not v:
+                continue
+            tier = OFFLOAD_SOURCES_TO_TIER.get(k)
+            if tier is None:
+                raise ConfigError(f"the storage view runs the cpu and storage tiers; the replay has {k!r}")
+            for _ in range(int(v) // CHUNK_TOKENS):
+                reads.append((i, tier))
+                home.setdefault((r["session"], i), tier)
+                i += 1
+        plans.append((r, reads, int(r["prompt_tokens"] or 0) // CHUNK_TOKENS))
+    written: dict[str, int] = {}
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        f.write("Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n")
+        for r, reads, full in plans:
+            t = float(r["start_unix_s"])
+            s = r["session"]
+            for i, tier in reads:
+                f.write(f"{t:.6f},Read,{chunk},{TIER_LABELS[tier]},{s}/{i},Decode\n")
+                n += 1
+            for i in range(written.get(s, 0), full):  # the prompt's new full chunks, stored after its prefill
+                tier = home.get((s, i), "cpu")
+                f.write(f"{t + 1e-6:.6f},Write,{chunk},{TIER_LABELS[tier]},{s}/{i},Prefill\n")
+                n += 1
+            written[s] = max(written.get(s, 0), full)
+    return n
+
+
+def _by_turn(rows: list[dict[str, Any]], b: list[tuple[float, float] | None],
+             c: list[tuple[float, float] | None] | None) -> list[TurnView]:  # fmt: skip
+    turns: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        turns.setdefault(int(r["turn"]), []).append(i)
+    out = []
+
+    def mean(xs: list[float]) -> float:
+        return round(sum(xs) / len(xs), 6)
+
+    for turn, idx in sorted(turns.items()):
+        mt = mean([float(rows[i]["ttft_s"]) for i in idx])
+        mf = mean([float(rows[i]["server_ttft_parts"].get("fetch", 0.0)) for i in idx])
+        pb = [b[i] for i in idx if b[i] is not None]
+        pt = mean([x[0] for x in pb]) if len(pb) == len(idx) else None  # type: ignore[index]
+        pf = mean([x[1] for x in pb]) if len(pb) == len(idx) else None  # type: ignore[index]
+        ct = cf = None
+        if c is not None:
+            pc = [c[i] for i in idx if c[i] is not None]
+            if len(pc) == len(idx):
+                ct = mean([x[0] for x in pc])  # type: ignore[index]
+                cf = mean([x[1] for x in pc])  # type: ignore[index]
+        out.append(
+            TurnView(
+                turn=turn, requests=len(idx), measured_ttft_s=mt, measured_fetch_s=mf, predicted_ttft_s=pt,
+                predicted_fetch_s=pf, ttft_error=None if pt is None or not mt else round(pt / mt - 1, 4),
+                storage_ttft_s=ct, storage_fetch_s=cf,
+                storage_ttft_error=None if ct is None or not mt else round(ct / mt - 1, 4),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _bw(costs: list[TierReadCost]) -> dict[str, float]:
+    return {c.tier: c.bw_mean for c in costs}
+
+
+def views_report(
+    replay: str,
+    fetch_from: str | None,
+    preset: str = "h100-llama3.1-8b",
+    prefill_tps: float | None = None,
+    prefill_overhead_ms: float | None = None,
+    model: str | None = None,
+    storage: bool = False,
+    storage_dir: str | None = None,
+    work: str | None = None,
+) -> ViewsReport:
+    """The three views of the module docstring (``storage``: run view (c), its files under ``work``)."""
+    from kvtier.modelspec import build_catalog, resolve_model
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult
+    from kvtier.sim.servers import load_presets
+
+    folder = Path(replay)
+    rows, _ = _records(folder)
+    rows = [r for r in rows if r.get("prompt_sources") and r.get("ttft_s") and r.get("start_unix_s")]
+    if not rows:
+        raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")
+    result = load(folder)
+    assert isinstance(result, ReplayResult)
+    if model:
+        kvpt = int(resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1))
+        kv_src = f"given (--model {model})"
+    elif result.reuse_opportunity is not None and result.reuse_opportunity.kv_bytes_per_token:
+        kvpt = result.reuse_opportunity.kv_bytes_per_token
+        kv_src = f"the replay's model ({result.reuse_opportunity.kv_model})"
+    else:
+        raise ConfigError("--model: the replay's model is not in kvtier's catalog: name the sim's --model")
+    presets = load_presets()
+    if preset not in presets:
+        raise ConfigError(f"--preset: unknown {preset!r} (known: {', '.join(sorted(presets))})")
+    p = presets[preset]
+    tps = prefill_tps or float(p["prefill_tps"])
+    overhead = (prefill_overhead_ms if prefill_overhead_ms is not None else float(p["prefill_overhead_ms"])) / 1e3
+    inputs = [
+        ViewInput(name="KV bytes per token", value=kvpt, unit="B", source=kv_src),
+        ViewInput(name="prefill rate", value=tps, unit="tokens/s",
+                  source="given (--prefill-tps)" if prefill_tps else f"given (the sim preset {preset})"),
+        ViewInput(name="prefill overhead", value=overhead * 1e3, unit="ms",
+                  source="given (--prefill-overhead-ms)" if prefill_overhead_ms is not None
+                  else f"given (the sim preset {preset})"),
+    ]  # fmt: skip
+    b: list[tuple[float, float] | None] = [None] * len(rows)
+    if fetch_from:
+        costs, bench = _bench_costs(fetch_from)
+        for c in costs:
+            inputs.append(ViewInput(name=f"{c.tier} read bandwidth", value=round(c.bw_mean / 1e9, 4), unit="GB/s",
+                                    source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of "
+                                    f"{c.mean_bytes / 2**20:.3g} MiB)"))  # fmt: skip
+        b = _predict(rows, _bw(costs), kvpt, tps, overhead)
+    c_pred = None
+    storage_result = None
+    if storage:
+        costs_c, storage_result = _storage_run(rows, kvpt, Path(work or folder / "views"), storage_dir)
+        for c in costs_c:
+            inputs.append(ViewInput(name=f"{c.tier} read bandwidth (storage view)", value=round(c.bw_mean / 1e9, 4),
+                                    unit="GB/s", source=f"measured (kvtier trace replay of these requests' KV "
+                                    f"I/O, {c.ops} reads)"))  # fmt: skip
+        c_pred = _predict(rows, _bw(costs_c), kvpt, tps, overhead)
+    turns = _by_turn(rows, b, c_pred)
+    eb = [abs(t.ttft_error) for t in turns if t.ttft_error is not None]
+    ec = [abs(t.storage_ttft_error) for t in turns if t.storage_ttft_error is not None]
+    findings = _findings(rows, turns)
+    return ViewsReport(
+        source=str(folder), requests=len(rows), kv_bytes_per_token=kvpt, inputs=inputs, turns=turns,
+        median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None,
+        median_abs_storage_ttft_error=round(statistics.median(ec), 4) if ec else None,
+        storage_result=storage_result, findings=findings,
+    )  # fmt: skip
+
+
+def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
+    """What the errors come from, in words: the parts the model leaves out, as measured."""
+    out = []
+    queue = [float(r["server_ttft_parts"].get("queue", 0.0)) for r in rows]
+    ttft = [float(r["ttft_s"]) for r in rows]
+    if sum(ttft) > 0:
+        share = sum(queue) / sum(ttft)
+        if share > 0.1:
+            out.append(f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks), "
+                       "which the prediction does not model")  # fmt: skip
+    server = [float(r["server_ttft_s"] or 0.0) for r in rows]
+    client = statistics.median(t - s for t, s in zip(ttft, server))
+    out.append(f"the client and loopback added {client * 1e3:.2f} ms at the median (outside the server's parts)")
+    fetch = sum(float(r["server_ttft_parts"].get("fetch", 0.0)) for r in rows)
+    for label, key in (("(b)", "predicted_fetch_s"), ("(c)", "storage_fetch_s")):
+        pred = [(getattr(t, key), t.requests) for t in turns]
+        if fetch > 0 and all(p is not None for p, _ in pred):
+            total = sum(p * n for p, n in pred)
+            out.append(f"{label} fetch is {total / fetch:.2g}x the sim's measured fetch: the tier's read bandwidth "
+                       "under that run's load, not the sim's own chunk reads")  # fmt: skip
+    for t in turns:
+        if t.ttft_error is not None and abs(t.ttft_error) > 0.2:
+            out.append(f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
+                       f"({t.ttft_error:+.0%})")  # fmt: skip
+    return out
+
+
+def _bench_costs(path: str) -> tuple[list[TierReadCost], Any]:
+    from kvtier.plan.measured import load_read_costs
+
+    return load_read_costs(path)
+
+
+def _storage_run(rows: list[dict[str, Any]], kvpt: int, work: Path, storage_dir: str | None
+                 ) -> tuple[list[TierReadCost], str]:  # fmt: skip
+    from kvtier import iotrace
+    from kvtier.config.iotrace import TraceReplayConfig
+
+    work.mkdir(parents=True, exist_ok=True)
+    trace = work / "storage_trace.csv"
+    write_storage_trace(rows, kvpt, trace)
+    out = work / "storage_result.json"
+    cfg = TraceReplayConfig(trace=str(trace), speed=1.0, output=str(out), cache_dir=storage_dir)
+    result = iotrace.run_replay(cfg)  # writes the bench result to ``out``
+    costs = read_costs(result)
+    if not costs:
+        raise DatasetError(f"{out}: the storage run completed no reads")
+    return costs, str(out)
+
+
+__all__ = ["ViewsReport", "TurnView", "views_report", "write_storage_trace"]
