@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from kvtier.cli.args import add_config_arguments, config_values
 from kvtier.config.base import validate_config
@@ -91,7 +90,7 @@ def run_launch(a: argparse.Namespace) -> int:
         if isinstance(replayed, ReplayResult):
             print_outcome(replayed, str(summary.parent))
     for f in result.faults or []:
-        print(storm_line(f))
+        print(f.sentence())
     print(f"launch: {result.status.value} ({result.stop_reason.code.value}); {cfg.output}/launch.json")
     return result.exit_status if result.exit_status is not None else 1
 
@@ -116,32 +115,3 @@ def run_check(cfg: LaunchConfig) -> int:
         print("--allow-fallback: a launch would run, with an engine-fallback warning in launch.json")
         return 0
     return 0 if chk.ok else 1
-
-
-def storm_line(f: Any) -> str:
-    """One fault's miss storm in words (``--fault``)."""
-
-    def pct(x: float | None) -> str:
-        return "—" if x is None else f"{x:.1%}"
-
-    def sec(x: float | None) -> str:
-        return "—" if x is None else f"{x:.3g} s"
-
-    b, st = f.baseline, f.storm
-    if f.error:
-        return f"fault {f.kind}@{f.at_s:g}: the part did not come back ({f.error.splitlines()[0]})"
-    window = (
-        "no request was served by the offload tier again"
-        if f.zero_hit_s is None
-        else f"zero-hit window {sec(f.zero_hit_s)}"
-    )
-    back = (
-        f"hit rate back to {f.recovered_at:.0%} of {pct(b.offload_hit_rate)} after {sec(f.recovered_after_s)}"
-        if f.recovered_after_s is not None
-        else f"hit rate not back to {f.recovered_at:.0%} of {pct(b.offload_hit_rate)} by the end"
-    )
-    return (
-        f"fault {f.kind}@{f.at_s:g}: down {sec(f.downtime_s)}; {window} ({st.requests} requests, TTFT p95 "
-        f"{sec(st.ttft_s_p95)} vs {sec(b.ttft_s_p95)} before, queue mean {sec(st.queue_s_mean)} vs "
-        f"{sec(b.queue_s_mean)}); {back}"
-    )

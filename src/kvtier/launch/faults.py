@@ -171,6 +171,7 @@ def storm_outcome(records: Sequence[ReplayRecord], done: Injected, replay_start_
         recovered_after_s=recovered,
         recovered_at=RECOVERED_AT,
         timeline=_timeline(recs, hit, replay_start_unix_s),
+        timeline_start_unix_s=replay_start_unix_s,
     )
 
 

@@ -7,8 +7,11 @@
   prefill rate and per-prefill overhead, or ``--prefill-tps``/``--prefill-overhead-ms``: given, not measured).
   Each request, at its measured start time and with its measured token split, is fed through the sim's
   prefill model as a trace-driven queue: its fetch (tokens x KV bytes per token / the tier's bandwidth), then
-  a FIFO prefill of ``overhead + recomputed / prefill rate`` behind the requests before it. What it leaves
-  out is the admission wait for GPU blocks and the client's own overhead: where those matter, the error says so.
+  a FIFO prefill of ``overhead + recomputed / prefill rate`` behind the requests before it; before both, the
+  admission: first come, first served while the prompt and max_tokens fit the GPU's KV (the sim's
+  max_model_len, from /v1/models) beside the requests admitted, each holding its tokens until its last token
+  (the preset's time per output token). What it leaves out: the GPU prefix cache's sharing of blocks,
+  preemption, the decode batch's slowdown and the client's own overhead; where those matter, the error says so.
 * **(c) storage**: the same requests' KV reads and writes as an I/O trace (each chunk the sim reported served
   from a tier, one read; each new chunk of a session's prompt, one write to the tier that later serves it), run
   through ``kvtier trace replay`` on kvtier's real tiers at the recorded pace; its measured read bandwidth per
@@ -20,6 +23,7 @@ Per turn: the mean measured TTFT and fetch, the predictions, and the prediction 
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from pathlib import Path
 from typing import Any
@@ -71,12 +75,16 @@ class ViewsReport(_Report):
     findings: list[str]
 
 
-def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: float, overhead_s: float
-             ) -> list[tuple[float, float] | None]:  # fmt: skip
-    """(TTFT, fetch) per row through the sim's prefill model (module docstring); None where a tier that served
-    the row has no bandwidth."""
-    out: list[tuple[float, float] | None] = []
+def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: float, overhead_s: float,
+             gpu_tokens: int | None = None, tpot_s: float = 0.0) -> list[tuple[float, float] | None]:  # fmt: skip
+    """(TTFT, fetch) per row through the sim's model (module docstring); None where a tier that served the row
+    has no bandwidth. With ``gpu_tokens`` (the GPU's KV capacity), requests are admitted first come, first served
+    while their prompt and max_tokens fit beside the admitted ones, each holding its tokens until its last token
+    (TTFT + (completion tokens - 1) x ``tpot_s``)."""
     free_at = 0.0
+    last_admit = 0.0
+    held = 0
+    running: list[tuple[float, int]] = []  # (release time, tokens), a heap
     order = sorted(range(len(rows)), key=lambda i: float(rows[i]["start_unix_s"]))
     pred: dict[int, tuple[float, float] | None] = {}
     for i in order:
@@ -95,12 +103,21 @@ def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: f
             pred[i] = None
             continue
         arrival = float(r["start_unix_s"])
-        start = max(arrival + fetch, free_at)
+        t = max(arrival, last_admit)
+        need = int(r.get("prompt_tokens") or 0) + int(r.get("max_tokens") or 0)
+        if gpu_tokens:
+            while running and held + need > gpu_tokens:
+                release, tokens = heapq.heappop(running)
+                t = max(t, release)
+                held -= tokens
+        last_admit = t
+        start = max(t + fetch, free_at)
         free_at = start + overhead_s + max(1, int(src.get("recomputed", 0))) / tps
         pred[i] = (free_at - arrival, fetch)
-    for i in range(len(rows)):
-        out.append(pred[i])
-    return out
+        if gpu_tokens:
+            heapq.heappush(running, (free_at + max(0, int(r.get("completion_tokens") or 1) - 1) * tpot_s, need))
+            held += need
+    return [pred[i] for i in range(len(rows))]
 
 
 def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> int:
@@ -227,6 +244,12 @@ def views_report(
                   source="given (--prefill-overhead-ms)" if prefill_overhead_ms is not None
                   else f"given (the sim preset {preset})"),
     ]  # fmt: skip
+    gpu_tokens = result.server.max_model_len  # the sim's: its GPU KV capacity in tokens
+    tpot = float(p["tpot_ms"]) / 1e3
+    inputs.append(ViewInput(name="GPU KV capacity", value=gpu_tokens, unit="tokens",
+                            source="measured (the server's /v1/models max_model_len: the sim's GPU KV)"))  # fmt: skip
+    inputs.append(ViewInput(name="time per output token", value=tpot * 1e3, unit="ms",
+                            source=f"given (the sim preset {preset})"))  # fmt: skip
     b: list[tuple[float, float] | None] = [None] * len(rows)
     if fetch_from:
         costs, bench = _bench_costs(fetch_from)
@@ -234,7 +257,7 @@ def views_report(
             inputs.append(ViewInput(name=f"{c.tier} read bandwidth", value=round(c.bw_mean / 1e9, 4), unit="GB/s",
                                     source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of "
                                     f"{c.mean_bytes / 2**20:.3g} MiB)"))  # fmt: skip
-        b = _predict(rows, _bw(costs), kvpt, tps, overhead)
+        b = _predict(rows, _bw(costs), kvpt, tps, overhead, gpu_tokens, tpot)
     c_pred = None
     storage_result = None
     if storage:
@@ -243,7 +266,7 @@ def views_report(
             inputs.append(ViewInput(name=f"{c.tier} read bandwidth (storage view)", value=round(c.bw_mean / 1e9, 4),
                                     unit="GB/s", source=f"measured (kvtier trace replay of these requests' KV "
                                     f"I/O, {c.ops} reads)"))  # fmt: skip
-        c_pred = _predict(rows, _bw(costs_c), kvpt, tps, overhead)
+        c_pred = _predict(rows, _bw(costs_c), kvpt, tps, overhead, gpu_tokens, tpot)
     turns = _by_turn(rows, b, c_pred)
     eb = [abs(t.ttft_error) for t in turns if t.ttft_error is not None]
     ec = [abs(t.storage_ttft_error) for t in turns if t.storage_ttft_error is not None]
@@ -264,8 +287,8 @@ def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
     if sum(ttft) > 0:
         share = sum(queue) / sum(ttft)
         if share > 0.1:
-            out.append(f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks), "
-                       "which the prediction does not model")  # fmt: skip
+            out.append(f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks): the "
+                       "prediction models it from the GPU's capacity and the preset's decode time")  # fmt: skip
     server = [float(r["server_ttft_s"] or 0.0) for r in rows]
     client = statistics.median(t - s for t, s in zip(ttft, server))
     out.append(f"the client and loopback added {client * 1e3:.2f} ms at the median (outside the server's parts)")

@@ -30,6 +30,7 @@ KINDS = {
     "kvtier bench mpi": "bench-mpi",
     "kvtier mlperf run": "mlperf",
     "kvtier launch": "launch",
+    "kvtier plan sweep": "sweep",
 }
 TITLES = {
     "bench": "Storage benchmark (kvtier bench)",
@@ -37,6 +38,7 @@ TITLES = {
     "bench-mpi": "MPI bench runs (aggregates)",
     "mlperf": "MLPerf submission runs",
     "launch": "Launches",
+    "sweep": "Placement sweeps (kvtier plan sweep)",
 }
 
 CSS = """
@@ -205,6 +207,17 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
                 else "no replay summary beside launch.json",
             ),  # fmt: skip
         ]
+        for f in r.faults or []:
+            rows.append((f"fault {f.kind}@{f.at_s:g}", f.sentence()))
+    elif it.kind == "sweep":
+        ran = [t for t in r.trials if t.status != "not-run"]
+        g = r.grid
+        rows += [
+            ("grid", f"CPU GB {g.cpu_gb} x NVMe GB {g.nvme_gb} x concurrency {g.concurrency}, {g.trials} trials each"),
+            ("trials ran / complete / all", f"{len(ran)} / {sum(t.status == 'complete' for t in ran)} / "
+                                            f"{len(r.trials)}"),
+            ("dataset", f"{g.dataset} (sim {g.sim_model}, {g.gpu_kv_gb:g} GB GPU KV, preset {g.preset})"),
+        ]  # fmt: skip
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
     return rows
 
@@ -276,7 +289,8 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         parts.append(_status_table(group))
         if group[0].figures:
             parts.append(_table(group))
-        makers = plots.BENCH_PLOTS if kind == "bench" else plots.REPLAY_PLOTS if kind == "replay" else ()
+        makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": plots.SWEEP_PLOTS,
+                  "launch": plots.LAUNCH_PLOTS}.get(kind, ())  # fmt: skip
         if makers and not have_mpl:
             parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
             continue

@@ -94,6 +94,36 @@ class FaultOutcome(Section):
     recovered_after_s: float | None  # the kill to the hit rate back at recovered_at x the baseline's (None: not)
     recovered_at: float
     timeline: list[StormPoint]
+    timeline_start_unix_s: float | None = None  # the replay's first request: the timeline's t = 0
+
+    def sentence(self) -> str:
+        """The miss storm in words (``kvtier launch`` prints it; ``kvtier report`` shows it)."""
+        f = self
+
+        def pct(x: float | None) -> str:
+            return "—" if x is None else f"{x:.1%}"
+
+        def sec(x: float | None) -> str:
+            return "—" if x is None else f"{x:.3g} s"
+
+        b, st = f.baseline, f.storm
+        if f.error:
+            return f"fault {f.kind}@{f.at_s:g}: the part did not come back ({f.error.splitlines()[0]})"
+        window = (
+            "no request was served by the offload tier again"
+            if f.zero_hit_s is None
+            else f"zero-hit window {sec(f.zero_hit_s)}"
+        )
+        back = (
+            f"hit rate back to {f.recovered_at:.0%} of {pct(b.offload_hit_rate)} after {sec(f.recovered_after_s)}"
+            if f.recovered_after_s is not None
+            else f"hit rate not back to {f.recovered_at:.0%} of {pct(b.offload_hit_rate)} by the end"
+        )
+        return (
+            f"fault {f.kind}@{f.at_s:g}: down {sec(f.downtime_s)}; {window} ({st.requests} requests, TTFT p95 "
+            f"{sec(st.ttft_s_p95)} vs {sec(b.ttft_s_p95)} before, queue mean {sec(st.queue_s_mean)} vs "
+            f"{sec(b.queue_s_mean)}); {back}"
+        )
 
 
 class LaunchResult(Envelope):

@@ -37,3 +37,15 @@ def test_storage_trace_reads_what_the_tier_served_and_writes_each_new_chunk_once
     # turn 0: 2 new chunks written; turn 1: chunks 0,1 read, chunk 2 written; turn 2: chunks 1,2 read (0 on GPU)
     assert n == len(ops) == 2 + 3 + 2 and ops == ["W", "W", "R", "R", "W", "R", "R"]
     assert set(t.size.tolist()) == {2560}
+
+
+def test_admission_waits_for_the_gpu_kv_held_by_earlier_requests():
+    # capacity 1500 tokens: the second request (1000 + 8) waits until the first (1000 + 8) has finished decoding
+    rows = [row(0.0, "a", 0, 0, 0, 1000) | {"max_tokens": 8, "completion_tokens": 8},
+            row(0.0, "b", 0, 0, 0, 1000) | {"max_tokens": 8, "completion_tokens": 8}]  # fmt: skip
+    pred = _predict(rows, {}, 1000, tps=10_000, overhead_s=0.0, gpu_tokens=1500, tpot_s=0.01)
+    first_done = 0.1 + 7 * 0.01  # its prefill, then 7 more tokens
+    assert pred[0] == pytest.approx((0.1, 0.0))
+    assert pred[1] == pytest.approx((first_done + 0.1, 0.0))
+    roomy = _predict(rows, {}, 1000, tps=10_000, overhead_s=0.0, gpu_tokens=10_000, tpot_s=0.01)
+    assert roomy[1] == pytest.approx((0.2, 0.0))  # both fit: only the prefill FIFO
