@@ -31,7 +31,6 @@ tier ``i`` has first evicted; tiers that never evict hold the whole trace and sa
 
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -407,7 +406,7 @@ def stream_from_replay(path: str) -> AccessStream:
     folder = Path(path)
     summary = folder / "summary.json" if folder.is_dir() else folder
     result = load(summary)
-    from kvtier.results.replay import ReplayResult
+    from kvtier.results.replay import ReplayResult, read_records
 
     if not isinstance(result, ReplayResult):
         raise DatasetError(f"--from {path}: not a kvtier replay result")
@@ -415,20 +414,10 @@ def stream_from_replay(path: str) -> AccessStream:
     records = summary.parent / "requests.jsonl"
     index = {u.user_id: i for i, u in enumerate(users)}
     sent: list[tuple[float, int, int]] = []
-    try:
-        lines = records.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DatasetError(f"{records}: cannot read: {e.strerror}") from e
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{records}:{n}: not valid JSON ({e.msg})") from None
+    for n, rec in read_records(records):
         if rec.get("status") != "ok" or rec.get("start_unix_s") is None:
             continue
-        u = index.get(rec.get("user"))
+        u = index.get(str(rec.get("user")))
         if u is None or not 0 <= rec.get("turn", -1) < len(users[u].turns):
             raise DatasetError(
                 f"{records}:{n}: user {rec.get('user')!r} turn {rec.get('turn')!r} is not in the replay's dataset "

@@ -22,7 +22,6 @@ null.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -70,7 +69,8 @@ class ValueReport(_Report):
     tiers: list[TierValue]
 
 
-def _records(folder: Path) -> tuple[list[dict[str, object]], float]:
+def decomposed_records(folder: Path) -> tuple[list[dict[str, object]], float]:
+    """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's wall time."""
     from kvtier.results import load
     from kvtier.results.replay import ReplayResult
 
@@ -81,15 +81,10 @@ def _records(folder: Path) -> tuple[list[dict[str, object]], float]:
     path = base / "requests.jsonl"
     if not path.is_file():
         raise DatasetError(f"{path}: missing (plan value reads the per-request records beside summary.json)")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            try:
-                r = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{line}: not valid JSON ({e.msg})") from None
-            if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("server_ttft_parts"), dict):
-                rows.append(r)
+    from kvtier.results.replay import read_records
+
+    rows = [r for _, r in read_records(path)
+            if r.get("status") == "ok" and isinstance(r.get("server_ttft_parts"), dict)]  # fmt: skip
     if not rows:
         raise DatasetError(
             f"{path}: no ok request carries the server's TTFT decomposition (a replay against kvtier sim has it; "
@@ -110,7 +105,7 @@ def value_report(
     """The value of each offload tier a replay's requests were served from (module docstring).
     ``fetch_bw``: bytes/s per tier measured by a bench (with ``kv_bytes_per_token``), else the replay's own."""
     folder = Path(replay)
-    rows, wall = _records(folder)
+    rows, wall = decomposed_records(folder)
     store_gb = store_gb or {}
     tokens: dict[str, int] = {}
     hits: dict[str, int] = {}

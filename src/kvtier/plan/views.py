@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, read_costs
-from kvtier.plan.value import _records
+from kvtier.plan.value import decomposed_records
 from kvtier.tiers import TIER_LABELS
 
 CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's)
@@ -216,7 +216,7 @@ def views_report(
     from kvtier.sim.servers import load_presets
 
     folder = Path(replay)
-    rows, _ = _records(folder)
+    rows, _ = decomposed_records(folder)
     rows = [r for r in rows if r.get("prompt_sources") and r.get("ttft_s") and r.get("start_unix_s")]
     if not rows:
         raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")

@@ -5,6 +5,7 @@ they are written on the hot path and read by tools, not by kvtier)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import model_validator
@@ -49,6 +50,32 @@ def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> floa
     if not completion_tokens or not completion_tokens > 1:  # also False for NaN
         return None
     return (e2e_s - ttft_s) / (completion_tokens - 1)
+
+
+def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The records of a requests.jsonl, each with its line number (for messages naming file:line); a line that
+    is not a JSON object is a DatasetError naming it. The one reader of the tools that take a replay folder
+    (``plan value``, ``plan retention``, ``plan views``)."""
+    import json
+
+    from kvtier.errors import DatasetError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror}") from e
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DatasetError(f"{path}:{n}: not a JSON object")
+        out.append((n, rec))
+    return out
 
 
 class Degradation(Section):
