@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError, LaunchError
+from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.results.launch import FaultOutcome, StormPoint, StormWindow
 from kvtier.results.replay import ReplayRecord
 from kvtier.stats import percentile
@@ -75,6 +76,7 @@ class FaultInjector:
         self.faults = list(faults)
         self.restart = restart
         self.done: list[Injected] = []
+        self.current: Injected | None = None  # a fault being injected now
         self.started_unix_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-faults", daemon=True)
@@ -89,12 +91,13 @@ class FaultInjector:
         for f in self.faults:
             if self._stop.wait(max(0.0, self._t0 + f.at_s - time.monotonic())):
                 return
-            down = time.time()
+            self.current = Injected(f, time.time(), None, "the replay ended while it was restarting")
             try:
                 err = self.restart(f)
             except LaunchError as e:
                 err = str(e)
-            self.done.append(Injected(f, down, None if err else time.time(), err))
+            self.done.append(Injected(f, self.current.down_unix_s, None if err else time.time(), err))
+            self.current = None
             if err:
                 break  # the part did not come back: later faults have nothing to break
         # the restarted process was started from this thread, and dies with its parent thread (the launch's
@@ -204,4 +207,27 @@ def _timeline(
     return out
 
 
-__all__ = ["Fault", "FaultInjector", "Injected", "parse_faults", "storm_outcome", "BASELINE_S"]
+def outcomes(
+    injector: FaultInjector, records: Sequence[ReplayRecord]
+) -> tuple[list[FaultOutcome], list[ResultWarning]]:
+    """At the replay's end: each fault's storm (one still restarting counts, its error saying so), and a warning
+    for each that did not come back or was never injected (the replay ended first)."""
+    done = list(injector.done) + ([injector.current] if injector.current is not None else [])
+    start = min((r["start_unix_s"] for r in records if r["start_unix_s"] is not None),
+                default=injector.started_unix_s)  # fmt: skip
+    out = [storm_outcome(records, d, start) for d in done]
+    warnings = [
+        warning(WarningCode.fault_not_recovered, f"--fault {d.fault.kind}@{d.fault.at_s:g}: the part did not come "
+                f"back: {d.error}", fault=d.fault.kind)
+        for d in done if d.error
+    ]  # fmt: skip
+    injected = [d.fault for d in done]
+    warnings += [
+        warning(WarningCode.fault_not_injected, f"--fault {f.kind}@{f.at_s:g}: the replay ended before it: no storm "
+                "measured", fault=f.kind)
+        for f in injector.faults if f not in injected
+    ]  # fmt: skip
+    return out, warnings
+
+
+__all__ = ["Fault", "FaultInjector", "Injected", "outcomes", "parse_faults", "storm_outcome", "BASELINE_S"]

@@ -392,6 +392,7 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
 
 def execute(lp: LaunchPlan) -> LaunchResult:
     """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
+    from kvtier.launch.faults import outcomes
     from kvtier.replay.driver import execute as replay_execute
     from kvtier.replay.driver import prepare, write_outputs
 
@@ -465,31 +466,10 @@ def execute(lp: LaunchPlan) -> LaunchResult:
                     sidecar_io = None  # a restarted sidecar is a new process: its bytes are not one counter
                 injector.start()
                 result, records = replay_execute(replay_plan)
-                done = list(injector.done)
-            if done:
-                from kvtier.launch.faults import storm_outcome
-
-                start = min((r["start_unix_s"] for r in records if r["start_unix_s"] is not None),
-                            default=injector.started_unix_s)  # fmt: skip
-                rec.faults = [storm_outcome(records, d, start).model_dump(mode="json") for d in done]
-                for d in done:
-                    if d.error:
-                        rec.warnings.append(
-                            warning(
-                                WarningCode.fault_not_recovered,
-                                f"--fault {d.fault.kind}@{d.fault.at_s:g}: the part did not come back: {d.error}",
-                                fault=d.fault.kind,
-                            )  # fmt: skip
-                        )
-            missed = [f for f in injector.faults if f not in [d.fault for d in done]]
-            for f in missed:
-                rec.warnings.append(
-                    warning(
-                        WarningCode.fault_not_injected,
-                        f"--fault {f.kind}@{f.at_s:g}: the replay ended before it: no storm measured",
-                        fault=f.kind,
-                    )  # fmt: skip
-                )
+                storms, fault_warnings = outcomes(injector, records)
+            if injector.faults:
+                rec.faults = [f.model_dump(mode="json") for f in storms]
+                rec.warnings += fault_warnings
             result.server.launch = lp.identity(rec.engines)
             signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
             write_outputs(result, records, folder)

@@ -61,3 +61,20 @@ def test_no_recovery_and_no_hit_are_null():
     f = storm_outcome(records, Injected(Fault("restart-cache", 5.0), 5.0, None, "gone"), t0)
     assert f.zero_hit_s is None and f.recovered_after_s is None and f.downtime_s is None and f.error == "gone"
     assert f.storm.requests == 5
+
+
+def test_outcomes_warn_of_faults_not_injected_or_not_recovered():
+    from kvtier.launch.faults import FaultInjector, outcomes
+
+    inj = FaultInjector([Fault("restart-cache", 5.0), Fault("restart-cache", 50.0)], lambda f: None)
+    inj.done = [Injected(Fault("restart-cache", 5.0), 5.0, None, "gone")]
+    storms, warns = outcomes(inj, [rec(float(i), 100) for i in range(10)])
+    assert len(storms) == 1 and storms[0].error == "gone"
+    assert [w.code for w in warns] == ["fault-not-recovered", "fault-not-injected"]
+    # one still restarting when the replay ended is measured, and says so
+    inj.done, inj.current = (
+        [],
+        Injected(Fault("restart-cache", 5.0), 5.0, None, "the replay ended while it was restarting"),
+    )
+    storms, warns = outcomes(inj, [rec(float(i), 100) for i in range(10)])
+    assert len(storms) == 1 and "restarting" in storms[0].error and warns[0].code == "fault-not-recovered"
