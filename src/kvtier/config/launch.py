@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from kvtier.config.base import StrictModel, flag
 from kvtier.config.replay import ReplayConfig
+from kvtier.errors import ConfigError
 
 SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
 """Replay fields that launch fills in: the front URL, OUTDIR/replay and every process's metrics."""
@@ -23,6 +27,27 @@ CPU_BUILD_OFFLOAD = (
     "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready). The CPU and "
     "NVMe tiers run with --engine sim (real kvtier engine I/O), or --engine vllm on a GPU build"
 )
+
+
+FAULT_KINDS = ("restart-cache",)
+_SPEC = re.compile(r"^(?P<kind>[a-z-]+)@(?P<at>\d+(?:\.\d+)?)s?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at_s: float  # after the replay starts
+
+
+def parse_faults(specs: Sequence[str]) -> list[Fault]:
+    out = []
+    for spec in specs:
+        m = _SPEC.match(spec.strip())
+        if m is None or m["kind"] not in FAULT_KINDS:
+            raise ConfigError(f"--fault {spec!r}: expected KIND@SECONDS with KIND one of {', '.join(FAULT_KINDS)}, "
+                              "e.g. restart-cache@30")  # fmt: skip
+        out.append(Fault(m["kind"], float(m["at"])))
+    return sorted(out, key=lambda f: f.at_s)
 
 
 class LaunchConfig(StrictModel):
@@ -121,9 +146,6 @@ class LaunchConfig(StrictModel):
                 "under test, with a size bound: --l2-gb)"
             )
         if self.fault:
-            from kvtier.errors import ConfigError
-            from kvtier.launch.faults import parse_faults
-
             try:
                 parse_faults(self.fault)
             except ConfigError as e:
@@ -145,4 +167,4 @@ class LaunchConfig(StrictModel):
         return self
 
 
-__all__ = ["LaunchConfig", "SET_BY_LAUNCH", "CPU_BUILD_OFFLOAD"]
+__all__ = ["LaunchConfig", "SET_BY_LAUNCH", "CPU_BUILD_OFFLOAD", "Fault", "parse_faults"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from importlib import resources
+from typing import Any, Literal
 
 from pydantic import model_validator
 
@@ -117,4 +118,13 @@ class CacheServerConfig(OffloadTierConfig):
     seed: int = flag(0, "seed of the tier's data")
 
 
-__all__ = ["OffloadTierConfig", "SimConfig", "CacheServerConfig", "DEFAULT_PRESET"]
+def load_presets() -> dict[str, dict[str, Any]]:
+    """The sim's latency presets (kvtier/sim/presets.yaml), read without importing the sim."""
+    import yaml
+
+    text = resources.files("kvtier").joinpath("sim/presets.yaml").read_text()
+    presets: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return presets
+
+
+__all__ = ["load_presets", "OffloadTierConfig", "SimConfig", "CacheServerConfig", "DEFAULT_PRESET"]

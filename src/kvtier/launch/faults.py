@@ -21,13 +21,13 @@ without it (a real vLLM) says only ``cached_tokens``, GPU and offload hits toget
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvtier.errors import ConfigError, LaunchError
+from kvtier.config.launch import Fault, parse_faults
+from kvtier.errors import LaunchError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.results.launch import FaultOutcome, StormPoint, StormWindow
 from kvtier.results.replay import ReplayRecord
@@ -39,25 +39,6 @@ RECOVERY_REQUESTS = 8
 """The recovery is judged over this many consecutive requests (by start time)."""
 RECOVERED_AT = 0.9
 """Recovered: the trailing requests' offload hit rate at this share of the baseline's."""
-KINDS = ("restart-cache",)
-_SPEC = re.compile(r"^(?P<kind>[a-z-]+)@(?P<at>\d+(?:\.\d+)?)s?$")
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    at_s: float  # after the replay starts
-
-
-def parse_faults(specs: Sequence[str]) -> list[Fault]:
-    out = []
-    for spec in specs:
-        m = _SPEC.match(spec.strip())
-        if m is None or m["kind"] not in KINDS:
-            raise ConfigError(f"--fault {spec!r}: expected KIND@SECONDS with KIND one of {', '.join(KINDS)}, "
-                              "e.g. restart-cache@30")  # fmt: skip
-        out.append(Fault(m["kind"], float(m["at"])))
-    return sorted(out, key=lambda f: f.at_s)
 
 
 @dataclass

@@ -390,10 +390,28 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
     return FaultInjector(parse_faults(lp.config.fault), restart)
 
 
-def execute(lp: LaunchPlan) -> LaunchResult:
-    """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
+def _watched_replay(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, cp: Any, replay_plan: Any) -> tuple[Any, Any]:
+    """The replay, with every process watched and the --fault thread running; the faults' storms recorded."""
     from kvtier.launch.faults import outcomes
     from kvtier.replay.driver import execute as replay_execute
+
+    watched = [(pp.name, pr, pp.health) for pp, pr in zip(lp.processes, sup.procs, strict=False)]
+    if cp is not None:
+        watched.append(("caddy", sup.procs[-1], cp.health))
+    with HealthWatch(watched, lambda name, state: rec.event(f"{name}: {state}"), lp.config.health_interval) as w:
+        injector = _injector(lp, sup, rec, w)
+        rec.injector = injector
+        injector.start()
+        out = replay_execute(replay_plan)
+        storms, fault_warnings = outcomes(injector, out[1])
+    if injector.faults:
+        rec.faults = [f.model_dump(mode="json") for f in storms]
+        rec.warnings += fault_warnings
+    return injector, out
+
+
+def execute(lp: LaunchPlan) -> LaunchResult:
+    """Start, health-wait, replay, tear down; launch.json is written whatever happens."""
     from kvtier.replay.driver import prepare, write_outputs
 
     cfg = lp.config
@@ -420,7 +438,6 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     old_term = signal.signal(signal.SIGTERM, on_term)
     sampler: DeviceSampler | None = None
     sidecar_io: tuple[str, int, dict[str, int]] | None = None  # (name, pid, /proc/<pid>/io at the start)
-    injector = None
     status, stop, rc = Status.failed, StopReason(code=StopCode.internal_error, message="launch did not finish"), 1
     try:
         for p, (_, _, argv) in zip(lp.processes, lp.commands, strict=True):
@@ -457,19 +474,9 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             result = replay_over_mpi(lp, folder)
             write_json(result, Path(folder) / "summary.json")  # rank 0's records are in requests.jsonl
         else:
-            watched = [(pp.name, pr, pp.health) for pp, pr in zip(lp.processes, sup.procs, strict=False)]
-            if cp is not None:
-                watched.append(("caddy", sup.procs[-1], cp.health))
-            with HealthWatch(watched, lambda name, state: rec.event(f"{name}: {state}"), cfg.health_interval) as w:
-                injector = _injector(lp, sup, rec, w)
-                if injector.faults:
-                    sidecar_io = None  # a restarted sidecar is a new process: its bytes are not one counter
-                injector.start()
-                result, records = replay_execute(replay_plan)
-                storms, fault_warnings = outcomes(injector, records)
+            injector, (result, records) = _watched_replay(lp, sup, rec, cp, replay_plan)
             if injector.faults:
-                rec.faults = [f.model_dump(mode="json") for f in storms]
-                rec.warnings += fault_warnings
+                sidecar_io = None  # a restarted sidecar is a new process: its bytes are not one counter
             result.server.launch = lp.identity(rec.engines)
             signal.signal(signal.SIGTERM, on_term)  # the replay's event loop restored the default handlers
             write_outputs(result, records, folder)
@@ -499,8 +506,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         # teardown must finish: a second Ctrl+C or SIGTERM is ignored while it runs
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if injector is not None:
-            injector.stop()  # a fault in progress finishes first; then what it restarted may die with it
+        if rec.injector is not None:
+            rec.injector.stop()  # a fault in progress finishes first; then what it restarted may die with it
         sup.stop_all()
         signal.signal(signal.SIGINT, old_int)
         rec.event("all processes stopped")

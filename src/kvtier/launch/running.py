@@ -57,6 +57,7 @@ class LaunchRecord:
         self.warnings: list[ResultWarning] = list(lp.warnings)
         self.hardware: dict[str, Any] | None = None  # the replay's host CPU and GPU samples
         self.faults: list[dict[str, Any]] | None = None  # --fault: each injected and its miss storm
+        self.injector: Any = None  # the --fault thread while the replay runs (stopped at teardown)
 
     def event(self, what: str) -> None:
         self.events.append({"t_unix_s": round(time.time(), 3), "event": what})

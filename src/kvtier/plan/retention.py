@@ -259,32 +259,28 @@ def _window(a: list[float]) -> Window:
     )
 
 
-def retention_report(
-    s: AccessStream,
-    model: str,
-    kv_bytes_per_token: int,
-    tiers: Sequence[tuple[str, float]] = (),
-    curve_points: int = 24,
-    samples: int = 400,
-) -> RetentionReport:
-    """The report of the module docstring; ``tiers`` are (name, decimal GB) fastest first (a waterfall)."""
-    if not s.keys:
-        raise DatasetError(f"{s.source}: no full prefix block in any request: nothing to retain")
-    bpt = kv_bytes_per_token
+@dataclass
+class _Walked:
+    need: np.ndarray  # per access, the LRU capacity (tokens) that serves it; int64 max: cold
+    live: int  # distinct tokens touched
+    filled: list[float | None]
+    windows: list[list[float]]
+    windows_req: list[list[float]]
+    ws: list[WorkingSetPoint]
+    waterfall: _Waterfall
+
+
+def _walk(s: AccessStream, bpt: int, caps: list[int], samples: int) -> _Walked:
+    """One pass over the accesses: each one's stack distance (the Fenwick tree over last accesses), the tiers'
+    waterfall, their windows sampled at request boundaries, and the working set."""
     n = len(s.keys)
     fw = Fenwick(n)
     last: dict[object, int] = {}
     need = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)  # cold: no capacity serves it
     live = 0
-    tier_caps = [(name, int(gb * 1e9)) for name, gb in tiers]
-    cum_tokens: list[int] = []
-    acc = 0
-    for _, cap_bytes in tier_caps:
-        acc += cap_bytes // bpt
-        cum_tokens.append(acc)
-    filled: list[float | None] = [None] * len(tier_caps)
-    windows: list[list[float]] = [[] for _ in tier_caps]
-    windows_req: list[list[float]] = [[] for _ in tier_caps]
+    filled: list[float | None] = [None] * len(caps)
+    windows: list[list[float]] = [[] for _ in caps]
+    windows_req: list[list[float]] = [[] for _ in caps]
     requests = s.requests
     sample_every = max(1, requests // samples)
     ws_every = max(1, requests // 50)
@@ -292,7 +288,7 @@ def retention_report(
     interval: set[object] = set()
     interval_tokens = 0
     keys, toks, req, times = s.keys, s.tokens, s.request, s.request_time
-    waterfall = _Waterfall([cap_bytes // bpt for _, cap_bytes in tier_caps])
+    waterfall = _Waterfall(caps)
     for pos in range(n):
         k, size = keys[pos], toks[pos]
         prev = last.get(k)
@@ -311,7 +307,7 @@ def retention_report(
         if pos + 1 < n and req[pos + 1] == r:
             continue  # a request's state is read after its last block
         now = times[r]
-        for i in range(len(tier_caps)):
+        for i in range(len(caps)):
             if not waterfall.evicted[i]:
                 continue
             if filled[i] is None:
@@ -332,6 +328,30 @@ def retention_report(
                 )
             )
             interval, interval_tokens = set(), 0
+    return _Walked(need, live, filled, windows, windows_req, ws, waterfall)
+
+
+def retention_report(
+    s: AccessStream,
+    model: str,
+    kv_bytes_per_token: int,
+    tiers: Sequence[tuple[str, float]] = (),
+    curve_points: int = 24,
+    samples: int = 400,
+) -> RetentionReport:
+    """The report of the module docstring; ``tiers`` are (name, decimal GB) fastest first (a waterfall)."""
+    if not s.keys:
+        raise DatasetError(f"{s.source}: no full prefix block in any request: nothing to retain")
+    bpt = kv_bytes_per_token
+    tier_caps = [(name, int(gb * 1e9)) for name, gb in tiers]
+    cum_tokens: list[int] = []
+    acc = 0
+    for _, cap_bytes in tier_caps:
+        acc += cap_bytes // bpt
+        cum_tokens.append(acc)
+    w = _walk(s, bpt, [cap_bytes // bpt for _, cap_bytes in tier_caps], samples)
+    need, live, filled, windows, windows_req, ws = w.need, w.live, w.filled, w.windows, w.windows_req, w.ws
+    toks, times, requests = s.tokens, s.request_time, s.requests
     tok_arr = np.asarray(toks, dtype=np.int64)
     total = int(tok_arr.sum())
     reused = need != np.iinfo(np.int64).max
@@ -360,7 +380,7 @@ def retention_report(
     out_tiers = []
     done = 0
     for i, ((name, cap_bytes), c) in enumerate(zip(tier_caps, cum_tokens)):
-        mine = waterfall.served[i]
+        mine = w.waterfall.served[i]
         done += mine
         out_tiers.append(
             TierRetention(
@@ -385,7 +405,7 @@ def retention_report(
         kv_bytes_per_token=bpt,
         block_tokens=s.block_tokens,
         requests=requests,
-        accesses=n,
+        accesses=len(s.keys),
         accessed_tokens=total,
         reused_tokens=reused_tokens,
         distinct_tokens=live,

@@ -210,10 +210,10 @@ def views_report(
     work: str | None = None,
 ) -> ViewsReport:
     """The three views of the module docstring (``storage``: run view (c), its files under ``work``)."""
+    from kvtier.config.sim import load_presets
     from kvtier.modelspec import build_catalog, resolve_model
     from kvtier.results import load
     from kvtier.results.replay import ReplayResult
-    from kvtier.sim.servers import load_presets
 
     folder = Path(replay)
     rows, _ = decomposed_records(folder)

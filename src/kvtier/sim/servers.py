@@ -13,14 +13,12 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiohttp import web
 
-from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig
+from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig, load_presets
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
@@ -30,12 +28,6 @@ from kvtier.sim.server import SimEngine, SimSettings
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
 """Latency-model fields a preset supplies and a flag overrides."""
-
-
-def load_presets() -> dict[str, dict[str, Any]]:
-    text = resources.files("kvtier.sim").joinpath("presets.yaml").read_text()
-    presets: dict[str, dict[str, Any]] = yaml.safe_load(text)
-    return presets
 
 
 def resolve_settings(cfg: SimConfig) -> SimSettings:
