@@ -398,7 +398,7 @@ def test_restarting_the_cache_sidecar_mid_replay_measures_the_miss_storm(tmp_pat
     # the baseline hit the sidecar; no request started between the kill and the first hit after it was served by it
     assert f["baseline"]["requests"] > 0 and f["baseline"]["offload_hit_rate"] > 0
     down, zero = f["down_unix_s"], f["zero_hit_s"]
-    assert zero is not None and zero >= f["downtime_s"]  # the tier cannot serve while it is down
+    assert zero is not None and zero > 0  # only the restarted (empty, refilled) tier can serve after the kill
     end = down + zero - 0.002  # zero_hit_s is rounded to the millisecond
     in_storm = [r for r in ok if down <= r["start_unix_s"] < end]
     assert in_storm and not [r for r in in_storm if tier_tokens(r)]

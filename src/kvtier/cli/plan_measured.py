@@ -161,7 +161,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     g = SweepGrid(
         dataset=str(Path(a.dataset).resolve()), dataset_format=a.dataset_format,
         cpu_gb=parse_list(a.cpu_gb, "--cpu-gb"), nvme_gb=parse_list(a.nvme_gb, "--nvme-gb"),
-        concurrency=[int(x) for x in parse_list(a.concurrency, "--concurrency", int)], trials=a.trials,
+        concurrency=[int(x) for x in parse_list(a.concurrency, "--concurrency", integer=True)], trials=a.trials,
         budget_s=a.budget, preset=a.preset, sim_model=a.sim_model, gpu_kv_gb=_positive(a.gpu_kv_gb, "--gpu-kv-gb"),
         num_rounds=a.num_rounds, max_tokens_cap=a.max_tokens_cap, duration_s=a.duration,
         nvme_dir=str(Path(a.nvme_dir or out / "nvme").resolve()), replay_args=shlex.split(a.replay_args or ""),

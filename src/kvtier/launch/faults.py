@@ -30,7 +30,7 @@ from kvtier.config.launch import Fault, parse_faults
 from kvtier.errors import LaunchError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.results.launch import FaultOutcome, StormPoint, StormWindow
-from kvtier.results.replay import ReplayRecord
+from kvtier.results.replay import ReplayRecord, offload_sources
 from kvtier.stats import percentile
 
 BASELINE_S = 30.0
@@ -94,9 +94,7 @@ class FaultInjector:
 
 def _tier_tokens(r: ReplayRecord) -> int | None:
     src = r.get("prompt_sources")
-    if not src:
-        return None
-    return sum(v for k, v in src.items() if k not in ("gpu", "recomputed"))
+    return sum(offload_sources(src).values()) if src else None
 
 
 def _window(recs: list[ReplayRecord], hit: Callable[[ReplayRecord], int | None]) -> StormWindow:
@@ -167,21 +165,19 @@ def _timeline(
         return []
     span = max((r["start_unix_s"] or 0.0) - t0 for r in ok)
     width = max(1.0, span / bins)
+    by_bin: dict[int, list[ReplayRecord]] = {}
+    for r in ok:
+        by_bin.setdefault(int(max(0.0, (r["start_unix_s"] or 0.0) - t0) // width), []).append(r)
     out = []
-    for b in range(int(span // width) + 1):
-        lo = t0 + b * width
-        mine = [r for r in ok if lo <= (r["start_unix_s"] or 0.0) < lo + width]
-        if not mine:
-            continue
+    for b, mine in sorted(by_bin.items()):
         tokens = sum(r["prompt_tokens"] or 0 for r in mine)
         hits = [hit(r) for r in mine]
+        known = tokens and all(h is not None for h in hits)
         out.append(
             StormPoint(
                 t=round(b * width, 3),
                 requests=len(mine),
-                offload_hit_rate=round(sum(h or 0 for h in hits) / tokens, 6)
-                if tokens and all(h is not None for h in hits)
-                else None,
+                offload_hit_rate=round(sum(h or 0 for h in hits) / tokens, 6) if known else None,
                 ttft_s_p95=percentile([r["ttft_s"] for r in mine if r["ttft_s"] is not None], 95),
             )
         )

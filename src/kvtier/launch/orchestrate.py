@@ -31,6 +31,7 @@ from kvtier.errors import ConfigError, KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy
 from kvtier.launch.devices import VISIBLE, Inventory, child_env, cpu_inventory, discover, place
 from kvtier.launch.engines import EngineCheck, engine_python
+from kvtier.launch.faults import Fault, FaultInjector, outcomes, parse_faults
 from kvtier.launch.procs import NO_TELEMETRY, HealthWatch, Supervisor, free_ports
 from kvtier.launch.profiles import ProcPlan, Profile, load_profiles, pick, resolve
 from kvtier.launch.running import (
@@ -366,10 +367,9 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     return p
 
 
-def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthWatch) -> Any:
+def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthWatch) -> FaultInjector:
     """The --fault thread: each restart-cache kills the sidecar's group, starts it again with its command and
     waits until it answers as ours (the replicas find the same socket again)."""
-    from kvtier.launch.faults import Fault, FaultInjector, parse_faults
 
     def restart(f: Fault) -> str | None:
         side = lp.sidecar
@@ -392,7 +392,6 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
 
 def _watched_replay(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, cp: Any, replay_plan: Any) -> tuple[Any, Any]:
     """The replay, with every process watched and the --fault thread running; the faults' storms recorded."""
-    from kvtier.launch.faults import outcomes
     from kvtier.replay.driver import execute as replay_execute
 
     watched = [(pp.name, pr, pp.health) for pp, pr in zip(lp.processes, sup.procs, strict=False)]

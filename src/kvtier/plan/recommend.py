@@ -129,11 +129,11 @@ def _knee(xs: list[float], ys: list[float | None], rising: bool) -> float | None
 def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, float],
               concurrency: int | None = None) -> Recommendation:  # fmt: skip
     from kvtier.results import load
-    from kvtier.results.replay import ReplayResult
+    from kvtier.results.replay import NOT_OFFLOAD, ReplayResult
     from kvtier.results.sweep import SweepResult
 
     folder = Path(path)
-    sweep = load(folder if folder.is_dir() else folder)
+    sweep = load(folder)
     if not isinstance(sweep, SweepResult):
         raise DatasetError(f"--from {path}: not a kvtier plan sweep result (sweep.json)")
     root = folder if folder.is_dir() else folder.parent
@@ -170,7 +170,7 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
                 trials_not_complete=missing.get(name, 0), ttft_p95_s=p95,
                 ttft_p50_s=interval([r.summary.ttft_s.p50 for r in rs if r.summary.ttft_s.p50 is not None]),
                 gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None]),
-                offload_hit_share=interval([sum(v for k, v in s.items() if k not in ("gpu", "recomputed"))
+                offload_hit_share=interval([sum(v for k, v in s.items() if k not in NOT_OFFLOAD)
                                             for s in shares if s is not None]),
                 requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s]),
                 cost_usd_per_hour=_cost(cpu, nvme, store_cost), meets_slo=meets, note=note,

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from kvtier.replay.datasets import VirtualUser
-
 from kvtier.errors import DatasetError
 from kvtier.stats import Fenwick, percentile
+
+if TYPE_CHECKING:
+    from kvtier.replay.datasets import VirtualUser
 
 
 @dataclass
@@ -77,7 +77,7 @@ class AccessStream:
 def stream_from_trace(path: str) -> AccessStream:
     """A Mooncake trace's block accesses at their arrival times (a trace without block ids has no reuse to
     measure: a DatasetError says so)."""
-    from kvtier.workload.traces import load_trace
+    from kvtier.workload.traces import MOONCAKE_BLOCK_TOKENS, load_trace
 
     trace = load_trace(path)
     if trace.format != "mooncake":
@@ -85,7 +85,7 @@ def stream_from_trace(path: str) -> AccessStream:
             f"--trace {path}: a {trace.format} trace has no prefix-block ids, so no reuse to measure; "
             "give a Mooncake trace (hash_ids) or --dataset"
         )
-    bt = trace.block_tokens or 512
+    bt = trace.block_tokens or MOONCAKE_BLOCK_TOKENS
     s = AccessStream(unit="s", block_tokens=bt, source=path, order="the trace's arrival times")
     t0 = trace.requests[0].arrival_s
     for r in trace.requests:
@@ -131,7 +131,7 @@ def stream_from_users(
     order_text: str = "",
 ) -> AccessStream:
     """The full blocks of each (user, turn) of ``order``, at ``times`` (seconds) or one request a step."""
-    from kvtier.keys import chunk_hash
+    from kvtier.keys import prefix_chunk_hashes
     from kvtier.replay.reuse import turn_tokens
 
     s = AccessStream(
@@ -139,13 +139,8 @@ def stream_from_users(
     )
     cache: dict[str, list[int]] = {}
     for i, (u, t) in enumerate(order):
-        tokens = turn_tokens(users[u].turns[t], encode, cache)
-        parent: bytes | None = None
-        blocks: list[tuple[object, int]] = []
-        for b in range(len(tokens) // block_tokens):
-            parent = chunk_hash(parent, tokens[b * block_tokens : (b + 1) * block_tokens])
-            blocks.append((parent, block_tokens))
-        s.add_request(blocks, float(i) if times is None else times[i])
+        hashes = prefix_chunk_hashes(turn_tokens(users[u].turns[t], encode, cache), block_tokens)
+        s.add_request([(h, block_tokens) for h in hashes], float(i) if times is None else times[i])
     return s
 
 
@@ -159,9 +154,8 @@ class _Waterfall:
         self.used = [0] * len(caps)
         self.served = [0] * len(caps)
         self.evicted = [False] * len(caps)
-        self.touched: dict[object, int] = {}  # block -> the request that last touched it
 
-    def access(self, key: object, size: int, request: int) -> None:
+    def access(self, key: object, size: int) -> None:
         if not self.caps:
             return
         for i, tier in enumerate(self.tiers):
@@ -170,7 +164,6 @@ class _Waterfall:
                 self.served[i] += size
                 self.used[i] -= held
                 break
-        self.touched[key] = request
         self._put(0, key, size)
 
     def _put(self, i: int, key: object, size: int) -> None:
@@ -185,13 +178,12 @@ class _Waterfall:
             self.used[i] -= osize
             self._put(i + 1, old, osize)
 
-    def oldest(self, i: int) -> int:
-        """The request that last touched the oldest block held in tiers 0..i (tier i's least recent, or the
-        nearest non-empty tier above)."""
+    def oldest(self, i: int) -> object | None:
+        """The oldest block held in tiers 0..i (tier i's least recent, or the nearest non-empty tier above's)."""
         for j in range(i, -1, -1):
             if self.tiers[j]:
-                return self.touched[next(iter(self.tiers[j]))]
-        return 0
+                return next(iter(self.tiers[j]))
+        return None
 
 
 class _Report(BaseModel):
@@ -254,9 +246,7 @@ class RetentionReport(_Report):
 
 
 def _window(a: list[float]) -> Window:
-    return Window(
-        p10=percentile(a, 10) if a else None, p50=percentile(a, 50) if a else None, p90=percentile(a, 90) if a else None
-    )
+    return Window(p10=percentile(a, 10), p50=percentile(a, 50), p90=percentile(a, 90))
 
 
 @dataclass
@@ -299,7 +289,7 @@ def _walk(s: AccessStream, bpt: int, caps: list[int], samples: int) -> _Walked:
             live += size
         fw.add(pos, size)
         last[k] = pos
-        waterfall.access(k, size, req[pos])
+        waterfall.access(k, size)
         if k not in interval:
             interval.add(k)
             interval_tokens += size
@@ -313,7 +303,8 @@ def _walk(s: AccessStream, bpt: int, caps: list[int], samples: int) -> _Walked:
             if filled[i] is None:
                 filled[i] = now
             if r % sample_every == 0:
-                oldest = waterfall.oldest(i)  # the request that last touched the oldest block held down to tier i
+                block = waterfall.oldest(i)
+                oldest = req[last[block]] if block is not None else 0  # the request that last touched it
                 windows[i].append(now - times[oldest])
                 windows_req[i].append(float(r - oldest))
         if r % ws_every == 0 or r == requests - 1:

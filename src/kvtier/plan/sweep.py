@@ -18,10 +18,7 @@ trial's replay was not complete (its own status says why).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.errors import ConfigError, DatasetError
+from kvtier.launch.procs import Supervisor, free_ports
+from kvtier.launch.profiles import ProcPlan
 from kvtier.results.envelope import (
     Status,
     StopCode,
@@ -75,39 +74,6 @@ def _kvtier() -> list[str]:
     return [sys.executable, "-m", "kvtier"]
 
 
-def _start_sim(argv: list[str], port_file: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + SIM_START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ConfigError(f"kvtier sim exited with status {proc.returncode} before it listened; log {log}")
-        try:
-            text = port_file.read_text().strip()
-        except OSError:
-            text = ""
-        if text.isdigit():
-            return proc, int(text)
-        time.sleep(0.05)
-    _stop(proc)
-    raise ConfigError(f"kvtier sim did not listen within {SIM_START_S:.0f} s; log {log}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
-
-
 def _replay_status(folder: Path) -> str | None:
     """The status of the replay result in ``folder``, or None when there is none it can read."""
     from kvtier.results import load
@@ -125,9 +91,10 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     folder = out / p.name / f"trial-{trial}"
     rel = str(folder.relative_to(out))
     nvme = Path(g.nvme_dir) / f"{p.name}-{trial}"
+    port = free_ports(1)[0]
     sim_argv = _kvtier() + ["sim", "--preset", g.preset, "--model", g.sim_model, "--served-model-name", "m",
-                            "--gpu-kv-gb", f"{g.gpu_kv_gb:g}", "--host", "127.0.0.1", "--port", "0",
-                            "--port-file", str(folder / "sim.port"), *p.offload_args(nvme)]  # fmt: skip
+                            "--gpu-kv-gb", f"{g.gpu_kv_gb:g}", "--host", "127.0.0.1", "--port", str(port),
+                            *p.offload_args(nvme)]  # fmt: skip
     base = {"point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency,
             "trial": trial, "path": rel, "sim_argv": sim_argv}  # fmt: skip
     if _replay_status(folder) == "complete":
@@ -137,8 +104,12 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     if p.nvme_gb > 0:
         nvme.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    sim, port = _start_sim(sim_argv, folder / "sim.port", folder / "sim.log")
+    # the launch's process handling for the sim and the replay: each in its own group with a log, dying with this
+    # process, stopped by group (SIGTERM: a replay still running writes its partial result)
+    sim = ProcPlan("sim", sim_argv, {}, f"http://127.0.0.1:{port}/health", None, SIM_START_S)
+    sup = Supervisor(folder)
     try:
+        sup.wait_healthy(sup.start(sim), sim.health, SIM_START_S)
         replay = _kvtier() + ["replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m",
                               "--dataset", g.dataset, "--dataset-format", g.dataset_format,
                               "--concurrency", str(p.concurrency), "--num-rounds", str(g.num_rounds),
@@ -146,15 +117,29 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
                               *(["--max-tokens-cap", str(g.max_tokens_cap)] if g.max_tokens_cap else []),
                               *(["--duration", f"{g.duration_s:g}"] if g.duration_s else []),
                               *g.replay_args]  # fmt: skip
-        with open(folder / "replay.log", "wb") as log:
-            rc = subprocess.run(replay, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        rc = sup.start(ProcPlan("replay", replay, {}, "", None, 0.0)).popen.wait()  # its log: replay.log
+    except KeyboardInterrupt:
+        interrupted, rc = True, 130
+    else:
+        interrupted = False
     finally:
-        _stop(sim)
+        sup.stop_all()
         shutil.rmtree(nvme, ignore_errors=True)
     status = _replay_status(folder)
     err = None if status is not None else f"kvtier replay exited with status {rc} and no result; log {rel}/replay.log"
-    return SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3),
-                      error=err)  # fmt: skip
+    t = SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3),
+                   error=err)  # fmt: skip
+    if interrupted:  # the replay, stopped by SIGTERM, wrote what it had: the trial is kept as its result says
+        raise Interrupted(t)
+    return t
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl+C during a trial; ``trial`` is what that trial left."""
+
+    def __init__(self, trial: SweepTrial) -> None:
+        super().__init__()
+        self.trial = trial
 
 
 def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: None) -> SweepResult:
@@ -205,16 +190,19 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
             say(f"{p.name} trial {k}: {t.status}{' (kept from an earlier run)' if t.reused else ''}"
                 + (f" in {t.wall_s:.1f} s" if t.wall_s is not None else ""))  # fmt: skip
             write_json(result(final=False), out / "sweep.json")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Interrupted):
+            done.append(e.trial)
         stop = StopReason(code=StopCode.interrupted, message="interrupted: the trials not run are listed as not-run")
     final = result(final=True)
     write_json(final, out / "sweep.json")
     return final
 
 
-def parse_list(text: str, flag: str, kind: type = float) -> list:  # type: ignore[type-arg]
+def parse_list(text: str, flag: str, integer: bool = False) -> list[float]:
+    """Distinct comma-separated numbers >= 0, sorted (whole numbers with ``integer``)."""
     try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
+        values: list[float] = [(int if integer else float)(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
     if not values or any(v < 0 for v in values) or len(set(values)) != len(values):

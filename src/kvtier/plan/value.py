@@ -23,11 +23,12 @@ null.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from kvtier.errors import DatasetError
+from kvtier.results.replay import ReplayResult, offload_sources
 
 HOURS_PER_MONTH = 730.0
 
@@ -69,10 +70,10 @@ class ValueReport(_Report):
     tiers: list[TierValue]
 
 
-def decomposed_records(folder: Path) -> tuple[list[dict[str, object]], float]:
-    """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's wall time."""
+def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
+    """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's result."""
     from kvtier.results import load
-    from kvtier.results.replay import ReplayResult
+    from kvtier.results.replay import read_records
 
     result = load(folder)
     if not isinstance(result, ReplayResult):
@@ -81,8 +82,6 @@ def decomposed_records(folder: Path) -> tuple[list[dict[str, object]], float]:
     path = base / "requests.jsonl"
     if not path.is_file():
         raise DatasetError(f"{path}: missing (plan value reads the per-request records beside summary.json)")
-    from kvtier.results.replay import read_records
-
     rows = [r for _, r in read_records(path)
             if r.get("status") == "ok" and isinstance(r.get("server_ttft_parts"), dict)]  # fmt: skip
     if not rows:
@@ -90,7 +89,7 @@ def decomposed_records(folder: Path) -> tuple[list[dict[str, object]], float]:
             f"{path}: no ok request carries the server's TTFT decomposition (a replay against kvtier sim has it; "
             "a real vLLM does not send it)"
         )
-    return rows, float(result.wall_s)
+    return rows, result
 
 
 def value_report(
@@ -105,7 +104,8 @@ def value_report(
     """The value of each offload tier a replay's requests were served from (module docstring).
     ``fetch_bw``: bytes/s per tier measured by a bench (with ``kv_bytes_per_token``), else the replay's own."""
     folder = Path(replay)
-    rows, wall = decomposed_records(folder)
+    rows, result = decomposed_records(folder)
+    wall = float(result.wall_s)
     store_gb = store_gb or {}
     tokens: dict[str, int] = {}
     hits: dict[str, int] = {}
@@ -119,10 +119,9 @@ def value_report(
         recomputed += int(src.get("recomputed", 0))
         fetch_s += float(parts.get("fetch", 0.0))
         recompute_s += float(parts.get("recompute", 0.0))
-        for k, v in src.items():
-            if k not in ("gpu", "recomputed") and int(v) > 0:
-                tokens[k] = tokens.get(k, 0) + int(v)
-                hits[k] = hits.get(k, 0) + 1
+        for k, v in offload_sources(src).items():
+            tokens[k] = tokens.get(k, 0) + int(v)
+            hits[k] = hits.get(k, 0) + 1
     inputs: list[Input] = []
     if prefill_tps is not None:
         rate: float | None = prefill_tps

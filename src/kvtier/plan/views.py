@@ -31,11 +31,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from kvtier.errors import ConfigError, DatasetError
-from kvtier.plan.measured import TierReadCost, read_costs
+from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
 from kvtier.plan.value import decomposed_records
+from kvtier.results.replay import offload_sources
+from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
 
-CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's)
+CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's; sim/model.py OffloadConfig, not imported: plan is below sim)
 OFFLOAD_SOURCES_TO_TIER = {"cpu": "cpu", "storage": "storage"}  # a record's source name -> the tier kind
 
 
@@ -90,18 +92,11 @@ def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: f
     for i in order:
         r = rows[i]
         src: dict[str, int] = r["prompt_sources"]
-        fetch = 0.0
-        known = True
-        for k, v in src.items():
-            if k in ("gpu", "recomputed") or not v:
-                continue
-            if k not in bw:
-                known = False
-                break
-            fetch += v * kvpt / bw[k]
-        if not known:
+        served = offload_sources(src)
+        if any(k not in bw for k in served):
             pred[i] = None
             continue
+        fetch = sum(v * kvpt / bw[k] for k, v in served.items())
         arrival = float(r["start_unix_s"])
         t = max(arrival, last_admit)
         need = int(r.get("prompt_tokens") or 0) + int(r.get("max_tokens") or 0)
@@ -132,9 +127,7 @@ def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> in
         gpu = int(src.get("gpu", 0)) // CHUNK_TOKENS
         i = gpu
         reads = []
-        for k, v in src.items():
-            if k in ("gpu", "recomputed") or not v:
-                continue
+        for k, v in offload_sources(src).items():
             tier = OFFLOAD_SOURCES_TO_TIER.get(k)
             if tier is None:
                 raise ConfigError(f"the storage view runs the cpu and storage tiers; the replay has {k!r}")
@@ -146,7 +139,7 @@ def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> in
     written: dict[str, int] = {}
     n = 0
     with path.open("w", encoding="utf-8") as f:
-        f.write("Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n")
+        f.write(HEADER)
         for r, reads, full in plans:
             t = float(r["start_unix_s"])
             s = r["session"]
@@ -166,29 +159,31 @@ def _by_turn(rows: list[dict[str, Any]], b: list[tuple[float, float] | None],
     turns: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         turns.setdefault(int(r["turn"]), []).append(i)
-    out = []
 
     def mean(xs: list[float]) -> float:
         return round(sum(xs) / len(xs), 6)
 
+    def means(pred: list[tuple[float, float] | None] | None, idx: list[int]) -> tuple[float | None, float | None]:
+        """The turn's mean predicted (TTFT, fetch); None when any of its requests has no prediction."""
+        known = [p for p in (pred[i] for i in idx) if p is not None] if pred is not None else []
+        if not idx or len(known) != len(idx):
+            return None, None
+        return mean([p[0] for p in known]), mean([p[1] for p in known])
+
+    def error(pred: float | None, measured: float) -> float | None:
+        return None if pred is None or not measured else round(pred / measured - 1, 4)
+
+    out = []
     for turn, idx in sorted(turns.items()):
         mt = mean([float(rows[i]["ttft_s"]) for i in idx])
         mf = mean([float(rows[i]["server_ttft_parts"].get("fetch", 0.0)) for i in idx])
-        pb = [b[i] for i in idx if b[i] is not None]
-        pt = mean([x[0] for x in pb]) if len(pb) == len(idx) else None  # type: ignore[index]
-        pf = mean([x[1] for x in pb]) if len(pb) == len(idx) else None  # type: ignore[index]
-        ct = cf = None
-        if c is not None:
-            pc = [c[i] for i in idx if c[i] is not None]
-            if len(pc) == len(idx):
-                ct = mean([x[0] for x in pc])  # type: ignore[index]
-                cf = mean([x[1] for x in pc])  # type: ignore[index]
+        pt, pf = means(b, idx)
+        ct, cf = means(c, idx)
         out.append(
             TurnView(
                 turn=turn, requests=len(idx), measured_ttft_s=mt, measured_fetch_s=mf, predicted_ttft_s=pt,
-                predicted_fetch_s=pf, ttft_error=None if pt is None or not mt else round(pt / mt - 1, 4),
-                storage_ttft_s=ct, storage_fetch_s=cf,
-                storage_ttft_error=None if ct is None or not mt else round(ct / mt - 1, 4),
+                predicted_fetch_s=pf, ttft_error=error(pt, mt), storage_ttft_s=ct, storage_fetch_s=cf,
+                storage_ttft_error=error(ct, mt),
             )
         )  # fmt: skip
     return out
@@ -212,16 +207,12 @@ def views_report(
     """The three views of the module docstring (``storage``: run view (c), its files under ``work``)."""
     from kvtier.config.sim import load_presets
     from kvtier.modelspec import build_catalog, resolve_model
-    from kvtier.results import load
-    from kvtier.results.replay import ReplayResult
 
     folder = Path(replay)
-    rows, _ = decomposed_records(folder)
+    rows, result = decomposed_records(folder)
     rows = [r for r in rows if r.get("prompt_sources") and r.get("ttft_s") and r.get("start_unix_s")]
     if not rows:
         raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")
-    result = load(folder)
-    assert isinstance(result, ReplayResult)
     if model:
         kvpt = int(resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1))
         kv_src = f"given (--model {model})"
@@ -252,7 +243,7 @@ def views_report(
                             source=f"given (the sim preset {preset})"))  # fmt: skip
     b: list[tuple[float, float] | None] = [None] * len(rows)
     if fetch_from:
-        costs, bench = _bench_costs(fetch_from)
+        costs, _ = load_read_costs(fetch_from)
         for c in costs:
             inputs.append(ViewInput(name=f"{c.tier} read bandwidth", value=round(c.bw_mean / 1e9, 4), unit="GB/s",
                                     source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of "
@@ -304,12 +295,6 @@ def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
             out.append(f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
                        f"({t.ttft_error:+.0%})")  # fmt: skip
     return out
-
-
-def _bench_costs(path: str) -> tuple[list[TierReadCost], Any]:
-    from kvtier.plan.measured import load_read_costs
-
-    return load_read_costs(path)
 
 
 def _storage_run(rows: list[dict[str, Any]], kvpt: int, work: Path, storage_dir: str | None

@@ -44,6 +44,15 @@ class ReplayRecord(TypedDict):
     rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
 
 
+NOT_OFFLOAD = ("gpu", "recomputed")
+"""The prompt sources that are not an offload tier (``prompt_sources``: every other key names one)."""
+
+
+def offload_sources(sources: dict[str, int]) -> dict[str, int]:
+    """The offload tiers of a record's ``prompt_sources`` that served tokens, and how many each."""
+    return {k: v for k, v in sources.items() if k not in NOT_OFFLOAD and v}
+
+
 def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> float | None:
     """Time per output token after the first, (e2e - TTFT) / (tokens - 1): the one rule of the replay's
     summary and the report's records; None for fewer than two tokens (or none known)."""
