@@ -215,8 +215,10 @@ class Handlers:
         frames = TokenFrames(request, head, chat, resp.headers.get("Transfer-Encoding", "").lower() == "chunked")
         if chat:
             await send(chunk(head, chat, {"role": "assistant", "content": ""}, None))
-        await resp.write(frames.first)  # token 0 leaves with the prefill (and flushes the headers)
+        # the decomposition's end: token 0's frame handed to the socket now, so the client reads it after this stamp
+        # (a stamp after the awaited write could come after the client's own: the write may wait on the loop)
         info = add_send(info, time.perf_counter())
+        await resp.write(frames.first)  # token 0 leaves with the prefill (and flushes the headers)
         _, n = await gen.asend(frames.emit)
         # the last chunk carries kvtier's extension: the request's TTFT decomposition (docs/serving.md)
         await send({**chunk(head, chat, {} if chat else "", "length"), "kvtier": info})

@@ -174,7 +174,7 @@ def first_info(
                 "fetch": round(load_s, 6),  # the offload tier's real reads
                 "recompute": round(t_first - t_fetched, 6),  # prefill of what no tier held
                 "first_decode": 0.0,  # token 0 leaves with the prefill
-                "send": 0.0,  # the front sets it: the first token's frame built and written (see add_send)
+                "send": 0.0,  # the front sets it: until the first token's frame goes to the socket (add_send)
             },
             "server_ttft_s": round(t_first - t_recv, 6),
         },
@@ -186,8 +186,9 @@ FIRST_TOKEN_AT = "_first_token_at"
 
 
 def add_send(info: dict[str, Any], sent_at: float | None) -> dict[str, Any]:
-    """The front's part of the decomposition: from the first token's readiness to its frame written to the
-    socket (``sent_at``, perf_counter; None: not streamed, 0). Returns the info without the private stamp."""
+    """The front's part of the decomposition: from the first token's readiness until its frame is handed to the
+    socket, the response's headers and first chunks written before it (``sent_at``, perf_counter; None: not
+    streamed, 0). Returns the info without the private stamp."""
     t_first = info.pop(FIRST_TOKEN_AT, None)
     if sent_at is not None and t_first is not None:
         d = info["ttft_decomposition"]
