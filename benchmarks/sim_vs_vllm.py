@@ -10,6 +10,12 @@ the sim's prompt ids are the server's). One replica, no gaps (``--gap-scale 0``)
 its first such turn), concurrency 1 then 4. Each server is started fresh per concurrency, so no run meets
 another's cache.
 
+With ``--ttft [--dataset DIR]`` it compares time, not only hits: it measures the real vLLM's ladder (``kvtier
+ladder``: cold and GPU TTFT by context, TPOT by running sequences; never fitted to the replayed trace), starts the sim
+with ``--calibration`` from it, replays the trace against both and prints per turn the TTFT p50 and p95 of each, and
+last ``sim_vs_vllm_ttft p50_err=… p95_err=… hit_diff=…`` (the worst turn's relative error of the sim's p50 and p95
+against vLLM's, the largest hit-rate difference, over the concurrencies).
+
 Printed per concurrency: each server's overall prefix hit rate from its own counters (the replay's scrape:
 hits / queries over the run, no warm-up) and the hit rate per turn of a virtual user (Σ cached / Σ prompt
 tokens from usage.prompt_tokens_details), then the prompt tokens each counted (a template mismatch would
@@ -68,13 +74,18 @@ def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurre
             "cached": hits, "prompt": prompt, "requests": len(recs)}  # fmt: skip
 
 
-def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path) -> subprocess.Popen[bytes]:
+def start_sim(
+    a: argparse.Namespace, model_dir: Path, port: int, work: Path, calibration: Path | None = None
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "kvtier", "sim", "--model", "tiny-1b", "--served-model-name", "tiny",
            "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
            "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}", "--offload", "none",
-           "--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms),
            "--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS),
            "--port", str(port)]  # fmt: skip
+    if calibration is None:
+        cmd += ["--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms)]
+    else:
+        cmd += ["--calibration", str(calibration)]
     log = (work / f"sim-{port}.log").open("wb")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -89,6 +100,71 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
         if time.monotonic() - t0 > timeout:
             raise SystemExit("kvtier sim did not start")
         time.sleep(0.3)
+
+
+def turn_ttfts(folder: Path) -> dict[int, list[float]]:
+    """The ok requests' TTFT by turn of a virtual user, from a replay's requests.jsonl."""
+    out: dict[int, list[float]] = defaultdict(list)
+    for line in (folder / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["status"] == "ok" and r["ttft_s"] is not None:
+            out[r["turn"]].append(r["ttft_s"])
+    return out
+
+
+def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str]) -> None:
+    """--ttft: the real vLLM's ladder (measured here, never fitted to the replayed trace), the sim calibrated from
+    it, and the same trace replayed against both at each concurrency: per-turn TTFT p50 and p95, hit rates."""
+    import numpy as np
+
+    kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
+    ladder = work / "ladder.json"
+    worst = {"p50": 0.0, "p95": 0.0, "hit": 0.0}
+    (port,) = free_ports(1)
+    srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
+                           name="vllm-ladder")  # fmt: skip
+    try:
+        srv.wait_healthy()
+        cmd = [sys.executable, "-m", "kvtier", "ladder", "--base-url", srv.url + "/v1", "--model", "tiny",
+               "--tokenizer", f"hf:{model_dir}", "--new-tokens", a.ladder_new_tokens,
+               "--repeats", str(a.ladder_repeats),
+               "--tpot-concurrency", "1,2,4", "--tpot-tokens", "16", "--output", str(ladder), "--plot",
+               str(work / "ladder.png"), "--quiet"]  # fmt: skip
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        print(p.stdout, flush=True)
+        if p.returncode not in (0, 1) or not ladder.exists():
+            raise SystemExit(f"kvtier ladder against vLLM failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        got = {"vllm": {}, "sim": {}}
+        for conc in a.concurrency:
+            got["vllm"][conc] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+            got["vllm"][conc]["ttft"] = turn_ttfts(work / f"vllm-{conc}")
+    finally:
+        srv.stop()
+    for conc in a.concurrency:
+        (port,) = free_ports(1)
+        sim = start_sim(a, model_dir, port, work, calibration=ladder)
+        try:
+            wait_http(f"http://127.0.0.1:{port}", sim)
+            got["sim"][conc] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
+            got["sim"][conc]["ttft"] = turn_ttfts(work / f"sim-{conc}")
+        finally:
+            sim.terminate()
+            sim.wait(timeout=30)
+    for conc in a.concurrency:
+        v, s_ = got["vllm"][conc], got["sim"][conc]
+        for t in sorted(set(v["ttft"]) & set(s_["ttft"])):
+            row = []
+            for q, name in ((50, "p50"), (95, "p95")):
+                pv, ps = float(np.percentile(v["ttft"][t], q)), float(np.percentile(s_["ttft"][t], q))
+                err = abs(ps - pv) / pv
+                worst[name] = max(worst[name], err)
+                row.append(f"{name} vllm {pv:.4f} sim {ps:.4f} ({(ps - pv) / pv:+.1%})")
+            print(f"concurrency {conc} turn {t} (n={len(v['ttft'][t])}/{len(s_['ttft'][t])}): " + ", ".join(row))
+        hv, hs = v["cached"] / v["prompt"], s_["cached"] / s_["prompt"]
+        worst["hit"] = max(worst["hit"], abs(hv - hs))
+        print(f"concurrency {conc}: hit rate vllm {hv:.4f} sim {hs:.4f}; status vllm {v['status']} sim {s_['status']}")
+    print(f"ladder: {ladder}, plot: {work / 'ladder.png'}")
+    print(f"sim_vs_vllm_ttft p50_err={worst['p50']:.3f} p95_err={worst['p95']:.3f} hit_diff={worst['hit']:.4f}")
 
 
 def main() -> None:
@@ -113,7 +189,16 @@ def main() -> None:
                     help="runs of each concurrency on each server (fresh ones): means and spreads")  # fmt: skip
     ap.add_argument("--vllm-results", type=Path, default=None,
                     help="a JSON file of vLLM's side: read when it exists (same flags), written when not")  # fmt: skip
+    ap.add_argument("--ttft", action="store_true",
+                    help="TTFT, not only hit rate: measure the vLLM's ladder, calibrate the sim from it "
+                         "(kvtier sim --calibration), replay the trace against both; last line "
+                         "sim_vs_vllm_ttft ...")  # fmt: skip
+    ap.add_argument("--dataset", type=Path, default=None, help="--ttft: any agent-trace folder (same as --trace)")
+    ap.add_argument("--ladder-new-tokens", default="16,256", help="--ttft: the ladder's new-token counts")
+    ap.add_argument("--ladder-repeats", type=int, default=3, help="--ttft: the ladder's repeats per point")
     a = ap.parse_args()
+    if a.dataset is not None:
+        a.trace = a.dataset
     if a.trace is None or not a.trace.exists():
         raise SystemExit("--trace: no trace (../shared/data/lmcache_agent_trace/miniswe is the default)")
     if not Path(a.engine_python).exists():
@@ -128,6 +213,9 @@ def main() -> None:
     model_dir = make_model(work / "tiny", Geometry())
     kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
     cores = cpu_inventory(None).devices
+    if a.ttft:
+        ttft_main(a, work, model_dir, cores)
+        return
     totals = {"vllm": [0.0, 0.0], "sim": [0.0, 0.0]}
     worst = 0.0
     saved = json.loads(a.vllm_results.read_text()) if a.vllm_results and a.vllm_results.exists() else {}

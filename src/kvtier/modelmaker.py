@@ -51,6 +51,9 @@ _WORDS = (
     "server storage memory read write latency turn session prompt reply json value key list string "
     "number true false null return def class import self print for while if else elif try except"
 ).split()
+WORDS: tuple[str, ...] = tuple(_WORDS)
+"""The English words the folder's tokenizer was trained on (each about one token): filler text that any
+tokenizer counts at close to a token a word (kvtier ladder's prompts)."""
 _PUNCT = [".", ",", ":", ";", "!", "?", "(", ")", "[", "]", "{", "}", '"', "'", "-", "_", "/", "=", "+", "*"]
 
 

@@ -135,6 +135,33 @@ def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: S
     assert r["status"] == "error" and r["cause"] == "context-length" and r["http_status"] == 400
 
 
+def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(real_vllm: Server, tmp_path):
+    """kvtier ladder against the CPU build: cold and GPU points, each verified by vLLM's own prefix-cache counters;
+    no offload tier (the CPU build has none, and the ladder says so rather than assume one)."""
+    out = tmp_path / "ladder.json"
+    p = subprocess.run(
+        [*kvtier_cmd(), "ladder", "--base-url", real_vllm.url + "/v1", "--model", "tiny", "--tokenizer",
+         f"hf:{real_vllm.model_dir}", "--contexts", "256,2048,8192", "--new-tokens", "16,512", "--repeats", "2",
+         "--tpot-concurrency", "1,2", "--tpot-tokens", "8", "--output", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "complete" and r["server"]["kind"] == "vllm" and r["server"]["tiers"] == []
+    assert r["server"]["block_tokens"] == 128 and r["server"]["gpu_kv_tokens"] == KV_TOKENS
+    assert {pt["source"] for pt in r["points"]} == {"cold", "gpu"} and len(r["points"]) == 3 * 2 * 2 * 2
+    assert all(pt["verified"] for pt in r["points"]), [pt["why"] for pt in r["points"] if not pt["verified"]]
+    for pt in r["points"]:  # the counters' deltas, not usage, verified each one
+        assert pt["shown"]["basis"] == "counters"
+        if pt["source"] == "gpu":
+            assert pt["shown"]["gpu_hit_tokens"] >= pt["context_tokens"] - 128
+    med = {(c["source"], c["context_tokens"], c["new_tokens"]): c["ttft_s_median"] for c in r["cells"]}
+    assert med[("gpu", 8192, 16)] < med[("cold", 8192, 16)] / 3  # a hit skips most of the prefill
+    f = r["fit"]
+    assert f is not None and f["timing"]["source"] == "measured" and f["timing"]["fetch"] == []
+    assert f["prefill_fit_median_abs_rel_err"] < 0.25 and f["timing"]["decode"]["tpot_s"] > 0
+
+
 @pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed (scripts/install-tools.sh caddy)")
 def test_launch_two_real_replicas_behind_caddy(tmp_path):
     out = tmp_path / "run"

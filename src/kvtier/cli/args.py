@@ -52,7 +52,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
         elif get_origin(tp) is list:
             (inner,) = get_args(tp)
             kw["action"] = "append"
-            kw["type"] = inner
+            # numbers are taken as text: the model splits "256,1024" and checks each value (one error for both forms)
+            kw["type"] = str if inner in (int, float) else inner
             help_text += " (repeat for several)"
         elif tp in (int, float, str):
             kw["type"] = tp

@@ -41,6 +41,7 @@ class KvtierParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from kvtier.cli.bench import add_bench_parser
     from kvtier.cli.clean import add_clean_parser
+    from kvtier.cli.ladder import add_ladder_parser
     from kvtier.cli.launch import add_launch_parser
     from kvtier.cli.mlperf import add_mlperf_parser
     from kvtier.cli.model import add_model_parser
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_parser(sub)
     add_cache_server_parser(sub)
     add_replay_parser(sub)
+    add_ladder_parser(sub)
     add_launch_parser(sub)
     add_mlperf_parser(sub)
     add_model_parser(sub)

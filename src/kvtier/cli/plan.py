@@ -272,7 +272,52 @@ def _case(case: str) -> reports.GateCase:
     )
 
 
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated whole numbers") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError(f"{flag} {text!r}: expected whole numbers >= 1")
+    return vals
+
+
+def cmd_gate_ladder(a: argparse.Namespace) -> int:
+    """plan gate --from ladder.json: both sides of the gate from the server's measured curves."""
+    from kvtier.plan.ladder_gate import ladder_gate_report
+    from kvtier.results import load
+    from kvtier.results.ladder import LadderResult
+
+    given = [f for f, v in (("--prefill-tps", a.prefill_tps), ("--case", a.case), ("--model", a.model)) if v]
+    if given:
+        raise ConfigError(f"--from: the ladder measured the server; {', '.join(given)} would be assumptions beside "
+                          "it (give one or the other)")  # fmt: skip
+    r = load(a.from_)
+    if not isinstance(r, LadderResult):
+        raise ConfigError(f"--from {a.from_}: a {r.benchmark} result; plan gate --from takes a kvtier ladder result")
+    rep = ladder_gate_report(r, a.from_, _ints(a.context, "--context"), _ints(a.new_tokens, "--new-tokens"))
+    t = _table(f"fetch gate from the measured ladder {a.from_} ({rep.timing_source})",
+               ["tier", "context", "new", "fetch (s)", "recompute (s)", "verdict", "measured faster",
+                "agrees"])  # fmt: skip
+    for x in rep.rows:
+        t.add_row(x.tier, f"{x.context_tokens:,}", f"{x.new_tokens:,}", f"{x.fetch_s:.4f}", f"{x.recompute_s:.4f}",
+                  x.verdict + (" (extrapolated)" if x.extrapolated else ""), x.measured_faster or "—",
+                  "—" if x.agrees is None else ("yes" if x.agrees else "NO"))  # fmt: skip
+    lines = [f"break-even ({b.tier}, {b.new_tokens:,} new tokens): "
+             + (f"fetch wins from {b.context_tokens:,} tokens of context" if b.context_tokens else b.note)
+             for b in rep.breakeven]  # fmt: skip
+    lines.append(f"check: the gate agrees with the measured faster source on {rep.agreed} of {rep.checked} cells")
+    _emit(a, rep, t, lines)
+    return 0 if rep.agreed == rep.checked else 1
+
+
 def cmd_gate(a: argparse.Namespace) -> int:
+    if a.from_:
+        return cmd_gate_ladder(a)
+    if not a.context or not a.prefill_tps:
+        raise ConfigError("plan gate: give --context and --prefill-tps (or --from a kvtier ladder result)")
     m = _model(a)
     if not a.case:
         raise ConfigError("--case: give at least one BW,RTT[,COMPRESSION] case")
@@ -431,9 +476,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     g = ps.add_parser("gate", help="the fetch gate for a list of cases")
     _model_args(g)
-    g.add_argument("--context", required=True)
-    g.add_argument("--prefill-tps", required=True)
+    g.add_argument("--context", help="context tokens (with --from: comma-separated, default the ladder's cells)")
+    g.add_argument("--prefill-tps", help="prefill throughput, tokens/s (not with --from: the ladder measured it)")
     g.add_argument("--case", action="append", help="BW,RTT[,COMPRESSION], e.g. 5Gbit/s,20ms,3.5")
+    g.add_argument("--from", dest="from_", help="a kvtier ladder result: the server's measured prefill and fetch "
+                   "curves instead of --prefill-tps and --case, checked against its own measured points")  # fmt: skip
+    g.add_argument("--new-tokens", help="with --from: new tokens on the prefix, comma-separated (default the ladder's)")
     g.set_defaults(func=cmd_gate)
 
     c = ps.add_parser("capacity", help="bytes for N tokens, users per tier, cost of a million tokens")

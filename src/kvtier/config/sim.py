@@ -42,7 +42,13 @@ class OffloadTierConfig(RemoteTierFlags):
 class SimConfig(OffloadTierConfig):
     """Every input of ``kvtier sim``. Latency-model fields left unset take the preset's value."""
 
-    preset: str = flag(DEFAULT_PRESET, "latency preset from sim/presets.yaml")
+    preset: str = flag(DEFAULT_PRESET, "latency preset from sim/presets.yaml (its figures are assumed, not measured)")
+    calibration: str | None = flag(
+        None,
+        "a kvtier ladder result (ladder.json) measured on a real server: prefill (with its attention term), its fixed "
+        "cost and decode come from the ladder's fit instead of the preset; prompts longer than it measured are "
+        "timed by extrapolation, and responses say so (kvtier.timing)",
+    )
     model: str | None = flag(None, "catalog model whose KV bytes per token size the caches (default: the preset's)")
     served_model_name: str | None = flag(None, "name clients send as 'model' (default: --model, or the preset's)")
     gpu_kv_gb: float | None = flag(None, "GPU memory for KV cache, GB (default: the preset's)", gt=0)

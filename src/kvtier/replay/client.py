@@ -144,9 +144,12 @@ class StreamRecorder:
                 ext = ev.get("kvtier")
                 if ext is not None:
                     decomposition(rec, ext)
+                    self.transit(ext)
                 choices = ev.get("choices") or ()
                 if not isinstance(choices, (list, tuple)):
                     raise ValueError("choices is not a list")
+                if choices and "first_event_s" not in rec:  # the role delta: servers send it with token 0
+                    rec["first_event_s"] = now - self.t0
                 for ch in choices:
                     d = (ch.get("delta") if isinstance(ch, dict) else None) or {}
                     if not isinstance(d, dict):
@@ -163,6 +166,21 @@ class StreamRecorder:
                         self.parts.append(d.get("content") or "")
         return False
 
+    def transit(self, ext: Any) -> None:
+        """The two legs outside the server, where its ``monotonic_s`` stamps are on this request's clock (the host's
+        monotonic clock: the default one, a server on this host): both must come out non-negative and no longer
+        than the TTFT, else they are not comparable stamps (another host, an injected clock) and none is kept."""
+        stamps = ext.get("monotonic_s") if isinstance(ext, dict) else None
+        ttft = self.rec["ttft_s"]
+        if not isinstance(stamps, dict) or ttft is None:
+            return
+        recv, sent = stamps.get("received"), stamps.get("first_sent")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (recv, sent)):
+            return
+        to_server, to_client = recv - self.t0, self.t0 + ttft - sent  # type: ignore[operator]  # numbers, checked above
+        if 0 <= to_server <= ttft and 0 <= to_client <= ttft:
+            self.rec["transit_s"] = {"to_server": round(to_server, 7), "to_client": round(to_client, 7)}
+
     @property
     def reply(self) -> str:
         return "".join(self.parts)
@@ -171,6 +189,11 @@ class StreamRecorder:
 def decomposition(rec: ReplayRecord, ext: Any) -> None:
     """kvtier's response extension (the sim's ``kvtier`` object): the request's prompt tokens by source and
     the server's TTFT by part, into the record. Absent parts stay null; a malformed one is a ValueError."""
+    timing = ext.get("timing") if isinstance(ext, dict) else None
+    if timing is not None:
+        if timing not in ("assumed", "measured", "extrapolated"):
+            raise ValueError(f"kvtier.timing is not assumed, measured or extrapolated: {str(timing)[:40]!r}")
+        rec["sim_timing"] = timing
     d = ext.get("ttft_decomposition") if isinstance(ext, dict) else "?"
     if d is None:
         return

@@ -5,6 +5,7 @@ reached, scrapes that failed, an offload tier that never served a hit) and the m
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,25 @@ class RunFacts:
     hardware: Any  # the HardwareSampler's samples
 
 
+def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
+    """What kind of numbers a replay against the sim measured: ``sim-timing-assumed`` when the sim's latency model
+    was a preset's assumed figures, ``sim-timing-extrapolated`` when some requests were timed outside the range its
+    --calibration ladder measured (counts from each response's kvtier.timing)."""
+    seen = Counter(r.get("sim_timing") for r in records if r.get("sim_timing"))
+    out = []
+    if seen.get("assumed"):
+        out.append(warning(WarningCode.sim_timing_assumed,
+                           f"{seen['assumed']} requests were timed by the sim's preset figures, which are assumed, not "
+                           "measured (kvtier sim --calibration takes a kvtier ladder of a real server)",
+                           requests=seen["assumed"]))  # fmt: skip
+    if seen.get("extrapolated"):
+        out.append(warning(WarningCode.sim_timing_extrapolated,
+                           f"{seen['extrapolated']} requests were timed outside the range the sim's calibration "
+                           "measured (a longer prompt or more running sequences): extrapolated",
+                           requests=seen["extrapolated"]))  # fmt: skip
+    return out
+
+
 def build_result(
     plan: ReplayPlan, run: RunFacts, records: list[ReplayRecord], metrics: list[ScrapeSummary]
 ) -> ReplayResult:
@@ -73,6 +93,7 @@ def build_result(
                 achieved=run.achieved,
             )
         )
+    warnings += timing_warnings(records)
     for m in metrics:
         if m.samples < 2:
             warnings.append(

@@ -129,14 +129,26 @@ def _shares(tokens: dict[str, int]) -> dict[str, float]:
 def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
     """Where the ok requests' TTFT went, from the server's decomposition (records without one are left out):
     mean seconds by part and the prompt's token share by source, per turn and over all; the share of requests
-    whose parts sum within CLOSURE of the client's TTFT; the client's overhead beyond the server's TTFT."""
+    whose parts — the server's, and the two transits where the server's stamps share the client's clock — sum
+    within CLOSURE of the client's TTFT (and the share from the server's parts alone); the client's overhead
+    beyond the server's TTFT, and the transits' medians."""
     with_parts = [r for r in ok if r.get("server_ttft_parts") is not None and r["ttft_s"]]
     tokens: dict[str, int] = defaultdict(int)
     by_turn: dict[int, list[ReplayRecord]] = defaultdict(list)
-    closed, overhead = 0, []
+    closed = closed_server = 0
+    overhead: list[float] = []
+    to_server: list[float] = []
+    to_client: list[float] = []
     for r in with_parts:
         ttft, server = r["ttft_s"] or 0.0, r.get("server_ttft_s") or 0.0
-        closed += abs(ttft - server) <= CLOSURE * ttft
+        closed_server += abs(ttft - server) <= CLOSURE * ttft
+        transit = r.get("transit_s")
+        accounted = server
+        if transit:
+            to_server.append(transit["to_server"])
+            to_client.append(transit["to_client"])
+            accounted += transit["to_server"] + transit["to_client"]
+        closed += abs(ttft - accounted) <= CLOSURE * ttft
         overhead.append(ttft - server)
         for k, v in (r.get("prompt_sources") or {}).items():
             tokens[k] += v
@@ -164,6 +176,10 @@ def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
         "requests": len(with_parts),
         "closure_within_5pct": round(closed / len(with_parts), 6) if with_parts else None,
         "client_overhead_s_p50": round(float(np.median(overhead)), 6) if overhead else None,
+        "closure_server_only_within_5pct": round(closed_server / len(with_parts), 6) if with_parts else None,
+        "transit_measured": len(to_server),
+        "transit_to_server_s_p50": round(float(np.median(to_server)), 6) if to_server else None,
+        "transit_to_client_s_p50": round(float(np.median(to_client)), 6) if to_client else None,
         "token_share": _shares(tokens),
         "by_turn": turns,
     }

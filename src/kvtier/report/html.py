@@ -31,6 +31,7 @@ KINDS = {
     "kvtier mlperf run": "mlperf",
     "kvtier launch": "launch",
     "kvtier plan sweep": "sweep",
+    "kvtier ladder": "ladder",
 }
 TITLES = {
     "bench": "Storage benchmark (kvtier bench)",
@@ -39,6 +40,7 @@ TITLES = {
     "mlperf": "MLPerf submission runs",
     "launch": "Launches",
     "sweep": "Placement sweeps (kvtier plan sweep)",
+    "ladder": "Tier ladders (kvtier ladder)",
 }
 
 CSS = """
@@ -218,6 +220,16 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
                                             f"{len(r.trials)}"),
             ("dataset", f"{g.dataset} (sim {g.sim_model}, {g.gpu_kv_gb:g} GB GPU KV, preset {g.preset})"),
         ]  # fmt: skip
+    elif it.kind == "ladder":
+        sv = r.server
+        rows += [
+            ("server", f"{sv.model} at {sv.base_url} ({sv.kind}), tiers: "
+                       f"{', '.join(t.name for t in sv.tiers) or 'none'}"),
+            ("points verified / measured", f"{sum(p.verified for p in r.points)} / {len(r.points)}"),
+            ("prefill fit", "none" if r.fit is None else
+             f"median |error| {r.fit.prefill_fit_median_abs_rel_err} fitted, {r.fit.prefill_holdout_median_abs_rel_err}"
+             f" held back ({'superlinear' if r.fit.superlinear else 'linear'})"),
+        ]  # fmt: skip
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
     return rows
 
@@ -290,7 +302,7 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         if group[0].figures:
             parts.append(_table(group))
         makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": plots.SWEEP_PLOTS,
-                  "launch": plots.LAUNCH_PLOTS}.get(kind, ())  # fmt: skip
+                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS}.get(kind, ())  # fmt: skip
         if makers and not have_mpl:
             parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
             continue

@@ -466,6 +466,65 @@ def storm_timeline(items: Sequence[Loaded]) -> Plot | None:
             "do meanwhile?", _png(fig))  # fmt: skip
 
 
+def ladder_png(results: Sequence[tuple[str, Any]]) -> bytes | None:
+    """TTFT against context per source (``kvtier ladder``), log-log: the verified points' median per cell with
+    their min-max spread, one panel per new-token count, the fitted model drawn through each source."""
+    have = [(label, r) for label, r in results if any(c.verified for c in r.cells)]
+    if not have:
+        return None
+    plt = _plt()
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    news = sorted({c.new_tokens for _, r in have for c in r.cells})
+    fig, axes = plt.subplots(1, len(news), figsize=(6 * len(news), 4.2), squeeze=False)
+    for j, n in enumerate(news):
+        ax = axes[0][j]
+        for i, (label, r) in enumerate(have):
+            sources = sorted({c.source for c in r.cells}, key=lambda x: (x != "cold", x != "gpu", x))
+            for k, src in enumerate(sources):
+                cells = sorted((c for c in r.cells if c.source == src and c.new_tokens == n and c.verified),
+                               key=lambda c: c.context_tokens)  # fmt: skip
+                if not cells:
+                    continue
+                xs = [c.context_tokens for c in cells]
+                ys = [c.ttft_s_median for c in cells]
+                err = [[m - (c.ttft_s_min or m) for c, m in zip(cells, ys)],
+                       [(c.ttft_s_max or m) - m for c, m in zip(cells, ys)]]  # fmt: skip
+                color = f"C{(i * 4 + k) % 10}"
+                name = f"{label}: {src}" if len(have) > 1 else src
+                ax.errorbar(xs, ys, yerr=err, marker="o", ls="none", capsize=3, color=color, label=name)
+                if r.fit is not None:
+                    t = r.fit.timing
+                    grid = np.geomspace(min(xs), max(xs), 40)
+                    if src == "cold":
+                        pred = [t.prefill.seconds(x + n) for x in grid]
+                    elif src == "gpu":
+                        pred = [t.prefill.seconds(n, x) for x in grid]
+                    else:
+                        f = t.fetch_for(src)
+                        pred = [t.prefill.seconds(n, x) + f.seconds(x) for x in grid] if f else []
+                    if pred:
+                        ax.plot(grid, pred, "-", color=color, alpha=0.6, lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # text.parse_math is off: log axes' default labels are mathtext
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"{n:,} new tokens on the prefix", fontsize=10)
+        _label(ax, "cached prefix (context), tokens", "TTFT, s (median, min-max; line: the fit)")
+    return _png(fig)
+
+
+def ladder_curves(items: Sequence[Loaded]) -> Plot | None:
+    png = ladder_png([(it.label, it.result) for it in items])
+    if png is None:
+        return None
+    return ("The tier ladder", "What does the same prefix cost to serve from the GPU, from each offload tier, or "
+            "recomputed, as the context grows?", png)  # fmt: skip
+
+
+LADDER_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (ladder_curves,)
 BENCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
     tier_latency, throughput_and_fill, device_timeline, qos, autoscaler, read_amplification,
 )  # fmt: skip

@@ -18,12 +18,15 @@ from kvtier.errors import DatasetError
 if TYPE_CHECKING:
     from kvtier.results.aggregate import BenchAggregate
     from kvtier.results.bench import BenchResult
+    from kvtier.results.ladder import LadderResult
     from kvtier.results.launch import LaunchResult
     from kvtier.results.mlperf import MlperfRunSummary
     from kvtier.results.replay import ReplayResult
     from kvtier.results.sweep import SweepResult
 
-    AnyResult = BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary | SweepResult
+    AnyResult = (
+        BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary | SweepResult | LadderResult
+    )
 
 
 def _model_for(benchmark: Any) -> Any:
@@ -43,6 +46,10 @@ def _model_for(benchmark: Any) -> Any:
         from kvtier.results.sweep import SweepResult
 
         return SweepResult
+    if benchmark == "kvtier ladder":
+        from kvtier.results.ladder import LadderResult
+
+        return LadderResult
     if benchmark == "kvtier bench mpi":
         from kvtier.results.aggregate import BenchAggregate
 
@@ -52,7 +59,7 @@ def _model_for(benchmark: Any) -> Any:
 
 def _file(path: Path) -> Path:
     if path.is_dir():
-        for name in ("summary.json", "launch.json", "sweep.json", "kvcache_run_summary.json"):
+        for name in ("summary.json", "launch.json", "sweep.json", "ladder.json", "kvcache_run_summary.json"):
             if (path / name).is_file():
                 return path / name
         raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")

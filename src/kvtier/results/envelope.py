@@ -53,8 +53,9 @@ class StopCode(enum.StrEnum):
     startup_failed = "startup-failed"  # launch: a process did not start or become healthy
     running = "running"  # launch.json written while the replay was still running
     too_many_failures = "too-many-failures"  # it ran to its end, but more than --max-failure-rate of its work failed
-    grid_finished = "grid-finished"  # plan sweep: every trial of the grid ran
+    grid_finished = "grid-finished"  # plan sweep: every trial of the grid ran; ladder: every point was measured
     budget = "budget"  # plan sweep: its --budget ran out before every trial ran
+    server_unavailable = "server-unavailable"  # ladder: the server stopped answering
 
 
 class Section(BaseModel):
@@ -122,6 +123,11 @@ class WarningCode(enum.StrEnum):
     remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
     fault_not_recovered = "fault-not-recovered"  # launch --fault: the restarted part did not answer again
     fault_not_injected = "fault-not-injected"  # launch --fault: the replay ended before the fault's time
+    ladder_unverified = "ladder-unverified"  # ladder: points whose counters did not show the intended source
+    ladder_source_unverified = "ladder-source-unverified"  # ladder: a source asked for has no verified point
+    ladder_tier_unreachable = "ladder-tier-unreachable"  # ladder: no flood size pushes a prefix down to the tier
+    sim_timing_assumed = "sim-timing-assumed"  # replay: the sim's latency model is a preset's assumed figures
+    sim_timing_extrapolated = "sim-timing-extrapolated"  # replay: requests timed outside the calibration's range
     gds_off = (
         "gds-off"  # --gds auto found no cuFile path (the file tier used O_DIRECT), or kvikio moved the bytes by POSIX
     )

@@ -41,6 +41,11 @@ class ReplayRecord(TypedDict):
     prompt_sources: dict[str, int] | None  # the prompt's tokens by source: gpu, each offload tier, recomputed
     server_ttft_parts: dict[str, float] | None  # the server's time to the first token by part, seconds
     server_ttft_s: float | None  # their sum: the server's own TTFT (the client's adds the network and client)
+    first_event_s: NotRequired[float]  # the first event carrying a choice (kvtier ladder's first-token time)
+    # the two legs outside the server, measured on the host's one monotonic clock (the sim's stamps and the client's):
+    # to_server = the sim's receipt − the client's start; to_client = the client's first token − the sim's send
+    transit_s: NotRequired[dict[str, float]]
+    sim_timing: NotRequired[str | None]  # the sim's kvtier.timing: assumed | measured | extrapolated (docs/serving.md)
     rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
 
 
@@ -116,8 +121,13 @@ class TtftDecomposition(Section):
     """Where TTFT went, by turn, and whether the parts close on the measured TTFT (docs/metrics.md)."""
 
     requests: int  # ok requests with the decomposition (0: the server sends none, e.g. a real vLLM)
-    closure_within_5pct: float | None  # the share whose server parts sum within 5 % of the client's TTFT
+    closure_within_5pct: float | None  # the share whose parts (the server's, and both transits where measured) sum
+    # within 5 % of the client's TTFT
     client_overhead_s_p50: float | None  # client TTFT minus the server's: network, HTTP and the client itself
+    closure_server_only_within_5pct: float | None = None  # the same share from the server's parts alone
+    transit_measured: int = 0  # requests whose transits were measured (the server's stamps on the client's clock)
+    transit_to_server_s_p50: float | None = None  # the client's start to the sim's receipt (client send + loopback)
+    transit_to_client_s_p50: float | None = None  # the sim's send of token 0 to the client's read (loopback + parse)
     token_share: dict[str, float]  # over every such request
     by_turn: list[TurnDecomposition]
 

@@ -148,6 +148,45 @@ class VllmMetrics:
             "kvtier_sim:offload_stores_skipped",
             "stores after prefill not made: the tier's breaker was open, or 64 stores were already queued",
         )
+        # where each prompt token came from, as vLLM 0.32 counts it (local_compute, local_cache_hit,
+        # external_kv_transfer), and kvtier's per-tier split of the external part under the sim's own tier names
+        # (cpu, storage, redis, s3, or the cache server's): what kvtier ladder verifies a point by
+        self.by_source = Counter(
+            "vllm:prompt_tokens_by_source", "prompt tokens by where their KV came from", [*names, "source"], registry=r
+        )
+        self.by_tier = Counter(
+            "kvtier_sim:prompt_tokens_by_tier",
+            "prompt tokens whose KV an offload tier served, by tier (the engine's tier names)",
+            [*names, "tier"],
+            registry=r,
+        )
+        self.tier_capacity = Gauge(
+            "kvtier_sim:offload_tier_capacity_tokens",
+            "tokens each offload tier holds (its capacity over the model's KV bytes per token)",
+            [*names, "tier"],
+            registry=r,
+        )
+        self.cache_config = Gauge(
+            "vllm:cache_config_info",
+            "the modelled GPU's KV cache geometry, under vLLM's labels",
+            [*names, "block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_bytes_per_token",
+             "enable_prefix_caching"],
+            registry=r,
+        )  # fmt: skip
+        self.timing = Gauge(
+            "kvtier_sim:timing_info",
+            "where the latency model's figures come from: assumed (a preset) or measured (a ladder calibration)",
+            [*names, "source", "calibration"],
+            registry=r,
+        )
+        self.extrapolated = c(
+            "kvtier_sim:timing_extrapolated",
+            "requests whose prefill or decode was timed outside the calibration's measured range",
+        )
+        self.model_name = model_name
+        self.stores_pending = g(
+            "kvtier_sim:offload_stores_pending", "stores after prefill queued or running (kvtier ladder waits for 0)"
+        )
         self.lm_req = c("lmcache_mp_lookup_requested_tokens", "tokens looked up in the offload tier")
         self.lm_hit = c("lmcache_mp_lookup_hit_tokens", "tokens found in the offload tier")
         self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")

@@ -416,6 +416,10 @@ class Offload(_Measured):
     STORE_THREADS = 2  # the store path's own threads: a slow or hung tier never takes the request path's
     MAX_PENDING_STORES = 64  # stores queued behind them at most; past it a store is skipped, counted
 
+    @property
+    def pending_stores(self) -> int:
+        return self._pending_stores
+
     def store_later(self, keys: Sequence[str]) -> None:
         """The store path after prefill, off the request's path and off its threads (a store waiting out a
         hung server's deadline must not delay the next request's lookup)."""
@@ -570,6 +574,10 @@ class RemoteOffload(_Measured):
         t = asyncio.get_running_loop().create_task(store())
         self._pending.add(t)
         t.add_done_callback(self._pending.discard)
+
+    @property
+    def pending_stores(self) -> int:
+        return len(self._pending)
 
     def usage(self) -> dict[str, Any] | None:
         return None  # the cache server reports its tiers on its own /metrics

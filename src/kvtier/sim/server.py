@@ -8,7 +8,8 @@ Latency model per request:
        + offload load time                                   (real reads, measured)
        + wait for the GPU's prefill compute                  (modelled: one FIFO, see below)
        + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept; in chunks of
-         --max-num-batched-tokens, each chunk's blocks taken when it is queued)
+         --max-num-batched-tokens, each chunk's blocks taken when it is queued; with --calibration also
+         + prefill_pair_s x new x (cached + new/2), and the overhead is latency only, off the modelled GPU)
   then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept; one
   batch step hands a token to every decoding sequence).
 Prefill compute is one shared resource: the GPU runs one forward pass at a time, so concurrent
@@ -64,6 +65,11 @@ class SimSettings:
     tokenizer: str = "auto"  # kvtier.tokenizer kinds; hf:DIR of a kvtier model make folder renders its template
     body_timeout_s: float = 30.0  # a request body must arrive within this (HTTP 408 otherwise)
     max_num_batched_tokens: int = 8192  # a prefill chunk, tokens (vLLM's chunked prefill)
+    prefill_pair_s: float = 0.0  # attention: s per new token per token it attends over (0: the linear presets)
+    timing_source: str = "assumed"  # assumed (a preset's figures) | measured (a ladder's fit: --calibration)
+    timing_origin: str = ""  # the preset's name or the calibration file
+    measured_prompt_tokens: int | None = None  # the calibration's range: longer prompts are extrapolated
+    measured_running: int | None = None  # ... and more running sequences
 
 
 class _Req:
@@ -178,6 +184,9 @@ def first_info(
             },
             "server_ttft_s": round(t_first - t_recv, 6),
         },
+        # the host's monotonic clock (perf_counter: CLOCK_MONOTONIC, one clock for every process on a Linux host), so a
+        # client on this host measures both transits: its start to "received", and "first_sent" to its first token
+        "monotonic_s": {"received": round(t_recv, 7)},
         FIRST_TOKEN_AT: t_first,  # perf_counter; the front takes it out (add_send) before the info is sent
     }
 
@@ -195,6 +204,7 @@ def add_send(info: dict[str, Any], sent_at: float | None) -> dict[str, Any]:
         send = max(0.0, sent_at - t_first)
         d["seconds"]["send"] = round(send, 6)
         d["server_ttft_s"] = round(sum(d["seconds"].values()), 6)
+        info["monotonic_s"]["first_sent"] = round(sent_at, 7)
     return info
 
 
@@ -228,6 +238,31 @@ class SimEngine:
         self._seqs: set[_Seq] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._prefill_free_at = 0.0  # when the modelled GPU finishes the prefill work queued so far
+        self._describe_metrics()
+
+    def _describe_metrics(self) -> None:
+        """The series that say what this replica is: its KV geometry under vLLM's cache_config_info labels, each
+        offload tier's capacity in tokens (what kvtier ladder sizes its floods by) and where its timing comes from."""
+        m, s = self.metrics, self.s
+        geometry = (str(self.block), str(self.gpu.capacity), str(self.gpu.capacity * self.block), str(self.kvpt))
+        m.cache_config.labels(m.model_name, *geometry, "True").set(1)
+        m.timing.labels(m.model_name, s.timing_source, s.timing_origin).set(1)
+        usage = self.offload.store.usage() if isinstance(self.offload, Offload) else {}
+        for tier, u in usage.items():
+            m.tier_capacity.labels(m.model_name, tier).set(u["capacity_bytes"] // self.kvpt)
+
+    def timing_of(self, prompt_tokens: int) -> str:
+        """How this request is timed: ``assumed`` (a preset), ``measured`` (inside the calibration's range) or
+        ``extrapolated`` (a longer prompt, or more running sequences, than the ladder measured)."""
+        s = self.s
+        if s.timing_source != "measured":
+            return "assumed"
+        if (s.measured_prompt_tokens is not None and prompt_tokens > s.measured_prompt_tokens) or (
+            s.measured_running is not None and self.running > s.measured_running
+        ):
+            self.metrics.extrapolated.inc()
+            return "extrapolated"
+        return "measured"
 
     def refresh_metrics(self) -> None:
         """Set the gauges (running, waiting, KV usage, the offload tier's) from the engine's state."""
@@ -242,6 +277,7 @@ class SimEngine:
                 m.offload_errors.set(o.errors)
                 m.offload_bypassed.set(o.bypassed_loads)
             m.stores_skipped.set(o.bypassed_stores + getattr(o, "stores_skipped_busy", 0))
+            m.stores_pending.set(o.pending_stores)
 
     # -- the scheduler: vLLM's rules for who runs and who holds which blocks ------------------------------
     @property
@@ -336,12 +372,20 @@ class SimEngine:
         epoch = r.preemptions
         r.computed += loaded
         overhead = s.prefill_overhead_ms / 1e3
+        # a calibrated sim's fixed cost is latency, not GPU time: the ladder measures it one request at a time, where
+        # it is mostly the API server's own work (HTTP, scheduling, detokenizing), which a real engine overlaps with
+        # the compute of other requests; a preset's stays on the modelled GPU, as it always was
+        after = overhead if s.timing_source == "measured" else 0.0
+        overhead -= after
         while r.computed < r.num_tokens:
             n = min(s.max_num_batched_tokens, r.num_tokens - r.computed)
             if not self._grow(r, r.computed + n):
                 return False
             now = time.perf_counter()
-            self._prefill_free_at = max(now, self._prefill_free_at) + overhead + n / s.prefill_tps
+            # a chunk's compute: linear in its tokens, plus attention over what is already computed (the
+            # calibration's pair term; chunks add up to the whole prompt's cost exactly)
+            work = n / s.prefill_tps + s.prefill_pair_s * n * (r.computed + n / 2)
+            self._prefill_free_at = max(now, self._prefill_free_at) + overhead + work
             overhead = 0.0
             await asyncio.sleep(self._prefill_free_at - now)
             if r.preemptions != epoch:  # preempted while its chunk ran: that work is lost
@@ -349,6 +393,8 @@ class SimEngine:
             r.computed += n
             if self._waiting:
                 self._schedule()  # what this chunk leaves of the step's budget may start the next request
+        if after > 0:
+            await asyncio.sleep(after)
         return True
 
     async def _compute(self, r: _Req, loaded: int = 0) -> None:
@@ -410,6 +456,23 @@ class SimEngine:
                         q.done.set_result(None)
             if self._waiting:
                 self._schedule()
+
+    def _count_sources(self, by_source: dict[str, int]) -> None:
+        """A prompt's tokens by source into vLLM's prompt_tokens_by_source (local_cache_hit, external_kv_transfer,
+        local_compute) and kvtier's per-tier counter (the engine's tier names)."""
+        m = self.metrics
+        ext = 0
+        for src, n in by_source.items():
+            if src in ("gpu", "recomputed") or not n:
+                continue
+            m.by_tier.labels(m.model_name, src).inc(n)
+            ext += n
+        if by_source.get("gpu"):
+            m.by_source.labels(m.model_name, "local_cache_hit").inc(by_source["gpu"])
+        if ext:
+            m.by_source.labels(m.model_name, "external_kv_transfer").inc(ext)
+        if by_source.get("recomputed"):
+            m.by_source.labels(m.model_name, "local_compute").inc(by_source["recomputed"])
 
     @property
     def max_model_len(self) -> int:
@@ -501,8 +564,11 @@ class SimEngine:
                 self.offload.store_later(keys)
             ct = self.offload.cfg.chunk_tokens if self.offload is not None else self.block
             by_source = tokens_by_source(len(prompt_ids), gpu_hit, ext, sources, first_chunk, ct)
+            self._count_sources(by_source)
             times = (t_recv, t_arrive, t_admit, t_fetched, t_first)
-            emit = yield "first", first_info(gpu_hit, ext, load_s, by_source, times)
+            info = first_info(gpu_hit, ext, load_s, by_source, times)
+            info["timing"] = self.timing_of(len(prompt_ids))
+            emit = yield "first", info
             self._emitted(r)  # token 0, computed with the prefill
             # Token 0 leaves with the prefill (the caller sends it); tokens 1.. come from the batch
             # step ticker, which hands one token to every running sequence per step.

@@ -22,6 +22,7 @@ from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig, l
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.results.ladder import Timing
 from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload, offload_tiers
 from kvtier.sim.server import SimEngine, SimSettings
@@ -30,12 +31,48 @@ MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "b
 """Latency-model fields a preset supplies and a flag overrides."""
 
 
+TIMED_FIELDS = ("prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
+"""The latency-model fields a --calibration supplies (a flag that sets one as well is refused)."""
+
+
+def calibration_values(path: str) -> tuple[dict[str, float], Timing]:
+    """The latency-model fields from a ladder's fit (results/ladder.py Timing) and the Timing itself."""
+    from kvtier.results import load
+    from kvtier.results.ladder import LadderResult
+
+    r = load(path)
+    if not isinstance(r, LadderResult):
+        raise ConfigError(f"--calibration {path}: a {r.benchmark} result, not a kvtier ladder result")
+    if r.fit is None:
+        raise ConfigError(f"--calibration {path}: the ladder has no fit (status {r.status.value}: "
+                          f"{r.stop_reason.message})")  # fmt: skip
+    t = r.fit.timing
+    values = {
+        "prefill_tps": 1.0 / t.prefill.s_per_token if t.prefill.s_per_token > 0 else 1e12,
+        "prefill_overhead_ms": t.prefill.overhead_s * 1e3,
+        "prefill_pair_s": t.prefill.s_per_token_pair,
+    }
+    if t.decode.tpot_s > 0:  # a ladder without a TPOT sweep leaves decode to the preset (assumed)
+        values["tpot_ms"] = t.decode.tpot_s * 1e3
+        values["batch_slowdown"] = t.decode.s_per_extra_seq / t.decode.tpot_s
+    return values, t
+
+
 def resolve_settings(cfg: SimConfig) -> SimSettings:
-    """The preset named by ``cfg.preset`` with every flag the user set laid over it."""
+    """The preset named by ``cfg.preset`` (or a ladder's fit, ``--calibration``) with every flag the user set laid
+    over it."""
     presets = load_presets()
     if cfg.preset not in presets:
         raise ConfigError(f"--preset: unknown preset {cfg.preset!r} (known: {', '.join(sorted(presets))})")
-    pr = presets[cfg.preset]
+    pr = dict(presets[cfg.preset])
+    timing: Timing | None = None
+    if cfg.calibration:
+        both = [f"--{n.replace('_', '-')}" for n in TIMED_FIELDS if getattr(cfg, n) is not None]
+        if both:
+            raise ConfigError(f"--calibration: {', '.join(both)} would override the measured figures; give one or "
+                              "the other")  # fmt: skip
+        measured, timing = calibration_values(cfg.calibration)
+        pr.update(measured)
     model = resolve_model(cfg.model or pr["model"], build_catalog())
     values: dict[str, float] = {}
     for name in MODEL_FIELDS:
@@ -62,6 +99,11 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         tokenizer=cfg.tokenizer,
         body_timeout_s=cfg.body_timeout,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
+        prefill_pair_s=float(pr.get("prefill_pair_s", 0.0)),
+        timing_source="measured" if timing is not None else "assumed",
+        timing_origin=cfg.calibration if cfg.calibration and timing is not None else f"preset {cfg.preset}",
+        measured_prompt_tokens=timing.range.max_prompt_tokens if timing and timing.range else None,
+        measured_running=timing.range.max_running if timing and timing.range else None,
     )
 
 

@@ -71,3 +71,38 @@ def test_events_split_across_chunks_crlf_and_reasoning():
 def test_malformed_events_raise_value_error(bad):
     with pytest.raises(ValueError):
         recorder().feed(bad, 1.0)
+
+
+def _ext(received: float, sent: float | None, server_ttft: float) -> bytes:
+    stamps = {"received": received} if sent is None else {"received": received, "first_sent": sent}
+    d = {"tokens": {"gpu": 0, "recomputed": 7}, "seconds": {"recompute": server_ttft}, "server_ttft_s": server_ttft}
+    return event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                  "kvtier": {"ttft_decomposition": d, "monotonic_s": stamps, "timing": "measured"}})  # fmt: skip
+
+
+def test_transits_from_the_servers_monotonic_stamps_close_the_ttft():
+    sr = recorder(100.0)
+    sr.feed(delta(role="assistant", content=""), 100.030)  # the role delta: the ladder's first-token time
+    sr.feed(delta(content="a"), 100.031)
+    sr.feed(_ext(100.0004, 100.0302, 0.0298), 100.040)
+    rec = sr.rec
+    assert rec["first_event_s"] == pytest.approx(0.030) and rec["ttft_s"] == pytest.approx(0.031)
+    assert rec["transit_s"] == {"to_server": pytest.approx(0.0004), "to_client": pytest.approx(0.0008)}
+    assert rec["transit_s"]["to_server"] + rec["server_ttft_s"] + rec["transit_s"]["to_client"] == pytest.approx(
+        rec["ttft_s"]
+    )
+    assert rec["sim_timing"] == "measured"
+
+
+def test_stamps_of_another_clock_give_no_transit():
+    for received, sent in ((5.0, 5.03), (100.0004, None), (99.0, 100.03)):  # another host; not streamed; before start
+        sr = recorder(100.0)
+        sr.feed(delta(content="a"), 100.031)
+        sr.feed(_ext(received, sent, 0.0298), 100.040)
+        assert "transit_s" not in sr.rec
+
+
+def test_an_unknown_timing_word_is_malformed():
+    sr = recorder()
+    with pytest.raises(ValueError, match="timing"):
+        sr.feed(event({"choices": [], "kvtier": {"timing": "guessed"}}), 1.0)

@@ -1,0 +1,287 @@
+"""kvtier ladder: what a server's TTFT does by context length and by the cache tier that served the prefix.
+
+Library use::
+
+    from kvtier import ladder
+    from kvtier.config.ladder import LadderConfig
+
+    r = ladder.run(LadderConfig(base_url="http://127.0.0.1:8000/v1", model="tiny", output="ladder.json"))
+    print(r.status, r.fit.timing.prefill if r.fit else None)
+
+measure.py sends the points, server.py reads the counters that verify them, fit.py fits the timing model that
+``kvtier sim --calibration`` and ``kvtier plan gate --from`` take. docs/serving.md "The ladder".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvtier.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvtier.config.ladder import LadderConfig
+    from kvtier.ladder.measure import Progress, Session
+    from kvtier.results.ladder import CellStats, LadderPoint, LadderResult
+
+
+def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | None = None) -> LadderResult:
+    """Measure, fit and write the ladder (``cfg.output``); Ctrl+C keeps what was measured. (``cfg.plot`` is drawn by
+    the CLI, the one importer of report/: ``kvtier.report.plots.ladder_png``.)"""
+    from kvtier.results.io import check_output_path, write_json
+
+    check_output_path("--output", cfg.output)
+    check_output_path("--plot", cfg.plot)
+    if progress is None and not cfg.quiet:
+        progress = _print_point
+    result = asyncio.run(_run(cfg, handle_signals, progress))
+    write_json(result, cfg.output)
+    return result
+
+
+def _print_point(p: LadderPoint) -> None:
+    mark = "verified" if p.verified else f"UNVERIFIED ({p.why})"
+    ttft = f"{p.ttft_s:.4f} s" if p.ttft_s is not None else "—"
+    print(f"ladder: {p.source:>8s} context {p.context_tokens:>7,} + {p.new_tokens:<5,} prompt "
+          f"{p.prompt_tokens or 0:>7,} cached {p.cached_tokens or 0:>7,} TTFT {ttft} {mark}", file=sys.stderr,
+          flush=True)  # fmt: skip
+
+
+async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | None) -> LadderResult:
+    import aiohttp
+
+    from kvtier.ladder.measure import Prompter, Session, default_contexts
+    from kvtier.ladder.server import ServerError, describe, scrape
+    from kvtier.replay.client import ClientConfig
+    from kvtier.results.envelope import utc_now
+
+    started = utc_now()
+    t0 = time.monotonic()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    rng = np.random.default_rng(cfg.seed)
+    tokenizer = None
+    if cfg.tokenizer:
+        from kvtier.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.tokenizer)
+    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout, sock_read=cfg.request_timeout)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            item = await _model_item(http, cfg)
+            server = describe(item, await scrape(http, cfg.metrics_root()))
+            prompter = Prompter(rng, f"{int(time.time() * 1000) % 10**9:x}", tokenizer)
+            sess = Session(http, ClientConfig(cfg.base_url, cfg.model, 1, request_timeout_s=cfg.request_timeout,
+                                              read_timeout_s=cfg.request_timeout),
+                           cfg.metrics_root(), server, prompter, stop,
+                           t0 + cfg.duration if cfg.duration else None, cfg.max_requests)  # fmt: skip
+            await sess.probe()
+            largest_new = max(cfg.new_tokens)
+            if server.max_model_len is None and cfg.contexts is None:
+                raise ServerError("/v1/models gives no max_model_len for this model: give --contexts")
+            contexts = cfg.contexts or default_contexts(server.max_model_len or 0, largest_new, prompter.overhead)
+            points, stop_code, plan = await _measure(cfg, sess, contexts, progress)
+            tpot = []
+            if stop_code is None:
+                for m in cfg.tpot_concurrency:
+                    if sess.bounded():
+                        break
+                    tpot.append(await sess.tpot(m, cfg.tpot_tokens))
+            stop_code = stop_code or sess.bounded()
+    finally:
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    return _result(cfg, server, prompter, points, tpot, plan, sess, stop_code, started, time.monotonic() - t0)
+
+
+async def _model_item(http: Any, cfg: LadderConfig) -> dict[str, Any] | None:
+    import aiohttp
+
+    from kvtier.ladder.server import ServerError
+
+    url = cfg.base_url.rstrip("/") + "/models"
+    try:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+            if r.status != 200:
+                raise ServerError(f"--base-url: GET {url} answered HTTP {r.status}")
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+        raise ServerError(f"--base-url: GET {url} failed: {type(e).__name__}: {e}") from e
+    items = body.get("data") if isinstance(body, dict) else None
+    ids = [m.get("id") for m in items or [] if isinstance(m, dict)]
+    if cfg.model not in ids:
+        raise ConfigError(f"--model {cfg.model!r}: the server serves {ids}")
+    return next(m for m in items or [] if isinstance(m, dict) and m.get("id") == cfg.model)
+
+
+class _Plan:
+    """What the grid asked for and what could not be measured (and why)."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self.skipped: dict[str, str] = {}
+        self.floods: dict[str, int] = {}
+        self.cells = 0
+
+
+async def _measure(
+    cfg: LadderConfig, sess: Session, contexts: list[int], progress: Progress | None
+) -> tuple[list[LadderPoint], str | None, _Plan]:
+    from kvtier.ladder.measure import CHUNK_TOKENS, flood_sizes
+
+    s, p = sess.server, sess.prompter
+    found = [t.name for t in s.tiers]
+    wanted = cfg.sources or ["cold", "gpu", *found]
+    unknown = [x for x in wanted if x not in ("cold", "gpu", *found) and x not in cfg.flood_overrides()]
+    if unknown:
+        raise ConfigError(f"--sources: {unknown} are not tiers this server has (found: {found or 'none'}); a tier "
+                          "with no counter here needs --flood-tokens NAME=N and cannot be verified")  # fmt: skip
+    plan = _Plan()
+    plan.sources = wanted
+    tiers = [x for x in wanted if x not in ("cold", "gpu")]
+    ordered = [t for t in found if t in tiers] + [t for t in tiers if t not in found]
+    floods = flood_sizes(s, ordered, cfg.flood_overrides())
+    for t, (n, _, why) in floods.items():
+        if n is None:
+            plan.skipped[t] = why or "no flood size"
+        else:
+            plan.floods[t] = n
+    limit = (s.max_model_len or 10**9) - 2
+    cells = [(c, n, r) for c in contexts for n in cfg.new_tokens for r in range(cfg.repeats)]
+    too_long = sorted({(c, n) for c, n, _ in cells if c + n + p.overhead + 8 > limit})
+    for c, n in too_long:
+        plan.skipped[f"context {c} + {n}"] = f"longer than the server's max_model_len {s.max_model_len}"
+    cells = [x for x in cells if (x[0], x[1]) not in set(too_long)]
+    order = sess.prompter.rng.permutation(len(cells))
+    pairs = sorted({(c, n) for c, n, _ in cells})
+    inner = [pq for pq in pairs if min(contexts) < pq[0] < max(contexts)] or pairs
+    k = int(round(cfg.holdout * len(pairs))) if len(pairs) > 2 else 0
+    held = {inner[i] for i in sess.prompter.rng.choice(len(inner), size=min(k, len(inner)), replace=False)}
+    plan.cells = len(cells)
+    points: list[LadderPoint] = []
+    seq = 0
+    for g, idx in enumerate(order):
+        c, n, rep = cells[idx]
+        hb = (c, n) in held
+        prefix = p.text(c)  # the template's leading tokens come before it: the first c tokens are all prefix
+        for src in ["cold", "gpu", *ordered]:
+            if src not in wanted and src != "cold":  # cold always runs: it puts the prefix in the caches
+                continue
+            why = sess.bounded()
+            if why is not None:
+                return points, why, plan
+            flood = 0
+            if src not in ("cold", "gpu"):
+                if src in plan.skipped:
+                    continue
+                _, holds, _ = floods[src]
+                # what is stored after the prefix: the flood, and the two suffixes' chunks (cold and gpu points)
+                if holds is not None and plan.floods[src] + c + 2 * (n + CHUNK_TOKENS) >= holds:
+                    why = f"the flood and the prefix exceed what {src} and the tiers above hold ({holds:,} tokens)"
+                    plan.skipped.setdefault(f"{src} at context {c}", why)
+                    continue
+                flood = await sess.flood(plan.floods[src], cfg.flood_concurrency)
+                await sess.drain(cfg.settle)
+            pt = await sess.point(prefix + " " + p.text(n, unique=False), src, c, n, rep, g, seq, flood, hb)
+            seq += 1
+            if src in wanted:
+                points.append(pt)
+                if progress is not None:
+                    progress(pt)
+            if src == "cold" and pt.status != "ok" and sess.failures and sess.failures[-1][0] == "connection":
+                return points, "server-unavailable", plan
+    return points, None, plan
+
+
+def cell_stats(points: list[LadderPoint]) -> list[CellStats]:
+    from kvtier.results.ladder import CellStats
+
+    out = []
+    keys = sorted({(p.source, p.context_tokens, p.new_tokens) for p in points}, key=lambda k: (k[0], k[1], k[2]))
+    for src, c, n in keys:
+        grp = [p for p in points if (p.source, p.context_tokens, p.new_tokens) == (src, c, n)]
+        ts = [p.ttft_s for p in grp if p.verified and p.ttft_s is not None]
+        cv = statistics.pstdev(ts) / statistics.mean(ts) if len(ts) > 1 and statistics.mean(ts) > 0 else None
+        out.append(CellStats(source=src, context_tokens=c, new_tokens=n, verified=len(ts),
+                             unverified=len(grp) - len(ts),
+                             ttft_s_median=round(statistics.median(ts), 6) if ts else None,
+                             ttft_s_min=min(ts) if ts else None, ttft_s_max=max(ts) if ts else None,
+                             ttft_s_cv=round(cv, 4) if cv is not None else None))  # fmt: skip
+    return out
+
+
+def _result(cfg: LadderConfig, server: Any, prompter: Any, points: list[LadderPoint], tpot: list[Any], plan: _Plan,
+            sess: Session, stop_code: str | None, started: Any, wall_s: float) -> LadderResult:  # fmt: skip
+    from kvtier.ladder.fit import fit_ladder
+    from kvtier.results.envelope import (
+        Status,
+        StopCode,
+        StopReason,
+        WarningCode,
+        collect_host,
+        iso,
+        utc_now,
+        warning,
+    )
+    from kvtier.results.ladder import LadderResult, ServerFacts
+    from kvtier.results.outcome import judge, tally
+
+    fit = fit_ladder(points, tpot, [x for x in plan.sources if x not in ("cold", "gpu")], server.kv_bytes_per_token,
+                     cfg.output)  # fmt: skip
+    warnings = []
+    bad = [p for p in points if not p.verified]
+    if bad:
+        by = Counter(p.source for p in bad)
+        warnings.append(warning(WarningCode.ladder_unverified,
+                                f"{len(bad)} of {len(points)} points unverified (left out of the fit): "
+                                + ", ".join(f"{s} {n}" for s, n in by.items()) + f"; first: {bad[0].why}",
+                                by_source=dict(by)))  # fmt: skip
+    verified_sources = {p.source for p in points if p.verified}
+    missing = [x for x in plan.sources if x not in verified_sources]
+    for name, why in plan.skipped.items():
+        warnings.append(warning(WarningCode.ladder_tier_unreachable, f"{name}: not measured: {why}", what=name))
+    if missing:
+        warnings.append(warning(WarningCode.ladder_source_unverified,
+                                f"no verified point for {', '.join(missing)}", sources=missing))  # fmt: skip
+    if stop_code is None:
+        status, code, msg = Status.complete, StopCode.grid_finished, f"{len(points)} points measured"
+    elif stop_code in ("duration", "max-requests"):
+        status, code = Status.partial, StopCode(stop_code)
+        msg = f"bounded by --{stop_code} after {len(points)} points of {plan.cells * len(plan.sources)}"
+    else:
+        status, code = Status.partial, StopCode(stop_code)
+        msg = f"stopped ({stop_code}) after {len(points)} points; what was measured is kept"
+    if not any(p.verified and p.source == "cold" for p in points):
+        status, msg = Status.failed, "no verified cold point: nothing to fit a prefill model to"
+    elif status == Status.complete and missing:
+        status = Status.partial
+        msg += f"; no verified point for {', '.join(missing)}"
+    failures = tally(sess.failures)
+    ok = sess.sent - len(sess.failures)
+    status, stop, more = judge(status, StopReason(code=code, message=msg), ok, failures, cfg.max_failure_rate)
+    warnings += more
+    facts = ServerFacts(base_url=cfg.base_url, model=cfg.model, kind=server.kind, max_model_len=server.max_model_len,
+                        block_tokens=server.block_tokens, gpu_kv_tokens=server.gpu_kv_tokens,
+                        kv_bytes_per_token=server.kv_bytes_per_token, tiers=server.tiers, counters=server.counters,
+                        prompt_overhead_tokens=prompter.overhead, tokens_per_word=round(prompter.tokens_per_word, 4),
+                        notes=server.notes)  # fmt: skip
+    return LadderResult(
+        status=status, stop_reason=stop, started_at=iso(started), finished_at=iso(utc_now()), host=collect_host(),
+        warnings=warnings, config=cfg, server=facts, points=points,
+        cells=cell_stats(points), tpot=tpot, fit=fit, failures=failures, requests_sent=sess.sent,
+        wall_s=round(wall_s, 3),
+    )  # fmt: skip
+
+
+__all__ = ["run", "cell_stats"]

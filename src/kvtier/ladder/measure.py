@@ -1,0 +1,289 @@
+"""The ladder's measurements: prompts of known size, cells in random order, floods, bracketed requests, TPOT.
+
+Each cell (context C, new tokens N, repeat) gets its own prefix, unique from its first block (a nonce follows the
+chat template's few leading tokens), then, at concurrency 1:
+
+    cold      prefix + a fresh suffix of N tokens      nothing cached: the whole prompt is computed
+    gpu       prefix + another fresh suffix, at once   the prefix from the GPU's prefix cache
+    <tier>    a flood of other prompts (sized to push the prefix out of the GPU and every offload tier above
+              this one, but not out of this one), a settle, then prefix + another fresh suffix
+
+Every measured request is bracketed by two scrapes of /metrics; ``verify`` decides from the deltas whether the
+point's prompt came from where it was meant to (server.py says which counter shows what).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from kvtier.ladder.server import STORES_PENDING, Reading, Server, scrape
+from kvtier.modelmaker import WORDS
+from kvtier.replay.client import ClientConfig, stream_request
+from kvtier.replay.datasets import VirtualUser
+from kvtier.results.ladder import LadderPoint, Shown, TpotPoint
+from kvtier.tokenizer import Tokenizer
+
+CHUNK_TOKENS = 256
+"""The offload tiers' unit of storage in LMCache and the sim: a tier point may miss up to one chunk of the prefix."""
+FLOOD_MARGIN = 1.25
+"""A flood is this many times the tokens it must push past, so LRU order and partial blocks cannot leave the prefix."""
+PROBE_WORDS = (64, 512)
+
+
+class Prompter:
+    """Filler text of a given token count: unique words from a seeded generator, sized by the server's own tokens
+    per word (two probes) or exactly by ``tokenizer``."""
+
+    def __init__(self, rng: np.random.Generator, tag: str, tokenizer: Tokenizer | None = None) -> None:
+        self.rng = rng
+        self.tag = tag
+        self.tokenizer = tokenizer
+        self.tokens_per_word = 1.0
+        self.overhead = 0
+        self._n = 0
+
+    def words(self, count: int) -> str:
+        return " ".join(self.rng.choice(WORDS, size=max(0, count)).tolist())
+
+    def text(self, tokens: int, unique: bool = True) -> str:
+        """About ``tokens`` tokens of text (exact with a tokenizer); ``unique`` starts it with a nonce."""
+        head = ""
+        if unique:
+            self._n += 1
+            head = f"ladder {self.tag} {self._n}: "
+        if self.tokenizer is None:
+            return head + self.words(round(max(0, tokens - 6) / self.tokens_per_word))
+        words = self.words(int(tokens * 1.3) + 8).split(" ")
+        lo, hi = 0, len(words)
+        count = self.tokenizer.count
+        while lo < hi:  # the most words whose text is at most ``tokens`` tokens
+            mid = (lo + hi + 1) // 2
+            if count(head + " ".join(words[:mid])) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return head + " ".join(words[:lo])
+
+
+def verify(
+    source: str, context: int, prompt_tokens: int | None, r: Reading | None, usage_cached: int | None, s: Server
+) -> tuple[bool, str | None, Shown, int | None]:
+    """Whether the counters show the intended source; returns (verified, why not, what they showed, cached tokens).
+
+    cold: fewer cached tokens than one block (or 2 % of the prompt); gpu: the GPU's hits cover the prefix (at least
+    half of it and all but one block of 80 % of it) and no offload tier served any; a tier: that tier served the
+    prefix (the same bound, one 256-token chunk instead of a block) and more than the GPU and every other tier."""
+    block = s.block_tokens or 16
+    tiers = dict(r.tiers) if r is not None else {}
+    basis = "counters" if r is not None and r.gpu is not None else ("usage" if usage_cached is not None else "none")
+    shown = Shown(gpu_hit_tokens=r.gpu if r else None, external_hit_tokens=r.external if r else None, tiers=tiers,
+                  usage_cached_tokens=usage_cached, basis=basis)  # fmt: skip
+    if prompt_tokens is None:
+        return False, "the response had no usage.prompt_tokens", shown, None
+    if basis == "none":
+        return False, "neither counters nor usage.cached_tokens: nothing shows where the prompt came from", shown, None
+    gpu = (r.gpu or 0) if basis == "counters" and r is not None else None
+    ext = (r.external or 0) if r is not None and r.external is not None else 0
+    cached = (gpu or 0) + ext if gpu is not None else usage_cached
+    said = f"counters: gpu {gpu}, external {ext}" + "".join(f", {t} {n}" for t, n in tiers.items())
+    if basis == "usage":
+        said = f"usage.cached_tokens {usage_cached}"
+    cached_n = cached or 0
+    if source == "cold":
+        if cached_n < max(block, 0.02 * prompt_tokens):
+            return True, None, shown, cached
+        return False, f"{cached_n} of {prompt_tokens} tokens were cached ({said})", shown, cached
+    if source == "gpu":
+        need = max(0.5 * context, 0.8 * context - block)
+        if basis == "usage" and s.tiers:
+            return False, "usage.cached_tokens cannot tell the GPU from an offload tier (no counters)", shown, cached
+        gpu_hit = gpu if gpu is not None else cached_n
+        if gpu_hit >= need and ext == 0 and not any(tiers.values()):
+            return True, None, shown, cached
+        return False, f"wanted >= {need:.0f} GPU-hit tokens and no offload ({said})", shown, cached
+    tier = next((t for t in s.tiers if t.name == source), None)
+    if tier is None or tier.counter is None or basis != "counters":
+        return False, f"the server exposes no counter of the tokens tier {source} served ({said})", shown, cached
+    got = tiers.get(source, 0)
+    need = max(0.5 * context, 0.8 * context - max(block, CHUNK_TOKENS))
+    others = max([gpu or 0, *[n for t, n in tiers.items() if t != source]])
+    if got >= need and got > others:
+        return True, None, shown, cached
+    return False, f"wanted >= {need:.0f} tokens from {source}, more than any other source ({said})", shown, cached
+
+
+def default_contexts(max_len: int, largest_new: int, overhead: int) -> list[int]:
+    """Six log-spaced prefix lengths from 256 to what fits under ``max_len`` with the largest suffix."""
+    top = max_len - largest_new - overhead - 16
+    if top < 256:
+        return [max(32, top)]
+    return sorted({int(round(x / 16) * 16) for x in np.geomspace(256, top, 6)})
+
+
+def flood_sizes(
+    s: Server, tiers: Sequence[str], overrides: dict[str, int]
+) -> dict[str, tuple[int | None, int | None, str | None]]:
+    """Per tier: (tokens to flood, tokens it and the tiers above hold, why it cannot be reached). The flood must push
+    a prefix out of the GPU and every offload tier above this one: FLOOD_MARGIN x the larger of the GPU's capacity
+    and the tiers' above it summed (the offload tiers are one waterfall; the GPU keeps copies beside it)."""
+    caps = {t.name: t.capacity_tokens for t in s.tiers}
+    gpu = overrides.get("gpu", s.gpu_kv_tokens)
+    out: dict[str, tuple[int | None, int | None, str | None]] = {}
+    for i, name in enumerate(tiers):
+        above = [caps.get(t) for t in tiers[:i]]
+        holds = None if any(c is None for c in [*above, caps.get(name)]) else sum(above) + (caps.get(name) or 0)  # type: ignore[arg-type]
+        if name in overrides:
+            out[name] = (overrides[name], holds, None)
+            continue
+        if gpu is None or any(c is None for c in above):
+            out[name] = (None, holds, f"the server does not report the capacity above {name}: give --flood-tokens "
+                                      f"{name}=N")  # fmt: skip
+            continue
+        need = int(math.ceil(FLOOD_MARGIN * max(gpu, sum(c for c in above if c))))
+        if holds is not None and need >= holds:
+            why = (f"a flood of {need:,} tokens (past the GPU's {gpu:,} and the tiers above) would also push the "
+                   f"prefix out of {name}, which holds {holds:,} with them")  # fmt: skip
+            out[name] = (None, holds, why)
+            continue
+        out[name] = (need, holds, None)
+    return out
+
+
+@dataclass
+class Session:
+    """The open connection to the server and what every request needs."""
+
+    http: aiohttp.ClientSession
+    client: ClientConfig
+    metrics_url: str
+    server: Server
+    prompter: Prompter
+    stop: asyncio.Event
+    deadline: float | None  # monotonic seconds
+    max_requests: int
+    sent: int = 0
+    failures: list[tuple[str, str, int | None]] = field(default_factory=list)
+    user: VirtualUser = field(default_factory=lambda: VirtualUser("ladder", "ladder", 0, ()))
+
+    def bounded(self) -> str | None:
+        """Why no further request may be sent (None: it may)."""
+        if self.stop.is_set():
+            return "interrupted"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "duration"
+        if self.max_requests and self.sent >= self.max_requests:
+            return "max-requests"
+        return None
+
+    async def send(self, text: str, max_tokens: int = 1) -> dict[str, Any]:
+        self.sent += 1
+        rec, _ = await stream_request(self.http, self.client, self.user, 0, [{"role": "user", "content": text}],
+                                      max_tokens)  # fmt: skip
+        if rec["status"] != "ok":
+            self.failures.append((rec["cause"] or "error", rec["error"] or "", rec["http_status"]))
+        return dict(rec)
+
+    async def probe(self) -> None:
+        """Two requests of known word counts: the server's tokens per word and the template's own tokens."""
+        got, texts = [], []
+        p = self.prompter
+        for n in PROBE_WORDS:
+            texts.append(p.words(n))
+            rec = await self.send(texts[-1])
+            if rec["status"] != "ok" or not rec["prompt_tokens"]:
+                raise_probe(rec)
+            got.append(rec["prompt_tokens"])
+        p.tokens_per_word = max(0.1, (got[1] - got[0]) / (PROBE_WORDS[1] - PROBE_WORDS[0]))
+        own = p.tokenizer.count(texts[0]) if p.tokenizer is not None else PROBE_WORDS[0] * p.tokens_per_word
+        p.overhead = max(0, round(got[0] - own))  # the chat template's tokens around the text
+
+    async def point(self, text: str, source: str, context: int, new: int, rep: int, group: int, seq: int,
+                    flood: int, held_back: bool) -> LadderPoint:  # fmt: skip
+        before = await scrape(self.http, self.metrics_url)
+        start = time.time()
+        rec = await self.send(text)
+        after = await scrape(self.http, self.metrics_url)
+        reading = self.server.reading(before, after)
+        # the first token's time: the first event that carries a choice (vLLM and the sim send the role delta with
+        # token 0), so a token the detokenizer holds back (a partial UTF-8 byte, common with dummy weights) counts
+        ttft = rec.get("first_event_s", rec["ttft_s"])
+        ok = rec["status"] == "ok" and ttft is not None
+        if ok:
+            verified, why, shown, cached = verify(source, context, rec["prompt_tokens"], reading, rec["cached_tokens"],
+                                                  self.server)  # fmt: skip
+        else:
+            why = (f"request failed: {rec['cause']}: {rec['error']}" if rec["status"] != "ok"
+                   else "the stream carried no token (no event with a choice)")  # fmt: skip
+            verified, cached = False, None
+            shown = Shown(gpu_hit_tokens=None, external_hit_tokens=None, usage_cached_tokens=None, basis="none")
+        return LadderPoint(
+            seq=seq, group=group, source=source, context_tokens=context, new_tokens=new, repeat=rep,
+            prompt_tokens=rec["prompt_tokens"], cached_tokens=cached,
+            ttft_s=round(ttft, 6) if ttft is not None else None,
+            server_ttft_s=rec["server_ttft_s"], verified=verified, why=why, shown=shown, flood_tokens=flood,
+            held_back=held_back, start_unix_s=round(start, 3), status="ok" if ok else "error",
+            cause=None if ok else rec["cause"] or "error",
+        )  # fmt: skip
+
+    async def flood(self, tokens: int, concurrency: int) -> int:
+        """Send unique prompts totalling ``tokens`` (each at most what the server takes), ``concurrency`` at once;
+        returns the tokens the server said it received."""
+        size = max(256, min((self.server.max_model_len or 8192) - 64, 8192))
+        sizes = [size] * (tokens // size) + ([tokens % size] if tokens % size >= 64 else [])
+        got = 0
+        queue = list(sizes)
+
+        async def worker() -> None:
+            nonlocal got
+            while queue and self.bounded() in (None, "duration"):
+                n = queue.pop()
+                rec = await self.send(self.prompter.text(n))
+                got += rec["prompt_tokens"] or 0
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return got
+
+    async def drain(self, settle_s: float, limit_s: float = 60.0) -> None:
+        """After a flood: wait until the server's stores are done where it says (the sim's
+        kvtier_sim:offload_stores_pending reads 0; at most ``limit_s``), then ``settle_s`` more, so the flood's
+        writes do not share the measured request's time."""
+        t_end = time.monotonic() + limit_s
+        while time.monotonic() < t_end:
+            snap = await scrape(self.http, self.metrics_url)
+            pending = snap.get(STORES_PENDING) if snap is not None else None
+            if not pending:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(settle_s)
+
+    async def tpot(self, running: int, tokens: int) -> TpotPoint:
+        """``running`` requests at once, each decoding ``tokens``: the median over them of their median gap."""
+        recs = await asyncio.gather(*(self.send(self.prompter.text(64), tokens) for _ in range(running)))
+        # each request's median gap between tokens (a gap that merged a held-back partial character, or a slow first
+        # step, does not move a median), then the median over the requests
+        per = [float(np.median(r["itl_s"])) for r in recs if r["status"] == "ok" and len(r["itl_s"]) >= 2]
+        return TpotPoint(running=running, tpot_s=round(float(np.median(per)), 6) if per else None, requests=running,
+                         failed=sum(r["status"] != "ok" for r in recs))  # fmt: skip
+
+
+def raise_probe(rec: dict[str, Any]) -> None:
+    from kvtier.ladder.server import ServerError
+
+    why = rec["error"] or "the server sent no usage (kvtier ladder asks for stream_options.include_usage)"
+    raise ServerError(
+        f"the probe request failed ({rec['cause'] or 'no usage.prompt_tokens'}: {why}); is --base-url an "
+        "OpenAI-compatible API?"
+    )
+
+
+Progress = Callable[[LadderPoint], None]
+
+__all__ = ["Prompter", "Session", "verify", "default_contexts", "flood_sizes", "Progress"]

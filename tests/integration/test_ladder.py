@@ -1,0 +1,153 @@
+"""kvtier ladder against servers whose truth we know: the sim with real offload tiers (a CPU staging tier in front
+of NVMe files) finds every tier, verifies every point by the sim's counters, and recovers the sim's own timing; the
+gate from the ladder agrees with what was measured; a sim calibrated from the ladder times as the ladder measured.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvtier.results import load
+from kvtier.results.ladder import LadderResult
+from tests.conftest import kvtier_cmd
+from tests.integration.test_sim import Sim, chat, start_sim, stop_sim
+
+PREFILL_TPS, OVERHEAD_MS, TPOT_MS, SLOWDOWN = 8000.0, 2.0, 4.0, 0.05
+# tiny-1b (24,576 B/token): a 2,048-token GPU, a 0.15 GB staging tier (6,553 tokens) in front of 0.5 GB of files
+SIM_ARGS = ["--model", "tiny-1b", "--gpu-kv-tokens", "2064", "--prefill-tps", str(PREFILL_TPS),
+            "--prefill-overhead-ms", str(OVERHEAD_MS), "--tpot-ms", str(TPOT_MS),
+            "--batch-slowdown", str(SLOWDOWN)]  # fmt: skip
+
+
+def ladder(sim: Sim, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        kvtier_cmd() + ["ladder", "--base-url", sim.base + "/v1", "--model", "tiny-1b", "--output", str(out),
+                        "--quiet", *extra],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[LadderResult, Path]:
+    d = tmp_path_factory.mktemp("ladder")
+    (d / "nvme").mkdir()
+    sim = start_sim(d, *SIM_ARGS, "--offload", "nvme", "--nvme-dir", str(d / "nvme"), "--staging-gb", "0.15",
+                    "--nvme-offload-gb", "0.5")  # fmt: skip
+    try:
+        p = ladder(sim, d / "ladder.json", "--contexts", "256,768,1536", "--new-tokens", "16,256", "--repeats", "2",
+                   "--tpot-concurrency", "1,2,4", "--tpot-tokens", "24", "--plot", str(d / "ladder.png"))  # fmt: skip
+    finally:
+        stop_sim(sim)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = load(d / "ladder.json")
+    assert isinstance(r, LadderResult)
+    assert "fit: prefill_s =" in p.stdout and "ladder (complete, grid-finished)" in p.stdout
+    return r, d
+
+
+def test_the_ladder_finds_every_tier_and_verifies_every_point(measured: tuple[LadderResult, Path]) -> None:
+    r, d = measured
+    assert r.status.value == "complete" and r.server.kind == "kvtier-sim"
+    assert [t.name for t in r.server.tiers] == ["cpu", "storage"]
+    assert r.server.gpu_kv_tokens == 2048 and r.server.kv_bytes_per_token == 24576
+    sources = {p.source for p in r.points}
+    assert sources == {"cold", "gpu", "cpu", "storage"}
+    assert all(p.verified for p in r.points), [(p.source, p.why) for p in r.points if not p.verified]
+    for p in r.points:  # what verified each point: the counters named the intended source
+        if p.source == "storage":
+            assert p.shown.tiers["storage"] >= 0.5 * p.context_tokens and p.shown.tiers["cpu"] == 0
+            assert p.flood_tokens > 6553  # past the staging tier
+        if p.source == "cpu":
+            assert p.shown.tiers["cpu"] >= 0.5 * p.context_tokens and (p.shown.gpu_hit_tokens or 0) < 64
+        if p.source == "cold":
+            assert (p.cached_tokens or 0) < 16
+    assert len(r.points) == 3 * 2 * 2 * 4 and (d / "ladder.png").stat().st_size > 10_000
+    # the random order: the cells were not measured context by context
+    firsts = [p.context_tokens for p in sorted(r.points, key=lambda p: p.seq) if p.source == "cold"]
+    assert firsts != sorted(firsts)
+
+
+def test_the_ladder_recovers_the_sims_own_timing(measured: tuple[LadderResult, Path]) -> None:
+    r, _ = measured
+    assert r.fit is not None
+    t = r.fit.timing
+    assert t.source == "measured"
+    assert 1 / t.prefill.s_per_token == pytest.approx(PREFILL_TPS, rel=0.10)
+    assert t.decode.tpot_s == pytest.approx(TPOT_MS / 1e3, rel=0.10)
+    assert {f.tier for f in t.fetch} == {"cpu", "storage"}
+    storage, cpu = t.fetch_for("storage"), t.fetch_for("cpu")
+    assert storage is not None and cpu is not None
+    at = 1536  # the files cost more to read back than the staging tier's RAM
+    assert storage.seconds(at) > cpu.seconds(at)
+    assert r.fit.prefill_fit_median_abs_rel_err is not None and r.fit.prefill_fit_median_abs_rel_err < 0.10
+
+
+def test_plan_gate_from_the_ladder_agrees_with_its_points(measured: tuple[LadderResult, Path]) -> None:
+    _, d = measured
+    p = subprocess.run(kvtier_cmd() + ["plan", "gate", "--from", str(d / "ladder.json"), "--json"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["checked"] == 2 * 3 * 2 and rep["agreed"] == rep["checked"]
+    assert {x["tier"] for x in rep["rows"]} == {"cpu", "storage"}
+    refused = subprocess.run(kvtier_cmd() + ["plan", "gate", "--from", str(d / "ladder.json"), "--prefill-tps", "9"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode != 0 and "--prefill-tps" in refused.stderr
+
+
+def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[LadderResult, Path]) -> None:
+    r, d = measured
+    assert r.fit is not None
+    sim = start_sim(d, "--model", "tiny-1b", "--gpu-kv-tokens", "2064", "--calibration", str(d / "ladder.json"))
+    try:
+        text = urllib.request.urlopen(sim.base + "/metrics", timeout=10).read().decode()
+        assert 'source="measured"' in text and "kvtier_sim:timing_info" in text
+        status, body, _ = sim.post("/v1/chat/completions", chat("a short prompt " * 20, max_tokens=2))
+        assert status == 200 and body["kvtier"]["timing"] == "measured"
+        p = ladder(sim, d / "again.json", "--contexts", "256,768,1536", "--new-tokens", "16,256", "--repeats", "2",
+                   "--tpot-concurrency", "")  # fmt: skip
+        assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        stop_sim(sim)
+    again = load(d / "again.json")
+    assert isinstance(again, LadderResult) and again.fit is not None
+    # the calibrated twin's prefill per token is the measured server's (its own HTTP cost is added to the fixed part)
+    assert again.fit.timing.prefill.s_per_token == pytest.approx(r.fit.timing.prefill.s_per_token, rel=0.15)
+    flags = subprocess.run(kvtier_cmd() + ["sim", "--calibration", str(d / "ladder.json"), "--prefill-tps", "5"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert flags.returncode != 0 and "--prefill-tps" in flags.stderr
+
+
+def test_a_flood_too_small_leaves_the_tier_unverified_and_the_run_partial(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path, *SIM_ARGS, "--offload", "cpu", "--cpu-offload-gb", "0.2")
+    try:
+        p = ladder(sim, tmp_path / "l.json", "--contexts", "256,1024", "--new-tokens", "16", "--repeats", "2",
+                   "--flood-tokens", "cpu=300", "--tpot-concurrency", "")  # fmt: skip
+    finally:
+        stop_sim(sim)
+    r = load(tmp_path / "l.json")
+    assert isinstance(r, LadderResult)
+    cpu = [p for p in r.points if p.source == "cpu"]
+    assert cpu and not any(p.verified for p in cpu)
+    assert all(p.why and "from cpu" in p.why for p in cpu)  # the GPU still held the prefix: the counters said so
+    assert r.status.value == "partial" and p.returncode == 1
+    codes = {w.code for w in r.warnings}
+    assert {"ladder-unverified", "ladder-source-unverified"} <= codes
+    assert r.fit is not None and not r.fit.timing.fetch  # unverified points are never fitted
+
+
+def test_a_bounded_ladder_keeps_what_it_measured(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path, *SIM_ARGS)
+    try:
+        p = ladder(sim, tmp_path / "l.json", "--contexts", "256,512,1024", "--max-requests", "9")
+    finally:
+        stop_sim(sim)
+    r = load(tmp_path / "l.json")
+    assert isinstance(r, LadderResult)
+    assert r.status.value == "partial" and r.stop_reason.code.value == "max-requests" and p.returncode == 1
+    assert r.requests_sent == 9 and 0 < len(r.points) <= 7  # two probes, then the points

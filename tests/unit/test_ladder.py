@@ -1,0 +1,164 @@
+"""kvtier ladder's pure parts: the fit, the verification rules, the flood sizes, the config and the gate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvtier.config.ladder import LadderConfig
+from kvtier.errors import ConfigError
+from kvtier.ladder.fit import fit_ladder, nonneg_relative_lstsq
+from kvtier.ladder.measure import default_contexts, flood_sizes, verify
+from kvtier.ladder.server import Reading, Server, describe, parse_snapshot
+from kvtier.results.ladder import LadderPoint, PrefillModel, Shown, TierFacts, TpotPoint
+
+TRUE = PrefillModel(overhead_s=0.004, s_per_token=5e-5, s_per_token_pair=2e-9, s_per_prompt_token=1e-6)
+
+
+def _point(source: str, ctx: int, new: int, ttft: float, cached: int, tiers: dict[str, int] | None = None,
+           held: bool = False) -> LadderPoint:  # fmt: skip
+    return LadderPoint(seq=0, group=0, source=source, context_tokens=ctx, new_tokens=new, repeat=0,
+                       prompt_tokens=ctx + new, cached_tokens=cached, ttft_s=ttft, server_ttft_s=None, verified=True,
+                       shown=Shown(gpu_hit_tokens=0, external_hit_tokens=0, tiers=tiers or {}, usage_cached_tokens=None,
+                                   basis="counters"), held_back=held, start_unix_s=0.0, status="ok")  # fmt: skip
+
+
+def _synthetic(noise: float, seed: int = 1) -> list[LadderPoint]:
+    rng = np.random.default_rng(seed)
+    pts = []
+    for ctx in (256, 1024, 4096, 16384):
+        for new in (16, 256, 2048):
+            held = ctx == 4096 and new == 256
+            for _ in range(3):
+                e = 1 + noise * rng.standard_normal()
+                pts.append(_point("cold", ctx, new, TRUE.seconds(ctx + new) * e, 0, held=held))
+                pts.append(_point("gpu", ctx, new, TRUE.seconds(new, ctx) * e, ctx, held=held))
+                fetch = 0.002 + 2e-6 * ctx
+                pts.append(_point("cpu", ctx, new, (TRUE.seconds(new, ctx) + fetch) * e, ctx, {"cpu": ctx}))
+    return pts
+
+
+def test_the_fit_recovers_a_superlinear_prefill_fetch_and_tpot() -> None:
+    tpot = [TpotPoint(running=m, tpot_s=0.01 + 0.001 * (m - 1), requests=m, failed=0) for m in (1, 2, 4, 8)]
+    f = fit_ladder(_synthetic(0.0), tpot, ["cpu"], 1000, "x.json")
+    assert f is not None
+    p = f.timing.prefill
+    assert p.s_per_token == pytest.approx(TRUE.s_per_token, rel=1e-3)
+    assert p.s_per_token_pair == pytest.approx(TRUE.s_per_token_pair, rel=1e-3)
+    assert p.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-3)
+    assert f.superlinear and f.prefill_holdout_points == 6
+    assert f.prefill_holdout_median_abs_rel_err is not None and f.prefill_holdout_median_abs_rel_err < 1e-6
+    (cpu,) = f.timing.fetch
+    assert cpu.overhead_s == pytest.approx(0.002, rel=1e-3) and cpu.s_per_token == pytest.approx(2e-6, rel=1e-3)
+    assert cpu.bytes_per_s == pytest.approx(1000 / 2e-6, rel=1e-3)
+    assert f.timing.decode.tpot_s == pytest.approx(0.01) and f.timing.decode.s_per_extra_seq == pytest.approx(0.001)
+    assert f.timing.range is not None and f.timing.range.max_prompt_tokens == 16384 + 2048
+
+
+def test_the_fit_under_noise_stays_close_and_unverified_points_are_left_out() -> None:
+    pts = _synthetic(0.03)
+    bogus = _point("cold", 1024, 16, 99.0, 0)
+    bogus.verified = False  # a point whose counters showed a hit: never fitted
+    f = fit_ladder([*pts, bogus], [], ["cpu"], None, "x.json")
+    assert f is not None
+    assert f.prefill_fit_median_abs_rel_err is not None and f.prefill_fit_median_abs_rel_err < 0.05
+    assert f.timing.prefill.s_per_token == pytest.approx(TRUE.s_per_token, rel=0.15)
+    assert all(r.measured_s != 99.0 for r in f.residuals)
+    assert f.timing.decode.tpot_s == 0.0 and "not measured" in f.timing.figures["decode"]
+
+
+def test_too_few_points_give_no_fit_and_coefficients_stay_non_negative() -> None:
+    assert fit_ladder(_synthetic(0.0)[:2], [], [], None, "x") is None
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    beta = nonneg_relative_lstsq(x, np.array([3.0, 2.0, 1.0]))  # a falling line: the slope would be negative
+    assert (beta >= 0).all() and beta[1] == 0.0
+
+
+def test_chunks_add_up_to_the_whole_prompt() -> None:
+    whole = TRUE.compute_s(3000, 500)
+    parts = TRUE.compute_s(1000, 500) + TRUE.compute_s(2000, 1500)
+    assert parts == pytest.approx(whole)
+
+
+SIM_METRICS = """
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{model_name="m"} 100.0
+# TYPE vllm:external_prefix_cache_hits_total counter
+vllm:external_prefix_cache_hits_total{model_name="m"} 0.0
+# TYPE kvtier_sim:offload_tier_capacity_tokens gauge
+kvtier_sim:offload_tier_capacity_tokens{model_name="m",tier="cpu"} 20000.0
+kvtier_sim:offload_tier_capacity_tokens{model_name="m",tier="storage"} 300000.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",kv_bytes_per_token="1024",model_name="m",num_gpu_blocks="1000"} 1.0
+"""
+
+
+def test_describe_finds_the_sims_tiers_geometry_and_counters() -> None:
+    s = describe({"id": "m", "max_model_len": 16000}, parse_snapshot(SIM_METRICS))
+    assert s.kind == "kvtier-sim" and s.gpu_kv_tokens == 16000 and s.block_tokens == 16 and s.kv_bytes_per_token == 1024
+    assert [(t.name, t.capacity_tokens) for t in s.tiers] == [("cpu", 20000), ("storage", 300000)]
+    hit = 'kvtier_sim:prompt_tokens_by_tier_total{model_name="m",tier="storage"} 4096.0\n'
+    later = parse_snapshot(SIM_METRICS.replace(" 100.0", " 612.0") + hit)
+    r = s.reading(parse_snapshot(SIM_METRICS), later)
+    assert r is not None and r.gpu == 512 and r.external == 0 and r.tiers == {"cpu": 0, "storage": 4096}
+
+
+def test_a_vllm_without_metrics_or_offload_is_described_honestly() -> None:
+    s = describe({"id": "m"}, None)
+    assert s.kind == "unknown" and not s.tiers and any("no /metrics" in n for n in s.notes)
+    v = describe({"id": "m", "max_model_len": 100},
+                 parse_snapshot('# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 1.0\n'
+                                '# TYPE vllm:external_prefix_cache_hits_total counter\n'
+                                'vllm:external_prefix_cache_hits_total 0.0\n'))  # fmt: skip
+    assert v.kind == "vllm" and not v.tiers and any("cold and GPU points only" in n for n in v.notes)
+
+
+def _server(tiers: list[TierFacts] | None = None) -> Server:
+    return Server("kvtier-sim", 32000, 16, 16000, 1024, tiers or [], [], [])
+
+
+def test_verify_accepts_only_the_intended_source() -> None:
+    s = _server([TierFacts(name="cpu", capacity_tokens=20000, counter="x")])
+    assert verify("cold", 4096, 4200, Reading(0, 0, {"cpu": 0}), 0, s)[0]
+    ok, why, _, _ = verify("cold", 4096, 4200, Reading(4096, 0, {"cpu": 0}), 4096, s)
+    assert not ok and why is not None and "4096 of 4200 tokens were cached" in why
+    assert verify("gpu", 4096, 4200, Reading(4096, 0, {"cpu": 0}), 4096, s)[0]
+    assert not verify("gpu", 4096, 4200, Reading(0, 4096, {"cpu": 4096}), 4096, s)[0]  # served by offload
+    assert verify("cpu", 4096, 4200, Reading(0, 3840, {"cpu": 3840}), 3840, s)[0]
+    ok, why, _, _ = verify("cpu", 4096, 4200, Reading(4096, 0, {"cpu": 0}), 4096, s)  # still in the GPU
+    assert not ok and why is not None and "from cpu" in why
+    ok, why, _, _ = verify("gpu", 4096, 4200, None, 4096, s)  # usage alone cannot tell the GPU from a tier
+    assert not ok and why is not None and "cannot tell" in why
+    assert verify("gpu", 4096, 4200, None, 4096, _server())[0]  # ... but can on a server without tiers
+    ok, why, _, _ = verify("disk", 4096, 4200, Reading(0, 4096, {}), 4096, s)
+    assert not ok and why is not None and "no counter" in why
+
+
+def test_flood_sizes_push_past_the_tiers_above_or_say_why_they_cannot() -> None:
+    tiers = [TierFacts(name="cpu", capacity_tokens=40000, counter="x"),
+             TierFacts(name="storage", capacity_tokens=400000, counter="x")]  # fmt: skip
+    f = flood_sizes(_server(tiers), ["cpu", "storage"], {})
+    assert f["cpu"] == (20000, 40000, None)  # 1.25 x the GPU's 16,000
+    assert f["storage"][0] == 50000 and f["storage"][2] is None  # 1.25 x the cpu tier's 40,000
+    small = [TierFacts(name="cpu", capacity_tokens=10000, counter="x")]
+    n, _, why = flood_sizes(_server(small), ["cpu"], {})["cpu"]
+    assert n is None and why is not None and "would also push the prefix out of cpu" in why
+    unknown = [TierFacts(name="l1", capacity_tokens=None, counter="x")]
+    assert flood_sizes(_server(unknown), ["l1"], {"l1": 5000})["l1"][0] == 5000
+
+
+def test_default_contexts_are_log_spaced_and_fit() -> None:
+    c = default_contexts(16384, 256, 10)
+    assert c[0] == 256 and c[-1] <= 16384 - 256 - 10 and len(c) == 6 and c == sorted(c)
+
+
+def test_config_takes_comma_lists_and_names_bad_values() -> None:
+    c = LadderConfig(base_url="http://x/v1", model="m", contexts=["256,1024", "4096"], new_tokens="16",
+                     flood_tokens=["cpu=100"])  # fmt: skip
+    assert c.contexts == [256, 1024, 4096] and c.new_tokens == [16] and c.flood_overrides() == {"cpu": 100}
+    assert c.metrics_root() == "http://x"
+    with pytest.raises(Exception, match="contexts"):
+        LadderConfig(base_url="http://x/v1", model="m", contexts="256,abc")
+    with pytest.raises(Exception, match="flood_tokens"):
+        LadderConfig(base_url="http://x/v1", model="m", flood_tokens=["cpu"])
+    _ = ConfigError
