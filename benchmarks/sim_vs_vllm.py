@@ -128,7 +128,7 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
         cmd = [sys.executable, "-m", "kvtier", "ladder", "--base-url", srv.url + "/v1", "--model", "tiny",
                "--tokenizer", f"hf:{model_dir}", "--new-tokens", a.ladder_new_tokens,
                "--repeats", str(a.ladder_repeats),
-               "--tpot-concurrency", "1,2,4", "--tpot-tokens", "16", "--output", str(ladder), "--plot",
+               "--tpot-concurrency", "1,2,4", "--tpot-tokens", "32", "--output", str(ladder), "--plot",
                str(work / "ladder.png"), "--quiet"]  # fmt: skip
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         print(p.stdout, flush=True)

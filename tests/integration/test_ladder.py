@@ -112,8 +112,28 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
         p = ladder(sim, d / "again.json", "--contexts", "256,768,1536", "--new-tokens", "16,256", "--repeats", "2",
                    "--tpot-concurrency", "")  # fmt: skip
         assert p.returncode == 0, p.stdout + p.stderr
+        out = d / "replay"
+        rp = subprocess.run(kvtier_cmd() + ["replay", "--base-url", sim.base + "/v1", "--model", "tiny-1b",
+                                            "--synthetic", "--users", "2", "--turns", "3", "--isl", "300", "--osl", "4",
+                                            "--min-chunk-rounds", "0", "--num-rounds", "3", "--concurrency", "2",
+                                            "--progress", "none", "--output", str(out)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert rp.returncode == 0, rp.stderr
     finally:
         stop_sim(sim)
+    recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and {r["sim_timing"] for r in recs} == {"measured"}
+    codes = {w["code"] for w in json.loads((out / "summary.json").read_text())["warnings"]}
+    assert "sim-timing-assumed" not in codes and "sim-timing-extrapolated" not in codes
+    # what the replay's cache hits saved, priced by the ladder's curve (any server: usage.cached_tokens only)
+    v = subprocess.run(kvtier_cmd() + ["plan", "value", "--from", str(out), "--ladder", str(d / "ladder.json"),
+                                       "--gpu-cost", "2", "--json"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert v.returncode == 0, v.stderr
+    rep = json.loads(v.stdout)
+    (row,) = rep["tiers"]
+    assert row["tier"] == "cache" and row["requests_hit"] >= 2 and row["prefill_s_avoided_per_hour"] > 0
+    assert {i["source"] for i in rep["inputs"] if i["name"] == "prefill"} == {"derived"}
     again = load(d / "again.json")
     assert isinstance(again, LadderResult) and again.fit is not None
     # the calibrated twin's prefill per token is the measured server's (its own HTTP cost is added to the fixed part)

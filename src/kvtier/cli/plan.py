@@ -408,10 +408,17 @@ def _tier_numbers(specs: list[str] | None, flag: str) -> dict[str, float]:
 
 
 def cmd_value(a: argparse.Namespace) -> int:
-    from kvtier.plan.value import value_report
+    from kvtier.plan.value import ladder_value_report, value_report
 
     fetch_bw: dict[str, float] = {}
     kvpt = None
+    if a.ladder:
+        if a.fetch_from or a.prefill_tps:
+            raise ConfigError("--ladder: the ladder's measured curves replace --fetch-from and --prefill-tps")
+        return _print_value(a, ladder_value_report(
+            a.from_, a.ladder, gpu_cost=_positive(a.gpu_cost, "--gpu-cost") if a.gpu_cost else None,
+            store_cost=_positive(a.store_cost, "--store-cost") if a.store_cost else None,
+            store_gb=_tier_numbers(a.store_gb, "--store-gb")))  # fmt: skip
     if a.fetch_from:
         from kvtier.plan.measured import load_read_costs
 
@@ -427,6 +434,10 @@ def cmd_value(a: argparse.Namespace) -> int:
         fetch_bw=fetch_bw,
         kv_bytes_per_token=kvpt,
     )
+    return _print_value(a, r)
+
+
+def _print_value(a: argparse.Namespace, r: Any) -> int:
     t = _table(
         f"does the tier pay? ({r.source}: {r.requests} requests, {r.wall_s:g} s, {r.prompt_tokens:,} prompt tokens)",
         ["tier", "hit rate", "tokens/h", "prefill avoided s/h", "fetch s/h", "latency saved/hit", "value $/h",
@@ -511,6 +522,11 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     v.add_argument("--gpu-cost", help="$ per GPU-hour: the value of the prefill time avoided")
     v.add_argument("--store-cost", help="$ per GB-month of the tier's capacity")
     v.add_argument("--store-gb", action="append", help="TIER=GB, the capacity paid for (e.g. cpu=64)")
+    v.add_argument(
+        "--ladder",
+        help="a kvtier ladder of the replay's server: each request's cached tokens (usage) "
+        "priced by its measured prefill curve, for a replay against any server (a real vLLM too)",
+    )
     v.add_argument("--json", action="store_true", help="the report as JSON")
     v.set_defaults(func=cmd_value)
 

@@ -41,7 +41,7 @@ class Input(_Report):
     name: str
     value: float | None
     unit: str
-    source: Literal["measured", "given", "absent"]
+    source: Literal["measured", "given", "absent", "derived"]  # derived: from a ladder's measured curves
     note: str = ""
 
 
@@ -181,4 +181,71 @@ def value_report(
                        inputs=inputs, tiers=out)  # fmt: skip
 
 
-__all__ = ["ValueReport", "TierValue", "Input", "value_report"]
+def ladder_value_report(
+    replay: str | Path,
+    ladder: str | Path,
+    gpu_cost: float | None = None,
+    store_cost: float | None = None,
+    store_gb: dict[str, float] | None = None,
+) -> ValueReport:
+    """What the prefix cache saved a replay against any server (a real vLLM too: no per-request decomposition),
+    derived from a ladder of that server: each ok request's cached tokens c (usage.prompt_tokens_details) of its
+    prompt p saved prefill_s(p, 0) − prefill_s(p − c, c) (results/ladder.py ``PrefillModel``). The cached tokens
+    cannot be told apart by tier from usage, so they are one row, ``cache``; a fetch from an offload tier is not
+    charged (the ladder's fetch curves say what it costs where the server's counters split the hits). Every
+    derived figure is marked ``derived``, not measured per request."""
+    from kvtier.results import load
+    from kvtier.results.ladder import LadderResult
+    from kvtier.results.replay import read_records
+
+    folder = Path(replay)
+    result = load(folder)
+    if not isinstance(result, ReplayResult):
+        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
+    lad = load(ladder)
+    if not isinstance(lad, LadderResult) or lad.fit is None:
+        raise DatasetError(f"{ladder}: not a kvtier ladder result with a fit")
+    pm = lad.fit.timing.prefill
+    path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
+    rows = [r for _, r in read_records(path) if r.get("status") == "ok" and r.get("prompt_tokens")]
+    usable = [r for r in rows if r.get("cached_tokens") is not None]
+    if not usable:
+        raise DatasetError(f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
+                           "--enable-prompt-tokens-details)")  # fmt: skip
+    wall = float(result.wall_s)
+    hour = 3600.0 / wall if wall > 0 else 0.0
+    prompt = sum(int(r["prompt_tokens"]) for r in usable)
+    cached = sum(int(r["cached_tokens"]) for r in usable)
+    hit = [r for r in usable if r["cached_tokens"]]
+    saved = sum(pm.seconds(r["prompt_tokens"]) - pm.seconds(r["prompt_tokens"] - r["cached_tokens"],
+                                                               r["cached_tokens"]) for r in hit)  # fmt: skip
+    extrapolated = sum(1 for r in usable if lad.fit.timing.range and r["prompt_tokens"] >
+                       lad.fit.timing.range.max_prompt_tokens)  # fmt: skip
+    note = f"the ladder's fitted prefill ({ladder}); {extrapolated} prompts longer than it measured (extrapolated)"
+    inputs = [
+        Input(name="prefill", value=round(pm.s_per_token, 9), unit="s/token (+ attention term)", source="derived",
+              note=note),
+        Input(name="cached tokens", value=float(cached), unit="tokens", source="measured",
+              note="usage.prompt_tokens_details.cached_tokens of each ok request"),
+        Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"),
+        Input(name="store cost", value=store_cost, unit="$/GB-month", source="given" if store_cost else "absent"),
+    ]  # fmt: skip
+    value = gpu_cost * saved * hour / 3600.0 if gpu_cost else None
+    gb = (store_gb or {}).get("cache")
+    cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
+    rate = cached / prompt if prompt else 0.0
+    row = TierValue(
+        tier="cache", tokens_served=cached, hit_rate=round(rate, 6), requests_hit=len(hit),
+        tokens_per_hour=round(cached * hour, 1), prefill_s_avoided_per_hour=round(saved * hour, 3),
+        fetch_s_per_hour=None, gpu_s_saved_per_hour=round(saved * hour, 3),
+        latency_saved_per_hit_s=round(saved / len(hit), 6) if hit else None,
+        value_usd_per_hour=None if value is None else round(value, 6),
+        cost_usd_per_hour=None if cost is None else round(cost, 6),
+        pays=None if value is None or cost is None else value >= cost,
+        breakeven_hit_rate=None if not value or cost is None else round(rate * cost / value, 6),
+    )  # fmt: skip
+    return ValueReport(source=str(folder), requests=len(usable), wall_s=round(wall, 3), prompt_tokens=prompt,
+                       inputs=inputs, tiers=[row] if cached else [])  # fmt: skip
+
+
+__all__ = ["ValueReport", "TierValue", "Input", "value_report", "ladder_value_report"]
