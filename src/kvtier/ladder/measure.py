@@ -274,13 +274,17 @@ class Session:
             recs += await asyncio.gather(*(self.send(self.prompter.text(64), tokens) for _ in range(running)))
         # each request's decode time per token after its first, (e2e - first token) / (completion tokens - 1): a
         # server that coalesces tokens into one network chunk (vLLM's API server under load does) shows gaps of 0 and
-        # of two tokens, which move a median of gaps but not this mean; an early EOS counts its own tokens
+        # of two tokens, which move a median of gaps but not this mean; an early EOS counts its own tokens. A stream
+        # that came in a few bursts (fewer separate arrivals than a quarter of its tokens) times the bursts, not the
+        # tokens: it is left out
         per = []
         for r in recs:
             first, n = r.get("first_event_s", r["ttft_s"]), r["completion_tokens"] or 0
-            if r["status"] == "ok" and first is not None and r["e2e_s"] and n >= 2:
+            arrivals = 1 + sum(1 for g in r["itl_s"] if g > 0)
+            if r["status"] == "ok" and first is not None and r["e2e_s"] and n >= 2 and arrivals >= (n - 1) / 4:
                 per.append((r["e2e_s"] - first) / (n - 1))
         return TpotPoint(running=running, tpot_s=round(float(np.median(per)), 6) if per else None, requests=len(recs),
+                         bursty=sum(r["status"] == "ok" for r in recs) - len(per),
                          failed=sum(r["status"] != "ok" for r in recs))  # fmt: skip
 
 

@@ -70,6 +70,17 @@ class ValueReport(_Report):
     tiers: list[TierValue]
 
 
+def economics(hit_rate: float, value: float | None, cost: float | None) -> dict[str, Any]:
+    """A tier's value and cost per hour, whether it pays, and the break-even hit rate (the value is linear in the
+    hit rate: break-even = hit rate x cost / value); None where an input is absent."""
+    return {
+        "value_usd_per_hour": None if value is None else round(value, 6),
+        "cost_usd_per_hour": None if cost is None else round(cost, 6),
+        "pays": None if value is None or cost is None else value >= cost,
+        "breakeven_hit_rate": None if not value or cost is None else round(hit_rate * cost / value, 6),
+    }
+
+
 def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
     """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's result."""
     from kvtier.results import load
@@ -171,10 +182,7 @@ def value_report(
                 fetch_s_per_hour=None if fetch is None else round(fetch, 3),
                 gpu_s_saved_per_hour=None if saved is None else round(saved, 3),
                 latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
-                value_usd_per_hour=None if value is None else round(value, 6),
-                cost_usd_per_hour=None if cost is None else round(cost, 6),
-                pays=None if value is None or cost is None else value >= cost,
-                breakeven_hit_rate=None if not value or cost is None else round(hit_rate * cost / value, 6),
+                **economics(hit_rate, value, cost),
             )
         )  # fmt: skip
     return ValueReport(source=str(folder), requests=len(rows), wall_s=round(wall, 3), prompt_tokens=prompt,
@@ -239,10 +247,7 @@ def ladder_value_report(
         tokens_per_hour=round(cached * hour, 1), prefill_s_avoided_per_hour=round(saved * hour, 3),
         fetch_s_per_hour=None, gpu_s_saved_per_hour=round(saved * hour, 3),
         latency_saved_per_hit_s=round(saved / len(hit), 6) if hit else None,
-        value_usd_per_hour=None if value is None else round(value, 6),
-        cost_usd_per_hour=None if cost is None else round(cost, 6),
-        pays=None if value is None or cost is None else value >= cost,
-        breakeven_hit_rate=None if not value or cost is None else round(rate * cost / value, 6),
+        **economics(rate, value, cost),
     )  # fmt: skip
     return ValueReport(source=str(folder), requests=len(usable), wall_s=round(wall, 3), prompt_tokens=prompt,
                        inputs=inputs, tiers=[row] if cached else [])  # fmt: skip

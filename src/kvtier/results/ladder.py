@@ -161,6 +161,7 @@ class TpotPoint(Section):
     tpot_s: float | None
     requests: int
     failed: int
+    bursty: int = 0  # ok requests left out: their tokens came in a few bursts, not one by one
 
 
 class CellStats(Section):
