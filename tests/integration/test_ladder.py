@@ -6,6 +6,7 @@ gate from the ladder agrees with what was measured; a sim calibrated from the la
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -134,6 +135,24 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
     (row,) = rep["tiers"]
     assert row["tier"] == "cache" and row["requests_hit"] >= 2 and row["prefill_s_avoided_per_hour"] > 0
     assert {i["source"] for i in rep["inputs"] if i["name"] == "prefill"} == {"derived"}
+    # plan views from the ladder, on the same replay as a real vLLM would have recorded it (no kvtier extension)
+    plain = d / "as-vllm"
+    shutil.copytree(out, plain)
+    lines = [json.loads(x) for x in (plain / "requests.jsonl").read_text().splitlines()]
+    for rec in lines:
+        rec.update(prompt_sources=None, server_ttft_parts=None, server_ttft_s=None)
+    (plain / "requests.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    refused = subprocess.run(kvtier_cmd() + ["plan", "views", "--from", str(plain), "--fetch-from", "x.json"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode != 0  # without a ladder, a replay with no decomposition cannot be viewed
+    vw = subprocess.run(kvtier_cmd() + ["plan", "views", "--from", str(plain), "--ladder", str(d / "ladder.json"),
+                                        "--json"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert vw.returncode == 0, vw.stderr
+    views = json.loads(vw.stdout)
+    assert views["requests"] == 6 and len(views["turns"]) == 3
+    assert all(t["predicted_ttft_s"] and t["measured_fetch_s"] is None for t in views["turns"])
+    # the calibrated sim runs the ladder's model: the prediction from that model lands near what it measured
+    assert views["median_abs_ttft_error"] is not None and views["median_abs_ttft_error"] < 0.5
     again = load(d / "again.json")
     assert isinstance(again, LadderResult) and again.fit is not None
     # the calibrated twin's prefill per token is the measured server's (its own HTTP cost is added to the fixed part)

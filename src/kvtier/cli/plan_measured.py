@@ -259,13 +259,17 @@ def plot_sweep(path: str, r: Any) -> None:
 def cmd_views(a: argparse.Namespace) -> int:
     from kvtier.plan.views import views_report
 
-    if not a.fetch_from and not a.storage:
-        raise ConfigError("--fetch-from / --storage: give a bench result to predict from, --storage, or both")
+    if not a.fetch_from and not a.storage and not a.ladder:
+        raise ConfigError("--fetch-from / --storage / --ladder: give a bench result or a ladder to predict from, "
+                          "--storage, or both")  # fmt: skip
+    if a.ladder and (a.storage or a.prefill_tps or a.prefill_overhead_ms is not None):
+        raise ConfigError("--ladder: the ladder's measured curves predict (b); --storage, --prefill-tps and "
+                          "--prefill-overhead-ms go with the preset's model")  # fmt: skip
     r = views_report(
         a.from_, a.fetch_from, a.preset,
         prefill_tps=_positive(a.prefill_tps, "--prefill-tps") if a.prefill_tps else None,
         prefill_overhead_ms=float(a.prefill_overhead_ms) if a.prefill_overhead_ms is not None else None,
-        model=a.model, storage=a.storage, storage_dir=a.storage_dir, work=a.work,
+        model=a.model, storage=a.storage, storage_dir=a.storage_dir, work=a.work, ladder=a.ladder,
     )  # fmt: skip
 
     def ms(x: float | None) -> str:
@@ -362,5 +366,10 @@ def add_measured_parsers(ps: argparse._SubParsersAction) -> None:  # type: ignor
     vw.add_argument("--prefill-tps", help="instead of the preset's prefill rate, tokens/s")
     vw.add_argument("--prefill-overhead-ms", help="instead of the preset's per-prefill overhead")
     vw.add_argument("--model", help="catalog model of the sim's KV (default: the replay's, when in the catalog)")
+    vw.add_argument(
+        "--ladder",
+        help="a kvtier ladder of the replay's server: (b) from its measured curves; then the "
+        "replay may be against any server (a real vLLM: its prompt split from usage.cached_tokens)",
+    )
     vw.add_argument("--json", action="store_true")
     vw.set_defaults(func=cmd_views)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
 from kvtier.plan.value import decomposed_records
+from kvtier.results.ladder import LadderResult, Timing
 from kvtier.results.replay import offload_sources
 from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
@@ -49,7 +51,7 @@ class TurnView(_Report):
     turn: int
     requests: int
     measured_ttft_s: float
-    measured_fetch_s: float
+    measured_fetch_s: float | None  # None: the server reports no fetch (a real vLLM)
     predicted_ttft_s: float | None  # (b): the bench's bandwidth
     predicted_fetch_s: float | None
     ttft_error: float | None  # predicted / measured - 1
@@ -77,10 +79,32 @@ class ViewsReport(_Report):
     findings: list[str]
 
 
-def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: float, overhead_s: float,
+Prefill = Callable[[int, int], tuple[float, float]]
+"""(new tokens, cached tokens) -> (seconds on the one modelled GPU, seconds of latency beside it)."""
+Fetch = Callable[[str, int], float | None]
+"""(tier, tokens it served) -> seconds, or None where nothing says what the tier costs."""
+
+
+def preset_prefill(tps: float, overhead_s: float) -> Prefill:
+    """The sim preset's model: overhead + computed tokens / rate, all of it on the GPU (as the sim runs a preset)."""
+    return lambda new, cached: (overhead_s + max(1, new) / tps, 0.0)
+
+
+def ladder_prefill(t: Timing) -> Prefill:
+    """A ladder's measured model, as a calibrated sim runs it: the compute on the GPU, the fixed cost and the
+    per-prompt-token handling as latency beside it."""
+    p = t.prefill
+    return lambda new, cached: (p.compute_s(max(1, new), cached), p.overhead_s + p.s_per_prompt_token * (new + cached))
+
+
+def bandwidth_fetch(bw: dict[str, float], kvpt: int) -> Fetch:
+    return lambda tier, tokens: tokens * kvpt / bw[tier] if tier in bw else None
+
+
+def _predict(rows: list[dict[str, Any]], fetch_s: Fetch, prefill: Prefill,
              gpu_tokens: int | None = None, tpot_s: float = 0.0) -> list[tuple[float, float] | None]:  # fmt: skip
     """(TTFT, fetch) per row through the sim's model (module docstring); None where a tier that served the row
-    has no bandwidth. With ``gpu_tokens`` (the GPU's KV capacity), requests are admitted first come, first served
+    has no fetch cost. With ``gpu_tokens`` (the GPU's KV capacity), requests are admitted first come, first served
     while their prompt and max_tokens fit beside the admitted ones, each holding its tokens until its last token
     (TTFT + (completion tokens - 1) x ``tpot_s``)."""
     free_at = 0.0
@@ -92,11 +116,11 @@ def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: f
     for i in order:
         r = rows[i]
         src: dict[str, int] = r["prompt_sources"]
-        served = offload_sources(src)
-        if any(k not in bw for k in served):
+        costs = [fetch_s(k, v) for k, v in offload_sources(src).items()]
+        if any(c is None for c in costs):
             pred[i] = None
             continue
-        fetch = sum(v * kvpt / bw[k] for k, v in served.items())
+        fetch = sum(c for c in costs if c is not None)
         arrival = float(r["start_unix_s"])
         t = max(arrival, last_admit)
         need = int(r.get("prompt_tokens") or 0) + int(r.get("max_tokens") or 0)
@@ -107,10 +131,13 @@ def _predict(rows: list[dict[str, Any]], bw: dict[str, float], kvpt: int, tps: f
                 held -= tokens
         last_admit = t
         start = max(t + fetch, free_at)
-        free_at = start + overhead_s + max(1, int(src.get("recomputed", 0))) / tps
-        pred[i] = (free_at - arrival, fetch)
+        new = int(src.get("recomputed", 0))
+        gpu_s, beside_s = prefill(new, int(r.get("prompt_tokens") or 0) - new)
+        free_at = start + gpu_s
+        first = free_at + beside_s
+        pred[i] = (first - arrival, fetch)
         if gpu_tokens:
-            heapq.heappush(running, (free_at + max(0, int(r.get("completion_tokens") or 1) - 1) * tpot_s, need))
+            heapq.heappush(running, (first + max(0, int(r.get("completion_tokens") or 1) - 1) * tpot_s, need))
             held += need
     return [pred[i] for i in range(len(rows))]
 
@@ -176,7 +203,8 @@ def _by_turn(rows: list[dict[str, Any]], b: list[tuple[float, float] | None],
     out = []
     for turn, idx in sorted(turns.items()):
         mt = mean([float(rows[i]["ttft_s"]) for i in idx])
-        mf = mean([float(rows[i]["server_ttft_parts"].get("fetch", 0.0)) for i in idx])
+        parts = [rows[i].get("server_ttft_parts") for i in idx]
+        mf = mean([float(x.get("fetch", 0.0)) for x in parts if x]) if all(parts) else None
         pt, pf = means(b, idx)
         ct, cf = means(c, idx)
         out.append(
@@ -193,6 +221,30 @@ def _bw(costs: list[TierReadCost]) -> dict[str, float]:
     return {c.tier: c.bw_mean for c in costs}
 
 
+def usage_records(folder: Path) -> tuple[list[dict[str, Any]], Any]:
+    """The ok records of a replay against any server (a real vLLM too): where a record has no prompt sources (the
+    sim's extension), its prompt is split by usage.prompt_tokens_details.cached_tokens into ``gpu`` (cached: usage
+    cannot tell the GPU's hits from an offload tier's) and ``recomputed``."""
+    from kvtier.results import load
+    from kvtier.results.replay import ReplayResult, read_records
+
+    result = load(folder)
+    if not isinstance(result, ReplayResult):
+        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
+    path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
+    rows = []
+    for _, r in read_records(path):
+        if r.get("status") != "ok" or not r.get("prompt_tokens"):
+            continue
+        if not r.get("prompt_sources"):
+            if r.get("cached_tokens") is None:
+                continue
+            cached = int(r["cached_tokens"])
+            r["prompt_sources"] = {"gpu": cached, "recomputed": int(r["prompt_tokens"]) - cached}
+        rows.append(r)
+    return rows, result
+
+
 def views_report(
     replay: str,
     fetch_from: str | None,
@@ -203,16 +255,31 @@ def views_report(
     storage: bool = False,
     storage_dir: str | None = None,
     work: str | None = None,
+    ladder: str | None = None,
 ) -> ViewsReport:
-    """The three views of the module docstring (``storage``: run view (c), its files under ``work``)."""
-    from kvtier.config.sim import load_presets
-    from kvtier.modelspec import build_catalog, resolve_model
-
+    """The three views of the module docstring (``storage``: run view (c), its files under ``work``). With
+    ``ladder`` (a kvtier ladder of the replay's server), view (b) predicts by the ladder's measured prefill, fetch
+    and decode curves instead of a preset's, and the replay may be against any server: usage_records."""
     folder = Path(replay)
-    rows, result = decomposed_records(folder)
+    lad: LadderResult | None = None
+    if ladder:
+        from kvtier.results import load
+
+        loaded = load(ladder)
+        if not isinstance(loaded, LadderResult) or loaded.fit is None:
+            raise DatasetError(f"{ladder}: not a kvtier ladder result with a fit")
+        lad = loaded
+        rows, result = usage_records(folder)
+    else:
+        rows, result = decomposed_records(folder)
     rows = [r for r in rows if r.get("prompt_sources") and r.get("ttft_s") and r.get("start_unix_s")]
     if not rows:
         raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")
+    if lad is not None:
+        return _ladder_views(folder, rows, result, lad, ladder or "", fetch_from, model)
+    from kvtier.config.sim import load_presets
+    from kvtier.modelspec import build_catalog, resolve_model
+
     if model:
         kvpt = int(resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1))
         kv_src = f"given (--model {model})"
@@ -248,7 +315,7 @@ def views_report(
             inputs.append(ViewInput(name=f"{c.tier} read bandwidth", value=round(c.bw_mean / 1e9, 4), unit="GB/s",
                                     source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of "
                                     f"{c.mean_bytes / 2**20:.3g} MiB)"))  # fmt: skip
-        b = _predict(rows, _bw(costs), kvpt, tps, overhead, gpu_tokens, tpot)
+        b = _predict(rows, bandwidth_fetch(_bw(costs), kvpt), preset_prefill(tps, overhead), gpu_tokens, tpot)
     c_pred = None
     storage_result = None
     if storage:
@@ -257,7 +324,7 @@ def views_report(
             inputs.append(ViewInput(name=f"{c.tier} read bandwidth (storage view)", value=round(c.bw_mean / 1e9, 4),
                                     unit="GB/s", source=f"measured (kvtier trace replay of these requests' KV "
                                     f"I/O, {c.ops} reads)"))  # fmt: skip
-        c_pred = _predict(rows, _bw(costs_c), kvpt, tps, overhead, gpu_tokens, tpot)
+        c_pred = _predict(rows, bandwidth_fetch(_bw(costs_c), kvpt), preset_prefill(tps, overhead), gpu_tokens, tpot)
     turns = _by_turn(rows, b, c_pred)
     eb = [abs(t.ttft_error) for t in turns if t.ttft_error is not None]
     ec = [abs(t.storage_ttft_error) for t in turns if t.storage_ttft_error is not None]
@@ -270,9 +337,58 @@ def views_report(
     )  # fmt: skip
 
 
+def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: LadderResult, path: str,
+                  fetch_from: str | None, model: str | None) -> ViewsReport:  # fmt: skip
+    """View (b) from a ladder: the measured prefill (compute on the GPU's FIFO, the fixed cost beside it), each
+    offload tier's measured fetch curve (or a bench's bandwidth for a tier the ladder did not measure), the measured
+    TPOT at one running sequence, the GPU's KV capacity the ladder read from the server."""
+    from kvtier.modelspec import build_catalog, resolve_model
+
+    assert lad.fit is not None
+    t = lad.fit.timing
+    kvpt = lad.server.kv_bytes_per_token or (resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1)
+                                             if model else 0)  # fmt: skip
+    bw = _bw(load_read_costs(fetch_from)[0]) if fetch_from else {}
+
+    def fetch(tier: str, tokens: int) -> float | None:
+        f = t.fetch_for(tier)
+        if f is not None:
+            return f.seconds(tokens)
+        return tokens * kvpt / bw[tier] if tier in bw and kvpt else None
+
+    gpu_tokens = lad.server.gpu_kv_tokens or result.server.max_model_len
+    tpot = t.decode.at(1)
+    b = _predict(rows, fetch, ladder_prefill(t), gpu_tokens, tpot)
+    p = t.prefill
+    inputs = [
+        ViewInput(name="prefill compute", value=p.s_per_token * 1e6, unit="us/token (+ attention term)",
+                  source=f"measured (the ladder {path})"),
+        ViewInput(name="prefill fixed cost", value=p.overhead_s * 1e3, unit="ms",
+                  source=f"measured (the ladder {path})"),
+        ViewInput(name="GPU KV capacity", value=gpu_tokens, unit="tokens", source="measured (the ladder's server)"),
+        ViewInput(name="time per output token", value=tpot * 1e3, unit="ms", source=f"measured (the ladder {path})"),
+    ]  # fmt: skip
+    inputs += [ViewInput(name=f"{f.tier} fetch", value=f.s_per_token * 1e6, unit="us/token",
+                         source=f"measured (the ladder {path})") for f in t.fetch]  # fmt: skip
+    if not all(r.get("server_ttft_parts") for r in rows):
+        split = "usage.cached_tokens (the server sends no per-tier split: cached = gpu)"
+        inputs.append(ViewInput(name="prompt split", value=None, unit="", source=split))
+    turns = _by_turn(rows, b, None)
+    eb = [abs(x.ttft_error) for x in turns if x.ttft_error is not None]
+    return ViewsReport(
+        source=str(folder), requests=len(rows), kv_bytes_per_token=kvpt, inputs=inputs, turns=turns,
+        median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None, median_abs_storage_ttft_error=None,
+        storage_result=None, findings=_findings(rows, turns),
+    )  # fmt: skip
+
+
 def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
     """What the errors come from, in words: the parts the model leaves out, as measured."""
     out = []
+    if not all(r.get("server_ttft_parts") for r in rows):
+        return [f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
+                f"({t.ttft_error:+.0%})"
+                for t in turns if t.ttft_error is not None and abs(t.ttft_error) > 0.2]  # fmt: skip
     queue = [float(r["server_ttft_parts"].get("queue", 0.0)) for r in rows]
     ttft = [float(r["ttft_s"]) for r in rows]
     if sum(ttft) > 0:
