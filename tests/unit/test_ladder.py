@@ -9,7 +9,8 @@ from kvtier.config.ladder import LadderConfig
 from kvtier.errors import ConfigError
 from kvtier.ladder.fit import fit_ladder, nonneg_relative_lstsq
 from kvtier.ladder.measure import default_contexts, flood_sizes, verify
-from kvtier.ladder.server import Reading, Server, describe, parse_snapshot
+from kvtier.ladder.server import Reading, Server, describe
+from kvtier.replay.scrape import parse_snapshot
 from kvtier.results.ladder import LadderPoint, PrefillModel, Shown, TierFacts, TpotPoint
 
 TRUE = PrefillModel(overhead_s=0.004, s_per_token=5e-5, s_per_token_pair=2e-9, s_per_prompt_token=1e-6)
@@ -94,7 +95,7 @@ vllm:cache_config_info{block_size="16",kv_bytes_per_token="1024",model_name="m",
 
 
 def test_describe_finds_the_sims_tiers_geometry_and_counters() -> None:
-    s = describe({"id": "m", "max_model_len": 16000}, parse_snapshot(SIM_METRICS))
+    s = describe(16000, parse_snapshot(SIM_METRICS))
     assert s.kind == "kvtier-sim" and s.gpu_kv_tokens == 16000 and s.block_tokens == 16 and s.kv_bytes_per_token == 1024
     assert [(t.name, t.capacity_tokens) for t in s.tiers] == [("cpu", 20000), ("storage", 300000)]
     hit = 'kvtier_sim:prompt_tokens_by_tier_total{model_name="m",tier="storage"} 4096.0\n'
@@ -104,9 +105,9 @@ def test_describe_finds_the_sims_tiers_geometry_and_counters() -> None:
 
 
 def test_a_vllm_without_metrics_or_offload_is_described_honestly() -> None:
-    s = describe({"id": "m"}, None)
+    s = describe(None, None)
     assert s.kind == "unknown" and not s.tiers and any("no /metrics" in n for n in s.notes)
-    v = describe({"id": "m", "max_model_len": 100},
+    v = describe(100,
                  parse_snapshot('# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 1.0\n'
                                 '# TYPE vllm:external_prefix_cache_hits_total counter\n'
                                 'vllm:external_prefix_cache_hits_total 0.0\n'))  # fmt: skip

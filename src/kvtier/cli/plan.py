@@ -273,31 +273,23 @@ def _case(case: str) -> reports.GateCase:
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected comma-separated whole numbers") from None
-    if not vals or min(vals) < 1:
-        raise ConfigError(f"{flag} {text!r}: expected whole numbers >= 1")
-    return vals
+    """A comma-separated list of whole numbers (plan/sweep.py parse_list's rules), or None when not given."""
+    from kvtier.plan.sweep import parse_list
+
+    return [int(v) for v in parse_list(text, flag, integer=True)] if text else None
 
 
 def cmd_gate_ladder(a: argparse.Namespace) -> int:
     """plan gate --from ladder.json: both sides of the gate from the server's measured curves."""
     from kvtier.plan.ladder_gate import ladder_gate_report
-    from kvtier.results import load
-    from kvtier.results.ladder import LadderResult
+    from kvtier.results.ladder import load_fitted
 
     given = [f for f, v in (("--prefill-tps", a.prefill_tps), ("--case", a.case), ("--model", a.model)) if v]
     if given:
         raise ConfigError(f"--from: the ladder measured the server; {', '.join(given)} would be assumptions beside "
                           "it (give one or the other)")  # fmt: skip
-    r = load(a.from_)
-    if not isinstance(r, LadderResult):
-        raise ConfigError(f"--from {a.from_}: a {r.benchmark} result; plan gate --from takes a kvtier ladder result")
-    rep = ladder_gate_report(r, a.from_, _ints(a.context, "--context"), _ints(a.new_tokens, "--new-tokens"))
+    r, fit = load_fitted(a.from_, "--from")
+    rep = ladder_gate_report(r, fit, a.from_, _ints(a.context, "--context"), _ints(a.new_tokens, "--new-tokens"))
     t = _table(f"fetch gate from the measured ladder {a.from_} ({rep.timing_source})",
                ["tier", "context", "new", "fetch (s)", "recompute (s)", "verdict", "measured faster",
                 "agrees"])  # fmt: skip

@@ -20,16 +20,19 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvtier.errors import ConfigError
+from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
+from kvtier.results.ladder import CellStats, LadderPoint, LadderResult, ServerFacts
+from kvtier.results.outcome import judge, tally
 
 if TYPE_CHECKING:
     from kvtier.config.ladder import LadderConfig
     from kvtier.ladder.measure import Progress, Session
-    from kvtier.results.ladder import CellStats, LadderPoint, LadderResult
 
 
 def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | None = None) -> LadderResult:
@@ -58,9 +61,10 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
     import aiohttp
 
     from kvtier.ladder.measure import Prompter, Session, default_contexts
-    from kvtier.ladder.server import ServerError, describe, scrape
+    from kvtier.ladder.server import describe
     from kvtier.replay.client import ClientConfig
-    from kvtier.results.envelope import utc_now
+    from kvtier.replay.driver import server_identity
+    from kvtier.replay.scrape import scrape_snapshot
 
     started = utc_now()
     t0 = time.monotonic()
@@ -78,8 +82,8 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
     timeout = aiohttp.ClientTimeout(total=cfg.request_timeout, sock_read=cfg.request_timeout)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            item = await _model_item(http, cfg)
-            server = describe(item, await scrape(http, cfg.metrics_root()))
+            identity = await server_identity(http, cfg.base_url.rstrip("/"), cfg.model)
+            server = describe(identity["max_model_len"], await scrape_snapshot(http, cfg.metrics_root()))
             prompter = Prompter(rng, f"{int(time.time() * 1000) % 10**9:x}", tokenizer)
             sess = Session(http, ClientConfig(cfg.base_url, cfg.model, 1, request_timeout_s=cfg.request_timeout,
                                               read_timeout_s=cfg.request_timeout),
@@ -88,7 +92,7 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
             await sess.probe()
             largest_new = max(cfg.new_tokens)
             if server.max_model_len is None and cfg.contexts is None:
-                raise ServerError("/v1/models gives no max_model_len for this model: give --contexts")
+                raise ConfigError("--contexts: /models gives no max_model_len for this model: give the contexts")
             contexts = cfg.contexts or default_contexts(server.max_model_len or 0, largest_new, prompter.overhead)
             points, stop_code, plan = await _measure(cfg, sess, contexts, progress)
             tpot = []
@@ -105,34 +109,14 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
     return _result(cfg, server, prompter, points, tpot, plan, sess, stop_code, started, time.monotonic() - t0)
 
 
-async def _model_item(http: Any, cfg: LadderConfig) -> dict[str, Any] | None:
-    import aiohttp
-
-    from kvtier.ladder.server import ServerError
-
-    url = cfg.base_url.rstrip("/") + "/models"
-    try:
-        async with http.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
-            if r.status != 200:
-                raise ServerError(f"--base-url: GET {url} answered HTTP {r.status}")
-            body = await r.json(content_type=None)
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-        raise ServerError(f"--base-url: GET {url} failed: {type(e).__name__}: {e}") from e
-    items = body.get("data") if isinstance(body, dict) else None
-    ids = [m.get("id") for m in items or [] if isinstance(m, dict)]
-    if cfg.model not in ids:
-        raise ConfigError(f"--model {cfg.model!r}: the server serves {ids}")
-    return next(m for m in items or [] if isinstance(m, dict) and m.get("id") == cfg.model)
-
-
+@dataclass
 class _Plan:
     """What the grid asked for and what could not be measured (and why)."""
 
-    def __init__(self) -> None:
-        self.sources: list[str] = []
-        self.skipped: dict[str, str] = {}
-        self.floods: dict[str, int] = {}
-        self.cells = 0
+    sources: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)
+    floods: dict[str, int] = field(default_factory=dict)
+    cells: int = 0
 
 
 async def _measure(
@@ -147,8 +131,7 @@ async def _measure(
     if unknown:
         raise ConfigError(f"--sources: {unknown} are not tiers this server has (found: {found or 'none'}); a tier "
                           "with no counter here needs --flood-tokens NAME=N and cannot be verified")  # fmt: skip
-    plan = _Plan()
-    plan.sources = wanted
+    plan = _Plan(wanted)
     tiers = [x for x in wanted if x not in ("cold", "gpu")]
     ordered = [t for t in found if t in tiers] + [t for t in tiers if t not in found]
     floods = flood_sizes(s, ordered, cfg.flood_overrides())
@@ -199,18 +182,15 @@ async def _measure(
                 points.append(pt)
                 if progress is not None:
                     progress(pt)
-            if src == "cold" and pt.status != "ok" and sess.failures and sess.failures[-1][0] == "connection":
-                return points, "server-unavailable", plan
     return points, None, plan
 
 
 def cell_stats(points: list[LadderPoint]) -> list[CellStats]:
-    from kvtier.results.ladder import CellStats
-
+    cells: dict[tuple[str, int, int], list[LadderPoint]] = {}
+    for p in points:
+        cells.setdefault((p.source, p.context_tokens, p.new_tokens), []).append(p)
     out = []
-    keys = sorted({(p.source, p.context_tokens, p.new_tokens) for p in points}, key=lambda k: (k[0], k[1], k[2]))
-    for src, c, n in keys:
-        grp = [p for p in points if (p.source, p.context_tokens, p.new_tokens) == (src, c, n)]
+    for (src, c, n), grp in sorted(cells.items()):
         ts = [p.ttft_s for p in grp if p.verified and p.ttft_s is not None]
         cv = statistics.pstdev(ts) / statistics.mean(ts) if len(ts) > 1 and statistics.mean(ts) > 0 else None
         out.append(CellStats(source=src, context_tokens=c, new_tokens=n, verified=len(ts),
@@ -224,18 +204,6 @@ def cell_stats(points: list[LadderPoint]) -> list[CellStats]:
 def _result(cfg: LadderConfig, server: Any, prompter: Any, points: list[LadderPoint], tpot: list[Any], plan: _Plan,
             sess: Session, stop_code: str | None, started: Any, wall_s: float) -> LadderResult:  # fmt: skip
     from kvtier.ladder.fit import fit_ladder
-    from kvtier.results.envelope import (
-        Status,
-        StopCode,
-        StopReason,
-        WarningCode,
-        collect_host,
-        iso,
-        utc_now,
-        warning,
-    )
-    from kvtier.results.ladder import LadderResult, ServerFacts
-    from kvtier.results.outcome import judge, tally
 
     fit = fit_ladder(points, tpot, [x for x in plan.sources if x not in ("cold", "gpu")], server.kv_bytes_per_token,
                      cfg.output)  # fmt: skip

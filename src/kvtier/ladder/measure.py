@@ -24,10 +24,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from kvtier.ladder.server import STORES_PENDING, Reading, Server, scrape
+from kvtier.errors import ConfigError
+from kvtier.ladder.server import STORES_PENDING, Reading, Server
 from kvtier.modelmaker import WORDS
 from kvtier.replay.client import ClientConfig, stream_request
 from kvtier.replay.datasets import VirtualUser
+from kvtier.replay.scrape import scrape_snapshot as scrape
 from kvtier.results.ladder import LadderPoint, Shown, TpotPoint
 from kvtier.tokenizer import Tokenizer
 
@@ -71,6 +73,14 @@ class Prompter:
             else:
                 hi = mid - 1
         return head + " ".join(words[:lo])
+
+
+def first_token_s(rec: dict[str, Any]) -> float | None:
+    """A request's first-token time for the ladder: the first event that carries a choice (vLLM and the sim send
+    the role delta with token 0), so a token the detokenizer holds back (a partial UTF-8 byte, common with dummy
+    weights) counts; the first content delta where a server sends no such event."""
+    first: float | None = rec.get("first_event_s", rec["ttft_s"])
+    return first
 
 
 def verify(
@@ -170,6 +180,7 @@ class Session:
     deadline: float | None  # monotonic seconds
     max_requests: int
     sent: int = 0
+    lost: bool = False  # a request could not reach the server: nothing more is sent
     failures: list[tuple[str, str, int | None]] = field(default_factory=list)
     user: VirtualUser = field(default_factory=lambda: VirtualUser("ladder", "ladder", 0, ()))
 
@@ -177,6 +188,8 @@ class Session:
         """Why no further request may be sent (None: it may)."""
         if self.stop.is_set():
             return "interrupted"
+        if self.lost:
+            return "server-unavailable"
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return "duration"
         if self.max_requests and self.sent >= self.max_requests:
@@ -189,6 +202,7 @@ class Session:
                                       max_tokens)  # fmt: skip
         if rec["status"] != "ok":
             self.failures.append((rec["cause"] or "error", rec["error"] or "", rec["http_status"]))
+            self.lost = self.lost or rec["cause"] == "connection"
         return dict(rec)
 
     async def probe(self) -> None:
@@ -199,7 +213,9 @@ class Session:
             texts.append(p.words(n))
             rec = await self.send(texts[-1])
             if rec["status"] != "ok" or not rec["prompt_tokens"]:
-                raise_probe(rec)
+                why = rec["error"] or "the server sent no usage (kvtier ladder asks for stream_options.include_usage)"
+                raise ConfigError(f"--base-url: the probe request failed ({rec['cause'] or 'no usage.prompt_tokens'}: "
+                                  f"{why}); is it an OpenAI-compatible API?")  # fmt: skip
             got.append(rec["prompt_tokens"])
         p.tokens_per_word = max(0.1, (got[1] - got[0]) / (PROBE_WORDS[1] - PROBE_WORDS[0]))
         own = p.tokenizer.count(texts[0]) if p.tokenizer is not None else PROBE_WORDS[0] * p.tokens_per_word
@@ -212,9 +228,7 @@ class Session:
         rec = await self.send(text)
         after = await scrape(self.http, self.metrics_url)
         reading = self.server.reading(before, after)
-        # the first token's time: the first event that carries a choice (vLLM and the sim send the role delta with
-        # token 0), so a token the detokenizer holds back (a partial UTF-8 byte, common with dummy weights) counts
-        ttft = rec.get("first_event_s", rec["ttft_s"])
+        ttft = first_token_s(rec)
         ok = rec["status"] == "ok" and ttft is not None
         if ok:
             verified, why, shown, cached = verify(source, context, rec["prompt_tokens"], reading, rec["cached_tokens"],
@@ -243,7 +257,7 @@ class Session:
 
         async def worker() -> None:
             nonlocal got
-            while queue and self.bounded() in (None, "duration"):
+            while queue and self.bounded() is None:
                 n = queue.pop()
                 rec = await self.send(self.prompter.text(n))
                 got += rec["prompt_tokens"] or 0
@@ -279,23 +293,13 @@ class Session:
         # tokens: it is left out
         per = []
         for r in recs:
-            first, n = r.get("first_event_s", r["ttft_s"]), r["completion_tokens"] or 0
+            first, n = first_token_s(r), r["completion_tokens"] or 0
             arrivals = 1 + sum(1 for g in r["itl_s"] if g > 0)
             if r["status"] == "ok" and first is not None and r["e2e_s"] and n >= 2 and arrivals >= (n - 1) / 4:
                 per.append((r["e2e_s"] - first) / (n - 1))
         return TpotPoint(running=running, tpot_s=round(float(np.median(per)), 6) if per else None, requests=len(recs),
                          bursty=sum(r["status"] == "ok" for r in recs) - len(per),
                          failed=sum(r["status"] != "ok" for r in recs))  # fmt: skip
-
-
-def raise_probe(rec: dict[str, Any]) -> None:
-    from kvtier.ladder.server import ServerError
-
-    why = rec["error"] or "the server sent no usage (kvtier ladder asks for stream_options.include_usage)"
-    raise ServerError(
-        f"the probe request failed ({rec['cause'] or 'no usage.prompt_tokens'}: {why}); is --base-url an "
-        "OpenAI-compatible API?"
-    )
 
 
 Progress = Callable[[LadderPoint], None]

@@ -15,13 +15,9 @@ its points are never verified (the ladder does not assume which tier served a pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
-from kvtier.errors import KvtierError
+from kvtier.replay.scrape import Snapshot
 from kvtier.results.ladder import TierFacts
 
 GPU_HITS = "vllm:prefix_cache_hits_total"
@@ -29,61 +25,9 @@ EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 SIM_BY_TIER = "kvtier_sim:prompt_tokens_by_tier_total"
 SIM_TIER_CAPACITY = "kvtier_sim:offload_tier_capacity_tokens"
 VLLM_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
-VLLM_OFFLOAD_SOURCES = ("host", "disk", "p2p", "external_unspecified")  # "device" is the GPU's own cache
 LMCACHE_TIERS = {"l1": "lmcache_mp_lookup_hit_l1_tokens_total", "l2": "lmcache_mp_lookup_hit_l2_tokens_total"}
 CACHE_CONFIG = "vllm:cache_config_info"
 STORES_PENDING = "kvtier_sim:offload_stores_pending"
-MAX_METRICS_BYTES = 16 * 1024 * 1024
-
-
-class ServerError(KvtierError):
-    """The server could not be asked what the ladder needs (its models, its metrics)."""
-
-
-@dataclass
-class Snapshot:
-    """One scrape: each sample's value summed over label sets, and the labelled samples kept by (name, labels)."""
-
-    flat: dict[str, float] = field(default_factory=dict)
-    labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
-
-    def get(self, name: str, **labels: str) -> float | None:
-        if not labels:
-            return self.flat.get(name)
-        total, seen = 0.0, False
-        for (n, lab), v in self.labelled.items():
-            if n == name and all(dict(lab).get(k) == want for k, want in labels.items()):
-                total += v
-                seen = True
-        return total if seen else None
-
-    def labels_of(self, name: str) -> list[dict[str, str]]:
-        return [dict(lab) for (n, lab) in self.labelled if n == name]
-
-
-def parse_snapshot(text: str) -> Snapshot:
-    s = Snapshot()
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            s.flat[smp.name] = s.flat.get(smp.name, 0.0) + float(smp.value)
-            if smp.labels:
-                key = (smp.name, tuple(sorted(smp.labels.items())))
-                s.labelled[key] = s.labelled.get(key, 0.0) + float(smp.value)
-    return s
-
-
-async def scrape(session: aiohttp.ClientSession, url: str) -> Snapshot | None:
-    """One /metrics page (None: the server did not answer it)."""
-    try:
-        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
-            if r.status != 200:
-                return None
-            body = await r.content.read(MAX_METRICS_BYTES + 1)
-            if len(body) > MAX_METRICS_BYTES:
-                return None
-            return parse_snapshot(body.decode("utf-8", "replace"))
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        return None
 
 
 @dataclass
@@ -144,11 +88,10 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
         return None
 
 
-def describe(model_item: dict[str, Any] | None, snap: Snapshot | None) -> Server:
-    """The server from its /v1/models entry and one /metrics scrape (module docstring)."""
+def describe(max_len: int | None, snap: Snapshot | None) -> Server:
+    """The server from its max_model_len (GET /models: replay.driver.server_identity) and one /metrics scrape
+    (module docstring)."""
     notes: list[str] = []
-    max_len = model_item.get("max_model_len") if model_item else None
-    max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
     if snap is None:
         notes.append("no /metrics: no point can be verified by counters (usage.cached_tokens only)")
         return Server("unknown", max_len, None, None, None, [], [], notes)
@@ -188,14 +131,4 @@ def describe(model_item: dict[str, Any] | None, snap: Snapshot | None) -> Server
     return Server(kind, max_len, block, gpu_tokens, kvpt, tiers, counters, notes)
 
 
-__all__ = [
-    "STORES_PENDING",
-    "Reading",
-    "Server",
-    "ServerError",
-    "Snapshot",
-    "describe",
-    "parse_snapshot",
-    "scrape",
-    "counter_of",
-]
+__all__ = ["STORES_PENDING", "Reading", "Server", "describe", "counter_of"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from kvtier.results.ladder import LadderResult, Timing
+from kvtier.results.ladder import LadderFit, LadderResult, Timing
 
 
 class _Report(BaseModel):
@@ -80,14 +80,17 @@ def breakeven_context(t: Timing, tier: str, new: int, longest: int) -> BreakEven
 
 
 def ladder_gate_report(
-    r: LadderResult, path: str, contexts: list[int] | None = None, new_tokens: list[int] | None = None
+    r: LadderResult,
+    fit: LadderFit,
+    path: str,
+    contexts: list[int] | None = None,
+    new_tokens: list[int] | None = None,
 ) -> LadderGateReport:
-    """The gate at the ladder's own cells (or ``contexts`` x ``new_tokens``), checked against its medians."""
+    """The gate at the ladder's own cells (or ``contexts`` x ``new_tokens``), checked against its medians; ``r`` and
+    its ``fit`` as results/ladder.py ``load_fitted`` gives them."""
     from kvtier.errors import DatasetError
 
-    if r.fit is None:
-        raise DatasetError(f"{path}: the ladder has no fit (status {r.status.value}: {r.stop_reason.message})")
-    t = r.fit.timing
+    t = fit.timing
     tiers = [f.tier for f in t.fetch]
     if not tiers:
         raise DatasetError(f"{path}: the ladder measured no offload tier (only cold and GPU): nothing to gate; "

@@ -189,6 +189,33 @@ def value_report(
                        inputs=inputs, tiers=out)  # fmt: skip
 
 
+def usage_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
+    """The ok records of a replay against any server (a real vLLM too), and the replay's result: where a record has
+    no prompt sources (the sim's extension), its prompt is split by usage.prompt_tokens_details.cached_tokens into
+    ``gpu`` (cached: usage cannot tell the GPU's hits from an offload tier's) and ``recomputed``."""
+    from kvtier.results import load
+    from kvtier.results.replay import read_records
+
+    result = load(folder)
+    if not isinstance(result, ReplayResult):
+        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
+    path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
+    rows = []
+    for _, r in read_records(path):
+        if r.get("status") != "ok" or not r.get("prompt_tokens"):
+            continue
+        if not r.get("prompt_sources"):
+            if r.get("cached_tokens") is None:
+                continue
+            cached = int(r["cached_tokens"])
+            r["prompt_sources"] = {"gpu": cached, "recomputed": int(r["prompt_tokens"]) - cached}
+        rows.append(r)
+    if not rows:
+        raise DatasetError(f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
+                           "--enable-prompt-tokens-details)")  # fmt: skip
+    return rows, result
+
+
 def ladder_value_report(
     replay: str | Path,
     ladder: str | Path,
@@ -202,33 +229,21 @@ def ladder_value_report(
     cannot be told apart by tier from usage, so they are one row, ``cache``; a fetch from an offload tier is not
     charged (the ladder's fetch curves say what it costs where the server's counters split the hits). Every
     derived figure is marked ``derived``, not measured per request."""
-    from kvtier.results import load
-    from kvtier.results.ladder import LadderResult
-    from kvtier.results.replay import read_records
+    from kvtier.results.ladder import load_fitted
 
     folder = Path(replay)
-    result = load(folder)
-    if not isinstance(result, ReplayResult):
-        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
-    lad = load(ladder)
-    if not isinstance(lad, LadderResult) or lad.fit is None:
-        raise DatasetError(f"{ladder}: not a kvtier ladder result with a fit")
-    pm = lad.fit.timing.prefill
-    path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
-    rows = [r for _, r in read_records(path) if r.get("status") == "ok" and r.get("prompt_tokens")]
-    usable = [r for r in rows if r.get("cached_tokens") is not None]
-    if not usable:
-        raise DatasetError(f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
-                           "--enable-prompt-tokens-details)")  # fmt: skip
+    _, fit = load_fitted(str(ladder), "--ladder")
+    pm = fit.timing.prefill
+    usable, result = usage_records(folder)
     wall = float(result.wall_s)
     hour = 3600.0 / wall if wall > 0 else 0.0
     prompt = sum(int(r["prompt_tokens"]) for r in usable)
-    cached = sum(int(r["cached_tokens"]) for r in usable)
-    hit = [r for r in usable if r["cached_tokens"]]
-    saved = sum(pm.seconds(r["prompt_tokens"]) - pm.seconds(r["prompt_tokens"] - r["cached_tokens"],
-                                                               r["cached_tokens"]) for r in hit)  # fmt: skip
-    extrapolated = sum(1 for r in usable if lad.fit.timing.range and r["prompt_tokens"] >
-                       lad.fit.timing.range.max_prompt_tokens)  # fmt: skip
+    cached_of = [int(r["prompt_tokens"]) - int(r["prompt_sources"].get("recomputed", 0)) for r in usable]
+    cached = sum(cached_of)
+    hit = [(int(r["prompt_tokens"]), c) for r, c in zip(usable, cached_of) if c]
+    saved = sum(pm.seconds(p) - pm.seconds(p - c, c) for p, c in hit)
+    longest = fit.timing.range.max_prompt_tokens if fit.timing.range else None
+    extrapolated = sum(1 for r in usable if longest is not None and r["prompt_tokens"] > longest)
     note = f"the ladder's fitted prefill ({ladder}); {extrapolated} prompts longer than it measured (extrapolated)"
     inputs = [
         Input(name="prefill", value=round(pm.s_per_token, 9), unit="s/token (+ attention term)", source="derived",
@@ -253,4 +268,4 @@ def ladder_value_report(
                        inputs=inputs, tiers=[row] if cached else [])  # fmt: skip
 
 
-__all__ = ["ValueReport", "TierValue", "Input", "value_report", "ladder_value_report"]
+__all__ = ["ValueReport", "TierValue", "Input", "value_report", "ladder_value_report", "usage_records"]

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict
 
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
-from kvtier.plan.value import decomposed_records
-from kvtier.results.ladder import LadderResult, Timing
+from kvtier.plan.value import decomposed_records, usage_records
+from kvtier.results.ladder import LadderFit, LadderResult, Timing
 from kvtier.results.replay import offload_sources
 from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
@@ -221,30 +221,6 @@ def _bw(costs: list[TierReadCost]) -> dict[str, float]:
     return {c.tier: c.bw_mean for c in costs}
 
 
-def usage_records(folder: Path) -> tuple[list[dict[str, Any]], Any]:
-    """The ok records of a replay against any server (a real vLLM too): where a record has no prompt sources (the
-    sim's extension), its prompt is split by usage.prompt_tokens_details.cached_tokens into ``gpu`` (cached: usage
-    cannot tell the GPU's hits from an offload tier's) and ``recomputed``."""
-    from kvtier.results import load
-    from kvtier.results.replay import ReplayResult, read_records
-
-    result = load(folder)
-    if not isinstance(result, ReplayResult):
-        raise DatasetError(f"{folder}: a {result.benchmark} result, not a kvtier replay")
-    path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
-    rows = []
-    for _, r in read_records(path):
-        if r.get("status") != "ok" or not r.get("prompt_tokens"):
-            continue
-        if not r.get("prompt_sources"):
-            if r.get("cached_tokens") is None:
-                continue
-            cached = int(r["cached_tokens"])
-            r["prompt_sources"] = {"gpu": cached, "recomputed": int(r["prompt_tokens"]) - cached}
-        rows.append(r)
-    return rows, result
-
-
 def views_report(
     replay: str,
     fetch_from: str | None,
@@ -261,14 +237,11 @@ def views_report(
     ``ladder`` (a kvtier ladder of the replay's server), view (b) predicts by the ladder's measured prefill, fetch
     and decode curves instead of a preset's, and the replay may be against any server: usage_records."""
     folder = Path(replay)
-    lad: LadderResult | None = None
+    lad: tuple[LadderResult, LadderFit] | None = None
     if ladder:
-        from kvtier.results import load
+        from kvtier.results.ladder import load_fitted
 
-        loaded = load(ladder)
-        if not isinstance(loaded, LadderResult) or loaded.fit is None:
-            raise DatasetError(f"{ladder}: not a kvtier ladder result with a fit")
-        lad = loaded
+        lad = load_fitted(ladder, "--ladder")
         rows, result = usage_records(folder)
     else:
         rows, result = decomposed_records(folder)
@@ -276,7 +249,7 @@ def views_report(
     if not rows:
         raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")
     if lad is not None:
-        return _ladder_views(folder, rows, result, lad, ladder or "", fetch_from, model)
+        return _ladder_views(folder, rows, result, *lad, ladder or "", fetch_from, model)
     from kvtier.config.sim import load_presets
     from kvtier.modelspec import build_catalog, resolve_model
 
@@ -337,15 +310,14 @@ def views_report(
     )  # fmt: skip
 
 
-def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: LadderResult, path: str,
-                  fetch_from: str | None, model: str | None) -> ViewsReport:  # fmt: skip
+def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: LadderResult, fit: LadderFit,
+                  path: str, fetch_from: str | None, model: str | None) -> ViewsReport:  # fmt: skip
     """View (b) from a ladder: the measured prefill (compute on the GPU's FIFO, the fixed cost beside it), each
     offload tier's measured fetch curve (or a bench's bandwidth for a tier the ladder did not measure), the measured
     TPOT at one running sequence, the GPU's KV capacity the ladder read from the server."""
     from kvtier.modelspec import build_catalog, resolve_model
 
-    assert lad.fit is not None
-    t = lad.fit.timing
+    t = fit.timing
     kvpt = lad.server.kv_bytes_per_token or (resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1)
                                              if model else 0)  # fmt: skip
     bw = _bw(load_read_costs(fetch_from)[0]) if fetch_from else {}

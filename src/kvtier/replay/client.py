@@ -111,6 +111,7 @@ class StreamRecorder:
         self.pending = b""
         self.parts: list[str] = []
         self.done = False
+        self.first_event = False
 
     def feed(self, data: bytes, now: float) -> bool:
         """Consume one chunk; True once ``data: [DONE]`` arrived. A malformed event (invalid JSON or
@@ -148,7 +149,8 @@ class StreamRecorder:
                 choices = ev.get("choices") or ()
                 if not isinstance(choices, (list, tuple)):
                     raise ValueError("choices is not a list")
-                if choices and "first_event_s" not in rec:  # the role delta: servers send it with token 0
+                if choices and not self.first_event:  # the role delta: servers send it with token 0
+                    self.first_event = True
                     rec["first_event_s"] = now - self.t0
                 for ch in choices:
                     d = (ch.get("delta") if isinstance(ch, dict) else None) or {}

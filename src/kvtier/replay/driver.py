@@ -159,51 +159,12 @@ async def _read_capped(r: Any, what: str) -> bytes:
 
 
 async def _probe(cfg: ReplayConfig) -> dict[str, Any]:
-    """The server's identity (GET /models, read with a cap) checked against the flags before any request:
-    the server must answer, serve --model, and (where it says) its max_model_len is returned under
-    ``max_model_len``. Then the throwaway warm-up requests."""
+    """The server's identity (``server_identity``), then the throwaway warm-up requests."""
     import aiohttp
 
     base = (cfg.base_url or "").rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        try:
-            async with s.get(base + "/models") as r:
-                status, body, replica = (
-                    r.status,
-                    await _read_capped(r, "GET /models"),
-                    r.headers.get("x-kvtier-replica"),
-                )
-            if status == 404 and not base.endswith("/v1"):
-                async with s.get(base + "/v1/models") as r2:
-                    if r2.status == 200:
-                        raise ConfigError(
-                            f"--base-url: {base} answers GET /models with HTTP 404, but {base}/v1/models answers: "
-                            f"the OpenAI API is under /v1 (--base-url {base}/v1)"
-                        )
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise ConfigError(f"--base-url: {base} does not answer GET /models ({type(e).__name__})") from None
-        if status != 200:
-            raise ConfigError(
-                f"--base-url: GET {base}/models answered HTTP {status}: {body[:200].decode(errors='replace')}"
-            )
-        try:
-            models = json.loads(body)
-        except ValueError:
-            raise ConfigError(f"--base-url: GET {base}/models did not answer JSON") from None
-        entries = models.get("data") if isinstance(models, dict) else None
-        served = [m for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(
-            entries, list) else []  # fmt: skip
-        mine = [m for m in served if m["id"] == cfg.model]
-        if served and not mine:
-            raise ConfigError(
-                f"--model {cfg.model!r} is not served by {base} (it serves: {', '.join(m['id'] for m in served)})"
-            )
-        mml = mine[0].get("max_model_len") if mine else None
-        server = {
-            "models": models,
-            "replica": replica,
-            "max_model_len": mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None,
-        }
+        server = await server_identity(s, base, cfg.model or "")
         for i in range(cfg.warmup):
             warm = {"model": cfg.model, "messages": [{"role": "user", "content": f"warmup {i}"}], "max_tokens": 4}
             try:
@@ -211,6 +172,53 @@ async def _probe(cfg: ReplayConfig) -> dict[str, Any]:
                     await _read_capped(r, "a warm-up request")
             except (TimeoutError, aiohttp.ClientError, OSError, ConfigError):
                 pass
+    return server
+
+
+async def server_identity(s: Any, base: str, model: str) -> dict[str, Any]:
+    """The server's identity (GET /models, read with a cap) checked against the flags before any request: the
+    server must answer, serve ``model``, and (where it says) its max_model_len is returned under ``max_model_len``
+    (kvtier replay and kvtier ladder). ``s``: an aiohttp ClientSession."""
+    import aiohttp
+
+    try:
+        async with s.get(base + "/models") as r:
+            status, body, replica = (
+                r.status,
+                await _read_capped(r, "GET /models"),
+                r.headers.get("x-kvtier-replica"),
+            )
+        if status == 404 and not base.endswith("/v1"):
+            async with s.get(base + "/v1/models") as r2:
+                if r2.status == 200:
+                    raise ConfigError(
+                        f"--base-url: {base} answers GET /models with HTTP 404, but {base}/v1/models answers: "
+                        f"the OpenAI API is under /v1 (--base-url {base}/v1)"
+                    )
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise ConfigError(f"--base-url: {base} does not answer GET /models ({type(e).__name__})") from None
+    if status != 200:
+        raise ConfigError(
+            f"--base-url: GET {base}/models answered HTTP {status}: {body[:200].decode(errors='replace')}"
+        )
+    try:
+        models = json.loads(body)
+    except ValueError:
+        raise ConfigError(f"--base-url: GET {base}/models did not answer JSON") from None
+    entries = models.get("data") if isinstance(models, dict) else None
+    served = [m for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(
+        entries, list) else []  # fmt: skip
+    mine = [m for m in served if m["id"] == model]
+    if served and not mine:
+        raise ConfigError(
+            f"--model {model!r} is not served by {base} (it serves: {', '.join(m['id'] for m in served)})"
+        )
+    mml = mine[0].get("max_model_len") if mine else None
+    server = {
+        "models": models,
+        "replica": replica,
+        "max_model_len": mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None,
+    }
     return server
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -50,13 +51,66 @@ HISTS = {
 }
 
 
-def parse(text: str) -> dict[str, float]:
-    """Sample name -> value summed over label sets (plain text format keeps vLLM's colons)."""
-    out: dict[str, float] = {}
+@dataclass
+class Snapshot:
+    """One /metrics page: each sample's value summed over its label sets (``flat``), and the labelled samples kept
+    by (name, labels) for the series read by label (a tier's counter, vLLM's cache_config_info)."""
+
+    flat: dict[str, float] = field(default_factory=dict)
+    labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+
+    def get(self, name: str, **labels: str) -> float | None:
+        """The sample ``name`` (summed over the label sets matching ``labels``); None when absent, never 0."""
+        if not labels:
+            return self.flat.get(name)
+        total, seen = 0.0, False
+        for (n, lab), v in self.labelled.items():
+            if n == name and all(dict(lab).get(k) == want for k, want in labels.items()):
+                total += v
+                seen = True
+        return total if seen else None
+
+    def labels_of(self, name: str) -> list[dict[str, str]]:
+        return [dict(lab) for (n, lab) in self.labelled if n == name]
+
+
+def parse_snapshot(text: str) -> Snapshot:
+    """The plain text format (which keeps vLLM's colons) into a Snapshot."""
+    s = Snapshot()
     for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
+        for smp in fam.samples:
+            s.flat[smp.name] = s.flat.get(smp.name, 0.0) + float(smp.value)
+            if smp.labels:
+                key = (smp.name, tuple(sorted(smp.labels.items())))
+                s.labelled[key] = s.labelled.get(key, 0.0) + float(smp.value)
+    return s
+
+
+def parse(text: str) -> dict[str, float]:
+    """Sample name -> value summed over label sets."""
+    return parse_snapshot(text).flat
+
+
+async def read_metrics(session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> str:
+    """The text of ``url``/metrics, read up to MAX_METRICS_BYTES; raises ValueError for a non-200 answer or a page
+    over the bound, aiohttp's or the OS's errors for a server that does not answer."""
+    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        if r.status != 200:
+            raise ValueError(f"/metrics answered HTTP {r.status}")
+        body = bytearray()
+        async for chunk in r.content.iter_chunked(1 << 20):
+            body += chunk
+            if len(body) > MAX_METRICS_BYTES:
+                raise ValueError(f"/metrics larger than {MAX_METRICS_BYTES} bytes")
+        return body.decode("utf-8", "replace")
+
+
+async def scrape_snapshot(session: aiohttp.ClientSession, url: str) -> Snapshot | None:
+    """One scrape as a Snapshot; None when the server did not answer it (a failed scrape is never zeros)."""
+    try:
+        return parse_snapshot(await read_metrics(session, url, 15.0))
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
 
 
 class Scraper:
@@ -70,18 +124,9 @@ class Scraper:
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         """One sample; a failure, a non-200 or a body over MAX_METRICS_BYTES counts as a scrape error."""
         try:
-            async with session.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                if r.status == 200:
-                    body = bytearray()
-                    async for chunk in r.content.iter_chunked(1 << 20):
-                        body += chunk
-                        if len(body) > MAX_METRICS_BYTES:
-                            raise ValueError(f"/metrics larger than {MAX_METRICS_BYTES} bytes")
-                    self.samples.append((time.time(), parse(body.decode("utf-8", "replace"))))
-                    return
+            self.samples.append((time.time(), parse(await read_metrics(session, self.url))))
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            pass
-        self.errors += 1
+            self.errors += 1
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Scrape until ``stop``, then once more. ``ready`` is set once the first scrape is done (or failed):

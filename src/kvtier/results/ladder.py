@@ -212,7 +212,22 @@ class LadderResult(Envelope):
     wall_s: float
 
 
+def load_fitted(path: str, flag: str) -> tuple[LadderResult, LadderFit]:
+    """A kvtier ladder result that has a fit (what ``sim --calibration``, ``plan gate --from`` and ``plan
+    value|views --ladder`` read); a ConfigError naming ``flag`` otherwise."""
+    from kvtier.errors import ConfigError
+    from kvtier.results import load
+
+    r = load(path)
+    if not isinstance(r, LadderResult):
+        raise ConfigError(f"{flag} {path}: a {r.benchmark} result, not a kvtier ladder result")
+    if r.fit is None:
+        raise ConfigError(f"{flag} {path}: the ladder has no fit (status {r.status.value}: {r.stop_reason.message})")
+    return r, r.fit
+
+
 __all__ = [
+    "load_fitted",
     "CellStats",
     "DecodeModel",
     "FetchModel",

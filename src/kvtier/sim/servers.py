@@ -37,16 +37,10 @@ TIMED_FIELDS = ("prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown
 
 def calibration_values(path: str) -> tuple[dict[str, float], Timing]:
     """The latency-model fields from a ladder's fit (results/ladder.py Timing) and the Timing itself."""
-    from kvtier.results import load
-    from kvtier.results.ladder import LadderResult
+    from kvtier.results.ladder import load_fitted
 
-    r = load(path)
-    if not isinstance(r, LadderResult):
-        raise ConfigError(f"--calibration {path}: a {r.benchmark} result, not a kvtier ladder result")
-    if r.fit is None:
-        raise ConfigError(f"--calibration {path}: the ladder has no fit (status {r.status.value}: "
-                          f"{r.stop_reason.message})")  # fmt: skip
-    t = r.fit.timing
+    _, fit = load_fitted(path, "--calibration")
+    t = fit.timing
     values = {
         "prefill_tps": 1.0 / t.prefill.s_per_token if t.prefill.s_per_token > 0 else 1e12,
         "prefill_overhead_ms": t.prefill.overhead_s * 1e3,
