@@ -38,6 +38,8 @@ class RemoteFlags(Protocol):
     @property
     def shared_namespace(self) -> str | None: ...
 
+    def remote_capacity_bytes(self, kind: str) -> int: ...
+
 
 @dataclass(frozen=True)
 class TierSpec:
@@ -164,6 +166,49 @@ def open_tier(kind: str, spec: TierSpec, flag: str | None = None) -> Backend:
         raise ConfigError(f"{flag or k.flag}: {e}") from e
 
 
+def offload_plan(
+    kind: str,
+    *,
+    page_bytes: int,
+    cpu_bytes: int,
+    staging_bytes: int,
+    nvme_dir: str | None,
+    nvme_bytes: int,
+    direct_io: Literal["auto", "on", "off"] = "auto",
+    remote: RemoteFlags | None = None,
+    connections: int = 1,
+) -> list[tuple[str, TierSpec, str]]:
+    """An offload tier's waterfall, fastest first, as (kind, spec, flag) rows — not yet built: CPU RAM (``cpu``),
+    or a CPU staging tier in front of the files (``nvme``) or a remote server (``redis``, ``s3``). ``page_bytes``
+    is one stored unit (a sim chunk, a vLLM block), so the CPU tiers waste nothing. The sim and kvtier cache-server
+    build it (``open_tier``); the vLLM offloading backend (kvtier/vllm) sizes its scheduler-side index from the same
+    rows (``KINDS[kind].capacity`` and ``entry_size``) and builds the tiers in its workers."""
+    if kind == "cpu":
+        return [("cpu", TierSpec(cpu_bytes, page_bytes=page_bytes), "cpu_offload_gb")]
+    staging = ("cpu", TierSpec(staging_bytes, page_bytes=page_bytes), "staging_gb")
+    if kind == "nvme":
+        if not nvme_dir:
+            raise ConfigError("--offload nvme: give --nvme-dir")
+        return [staging, ("storage", TierSpec(nvme_bytes, directory=nvme_dir, direct_io=direct_io), "--nvme-dir")]
+    if kind in ("redis", "s3") and remote is not None:
+        spec = TierSpec(remote.remote_capacity_bytes(kind), remote=remote, connections=connections)
+        return [staging, (kind, spec, f"--offload {kind}")]
+    raise ConfigError(f"--offload: expected cpu, nvme, redis or s3, got {kind!r}")
+
+
+def open_tiers(plan: list[tuple[str, TierSpec, str]]) -> list[Backend]:
+    """Build a waterfall's tiers in order; if one fails, those already built are closed."""
+    built: list[Backend] = []
+    try:
+        for kind, spec, where in plan:
+            built.append(open_tier(kind, spec, where if where.startswith("-") else None))
+    except BaseException:
+        for b in built:
+            b.close()
+        raise
+    return built
+
+
 def stand_in(kind: str, spec: TierSpec, entry_size: Callable[[int], int] | None = None) -> NullTier:
     """A tier of ``kind`` that moves no bytes (trace mode): the kind's capacity and entry sizes
     (``entry_size`` overrides them: a storage tier measured on the real directory)."""
@@ -173,4 +218,14 @@ def stand_in(kind: str, spec: TierSpec, entry_size: Callable[[int], int] | None 
     return NullTier(spec.name or kind, k.capacity(spec), entry_size or k.entry_size(spec))
 
 
-__all__ = ["KINDS", "TIER_KINDS", "TIER_LABELS", "TierKind", "TierSpec", "open_tier", "stand_in"]
+__all__ = [
+    "KINDS",
+    "TIER_KINDS",
+    "TIER_LABELS",
+    "TierKind",
+    "TierSpec",
+    "open_tier",
+    "open_tiers",
+    "offload_plan",
+    "stand_in",
+]

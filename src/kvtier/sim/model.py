@@ -34,7 +34,7 @@ from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.plan.costs import should_fetch
 from kvtier.telemetry.recorder import Recorder
-from kvtier.tiers import TierSpec, open_tier
+from kvtier.tiers import offload_plan, open_tiers
 
 if TYPE_CHECKING:
     from kvtier.config.tiers import RemoteTierFlags
@@ -266,29 +266,13 @@ class _Measured:
 
 def offload_tiers(cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTierFlags | None = None,
                   connections: int = 1) -> list[Backend]:  # fmt: skip
-    """The offload tier's waterfall (through the tier table, kvtier/tiers.py): CPU RAM (``cpu``), or a CPU
-    staging tier in front of the files (``nvme``) or the remote server (``redis``, ``s3``: ``remote`` names
-    it). A chunk is one page of the CPU tier: no waste."""
-    page = cfg.chunk_tokens * kv_bytes_per_token
-    if cfg.kind == "cpu":
-        return [open_tier("cpu", TierSpec(int(cfg.cpu_offload_gb * GiB), page_bytes=page))]
-    staging = TierSpec(int(cfg.staging_gb * GiB), page_bytes=page)
-    if cfg.kind == "nvme":
-        if not cfg.nvme_dir:
-            raise ConfigError("--offload nvme: give --nvme-dir")
-        far = ("storage", TierSpec(int(cfg.nvme_offload_gb * GiB), directory=cfg.nvme_dir, direct_io=cfg.direct_io),
-               "--nvme-dir")  # fmt: skip
-    elif cfg.kind in ("redis", "s3") and remote is not None:
-        spec = TierSpec(remote.remote_capacity_bytes(cfg.kind), remote=remote, connections=connections)
-        far = (cfg.kind, spec, f"--offload {cfg.kind}")
-    else:
-        raise ConfigError(f"--offload: expected none, cpu, nvme, redis or s3, got {cfg.kind!r}")
-    near = open_tier("cpu", staging)
-    try:
-        return [near, open_tier(*far)]
-    except BaseException:
-        near.close()
-        raise
+    """The offload tier's waterfall (the tier table's ``offload_plan``), built. A chunk is one page of the CPU
+    tier: no waste."""
+    return open_tiers(offload_plan(
+        cfg.kind, page_bytes=cfg.chunk_tokens * kv_bytes_per_token, cpu_bytes=int(cfg.cpu_offload_gb * GiB),
+        staging_bytes=int(cfg.staging_gb * GiB), nvme_dir=cfg.nvme_dir, nvme_bytes=int(cfg.nvme_offload_gb * GiB),
+        direct_io=cfg.direct_io, remote=remote, connections=connections,
+    ))  # fmt: skip
 
 
 class Offload(_Measured):

@@ -1,0 +1,220 @@
+"""The scheduler-side index of kvtier's vLLM offloading backend: which blocks are offloaded, in which tier.
+
+Every entry is one vLLM block of the same size, so a tier is a number of *slots* (its capacity over the
+block's stored size there, from the tier table). The index runs kvtier's waterfall on those slots:
+
+* a new block goes to the fastest tier with room; room is made by taking the tier's least recently used
+  block and demoting it one tier down (which may demote there in turn); the bottom tier drops its victim;
+  a tier with nothing evictable is skipped, as the engine's waterfall skips a tier it cannot reserve in;
+* a block being stored (until vLLM says the store completed) or being loaded (until the load completed) is
+  pinned: never a victim, never moved;
+* ``touch`` (vLLM marks blocks as used, even ones served by its own prefix cache) renews a block's place.
+
+The index decides; the workers carry out. ``plan_store`` returns the actions in the order they must happen
+on every worker's real tiers — evictions and demotions that make room before the placements that need it
+— and the workers execute each store's actions in submission order, so their tiers hold what the index
+says (kvtier/vllm/worker.py). A load reads a block wherever the worker's tiers hold it, so a demotion still
+queued when a load runs costs nothing but order.
+
+Pure Python, no vLLM import: tested on its own (tests/unit/test_vllm_index.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar, cast
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass
+class TierSlots:
+    name: str
+    slots: int
+    source: str  # where vLLM's by-source counters put a hit from this tier: host, disk, external_unspecified
+    lru: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)  # evictable blocks, next victim first
+    held: int = 0  # blocks in the tier, pinned ones included
+
+
+@dataclass
+class StorePlan(Generic[K]):
+    keys_to_store: list[K]  # in the order they were offered (the order of vLLM's source blocks)
+    placed: dict[K, int]  # key -> tier index the new block goes to
+    actions: list[tuple[str, K, int]]  # (place | move | evict, key, tier index), in the order they must run
+    evicted: list[K]  # blocks that left the index (dropped at the bottom)
+
+
+@dataclass
+class IndexCounters:
+    """What the index did since it was made (the spec's own Prometheus counters, by tier)."""
+
+    placed: dict[str, int] = field(default_factory=dict)
+    demoted: dict[str, int] = field(default_factory=dict)  # by the tier the block left
+    evicted: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0  # blocks offered that no tier had room for
+    failed_stores: int = 0  # blocks whose store vLLM reported failed
+    lost: int = 0  # blocks a worker could not load, forgotten
+
+
+class BlockIndex(Generic[K]):
+    """Waterfall LRU over equal-size slots; not thread-safe (vLLM's scheduler calls it from one thread)."""
+
+    def __init__(self, tiers: Iterable[tuple[str, int, str]]) -> None:
+        self.tiers = [TierSlots(name, slots, source) for name, slots, source in tiers if slots > 0]
+        if not self.tiers:
+            raise ValueError("no offload tier has room for one block")
+        self._where: dict[K, int] = {}
+        self._pending: set[K] = set()  # stored by a plan, not yet completed
+        self._pins: dict[K, int] = {}  # load pins
+        self.counters = IndexCounters()
+
+    # -- what vLLM asks -------------------------------------------------------------------
+    def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
+        if key not in self._where:
+            return "miss"
+        return "pending" if key in self._pending else "hit"
+
+    def tier_of(self, key: K) -> TierSlots | None:
+        i = self._where.get(key)
+        return None if i is None else self.tiers[i]
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """tier -> (blocks held, slots)."""
+        return {t.name: (t.held, t.slots) for t in self.tiers}
+
+    def touch(self, keys: Iterable[K]) -> None:
+        for k in keys:
+            i = self._where.get(k)
+            if i is not None and k in self.tiers[i].lru:
+                self.tiers[i].lru.move_to_end(k)
+
+    def pin(self, keys: Iterable[K]) -> None:
+        """Protect blocks being loaded from eviction and moves (until ``unpin``)."""
+        for k in keys:
+            i = self._where.get(k)
+            if i is None:
+                continue
+            self._pins[k] = self._pins.get(k, 0) + 1
+            self.tiers[i].lru.pop(k, None)
+
+    def unpin(self, keys: Iterable[K]) -> None:
+        for k in keys:
+            n = self._pins.get(k, 0)
+            if n <= 1:
+                self._pins.pop(k, None)
+                self._evictable(k)
+            else:
+                self._pins[k] = n - 1
+
+    def plan_store(self, keys: Iterable[K]) -> StorePlan[K] | None:
+        """Place the blocks not yet in the index; None when some were offered and none found room."""
+        plan: StorePlan[K] = StorePlan([], {}, [], [])
+        offered = 0
+        for k in keys:
+            if k in self._where or k in plan.placed:
+                continue
+            offered += 1
+            for i, t in enumerate(self.tiers):
+                if self._make_room(i, plan):
+                    self._where[k] = i
+                    t.held += 1
+                    self._pending.add(k)
+                    plan.placed[k] = i
+                    plan.keys_to_store.append(k)
+                    plan.actions.append(("place", k, i))
+                    self.counters.placed[t.name] = self.counters.placed.get(t.name, 0) + 1
+                    break
+            else:
+                self.counters.rejected += 1
+        if offered and not plan.keys_to_store:
+            return None
+        return plan
+
+    def complete_store(self, keys: Iterable[K], success: bool = True) -> list[K]:
+        """The stores of ``keys`` finished: they become loadable, or (failed) leave the index. Returns the
+        keys removed."""
+        removed = []
+        for k in keys:
+            if k not in self._pending:
+                continue
+            self._pending.discard(k)
+            if success:
+                self._evictable(k)
+            else:
+                self.counters.failed_stores += 1
+                self._drop(k)
+                removed.append(k)
+        return removed
+
+    def forget(self, keys: Iterable[K]) -> int:
+        """Blocks a worker could not load (lost or unreadable): out of the index, so the next lookup misses
+        instead of failing again. Returns how many were still held."""
+        n = 0
+        for k in keys:
+            if k in self._where:
+                self._pending.discard(k)
+                self._drop(k)
+                n += 1
+        self.counters.lost += n
+        return n
+
+    def clear(self) -> list[K]:
+        """Forget every block (vLLM's reset_cache); returns them."""
+        keys = list(self._where)
+        for t in self.tiers:
+            t.lru.clear()
+            t.held = 0
+        self._where.clear()
+        self._pending.clear()
+        self._pins.clear()
+        return keys
+
+    # -- the waterfall ----------------------------------------------------------------------
+    def _evictable(self, k: K) -> None:
+        i = self._where.get(k)
+        if i is not None and k not in self._pending and k not in self._pins:
+            self.tiers[i].lru[k] = None
+            self.tiers[i].lru.move_to_end(k)
+
+    def _drop(self, k: K) -> None:
+        i = self._where.pop(k)
+        t = self.tiers[i]
+        t.held -= 1
+        t.lru.pop(k, None)
+        self._pins.pop(k, None)
+
+    def _make_room(self, i: int, plan: StorePlan[K]) -> bool:
+        """One free slot in tier i, by demoting its LRU block to tier i+1 (or dropping it at the bottom or
+        when the tier below has no room either). False when every block there is pinned or pending."""
+        t = self.tiers[i]
+        if t.held < t.slots:
+            return True
+        if not t.lru:
+            return False
+        victim = cast(K, next(iter(t.lru)))
+        del t.lru[victim]
+        t.held -= 1
+        below = i + 1
+        if below < len(self.tiers) and self._make_room(below, plan):
+            self._where[victim] = below
+            self.tiers[below].held += 1
+            self.tiers[below].lru[victim] = None  # the newest there: it was just written
+            plan.actions.append(("move", victim, below))
+            self.counters.demoted[t.name] = self.counters.demoted.get(t.name, 0) + 1
+        else:
+            del self._where[victim]
+            plan.actions.append(("evict", victim, i))
+            plan.evicted.append(victim)
+            self.counters.evicted[t.name] = self.counters.evicted.get(t.name, 0) + 1
+        return True
+
+
+__all__ = ["BlockIndex", "StorePlan", "TierSlots", "IndexCounters"]

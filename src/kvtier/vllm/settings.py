@@ -1,0 +1,79 @@
+"""What kvtier's vLLM offloading backend is asked for: ``kv_connector_extra_config``, read and checked.
+
+The keys are ``kvtier sim``'s offload flags with underscores (``offload``, ``cpu_offload_gb``, ``nvme_dir``,
+``nvme_offload_gb``, ``staging_gb``, ``direct_io``, the remote tiers' ``redis_url``, ``s3_bucket``, ...), plus
+``io_threads``. vLLM's own keys of the offloading connector pass through; any other key is an error that names
+it, so a misspelt size never silently becomes the default. No vLLM import here (tested without the engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from kvtier.config.base import flag
+from kvtier.config.sim import OffloadTierConfig
+from kvtier.errors import ConfigError
+from kvtier.tiers import KINDS, TierSpec, offload_plan
+
+GiB = 1024**3
+
+VLLM_KEYS = frozenset(
+    {"spec_name", "spec_module_path", "blocks_per_chunk", "block_size", "offload_prompt_only",
+     "self_describing_kv_events", "canonical_layout", "kv_load_failure_policy"}
+)  # fmt: skip
+"""Keys of kv_connector_extra_config that vLLM's offloading connector reads itself."""
+
+SOURCE = {"cpu": "host", "storage": "disk", "redis": "external_unspecified", "s3": "external_unspecified"}
+"""The label vLLM's prompt_tokens_cached_by_source counter gets for a hit from each tier kind."""
+
+
+class VllmOffloadSettings(OffloadTierConfig):
+    """kvtier's tiers behind a vLLM engine. Capacities are the engine's in all: each of its workers (tensor
+    parallel ranks) holds its share of every block, so each gets capacity / world size."""
+
+    offload: Literal["cpu", "nvme", "redis", "s3"] = flag(
+        "cpu", "cpu (CPU RAM), or a CPU staging tier in front of nvme files (nvme_dir), redis (redis_url) or s3"
+    )
+    io_threads: int = flag(4, "threads per worker moving blocks between the engine's KV cache and the tiers",
+                           ge=1, le=64)  # fmt: skip
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> VllmOffloadSettings:
+        ours = {k: v for k, v in extra.items() if k not in VLLM_KEYS}
+        try:
+            return cls.model_validate(ours)
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                where = ".".join(str(x) for x in err["loc"]) or "(top)"
+                if err["type"] == "extra_forbidden":
+                    known = ", ".join(sorted(cls.model_fields))
+                    problems.append(f"{where}: not a kvtier offload setting (known: {known})")
+                else:
+                    problems.append(f"{where}: {err['msg']}")
+            raise ConfigError("kv_connector_extra_config: " + "; ".join(problems)) from None
+
+    def plan(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, TierSpec, str]]:
+        """One worker's tiers (its share of each capacity); a CPU page is one block."""
+        share = max(1, world_size)
+        return offload_plan(
+            self.offload, page_bytes=block_bytes, cpu_bytes=int(self.cpu_offload_gb * GiB) // share,
+            staging_bytes=int(self.staging_gb * GiB) // share, nvme_dir=self.nvme_dir,
+            nvme_bytes=int(self.nvme_offload_gb * GiB) // share, direct_io=self.direct_io, remote=self,
+            connections=self.io_threads,
+        )  # fmt: skip
+
+    def slots(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, int, str]]:
+        """(tier, blocks it holds, by-source label) per tier, fastest first: the scheduler-side index's sizes,
+        from the tier table's capacity and entry size of each kind (what the worker's real tier will hold)."""
+        out = []
+        for kind, spec, _ in self.plan(block_bytes, world_size):
+            k = KINDS[kind]
+            out.append((spec.name or kind, k.capacity(spec) // k.entry_size(spec)(block_bytes), SOURCE[kind]))
+        return out
+
+
+__all__ = ["VllmOffloadSettings", "VLLM_KEYS", "SOURCE"]

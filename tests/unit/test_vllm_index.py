@@ -1,0 +1,117 @@
+"""The scheduler-side index of kvtier's vLLM offloading backend (kvtier/vllm/index.py) and its settings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvtier.errors import ConfigError
+from kvtier.vllm import kv_transfer_config
+from kvtier.vllm.index import BlockIndex
+from kvtier.vllm.settings import VllmOffloadSettings
+
+
+def _stored(ix: BlockIndex[str], keys: list[str]) -> list[tuple[str, str, int]]:
+    plan = ix.plan_store(keys)
+    assert plan is not None
+    ix.complete_store(plan.keys_to_store)
+    return plan.actions
+
+
+def test_a_new_block_goes_to_the_top_and_the_lru_block_is_demoted_then_dropped_at_the_bottom():
+    ix: BlockIndex[str] = BlockIndex([("cpu", 2, "host"), ("storage", 2, "disk")])
+    assert _stored(ix, ["a", "b"]) == [("place", "a", 0), ("place", "b", 0)]
+    ix.touch(["a"])  # b is now the cpu tier's LRU block
+    assert _stored(ix, ["c"]) == [("move", "b", 1), ("place", "c", 0)]
+    assert _stored(ix, ["d"]) == [("move", "a", 1), ("place", "d", 0)]
+    # storage is full (b, a): making room in cpu demotes c, which first drops storage's LRU block (b)
+    plan = ix.plan_store(["e"])
+    assert plan is not None and plan.actions == [("evict", "b", 1), ("move", "c", 1), ("place", "e", 0)]
+    assert plan.evicted == ["b"] and ix.lookup("b") == "miss"
+    assert ix.tier_of("c").source == "disk" and ix.tier_of("e").source == "host"
+    assert ix.counters.evicted == {"storage": 1} and ix.counters.demoted == {"cpu": 3}
+
+
+def test_pinned_and_pending_blocks_are_never_victims_and_a_full_index_refuses():
+    ix: BlockIndex[str] = BlockIndex([("cpu", 2, "host")])
+    plan = ix.plan_store(["a", "b"])
+    assert plan is not None and ix.lookup("a") == "pending"
+    assert ix.plan_store(["c"]) is None  # both slots are being stored: nothing to evict
+    assert ix.counters.rejected == 1
+    ix.complete_store(["a", "b"])
+    ix.pin(["a", "b"])  # both being loaded
+    assert ix.plan_store(["c"]) is None
+    ix.unpin(["b"])
+    assert _stored(ix, ["c"]) == [("evict", "b", 0), ("place", "c", 0)]
+    assert ix.lookup("a") == "hit"  # the pinned one stayed
+    ix.unpin(["a"])  # a load is a use: a is now newer than c
+    assert _stored(ix, ["d"]) == [("evict", "c", 0), ("place", "d", 0)]
+
+
+def test_a_failed_store_leaves_the_index_and_frees_its_slot():
+    ix: BlockIndex[str] = BlockIndex([("cpu", 1, "host")])
+    assert ix.plan_store(["a"]) is not None
+    assert ix.complete_store(["a"], success=False) == ["a"]
+    assert ix.lookup("a") == "miss" and ix.usage() == {"cpu": (0, 1)} and ix.counters.failed_stores == 1
+
+
+def test_the_index_never_holds_more_than_its_slots_and_its_actions_replay_to_the_same_state():
+    """A random workload: replaying the plans' actions on a plain model of the tiers (what the workers do) gives
+    exactly the index's placement, and no tier is ever over its slots."""
+    rnd = random.Random(7)
+    slots = [("cpu", 5, "host"), ("storage", 9, "disk")]
+    ix: BlockIndex[int] = BlockIndex(slots)
+    model: dict[int, int] = {}  # key -> tier, as a worker's tiers hold them
+    pinned: list[int] = []
+    for _ in range(2000):
+        op = rnd.random()
+        if op < 0.6:
+            plan = ix.plan_store([rnd.randrange(60) for _ in range(rnd.randint(1, 4))])
+            if plan is None:
+                continue
+            for what, k, tier in plan.actions:
+                if what == "evict":
+                    del model[k]
+                else:
+                    assert what == "place" or k in model
+                    model[k] = tier
+                held = [sum(1 for t in model.values() if t == i) for i in range(len(slots))]
+                assert all(h <= s for h, (_, s, _) in zip(held, slots, strict=True))
+            ix.complete_store(plan.keys_to_store)
+        elif op < 0.8 and model:
+            k = rnd.choice(sorted(model))
+            if ix.lookup(k) == "hit":
+                ix.pin([k])
+                pinned.append(k)
+        elif pinned:
+            ix.unpin([pinned.pop(rnd.randrange(len(pinned)))])
+        for k in pinned:
+            assert ix.lookup(k) == "hit"
+    assert {k: ix.tiers.index(ix.tier_of(k)) for k in model} == model
+    assert len(ix) == len(model)
+
+
+def test_settings_take_the_sims_offload_flags_and_name_an_unknown_key():
+    s = VllmOffloadSettings.from_extra({"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm.spec",
+                                        "offload": "cpu", "cpu_offload_gb": 1})  # fmt: skip
+    block = 2 * 1024 * 1024
+    assert s.slots(block) == [("cpu", 512, "host")]
+    assert s.slots(block, world_size=2) == [("cpu", 256, "host")]  # each rank holds its share
+    with pytest.raises(ConfigError, match="cpu_offload_gbb: not a kvtier offload setting"):
+        VllmOffloadSettings.from_extra({"offload": "cpu", "cpu_offload_gbb": 1})
+    with pytest.raises(ConfigError, match="cpu_offload_gb"):
+        VllmOffloadSettings.from_extra({"cpu_offload_gb": -1})
+    with pytest.raises(ConfigError, match="--nvme-dir"):
+        VllmOffloadSettings.from_extra({"offload": "nvme"}).slots(block)
+
+
+def test_the_nvme_tier_is_a_cpu_staging_tier_in_front_of_the_files(tmp_path):
+    s = VllmOffloadSettings.from_extra({"offload": "nvme", "staging_gb": 0.0625, "nvme_dir": str(tmp_path),
+                                        "nvme_offload_gb": 1})  # fmt: skip
+    block = 1024 * 1024
+    # the file tier stores a header block in front of each entry (engine/file.py)
+    assert s.slots(block) == [("cpu", 64, "host"), ("storage", 1020, "disk")]
+    cfg = kv_transfer_config({"offload": "cpu"})
+    assert cfg["kv_connector"] == "KvtierOffloadingConnector" and cfg["kv_load_failure_policy"] == "recompute"
+    assert cfg["kv_connector_extra_config"]["spec_module_path"] == "kvtier.vllm.spec"
