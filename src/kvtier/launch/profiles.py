@@ -43,9 +43,11 @@ PLACEHOLDERS = (
     "model_dir",
     "kv_cache_bytes",
     "max_model_len",
+    "l1_bytes",
+    "kvtier_pythonpath",
 )
 NUMERIC = frozenset(
-    {"port", "sidecar_port", "sidecar_http_port", "tensor_parallel_size", "max_workers", "l1_gb", "l2_gb"}
+    {"port", "sidecar_port", "sidecar_http_port", "tensor_parallel_size", "max_workers", "l1_gb", "l2_gb", "l1_bytes"}
 )
 """Placeholders that become JSON numbers where they stand alone as a value in JSON."""
 _PH = re.compile(r"\{([a-z][a-z0-9_]*)\}")
@@ -72,6 +74,9 @@ class Profile(BaseModel):
     engine: Literal["vllm", "sim"]
     build: Literal["nvidia", "amd", "cpu"]
     tier: Literal["gpu", "cpu", "nvme"]
+    offload_engine: Literal["none", "lmcache", "vllm-native", "kvtier"] | None = Field(
+        default=None, description="default: none for the gpu tier, kvtier for the sim, lmcache for vllm"
+    )
     env: dict[str, str] = Field(default_factory=dict)
     sim_model: str | None = None
     sidecar_port: int | None = Field(default=None, gt=0, lt=65536, description="fixed data port (else a free one)")
@@ -79,6 +84,13 @@ class Profile(BaseModel):
     replica: ProcessSpec
     sidecar: ProcessSpec | None = None
     kv_transfer_config: dict[str, Any] | None = None
+
+    @property
+    def offload(self) -> str:
+        """What moves the KV to the tier: the profile's offload_engine, or the default of its engine x build x tier."""
+        from kvtier.config.launch import offload_engine
+
+        return self.offload_engine or offload_engine(self.engine, self.build, self.tier)
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -116,9 +128,13 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
                     )
         if isinstance(body, dict):
             tier, has_sidecar = body.get("tier"), body.get("sidecar") is not None
+            engine, offload = body.get("engine"), body.get("offload_engine")
+            sidecar_tier = engine == "sim" or offload in (None, "lmcache")  # in-process engines have none
             if tier == "gpu" and has_sidecar:
                 problems.append(f"{source}: {name}.sidecar: the GPU tier has no cache sidecar")
-            if tier in ("cpu", "nvme") and not has_sidecar:
+            if tier == "gpu" and offload not in (None, "none"):
+                problems.append(f"{source}: {name}.offload_engine: the GPU tier offloads nothing")
+            if tier in ("cpu", "nvme") and sidecar_tier and not has_sidecar:
                 problems.append(f"{source}: {name}.sidecar: required for the {tier} tier")
             text = json.dumps(body)
             if "{sim_model}" in text and not body.get("sim_model"):
@@ -147,15 +163,22 @@ def _strings(node: Any, where: str = "") -> list[tuple[str, str]]:
     return []
 
 
-def pick(profiles: Mapping[str, Profile], engine: str, build: str, tier: str, source: str) -> tuple[str, Profile]:
-    found = [(n, p) for n, p in profiles.items() if (p.engine, p.build, p.tier) == (engine, build, tier)]
+def pick(
+    profiles: Mapping[str, Profile], engine: str, build: str, tier: str, source: str, offload: str | None = None
+) -> tuple[str, Profile]:
+    """The one profile for engine x build x tier x offload engine (``offload`` None: the default one,
+    ``kvtier.config.launch.offload_engine``)."""
+    from kvtier.config.launch import offload_engine
+
+    want = offload or offload_engine(engine, build, tier)
+    found = [
+        (n, p) for n, p in profiles.items() if (p.engine, p.build, p.tier, p.offload) == (engine, build, tier, want)
+    ]
+    what = f"engine {engine}, build {build}, tier {tier}, offload engine {want}"
     if not found:
-        raise ConfigError(f"{source}: no profile for engine {engine}, build {build}, tier {tier}")
+        raise ConfigError(f"{source}: no profile for {what}")
     if len(found) > 1:
-        raise ConfigError(
-            f"{source}: several profiles for engine {engine}, build {build}, tier {tier}: "
-            f"{', '.join(n for n, _ in found)}"
-        )
+        raise ConfigError(f"{source}: several profiles for {what}: {', '.join(n for n, _ in found)}")
     return found[0]
 
 

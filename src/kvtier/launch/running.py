@@ -261,7 +261,8 @@ def preflight_engines(lp: LaunchPlan, rec: LaunchRecord) -> None:
     missing compiled module through with a warning."""
     cfg = lp.config
     python = lp.commands[-1][2][0] if cfg.build == "cpu" else None  # the replica's own interpreter
-    rec.engines = chk = check_engines(needs_lmcache=cfg.tier != "gpu", python=python, cpu_build=cfg.build == "cpu")
+    needs_lmcache = lp.sizes.get("offload_engine") == "lmcache"
+    rec.engines = chk = check_engines(needs_lmcache=needs_lmcache, python=python, cpu_build=cfg.build == "cpu")
     for line in chk.lines():
         print(f"kvtier launch: engines: {line}", file=sys.stderr)
     fallback_only = chk.problems and all("compiled module" in p for p in chk.problems)

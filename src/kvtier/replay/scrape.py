@@ -44,6 +44,19 @@ OFFLOAD_GAUGES = {  # sampled: the most seen over the run
     "lmcache_l2_usage_bytes_max": "lmcache_mp_l2_usage_bytes",
     "lmcache_l1_evicted_chunks_max": "lmcache_mp_l1_evicted_chunks",
 }
+OFFLOAD_TRANSFER = {  # vLLM's offloading connector (any spec): whole-run deltas
+    "kv_offload_load_bytes": "vllm:kv_offload_load_bytes_total",
+    "kv_offload_load_time_s": "vllm:kv_offload_load_time_total",
+    "kv_offload_store_bytes": "vllm:kv_offload_store_bytes_total",
+    "kv_offload_store_time_s": "vllm:kv_offload_store_time_total",
+    "kvtier_offload_failed_loads": "kvtier:offload_failed_loads_total",  # kvtier's vLLM backend (kvtier/vllm)
+    "kvtier_offload_failed_stores": "kvtier:offload_failed_stores_total",
+}
+BY_LABEL = {  # series read by one label: whole-run deltas per label value
+    "prompt_tokens_by_source": ("vllm:prompt_tokens_by_source_total", "source"),
+    "prompt_tokens_cached_by_source": ("vllm:prompt_tokens_cached_by_source_total", "source"),
+    "kvtier_offload_loaded_blocks": ("kvtier:offload_loaded_blocks_total", "tier"),
+}
 HISTS = {
     "prefill_time_s": "vllm:request_prefill_time_seconds",
     "queue_time_s": "vllm:request_queue_time_seconds",
@@ -122,11 +135,19 @@ class Scraper:
         self.errors = 0
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
-        """One sample; a failure, a non-200 or a body over MAX_METRICS_BYTES counts as a scrape error."""
+        """One sample; a failure, a non-200 or a body over MAX_METRICS_BYTES counts as a scrape error. The series
+        of BY_LABEL are kept per label value too, as ``name{label=value}``."""
         try:
-            self.samples.append((time.time(), parse(await read_metrics(session, self.url))))
+            snap = parse_snapshot(await read_metrics(session, self.url))
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             self.errors += 1
+            return
+        flat = snap.flat
+        for name, label in BY_LABEL.values():
+            for labels in snap.labels_of(name):
+                if label in labels:
+                    flat[f"{name}{{{label}={labels[label]}}}"] = snap.get(name, **{label: labels[label]}) or 0.0
+        self.samples.append((time.time(), flat))
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Scrape until ``stop``, then once more. ``ready`` is set once the first scrape is done (or failed):
@@ -199,6 +220,16 @@ class Scraper:
                 out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
         for key, name in OFFLOAD_COUNTERS.items():
             out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
+        for key, name in OFFLOAD_TRANSFER.items():
+            out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
+        for key, (name, label) in BY_LABEL.items():
+            prefix = f"{name}{{{label}="
+            values = {k[len(prefix) : -1] for k in s[-1][1] if k.startswith(prefix)}
+            if values:
+                deltas = {
+                    v: self._delta(s[0][1].get(f"{prefix}{v}}}", 0.0), s[-1][1][f"{prefix}{v}}}"]) for v in values
+                }
+                out[key] = {v: d for v, d in sorted(deltas.items()) if d is not None}
         for key, name in OFFLOAD_GAUGES.items():
             seen = [x[name] for _, x in s if name in x]
             out[key] = max(seen) if seen else None

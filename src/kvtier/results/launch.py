@@ -46,6 +46,8 @@ class LaunchSizes(Section):
     l2_source: str | None
     tensor_parallel_size: int
     sidecar_max_workers: int
+    # what moves the KV to the tier: none (gpu tier), lmcache, vllm-native or kvtier (absent in older results)
+    offload_engine: str | None = None
     # --build cpu: the dummy-weight model folder, its KV bytes per token and the KV cache each replica got
     model_dir: str | None = None
     kv_bytes_per_token: int | None = None

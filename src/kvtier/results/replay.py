@@ -183,6 +183,19 @@ class ScrapeSummary(Section):
     lmcache_l1_usage_bytes_max: float | None = None
     lmcache_l2_usage_bytes_max: float | None = None
     lmcache_l1_evicted_chunks_max: float | None = None
+    # vLLM's offloading connector (its own offload, or kvtier's spec): whole-run deltas
+    kv_offload_load_bytes: float | None = None
+    kv_offload_load_time_s: float | None = None
+    kv_offload_store_bytes: float | None = None
+    kv_offload_store_time_s: float | None = None
+    # prompt tokens by where their KV came from (vLLM: local_compute, local_cache_hit, external_kv_transfer), and
+    # the cached ones by tier (device, host, disk, ...; a load that then failed is counted there, not in by_source)
+    prompt_tokens_by_source: dict[str, float] | None = None
+    prompt_tokens_cached_by_source: dict[str, float] | None = None
+    # kvtier's vLLM backend: block shards loaded per tier, failed loads (recomputed) and failed stores
+    kvtier_offload_loaded_blocks: dict[str, float] | None = None
+    kvtier_offload_failed_loads: float | None = None
+    kvtier_offload_failed_stores: float | None = None
     kv_cache_usage_perc_mean: float | None = None
     prefill_time_s_mean: float | None = None
     queue_time_s_mean: float | None = None

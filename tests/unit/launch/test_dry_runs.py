@@ -221,7 +221,8 @@ def test_the_cpu_build_splits_cores_and_sizes_the_kv_cache_from_the_model(tmp_pa
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"tier": "cpu"}, "only --tier gpu"),
+        ({"tier": "cpu", "offload_engine": "lmcache"}, "--offload-engine kvtier only"),
+        ({"tier": "nvme", "offload_engine": "vllm-native", "nvme_dir": "/x"}, "CPU Offloading is currently only"),
         ({"engine": "sim"}, "a build of vLLM"),
         ({"max_model_len": 32768}, "less one 128-token block"),
     ],
@@ -231,3 +232,53 @@ def test_the_cpu_build_refuses_what_it_cannot_run(changes: dict, words: str):
             "replay": ReplayConfig(model="tiny", dataset="d")}  # fmt: skip
     with pytest.raises(ValueError, match=words):
         LaunchConfig(**{**base, **changes})
+
+
+@pytest.mark.parametrize("tier", ["cpu", "nvme"])
+def test_the_cpu_builds_offload_tiers_are_kvtiers_spec_inside_vllm(tmp_path: Path, tier: str):
+    """--build cpu --tier cpu|nvme: no sidecar; the replica loads kvtier.vllm.spec from a folder linking this kvtier,
+    with the tier sizes from --l1-gb (the CPU tier, or the NVMe tier's staging) and --l2-gb."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                   "num_key_value_heads": 2, "hidden_size": 256}))  # fmt: skip
+    cfg = LaunchConfig(tier=tier, engine="vllm", build="cpu", engine_python="/e/bin/python", model_dir=str(model),
+                       l1_gb=0.25, l2_gb=2, nvme_dir=str(tmp_path / "nvme"), dry_run=True,
+                       output=str(tmp_path / "out"), replay=ReplayConfig(model="tiny", dataset="d"))  # fmt: skip
+    lp = plan(cfg)
+    assert lp.profile_name == f"vllm-cpu-{tier}" and lp.sidecar is None and lp.sizes["offload_engine"] == "kvtier"
+    (r0,) = lp.replicas
+    assert r0.env["PYTHONPATH"] == str(tmp_path / "out" / "pylib")
+    ktc = json.loads(r0.argv[r0.argv.index("--kv-transfer-config") + 1])
+    assert ktc["kv_connector"] == "KvtierOffloadingConnector" and ktc["kv_connector_module_path"] == "kvtier.vllm.spec"
+    extra = ktc["kv_connector_extra_config"]
+    assert extra["spec_name"] == "KvtierOffloadingSpec" and extra["offload"] == tier
+    if tier == "cpu":
+        assert extra["cpu_offload_gb"] == 0.25
+    else:
+        assert (extra["staging_gb"], extra["nvme_offload_gb"], extra["nvme_dir"]) == (0.25, 2, str(tmp_path / "nvme"))
+    assert lp.policies()["kv_load_failure_policy"] == "recompute" and lp.policies()["eviction_policy"] == "lru"
+
+
+@pytest.mark.parametrize("tier", ["cpu", "nvme"])
+@pytest.mark.parametrize("engine", ["vllm-native", "kvtier"])
+def test_gpu_builds_run_vllms_own_offloading_or_kvtiers_without_a_sidecar(tmp_path: Path, tier: str, engine: str):
+    cfg = LaunchConfig(tier=tier, engine="vllm", build="nvidia", offload_engine=engine, gpus="0", l1_gb=16, l2_gb=100,
+                       nvme_dir=str(tmp_path / "nvme"), dry_run=True, output=str(tmp_path / "out"),
+                       replay=ReplayConfig(model=MODEL, dataset="d.jsonl"))  # fmt: skip
+    lp = plan(cfg)
+    assert lp.profile_name == f"vllm-nvidia-{tier}-{'native' if engine == 'vllm-native' else 'kvtier'}"
+    assert lp.sidecar is None
+    (r0,) = lp.replicas
+    argv = r0.argv
+    if engine == "vllm-native" and tier == "cpu":
+        assert argv[-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "16"]
+        return
+    ktc = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    if engine == "vllm-native":
+        assert ktc["kv_connector"] == "OffloadingConnector"
+        fs = {"type": "fs", "root_dir": str(tmp_path / "nvme")}
+        want = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 16 * 2**30, "secondary_tiers": [fs]}
+        assert ktc["kv_connector_extra_config"] == want
+    else:
+        assert ktc["kv_connector"] == "KvtierOffloadingConnector" and r0.env["PYTHONPATH"].endswith("pylib")
