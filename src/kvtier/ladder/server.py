@@ -6,7 +6,9 @@ Every verifying series is a counter of prompt tokens by where their KV came from
     GPU prefix cache   vllm:prefix_cache_hits_total (vLLM and the sim)
     any offload        vllm:external_prefix_cache_hits_total
     one offload tier   kvtier_sim:prompt_tokens_by_tier_total{tier}       the sim (its engine's tier names)
-                       vllm:prompt_tokens_cached_by_source_total{source}  vLLM's native offloading (host, disk, ...)
+                       vllm:prompt_tokens_cached_by_source_total{source}  vLLM's native offloading (host, disk, ...),
+                       and kvtier's tiers inside vLLM (kvtier:offload_info names them and their source, with
+                       kvtier:offload_tier_capacity_blocks their size)
                        lmcache_mp_lookup_hit_l{1,2}_tokens_total           an LMCache MP server (l1, l2)
 
 A series a server does not expose is absent, never zero: a tier without its own counter is reported as such and
@@ -27,6 +29,8 @@ SIM_TIER_CAPACITY = "kvtier_sim:offload_tier_capacity_tokens"
 VLLM_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 LMCACHE_TIERS = {"l1": "lmcache_mp_lookup_hit_l1_tokens_total", "l2": "lmcache_mp_lookup_hit_l2_tokens_total"}
 CACHE_CONFIG = "vllm:cache_config_info"
+KVTIER_INFO = "kvtier:offload_info"  # kvtier's vLLM backend (kvtier/vllm): its tiers, fastest first, and their source
+KVTIER_CAPACITY = "kvtier:offload_tier_capacity_blocks"
 STORES_PENDING = "kvtier_sim:offload_stores_pending"
 
 
@@ -113,7 +117,13 @@ def describe(max_len: int | None, snap: Snapshot | None) -> Server:
                 tiers.append(TierFacts(name=name, capacity_tokens=None, counter=series))
         offload_on = cfg.get("kv_offloading_size") not in (None, "None") or cfg.get("kv_offloading_backend") not in (
             None, "None", "native")  # fmt: skip
-        if offload_on and VLLM_BY_SOURCE in snap.flat:
+        for lab in snap.labels_of(KVTIER_INFO):  # kvtier's tiers inside vLLM: hits counted by vLLM's by-source
+            source = lab.get("source", "")
+            if source in ("host", "disk") and source not in {t.name for t in tiers}:
+                cap = snap.get(KVTIER_CAPACITY, tier=lab.get("tier", ""))
+                tokens = int(cap) * block if cap and block else None
+                tiers.append(TierFacts(name=source, capacity_tokens=tokens, counter=VLLM_BY_SOURCE))
+        if offload_on and VLLM_BY_SOURCE in snap.flat and not tiers:
             tiers.append(TierFacts(name="host", capacity_tokens=None, counter=VLLM_BY_SOURCE))
         if EXTERNAL_HITS in snap.flat and not tiers and kind == "vllm":
             notes.append(

@@ -28,9 +28,10 @@ def replica_plan(
     cores: list[str],
     name: str = "vllm",
     extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProcPlan:
     """The launch profile's replica, filled (kvtier.launch.profiles.resolve on vllm-cpu-gpu), bound to ``cores``;
-    ``extra``: more vLLM flags after the profile's."""
+    ``extra``: more vLLM flags after the profile's; ``env``: more variables (PYTHONPATH for kvtier's offload spec)."""
     from kvtier.launch.profiles import load_profiles, pick, resolve
 
     profiles, source = load_profiles()
@@ -39,7 +40,9 @@ def replica_plan(
               "engine_python": python, "model_dir": model_dir, "kv_cache_bytes": str(kv_cache_bytes),
               "max_model_len": str(max_model_len)}  # fmt: skip
     _, (replica,) = resolve(profile, values, [port], [(cores, *child_env("cpu", cores))])
-    return dataclasses.replace(replica, name=name, argv=[*replica.argv, *(extra or [])])
+    return dataclasses.replace(
+        replica, name=name, argv=[*replica.argv, *(extra or [])], env={**replica.env, **(env or {})}
+    )
 
 
 @dataclass
@@ -74,9 +77,10 @@ def start(
     served_name: str = "tiny",
     name: str = "vllm",
     extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> CpuVllm:
     """Start one server, logging to ``logdir/NAME.log``."""
-    plan = replica_plan(python, model_dir, served_name, port, kv_cache_bytes, max_model_len, cores, name, extra)
+    plan = replica_plan(python, model_dir, served_name, port, kv_cache_bytes, max_model_len, cores, name, extra, env)
     sup = Supervisor(logdir)
     return CpuVllm(f"http://127.0.0.1:{port}", plan, sup.start(plan), sup)
 

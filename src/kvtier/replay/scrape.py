@@ -220,8 +220,9 @@ class Scraper:
                 out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
         for key, name in OFFLOAD_COUNTERS.items():
             out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
-        for key, name in OFFLOAD_TRANSFER.items():
-            out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
+        for key, name in OFFLOAD_TRANSFER.items():  # these appear with their first count: absent at the start is 0
+            last_v = s[-1][1].get(name)
+            out[key] = None if last_v is None else self._delta(s[0][1].get(name, 0.0), last_v)
         for key, (name, label) in BY_LABEL.items():
             prefix = f"{name}{{{label}="
             values = {k[len(prefix) : -1] for k in s[-1][1] if k.startswith(prefix)}
