@@ -191,10 +191,11 @@ def test_every_vllm_launch_profile_passes_the_installed_vllms_own_validation(tmp
     assert any("KvtierOffloadingSpec" in c for c in out["vllm-amd-cpu-kvtier"]["checks"])
 
 
-def test_launch_runs_the_cpu_builds_cpu_tier_with_kvtiers_spec(tmp_path):
-    """kvtier launch --build cpu --tier cpu: two agent runs side by side (each prompt ~3-9k tokens, each extending
-    the run's last one) outgrow vLLM's 10,368-token cache, so each run's prefix is pushed out by the other's and
-    comes back from kvtier's CPU tier, as the replay's scrape of vLLM's and kvtier's counters says."""
+def test_launch_arms_none_and_kvtier_side_by_side_on_the_cpu_build(tmp_path):
+    """kvtier launch --build cpu --arms none,kvtier: two agent runs side by side (each prompt ~3-9k tokens, each
+    extending its run's last one) outgrow vLLM's 10,368-token cache, so each run's prefix is pushed out by the
+    other's. The none arm recomputes it; the kvtier arm (a fresh vLLM with kvtier's CPU tier inside) loads it back,
+    as the replay's scrape of vLLM's and kvtier's own counters says; arms.json sets them side by side."""
     first = _trace()
     data = tmp_path / "two-runs"
     data.mkdir()
@@ -202,24 +203,36 @@ def test_launch_runs_the_cpu_builds_cpu_tier_with_kvtiers_spec(tmp_path):
         (data / f.name).symlink_to(f)
     out = tmp_path / "run"
     p = subprocess.run(
-        [*kvtier_cmd(), "launch", "--engine", "vllm", "--build", "cpu", "--tier", "cpu", "--l1-gb", "0.5",
-         "--kv-cache-tokens", "10368", "--max-model-len", "10240", "--engine-python", str(ENGINE_PYTHON),
-         "--output", str(out), "--health-interval", "5",
+        [*kvtier_cmd(), "launch", "--engine", "vllm", "--build", "cpu", "--tier", "cpu", "--arms", "none,kvtier",
+         "--l1-gb", "0.5", "--kv-cache-tokens", "10368", "--max-model-len", "10240",
+         "--engine-python", str(ENGINE_PYTHON), "--output", str(out), "--health-interval", "5",
          "--", "--model", "tiny", "--dataset", str(data), "--num-rounds", "1", "--concurrency", "2",
-         "--max-requests", "12", "--progress", "none"],
-        capture_output=True, text=True, timeout=STARTUP_S + 600, cwd=REPO,
+         "--max-requests", "12", "--max-tokens-cap", "16", "--gap-scale", "0", "--progress", "none"],
+        capture_output=True, text=True, timeout=2 * STARTUP_S + 900, cwd=REPO,
     )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-4000:]
-    rec = json.loads((out / "launch.json").read_text())
-    assert rec["status"] == "complete" and rec["profile"] == "vllm-cpu-cpu"
-    assert rec["sizes"]["offload_engine"] == "kvtier" and rec["policies"]["eviction_policy"] == "lru"
-    s = json.loads((out / "replay" / "summary.json").read_text())
-    assert s["status"] == "complete"
-    (m,) = s["server_metrics"]
-    assert m["kv_offload_store_bytes"] > 0
-    external = (m["prompt_tokens_by_source"] or {}).get("external_kv_transfer", 0)
-    assert external > 0 and m["prompt_tokens_cached_by_source"]["host"] >= external
-    assert m["kvtier_offload_loaded_blocks"]["cpu"] * BLOCK == external
-    assert m["kvtier_offload_failed_loads"] in (None, 0)
-    assert "Loading out-of-tree offloading spec 'KvtierOffloadingSpec'" in (out / "logs" / "replica0.log").read_text()
-    assert_no_orphans(out)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    r = json.loads((out / "arms.json").read_text())
+    assert r["status"] == "complete" and r["order"] == [["none", "kvtier"]]
+    by = {s["arm"]: s for s in r["arms"]}
+    assert by["none"]["tier"] == "gpu" and by["kvtier"]["profile"] == "vllm-cpu-cpu"
+    # none has nothing to load from; kvtier loaded what vLLM's cache had lost, by vLLM's own counters
+    assert by["none"]["tokens_by_source"].get("external_kv_transfer", 0) == 0
+    external = by["kvtier"]["tokens_by_source"]["external_kv_transfer"]
+    assert external > 0 and by["kvtier"]["cached_by_source"]["host"] >= external
+    assert by["kvtier"]["offload"]["store_bytes"] > 0 and not by["kvtier"]["offload"]["kvtier_failed_loads"]
+    for s in by.values():
+        assert s["later_ttft"]["n"] > 0 and s["failed"] == {}
+        assert s["later_ttft"]["p50_lo_s"] <= s["later_ttft"]["p50_s"] <= s["later_ttft"]["p50_hi_s"]
+    (v,) = r["verdicts"]
+    assert v["arm"] == "kvtier" and v["later_ttft_p50_ratio"] > 0 and v["why"]
+    arm = out / "arms" / "kvtier-r0"
+    m = json.loads((arm / "replay" / "summary.json").read_text())["server_metrics"][0]
+    assert m["kvtier_offload_loaded_blocks"]["cpu"] * BLOCK == m["prompt_tokens_by_source"]["external_kv_transfer"]
+    assert "Loading out-of-tree offloading spec 'KvtierOffloadingSpec'" in (arm / "logs" / "replica0.log").read_text()
+    assert_no_orphans(arm)
+    assert_no_orphans(out / "arms" / "none-r0")
+    page = subprocess.run([*kvtier_cmd(), "report", str(out / "arms.json"), "--html", str(tmp_path / "page.html")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert page.returncode == 0, page.stderr
+    text = (tmp_path / "page.html").read_text()
+    assert "Offload engines side by side" in text and "verdict kvtier against none" in text

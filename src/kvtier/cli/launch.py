@@ -78,6 +78,14 @@ def run_launch(a: argparse.Namespace) -> int:
         if lp.caddyfile:
             print("# Caddyfile:\n" + "\n".join("# " + line for line in lp.caddyfile.splitlines()), file=sys.stderr)
         return 0
+    if cfg.arms:
+        from kvtier.launch.arms import lines, run_arms
+
+        arms = run_arms(cfg)
+        for line in lines(arms):
+            print(line)
+        print(f"launch --arms: {arms.status.value} ({arms.stop_reason.code.value}); {cfg.output}/arms.json")
+        return 0 if arms.status.value == "complete" else 130 if arms.stop_reason.code.value == "interrupted" else 1
     result = run(cfg)
     summary = Path(cfg.replay.output or Path(str(cfg.output)) / "replay") / "summary.json"
     if summary.is_file():  # the launch ends with its replay's result line, as the replay alone would

@@ -28,6 +28,24 @@ CPU_BUILD_OFFLOAD = (
     "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready)"
 )
 OFFLOAD_ENGINES = ("lmcache", "vllm-native", "kvtier")
+ARM_ENGINES = ("none", *OFFLOAD_ENGINES)
+
+
+def parse_arms(arms: Sequence[str], tier: str) -> list[tuple[str, str, str]]:
+    """``--arms`` as (arm, offload engine, tier): ENGINE[:TIER], ``none`` the GPU tier, others --tier or their own."""
+    out = []
+    for arm in (x.strip() for raw in arms for x in raw.split(",") if x.strip()):
+        engine, _, own = arm.partition(":")
+        if engine not in ARM_ENGINES or own not in ("", "cpu", "nvme") or (engine == "none" and own):
+            raise ConfigError(f"--arms {arm!r}: expected none or ENGINE[:cpu|nvme] with ENGINE one of "
+                              f"{', '.join(OFFLOAD_ENGINES)}")  # fmt: skip
+        t = "gpu" if engine == "none" else own or tier
+        if t == "gpu" and engine != "none":
+            raise ConfigError(f"--arms {arm!r}: an offload engine needs a tier: --tier cpu|nvme or {engine}:cpu")
+        out.append((arm, engine, t))
+    if len({a for a, _, _ in out}) != len(out):
+        raise ConfigError(f"--arms {','.join(arms)}: an arm is named twice")
+    return out
 
 
 def offload_engine(engine: str, build: str, tier: str, asked: str = "auto") -> str:
@@ -95,6 +113,13 @@ class LaunchConfig(StrictModel):
         "--l1-gb and an fs tier in --nvme-dir), or kvtier (kvtier's tiers inside vLLM, kvtier/vllm); auto: kvtier "
         "on --build cpu, lmcache on GPU builds",
     )
+    arms: list[str] = flag(
+        [],
+        "run the same replay against several offload engines, a fresh stack each, and compare them (arms.json): "
+        "none (vLLM's GPU prefix cache alone) and ENGINE[:TIER] with ENGINE lmcache, vllm-native or kvtier "
+        "(TIER: cpu or nvme, default --tier); e.g. none,kvtier or none,kvtier:cpu,kvtier:nvme",
+    )
+    rounds: int = flag(1, "--arms: rounds of every arm, the order reversed every other round", ge=1, le=100)
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
     lb_policy: Literal["auto", "sticky", "least_conn"] = flag(
         "auto",
@@ -121,6 +146,12 @@ class LaunchConfig(StrictModel):
     gpus_per_replica: int = flag(1, "devices per replica, dealt disjointly; vLLM gets --tensor-parallel-size N", ge=1)
     l1_gb: float | None = flag(
         None, "LMCache's CPU tier (L1) in GB (default: half the memory available at launch, whole GB)", gt=0
+    )
+    staging_gb: float | None = flag(
+        None,
+        "--tier nvme with --offload-engine kvtier or vllm-native: the CPU tier in front of the NVMe files, GB "
+        "(default: the nvme tier's --l1-gb); small, so the files serve the hits",
+        gt=0,
     )
     l2_gb: float | None = flag(
         None, "LMCache's NVMe tier (L2) bound in GB (default: 80 % of the free space under --nvme-dir, whole GB)", gt=0
@@ -179,6 +210,19 @@ class LaunchConfig(StrictModel):
                 raise ValueError("--fault restart-cache: --tier gpu has no cache sidecar to restart (use cpu or nvme)")
             if self.client_ranks > 1:
                 raise ValueError("--fault: with one client rank only (the storm is measured from one rank's records)")
+        if self.arms:
+            try:
+                arms = parse_arms(self.arms, self.tier)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+            if self.build == "cpu" and any(e not in ("none", "kvtier") for _, e, _ in arms):
+                raise ValueError(CPU_BUILD_OFFLOAD)
+            if self.engine == "vllm" and any(t == "nvme" for _, _, t in arms) and not self.nvme_dir:
+                raise ValueError("--arms: an nvme arm needs --nvme-dir (the tier's files on the device under test)")
+            if "none" not in [a for a, _, _ in arms] or len(arms) < 2:
+                raise ValueError("--arms: name none and at least one offload engine (each verdict is against none)")
+            if self.dry_run or self.fault:
+                raise ValueError("--arms: runs every arm for real (no --dry-run, no --fault)")
         if not self.output and not self.dry_run:
             raise ValueError("--output: required (the run's result folder)")
         given = [f"--{name.replace('_', '-')}" for name in SET_BY_LAUNCH if getattr(self.replay, name)]
@@ -200,4 +244,5 @@ __all__ = [
     "Fault",
     "parse_faults",
     "offload_engine",
+    "parse_arms",
 ]

@@ -99,7 +99,9 @@ def default_sizes(cfg: LaunchConfig, nvme_dir: Path) -> dict[str, Any]:
             free = st.f_bavail * st.f_frsize / 1e9
             l2 = max(1.0, float(int(free * L2_FRACTION)))
             l2_src = f"{L2_FRACTION:g} x {free:.1f} GB free under {probe}"
-    return {"l1_gb": l1, "l1_source": l1_src, "l2_gb": l2, "l2_source": l2_src}
+    staging, staging_src = (cfg.staging_gb, "--staging-gb") if cfg.staging_gb is not None else (l1, l1_src)
+    return {"l1_gb": l1, "l1_source": l1_src, "l2_gb": l2, "l2_source": l2_src, "staging_gb": staging,
+            "staging_source": staging_src}  # fmt: skip
 
 
 L1_FLAGS = ("--l1-size-gb", "--cpu-offload-gb", "--staging-gb")  # LMCache's L1; the kvtier cache server's CPU tier
@@ -309,6 +311,8 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         "max_workers": str(sizes["sidecar_max_workers"]),
         "l1_gb": _gb(sizes["l1_gb"]),
         "l1_bytes": str(int(sizes["l1_gb"] * 2**30)),
+        "staging_gb": _gb(sizes["staging_gb"]),
+        "staging_bytes": str(int(sizes["staging_gb"] * 2**30)),
         "l2_gb": _gb(sizes["l2_gb"]) if sizes["l2_gb"] is not None else "0",
         "kvtier_pythonpath": str(out / "pylib"),  # a link to this kvtier, made as the run starts (kvtier.vllm)
     }

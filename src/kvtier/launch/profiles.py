@@ -45,9 +45,22 @@ PLACEHOLDERS = (
     "max_model_len",
     "l1_bytes",
     "kvtier_pythonpath",
+    "staging_gb",
+    "staging_bytes",
 )
 NUMERIC = frozenset(
-    {"port", "sidecar_port", "sidecar_http_port", "tensor_parallel_size", "max_workers", "l1_gb", "l2_gb", "l1_bytes"}
+    {
+        "port",
+        "sidecar_port",
+        "sidecar_http_port",
+        "tensor_parallel_size",
+        "max_workers",
+        "l1_gb",
+        "l2_gb",
+        "l1_bytes",
+        "staging_gb",
+        "staging_bytes",
+    }
 )
 """Placeholders that become JSON numbers where they stand alone as a value in JSON."""
 _PH = re.compile(r"\{([a-z][a-z0-9_]*)\}")

@@ -32,6 +32,7 @@ KINDS = {
     "kvtier launch": "launch",
     "kvtier plan sweep": "sweep",
     "kvtier ladder": "ladder",
+    "kvtier launch arms": "arms",
 }
 TITLES = {
     "bench": "Storage benchmark (kvtier bench)",
@@ -41,6 +42,7 @@ TITLES = {
     "launch": "Launches",
     "sweep": "Placement sweeps (kvtier plan sweep)",
     "ladder": "Tier ladders (kvtier ladder)",
+    "arms": "Offload engines side by side (kvtier launch --arms)",
 }
 
 CSS = """
@@ -230,6 +232,18 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
              f"median |error| {r.fit.prefill_fit_median_abs_rel_err} fitted, {r.fit.prefill_holdout_median_abs_rel_err}"
              f" held back ({'superlinear' if r.fit.superlinear else 'linear'})"),
         ]  # fmt: skip
+    elif it.kind == "arms":
+        rows.append(("rounds", f"{r.rounds}, in the orders {'; '.join(', '.join(o) for o in r.order)}"))
+        for s in r.arms:
+            t = s.later_ttft
+            p50 = "—" if t.p50_s is None else f"{t.p50_s:.3f} s [{t.p50_lo_s:.3f}, {t.p50_hi_s:.3f}]"
+            src = ", ".join(f"{k} {100 * v:.1f} %" for k, v in s.hit_rate_by_source.items()) or "not counted"
+            runs = ", ".join(f"r{x.round} {x.status}" for x in s.runs)
+            rows.append((f"arm {s.arm} ({s.offload_engine}, {s.tier} tier)",
+                         f"later-turn TTFT p50 {p50}, p95 {t.p95_s} s (n={t.n}); prompt tokens by source: {src}; "
+                         f"failed {_causes(s.failed)}; runs {runs}"))  # fmt: skip
+        for v in r.verdicts:
+            rows.append((f"verdict {v.arm} against none", v.why))
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
     return rows
 
@@ -302,7 +316,8 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         if group[0].figures:
             parts.append(_table(group))
         makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": plots.SWEEP_PLOTS,
-                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS}.get(kind, ())  # fmt: skip
+                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS,
+                  "arms": plots.ARMS_PLOTS}.get(kind, ())  # fmt: skip
         if makers and not have_mpl:
             parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
             continue

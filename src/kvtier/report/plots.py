@@ -525,6 +525,45 @@ def ladder_curves(items: Sequence[Loaded]) -> Plot | None:
 
 
 LADDER_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (ladder_curves,)
+
+
+def arms_png(results: Sequence[tuple[str, Any]]) -> bytes | None:
+    """Later-turn TTFT p50 and p95 per arm (``kvtier launch --arms``), with their 95 % bootstrap intervals, and
+    the prompt tokens by source beside them."""
+    have = [(label, r) for label, r in results if any(s.later_ttft.n for s in r.arms)]
+    if not have:
+        return None
+    plt = _plt()
+    fig, (lat, src) = plt.subplots(1, 2, figsize=(12, 4.2))
+    names = [f"{label}: {s.arm}" if len(have) > 1 else s.arm for label, r in have for s in r.arms]
+    arms = [s for _, r in have for s in r.arms]
+    xs = np.arange(len(arms))
+    for k, (q, off) in enumerate((("p50", -0.18), ("p95", 0.18))):
+        ys = [getattr(s.later_ttft, f"{q}_s") or 0.0 for s in arms]
+        lo = [y - (getattr(s.later_ttft, f"{q}_lo_s") or y) for s, y in zip(arms, ys, strict=True)]
+        hi = [(getattr(s.later_ttft, f"{q}_hi_s") or y) - y for s, y in zip(arms, ys, strict=True)]
+        lat.bar(xs + off, ys, width=0.34, yerr=[lo, hi], capsize=4, color=f"C{k}", label=f"later-turn TTFT {q}")
+    lat.set_xticks(xs, names, rotation=15)
+    _label(lat, "arm", "TTFT, s (95 % bootstrap interval)")
+    bottom = np.zeros(len(arms))
+    for k, key in enumerate(("local_cache_hit", "external_kv_transfer", "local_compute")):
+        share = np.array([100 * s.hit_rate_by_source.get(key, 0.0) for s in arms])
+        src.bar(xs, share, bottom=bottom, color=f"C{k + 2}", label=key.replace("_", " "))
+        bottom += share
+    src.set_xticks(xs, names, rotation=15)
+    _label(src, "arm", "prompt tokens by source (vLLM's counters), %")
+    return _png(fig)
+
+
+def arms_bars(items: Sequence[Loaded]) -> Plot | None:
+    png = arms_png([(it.label, it.result) for it in items])
+    if png is None:
+        return None
+    return ("Offload engines side by side", "Does offloading pay on later turns, and where did their prompt tokens "
+            "come from?", png)  # fmt: skip
+
+
+ARMS_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (arms_bars,)
 BENCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
     tier_latency, throughput_and_fill, device_timeline, qos, autoscaler, read_amplification,
 )  # fmt: skip

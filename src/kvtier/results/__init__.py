@@ -17,6 +17,7 @@ from kvtier.errors import DatasetError
 
 if TYPE_CHECKING:
     from kvtier.results.aggregate import BenchAggregate
+    from kvtier.results.arms import ArmsResult
     from kvtier.results.bench import BenchResult
     from kvtier.results.ladder import LadderResult
     from kvtier.results.launch import LaunchResult
@@ -25,7 +26,14 @@ if TYPE_CHECKING:
     from kvtier.results.sweep import SweepResult
 
     AnyResult = (
-        BenchResult | ReplayResult | LaunchResult | BenchAggregate | MlperfRunSummary | SweepResult | LadderResult
+        BenchResult
+        | ReplayResult
+        | LaunchResult
+        | BenchAggregate
+        | MlperfRunSummary
+        | SweepResult
+        | LadderResult
+        | ArmsResult
     )
 
 
@@ -50,6 +58,10 @@ def _model_for(benchmark: Any) -> Any:
         from kvtier.results.ladder import LadderResult
 
         return LadderResult
+    if benchmark == "kvtier launch arms":
+        from kvtier.results.arms import ArmsResult
+
+        return ArmsResult
     if benchmark == "kvtier bench mpi":
         from kvtier.results.aggregate import BenchAggregate
 
@@ -59,7 +71,14 @@ def _model_for(benchmark: Any) -> Any:
 
 def _file(path: Path) -> Path:
     if path.is_dir():
-        for name in ("summary.json", "launch.json", "sweep.json", "ladder.json", "kvcache_run_summary.json"):
+        for name in (
+            "summary.json",
+            "arms.json",
+            "launch.json",
+            "sweep.json",
+            "ladder.json",
+            "kvcache_run_summary.json",
+        ):
             if (path / name).is_file():
                 return path / name
         raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")

@@ -44,6 +44,8 @@ class LaunchSizes(Section):
     l1_source: str
     l2_gb: float | None
     l2_source: str | None
+    staging_gb: float | None = None  # the nvme tier's CPU staging (kvtier, vllm-native); absent in older results
+    staging_source: str | None = None
     tensor_parallel_size: int
     sidecar_max_workers: int
     # what moves the KV to the tier: none (gpu tier), lmcache, vllm-native or kvtier (absent in older results)
