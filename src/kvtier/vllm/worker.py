@@ -21,6 +21,7 @@ not counted, and the failed blocks' ids are reported through the connector's ``g
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import threading
@@ -143,6 +144,8 @@ class BlockWorker:
         self._closed = False
         self._store_thread = threading.Thread(target=self._store_loop, name="kvtier-vllm-store", daemon=True)
         self._store_thread.start()
+        self._store_closed = False
+        atexit.register(self._close_store)  # an engine that exits without shutting its connector down
 
     # -- per-thread buffers -------------------------------------------------------------------
     def _buffers(self) -> tuple[memoryview, Any, memoryview]:
@@ -317,7 +320,13 @@ class BlockWorker:
             self._cv.notify_all()
         self._store_thread.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=False)
-        self.store.close()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        """Release the tiers once: the CPU arena, and the file tier's run folder with its files."""
+        if not self._store_closed:
+            self._store_closed = True
+            self.store.close()
 
 
 def _pin(buf: memoryview) -> None:
