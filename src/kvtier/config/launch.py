@@ -123,8 +123,9 @@ class LaunchConfig(StrictModel):
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
     lb_policy: Literal["auto", "sticky", "least_conn"] = flag(
         "auto",
-        "Caddy's policy with >= 2 replicas: auto (the tier's: sticky X-User-Id for gpu, least_conn for cpu/nvme), "
-        "sticky, or least_conn (to measure what stickiness is worth)",
+        "Caddy's policy with >= 2 replicas: auto (sticky X-User-Id for gpu and for tiers inside each replica, "
+        "kvtier or vllm-native; least_conn for cpu/nvme behind a shared sidecar), sticky, or least_conn (to measure "
+        "what stickiness is worth)",
     )
     health_interval: float = flag(
         10.0, "seconds between checks of every process's health while the replay runs (changes are events)", gt=0

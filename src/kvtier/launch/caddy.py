@@ -28,6 +28,13 @@ def lb_policy(tier: str, choice: str = "auto") -> str:
     return POLICY[tier] if choice == "auto" else LB_POLICIES[choice]
 
 
+def routing_tier(tier: str, engine: str, offload: str) -> str:
+    """The tier whose routing a launch gets: a vLLM offload engine inside each replica (kvtier's spec, vLLM's native
+    offloading) keeps its tiers to that replica, as the GPU's prefix cache is, so it is routed like the GPU tier
+    (sticky); a shared sidecar (LMCache, the sim's cache server) is routed least_conn."""
+    return "gpu" if engine == "vllm" and offload in ("kvtier", "vllm-native") else tier
+
+
 def caddyfile(tier: str, listen_port: int, upstreams: list[str], host: str = "127.0.0.1", policy: str = "auto") -> str:
     """The Caddyfile. The site address alone is only a host matcher (Caddy would listen on every
     interface): ``bind`` pins the listener to ``host``; ``admin off`` closes Caddy's admin API, which

@@ -28,7 +28,7 @@ from kvtier.config.base import config_argv
 from kvtier.config.launch import LaunchConfig, offload_engine
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, KvtierError, LaunchError, exit_code_for
-from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy
+from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy, routing_tier
 from kvtier.launch.devices import VISIBLE, Inventory, child_env, cpu_inventory, discover, place
 from kvtier.launch.engines import EngineCheck, engine_python
 from kvtier.launch.faults import Fault, FaultInjector, outcomes, parse_faults
@@ -181,6 +181,11 @@ class LaunchPlan:
             "notes": list(inv.notes) if inv else [],
         }
 
+    @property
+    def route_tier(self) -> str:
+        """The tier whose routing Caddy applies (launch/caddy.py ``routing_tier``)."""
+        return routing_tier(self.config.tier, self.config.engine, str(self.sizes.get("offload_engine", "")))
+
     def policies(self) -> dict[str, Any]:
         ktc = self.profile.kv_transfer_config or {}
         argv = self.sidecar.argv if self.sidecar else []
@@ -190,7 +195,7 @@ class LaunchPlan:
         return {
             "kv_load_failure_policy": ktc.get("kv_load_failure_policy"),
             "eviction_policy": evict,
-            "lb_policy": lb_policy(self.config.tier, self.config.lb_policy) if self.caddyfile else None,
+            "lb_policy": lb_policy(self.route_tier, self.config.lb_policy) if self.caddyfile else None,
         }
 
     def identity(self, engines: EngineCheck | None) -> dict[str, Any]:
@@ -339,7 +344,13 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         update={"base_url": front + "/v1", "output": str(out / "replay"), "metrics_url": metrics_roots, **replay_update}
     )  # every replica and the sidecar, never Caddy
     cfile = (
-        caddyfile(cfg.tier, lb_port, [f"{HOST}:{p}" for p in replica_ports], HOST, cfg.lb_policy)
+        caddyfile(
+            routing_tier(cfg.tier, cfg.engine, offload),
+            lb_port,
+            [f"{HOST}:{p}" for p in replica_ports],
+            HOST,
+            cfg.lb_policy,
+        )
         if cfg.replicas >= 2
         else None
     )
@@ -468,7 +479,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
             proc = sup.start(cp)
             rec.pids["caddy"] = proc.popen.pid
             dt = sup.wait_healthy(proc, cp.health, cp.startup_timeout_s, None, starting("caddy"))
-            policy = lb_policy(cfg.tier, cfg.lb_policy)
+            policy = lb_policy(lp.route_tier, cfg.lb_policy)
             rec.event(f"caddy healthy after {dt:.1f} s (lb_policy {policy}, {lp.front_url})")
         rec.save(rec.result(Status.partial, StopReason(code=StopCode.running, message="the replay is running"), None))
         if cfg.tier == "nvme":  # what the device under the NVMe tier did while the replay ran

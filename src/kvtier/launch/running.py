@@ -79,7 +79,7 @@ class LaunchRecord:
                 "engine": cfg.engine,
                 "build": cfg.build,
                 "replicas": cfg.replicas,
-                "lb_policy": lb_policy(cfg.tier, cfg.lb_policy) if lp.caddyfile else None,
+                "lb_policy": lb_policy(lp.route_tier, cfg.lb_policy) if lp.caddyfile else None,
                 "front_url": lp.front_url,
                 "processes": [{"name": n, "env": env, "argv": argv} for n, env, argv in lp.commands],
                 "caddy": lp.caddy_argv,

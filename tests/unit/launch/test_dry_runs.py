@@ -282,3 +282,19 @@ def test_gpu_builds_run_vllms_own_offloading_or_kvtiers_without_a_sidecar(tmp_pa
         assert ktc["kv_connector_extra_config"] == want
     else:
         assert ktc["kv_connector"] == "KvtierOffloadingConnector" and r0.env["PYTHONPATH"].endswith("pylib")
+
+
+@pytest.mark.parametrize(("offload", "policy"), [("kvtier", "header X-User-Id"), ("vllm-native", "header X-User-Id"),
+                                                 ("lmcache", "least_conn")])  # fmt: skip
+def test_replicas_with_their_own_tiers_are_routed_sticky_and_a_shared_sidecar_least_conn(
+    tmp_path: Path, offload: str, policy: str
+):
+    """kvtier's spec and vLLM's native offloading keep each replica's tiers to itself (as its GPU cache): a session
+    that moved to another replica would miss them, so auto routing is sticky; LMCache's shared server is not."""
+    cfg = LaunchConfig(tier="cpu", engine="vllm", build="nvidia", offload_engine=offload, replicas=2, gpus="0,1",
+                       l1_gb=4, dry_run=True, output=str(tmp_path / "out"),
+                       replay=ReplayConfig(model=MODEL, dataset="d.jsonl"))  # fmt: skip
+    lp = plan(cfg)
+    assert lp.policies()["lb_policy"] == policy and f"lb_policy {policy}" in (lp.caddyfile or "")
+    forced = plan(cfg.model_copy(update={"lb_policy": "least_conn"}))
+    assert forced.policies()["lb_policy"] == "least_conn"
