@@ -37,6 +37,12 @@ def turn_of(r: dict[str, Any]) -> int:
     return int(r.get("turn") or r.get("session_turn") or 0)
 
 
+def records(folder: Path) -> list[dict[str, Any]]:
+    """A launch folder's replay records (none when its replay never ran)."""
+    rj = folder / "replay" / "requests.jsonl"
+    return [json.loads(x) for x in rj.read_text().splitlines() if x.strip()] if rj.is_file() else []
+
+
 def spread(xs: list[float], rng: np.random.Generator) -> Spread:
     """p50 and p95 with 95 % percentile-bootstrap intervals."""
     if not xs:
@@ -70,9 +76,7 @@ def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list
     off: dict[str, float] = {}
     failed: dict[str, int] = {}
     for folder in folders:
-        rj = folder / "replay" / "requests.jsonl"
-        if rj.is_file():
-            recs += [json.loads(x) for x in rj.read_text().splitlines() if x.strip()]
+        recs += records(folder)
         sj = folder / "replay" / "summary.json"
         if not sj.is_file():
             continue
@@ -188,10 +192,7 @@ def _one(run: Any, cfg: LaunchConfig, k: int, folder: Path, profiles: dict[str, 
         status, stop, error = res.status.value, res.stop_reason.code.value, res.error
     except KvtierError as e:
         status, stop, error = "failed", "startup-failed", str(e)[:500]
-    recs = []
-    rj = folder / "replay" / "requests.jsonl"
-    if rj.is_file():
-        recs = [json.loads(x) for x in rj.read_text().splitlines() if x.strip()]
+    recs = records(folder)
     failed: dict[str, int] = {}
     for r in recs:
         if r.get("status") not in ("ok", "cut"):
