@@ -99,6 +99,7 @@ def run(
     gate: Callable[[], float] | None = None,
     recorder: Recorder | None = None,
     rank: int | None = None,
+    before_teardown: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult | BenchAggregate:
     """Run one benchmark and return its result (also written to ``config.output`` / ``xlsx_output``).
 
@@ -107,7 +108,9 @@ def run(
     ConfigError or DatasetError before any load starts; a run that stops early still returns its
     (partial) result. ``gate``, ``recorder`` and ``rank`` serve a rank of an MPI run (bench/mpi.py): the
     gate holds the load until every rank is set up, the recorder's raw samples are pooled by rank 0, and
-    the rank is named in ``--request-log``.
+    the rank is named in ``--request-log``; ``before_teardown`` is called with the result once it is on disk and
+    before the tiers are torn down (a rank pools the run there: removing a large run's files takes seconds, and
+    mpirun's SIGKILL may come before).
 
     ``env`` is where the run runs (kvtier/mpi.py ``RunEnvironment``): locally (the default) this process's
     run; as one rank of an MPI launch, this rank's part of one run over a shared window (bench/mpi.py), and
@@ -150,6 +153,8 @@ def run(
         # written before the tiers are torn down: a failing cleanup cannot lose a finished result
         if config.output:
             write_json(result, config.output, flag="--output")
+        if before_teardown is not None:
+            before_teardown(result)
     finally:
         closed = close_timed(comp)
     record_teardown(result, closed, config.keep_cache)

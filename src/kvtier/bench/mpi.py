@@ -135,31 +135,40 @@ def run_rank(
     cfg = cfg.model_copy(update={"output": output})
     gate = Gate(cfg, r)
     rec = Recorder()
+    pooled: list[BenchAggregate] = []
+
+    def pool(result: BenchResult) -> None:
+        """Send this rank's result to rank 0, which writes the aggregate: before the teardown, because Open MPI's
+        mpirun follows its SIGTERM with SIGKILL after ``odls_base_sigkill_timeout`` (1 s by default) and removing
+        the run's files can take longer than that."""
+        contribution = {
+            "rank": r.rank,
+            "host": r.host,
+            "result": result.model_dump(mode="json"),
+            "result_file": mine.output,
+            "samples": samples_of(rec),
+        }
+        got = r.gather(contribution)
+        if r.rank != 0 or got is None:
+            return
+        agg = aggregate(cfg, r.size, seed, gate.window, got, started)
+        if cfg.output:
+            from kvtier.results.io import write_json
+
+            write_json(agg, cfg.output, flag="--output")
+        pooled.append(agg)
+
     try:
         mine = rank_config(cfg, r, seed)
-        result = run(mine, gate=gate, recorder=rec, rank=r.rank, **run_kwargs)
+        result = run(mine, gate=gate, recorder=rec, rank=r.rank, before_teardown=pool, **run_kwargs)
     except RunAborted:
         raise
     except (KvtierError, OSError) as e:
         if not gate.passed:
             gate.report_failure(str(e))
         raise
-    contribution = {
-        "rank": r.rank,
-        "host": r.host,
-        "result": result.model_dump(mode="json"),
-        "result_file": mine.output,
-        "samples": samples_of(rec),
-    }
-    got = r.gather(contribution)
-    if r.rank != 0 or got is None:
-        return result
-    agg = aggregate(cfg, r.size, seed, gate.window, got, started)
-    if cfg.output:
-        from kvtier.results.io import write_json
-
-        write_json(agg, cfg.output, flag="--output")
-    return agg
+    assert isinstance(result, BenchResult)
+    return pooled[0] if pooled else result
 
 
 def _rank_window(res: BenchResult) -> tuple[float, float]:
