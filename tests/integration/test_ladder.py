@@ -18,6 +18,8 @@ from kvtier.results.ladder import LadderResult
 from tests.conftest import kvtier_cmd
 from tests.integration.test_sim import Sim, chat, start_sim, stop_sim
 
+pytestmark = pytest.mark.serial  # it times the tiers against each other: run alone (scripts/test.sh)
+
 PREFILL_TPS, OVERHEAD_MS, TPOT_MS, SLOWDOWN = 8000.0, 2.0, 4.0, 0.05
 # tiny-1b (24,576 B/token): a 2,048-token GPU, a 0.15 GB staging tier (6,553 tokens) in front of 0.5 GB of files
 SIM_ARGS = ["--model", "tiny-1b", "--gpu-kv-tokens", "2064", "--prefill-tps", str(PREFILL_TPS),
