@@ -201,7 +201,12 @@ def open_tiers(plan: list[tuple[str, TierSpec, str]]) -> list[Backend]:
     built: list[Backend] = []
     try:
         for kind, spec, where in plan:
-            built.append(open_tier(kind, spec, where if where.startswith("-") else None))
+            built.append(tier := open_tier(kind, spec, where if where.startswith("-") else None))
+            exposure = getattr(tier, "exposure", None)  # a file tier's cache folder others may rename in
+            if exposure:
+                import logging
+
+                logging.getLogger("kvtier").warning("%s: %s", where, exposure)
     except BaseException:
         for b in built:
             b.close()

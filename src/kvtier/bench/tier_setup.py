@@ -105,6 +105,18 @@ def cpu_page_bytes(plan: Plan) -> int:
     return CPU_PAGE_TOKENS * plan.model.kv_bytes_per_token_per_rank(cfg.tensor_parallel)
 
 
+def exposure_warning(file_tier: FileTier, warnings: list[ResultWarning]) -> None:
+    """A cache folder any user may rename in (writable by others, no sticky bit) is named in the result."""
+    if file_tier.exposure:
+        warnings.append(
+            warning(
+                WarningCode.cache_dir_exposed,
+                f"--cache-dir: {file_tier.exposure}",
+                path=str(file_tier.directory.parent),
+            )
+        )
+
+
 def build_tiers(
     plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
 ) -> tuple[list[Backend], FileTier]:
@@ -112,6 +124,7 @@ def build_tiers(
     if cfg.io_trace_log:  # a real file tier sizes the stand-in (its directory's free space, its entry sizes)
         sizer = open_tier("storage", replace(_spec(plan, "storage", cache_dir), keep_files=False))
         assert isinstance(sizer, FileTier)
+        exposure_warning(sizer, warnings)
         return _trace_tiers(plan, sizer, order), sizer
     built: dict[str, Backend] = {}
     try:
@@ -139,6 +152,7 @@ def build_tiers(
         raise
     file_tier = built["storage"]  # "storage" is in every order
     assert isinstance(file_tier, FileTier)
+    exposure_warning(file_tier, warnings)
     if not file_tier.direct:
         why = "--direct-io off" if cfg.direct_io == "off" else "the filesystem refuses O_DIRECT"
         warnings.append(

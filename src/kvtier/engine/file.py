@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import struct
 import threading
 import time
@@ -27,11 +26,13 @@ from pathlib import Path
 from typing import Literal
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, read_through_export, round_up
-from kvtier.engine.runs import MARKER, RUN_DIR_PREFIX, create_marker
+from kvtier.engine.runs import MARKER, PROBE_PREFIX, RUN_DIR_PREFIX, create_marker, exposed_cache_dir, make_run_dir
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 MAGIC = b"KVTIER01"
 FORMAT_VERSION = 2
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_ENTRY = os.O_NOFOLLOW | _CLOEXEC  # every entry is opened through the run folder's descriptor, never via a link
 _HEADER = struct.Struct("<8sIIQ16sI")  # magic, version, header length, payload bytes, key digest, sample crc32
 SAMPLE_BYTES = ALIGN
 """The payload's first SAMPLE_BYTES are checksummed (zlib crc32, ~1.5 µs per entry, measured): a file whose start
@@ -51,14 +52,24 @@ def key_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
-def probe_direct_io(directory: Path) -> bool:
-    """True if O_DIRECT works for aligned I/O in ``directory`` (checked with a real write and read)."""
+def probe_direct_io(directory: Path | int) -> bool:
+    """True if O_DIRECT works for aligned I/O in ``directory`` (a path, or a folder's descriptor), checked with a
+    real write and read of a probe file made there (and removed)."""
     if not hasattr(os, "O_DIRECT"):
         return False
-    probe = directory / f".kvtier-odirect-probe-{uuid.uuid4().hex}"
+    if not isinstance(directory, int):
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        except OSError:
+            return False
+        try:
+            return probe_direct_io(dir_fd)
+        finally:
+            os.close(dir_fd)
+    probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
     buf = aligned_buffer(ALIGN)
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT | _ENTRY, 0o600, dir_fd=directory)
     except OSError:
         return False
     try:
@@ -69,12 +80,19 @@ def probe_direct_io(directory: Path) -> bool:
         return False
     finally:
         os.close(fd)
-        probe.unlink(missing_ok=True)
+        _unlink(probe, directory)
 
 
-def free_bytes(directory: Path) -> int:
+def free_bytes(directory: Path | int) -> int:
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 class FileTier:
@@ -97,33 +115,36 @@ class FileTier:
             raise UnusableDirectory(f"{base} is not a directory")
         if not os.access(base, os.W_OK | os.X_OK):
             raise UnusableDirectory(f"{base} is not writable")
-        try:
-            self.directory = base / f"{RUN_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            self.directory.mkdir()
-            self._marker_fd = create_marker(self.directory)  # proves the folder ours; locked while we run
-        except OSError as e:
-            raise UnusableDirectory(f"cannot create a run directory in {base}: {e.strerror}") from e
+        self.exposure = exposed_cache_dir(base)  # others may rename in it: reported by the callers
+        folder = f"{RUN_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.directory = base / folder  # for messages and telemetry; I/O goes through _dir_fd
+        self.keep_files = keep_files
+        self._files: dict[str, int] = {}  # key -> file size
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._base_fd = self._dir_fd = self._marker_fd = -1
         self.cleanup_problems: list[str] = []
-        supported = probe_direct_io(self.directory)
+        try:
+            self._base_fd, self._dir_fd = make_run_dir(base, folder)
+            self._marker_fd = create_marker(self._dir_fd)  # proves the folder ours; locked while we run
+        except OSError as e:
+            self._close_fds()
+            raise UnusableDirectory(f"cannot create a run directory in {base}: {e.strerror}") from e
+        supported = probe_direct_io(self._dir_fd)
         if direct_io == "on" and not supported:
-            os.close(self._marker_fd)
-            self._marker_fd = -1
-            shutil.rmtree(self.directory, ignore_errors=True)
+            self.keep_files = False
+            self.close()
             raise UnusableDirectory(f"the filesystem of {base} does not support O_DIRECT", direct_io=True)
         self.direct = supported and direct_io != "off"
         self.direct_io_supported = supported
-        detected = free_bytes(self.directory)
+        detected = free_bytes(self._dir_fd)
         self.detected_free_bytes = detected
         # Use 95% of the free space when no capacity is given (as the reference's auto-detection),
         # leaving room for the filesystem.
         self.capacity_bytes = capacity_bytes if capacity_bytes > 0 else int(detected * 0.95) // ALIGN * ALIGN
-        self.keep_files = keep_files
         self.preallocate = preallocate
-        self._flags_w = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
-        self._flags_r = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
-        self._files: dict[str, int] = {}  # key -> file size
-        self._lock = threading.Lock()
-        self._local = threading.local()
+        self._flags_w = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _ENTRY | (os.O_DIRECT if self.direct else 0)
+        self._flags_r = os.O_RDONLY | _ENTRY | (os.O_DIRECT if self.direct else 0)
 
     # -- helpers ---------------------------------------------------------------------------
     def _header_buf(self) -> memoryview:
@@ -132,30 +153,41 @@ class FileTier:
             hb = self._local.header = aligned_buffer(ALIGN)
         return hb
 
+    @staticmethod
+    def name_for(key: str) -> str:
+        """The entry's file name in the run folder (a digest: any key is a safe name)."""
+        return f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.kv"
+
     def path_for(self, key: str) -> Path:
-        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.kv"
+        """The entry's path, for messages and inspection; the tier itself never opens by path."""
+        return self.directory / self.name_for(key)
+
+    def pinned_path(self, name: str) -> str:
+        """A path to ``name`` that resolves through the run folder's open descriptor (for a library that takes
+        only paths, cuFile): renaming or replacing the folder cannot redirect it."""
+        return f"/proc/self/fd/{self._dir_fd}/{name}"
 
     def stored_size(self, nbytes: int) -> int:
         return ALIGN + round_up(nbytes)
 
     # The two calls that move bytes (GdsFileTier moves the payload through cuFile instead).
-    def _put(self, fd: int, path: Path, views: list[memoryview], offset: int) -> None:
+    def _put(self, fd: int, name: str, views: list[memoryview], offset: int) -> None:
         """Write ``views`` at ``offset`` (the file position is there: writes are sequential)."""
         _write_all(fd, views)
 
-    def _get(self, fd: int, path: Path, views: list[memoryview], offset: int) -> int:
+    def _get(self, fd: int, name: str, views: list[memoryview], offset: int) -> int:
         return os.preadv(fd, views, offset)
 
     # -- Backend ---------------------------------------------------------------------------
     def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
         hdr = self._header_buf()
-        path = self.path_for(key)
+        name = self.name_for(key)
         size = self.stored_size(nbytes)
         device = 0
         fd = -1
         try:
-            fd = os.open(path, self._flags_w, 0o600)
+            fd = os.open(name, self._flags_w, 0o600, dir_fd=self._dir_fd)
             if self.preallocate:
                 # Optional: one allocation up front. Off by default: under load fallocate waits on
                 # the journal (seconds here) and the write then converts the extents again.
@@ -164,10 +196,10 @@ class FileTier:
             first = next(it, None)
             _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key), sample_crc(first, nbytes))
             t = time.perf_counter_ns()
-            self._put(fd, path, [hdr] if first is None else [hdr, first], 0)
+            self._put(fd, name, [hdr] if first is None else [hdr, first], 0)
             off = ALIGN + (len(first) if first is not None else 0)
             for c in it:
-                self._put(fd, path, [c], off)
+                self._put(fd, name, [c], off)
                 off += len(c)
             os.fsync(fd)
             device = time.perf_counter_ns() - t
@@ -177,12 +209,12 @@ class FileTier:
             if fd >= 0:
                 os.close(fd)
                 fd = -1
-            path.unlink(missing_ok=True)
+            _unlink(name, self._dir_fd)
             if not isinstance(e, OSError):
                 raise
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierFullError(f"{self.name} tier: device full writing {path.name}") from e
-            raise StorageError(f"{self.name} tier: write of {path.name} failed: {e.strerror}") from e
+                raise TierFullError(f"{self.name} tier: device full writing {name}") from e
+            raise StorageError(f"{self.name} tier: write of {name} failed: {e.strerror}") from e
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -195,22 +227,22 @@ class FileTier:
         with self._lock:
             if key not in self._files:
                 raise EntryNotFound(f"{self.name} tier: {key!r} not stored")
-        path = self.path_for(key)
+        name = self.name_for(key)
         hdr = self._header_buf()
-        fd = os.open(path, self._flags_r)
+        fd = os.open(name, self._flags_r, dir_fd=self._dir_fd)
         try:
             size = os.fstat(fd).st_size
             first = min(len(buf) - len(buf) % ALIGN, size - ALIGN)
             t = time.perf_counter_ns()
-            got = self._get(fd, path, [hdr, buf[:first]], 0)
+            got = self._get(fd, name, [hdr, buf[:first]], 0)
             timing.device_ns += time.perf_counter_ns() - t
             magic, version, hlen, nbytes, digest, crc = _HEADER.unpack_from(hdr, 0)
             if magic != MAGIC or version != FORMAT_VERSION or hlen != ALIGN or digest != key_digest(key):
-                raise StorageError(f"{self.name} tier: {path.name} has a bad header (not a kvtier entry?)")
+                raise StorageError(f"{self.name} tier: {name} has a bad header (not a kvtier entry?)")
             if size < ALIGN + nbytes or got < ALIGN:
-                raise StorageError(f"{self.name} tier: {path.name} is truncated ({size} bytes)")
+                raise StorageError(f"{self.name} tier: {name} is truncated ({size} bytes)")
             if nbytes and sample_crc(buf[: got - ALIGN], nbytes) != crc:
-                raise StorageError(f"{self.name} tier: {path.name} fails its checksum (the payload changed)")
+                raise StorageError(f"{self.name} tier: {name} fails its checksum (the payload changed)")
             return fd, nbytes, got - ALIGN
         except BaseException:
             os.close(fd)
@@ -229,13 +261,13 @@ class FileTier:
             padded = round_up(nbytes)
             step = len(buf) - len(buf) % ALIGN
             off = got
-            path = self.path_for(key)
+            name = self.name_for(key)
             yield buf[:got]
             while off < padded:
                 check_cancel(cancel, f"{self.name} read", off)
                 n = min(step, padded - off)
                 t = time.perf_counter_ns()
-                r = self._get(fd, path, [buf[:n]], ALIGN + off)
+                r = self._get(fd, name, [buf[:n]], ALIGN + off)
                 timing.device_ns += time.perf_counter_ns() - t
                 if r <= 0:
                     raise StorageError(f"{self.name} tier: short read of {key!r} at {off}")
@@ -255,11 +287,17 @@ class FileTier:
     def delete(self, key: str) -> None:
         with self._lock:
             self._files.pop(key, None)
-        self.path_for(key).unlink(missing_ok=True)
+        _unlink(self.name_for(key), self._dir_fd)
+
+    def _close_fds(self) -> None:
+        for attr in ("_marker_fd", "_dir_fd", "_base_fd"):
+            fd = getattr(self, attr, -1)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, attr, -1)
 
     def __del__(self) -> None:
-        if getattr(self, "_marker_fd", -1) >= 0:
-            os.close(self._marker_fd)
+        self._close_fds()
 
     def stored_bytes(self) -> int:
         """Sum of the sizes of our files as the filesystem reports them."""
@@ -268,36 +306,50 @@ class FileTier:
             keys = list(self._files)
         for k in keys:
             try:
-                total += self.path_for(k).stat().st_size
+                total += os.stat(self.name_for(k), dir_fd=self._dir_fd, follow_symlinks=False).st_size
             except FileNotFoundError:
                 pass
         return total
 
     def close(self) -> None:
-        """Remove the files this tier created and its run directory (only if then empty). A file that
-        cannot be removed (a read-only or immutable folder) is noted in ``cleanup_problems`` and the
-        rest are still removed; nothing raises."""
+        """Remove the files this tier created and its run directory (only if then empty, and only if its name
+        still names the folder this tier made). Every unlink goes through the folder's descriptor. A file that
+        cannot be removed (a read-only or immutable folder) is noted in ``cleanup_problems`` and the rest are
+        still removed; nothing raises."""
         if self._marker_fd < 0:
+            self._close_fds()
             return
         if self.keep_files:
-            os.close(self._marker_fd)
-            self._marker_fd = -1
+            self._close_fds()
             return
         with self._lock:
             keys = list(self._files)
             self._files.clear()
-        for path in [*(self.path_for(k) for k in keys), self.directory / MARKER]:
+        for name in [*(self.name_for(k) for k in keys), MARKER]:
             try:
-                path.unlink(missing_ok=True)
+                _unlink(name, self._dir_fd)
             except OSError as e:
-                self.cleanup_problems.append(f"{path}: {e.strerror}")
+                self.cleanup_problems.append(f"{self.directory / name}: {e.strerror}")
         os.close(self._marker_fd)  # releases the lock: a folder left behind is now stale, and removable
         self._marker_fd = -1
         try:
-            self.directory.rmdir()
+            mine = os.fstat(self._dir_fd)
+            try:
+                now = os.stat(self.directory.name, dir_fd=self._base_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                self.cleanup_problems.append(
+                    f"{self.directory}: the name no longer names this run's folder (renamed or replaced while the "
+                    "run used it): left alone; its entries were removed through the folder's descriptor"
+                )
+            else:
+                os.rmdir(self.directory.name, dir_fd=self._base_fd)
         except OSError as e:
             if self.cleanup_problems:  # the folder is only worth a word when we also left files in it
                 self.cleanup_problems.append(f"{self.directory}: {e.strerror}")
+        finally:
+            self._close_fds()
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:

@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from kvtier.engine.backend import IOTiming
@@ -123,7 +122,7 @@ class _Thread(threading.local):
         self.size = 0
         self.staging_ns = 0  # staging copies of the operation in progress: moved from device to host time
         self.file: Any = None  # the CuFile of the entry in progress (opened once per entry, not per chunk)
-        self.path: Path | None = None
+        self.path: str | None = None
         self.mode = ""
         self.registered = False
 
@@ -158,7 +157,8 @@ class GdsFileTier(FileTier):
             st.size = nbytes
         return self._staging.slice(st.buf, nbytes)
 
-    def _cufile(self, path: Path, mode: str) -> Any:
+    def _cufile(self, name: str, mode: str) -> Any:
+        path = self.pinned_path(name)  # through the run folder's descriptor, as every other open of the tier
         st = self._state()
         if st.path != path or st.mode != mode:
             self._drop_file(st)
@@ -177,14 +177,14 @@ class GdsFileTier(FileTier):
         self._tls.staging_ns += time.perf_counter_ns() - t
 
     # -- the two calls that move bytes ---------------------------------------------------------
-    def _put(self, fd: int, path: Path, views: list[memoryview], offset: int) -> None:
+    def _put(self, fd: int, name: str, views: list[memoryview], offset: int) -> None:
         if offset == 0:  # the header block goes by POSIX; the payload after it by cuFile
             os.pwrite(fd, views[0], 0)
             views, offset = views[1:], len(views[0])
             self._drop_file(self._state())  # a new file under this path: never a handle to the old one
         if not views:
             return
-        f = self._cufile(path, "r+")
+        f = self._cufile(name, "r+")
         staged = 0
         for v in views:
             dev = self._device(len(v))
@@ -195,7 +195,7 @@ class GdsFileTier(FileTier):
         with self._count_lock:
             self._moved["staged_bytes"] += staged
 
-    def _get(self, fd: int, path: Path, views: list[memoryview], offset: int) -> int:
+    def _get(self, fd: int, name: str, views: list[memoryview], offset: int) -> int:
         got = 0
         if offset == 0:
             got = os.preadv(fd, views[:1], 0)
@@ -203,7 +203,7 @@ class GdsFileTier(FileTier):
             self._drop_file(self._state())
         if not views:
             return got
-        f = self._cufile(path, "r")
+        f = self._cufile(name, "r")
         header = got
         for v in views:
             dev = self._device(len(v))

@@ -11,10 +11,12 @@ touched, and neither is one whose lock is held (a live run, in this process or a
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import platform
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +27,15 @@ OURS = (".kv",)  # entry files
 PROBE_PREFIX = ".kvtier-odirect-probe-"
 
 
-def create_marker(run_dir: Path) -> int:
-    """Write the marker into a new run folder and lock it; returns the fd that holds the lock (keep
-    it open for the run's life, close it to release)."""
-    fd = os.open(run_dir / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+"""A run folder is opened with these: as a directory, never through a symlink."""
+
+
+def create_marker(run_fd: int) -> int:
+    """Write the marker into a new run folder (through its descriptor) and lock it; returns the fd that holds
+    the lock (keep it open for the run's life, close it to release)."""
+    fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=run_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": platform.node(), "started_unix_s": time.time()}).encode())
@@ -38,6 +45,48 @@ def create_marker(run_dir: Path) -> int:
     return fd
 
 
+def make_run_dir(base: Path, name: str) -> tuple[int, int]:
+    """Create the run folder ``name`` in ``base``, mode 0700, and open it: ``(base_fd, run_fd)``. Every entry is
+    then opened and unlinked through ``run_fd`` (``openat``/``unlinkat``), so renaming the folder, or putting a
+    symlink or another folder under its name, cannot redirect the run's writes. A name that does not open as the
+    folder just made (a symlink or another user's folder swapped in between ``mkdir`` and ``open``) is refused."""
+    base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    run_fd = -1
+    try:
+        os.mkdir(name, 0o700, dir_fd=base_fd)
+        run_fd = os.open(name, DIR_FLAGS, dir_fd=base_fd)  # ELOOP/ENOTDIR for a symlink swapped in
+        with os.scandir(run_fd) as it:
+            empty = next(it, None) is None
+        if os.fstat(run_fd).st_uid != os.geteuid() or not empty:
+            raise OSError(errno.EEXIST, f"{name} was replaced between its creation and its opening")
+        os.fchmod(run_fd, 0o700)  # whatever the umask: other users never list or enter the run folder
+        return base_fd, run_fd
+    except BaseException:
+        if run_fd >= 0:
+            os.close(run_fd)
+        os.close(base_fd)
+        raise
+
+
+def exposed_cache_dir(base: Path) -> str | None:
+    """Why ``base`` lets other local users tamper with the run folders in it (writable by others without the
+    sticky bit: anyone may rename or replace the folders kvtier makes there), or None. kvtier's own reads and
+    writes stay in its folder whatever they do (``make_run_dir``), but they can still move it away, fill it
+    or plant names beside it; a folder only its owner writes, or one with the sticky bit (/tmp), prevents it."""
+    try:
+        st = os.stat(base)
+    except OSError:
+        return None
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"{base} is writable by every user and has no sticky bit: any local user can rename or replace the "
+            "run folders kvtier creates in it (kvtier reads and writes through the folder's descriptor, so its "
+            "entries cannot be redirected, but the run can be disturbed); use a folder only you can write "
+            f"(chmod o-w {base}) or set the sticky bit (chmod +t {base})"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class StaleRun:
     path: str
@@ -45,14 +94,11 @@ class StaleRun:
     files: int
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-
-
 def _open_run_dir(parent_fd: int, name: str) -> int | None:
     """The run folder ``name`` in ``parent_fd``, opened as a directory and never through a symlink (a
     ``kvtier-run-*`` symlink to a folder elsewhere is not a run folder: ELOOP / ENOTDIR -> None)."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError:
         return None
 
@@ -160,4 +206,14 @@ def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
-__all__ = ["RUN_DIR_PREFIX", "MARKER", "create_marker", "find_stale_runs", "remove_stale_run", "StaleRun"]
+__all__ = [
+    "RUN_DIR_PREFIX",
+    "MARKER",
+    "DIR_FLAGS",
+    "create_marker",
+    "make_run_dir",
+    "exposed_cache_dir",
+    "find_stale_runs",
+    "remove_stale_run",
+    "StaleRun",
+]

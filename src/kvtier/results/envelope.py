@@ -90,6 +90,7 @@ class WarningCode(enum.StrEnum):
     gpu_tier_capped = "gpu-tier-capped"
     io_chunk_reduced = "io-chunk-reduced"
     direct_io_off = "direct-io-off"
+    cache_dir_exposed = "cache-dir-exposed"
     working_set_fits_page_cache = "working-set-fits-page-cache"
     entry_exceeds_tier = "entry-exceeds-tier"
     tp_sharding_differs = "tp-sharding-differs-from-reference"
