@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_DATA, kvtier_cmd
+from tests.conftest import SHARED_DATA, kvtier_cmd, replay_summary
 from tests.integration.test_sim import start_sim, stop_sim, wait_until
 
 MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
@@ -54,7 +54,7 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
         stop_sim(sim)
     assert p.returncode == 0, p.stderr
     assert "virtual users of 5 turns" in p.stderr
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = replay_summary(tmp_path / "out" / "summary.json")
     reqs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     summ = s["summary"]
     assert summ["sessions"]["total"] == s["concurrency"]["virtual_users"] > 0
@@ -93,9 +93,17 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     for t in v["tiers"]:
         assert t["hit_rate"] == pytest.approx(served / v["prompt_tokens"], abs=1e-6)
         assert t["cost_usd_per_hour"] == pytest.approx(0.5 * 2 / 730, rel=1e-3)
-        assert t["breakeven_hit_rate"] == pytest.approx(
-            t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
-        )  # the report rounds to 6 decimals
+        # valued net of the fetch (#41): GPU cost x (prefill avoided - fetch)
+        assert t["gpu_s_saved_per_hour"] == pytest.approx(
+            t["prefill_s_avoided_per_hour"] - t["fetch_s_per_hour"], abs=2e-3
+        )
+        assert t["value_usd_per_hour"] == pytest.approx(2 * t["gpu_s_saved_per_hour"] / 3600, abs=2e-6)
+        if t["value_usd_per_hour"] > 0:
+            assert t["breakeven_hit_rate"] == pytest.approx(
+                t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
+            )  # the report rounds to 6 decimals
+        else:
+            assert t["pays"] is False and t["breakeven_hit_rate"] is None
     # kvtier plan retention --from: the replay's own dataset in the order its ok requests were sent, in seconds
     pr = subprocess.run(
         kvtier_cmd() + ["plan", "retention", "--from", str(tmp_path / "out"), "--model", "llama3.1-8b",
@@ -194,7 +202,7 @@ def test_killing_the_server_mid_run_still_writes_a_result(tmp_path):
     sim.proc.send_signal(signal.SIGKILL)
     sim.proc.wait()
     out, err = proc.communicate(timeout=120)
-    r = json.loads((tmp_path / "out" / "summary.json").read_text())
+    r = replay_summary(tmp_path / "out" / "summary.json")
     s = r["summary"]
     assert s["requests_failed"] >= 1 and s["sessions"]["error"] >= 1
     # every user after the kill fails to connect: far above --max-failure-rate, so failed, exit 1
@@ -228,6 +236,6 @@ def test_synthetic_sessions_against_sim_grow_by_isl_and_osl_each_turn(tmp_path):
     steps = {b[k + 1] - b[k] for b in by.values() for k in range(3)}
     assert len(steps) == 1 and 320 <= steps.pop() <= 340  # 300 + 20 + a few template tokens
     assert all(r["completion_tokens"] <= 20 for r in reqs)
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = replay_summary(tmp_path / "out" / "summary.json")
     assert s["dataset"]["format"] == "synthetic" and s["config"]["num_rounds"] == 4
     assert s["reuse_opportunity"]["cross_session_reuse_tokens"] > 0  # the shared 512-token system prompt

@@ -12,9 +12,11 @@ decomposition), per offload tier:
   decomposition times the fetch as a whole), or with ``--fetch-from BENCH`` the bench's measured read
   bandwidth of that tier (bytes = tokens × the model's KV bytes per token);
 * latency saved per request that hit = (prefill avoided − fetch) / requests that hit it;
-* with ``--gpu-cost`` ($/GPU-hour) the value of the GPU time avoided, with ``--store-cost`` ($/GB-month)
-  and ``--store-gb TIER=GB`` the tier's cost, whether it pays, and the break-even hit rate (the value is
-  linear in the hit rate: break-even = hit rate × cost / value).
+* with ``--gpu-cost`` ($/GPU-hour) the value of the GPU time saved *net of the fetch* (prefill avoided − fetch:
+  a tier whose fetches take as long as the recompute they replace is worth nothing), with ``--store-cost``
+  ($/GB-month) and ``--store-gb TIER=GB`` the tier's cost, whether it pays, and the break-even hit rate (the
+  value is linear in the hit rate: break-even = hit rate × cost / value; none when the value is not positive,
+  since no hit rate makes it pay).
 
 Every input is marked measured or given, and nothing absent is guessed: a figure whose input is missing is
 null.
@@ -55,7 +57,7 @@ class TierValue(_Report):
     fetch_s_per_hour: float | None
     gpu_s_saved_per_hour: float | None  # prefill avoided - fetch
     latency_saved_per_hit_s: float | None
-    value_usd_per_hour: float | None  # gpu_cost x prefill avoided
+    value_usd_per_hour: float | None  # gpu_cost x GPU seconds saved (prefill avoided - fetch)
     cost_usd_per_hour: float | None  # store_cost x GB / 730
     pays: bool | None
     breakeven_hit_rate: float | None
@@ -72,13 +74,31 @@ class ValueReport(_Report):
 
 def economics(hit_rate: float, value: float | None, cost: float | None) -> dict[str, Any]:
     """A tier's value and cost per hour, whether it pays, and the break-even hit rate (the value is linear in the
-    hit rate: break-even = hit rate x cost / value); None where an input is absent."""
+    hit rate: break-even = hit rate x cost / value); None where an input is absent. ``value`` is the GPU time
+    saved net of the fetch: a tier whose value is not positive does not pay at any cost and has no break-even."""
+    if value is None:
+        pays = None
+    elif value <= 0:
+        pays = False
+    else:
+        pays = None if cost is None else value >= cost
+    breakeven = None
+    if value is not None and value > 0 and cost is not None:
+        breakeven = round(hit_rate * cost / value, 6)
     return {
         "value_usd_per_hour": None if value is None else round(value, 6),
         "cost_usd_per_hour": None if cost is None else round(cost, 6),
-        "pays": None if value is None or cost is None else value >= cost,
-        "breakeven_hit_rate": None if not value or cost is None else round(hit_rate * cost / value, 6),
+        "pays": pays,
+        "breakeven_hit_rate": breakeven,
     }
+
+
+def gpu_value(gpu_cost: float | None, saved_s_per_hour: float | None) -> float | None:
+    """$/hour of the GPU seconds a tier saves per hour, net of its fetches (``saved_s_per_hour`` = prefill avoided -
+    fetch); None without a GPU cost or a saving."""
+    if not gpu_cost or saved_s_per_hour is None:
+        return None
+    return gpu_cost * saved_s_per_hour / 3600.0
 
 
 def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
@@ -167,7 +187,7 @@ def value_report(
             fetch = None
         saved = avoided - fetch if avoided is not None and fetch is not None else None
         per_hit = saved / (hits[tier] * hour) if saved is not None and hits[tier] and hour else None
-        value = gpu_cost * avoided / 3600.0 if gpu_cost and avoided is not None else None
+        value = gpu_value(gpu_cost, saved)
         gb = store_gb.get(tier)
         cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
         hit_rate = n / prompt if prompt else 0.0
@@ -253,7 +273,7 @@ def ladder_value_report(
         Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"),
         Input(name="store cost", value=store_cost, unit="$/GB-month", source="given" if store_cost else "absent"),
     ]  # fmt: skip
-    value = gpu_cost * saved * hour / 3600.0 if gpu_cost else None
+    value = gpu_value(gpu_cost, saved * hour)
     gb = (store_gb or {}).get("cache")
     cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
     rate = cached / prompt if prompt else 0.0
@@ -268,4 +288,13 @@ def ladder_value_report(
                        inputs=inputs, tiers=[row] if cached else [])  # fmt: skip
 
 
-__all__ = ["ValueReport", "TierValue", "Input", "value_report", "ladder_value_report", "usage_records"]
+__all__ = [
+    "ValueReport",
+    "TierValue",
+    "Input",
+    "value_report",
+    "ladder_value_report",
+    "usage_records",
+    "economics",
+    "gpu_value",
+]

@@ -1,0 +1,56 @@
+"""#41 item 7: ``plan value`` values a tier by the GPU time it saves *net of its fetches* (the placement model's
+hit_rate x (reprefill - fetch)), not by the prefill it avoids. The records stand in for a replay folder's (the
+integration test, tests/integration/test_replay_sim.py, reads a real one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvtier.plan.value import economics, value_report
+
+
+def _report(monkeypatch: pytest.MonkeyPatch, fetch_s: float, store_gb: float):  # type: ignore[no-untyped-def]
+    """One hour of replay: 1,000 tokens recomputed in 1 s (1,000 tokens/s measured) and 1,000 served from ``cpu``,
+    whose fetch took ``fetch_s``; $2 per GPU-hour, $0.5 per GB-month."""
+    rows = [{"status": "ok", "prompt_sources": {"cpu": 1000, "recomputed": 1000},
+             "server_ttft_parts": {"fetch": fetch_s, "recompute": 1.0}}]  # fmt: skip
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    (t,) = value_report(Path("replay"), gpu_cost=2.0, store_cost=0.5, store_gb={"cpu": store_gb}).tiers
+    return t
+
+
+def test_a_tier_whose_fetch_costs_what_recompute_does_does_not_pay(monkeypatch: pytest.MonkeyPatch):
+    """It avoided 1 s of prefill per hour and spent 1 s fetching: nothing saved, so it does not pay at any storage
+    cost, and no hit rate breaks even (valued on the prefill avoided, it 'paid' against a tiny store)."""
+    t = _report(monkeypatch, fetch_s=1.0, store_gb=0.001)
+    assert t.prefill_s_avoided_per_hour == pytest.approx(1.0) and t.fetch_s_per_hour == pytest.approx(1.0)
+    assert t.gpu_s_saved_per_hour == pytest.approx(0.0)
+    assert t.value_usd_per_hour == 0.0 and t.pays is False and t.breakeven_hit_rate is None
+
+
+def test_a_tier_is_valued_on_what_it_saves_net_of_fetch(monkeypatch: pytest.MonkeyPatch):
+    t = _report(monkeypatch, fetch_s=0.1, store_gb=0.01)
+    assert t.gpu_s_saved_per_hour == pytest.approx(0.9)
+    assert t.value_usd_per_hour == pytest.approx(round(2.0 * 0.9 / 3600, 6))
+    cost = 0.5 * 0.01 / 730
+    assert t.pays is True and t.cost_usd_per_hour == pytest.approx(cost, abs=1e-6)
+    assert t.breakeven_hit_rate == pytest.approx(0.5 * cost / (2.0 * 0.9 / 3600), rel=1e-3)
+
+
+def test_a_tier_slower_than_recompute_loses_money_and_says_so(monkeypatch: pytest.MonkeyPatch):
+    t = _report(monkeypatch, fetch_s=3.0, store_gb=0.01)
+    assert t.gpu_s_saved_per_hour == pytest.approx(-2.0)
+    assert t.value_usd_per_hour < 0 and t.pays is False and t.breakeven_hit_rate is None
+
+
+@pytest.mark.parametrize(
+    "value,cost,pays,breakeven",
+    [(None, 1.0, None, None), (1.0, None, None, None), (-1.0, None, False, None), (0.0, 0.0, False, None),
+     (2.0, 1.0, True, 0.25), (1.0, 2.0, False, 1.0)],
+)  # fmt: skip
+def test_economics_rules(value: float | None, cost: float | None, pays: bool | None, breakeven: float | None):
+    e = economics(0.5, value, cost)
+    assert e["pays"] is pays and e["breakeven_hit_rate"] == breakeven
