@@ -52,6 +52,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return EnginesTogether(config, log)
 
 
+def replay_summary(path: Path) -> dict[str, Any]:
+    """A replay's summary.json, its counts checked to add up (#41: every request is ok, failed by cause, or cut,
+    never counted nowhere)."""
+    import json
+
+    s: dict[str, Any] = json.loads(Path(path).read_text())
+    c = s["summary"]
+    assert c["requests_total"] == c["requests_ok"] + c["requests_failed"] + c["requests_cut_at_stop"], c
+    return s
+
+
 @pytest.fixture(scope="session")
 def noise() -> NoiseBuffer:
     return NoiseBuffer(8 * 1024 * 1024, seed=7)

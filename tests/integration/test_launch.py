@@ -24,7 +24,7 @@ import pytest
 from kvtier.results import load
 from kvtier.results.launch import LaunchResult
 from kvtier.results.replay import ReplayResult
-from tests.conftest import kvtier_cmd
+from tests.conftest import kvtier_cmd, replay_summary
 
 pytestmark = pytest.mark.slow  # real multi-second runs; CI runs them (scripts/test.sh -m "not slow" skips)
 
@@ -294,7 +294,7 @@ def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
     assert all(len(v) == 1 for v in by_user.values()), dict(by_user)  # sticky: one replica per conversation
     assert len({r["replica"] for r in reqs}) == 2  # and the conversations use both replicas
     assert "lb_policy header X-User-Id" in (out / "Caddyfile").read_text()
-    summary = json.loads((out / "replay" / "summary.json").read_text())
+    summary = replay_summary(out / "replay" / "summary.json")
     assert summary["summary"]["sessions"]["complete"] == 16 and len(summary["server_metrics"]) == 2
     assert sorted(x.name for x in (out / "logs").iterdir()) == ["caddy.log", "replica0.log", "replica1.log"]
     rec = json.loads((out / "launch.json").read_text())
@@ -449,7 +449,7 @@ def test_killing_one_replica_mid_run_lets_the_run_finish_on_the_other(tmp_path: 
     assert "kvtier launch: replica1: exited (status -9)" in err
     assert any(e["event"] == "replica1: exited (status -9)" for e in rec["events"])
     assert not any(e["event"].startswith(("replica0:", "sidecar:")) for e in rec["events"])  # the others stayed healthy
-    summary = json.loads((out / "replay" / "summary.json").read_text())["summary"]
+    summary = replay_summary(out / "replay" / "summary.json")["summary"]
     reqs = requests_of(out)
     failed = [r for r in reqs if r["status"] != "ok"]
     assert failed and summary["requests_failed"] == len(failed)  # cut streams are counted, not dropped
@@ -483,7 +483,7 @@ def test_ctrl_c_mid_run_writes_partial_results_and_leaves_no_process(tmp_path: P
         ["--model", "m", "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--warmup", "0"],
         interrupt,
     )
-    result = json.loads((out / "replay" / "summary.json").read_text())
+    result = replay_summary(out / "replay" / "summary.json")
     assert result["status"] == "partial", err[-2000:]
     assert result["summary"]["sessions"]["complete"] < 8
     # every process listens on loopback only, and Caddy on its one site port: no admin API

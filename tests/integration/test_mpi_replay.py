@@ -14,7 +14,7 @@ import pytest
 
 from kvtier.config.replay import ReplayConfig
 from kvtier.replay.driver import prepare
-from tests.conftest import NEEDS_MPI, kvtier_cmd
+from tests.conftest import NEEDS_MPI, kvtier_cmd, replay_summary
 from tests.integration.test_launch import conversations
 from tests.integration.test_sim import start_sim, stop_sim
 
@@ -61,13 +61,13 @@ def test_users_split_exactly_and_the_summary_pools_the_union(tmp_path: Path):
     union = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert len(union) == sum(len(rows) for rows in per_rank) == len(expected) * 3
     assert {x["rank"] for x in union} == {0, 1}
-    s = json.loads((out / "summary.json").read_text())
+    s = replay_summary(out / "summary.json")
     assert s["status"] == "complete" and s["lost_ranks"] == [] and len(s["ranks"]) == 2
     assert s["summary"]["sessions"]["total"] == len(expected) == s["summary"]["sessions"]["complete"]
     assert s["concurrency"]["requested"] == 3 and [r["virtual_users"] for r in s["ranks"]] == [3, 2]
     ttft = np.asarray([x["ttft_s"] for x in union if x["status"] == "ok"])
     assert s["summary"]["ttft_s"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)), abs=1e-5)
-    rank1 = json.loads((out / "rank_1" / "summary.json").read_text())
+    rank1 = replay_summary(out / "rank_1" / "summary.json")
     assert rank1["server_metrics"] == [] and len(s["server_metrics"]) == 1  # rank 0 alone scrapes
 
 
@@ -83,7 +83,7 @@ def test_launch_drives_its_replica_with_client_ranks(tmp_path: Path):
     replay += ["--concurrency", "2", "--warmup", "0"]
     p = launch(out, *flags, replay=replay)
     assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads((out / "replay" / "summary.json").read_text())
+    s = replay_summary(out / "replay" / "summary.json")
     assert [r["rank"] for r in s["ranks"]] == [0, 1] and s["summary"]["sessions"]["complete"] == 4
     assert s["server"]["launch"]["profile"] == "sim-nvidia-gpu" and s["status"] == "complete"
     rows = [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import kvtier_cmd
+from tests.conftest import kvtier_cmd, replay_summary
 
 DATA = b"data: "
 
@@ -143,7 +143,7 @@ def test_malformed_output_is_recorded_per_request_and_bounded(tmp_path: Path):
     errors = " | ".join(r["error"] for r in recs[:4])
     assert "UnicodeDecodeError" in errors and "not a JSON object" in errors
     assert "usage.completion_tokens" in errors and "without a separator" in errors
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = replay_summary(tmp_path / "out" / "summary.json")
     assert s["status"] == "failed" and s["stop_reason"]["code"] == "too-many-failures"
     assert s["summary"]["requests_failed"] == 4 and s["summary"]["failures"]["stream-malformed"]["count"] == 4
     assert "UnicodeDecodeError" in s["summary"]["failures"]["stream-malformed"]["first_message"]
@@ -168,7 +168,7 @@ def test_a_signal_cuts_streams_in_flight_and_writes_the_partial_result(tmp_path:
     finally:
         server.close()
     assert proc.returncode == code, err
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = replay_summary(tmp_path / "out" / "summary.json")
     assert s["status"] == "partial" and s["stop_reason"]["code"] in ("interrupted", "terminated")
     recs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     assert [r["status"] for r in recs] == ["cut"] and "stopped" in recs[0]["error"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import kvtier_cmd
+from tests.conftest import kvtier_cmd, replay_summary
 from tests.integration.test_sim import start_sim, stop_sim
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def replay(base: str, data: Path, out: Path, *extra: str, model: str = "tiny-1b"
 
 
 def load(out: Path) -> tuple[dict, list[dict]]:
-    s = json.loads((out / "summary.json").read_text())
+    s = replay_summary(out / "summary.json")
     return s, [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from kvtier.bench import run
 from kvtier.config.bench import BenchConfig, Tuning
-from tests.conftest import TINY_TEMPLATES, kvtier_cmd
+from tests.conftest import TINY_TEMPLATES, kvtier_cmd, replay_summary
 from tests.integration.test_launch import conversations
 from tests.integration.test_sim import start_sim, stop_sim
 
@@ -154,7 +154,7 @@ def test_replay_says_its_progress_and_its_reuse_opportunity(results: dict[str, P
     lines = [ln for ln in err.splitlines() if ln.startswith("[kvtier replay] t=")]
     assert lines and "requests=" in lines[-1] and "/24 " in lines[-1]  # 6 users x 4 turns
     assert "kvtier replay: reuse opportunity of " in err and "history " in err
-    summary = json.loads((results["none"] / "summary.json").read_text())
+    summary = replay_summary(results["none"] / "summary.json")
     r = summary["reuse_opportunity"]
     assert r["requests"] == 24 and r["kv_model"] == "tiny-1b" and r["kv_bytes_per_token"] == 24576
     assert r["history_reuse_tokens"] + r["cross_session_reuse_tokens"] + r["new_tokens"] == r["prompt_tokens"]
@@ -162,12 +162,12 @@ def test_replay_says_its_progress_and_its_reuse_opportunity(results: dict[str, P
 
 
 def test_the_offload_tiers_own_counters_are_beside_the_client_figures(results: dict[str, Path]):
-    cpu = json.loads((results["cpu"] / "summary.json").read_text())["server_metrics"][0]
+    cpu = replay_summary(results["cpu"] / "summary.json")["server_metrics"][0]
     assert cpu["lmcache_lookup_requested_tokens"] > 0 and cpu["lmcache_chunks_loaded"] is not None
     assert 0 <= cpu["lmcache_lookup_hit_tokens"] <= cpu["lmcache_lookup_requested_tokens"]
     assert cpu["lmcache_l1_usage_bytes_max"] > 0  # the CPU tier held chunks at some scrape
     assert cpu["lmcache_chunks_stored"] is None  # the sim replica does not expose it: null, never a made-up 0
-    none = json.loads((results["none"] / "summary.json").read_text())["server_metrics"][0]
+    none = replay_summary(results["none"] / "summary.json")["server_metrics"][0]
     assert not none["lmcache_lookup_requested_tokens"]  # no offload tier: nothing looked up there
 
 

@@ -2,8 +2,10 @@
 
 Each virtual user sends its turns in order: it waits the recorded gap (``pre_gap`` or the
 timestamp difference, times ``--gap-scale``, less the previous request's own latency, never below
-0), then streams the request and records TTFT (first content *or reasoning* delta), inter-token
-gaps, e2e latency, usage, status and the ``x-kvtier-replica`` header. Failures are records, not
+0), then streams the request and records TTFT (the first generated token, content *or reasoning*, its text
+empty or not), inter-token gaps, e2e latency, usage, status and which replica answered: the sim's own
+``x-kvtier-replica`` header, else the ``x-kvtier-upstream`` that kvtier launch's Caddy stamps on each response
+(the upstream's host:port, for any engine behind it). Failures are records, not
 exceptions: a virtual user whose request failed stops (its session is counted incomplete/error).
 
 The stream is parsed by ``StreamRecorder``, which is given each network chunk with its arrival
@@ -102,7 +104,12 @@ class StreamRecorder:
     Feed it each network chunk with the time it arrived (seconds on the request's clock, the
     request sent at ``t0``). Events are split on blank lines; events in one chunk share its arrival
     time (one parse per chunk, not per line, keeps the client's own cost per token low — see
-    benchmarks/replay_overhead.py). TTFT is the first delta carrying content or reasoning."""
+    benchmarks/replay_overhead.py). TTFT is the first generated token's arrival, its text empty or not: a delta
+    carrying content or reasoning, or one that carries an empty ``content`` without the ``role`` (a token whose
+    text is empty, e.g. half a UTF-8 character), the role-only first delta excepted. A stream whose usage counts
+    generated tokens that no delta showed takes its TTFT from the chunk that finished the choice (``settle``); a
+    stream with no generated token at all is an error, cause ``no-output``: every request ends ok with a TTFT,
+    failed by cause, or cut."""
 
     def __init__(self, rec: ReplayRecord, t0: float) -> None:
         self.rec = rec
@@ -112,6 +119,8 @@ class StreamRecorder:
         self.parts: list[str] = []
         self.done = False
         self.first_event = False
+        self.finish_s: float | None = None  # when a choice's finish_reason arrived
+        self.usage_s: float | None = None  # when the usage arrived
 
     def feed(self, data: bytes, now: float) -> bool:
         """Consume one chunk; True once ``data: [DONE]`` arrived. A malformed event (invalid JSON or
@@ -136,6 +145,7 @@ class StreamRecorder:
                 if usage:
                     if not isinstance(usage, dict):
                         raise ValueError("usage is not an object")
+                    self.usage_s = now - self.t0
                     details = usage.get("prompt_tokens_details") or {}
                     rec["prompt_tokens"] = _count(usage.get("prompt_tokens"), "prompt_tokens")
                     rec["completion_tokens"] = _count(usage.get("completion_tokens"), "completion_tokens")
@@ -159,7 +169,9 @@ class StreamRecorder:
                     piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
                     if piece is not None and not isinstance(piece, str):
                         raise ValueError("a delta's content is not a string")
-                    if piece:
+                    if self.finish_s is None and ch.get("finish_reason") is not None:
+                        self.finish_s = now - self.t0
+                    if piece or (d.get("content") == "" and "role" not in d):
                         if self.last is None:
                             rec["ttft_s"] = now - self.t0
                         else:
@@ -167,6 +179,21 @@ class StreamRecorder:
                         self.last = now
                         self.parts.append(d.get("content") or "")
         return False
+
+    def settle(self) -> None:
+        """After ``[DONE]``: a stream whose usage counts generated tokens that no delta showed gets its TTFT from the
+        chunk that finished the choice (else the usage's); one with no generated token is an error, ``no-output``,
+        so an ok record always has a TTFT."""
+        rec = self.rec
+        if rec["ttft_s"] is not None or rec["status"] != "ok":
+            return
+        at = self.finish_s if self.finish_s is not None else self.usage_s
+        if (rec.get("completion_tokens") or 0) > 0 and at is not None:
+            rec["ttft_s"] = at
+            self.last = at
+            return
+        rec["status"], rec["cause"] = "error", "no-output"
+        rec["error"] = f"the stream ended without a generated token (usage.completion_tokens: {rec['completion_tokens']})"
 
     def transit(self, ext: Any) -> None:
         """The two legs outside the server, where its ``monotonic_s`` stamps are on this request's clock (the host's
@@ -266,7 +293,7 @@ async def stream_request(
             cfg.base_url.rstrip("/") + "/chat/completions", json=body, headers={"x-user-id": user.user_id}
         ) as r:
             rec["http_status"] = r.status
-            rec["replica"] = r.headers.get("x-kvtier-replica")
+            rec["replica"] = r.headers.get("x-kvtier-replica") or r.headers.get("x-kvtier-upstream")
             if r.status != 200:
                 text = (await r.content.read(MAX_ERROR_BYTES)).decode("utf-8", "replace")
                 rec["status"], rec["cause"], rec["error"] = "error", http_cause(r.status, text), text[:500]
@@ -276,6 +303,8 @@ async def stream_request(
                     break
             if not sr.done:  # the server closed the stream early (a dying server does)
                 rec["status"], rec["cause"], rec["error"] = "error", "connection", "stream ended without [DONE]"
+            else:
+                sr.settle()
     except asyncio.CancelledError:
         # the run is stopping (Ctrl+C, or a bound's grace ran out): recorded as cut, and the worker ends
         rec["status"], rec["cause"] = "cut", "cut-at-stop"

@@ -44,6 +44,8 @@ def record_cause(r: ReplayRecord) -> str:
     cause = r.get("cause")
     if isinstance(cause, str) and cause:
         return cause
+    if r["status"] == "ok":  # ok without a TTFT: a file written before settle() made it an error
+        return "no-output"
     if r["status"] == "cut":
         return "cut-at-stop"
     if r["status"] == "timeout":
@@ -59,7 +61,7 @@ def summarize(records: list[ReplayRecord], users_total: int, turns_per_user: int
     failures = tally(
         (record_cause(r), r.get("error") or "", r.get("http_status") if r.get("http_status") != 200 else None)
         for r in records
-        if r["status"] != "ok"
+        if r["status"] != "ok" or r["ttft_s"] is None  # every record is ok, failed by cause, or cut: they add up
     )
     tpots = [
         v for r in ok if (v := tpot_s(r["e2e_s"] or 0.0, r["ttft_s"] or 0.0, r.get("completion_tokens"))) is not None

@@ -106,3 +106,55 @@ def test_an_unknown_timing_word_is_malformed():
     sr = recorder()
     with pytest.raises(ValueError, match="timing"):
         sr.feed(event({"choices": [], "kvtier": {"timing": "guessed"}}), 1.0)
+
+
+def _usage(completion: int) -> bytes:
+    return event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": completion}})
+
+
+def test_a_token_whose_text_is_empty_still_sets_the_ttft():
+    """#41 item 8: against a real vLLM six one-token requests whose token decoded to empty text got no TTFT and were
+    counted nowhere. vLLM sends such a token as a delta with content "" and no role."""
+    sr = recorder(0.0)
+    sr.feed(delta(role="assistant", content=""), 0.3)  # the role-only delta: not a token
+    sr.feed(event({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]}), 0.7)
+    assert sr.feed(_usage(1) + b"data: [DONE]\n\n", 0.71)
+    sr.settle()
+    assert sr.rec["status"] == "ok" and sr.rec["ttft_s"] == pytest.approx(0.7) and sr.reply == ""
+
+
+def test_tokens_no_delta_showed_take_the_finishing_chunks_time():
+    sr = recorder(0.0)
+    sr.feed(delta(role="assistant"), 0.3)
+    sr.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), 0.9)
+    sr.feed(_usage(2) + b"data: [DONE]\n\n", 0.95)
+    sr.settle()
+    assert sr.rec["status"] == "ok" and sr.rec["ttft_s"] == pytest.approx(0.9)
+
+
+def test_a_stream_without_a_generated_token_is_a_counted_failure():
+    sr = recorder(0.0)
+    sr.feed(delta(role="assistant", content=""), 0.3)
+    sr.feed(_usage(0) + b"data: [DONE]\n\n", 0.4)
+    sr.settle()
+    rec = sr.rec
+    assert (rec["status"], rec["cause"], rec["ttft_s"]) == ("error", "no-output", None)
+
+
+def test_every_record_is_ok_failed_or_cut_and_the_summary_adds_up():
+    """requests_total = ok + failed + cut on every summary, an ok record without a TTFT (a file written before
+    settle existed) included: it is a no-output failure, never dropped."""
+    from kvtier.replay.summary import summarize
+
+    base = {"user": "u", "turn": 0, "e2e_s": 1.0, "itl_s": [], "http_status": 200, "cause": None}
+    recs = [
+        {**base, "status": "ok", "ttft_s": 0.1},
+        {**base, "status": "ok", "ttft_s": None},
+        {**base, "status": "error", "ttft_s": None, "cause": "connection", "error": "reset"},
+        {**base, "status": "cut", "ttft_s": None, "cause": "cut-at-stop", "error": "stopped"},
+        {**base, "status": "timeout", "ttft_s": 0.2, "error": "slow"},
+    ]
+    s = summarize(recs, 1, 5, 1.0)
+    assert s["requests_total"] == s["requests_ok"] + s["requests_failed"] + s["requests_cut_at_stop"] == 5
+    assert (s["requests_ok"], s["requests_failed"], s["requests_cut_at_stop"]) == (1, 3, 1)
+    assert s["failures"]["no-output"]["count"] == 1
