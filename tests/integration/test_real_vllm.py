@@ -22,7 +22,7 @@ import pytest
 from kvtier.launch.engines import check_engines
 from kvtier.launch.procs import free_ports
 from kvtier.replay.scrape import parse
-from tests.conftest import REPO, SHARED_DATA, kvtier_cmd
+from tests.conftest import REPO, SHARED_DATA, kvtier_cmd, replay_summary
 
 pytest.importorskip("tokenizers")
 
@@ -104,7 +104,7 @@ def test_replay_of_an_agent_trace_fills_every_field_and_hit_rates_match_the_coun
                 "--num-rounds", "3", "--concurrency", "2", "--max-requests", "6", "--warmup", "0")  # fmt: skip
     after = real_vllm.metrics()
     assert p.returncode == 0, p.stderr
-    s = json.loads((out / "summary.json").read_text())
+    s = replay_summary(out / "summary.json")
     assert s["status"] == "complete" and s["dataset"]["tokenizer"].startswith("hf:")
     recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["status"] == "ok" and r["http_status"] == 200 for r in recs)
@@ -126,7 +126,7 @@ def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: S
     p = _replay(real_vllm, out, "--synthetic", "--users", "1", "--turns", "1", "--isl", str(MAX_LEN + 500),
                 "--osl", "4", "--tokenizer", f"hf:{real_vllm.model_dir}")  # fmt: skip
     assert p.returncode == 1, p.stderr
-    s = json.loads((out / "summary.json").read_text())
+    s = replay_summary(out / "summary.json")
     assert s["status"] == "failed" and s["stop_reason"]["code"] == "too-many-failures"
     assert {w["code"] for w in s["warnings"]} >= {"prompts-exceed-context", "requests-failed"}
     (r,) = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, kvtier_cmd
+from tests.conftest import REPO, kvtier_cmd, replay_summary
 from tests.integration.test_launch import assert_no_orphans
 from tests.integration.test_real_vllm import ENGINE_PYTHON, PROBLEM, STARTUP_S, _trace
 
@@ -34,7 +34,7 @@ def test_launch_two_real_replicas_behind_caddy(tmp_path):
     assert rec["status"] == "complete" and rec["profile"] == "vllm-cpu-gpu"
     assert rec["devices"]["variable"] == "VLLM_CPU_OMP_THREADS_BIND"
     assert set(rec["devices"]["per_replica"]) == {"replica0", "replica1"}
-    s = json.loads((out / "replay" / "summary.json").read_text())
+    s = replay_summary(out / "replay" / "summary.json")
     assert s["status"] == "complete" and s["config"]["tokenizer"] == f"hf:{out.resolve() / 'model'}"
     assert s["server"]["launch"]["policies"]["lb_policy"] == "header X-User-Id"
     assert len(s["server_metrics"]) == 2 and all(m["samples"] >= 2 for m in s["server_metrics"])
@@ -43,6 +43,16 @@ def test_launch_two_real_replicas_behind_caddy(tmp_path):
     # 48 in one of three least_conn launches, "use of closed network connection"); such a cut is a recorded
     # connection failure, never a silent one — and the launch still completes
     assert len(recs) == 6 and sum(r["status"] == "ok" for r in recs) >= 4
+    # Caddy names the upstream of every response (X-Kvtier-Upstream, #41): under the GPU tier's sticky policy
+    # each user stays on one replica, one of the two launched
+    ports = {f"127.0.0.1:{p}" for p in rec["ports"]["replicas"]}
+    by_user: dict[str, set[str]] = {}
+    for r in recs:
+        if r["status"] == "ok":
+            assert r["replica"] in ports, r
+            by_user.setdefault(r["user"], set()).add(r["replica"])
+    assert by_user and all(len(v) == 1 for v in by_user.values()), by_user
+    assert sum(s["summary"]["requests_by_replica"].values()) == len(recs) - sum(r["replica"] is None for r in recs)
     assert {r["cause"] for r in recs if r["status"] != "ok"} <= {"connection"}
     # the prompts reached the replicas' prefix caches (which replica a user hashes to varies with the ports)
     assert sum(m["prefix_cache_hit_rate_overall"] is not None for m in s["server_metrics"]) >= 1

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, kvtier_cmd
+from tests.conftest import REPO, kvtier_cmd, replay_summary
 from tests.integration.test_launch import assert_no_orphans
 from tests.integration.test_real_vllm import ENGINE_PYTHON, PROBLEM, STARTUP_S, _trace
 from tests.integration.test_vllm_offload import BLOCK
@@ -105,7 +105,7 @@ def test_launch_arms_none_and_kvtier_side_by_side_on_the_cpu_build(tmp_path):
     (v,) = r["verdicts"]
     assert v["arm"] == "kvtier" and v["later_ttft_p50_ratio"] > 0 and v["why"]
     arm = out / "arms" / "kvtier-r0"
-    m = json.loads((arm / "replay" / "summary.json").read_text())["server_metrics"][0]
+    m = replay_summary(arm / "replay" / "summary.json")["server_metrics"][0]
     assert m["kvtier_offload_loaded_blocks"]["cpu"] * BLOCK == m["prompt_tokens_by_source"]["external_kv_transfer"]
     assert "Loading out-of-tree offloading spec 'KvtierOffloadingSpec'" in (arm / "logs" / "replica0.log").read_text()
     assert_no_orphans(arm)
