@@ -193,7 +193,9 @@ class StreamRecorder:
             self.last = at
             return
         rec["status"], rec["cause"] = "error", "no-output"
-        rec["error"] = f"the stream ended without a generated token (usage.completion_tokens: {rec['completion_tokens']})"
+        rec["error"] = (
+            f"the stream ended without a generated token (usage.completion_tokens: {rec['completion_tokens']})"
+        )
 
     def transit(self, ext: Any) -> None:
         """The two legs outside the server, where its ``monotonic_s`` stamps are on this request's clock (the host's
