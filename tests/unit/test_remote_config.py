@@ -136,3 +136,12 @@ def test_a_shared_namespace_is_checked_before_anything_runs():
             BenchConfig(**bad)
     with pytest.raises(ValidationError, match="sim replicas share an offload tier through kvtier cache-server"):
         SimConfig(remote_namespace="shared:x")
+
+
+@pytest.mark.parametrize("ttl", [1e20, float("inf"), 3.2e8])
+def test_a_remote_ttl_past_ten_years_is_refused_up_front(ttl):
+    """#41 item 6: --remote-ttl 1e20 was accepted, and then every write to Redis failed (an expiry past the server's
+    clock range); it is refused before the run, the flag named."""
+    with pytest.raises(ConfigError, match="remote[-_]ttl"):
+        build_bench_config({"remote_ttl": ttl})
+    assert build_bench_config({"remote_ttl": 3.1e8}).remote_ttl == 3.1e8

@@ -14,6 +14,7 @@ from kvtier.tiers import TIER_KINDS
 
 REMOTE = "remote tiers"
 GiB = 1024**3
+MAX_TTL_S = 10 * 365.25 * 86400.0  # --remote-ttl: ten years
 DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
 
 
@@ -60,8 +61,9 @@ class RemoteTierFlags(StrictModel):
         pattern=r"^(run|shared:[A-Za-z0-9._-]{1,64})$",
     )
     remote_ttl: float = flag(
-        3600.0, "seconds an entry of a shared: namespace lives on the server (Redis PX; S3: read as a miss past it)",
-        group=REMOTE, gt=0,
+        3600.0, "seconds an entry of a shared: namespace lives on the server (Redis PX; S3: read as a miss past it); "
+        "at most 10 years (Redis refuses an expiry past its clock's range, and every write would fail)",
+        group=REMOTE, gt=0, le=MAX_TTL_S,
     )  # fmt: skip
 
     @property

@@ -137,12 +137,8 @@ class RedisTier:
             raise TierUnavailable(f"{self.name} tier: cannot reach {url}: {e}") from e
         self.server = {
             "url": url,
-            "server": "valkey" if "valkey_version" in info else "redis",
-            "version": info.get("valkey_version") or info.get("redis_version"),
-            "maxmemory_bytes": int(info.get("maxmemory", 0)),
-            "maxmemory_policy": info.get("maxmemory_policy"),
-            "used_memory_bytes_at_start": int(info.get("used_memory", 0)),
-            "keys_at_start": keys,
+            **server_facts(info),
+            "keys_at_start": keys if isinstance(keys, int) and keys >= 0 else None,
             "tls": url.startswith("rediss://"),
             "part_bytes": self.part_bytes,
             "connections": self._pool.size,
@@ -426,6 +422,34 @@ MAX_SCAN_CALLS = 100_000
 """SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
 
 
+_TEXT_MAX = 64
+
+
+def _text(v: str | None) -> str | None:
+    """A server's word as data: printable characters only (no terminal escapes), at most _TEXT_MAX of them."""
+    if v is None:
+        return None
+    return "".join(ch if ch.isprintable() else "?" for ch in v[:_TEXT_MAX]).strip() or None
+
+
+def _count(v: str | None) -> int | None:
+    """A non-negative integer INFO field, or None when the server sent something else (``maxmemory:abc``)."""
+    v = (v or "").strip()
+    return int(v) if v.isdigit() and len(v) <= 20 else None
+
+
+def server_facts(info: dict[str, str]) -> dict[str, object]:
+    """What the result records of the server from its INFO, every field checked: a non-integer where a count
+    belongs is null (never a traceback), text loses control characters (never raw to the terminal)."""
+    return {
+        "server": "valkey" if "valkey_version" in info else "redis",
+        "version": _text(info.get("valkey_version") or info.get("redis_version")),
+        "maxmemory_bytes": _count(info.get("maxmemory")),
+        "maxmemory_policy": _text(info.get("maxmemory_policy")),
+        "used_memory_bytes_at_start": _count(info.get("used_memory")),
+    }
+
+
 def _info(reply: object) -> dict[str, str]:
     text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
     out = {}
@@ -436,4 +460,4 @@ def _info(reply: object) -> dict[str, str]:
     return out
 
 
-__all__ = ["RedisTier", "url_problem", "PASSWORD_ENV"]
+__all__ = ["RedisTier", "url_problem", "server_facts", "PASSWORD_ENV"]
