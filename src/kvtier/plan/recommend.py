@@ -63,6 +63,27 @@ def interval(xs: list[float]) -> Interval:
     return Interval(mean=round(m, 6), low=round(m - h, 6), high=round(m + h, 6), n=n)
 
 
+def seconds_of(xs: list[float | None]) -> tuple[list[float], int]:
+    """The latencies that can be real (finite, non-negative) and how many others there were: a trial's file is read
+    from disk, and a p95 of -1 s would "meet" any SLO."""
+    good = [float(x) for x in xs if x is not None and math.isfinite(x) and x >= 0]
+    return good, sum(1 for x in xs if x is not None) - len(good)
+
+
+def slo_verdict(p95s: list[float | None], slo_s: float | None) -> tuple[Interval, bool | None, str]:
+    """A point's TTFT p95 interval over its trials, whether it meets ``slo_s`` (the interval's upper end, or the one
+    trial's p95), and a note; impossible p95s (negative, not finite) are left out and said."""
+    good, bad = seconds_of(p95s)
+    p95 = interval(good)
+    notes = [f"{bad} trial(s) with an impossible TTFT p95 left out"] if bad else []
+    meets = None
+    if slo_s is not None and p95.mean is not None:
+        meets = (p95.high if p95.high is not None else p95.mean) <= slo_s
+        if p95.high is None:
+            notes.append("one trial: no interval")
+    return p95, meets, "; ".join(notes)
+
+
 class PointStats(_Report):
     point: str
     cpu_gb: float
@@ -156,19 +177,12 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
         if concurrency is not None and conc != concurrency:
             continue
         shares = [r.summary.ttft_decomposition.token_share if r.summary.ttft_decomposition else None for r in rs]
-        p95 = interval([r.summary.ttft_s.p95 for r in rs if r.summary.ttft_s.p95 is not None])
-        meets = None
-        note = ""
-        if slo_ttft_p95_s is not None and p95.mean is not None:
-            bound = p95.high if p95.high is not None else p95.mean
-            meets = bound <= slo_ttft_p95_s
-            if p95.high is None:
-                note = "one trial: no interval"
+        p95, meets, note = slo_verdict([r.summary.ttft_s.p95 for r in rs], slo_ttft_p95_s)
         points.append(
             PointStats(
                 point=name, cpu_gb=cpu, nvme_gb=nvme, concurrency=conc, trials=len(rs),
                 trials_not_complete=missing.get(name, 0), ttft_p95_s=p95,
-                ttft_p50_s=interval([r.summary.ttft_s.p50 for r in rs if r.summary.ttft_s.p50 is not None]),
+                ttft_p50_s=interval(seconds_of([r.summary.ttft_s.p50 for r in rs])[0]),
                 gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None]),
                 offload_hit_share=interval([sum(v for k, v in s.items() if k not in NOT_OFFLOAD)
                                             for s in shares if s is not None]),
