@@ -563,6 +563,23 @@ def test_precondition_writes_keeps_until_needed_then_removes(tmp_path, cache_dir
     assert os.listdir(cache_dir) == []
 
 
+def test_a_precondition_that_writes_less_than_asked_says_so(tmp_path, cache_dir, small_workload):
+    """#41 item 10: a 0.2 GB precondition file cannot enter a 0.1 GB tier: the shortfall is recorded in
+    setup.precondition and a coded warning names it (the run said complete with no word before)."""
+    out = tmp_path / "r.json"
+    args = ["--model", "tiny-1b", "--num-users", "2", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0"]
+    args += ["--storage-capacity-gb", "0.1", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--config"]
+    args += [small_workload, "--precondition", "--precondition-size-gb", "0.2", "--output", str(out)]
+    p = bench(args, tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    pc = r["setup"]["precondition"]
+    assert not pc["completed"] and pc["shortfall_bytes"] == pc["requested_bytes"] - pc["written_bytes"] > 0
+    (w,) = [w for w in r["warnings"] if w["code"] == "precondition-short"]
+    assert w["shortfall_bytes"] == pc["shortfall_bytes"] and w["requested_bytes"] == int(0.2 * 2**30)
+    assert "--precondition wrote" in p.stdout + p.stderr
+
+
 def test_autoscaling_capacity_really_changes_users(tmp_path, cache_dir, small_workload):
     cfg = tmp_path / "as.yaml"
     cfg.write_text(Path(small_workload).read_text() + "autoscaler:\n  interval_s: 1.0\n  max_users: 16\n")

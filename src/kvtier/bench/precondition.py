@@ -80,6 +80,7 @@ def precondition(
         "bytes_per_sec": round(total / seconds, 1) if seconds > 0 else None,
         "completed": total == size_bytes and not errors,
         "errors": errors[:5],
+        "shortfall_bytes": size_bytes - total,
         "kept_bytes": kept,  # still on the device when the load began (removed as the tier needs room)
         "kept_files": store.filler_entries(),
     }

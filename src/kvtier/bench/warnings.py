@@ -44,6 +44,21 @@ def run_warnings(
                 entries=run.prepopulated_entries,
             )
         )
+    pre: dict[str, Any] = dict(run.setup.get("precondition") or {})
+    if pre and not pre.get("completed"):
+        req, got = int(pre["requested_bytes"]), int(pre["written_bytes"])
+        errs = [str(e) for e in pre.get("errors") or []]
+        why = f": {errs[0]}" if errs else " (stopped)"
+        out.append(
+            warning(
+                WarningCode.precondition_short,
+                f"--precondition wrote {got / GB:.2f} of the {req / GB:.2f} GB asked{why}; the device is less "
+                "conditioned than asked (setup.precondition)",
+                requested_bytes=req,
+                written_bytes=got,
+                shortfall_bytes=req - got,
+            )
+        )
     written = tiers["storage"]["write"]["bytes"] if "storage" in tiers else 0
     if not comp.file_tier.direct and written < 0.5 * mem_total_bytes():
         out.append(

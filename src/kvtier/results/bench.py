@@ -260,6 +260,7 @@ class PreconditionStats(Section):
     bytes_per_sec: float | None
     completed: bool
     errors: list[str]
+    shortfall_bytes: int | None = None  # requested - written (None: older results)
     kept_bytes: int | None = None  # still on the device when the load began (None: older results)
     kept_files: int | None = None
 

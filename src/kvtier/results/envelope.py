@@ -102,6 +102,7 @@ class WarningCode(enum.StrEnum):
     errors_seen = "errors-seen"  # tier operations failed (a failed request is requests-failed)
     requests_dropped = "requests-dropped"  # bench --arrival open: requests found the queue full (never served)
     discard_mount = "discard-mount"  # bench: the cache dir's filesystem trims every delete (mounted -o discard)
+    precondition_short = "precondition-short"  # bench: --precondition wrote less than it was asked to
     stores_dropped = "stores-dropped"  # bench: stores no tier could take (dropped, not failed)
     requests_failed = "requests-failed"  # some requests failed: counts by cause (results/outcome.py)
     prompts_exceed_context = "prompts-exceed-context"  # replay: prompts longer than the server's max_model_len
