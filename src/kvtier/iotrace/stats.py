@@ -52,22 +52,29 @@ def _sig(x: float) -> float:
 
 
 MAX_TIMELINE_BINS = 10_000
-"""At most this many rate bins: a trace whose span would need more is binned coarser (``rate_interval_s``
-says the width used), so time and JSON size follow the rows, never the timestamps' span."""
+BINS_PER_ROW, MIN_BINS = 4, 64
+"""At most this many rate bins, and at most BINS_PER_ROW per row of the trace (MIN_BINS at least): a trace whose
+span would need more is binned coarser (``rate_interval_s`` says the width used), so time and JSON size follow
+the rows, never the timestamps' span (two rows far apart gave 1.1 MB of empty bins with the first cap alone)."""
+
+
+def timeline_bins(trace: IOTrace) -> int:
+    """The most rate bins ``trace`` gets."""
+    return min(MAX_TIMELINE_BINS, max(MIN_BINS, BINS_PER_ROW * len(trace)))
 
 
 def timeline_interval(trace: IOTrace, interval_s: float) -> float:
-    """``interval_s``, widened so that the trace's span fits in MAX_TIMELINE_BINS bins."""
+    """``interval_s``, widened so that the trace's span fits in ``timeline_bins`` bins."""
     if not len(trace):
         return interval_s
     span = float(trace.ts.max() - trace.ts.min())
-    return max(interval_s, span / (MAX_TIMELINE_BINS - 1)) if span > 0 else interval_s
+    return max(interval_s, span / (timeline_bins(trace) - 1)) if span > 0 else interval_s
 
 
 def rate_timeline(trace: IOTrace, interval_s: float) -> list[dict[str, float]]:
     interval_s = timeline_interval(trace, interval_s)
     t = trace.ts - trace.ts[0]
-    bins = np.minimum(np.floor(t / interval_s), MAX_TIMELINE_BINS - 1).astype(np.int64)
+    bins = np.minimum(np.floor(t / interval_s), timeline_bins(trace) - 1).astype(np.int64)
     n = int(bins.max()) + 1 if len(trace) else 0
     ops = np.bincount(bins, minlength=n)
     rb = np.bincount(bins, weights=np.where(trace.op == 0, trace.size, 0), minlength=n)
