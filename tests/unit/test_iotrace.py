@@ -327,7 +327,8 @@ def test_the_rate_timeline_follows_the_rows_not_the_timestamps_span(tmp_path: Pa
         ("nan,Write,100,Tier-1,a,Prefill", "Timestamp 'nan' is not a finite number"),
         ("inf,Write,100,Tier-1,a,Prefill", "Timestamp 'inf' is not a finite number"),
         ("1.0,Write,99999999999999999999999,Tier-1,a,Prefill", "Object_Size_Bytes 99999999999999999999999 is outside"),
-        ("1.0,Write,9223372036854775000,Tier-1,a,Prefill", "is outside 0..281474976710656"),
+        ("1.0,Write,9223372036854775000,Tier-1,a,Prefill", "is outside 0..184467440737 "),
+        ("1.0,Write,281474976710656,Tier-1,a,Prefill", "must sum within int64"),  # 2^48: wrapped at 32,768 rows
         ("1.0,Write,1e3,Tier-1,a,Prefill", "Object_Size_Bytes '1e3' is not an integer"),
         ("1.0,Wrte,100,Tier-1,a,Prefill", "Operation 'Wrte' is not Write or Read"),
         ("1.0,Write,100,Tier-9,a,Prefill", "Tier 'Tier-9' is not one of"),
@@ -363,3 +364,18 @@ def test_a_trace_longer_than_max_rows_is_refused_at_the_row_past_it(tmp_path: Pa
 
     out = subprocess.run([*kvtier_cmd(), "trace", "stats", str(p), "--max-rows", "3"], capture_output=True, text=True)
     assert out.returncode != 0 and "t.csv:5: more than 3 operations" in out.stderr, out.stderr
+
+
+def test_sizes_of_a_whole_trace_always_sum_within_int64(tmp_path: Path):
+    """#41: sizes inside 0..2^48 wrapped the totals at 32,768 rows (negative bytes); the limit now falls with
+    --max-rows, so max_rows x limit fits int64, and a short trace may still hold 2^48."""
+    from kvtier.telemetry.iotrace import INT64_MAX, MAX_OBJECT_BYTES, size_limit
+
+    for rows in (1, 2, 32_768, 40_000, 50_000_000, 10**9):
+        assert size_limit(rows) * rows <= INT64_MAX and size_limit(rows) <= MAX_OBJECT_BYTES
+    p = tmp_path / "big.csv"
+    p.write_text(
+        HEADER + f"0.5,Write,{MAX_OBJECT_BYTES},Tier-1,a,Prefill\n1.0,Read,{MAX_OBJECT_BYTES},Tier-1,a,Decode\n"
+    )
+    t = read_trace(str(p), max_rows=2)
+    assert int(t.size.sum()) == 2 * MAX_OBJECT_BYTES

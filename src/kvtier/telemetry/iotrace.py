@@ -241,7 +241,17 @@ def _open_text(path: str) -> IO[str]:
 
 
 MAX_OBJECT_BYTES = 1 << 48
-"""The largest Object_Size_Bytes read (256 TiB): beyond it sizes summed in int64 could wrap."""
+"""The largest Object_Size_Bytes read (256 TiB), and less for a longer trace (``size_limit``)."""
+INT64_MAX = (1 << 63) - 1
+
+
+def size_limit(max_rows: int) -> int:
+    """The largest Object_Size_Bytes a trace of up to ``max_rows`` rows may hold: MAX_OBJECT_BYTES, or less, so that
+    every row's size summed stays inside int64 (2^48 wrapped the totals at 32,768 rows; at the default 50 M rows the
+    limit is 184 GB an operation)."""
+    return min(MAX_OBJECT_BYTES, INT64_MAX // max(1, max_rows))
+
+
 MAX_PHASES = 127
 """Distinct Phase values a trace may hold (their index is an int8)."""
 
@@ -269,6 +279,7 @@ def read_trace(path: str, max_bad_rows: int = 0, max_rows: int = MAX_TRACE_ROWS)
     a row past ``max_rows``."""
     if not os.path.isfile(path):
         raise DatasetError(f"{path}: no such file")
+    biggest = size_limit(max_rows)
     ts = array.array("d")
     ops = array.array("b")
     sizes = array.array("q")
@@ -306,8 +317,11 @@ def read_trace(path: str, max_bad_rows: int = 0, max_rows: int = MAX_TRACE_ROWS)
                     if o < 0:
                         raise ValueError(f"{COLUMNS[1]} {row[i_op][:40]!r} is not Write or Read")
                     n = _checked(row[i_size], COLUMNS[2], int)
-                    if not 0 <= n <= MAX_OBJECT_BYTES:
-                        raise ValueError(f"{COLUMNS[2]} {n} is outside 0..{MAX_OBJECT_BYTES} (2^48)")
+                    if not 0 <= n <= biggest:
+                        raise ValueError(
+                            f"{COLUMNS[2]} {n} is outside 0..{biggest} (the sizes of up to --max-rows {max_rows:,} "
+                            "rows must sum within int64)"
+                        )
                     if row[i_tier] not in TIER_NUMBERS:
                         raise ValueError(f"{COLUMNS[3]} {row[i_tier][:40]!r} is not one of {', '.join(TIER_NUMBERS)}")
                     tr = TIER_NUMBERS[row[i_tier]]
