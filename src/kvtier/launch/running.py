@@ -108,17 +108,41 @@ class LaunchRecord:
         write_json(result, self.lp.out / "launch.json")
 
 
-def save_metrics(folder: Path, plans: list[ProcPlan]) -> None:
-    """Each process's final /metrics text, beside the replay's scraped series."""
+FINAL_METRICS_S = 15.0
+"""The most one process's last /metrics read may take, all of it (a server that dribbles cannot hold teardown)."""
+
+
+def read_metrics_page(url: str, deadline_s: float = FINAL_METRICS_S) -> str:
+    """``url``'s text, at most MAX_METRICS_BYTES (the scraper's cap) and within ``deadline_s`` in all; ValueError
+    past the size, TimeoutError past the deadline."""
+    from kvtier.replay.scrape import MAX_METRICS_BYTES
+
+    end = time.monotonic() + deadline_s
+    body = bytearray()
+    with urllib.request.urlopen(url, timeout=min(10.0, deadline_s)) as r:
+        while chunk := r.read1(1 << 16):  # what one recv brings: the deadline is checked between them
+            body += chunk
+            if len(body) > MAX_METRICS_BYTES:
+                raise ValueError(f"/metrics larger than {MAX_METRICS_BYTES} bytes: not kept")
+            if time.monotonic() > end:
+                raise TimeoutError(f"/metrics not read within {deadline_s:g} s: not kept")
+    return body.decode("utf-8", "replace")
+
+
+def save_metrics(folder: Path, plans: list[ProcPlan], deadline_s: float = FINAL_METRICS_S) -> None:
+    """Each process's final /metrics text, beside the replay's scraped series: bounded in size and time, written
+    through the atomic writer (never through a link planted at the name)."""
+    from kvtier.results.io import write_text_atomic
+
     folder.mkdir(parents=True, exist_ok=True)
     for p in plans:
         if not p.metrics:
             continue
         try:
-            with urllib.request.urlopen(p.metrics, timeout=10) as r:
-                (folder / f"{p.name}.prom").write_bytes(r.read())
-        except OSError as e:
-            (folder / f"{p.name}.prom").write_text(f"# not reachable at the end of the run: {e}\n")
+            text = read_metrics_page(p.metrics, deadline_s)
+        except (OSError, ValueError) as e:
+            text = f"# not saved at the end of the run: {e}\n"
+        write_text_atomic(folder / f"{p.name}.prom", text, flag="launch metrics")
 
 
 def ports_of(lp: LaunchPlan, p: ProcPlan) -> list[int]:
