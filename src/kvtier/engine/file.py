@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Literal
 
 from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, read_through_export, round_up
-from kvtier.engine.runs import MARKER, PROBE_PREFIX, RUN_DIR_PREFIX, create_marker, exposed_cache_dir, make_run_dir
+from kvtier.engine.runs import (
+    MARKER,
+    PROBE_PREFIX,
+    RUN_DIR_PREFIX,
+    create_marker,
+    exposed_cache_dir,
+    make_run_dir,
+    remove_if_same,
+)
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
 MAGIC = b"KVTIER01"
@@ -333,18 +341,11 @@ class FileTier:
         os.close(self._marker_fd)  # releases the lock: a folder left behind is now stale, and removable
         self._marker_fd = -1
         try:
-            mine = os.fstat(self._dir_fd)
-            try:
-                now = os.stat(self.directory.name, dir_fd=self._base_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                now = None
-            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            if not remove_if_same(self._base_fd, self.directory.name, self._dir_fd):
                 self.cleanup_problems.append(
                     f"{self.directory}: the name no longer names this run's folder (renamed or replaced while the "
                     "run used it): left alone; its entries were removed through the folder's descriptor"
                 )
-            else:
-                os.rmdir(self.directory.name, dir_fd=self._base_fd)
         except OSError as e:
             if self.cleanup_problems:  # the folder is only worth a word when we also left files in it
                 self.cleanup_problems.append(f"{self.directory}: {e.strerror}")

@@ -68,6 +68,20 @@ def make_run_dir(base: Path, name: str) -> tuple[int, int]:
         raise
 
 
+def remove_if_same(parent_fd: int, name: str, run_fd: int) -> bool:
+    """Remove the folder ``name`` in ``parent_fd`` only if that name still names the folder open as ``run_fd``;
+    False when another folder (or nothing) has the name. rmdir's own OSError (not empty, read-only) propagates."""
+    mine = os.fstat(run_fd)
+    try:
+        now = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        return False
+    os.rmdir(name, dir_fd=parent_fd)
+    return True
+
+
 def exposed_cache_dir(base: Path) -> str | None:
     """Why ``base`` lets other local users tamper with the run folders in it (writable by others without the
     sticky bit: anyone may rename or replace the folders kvtier makes there), or None. kvtier's own reads and
@@ -191,12 +205,9 @@ def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
                     problems.append(f"{d / MARKER}: {e.strerror}")
             finally:
                 os.close(lock)
-            mine = os.fstat(run_fd)
             try:  # the folder itself, only if the name still names the folder we emptied
-                now = os.stat(d.name, dir_fd=parent, follow_symlinks=False)
-                if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                if not remove_if_same(parent, d.name, run_fd):
                     return [*problems, f"{d}: another folder took its name meanwhile: left alone"]
-                os.rmdir(d.name, dir_fd=parent)
             except OSError as e:
                 problems.append(f"{d}: not removed ({e.strerror})")
         finally:
@@ -212,6 +223,7 @@ __all__ = [
     "DIR_FLAGS",
     "create_marker",
     "make_run_dir",
+    "remove_if_same",
     "exposed_cache_dir",
     "find_stale_runs",
     "remove_stale_run",
