@@ -58,6 +58,13 @@ class EntryNotFound(StorageError):
     """The key is not present in the tier."""
 
 
+class ForeignEntry(StorageError):
+    """A shared namespace holds something under the key that is not the entry the key names: its size or part
+    count is not the expected entry's, or its description is malformed or unbounded (an expiry that is not a
+    finite time within the TTL limit). Nothing of it is read; the lookup is a miss counted as ``foreign-entry``,
+    never a hit."""
+
+
 class Cancelled(StorageError):
     """An operation stopped early because the run is ending; nothing of it is kept.
 

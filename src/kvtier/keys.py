@@ -104,6 +104,16 @@ class KeyScope:
         _field(h, chunk)
         return f"kvt{KEY_VERSION}_{_slug(self.model_name)}_{h.hexdigest()}"
 
+    def tag(self) -> str:
+        """This scope as one name (model slug and a hash of every field): what a shared namespace hashes into
+        every key of a writer, so writers of different models, dtypes or layouts never meet under one key."""
+        h = hashlib.blake2b(digest_size=16)
+        _field(h, f"kvtier-scope-v{KEY_VERSION}")
+        for name, value in asdict(self).items():
+            _field(h, name)
+            _field(h, value)
+        return f"{_slug(self.model_name)}-{h.hexdigest()}"
+
     def keys_for_tokens(self, token_ids: Sequence[int], include_partial: bool = False) -> list[str]:
         return [self.key(c) for c in prefix_chunk_hashes(token_ids, self.chunk_size, include_partial)]
 

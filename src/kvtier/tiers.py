@@ -55,6 +55,7 @@ class TierSpec:
     memory_fraction: float = 1.0  # gpu: of the device, for torch's allocator
     remote: RemoteFlags | None = None  # redis, s3: the flags that name the server
     connections: int = 1  # redis, s3: the connection pool
+    scope: str = ""  # redis, s3 in a shared namespace: hashed into every key (model, dtype, layout; KeyScope.tag)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _redis(spec: TierSpec) -> Backend:
     assert f is not None and f.redis_url is not None, "a redis tier needs --redis-url"
     return RedisTier(
         f.redis_url, spec.capacity_bytes, spec.connections, f.redis_part_mb * 1024**2, timeout_s=f.remote_timeout,
-        namespace=f.shared_namespace, ttl_s=f.remote_ttl,
+        namespace=f.shared_namespace, ttl_s=f.remote_ttl, scope=spec.scope,
     )  # fmt: skip
 
 
@@ -134,7 +135,7 @@ def _s3(spec: TierSpec) -> Backend:
     assert f is not None and f.s3_bucket is not None, "an s3 tier needs --s3-bucket"
     return S3Tier(
         f.s3_endpoint, f.s3_bucket, spec.capacity_bytes, f.s3_prefix, spec.connections, f.s3_part_mb * 1024**2,
-        timeout_s=f.remote_timeout, namespace=f.shared_namespace, ttl_s=f.remote_ttl,
+        timeout_s=f.remote_timeout, namespace=f.shared_namespace, ttl_s=f.remote_ttl, scope=spec.scope,
     )  # fmt: skip
 
 

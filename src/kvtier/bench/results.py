@@ -253,6 +253,7 @@ def cache_stats(
         "fragmented_fallthroughs": rec.counters.get("fragmented_fallthroughs", 0),
         "remote_own_hits": rec.counters.get("remote_own_hits", 0),
         "remote_cross_writer_hits": rec.counters.get("remote_cross_writer_hits", 0),
+        "remote_foreign_entries": rec.counters.get("remote_foreign_entries", 0),
         **dropped_stores(rec),
     }
     for name in TIER_NAMES:

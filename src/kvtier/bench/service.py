@@ -161,7 +161,7 @@ class RequestService:
         """Read one KV object; a hit is counted (tokens, bytes, per-kind counters) here."""
         if self.stop.is_set():
             raise _Cut
-        r = self.store.get(ref.key, buf)
+        r = self.store.get(ref.key, buf, self.entry_bytes(ref.tokens))
         if r.hit:
             t.hits += 1
             t.bytes_read += r.nbytes

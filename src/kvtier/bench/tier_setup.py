@@ -65,7 +65,8 @@ def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
     if name == "storage":
         return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
                         keep_files=cfg.keep_cache, gds=gds)  # fmt: skip
-    return TierSpec(cfg.remote_capacity_bytes(name), remote=cfg, connections=plan.io_slots)
+    scope = f"{plan.workload.scope.tag()}/{cfg.kv_layout}"  # a shared namespace's keys name model and layout
+    return TierSpec(cfg.remote_capacity_bytes(name), remote=cfg, connections=plan.io_slots, scope=scope)
 
 
 def remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:

@@ -89,6 +89,17 @@ def run_warnings(
                 reason=gds["reason"],
             )
         )
+    foreign = rec.counters.get("remote_foreign_entries", 0)
+    if foreign:
+        out.append(
+            warning(
+                WarningCode.remote_foreign_entries,
+                f"{foreign} lookups in the shared namespace {cfg.remote_namespace} found something that is not the "
+                "entry its key names (size, part count or expiry): counted as misses (foreign-entry), never read as "
+                "hits. Another writer with other settings, or a hostile one, shares the namespace",
+                remote_foreign_entries=foreign,
+            )
+        )
     n_tier = sum(rec.errors.values())
     if n_tier:
         out.append(

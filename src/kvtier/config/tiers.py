@@ -10,11 +10,11 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
+from kvtier.engine.backend import MAX_TTL_S
 from kvtier.tiers import TIER_KINDS
 
 REMOTE = "remote tiers"
 GiB = 1024**3
-MAX_TTL_S = 10 * 365.25 * 86400.0  # --remote-ttl: ten years
 DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
 
 

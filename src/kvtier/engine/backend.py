@@ -8,6 +8,7 @@ noise buffer without copying them.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +17,11 @@ from typing import Protocol, runtime_checkable
 
 ALIGN = 4096
 """Alignment of every buffer address, chunk length and file offset (the usual O_DIRECT block)."""
+
+
+MAX_TTL_S = 10 * 365.25 * 86400.0
+"""The longest a shared-namespace entry may live (--remote-ttl's limit, and the latest expiry a reader believes
+from another writer): ten years."""
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -136,6 +142,29 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release memory and remove every file this tier created."""
         ...
+
+
+def shared_digest(scope: str, key: str) -> str:
+    """The name of ``key`` in a remote tier: in a shared namespace it is hashed with the writer's scope (model,
+    dtype, layout; engine callers pass ``shared_scope``), so two runs of different models never meet under one
+    key whatever their own keys look like; outside one the scope is empty and the digest is the key's alone."""
+    data = f"{len(scope)}:{scope}{key}" if scope else key
+    return hashlib.blake2b(data.encode(), digest_size=16).hexdigest()
+
+
+def expected_size_problem(total: int, parts: int, expect: int) -> str | None:
+    """Why a shared entry of ``total`` bytes in ``parts`` parts is not the entry of ``expect`` logical bytes the
+    key names, or None. A writer stores the payload (``expect``) or its aligned image (up to round_up), cut at
+    aligned chunks, so an honest entry has at most one part per 4 KiB block (two for chunks cut mid-block)."""
+    if not expect <= total <= round_up(expect):
+        return f"{total} bytes where the key names an entry of {expect}"
+    if not 1 <= parts <= max_parts(expect):
+        return f"{parts} parts where an entry of {expect} bytes has at most {max_parts(expect)}"
+    return None
+
+
+def max_parts(expect: int) -> int:
+    return 2 * (round_up(expect) // ALIGN) + 1
 
 
 @dataclass

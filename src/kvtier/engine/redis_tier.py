@@ -25,7 +25,6 @@ Credentials never come from argv: the password is read from ``KVTIER_REDIS_PASSW
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import threading
@@ -35,9 +34,18 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from kvtier.engine.backend import IOTiming, OwnKeys, check_cancel, read_through_export, round_up
+from kvtier.engine.backend import (
+    IOTiming,
+    OwnKeys,
+    check_cancel,
+    expected_size_problem,
+    max_parts,
+    read_through_export,
+    round_up,
+    shared_digest,
+)
 from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespPool
-from kvtier.errors import ConfigError, EntryNotFound, StorageError, TierFullError, TierUnavailable
+from kvtier.errors import ConfigError, EntryNotFound, ForeignEntry, StorageError, TierFullError, TierUnavailable
 
 PASSWORD_ENV = ("KVTIER_REDIS_PASSWORD", "REDISCLI_AUTH")
 CA_ENV = "KVTIER_REDIS_CA_CERT"
@@ -104,10 +112,12 @@ class RedisTier:
         timeout_s: float = 30.0,
         namespace: str | None = None,
         ttl_s: float = 3600.0,
+        scope: str = "",
     ) -> None:
         """``namespace``: None for this run's own key space (emptied by close()), or NAME of a shared one: every
         key written lives ``ttl_s`` (PX), entries other writers put there are read (``read_shared``), and close()
-        leaves it (``kvtier clean --remote`` empties it)."""
+        leaves it (``kvtier clean --remote`` empties it). ``scope``: in a shared namespace, what besides the key
+        names an entry's bytes (model, dtype, layout: ``shared_scope``), hashed into every key there."""
         self.name = name
         problem = url_problem(url)
         if problem is not None:
@@ -117,6 +127,7 @@ class RedisTier:
         self.part_bytes = round_up(max(part_bytes, 4096))
         self.writer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this run (and rank)
         self.namespace = namespace
+        self.scope = scope if namespace else ""
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = (
             f"{KEY_PREFIX}:shared:{namespace}" if namespace else f"{KEY_PREFIX}:{self.writer.split('-', 1)[1]}"
@@ -145,6 +156,7 @@ class RedisTier:
             "key_prefix": self.prefix,
             "namespace": f"shared:{namespace}" if namespace else "run",
             "ttl_s": ttl_s if namespace else None,
+            "scope": self.scope or None,
             "writer": self.writer,
         }
 
@@ -166,7 +178,7 @@ class RedisTier:
 
     # -- naming ----------------------------------------------------------------------------
     def _base(self, key: str) -> str:
-        return f"{self.prefix}:{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}"
+        return f"{self.prefix}:{shared_digest(self.scope, key)}"
 
     def _part_keys(self, key: str, parts: int) -> list[str]:
         base = self._base(key)
@@ -226,28 +238,38 @@ class RedisTier:
         return ("PX", str(self.ttl_ms)) if self.namespace else ()
 
     def read_shared(
-        self, key: str, buf: memoryview, cancel: threading.Event | None = None
+        self, key: str, buf: memoryview, expect: int, cancel: threading.Event | None = None
     ) -> tuple[int, IOTiming, bool] | None:
         """In a shared namespace, an entry this run does not hold but some writer put there (another rank, an
         earlier run): read it through ``buf``; (bytes, timing, whether another writer wrote it), or None when
-        the server has no such entry (or its TTL ended). Outside a shared namespace: None."""
+        the server has no such entry (or its TTL ended). Outside a shared namespace: None.
+
+        Nothing of a writer's is believed before it is checked: the description is read with a bound on its
+        length (GETRANGE), and its total size and part count must be those of the ``expect``-byte entry the key
+        names before any part is asked for; anything else raises ForeignEntry (a miss by cause, never a hit)."""
         if not self.namespace:
             return None
         t0 = time.perf_counter_ns()
+        cap = _meta_limit(expect)
         try:
             with self._conn() as c:
-                meta = c.call("GET", f"{self._base(key)}:m")
+                meta = c.call("GETRANGE", f"{self._base(key)}:m", 0, cap)  # at most cap + 1 bytes
         except (RespError, RespConnectionError) as e:
             raise self._fail(f"lookup of {key!r}", e) from e
-        if not isinstance(meta, bytes):
+        if not isinstance(meta, bytes) or not meta:  # GETRANGE of a missing key is the empty string
             return None
+        if len(meta) > cap:
+            raise ForeignEntry(f"{self.name} tier: {key!r}: an entry description longer than {cap} bytes")
         fields = meta.decode(errors="replace").split(" ")
         try:
-            writer, lengths = fields[0], [int(x) for x in fields[1:]]
+            writer, lengths = fields[0], [int(x) for x in fields[1:] if len(x) <= 20]
         except ValueError:
-            raise StorageError(f"{self.name} tier: {key!r}: a malformed entry description") from None
-        if not lengths or any(n <= 0 or n > self.part_bytes for n in lengths):
-            raise StorageError(f"{self.name} tier: {key!r}: a malformed entry description")
+            raise ForeignEntry(f"{self.name} tier: {key!r}: a malformed entry description") from None
+        if len(lengths) != len(fields) - 1 or any(n <= 0 for n in lengths):
+            raise ForeignEntry(f"{self.name} tier: {key!r}: a malformed entry description")
+        problem = expected_size_problem(sum(lengths), len(lengths), expect)
+        if problem is not None:
+            raise ForeignEntry(f"{self.name} tier: {key!r}: {problem}")
         timing = IOTiming()
         for _ in self._export_parts(key, lengths, buf, timing, cancel):
             pass
@@ -420,6 +442,15 @@ ABORT_CLEANUP_TIMEOUT_S = 1.0
 """Each cleanup call's deadline after an interrupt (a healthy server answers in milliseconds)."""
 MAX_SCAN_CALLS = 100_000
 """SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
+
+
+WRITER_MAX = 256
+"""The longest writer name a shared entry's description may start with (host-pid-id is well under it)."""
+
+
+def _meta_limit(expect: int) -> int:
+    """The longest description an entry of ``expect`` bytes has: its writer and one length per part."""
+    return WRITER_MAX + max_parts(expect) * (len(str(round_up(expect))) + 1)
 
 
 _TEXT_MAX = 64

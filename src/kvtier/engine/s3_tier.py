@@ -20,8 +20,8 @@ missing and is never removed.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import math
 import os
 import socket
 import threading
@@ -30,10 +30,20 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kvtier.engine.backend import IOTiming, OwnKeys, check_cancel, read_through_export, round_up
-from kvtier.errors import EntryNotFound, StorageError, TierFullError, TierUnavailable, UnsupportedError
+from kvtier.engine.backend import (
+    MAX_TTL_S,
+    IOTiming,
+    OwnKeys,
+    check_cancel,
+    expected_size_problem,
+    read_through_export,
+    round_up,
+    shared_digest,
+)
+from kvtier.errors import EntryNotFound, ForeignEntry, StorageError, TierFullError, TierUnavailable, UnsupportedError
 
 MIN_PART_BYTES = 5 * 1024 * 1024
+
 DEFAULT_PART_BYTES = 16 * 1024 * 1024
 
 
@@ -63,11 +73,13 @@ class S3Tier:
         region: str | None = None,
         namespace: str | None = None,
         ttl_s: float = 3600.0,
+        scope: str = "",
     ) -> None:
         """``namespace``: None for this run's own prefix (emptied by close()), or NAME of a shared one under
         PREFIX/shared/NAME/: objects carry their writer and expiry time as metadata, an object past its expiry
         reads as a miss (S3 has no per-object TTL; a bucket lifecycle rule or ``kvtier clean --remote`` removes
-        it), other writers' objects are read (``read_shared``), and close() leaves the namespace."""
+        it), other writers' objects are read (``read_shared``), and close() leaves the namespace. ``scope``: in a
+        shared namespace, what besides the key names an entry's bytes (``shared_scope``), hashed into its name."""
         boto3, config, exc = _boto()
         self._exc = exc
         self.name = name
@@ -77,6 +89,7 @@ class S3Tier:
         run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.writer = f"{socket.gethostname()}-{run}"
         self.namespace = namespace
+        self.scope = scope if namespace else ""
         self.ttl_s = ttl_s
         self.prefix = f"{prefix.strip('/')}/{f'shared/{namespace}' if namespace else run}".lstrip("/")
         cfg = config.Config(
@@ -121,11 +134,12 @@ class S3Tier:
             "region": region,
             "namespace": f"shared:{namespace}" if namespace else "run",
             "ttl_s": ttl_s if namespace else None,
+            "scope": self.scope or None,
             "writer": self.writer,
         }
 
     def _object(self, key: str) -> str:
-        return f"{self.prefix}/{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}"
+        return f"{self.prefix}/{shared_digest(self.scope, key)}"
 
     def _fail(self, what: str, e: BaseException) -> StorageError:
         exc = self._exc
@@ -222,10 +236,14 @@ class S3Tier:
         return {"Metadata": {"kvtier-writer": self.writer, "kvtier-expires": f"{time.time() + self.ttl_s:.3f}"}}
 
     def read_shared(
-        self, key: str, buf: memoryview, cancel: threading.Event | None = None
+        self, key: str, buf: memoryview, expect: int, cancel: threading.Event | None = None
     ) -> tuple[int, IOTiming, bool] | None:
         """In a shared namespace, an object this run does not hold but some writer put there: read it through
-        ``buf``; (bytes, timing, whether another writer wrote it), or None when there is none or it expired."""
+        ``buf``; (bytes, timing, whether another writer wrote it), or None when there is none or it expired.
+
+        The writer is believed in nothing before its HEAD is checked: the object's size must be the
+        ``expect``-byte entry's and its expiry a finite time within MAX_TTL_S from now; otherwise ForeignEntry
+        (a miss by cause, never a hit) and no byte of it is read."""
         if not self.namespace:
             return None
         t0 = time.perf_counter_ns()
@@ -238,18 +256,25 @@ class S3Tier:
         except Exception as e:
             raise self._fail(f"lookup of {key!r}", e) from e
         meta = head.get("Metadata") or {}
-        try:
-            expires = float(meta.get("kvtier-expires", "0"))
-        except ValueError:
-            expires = 0.0
-        if expires < time.time():
+        now = time.time()
+        expires = _number(meta.get("kvtier-expires"))
+        if expires is None or not expires <= now + MAX_TTL_S:  # nan, inf, 1e308, text, or none at all
+            raise ForeignEntry(
+                f"{self.name} tier: {key!r}: expiry {str(meta.get('kvtier-expires'))[:40]!r} is not a time within "
+                f"{MAX_TTL_S:.0f} s"
+            )
+        if expires < now:
             return None  # past its TTL: a miss (the object stays until a lifecycle rule or kvtier clean --remote)
-        size = int(head.get("ContentLength", 0))
+        length = _number(head.get("ContentLength"))
+        size_b = int(length) if length is not None else -1
+        problem = expected_size_problem(size_b, 1, expect)
+        if problem is not None:
+            raise ForeignEntry(f"{self.name} tier: {key!r}: {problem}")
         timing = IOTiming(device_ns=time.perf_counter_ns() - t0)
-        for _ in self._export_object(key, size, buf, timing, cancel):
+        for _ in self._export_object(key, size_b, buf, timing, cancel):
             pass
         timing.host_ns = time.perf_counter_ns() - t0 - timing.device_ns
-        return size, timing, meta.get("kvtier-writer") != self.writer
+        return size_b, timing, meta.get("kvtier-writer") != self.writer
 
     def export(
         self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
@@ -369,6 +394,15 @@ def _read_into(body: Any, view: memoryview) -> int:
             break
         got += r
     return got  # a short body is the caller's error; urllib3 enforces Content-Length
+
+
+def _number(v: object) -> float | None:
+    """A finite number from a server's header or metadata, or None (text, nan, inf, none)."""
+    try:
+        x = float(str(v)[:64]) if v is not None else math.nan
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _code(e: Any) -> str:

@@ -45,7 +45,7 @@ from kvtier.engine.store_api import (
     PutResult,
     StoreConfig,
 )
-from kvtier.errors import Cancelled, EntryNotFound, StorageError, TierFullError
+from kvtier.errors import Cancelled, EntryNotFound, ForeignEntry, StorageError, TierFullError
 
 
 class _Entry:
@@ -396,12 +396,14 @@ class TieredStore:
             raise last_error
         raise TierFullError(f"no tier can hold {key!r} ({nbytes} bytes)")
 
-    def get(self, key: str, buf: memoryview) -> GetResult:
-        """Read an entry through ``buf``. A miss is a result, not an error."""
+    def get(self, key: str, buf: memoryview, expect: int | None = None) -> GetResult:
+        """Read an entry through ``buf``. A miss is a result, not an error. ``expect``: the entry's logical bytes
+        as the key names them; a key this store does not hold is looked up in its shared tiers only when given
+        (what another writer put there is checked against it)."""
         with self._lock:
             e = self._entries.get(key)
         if e is None:
-            return self._get_shared(key, buf)
+            return self._get_shared(key, buf, expect) if expect is not None else GetResult(hit=False)
         if self.config.promotion == "on-read":
             promoted = self._try_promote(e, buf)
             if promoted is not None:
@@ -427,14 +429,18 @@ class TieredStore:
             self.sink.count("remote_own_hits")
         return GetResult(True, t.backend.name, e.nbytes, timing)
 
-    def _get_shared(self, key: str, buf: memoryview) -> GetResult:
+    def _get_shared(self, key: str, buf: memoryview, expect: int) -> GetResult:
         """A key this store does not hold, looked up in the tiers whose key space is shared (``read_shared``:
         Redis or S3 with --remote-namespace shared:NAME): an entry another rank or an earlier run wrote there
         serves the read from that tier (counted as a cross-writer hit; it stays theirs, this store does not
-        take it into its accounting). A failed lookup is a tier error and a miss."""
+        take it into its accounting). Something there that is not the ``expect``-byte entry the key names is
+        a miss counted as ``remote_foreign_entries`` (never a hit); a failed lookup is a tier error and a miss."""
         for t in self._shared:
             try:
-                got = t.backend.read_shared(key, buf, self.cancel)  # type: ignore[attr-defined]  # Redis/S3 only
+                got = t.backend.read_shared(key, buf, expect, self.cancel)  # type: ignore[attr-defined]  # Redis/S3
+            except ForeignEntry:
+                self.sink.count("remote_foreign_entries")
+                continue
             except StorageError as exc:
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "read", "request", exc.bytes_done)

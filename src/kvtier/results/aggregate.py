@@ -50,6 +50,7 @@ class Totals(Section):
     tier_bytes: dict[str, dict[str, int]]  # tier -> {read, written}: Σ logical bytes of completed ops
     remote_own_hits: int = 0  # Σ reads a rank's shared remote tier served from entries that rank wrote
     remote_cross_writer_hits: int = 0  # Σ reads served from entries another rank or an earlier run wrote
+    remote_foreign_entries: int = 0  # Σ shared lookups that found something other than the entry the key names
 
 
 class PooledLatency(Section):

@@ -123,6 +123,7 @@ class WarningCode(enum.StrEnum):
     latency_tracing_unavailable = "latency-tracing-unavailable"
     io_trace_incomplete = "io-trace-incomplete"
     remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
+    remote_foreign_entries = "remote-foreign-entries"  # a shared namespace held what its keys do not name: misses
     fault_not_recovered = "fault-not-recovered"  # launch --fault: the restarted part did not answer again
     fault_not_injected = "fault-not-injected"  # launch --fault: the replay ended before the fault's time
     ladder_unverified = "ladder-unverified"  # ladder: points whose counters did not show the intended source
