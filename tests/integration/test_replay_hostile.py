@@ -70,6 +70,20 @@ class Hostile:
                 await resp.write(DATA + b'{"choices": [')
                 for _ in range(100):  # 10 MB, never a separator
                     await resp.write(b"1," * 50_000)
+            elif kind.startswith("decomposition-"):  # a token, then kvtier's extension as a hostile server sends it
+                d = {"tokens": {"gpu": 0, "recomputed": 1}, "seconds": {"queue": 0.0001}, "server_ttft_s": 0.0001}
+                if kind == "decomposition-nan":
+                    d["seconds"] = {"queue": float("nan")}
+                elif kind == "decomposition-names":
+                    d["seconds"] = {f"part-{i}-" + "x" * 60_000: 0.0 for i in range(50)}  # 3 MB of names
+                elif kind == "decomposition-digits":
+                    d["tokens"] = {"gpu": 10**400}
+                elif kind == "decomposition-long":
+                    d["server_ttft_s"] = 3600.0
+                ext = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}, "kvtier": {
+                    "ttft_decomposition": d}}  # fmt: skip
+                await resp.write(delta("a") + DATA + json.dumps(ext).encode() + b"\n\n" + b"data: [DONE]\n\n")
+                return resp
             elif kind == "slow":
                 while True:  # one token a second, forever
                     await resp.write(delta("t"))
@@ -150,6 +164,30 @@ def test_malformed_output_is_recorded_per_request_and_bounded(tmp_path: Path):
     m = s["server_metrics"][0]  # the endless /metrics page: scrape errors, no samples, no memory blow-up
     assert m["samples"] == 0 and m["scrape_errors"] >= 2
     assert "scrape-failed" in {w["code"] for w in s["warnings"]}
+
+
+def test_a_hostile_decomposition_is_dropped_and_counted_and_the_requests_stand(tmp_path: Path):
+    """#41 item 4: NaN, 3 MB of part names, a 401-digit count and a server TTFT longer than the request are each
+    dropped from their record with a counted warning; the requests stay ok, the honest one keeps its parts, and
+    requests.jsonl stays small (the audit's 100 requests made 368 MB)."""
+    kinds = ["decomposition-nan", "decomposition-names", "decomposition-digits", "decomposition-long",
+             "decomposition-fine"]  # fmt: skip
+    server = Hostile(kinds)
+    try:
+        p = subprocess.run(replay_cmd(server, sessions(tmp_path / "d.jsonl", 5), tmp_path / "out"),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        server.close()
+    assert "Traceback" not in p.stderr, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["ok"] * 5
+    assert [bool(r.get("decomposition_dropped")) for r in recs] == [True] * 4 + [False]
+    assert recs[4]["server_ttft_parts"] == {"queue": 0.0001} and recs[0]["server_ttft_parts"] is None
+    assert (tmp_path / "out" / "requests.jsonl").stat().st_size < 20_000
+    s = replay_summary(tmp_path / "out" / "summary.json")
+    assert s["summary"]["ttft_decomposition"]["dropped"] == 4 and s["summary"]["ttft_decomposition"]["requests"] == 1
+    w = [w for w in s["warnings"] if w["code"] == "decomposition-dropped"]
+    assert w and w[0]["requests"] == 4
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

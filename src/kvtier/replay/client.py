@@ -24,7 +24,7 @@ import aiohttp
 
 from kvtier.replay.datasets import VirtualUser
 from kvtier.replay.summary import http_cause
-from kvtier.results.replay import ReplayRecord
+from kvtier.results.replay import Decomposition, ReplayRecord, decomposition_problem
 from kvtier.telemetry.clock import MONOTONIC, Clock
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
@@ -121,6 +121,8 @@ class StreamRecorder:
         self.first_event = False
         self.finish_s: float | None = None  # when a choice's finish_reason arrived
         self.usage_s: float | None = None  # when the usage arrived
+        self.decomposition: Decomposition | None = None  # the server's, checked; into the record by finish()
+        self.decomposition_problem: str | None = None  # why the server's was dropped
 
     def feed(self, data: bytes, now: float) -> bool:
         """Consume one chunk; True once ``data: [DONE]`` arrived. A malformed event (invalid JSON or
@@ -154,7 +156,11 @@ class StreamRecorder:
                     )
                 ext = ev.get("kvtier")
                 if ext is not None:
-                    decomposition(rec, ext)
+                    sim_timing(rec, ext)
+                    try:
+                        self.decomposition = decomposition(ext) or self.decomposition
+                    except DecompositionRejected as e:
+                        self.decomposition, self.decomposition_problem = None, str(e)
                     self.transit(ext)
                 choices = ev.get("choices") or ()
                 if not isinstance(choices, (list, tuple)):
@@ -197,6 +203,29 @@ class StreamRecorder:
             f"the stream ended without a generated token (usage.completion_tokens: {rec['completion_tokens']})"
         )
 
+    def finish(self, e2e_s: float) -> None:
+        """The server's decomposition into the record, once the request's own e2e time bounds it: no part, and not
+        their sum, may exceed it (and the tokens by source not the prompt's count); else it is dropped, and
+        ``decomposition_dropped`` says why (counted in the summary, with a warning)."""
+        rec, d = self.rec, self.decomposition
+        problem = self.decomposition_problem
+        if d is not None and problem is None:
+            bound = e2e_s * (1 + 1e-6) + 1e-3  # the server's clock inside the client's, rounding allowed
+            worst = max([d.server_ttft_s, *d.seconds.values()])
+            prompt = rec.get("prompt_tokens")
+            if worst > bound:
+                problem = f"a part of {worst:.6g} s is longer than the request's own {e2e_s:.6g} s"
+            elif prompt is not None and sum(d.tokens.values()) > prompt:
+                problem = f"{sum(d.tokens.values())} tokens by source, more than the prompt's {prompt}"
+        if problem is not None:
+            rec["decomposition_dropped"] = problem[:200]
+            rec.pop("transit_s", None)  # its stamps came with the dropped decomposition
+            return
+        if d is not None:
+            rec["prompt_sources"] = d.tokens
+            rec["server_ttft_parts"] = d.seconds
+            rec["server_ttft_s"] = d.server_ttft_s
+
     def transit(self, ext: Any) -> None:
         """The two legs outside the server, where its ``monotonic_s`` stamps are on this request's clock (the host's
         monotonic clock: the default one, a server on this host): both must come out non-negative and no longer
@@ -217,36 +246,37 @@ class StreamRecorder:
         return "".join(self.parts)
 
 
-def decomposition(rec: ReplayRecord, ext: Any) -> None:
-    """kvtier's response extension (the sim's ``kvtier`` object): the request's prompt tokens by source and
-    the server's TTFT by part, into the record. Absent parts stay null; a malformed one is a ValueError."""
+class DecompositionRejected(ValueError):
+    """A server's ``kvtier.ttft_decomposition`` that is not the schema's: dropped from the record, not fatal."""
+
+
+def sim_timing(rec: ReplayRecord, ext: Any) -> None:
+    """The sim's ``kvtier.timing`` (assumed, measured or extrapolated) into the record; anything else is a
+    malformed event (ValueError)."""
     timing = ext.get("timing") if isinstance(ext, dict) else None
     if timing is not None:
         if timing not in ("assumed", "measured", "extrapolated"):
             raise ValueError(f"kvtier.timing is not assumed, measured or extrapolated: {str(timing)[:40]!r}")
         rec["sim_timing"] = timing
+
+
+def decomposition(ext: Any) -> Decomposition | None:
+    """kvtier's response extension (the sim's ``kvtier`` object): the request's prompt tokens by source and the
+    server's TTFT by part, checked against their schema (results/replay.py ``decomposition_problem``). None when
+    absent; anything else raises DecompositionRejected (the record keeps no part of it; the request is not failed
+    for it). The bound by the request's own time is ``StreamRecorder.finish``'s."""
     d = ext.get("ttft_decomposition") if isinstance(ext, dict) else "?"
     if d is None:
-        return
+        return None
     if not isinstance(d, dict):
-        raise ValueError("kvtier.ttft_decomposition is not an object")
-    tokens, seconds, total = d.get("tokens"), d.get("seconds"), d.get("server_ttft_s")
-    if not isinstance(tokens, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in tokens.items()
-    ):
-        raise ValueError("kvtier.ttft_decomposition.tokens is not an object of non-negative integers")
-    if not isinstance(seconds, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-        for k, v in seconds.items()
-    ):
-        raise ValueError("kvtier.ttft_decomposition.seconds is not an object of non-negative numbers")
-    if not isinstance(total, (int, float)) or isinstance(total, bool) or total < 0:
-        raise ValueError("kvtier.ttft_decomposition.server_ttft_s is not a non-negative number")
-    if len(tokens) > 16 or len(seconds) > 16:
-        raise ValueError("kvtier.ttft_decomposition has more than 16 sources or parts")
-    rec["prompt_sources"] = dict(tokens)
-    rec["server_ttft_parts"] = {k: float(v) for k, v in seconds.items()}
-    rec["server_ttft_s"] = float(total)
+        raise DecompositionRejected("kvtier.ttft_decomposition is not an object")
+    tokens: Any = d.get("tokens")
+    seconds: Any = d.get("seconds")
+    total: Any = d.get("server_ttft_s")
+    problem = decomposition_problem(tokens, seconds, total)
+    if problem is not None:
+        raise DecompositionRejected(f"kvtier.ttft_decomposition.{problem}")
+    return Decomposition(dict(tokens), {k: float(v) for k, v in seconds.items()}, float(total))
 
 
 def _count(v: Any, name: str) -> int | None:
@@ -307,6 +337,7 @@ async def stream_request(
                 rec["status"], rec["cause"], rec["error"] = "error", "connection", "stream ended without [DONE]"
             else:
                 sr.settle()
+            sr.finish(now_s() - t0)
     except asyncio.CancelledError:
         # the run is stopping (Ctrl+C, or a bound's grace ran out): recorded as cut, and the worker ends
         rec["status"], rec["cause"] = "cut", "cut-at-stop"

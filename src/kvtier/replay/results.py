@@ -94,6 +94,16 @@ def build_result(
             )
         )
     warnings += timing_warnings(records)
+    dropped = [r["decomposition_dropped"] for r in records if r.get("decomposition_dropped")]
+    if dropped:
+        warnings.append(
+            warning(
+                WarningCode.decomposition_dropped,
+                f"{len(dropped)} responses carried a TTFT decomposition that failed its schema or bounds and was "
+                f"dropped from their records (the requests count as they went), e.g.: {dropped[0]}",
+                requests=len(dropped),
+            )
+        )
     for m in metrics:
         if m.samples < 2:
             warnings.append(

@@ -115,7 +115,10 @@ def summarize(records: list[ReplayRecord], users_total: int, turns_per_user: int
         },
         "sessions": {"total": users_total, "complete": complete, "incomplete": incomplete, "error": error},
         "requests_by_replica": dict(replicas),
-        "ttft_decomposition": ttft_decomposition(ok),
+        "ttft_decomposition": {
+            **ttft_decomposition(ok),
+            "dropped": sum(1 for r in records if r.get("decomposition_dropped")),
+        },
     }
 
 

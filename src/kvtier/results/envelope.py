@@ -129,6 +129,7 @@ class WarningCode(enum.StrEnum):
     ladder_unverified = "ladder-unverified"  # ladder: points whose counters did not show the intended source
     ladder_source_unverified = "ladder-source-unverified"  # ladder: a source asked for has no verified point
     ladder_tier_unreachable = "ladder-tier-unreachable"  # ladder: no flood size pushes a prefix down to the tier
+    decomposition_dropped = "decomposition-dropped"  # replay: a server's TTFT decomposition failed its schema/bounds
     sim_timing_assumed = "sim-timing-assumed"  # replay: the sim's latency model is a preset's assumed figures
     sim_timing_extrapolated = "sim-timing-extrapolated"  # replay: requests timed outside the calibration's range
     gds_off = (

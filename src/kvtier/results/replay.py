@@ -5,6 +5,9 @@ they are written on the hot path and read by tools, not by kvtier)."""
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -45,8 +48,50 @@ class ReplayRecord(TypedDict):
     # the two legs outside the server, measured on the host's one monotonic clock (the sim's stamps and the client's):
     # to_server = the sim's receipt − the client's start; to_client = the client's first token − the sim's send
     transit_s: NotRequired[dict[str, float]]
+    decomposition_dropped: NotRequired[str]  # why the server's decomposition was not believed (its schema, its bounds)
     sim_timing: NotRequired[str | None]  # the sim's kvtier.timing: assumed | measured | extrapolated (docs/serving.md)
     rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
+
+
+DECOMPOSITION_PARTS = frozenset(("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "send"))
+"""The parts of the sim's TTFT decomposition (docs/serving.md); a server naming others is not believed."""
+SOURCE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""A prompt source's name: gpu, recomputed, or an offload tier's (cpu, storage, redis, s3, nvme, ...)."""
+MAX_SOURCES = 16
+MAX_SOURCE_TOKENS = 1 << 40
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """A server's TTFT decomposition that passed ``decomposition_problem``."""
+
+    tokens: dict[str, int]
+    seconds: dict[str, float]
+    server_ttft_s: float
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e9
+
+
+def decomposition_problem(tokens: Any, seconds: Any, total: Any) -> str | None:
+    """What is wrong with a TTFT decomposition's three fields, or None: at most MAX_SOURCES sources named like
+    tiers, each a count up to 2^40; only the known parts, each a finite number of seconds in [0, 1e9); a finite,
+    non-negative total. The one schema of the client that receives it and the tools that read it back."""
+    if not isinstance(tokens, dict) or len(tokens) > MAX_SOURCES or not all(
+        isinstance(k, str) and SOURCE_NAME.fullmatch(k) and isinstance(v, int) and not isinstance(v, bool)
+        and 0 <= v <= MAX_SOURCE_TOKENS
+        for k, v in tokens.items()
+    ):  # fmt: skip
+        return f"tokens is not at most {MAX_SOURCES} sources named like tiers, each a count up to 2^40"
+    if not isinstance(seconds, dict) or not all(k in DECOMPOSITION_PARTS and _seconds(v) for k, v in seconds.items()):
+        return (
+            f"seconds is not the known parts ({', '.join(sorted(DECOMPOSITION_PARTS))}), each a finite, "
+            "non-negative number of seconds"
+        )
+    if not _seconds(total):
+        return "server_ttft_s is not a finite, non-negative number"
+    return None
 
 
 NOT_OFFLOAD = ("gpu", "recomputed")
@@ -74,22 +119,34 @@ def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
     from kvtier.errors import DatasetError
 
+    out = []
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            for n, raw in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), start=1):
+                if len(raw) > MAX_RECORD_BYTES:
+                    raise DatasetError(f"{path}:{n}: a record longer than {MAX_RECORD_BYTES} bytes")
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise DatasetError(f"{path}:{n}: not valid JSON ({getattr(e, 'msg', e)})") from None
+                if not isinstance(rec, dict):
+                    raise DatasetError(f"{path}:{n}: not a JSON object")
+                parts = (rec.get("prompt_sources"), rec.get("server_ttft_parts"), rec.get("server_ttft_s"))
+                if any(p is not None for p in parts) and (problem := decomposition_problem(*parts)) is not None:
+                    raise DatasetError(
+                        f"{path}:{n}: the TTFT decomposition (prompt_sources, server_ttft_parts, server_ttft_s): "
+                        f"{problem}"
+                    )
+                out.append((n, rec))
     except OSError as e:
         raise DatasetError(f"{path}: cannot read: {e.strerror}") from e
-    out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise DatasetError(f"{path}:{n}: not a JSON object")
-        out.append((n, rec))
     return out
+
+
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+"""The longest line of a requests.jsonl a tool reads (a record of 100k generated tokens is ~2 MB)."""
 
 
 class Degradation(Section):
@@ -121,6 +178,7 @@ class TtftDecomposition(Section):
     """Where TTFT went, by turn, and whether the parts close on the measured TTFT (docs/metrics.md)."""
 
     requests: int  # ok requests with the decomposition (0: the server sends none, e.g. a real vLLM)
+    dropped: int = 0  # requests whose server sent one that failed its schema or bounds (not counted above)
     closure_within_5pct: float | None  # the share whose parts (the server's, and both transits where measured) sum
     # within 5 % of the client's TTFT
     client_overhead_s_p50: float | None  # client TTFT minus the server's: network, HTTP and the client itself

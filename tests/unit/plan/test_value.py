@@ -4,6 +4,7 @@ integration test, tests/integration/test_replay_sim.py, reads a real one)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,3 +55,23 @@ def test_a_tier_slower_than_recompute_loses_money_and_says_so(monkeypatch: pytes
 def test_economics_rules(value: float | None, cost: float | None, pays: bool | None, breakeven: float | None):
     e = economics(0.5, value, cost)
     assert e["pays"] is pays and e["breakeven_hit_rate"] == breakeven
+
+
+def test_a_requests_file_with_an_unbounded_decomposition_is_refused_by_file_and_line(tmp_path: Path):
+    """#41 item 4, the reading side: what the client drops cannot come back through a planted requests.jsonl —
+    NaN, Infinity, 401-digit counts and unknown part names are a DatasetError naming the line, read bounded."""
+    from kvtier.errors import DatasetError
+    from kvtier.results.replay import read_records
+
+    good = {"status": "ok", "prompt_sources": {"gpu": 1}, "server_ttft_parts": {"queue": 0.1}, "server_ttft_s": 0.1}
+    for bad in ('"server_ttft_parts": {"queue": NaN}', '"server_ttft_s": Infinity', '"prompt_sources": {"gpu": '
+                + "9" * 401 + "}", '"server_ttft_parts": {"' + "x" * 5000 + '": 0.1}'):  # fmt: skip
+        f = tmp_path / "requests.jsonl"
+        f.write_text(json.dumps(good) + "\n{" + bad + "}\n")
+        with pytest.raises(DatasetError, match=r"requests.jsonl:2: the TTFT decomposition"):
+            read_records(f)
+    f.write_text(json.dumps(good) + "\n" + json.dumps({"itl_s": [0.1] * 4_000_000}) + "\n")
+    with pytest.raises(DatasetError, match=r"requests.jsonl:2: a record longer than"):
+        read_records(f)
+    f.write_text(json.dumps(good) + "\n")
+    assert read_records(f) == [(1, good)]

@@ -85,6 +85,7 @@ def test_transits_from_the_servers_monotonic_stamps_close_the_ttft():
     sr.feed(delta(role="assistant", content=""), 100.030)  # the role delta: the ladder's first-token time
     sr.feed(delta(content="a"), 100.031)
     sr.feed(_ext(100.0004, 100.0302, 0.0298), 100.040)
+    sr.finish(0.040)
     rec = sr.rec
     assert rec["first_event_s"] == pytest.approx(0.030) and rec["ttft_s"] == pytest.approx(0.031)
     assert rec["transit_s"] == {"to_server": pytest.approx(0.0004), "to_client": pytest.approx(0.0008)}
@@ -100,6 +101,63 @@ def test_stamps_of_another_clock_give_no_transit():
         sr.feed(delta(content="a"), 100.031)
         sr.feed(_ext(received, sent, 0.0298), 100.040)
         assert "transit_s" not in sr.rec
+
+
+def _decomp(**change: object) -> bytes:
+    d: dict[str, object] = {"tokens": {"gpu": 3, "cpu": 4}, "seconds": {"queue": 0.001, "fetch": 0.002},
+                            "server_ttft_s": 0.003}  # fmt: skip
+    for k, v in change.items():
+        d[k] = v
+    return event({"choices": [], "kvtier": {"ttft_decomposition": d, "monotonic_s": {"received": 100.0001}}})
+
+
+def _finished(ext: bytes, e2e: float = 0.05, prompt: int | None = 7):  # type: ignore[no-untyped-def]
+    sr = recorder(100.0)
+    sr.rec["prompt_tokens"] = prompt
+    sr.feed(delta(content="a"), 100.01)
+    sr.feed(ext, 100.02)
+    sr.finish(e2e)
+    return sr.rec
+
+
+def test_a_decomposition_of_the_schema_within_the_requests_time_is_kept():
+    rec = _finished(_decomp())
+    assert rec["prompt_sources"] == {"gpu": 3, "cpu": 4} and rec["server_ttft_s"] == 0.003
+    assert rec["server_ttft_parts"] == {"queue": 0.001, "fetch": 0.002} and "decomposition_dropped" not in rec
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"seconds": {"queue": float("nan")}}, "finite"),
+        ({"seconds": {"queue": float("inf")}}, "finite"),
+        ({"server_ttft_s": float("inf")}, "server_ttft_s"),
+        ({"seconds": {"x" * 10_000: 0.001}}, "known parts"),
+        ({"tokens": {"y" * 100: 1}}, "named like tiers"),
+        ({"tokens": {"gpu": 10**400}}, "2^40"),
+        ({"tokens": {f"t{i}": 0 for i in range(17)}}, "at most 16"),
+        ({"seconds": {"queue": 5.0}}, "longer than the request's own"),
+        ({"server_ttft_s": 7.5}, "longer than the request's own"),
+        ({"tokens": {"gpu": 8}}, "more than the prompt's 7"),
+        ({"seconds": [1, 2]}, "known parts"),
+    ],
+)
+def test_a_decomposition_outside_its_schema_or_bounds_is_dropped_not_the_request(change, why):
+    rec = _finished(_decomp(**change))
+    assert why in rec["decomposition_dropped"], rec["decomposition_dropped"]
+    assert len(rec["decomposition_dropped"]) <= 200
+    assert rec["prompt_sources"] is rec["server_ttft_parts"] is rec["server_ttft_s"] is None
+    assert "transit_s" not in rec and rec["ttft_s"] == pytest.approx(0.01)  # the request itself is as it went
+
+
+def test_the_summary_counts_dropped_decompositions():
+    from kvtier.replay.summary import summarize
+
+    good, bad = _finished(_decomp()), _finished(_decomp(seconds={"queue": float("nan")}))
+    for r in (good, bad):
+        r["status"], r["e2e_s"] = "ok", 0.05
+    d = summarize([good, bad], 2, 1, 1.0)["ttft_decomposition"]
+    assert (d["requests"], d["dropped"]) == (1, 1)
 
 
 def test_an_unknown_timing_word_is_malformed():
