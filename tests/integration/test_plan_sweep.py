@@ -93,3 +93,8 @@ def test_sweep_budget_resume_and_recommend(tmp_path: Path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert rc.returncode == 0 and "no placement swept meets" in rc.stdout, rc.stdout + rc.stderr
+    # #41 item 5: the same folder swept with another GPU size keeps nothing of the first grid's trials
+    p = sweep(out, data, "--budget", "1", "--gpu-kv-gb", "0.4")
+    r = load(out)
+    assert isinstance(r, SweepResult) and r.trials[0].status == "complete" and r.trials[0].reused is False, p.stderr
+    assert json.loads((out / r.trials[0].path / "trial.json").read_text())["gpu_kv_gb"] == 0.4

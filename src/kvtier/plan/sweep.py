@@ -11,19 +11,31 @@ Each point of the grid (CPU GB x NVMe GB x concurrency) runs ``trials`` times. A
 then ``kvtier replay`` of the dataset against it into ``POINT/trial-N/`` (a replay result folder), then stops
 the sim and removes its files. sweep.json (a ``SweepResult``) is rewritten after every trial, so a sweep cut by
 ``--budget`` (no trial starts that the mean trial time so far says would end past it), Ctrl+C or a crash
-resumes: a trial whose folder holds a complete replay result is kept (``reused``), any other is run again.
+resumes: a trial is kept (``reused``) only when its folder holds a complete replay result *and* its
+``trial.json`` — what defined the trial: the point, the sim's preset, model and GPU size, the dataset (its
+resolved path, and the size and mtime of its files), the replay's settings — equals this sweep's for that trial;
+any other is run again. The sweep's folders are handled through descriptors: the point and trial folders are
+made 0700 and opened without following links; a point or trial that is a symlink (or not a folder) is refused
+(``ConfigError``), and a stale trial folder is removed through its point folder's descriptor (``rmtree`` with
+``dir_fd``), so nothing outside the sweep's folder is ever deleted.
 Status: complete when every trial ran complete; partial when the budget or Ctrl+C left some unrun, or some
 trial's replay was not complete (its own status says why).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
+import os
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.launch.procs import Supervisor, free_ports
@@ -86,6 +98,124 @@ def _replay_status(folder: Path) -> str | None:
     return r.status.value if isinstance(r, ReplayResult) else None
 
 
+TRIAL_FILE = "trial.json"
+"""In each trial folder: what defined the trial (``trial_descriptor``), written before it runs."""
+
+
+def _dataset_identity(path: Path) -> dict[str, Any]:
+    """The dataset as a trial saw it: its resolved path and each file's size and mtime (a folder's files, sorted),
+    so a resumed sweep keeps no trial of a dataset since changed or replaced under the same name."""
+    root = path.resolve()
+    if root.is_dir():
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+        stats = [(str(f.relative_to(root)), f.stat()) for f in files[:MAX_DATASET_FILES]]
+    else:
+        stats = [("", root.stat())] if root.exists() else []
+    digest = hashlib.blake2b(digest_size=16)
+    for name, st in stats:
+        digest.update(f"{len(name)}:{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return {"path": str(root), "files": len(stats), "files_digest": digest.hexdigest()}
+
+
+MAX_DATASET_FILES = 100_000
+
+
+def trial_descriptor(g: SweepGrid, p: Point, trial: int) -> dict[str, Any]:
+    """Everything that decides a trial's result, as recorded in its ``trial.json`` (ports and scratch paths are not)."""
+    return {
+        "version": 1,
+        "point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency, "trial": trial,
+        "preset": g.preset, "sim_model": g.sim_model, "gpu_kv_gb": g.gpu_kv_gb,
+        "dataset": _dataset_identity(Path(g.dataset)), "dataset_format": g.dataset_format,
+        "num_rounds": g.num_rounds, "max_tokens_cap": g.max_tokens_cap, "duration_s": g.duration_s,
+        "replay_args": list(g.replay_args),
+    }  # fmt: skip
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_sweep_dir(parent_fd: int, name: str, where: Path) -> int:
+    """The folder ``name`` under ``parent_fd``, made 0700 when missing, opened without following a link: a symlink
+    or a non-folder in its place is not the sweep's (ConfigError naming it)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ConfigError(
+                f"{where / name}: a symlink or not a folder where the sweep keeps its own folders; refused (remove it, "
+                "or give another --output)"
+            ) from None
+        raise ConfigError(f"{where / name}: cannot use it: {e.strerror}") from None
+
+
+def _recorded(trial_fd: int) -> dict[str, Any] | None:
+    """The trial folder's ``trial.json`` (read without following a link), or None when absent or unreadable."""
+    try:
+        fd = os.open(TRIAL_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=trial_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_TRIAL_FILE + 1)
+    try:
+        got = json.loads(raw) if len(raw) <= MAX_TRIAL_FILE else None
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
+
+
+MAX_TRIAL_FILE = 1 << 20
+
+
+def _is_dir_entry(parent_fd: int, name: str) -> bool | None:
+    """True: a real folder; False: something else (a link, a file); None: nothing there."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return stat.S_ISDIR(st.st_mode)
+
+
+def prepare_trial(out: Path, point: str, trial: int, descriptor: dict[str, Any]) -> bool:
+    """Keep or clear ``out/point/trial-N`` through descriptors (module docstring); True when the trial there is
+    complete and was run as ``descriptor`` says (kept), False when the folder is now new and empty, with
+    ``trial.json`` written."""
+    name = f"trial-{trial}"
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        point_fd = open_sweep_dir(out_fd, point, out)
+        try:
+            kind = _is_dir_entry(point_fd, name)
+            if kind:
+                trial_fd = open_sweep_dir(point_fd, name, out / point)
+                try:
+                    same = _recorded(trial_fd) == descriptor
+                finally:
+                    os.close(trial_fd)
+                if same and _replay_status(out / point / name) == "complete":
+                    return True
+                shutil.rmtree(name, dir_fd=point_fd)  # fd-based: never follows a link out of the sweep
+            elif kind is False:
+                os.unlink(name, dir_fd=point_fd)  # a link or a file in a trial's place: the entry goes, not its target
+            trial_fd = open_sweep_dir(point_fd, name, out / point)
+            try:
+                fd = os.open(TRIAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=trial_fd)  # fmt: skip
+                with os.fdopen(fd, "w") as f:
+                    json.dump(descriptor, f, indent=1)
+            finally:
+                os.close(trial_fd)
+            return False
+        finally:
+            os.close(point_fd)
+    finally:
+        os.close(out_fd)
+
+
 def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     """One trial: a fresh sim with the point's tiers, the replay against it, the sim stopped (module docstring)."""
     folder = out / p.name / f"trial-{trial}"
@@ -97,10 +227,8 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
                             *p.offload_args(nvme)]  # fmt: skip
     base = {"point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency,
             "trial": trial, "path": rel, "sim_argv": sim_argv}  # fmt: skip
-    if _replay_status(folder) == "complete":
+    if prepare_trial(out, p.name, trial, trial_descriptor(g, p, trial)):
         return SweepTrial(**base, status="complete", reused=True, wall_s=None)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
     if p.nvme_gb > 0:
         nvme.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
