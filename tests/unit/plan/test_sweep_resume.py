@@ -19,7 +19,7 @@ from kvtier.results.sweep import SweepGrid
 def _grid(data: Path, **change: object) -> SweepGrid:
     g = {"dataset": str(data), "dataset_format": "auto", "cpu_gb": [0.0], "nvme_gb": [0.0], "concurrency": [2],
          "trials": 1, "budget_s": 0.0, "preset": "h100-llama3-8b", "sim_model": "llama3.1-8b", "gpu_kv_gb": 0.3,
-         "num_rounds": 1, "max_tokens_cap": None, "duration_s": 0.0, "nvme_dir": "/tmp/n", "replay_args": []}  # fmt: skip
+         "num_rounds": 1, "max_tokens_cap": None, "duration_s": 0.0, "nvme_dir": "/n", "replay_args": []}  # fmt: skip
     g.update(change)
     return SweepGrid.model_validate(g)
 
@@ -66,7 +66,8 @@ def test_a_complete_trial_of_other_settings_is_run_again(tmp_path: Path, data: P
     g2 = _grid(data, **change)
     assert prepare_trial(out, "cpu0-nvme0-c2", 0, trial_descriptor(g2, Point(0.0, 0.0, 2), 0)) is False
     assert not (folder / "summary.json").exists()  # cleared: the trial runs again
-    assert json.loads((folder / TRIAL_FILE).read_text()) == json.loads(json.dumps(trial_descriptor(g2, Point(0, 0, 2), 0)))
+    want = json.loads(json.dumps(trial_descriptor(g2, Point(0, 0, 2), 0)))
+    assert json.loads((folder / TRIAL_FILE).read_text()) == want
 
 
 def test_a_changed_or_other_dataset_or_no_record_is_run_again(tmp_path: Path, data: Path, complete: None):
