@@ -323,6 +323,34 @@ def test_a_dribbled_body_gets_408_after_the_body_deadline(tmp_path: Path):
         stop_sim(sim)
 
 
+def test_dribbled_bodies_hold_no_slot_are_cut_by_the_rate_floor_and_health_says_busy(tmp_path: Path):
+    """#41 item 3: 32 bodies in flight were the bound, so 64 clients dribbling a byte every 2 s made a 2-token
+    request wait out the body deadline and get 429. Now bodies hold only the bytes they sent: the small request is
+    served while the dribblers are connected (with the old bound it got 429 after --body-timeout 20, past this
+    request's 15 s), each dribbler gets 408 from the rate floor, and /health says the server is refusing work."""
+    sim = start_sim(tmp_path, "--body-timeout", "20")
+    socks = []
+    try:
+        for _ in range(64):
+            s = socket.create_connection(("127.0.0.1", sim.port), timeout=15)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n{")  # fmt: skip
+            socks.append(s)
+        status, body = post(sim, json.dumps(chat("a small request", max_tokens=2)).encode(), {}, timeout=15)
+        assert status == 200, body
+        heads = [s.recv(4096) for s in socks]  # each answered by the rate floor, long before the 20 s deadline
+        assert all(h.startswith(b"HTTP/1.1 408") for h in heads), {h[:60] for h in heads}
+        assert b"under the server's floor" in heads[0]
+        with urllib.request.urlopen(sim.base + "/health", timeout=10) as r:
+            health = json.loads(r.read())
+        assert health["status"] == "busy" and health["refusing"] is True, health
+        assert health["refused"]["body-too-slow"] == 64 and health["body_bytes_buffered"] == 0, health
+    finally:
+        for s in socks:
+            s.close()
+        stop_sim(sim)
+
+
 def test_a_hung_redis_opens_the_offload_breaker_and_requests_recompute(tmp_path: Path):
     """#28 medium 4: `kvtier sim --offload redis` on a hung server gave 55-58 s TTFTs (every store waited out its
     deadline in the worker threads the requests need too). Now three failed calls in a row open a breaker: the

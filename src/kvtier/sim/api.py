@@ -19,14 +19,15 @@ from aiohttp import web
 
 from kvtier.sim.metrics import CONTENT_TYPE, exposition
 from kvtier.sim.requests import (
-    BODY_GATE,
     BODY_TIMEOUT,
-    MAX_BODIES_IN_FLIGHT,
     MAX_BODY_BYTES,
+    REFUSALS,
     ApiError,
     BadRequest,
+    Busy,
     Completion,
     NotFound,
+    Refusals,
     error_response,
     parse_completion,
     read_json,
@@ -134,6 +135,8 @@ class Handlers:
         try:
             resp = await handler(request)
         except ApiError as e:
+            if isinstance(e, Busy):  # work turned away: /health says so for a while (Refusals)
+                request.app[REFUSALS].refused(e.cause)
             resp = error_response(e)
         except web.HTTPException as e:
             err = NotFound(e.reason or "not found") if e.status == 404 else ApiError(e.reason or "error")
@@ -238,12 +241,16 @@ class Handlers:
         return web.json_response({"object": "list", "data": [item]})
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 always (the server is up); the body says ``degraded`` while its shared offload tier fails."""
+        """200 always (the server is up); the body says ``degraded`` while its shared offload tier fails, and
+        ``busy`` while it is refusing work (429s, or bodies cut for arriving too slowly, in the last
+        REFUSING_WINDOW_S; ``refused`` counts them by cause since the start)."""
         o = self.engine.offload
         err = getattr(o, "recent_error", None) if o is not None else None
+        refusals = request.app[REFUSALS].health()
         body: dict[str, Any] = {
-            "status": "degraded" if err else "ok",
+            "status": "degraded" if err else "busy" if refusals["refusing"] else "ok",
             "offload_errors": o.errors if o is not None else 0,
+            **refusals,
         }
         if err:
             body["last_offload_error"] = err
@@ -259,7 +266,7 @@ class Handlers:
 def make_app(engine: SimEngine) -> web.Application:
     h = Handlers(engine)
     app = web.Application(middlewares=[h.replica_header], client_max_size=MAX_BODY_BYTES)
-    app[BODY_GATE] = asyncio.Semaphore(MAX_BODIES_IN_FLIGHT)  # bodies being received at once (bounded memory)
+    app[REFUSALS] = Refusals()  # body bytes held at once (bounded memory) and the work turned away
     app[BODY_TIMEOUT] = engine.s.body_timeout_s
     app.add_routes(
         [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,10 +63,57 @@ class RequestTimeout(ApiError):
     status = 408
 
 
-MAX_BODIES_IN_FLIGHT = 32
-"""Request bodies read at once; the others wait (up to the body deadline) for a slot, then get 429. With
-MAX_BODY_BYTES each, the bytes a slow or hostile client can make the server hold are bounded."""
-BODY_GATE: web.AppKey[asyncio.Semaphore] = web.AppKey("kvtier_body_gate", asyncio.Semaphore)
+MAX_BUFFERED_BODY_BYTES = 256 * 1024 * 1024
+"""Bytes of request bodies the server holds at once, over all requests, counted as they arrive (not as declared):
+a body that would pass it gets 429. Small bodies pass at once whatever else is being received, and the memory a
+client can make the server hold is bytes it really sent."""
+MIN_BODY_RATE = 16 * 1024
+"""Bytes a second a body must average once BODY_GRACE_S have passed (408 otherwise): a client dribbling a byte
+every few seconds is cut within seconds, not at the body deadline."""
+BODY_GRACE_S = 2.0
+BODY_POLL_S = 0.5
+"""How often a body that is not arriving is checked against the rate floor and the deadline."""
+REFUSING_WINDOW_S = 10.0
+"""/health says the server is refusing work while it has refused some (429, 408 for a slow body) this recently."""
+
+
+class Refusals:
+    """Work the server turned away, by cause, and when it last did (what /health reports); and the body bytes it
+    holds now against MAX_BUFFERED_BODY_BYTES. One event loop: no lock."""
+
+    def __init__(self, max_body_bytes: int = MAX_BUFFERED_BODY_BYTES) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.body_bytes = 0
+        self.by_cause: dict[str, int] = {}
+        self.last: float | None = None  # time.monotonic() of the last refusal
+
+    def refused(self, cause: str) -> None:
+        self.by_cause[cause] = self.by_cause.get(cause, 0) + 1
+        self.last = time.monotonic()
+
+    def take(self, n: int) -> bool:
+        if self.body_bytes + n > self.max_body_bytes:
+            return False
+        self.body_bytes += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.body_bytes -= n
+
+    @property
+    def refusing(self) -> bool:
+        return self.last is not None and time.monotonic() - self.last < REFUSING_WINDOW_S
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "refusing": self.refusing,
+            "refused": dict(self.by_cause),
+            "body_bytes_buffered": self.body_bytes,
+            "body_bytes_limit": self.max_body_bytes,
+        }
+
+
+REFUSALS: web.AppKey[Refusals] = web.AppKey("kvtier_refusals", Refusals)
 BODY_TIMEOUT: web.AppKey[float] = web.AppKey("kvtier_body_timeout_s", float)
 
 
@@ -75,8 +123,9 @@ class Busy(ApiError):
     status = 429
     kind = "rate_limit_error"
 
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+    def __init__(self, message: str, retry_after_s: int = 1, cause: str = "queue-full") -> None:
         super().__init__(message, None, {"Retry-After": str(retry_after_s)})
+        self.cause = cause  # what /health counts it as (Refusals)
 
 
 def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -92,25 +141,66 @@ def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-async def read_json(request: web.Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
-    """The body as a JSON object. The server runs with auto_decompress off, so ``read()`` returns the
-    bytes as sent (bounded by client_max_size); decompression and decoding happen here, bounded."""
-    gate, deadline = request.app.get(BODY_GATE), request.app.get(BODY_TIMEOUT, 30.0)
+async def _read_body(request: web.Request, limit: int, refusals: Refusals | None, deadline: float) -> tuple[bytes, int]:
+    """The body as sent, read as it arrives: bounded by ``limit`` (413), by the bytes all bodies may hold at once
+    (429), by the deadline (408) and, after BODY_GRACE_S, by MIN_BODY_RATE (408). Returns the body and the bytes it
+    holds of the shared budget (the caller gives them back)."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    parts: list[bytes] = []
+    got = 0
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise TooLarge(f"request body exceeds {limit} bytes")
     try:
-        if gate is not None:
+        while True:
+            elapsed = loop.time() - t0
+            if elapsed >= deadline:
+                if refusals is not None:
+                    refusals.refused("body-timeout")
+                raise RequestTimeout(f"the request body did not arrive within {deadline:g} s (--body-timeout)")
+            if elapsed > BODY_GRACE_S and got < MIN_BODY_RATE * elapsed:
+                if refusals is not None:
+                    refusals.refused("body-too-slow")
+                raise RequestTimeout(
+                    f"the request body arrived at {got / elapsed:.0f} bytes/s, under the server's floor of "
+                    f"{MIN_BODY_RATE} bytes/s"
+                )
             try:
-                await asyncio.wait_for(gate.acquire(), deadline)
+                chunk = await asyncio.wait_for(request.content.readany(), min(BODY_POLL_S, deadline - elapsed))
             except TimeoutError:
-                raise Busy(f"{MAX_BODIES_IN_FLIGHT} request bodies are being received; try again") from None
-        try:
-            raw = await asyncio.wait_for(request.read(), deadline)
-        finally:
-            if gate is not None:
-                gate.release()
-    except web.HTTPRequestEntityTooLarge:
-        raise TooLarge(f"request body exceeds {limit} bytes") from None
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {deadline:g} s (--body-timeout)") from None
+                continue
+            if not chunk:
+                break  # the whole body
+            if got + len(chunk) > limit:
+                raise TooLarge(f"request body exceeds {limit} bytes")
+            if refusals is not None and not refusals.take(len(chunk)):
+                raise Busy(
+                    f"the server holds {refusals.max_body_bytes} bytes of request bodies already; try again",
+                    cause="body-bytes",
+                )
+            got += len(chunk)
+            parts.append(chunk)
+    except BaseException:
+        if refusals is not None:
+            refusals.give(got)
+        raise
+    return b"".join(parts), got
+
+
+async def read_json(request: web.Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The body as a JSON object. The server runs with auto_decompress off, so the bytes are as sent (read by
+    ``_read_body``, bounded); decompression and decoding happen here, bounded."""
+    refusals, deadline = request.app.get(REFUSALS), request.app.get(BODY_TIMEOUT, 30.0)
+    raw, held = await _read_body(request, limit, refusals, deadline)
+    try:
+        return _decode(request, raw, limit)
+    finally:
+        if refusals is not None:
+            refusals.give(held)
+
+
+def _decode(request: web.Request, raw: bytes, limit: int) -> dict[str, Any]:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("gzip", "x-gzip", "deflate"):
         raw = _inflate(raw, encoding, limit)
