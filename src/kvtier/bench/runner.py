@@ -579,13 +579,48 @@ class BenchRunner:
                 next_tick += int(tick_s * 1e9)
 
     def _drain(self, workers: list[threading.Thread]) -> int:
-        """Abandon queued requests, wait for in-flight ones. Returns how many were abandoned."""
+        """Abandon queued requests, wait for in-flight ones. Returns how many were abandoned.
+
+        A remote tier whose server stopped answering would hold the run's end for its --remote-timeout (a hung
+        Redis kept a 5 s run going 36 s): once an operation on it has been blocked STALL_CUT_S, the run is cut
+        as SIGINT cuts it — its remote tiers aborted, the result partial, ``tier-unavailable``. Local I/O in
+        flight is waited for: it is the device's time."""
         left = self.queue.close()
         for j in left:
             j.done.set()
-        for t in workers:
-            t.join()
+        cut = False
+        while any(t.is_alive() for t in workers):
+            for t in workers:
+                t.join(timeout=DRAIN_POLL_S)
+            if cut:
+                continue
+            hung = [r for r in self.c.remote if getattr(r, "stalled_operations", lambda s: 0)(STALL_CUT_S)]
+            if hung:
+                cut = True
+                names = ", ".join(r.name for r in hung)
+                self._override_stop(
+                    StopCode.tier_unavailable,
+                    f"the {names} tier's server did not answer an operation for {STALL_CUT_S:g} s at the run's end: "
+                    "its operations in flight were cut (the run is partial)",
+                )
+                for r in hung:
+                    r.abort()  # type: ignore[attr-defined]  # stalled_operations implies abort (RedisTier)
         return len(left)
 
+    def _override_stop(self, code: StopCode, message: str) -> None:
+        """A reason found after the run's planned end (the deadline or --max-requests) replaces it: the run did
+        not end as planned. An earlier partial stop (Ctrl+C, a failure) keeps its own reason."""
+        with self._lock:
+            if self._stop is None or not self._partial:
+                self._stop = StopReason(code=code, message=message)
+                self._partial = True
+        self.hard_stop.set()
+        self.stop.set()
+
+
+DRAIN_POLL_S = 0.25
+STALL_CUT_S = 5.0
+"""A remote operation blocked on its server this long at the run's end is a hung server (a healthy one answers
+each socket call in milliseconds; --remote-timeout, 30 s, is for a server that is slow, not one that is gone)."""
 
 __all__ = ["BenchRunner", "RunOutcome"]

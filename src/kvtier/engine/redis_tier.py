@@ -400,6 +400,10 @@ class RedisTier:
         self.cleanup_problems.append(f"{self.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
         return out
 
+    def stalled_operations(self, older_than_s: float) -> int:
+        """Operations blocked on the server for more than ``older_than_s`` now (the bench's end-of-run check)."""
+        return self._pool.stalled(older_than_s)
+
     def abort(self) -> None:
         """The run was interrupted: fail the operations in flight now (their connections are shut down), and
         give the cleanup that follows a short deadline (ABORT_CLEANUP_TIMEOUT_S a call): a hung server must not

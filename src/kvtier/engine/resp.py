@@ -65,6 +65,7 @@ class RespConnection:
         self.sock = sock
         self.op_timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
+        self.blocked_since: float | None = None  # monotonic time a socket call began that has not returned
         self._rbuf = bytearray()
         self._pos = 0
         if password:
@@ -84,10 +85,12 @@ class RespConnection:
         """Before each socket call: the time left of the operation's deadline, or a timeout now. One operation
         (a send and the replies it asks for) has ``op_timeout_s`` in all, so a server that dribbles a byte at a
         time cannot stretch it (a per-recv timeout would restart with every byte)."""
-        left = self._deadline - time.monotonic()
+        now = time.monotonic()
+        left = self._deadline - now
         if left <= 0:
             raise self._timed_out()
         self.sock.settimeout(left)
+        self.blocked_since = now  # cleared when the call returns (RespPool.stalled finds a server that never does)
 
     # -- sending ------------------------------------------------------------------------------
     def send(self, commands: Sequence[Sequence[str | bytes | int | memoryview]]) -> None:
@@ -115,6 +118,8 @@ class RespConnection:
                 self.sock.sendall(piece)
         except OSError as e:
             raise RespConnectionError(f"send failed: {e}") from e
+        finally:
+            self.blocked_since = None
 
     # -- receiving ----------------------------------------------------------------------------
     def _timed_out(self) -> RespConnectionError:
@@ -128,6 +133,8 @@ class RespConnection:
             raise self._timed_out() from None
         except OSError as e:
             raise RespConnectionError(f"receive failed: {e}") from e
+        finally:
+            self.blocked_since = None
         if not data:
             raise RespConnectionError("the server closed the connection")
         if self._pos:
@@ -174,6 +181,8 @@ class RespConnection:
                 raise self._timed_out() from None
             except OSError as e:
                 raise RespConnectionError(f"receive failed: {e}") from e
+            finally:
+                self.blocked_since = None
             if n == 0:
                 raise RespConnectionError("the server closed the connection")
             got += n
@@ -269,6 +278,12 @@ class RespPool:
         else:
             self._idle.put(conn)
         self._slots.release()
+
+    def stalled(self, older_than_s: float) -> int:
+        """Connections blocked in one socket call on the server for more than ``older_than_s`` now: a server that
+        stopped answering (a healthy one answers each call in milliseconds)."""
+        now = time.monotonic()
+        return sum(1 for c in list(self._made) if c.blocked_since is not None and now - c.blocked_since > older_than_s)
 
     def abort(self, timeout_s: float) -> None:
         """Shut every connection down, the ones in use too: an operation blocked on a hung server fails at once

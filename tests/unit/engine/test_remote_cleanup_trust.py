@@ -158,3 +158,36 @@ def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
     # the 10 s of --remote-timeout (the seconds it takes: benchmarks/hostile_inputs.py)
     cleanup = [w["message"] for w in r["warnings"] if w["code"] == "cleanup-failed"]
     assert cleanup and "the operation took more than 1 s" in cleanup[0], (cleanup, took)
+
+
+def test_the_deadline_cuts_a_bench_on_a_hung_redis_as_partial_tier_unavailable(tmp_path):
+    """#41 item 6: a hung Redis held a `--duration 5` run for 36 s (until --remote-timeout) and called it done. Now
+    an operation blocked STALL_CUT_S at the run's end cuts the run as SIGINT does: its tier aborted, the result
+    partial with `tier-unavailable`. (--remote-timeout 120: the old code ran past this test's 60 s limit.)"""
+    import json
+    import subprocess
+
+    from kvtier.bench.runner import STALL_CUT_S
+    from tests.conftest import TINY_TEMPLATES, kvtier_cmd
+
+    srv = Hung()
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES}))
+    out = tmp_path / "r.json"
+    try:
+        p = subprocess.run(
+            [*kvtier_cmd(), "bench", "--model", "tiny-1b", "--num-users", "2", "--duration", "2", "--gpu-mem-gb",
+             "0", "--cpu-mem-gb", "0.004", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
+             "--remote-timeout", "120", "--generation-mode", "none", "--progress", "none", "--cache-dir",
+             str(tmp_path), "--output", str(out), "--config", str(cfg), "--noise-mb", "16", "--io-chunk-mb", "4"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        srv.close()
+    assert p.returncode == 7, p.stderr[-2000:]  # tier-unavailable's exit code
+    r = json.loads(out.read_text())
+    assert r["status"] == "partial" and r["stop_reason"]["code"] == "tier-unavailable", r["stop_reason"]
+    assert f"did not answer an operation for {STALL_CUT_S:g} s" in r["stop_reason"]["message"]
+    assert srv.stalls >= 1
+    cleanup = [w["message"] for w in r["warnings"] if w["code"] == "cleanup-failed"]
+    assert cleanup and "the operation took more than 1 s" in cleanup[0], cleanup  # the abort's cleanup deadline
