@@ -123,6 +123,20 @@ class Hung(IgnoresMatch):
                     return
 
 
+def _bench_argv(srv: Hung, tmp_path, *extra: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """A small bench whose CPU tier is tiny, so its writes go to the (hung) Redis; the result at tmp_path/r.json."""
+    import json
+
+    from tests.conftest import TINY_TEMPLATES, kvtier_cmd
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES}))
+    return [*kvtier_cmd(), "bench", "--model", "tiny-1b", "--num-users", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb",
+            "0.004", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5", "--generation-mode",
+            "none", "--progress", "none", "--cache-dir", str(tmp_path), "--output", str(tmp_path / "r.json"),
+            "--config", str(cfg), "--noise-mb", "16", "--io-chunk-mb", "4", *extra]  # fmt: skip
+
+
 def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
     """#28 medium 4: with a hung Redis a 10 s run ended 80-91 s late with Ctrl+C ignored. Now SIGINT shuts the
     tier's connections (in-flight operations fail at once) and cleanup gets a 1 s deadline a call."""
@@ -131,20 +145,11 @@ def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
     import subprocess
     import time
 
-    from tests.conftest import TINY_TEMPLATES, kvtier_cmd
-
     srv = Hung()
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES}))
     out = tmp_path / "r.json"
     try:
-        p = subprocess.Popen(
-            [*kvtier_cmd(), "bench", "--model", "tiny-1b", "--num-users", "2", "--duration", "60", "--gpu-mem-gb",
-             "0", "--cpu-mem-gb", "0.004", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
-             "--generation-mode", "none", "--progress", "none", "--cache-dir", str(tmp_path), "--output", str(out),
-             "--config", str(cfg), "--noise-mb", "16", "--io-chunk-mb", "4"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        p = subprocess.Popen(_bench_argv(srv, tmp_path, "--duration", "60"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
         time.sleep(4)  # the load has begun; its writes to Redis hang
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
@@ -168,20 +173,12 @@ def test_the_deadline_cuts_a_bench_on_a_hung_redis_as_partial_tier_unavailable(t
     import subprocess
 
     from kvtier.bench.runner import STALL_CUT_S
-    from tests.conftest import TINY_TEMPLATES, kvtier_cmd
 
     srv = Hung()
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(json.dumps({"user_templates": TINY_TEMPLATES}))
     out = tmp_path / "r.json"
     try:
-        p = subprocess.run(
-            [*kvtier_cmd(), "bench", "--model", "tiny-1b", "--num-users", "2", "--duration", "2", "--gpu-mem-gb",
-             "0", "--cpu-mem-gb", "0.004", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
-             "--remote-timeout", "120", "--generation-mode", "none", "--progress", "none", "--cache-dir",
-             str(tmp_path), "--output", str(out), "--config", str(cfg), "--noise-mb", "16", "--io-chunk-mb", "4"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        p = subprocess.run(_bench_argv(srv, tmp_path, "--duration", "2", "--remote-timeout", "120"),
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
     finally:
         srv.close()
     assert p.returncode == 7, p.stderr[-2000:]  # tier-unavailable's exit code
