@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier.results.io import open_fresh
+
 S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "kvtier-test", "AWS_SECRET_ACCESS_KEY": "kvtier-test-secret"}
 
 
@@ -98,7 +100,7 @@ def s3_server() -> Iterator[LocalServer]:
     """moto's S3 server on 127.0.0.1 (port chosen by the OS, read from its first lines)."""
     work = Path(tempfile.mkdtemp(prefix="kvtier-s3-"))
     log = work / "moto.log"
-    with open(log, "wb") as out:
+    with open_fresh(log, "moto's log") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
             stdout=out,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError, UnsupportedError
 from kvtier.modelspec import ModelSpec
+from kvtier.results.io import write_text_atomic
 
 BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END]
@@ -163,7 +164,7 @@ def make_model(out: str | os.PathLike[str], geometry: Geometry, like: str | None
     vocab = tok.get_vocab_size()  # type: ignore[attr-defined]
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)  # type: ignore[attr-defined]
     im_end = tok.token_to_id(IM_END)  # type: ignore[attr-defined]
-    tok.save(str(d / "tokenizer.json"))  # type: ignore[attr-defined]
+    write_text_atomic(d / "tokenizer.json", tok.to_str(), "kvtier model make")  # type: ignore[attr-defined]
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -207,7 +208,7 @@ def make_model(out: str | os.PathLike[str], geometry: Geometry, like: str | None
         },  # fmt: skip
     }
     for name, doc in files.items():
-        (d / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(d / name, json.dumps(doc, indent=2) + "\n", "kvtier model make")
     return d
 
 

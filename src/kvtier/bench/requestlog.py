@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kvtier.bench.service import CUT
-from kvtier.errors import ConfigError
+from kvtier.results.io import atomic_file
 from kvtier.telemetry.recorder import Recorder
 
 
@@ -24,38 +24,35 @@ def write_request_log(path: str | Path, rec: Recorder, rank: int | None = None) 
     """Write ``rec``'s requests to ``path``; returns the number of lines."""
     offset = time.time() - rec.clock.now_ns() / 1e9  # the recorder's clock -> wall clock
     n = 0
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            for r in list(rec.requests):
-                status = "ok" if r.ok else ("cut" if r.error == CUT else "failed")
-                line = {
-                    "rank": rank,
-                    "user": r.user,
-                    "request_id": r.key,
-                    "seq": r.seq,
-                    "qos": r.qos,
-                    "phase": r.phase,
-                    "status": status,
-                    "error": r.error or None,
-                    "submit_unix_s": round(offset + r.submit_ns / 1e9, 6),
-                    "queue_ms": round((r.start_ns - r.submit_ns) / 1e6, 4),
-                    "e2e_ms": round((r.end_ns - r.submit_ns) / 1e6, 4),
-                    "storage_ms": round(r.storage_ns / 1e6, 4),
-                    "tier_ms": {t: round(ns / 1e6, 4) for t, ns in r.tier_ns},
-                    "generation_ms": round(r.generation_ns / 1e6, 4),
-                    "context_tokens": r.context_tokens,
-                    "generate_tokens": r.generate_tokens,
-                    "tokens_read": r.tokens_read,
-                    "tokens_written": r.tokens_written,
-                    "bytes_read": r.bytes_read,
-                    "bytes_written": r.bytes_written,
-                    "hits": r.hits,
-                    "misses": r.misses,
-                }
-                f.write(json.dumps(line, separators=(",", ":")) + "\n")
-                n += 1
-    except OSError as e:
-        raise ConfigError(f"--request-log: cannot write {path}: {e.strerror}") from e
+    with atomic_file(path, "w", "--request-log") as f:  # never through a file or link planted at the name
+        for r in list(rec.requests):
+            status = "ok" if r.ok else ("cut" if r.error == CUT else "failed")
+            line = {
+                "rank": rank,
+                "user": r.user,
+                "request_id": r.key,
+                "seq": r.seq,
+                "qos": r.qos,
+                "phase": r.phase,
+                "status": status,
+                "error": r.error or None,
+                "submit_unix_s": round(offset + r.submit_ns / 1e9, 6),
+                "queue_ms": round((r.start_ns - r.submit_ns) / 1e6, 4),
+                "e2e_ms": round((r.end_ns - r.submit_ns) / 1e6, 4),
+                "storage_ms": round(r.storage_ns / 1e6, 4),
+                "tier_ms": {t: round(ns / 1e6, 4) for t, ns in r.tier_ns},
+                "generation_ms": round(r.generation_ns / 1e6, 4),
+                "context_tokens": r.context_tokens,
+                "generate_tokens": r.generate_tokens,
+                "tokens_read": r.tokens_read,
+                "tokens_written": r.tokens_written,
+                "bytes_read": r.bytes_read,
+                "bytes_written": r.bytes_written,
+                "hits": r.hits,
+                "misses": r.misses,
+            }
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+            n += 1
     return n
 
 

@@ -29,13 +29,13 @@ def run_ladder(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, LadderConfig)
     r = ladder.run(cfg)
     if cfg.plot:
-        from pathlib import Path
-
         from kvtier.report.plots import ladder_png
 
         png = ladder_png([(cfg.output, r)])
         if png is not None:
-            Path(cfg.plot).write_bytes(png)
+            from kvtier.results.io import write_bytes_atomic
+
+            write_bytes_atomic(cfg.plot, png, "--plot")
     print(render(r))
     print(f"result: {cfg.output}" + (f", plot: {cfg.plot}" if cfg.plot else ""))
     return exit_code(r.status, r.stop_reason.code)

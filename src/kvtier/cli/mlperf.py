@@ -9,6 +9,7 @@ import sys
 
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.mlperf import MlperfConfig
+from kvtier.results.io import atomic_file, write_text_atomic
 
 
 def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
@@ -54,8 +55,8 @@ def run_shim(a: argparse.Namespace) -> int:
     path = folder / "kv-cache.py"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(SHIM.format(python=sys.executable, version=__version__), encoding="utf-8")
-        path.chmod(0o755)
+        with atomic_file(path, "w", "DIR", perm=0o755) as f:  # never through a file or link planted at the name
+            f.write(SHIM.format(python=sys.executable, version=__version__))
     except OSError as e:
         raise ConfigError(f"DIR: cannot write {path}: {e.strerror}") from e
     print(f"{path}: `python3 {path} ARGS` runs `kvtier bench ARGS` ({sys.executable} -m kvtier)")
@@ -89,8 +90,7 @@ def run_mlperf(a: argparse.Namespace) -> int:
             print(f"--cache-dir: no directory at {looked}: whether the working set fits its free space was not "
                   "checked (create it, or name an existing one)", file=sys.stderr)  # fmt: skip
         if cfg.output:
-            with open(cfg.output, "w", encoding="utf-8") as f:
-                json.dump(est, f, indent=2)
+            write_text_atomic(cfg.output, json.dumps(est, indent=2))
         return 0
     summary = submission.run(cfg)
     for o, s in summary["options"].items():

@@ -36,19 +36,19 @@ def run_stats(cfg: TraceStatsConfig) -> dict[str, Any]:
         **trace_stats(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg.interval),
     }
     if cfg.output:
-        with open(cfg.output, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+        from kvtier.results.io import write_text_atomic
+
+        write_text_atomic(cfg.output, json.dumps(out, indent=1))
     return out
 
 
 def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     from kvtier.iotrace.fio import distil
-    from kvtier.results.io import check_output_path
+    from kvtier.results.io import check_output_path, write_text_atomic
 
     check_output_path("--output", cfg.output)
     text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg)
-    with open(cfg.output, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_text_atomic(cfg.output, text)
     return text, figures
 
 

@@ -56,6 +56,7 @@ from kvtier.results.envelope import (
     exit_code,
     warning,
 )
+from kvtier.results.io import write_text_atomic
 from kvtier.results.launch import LaunchResult
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import mem_available_bytes, proc_io
@@ -452,7 +453,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         engine_pythonpath(str(lp.out / "pylib"))  # the replicas import kvtier.vllm.spec from here
     cp = None
     if lp.caddyfile:
-        (lp.out / "Caddyfile").write_text(lp.caddyfile)
+        write_text_atomic(lp.out / "Caddyfile", lp.caddyfile)
         cp = caddy_plan(lp.out / "Caddyfile", lp.out / "caddy-home", int(lp.ports["caddy"] or 0))
     sup = Supervisor(lp.out / "logs")
 

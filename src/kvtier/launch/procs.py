@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvtier.errors import LaunchError
 from kvtier.launch.profiles import ProcPlan
+from kvtier.results.io import open_append
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -86,7 +87,7 @@ class Supervisor:
         self.logdir.mkdir(parents=True, exist_ok=True)
         log = self.logdir / f"{plan.name}.log"
         argv = argv or plan.argv
-        with open(log, "ab") as f:
+        with open_append(log) as f:  # never through a link planted in the log folder
             f.write(("$ " + " ".join(argv) + "\n").encode())
             f.flush()
             try:

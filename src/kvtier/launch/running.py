@@ -33,6 +33,7 @@ from kvtier.results.envelope import (
     utc_now,
     warning,
 )
+from kvtier.results.io import open_append
 from kvtier.results.launch import LaunchResult
 from kvtier.telemetry.host import proc_io
 
@@ -245,7 +246,7 @@ def replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
         raise LaunchError("--client-ranks: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun")
     summary = Path(folder) / "summary.json"
     summary.unlink(missing_ok=True)
-    with open(lp.out / "logs" / "clients.log", "ab") as log:
+    with open_append(lp.out / "logs" / "clients.log") as log:
         p = subprocess.Popen(lp.client_argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             p.wait()

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
 from kvtier.plan.value import decomposed_records, usage_records
+from kvtier.results.io import atomic_file
 from kvtier.results.ladder import LadderFit, LadderResult, Timing
 from kvtier.results.replay import offload_sources
 from kvtier.telemetry.iotrace import HEADER
@@ -165,7 +166,7 @@ def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> in
         plans.append((r, reads, int(r["prompt_tokens"] or 0) // CHUNK_TOKENS))
     written: dict[str, int] = {}
     n = 0
-    with path.open("w", encoding="utf-8") as f:
+    with atomic_file(path) as f:  # never through a file or link planted at the name
         f.write(HEADER)
         for r, reads, full in plans:
             t = float(r["start_unix_s"])

@@ -29,7 +29,7 @@ from kvtier.results.envelope import (
     utc_now,
     warning,
 )
-from kvtier.results.io import write_json
+from kvtier.results.io import atomic_file, write_json
 from kvtier.results.replay import ReplayRecord, ReplayResult
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.hardware import HardwareSampler
@@ -380,11 +380,11 @@ def write_outputs(result: ReplayResult, records: list[ReplayRecord], folder: str
     out = Path(folder)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with (out / "requests.jsonl").open("w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
     except OSError as e:
         raise ConfigError(f"--output: cannot write {out}: {e.strerror}") from e
+    with atomic_file(out / "requests.jsonl") as f:  # never through a file or link planted at the name
+        for r in records:
+            f.write(json.dumps(r) + "\n")
     return write_json(result, out / "summary.json")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from kvtier import __version__
 from kvtier.errors import ConfigError
 from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences, ttft_sentence
+from kvtier.results.io import write_bytes_atomic
 from kvtier.results.outcome import label as cause_label
 
 KINDS = {
@@ -328,7 +329,7 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
             title, answers, png = made
             drawn.append(title)
             if out_dir is not None:
-                (out_dir / f"{kind}-{_slug(title)}.png").write_bytes(png)
+                write_bytes_atomic(out_dir / f"{kind}-{_slug(title)}.png", png)
             parts.append(f"<h3>{html.escape(title)}</h3><p class='answers'>{html.escape(answers)}</p>")
             parts.append(
                 f"<img alt='{html.escape(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"

@@ -265,7 +265,9 @@ def _answers(sock: Path) -> bool:
 async def _until_signal(port_file: str | None, port: int) -> None:
     """Announce the port (for scripts and tests), then wait for SIGINT or SIGTERM."""
     if port_file:
-        Path(port_file).write_text(f"{port}\n")
+        from kvtier.results.io import write_text_atomic
+
+        write_text_atomic(port_file, f"{port}\n", "--port-file")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -36,6 +36,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvtier.errors import ConfigError, DatasetError
+from kvtier.results.io import open_fresh
 from kvtier.tiers import TIER_LABELS  # the reference's Tier-<n> labels, by tier kind
 
 COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
@@ -113,7 +114,7 @@ class IOTraceWriter:
         self.rows_dropped = 0
         self.text_bytes = 0
         self.error: str | None = None
-        self._raw: IO[bytes] = open(path, "wb")
+        self._raw: IO[bytes] = open_fresh(path, "--io-trace-log")  # never through a planted file or link
         self._out: Any = self._raw
         if self.compressed:
             self._out = zstd_module().ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
