@@ -33,6 +33,9 @@ from kvtier.results.launch import FaultOutcome, StormPoint, StormWindow
 from kvtier.results.replay import ReplayRecord, offload_sources
 from kvtier.stats import percentile
 
+STOP_JOIN_S = 10.0
+"""At most this long for the fault thread to end at teardown (a kill and a start: what is left once its wait for
+health is cancelled)."""
 BASELINE_S = 30.0
 """The baseline is the requests started in this long before the fault (or since the replay began)."""
 RECOVERY_REQUESTS = 8
@@ -50,10 +53,11 @@ class Injected:
 
 
 class FaultInjector:
-    """A thread that, at each fault's time after ``start()``, calls ``restart()`` (kill, start again, wait until
-    healthy; it returns the error text or None) and keeps what happened and when."""
+    """A thread that, at each fault's time after ``start()``, calls ``restart(fault, stopping)`` (kill, start again,
+    wait until healthy — or until ``stopping`` is set, at teardown; it returns the error text or None) and keeps
+    what happened and when. ``stop()`` never waits out a restarted part that hangs: it sets ``stopping``."""
 
-    def __init__(self, faults: Sequence[Fault], restart: Callable[[Fault], str | None]) -> None:
+    def __init__(self, faults: Sequence[Fault], restart: Callable[[Fault, threading.Event], str | None]) -> None:
         self.faults = list(faults)
         self.restart = restart
         self.done: list[Injected] = []
@@ -74,7 +78,7 @@ class FaultInjector:
                 return
             self.current = Injected(f, time.time(), None, "the replay ended while it was restarting")
             try:
-                err = self.restart(f)
+                err = self.restart(f, self._stop)
             except LaunchError as e:
                 err = str(e)
             self.done.append(Injected(f, self.current.down_unix_s, None if err else time.time(), err))
@@ -86,10 +90,11 @@ class FaultInjector:
         self._stop.wait()
 
     def stop(self) -> None:
-        """At teardown, just before the processes are stopped (see ``_run``)."""
+        """At teardown, just before the processes are stopped (see ``_run``): a restart still waiting for its part
+        to answer gives up at once (``restart``'s event), so a hung part cannot hold the launch's end."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=120)
+            self._thread.join(timeout=STOP_JOIN_S)
 
 
 def _tier_tokens(r: ReplayRecord) -> int | None:

@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,7 +394,7 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
     """The --fault thread: each restart-cache kills the sidecar's group, starts it again with its command and
     waits until it answers as ours (the replicas find the same socket again)."""
 
-    def restart(f: Fault) -> str | None:
+    def restart(f: Fault, stopping: threading.Event) -> str | None:
         side = lp.sidecar
         assert side is not None  # the config refuses --fault without a sidecar
         proc = next(p for p in sup.procs if p.name == side.name)
@@ -402,7 +403,8 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
         rec.pids[side.name] = new.popen.pid
         watch.replace(side.name, new)
         try:
-            dt = sup.wait_healthy(new, side.health, side.startup_timeout_s, identify(lp, side), starting(side.name))
+            dt = sup.wait_healthy(new, side.health, side.startup_timeout_s, identify(lp, side), starting(side.name),
+                                  cancel=stopping)  # fmt: skip
         except LaunchError as e:
             rec.event(f"fault {f.kind}: {side.name} did not come back: {e}")
             return str(e)

@@ -129,6 +129,7 @@ class Supervisor:
         identify: Callable[[], str | None] | None = None,
         waiting: Callable[[float, str], None] | None = None,
         every_s: float = 10.0,
+        cancel: threading.Event | None = None,
     ) -> float:
         """Seconds until our process is alive, ``url`` answers 2xx and ``identify()`` (when given)
         finds the answering server to be ours (None; else a reason); LaunchError (with the log's tail)
@@ -139,6 +140,8 @@ class Supervisor:
         why = "it never answered"
         next_word = t0 + every_s
         while True:
+            if cancel is not None and cancel.is_set():  # the launch is ending: a part still starting is not waited for
+                raise LaunchError(f"{proc.name}: the launch stopped while it was waiting for {url} to answer")
             if proc.popen.poll() is not None:
                 raise LaunchError(
                     f"{proc.name} exited with status {proc.popen.returncode} before {url} answered; "
@@ -158,7 +161,10 @@ class Supervisor:
                 last = tail(proc.log, 1).strip()[:160]
                 state = "not answering yet" if why == "it never answered" else f"answering, not as ours: {why}"
                 waiting(time.monotonic() - t0, f"{state}; log: {last or '(empty)'}")
-            time.sleep(0.1)
+            if cancel is not None:
+                cancel.wait(0.1)
+            else:
+                time.sleep(0.1)
 
     def stop(self, proc: Proc, grace_s: float = 15.0) -> None:
         if proc.popen.poll() is None:

@@ -66,7 +66,7 @@ def test_no_recovery_and_no_hit_are_null():
 def test_outcomes_warn_of_faults_not_injected_or_not_recovered():
     from kvtier.launch.faults import FaultInjector, outcomes
 
-    inj = FaultInjector([Fault("restart-cache", 5.0), Fault("restart-cache", 50.0)], lambda f: None)
+    inj = FaultInjector([Fault("restart-cache", 5.0), Fault("restart-cache", 50.0)], lambda f, stopping: None)
     inj.done = [Injected(Fault("restart-cache", 5.0), 5.0, None, "gone")]
     storms, warns = outcomes(inj, [rec(float(i), 100) for i in range(10)])
     assert len(storms) == 1 and storms[0].error == "gone"
@@ -78,3 +78,49 @@ def test_outcomes_warn_of_faults_not_injected_or_not_recovered():
     )
     storms, warns = outcomes(inj, [rec(float(i), 100) for i in range(10)])
     assert len(storms) == 1 and "restarting" in storms[0].error and warns[0].code == "fault-not-recovered"
+
+
+def test_a_restarted_part_that_never_answers_does_not_hold_the_launchs_end(tmp_path):
+    """#41 item 6: a sidecar restarted by --fault that hangs (alive, its port accepting, never answering) held a
+    20 s replay's launch for 80.7 s and Ctrl+C for 71 s: teardown joined the fault thread while it waited out the
+    start-up timeout. Now the wait for health is cancelled at teardown: the restart is recorded as not back."""
+    import socket
+    import sys
+    import time
+
+    from kvtier.launch.faults import FaultInjector
+    from kvtier.launch.procs import Supervisor
+    from kvtier.launch.profiles import ProcPlan
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # accepts, never answers
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}/health"
+    sup = Supervisor(tmp_path)
+    proc = sup.start(ProcPlan("sidecar", [sys.executable, "-c", "import time; time.sleep(300)"], {}, url, None, 300))
+    waited: list[str] = []
+
+    def restart(f: Fault, stopping) -> str | None:  # type: ignore[no-untyped-def]
+        from kvtier.errors import LaunchError
+
+        try:
+            sup.wait_healthy(proc, url, 300.0, cancel=stopping)  # start-up timeout far beyond this test
+        except LaunchError as e:
+            waited.append(str(e))
+            return str(e)
+        return None
+
+    inj = FaultInjector([Fault("restart-cache", 0.0)], restart)
+    try:
+        inj.start()
+        deadline = time.monotonic() + 30
+        while inj.current is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inj.current is not None, "the fault never began"
+        inj.stop()
+        assert not inj._thread.is_alive()  # it ended within STOP_JOIN_S, not after the 300 s start-up timeout
+    finally:
+        sup.stop_all()
+        hung.close()
+    assert waited and "the launch stopped while it was waiting" in waited[0]
+    assert [d.error for d in inj.done] == [waited[0]] and inj.done[0].up_unix_s is None
