@@ -103,6 +103,19 @@ def test_a_crafted_requests_line_costs_linear_time(tmp_path):
         ReplayRecords.read(p)
 
 
+@pytest.mark.parametrize("turn", ["1e308", "-1e308", "9" * 400, "-3"])
+def test_a_turn_number_past_int64_is_named_not_a_crash(tmp_path, turn):
+    """#41 item 6: `1e308` as a launch's replay record's turn crashed `kvtier report` (OverflowError converting to
+    int64); now the line is named."""
+    from kvtier.errors import DatasetError
+    from kvtier.report.figures import ReplayRecords
+
+    p = tmp_path / "requests.jsonl"
+    p.write_text('{"turn": 0, "status": "ok", "ttft_s": 0.5}\n{"turn": ' + turn + ', "status": "ok", "ttft_s": 0.5}\n')
+    with pytest.raises(DatasetError, match=r"requests.jsonl:2: turn .* is not a turn number"):
+        ReplayRecords.read(p)
+
+
 def test_where_ttft_went_is_said_from_the_decomposition():
     from types import SimpleNamespace
 

@@ -68,6 +68,10 @@ class Figure:
         return self.samples is not None and self.value is not None and self.samples < FEW_SAMPLES
 
 
+MAX_TURN = 1 << 31
+"""The largest turn number a requests.jsonl line may carry (a session of two billion turns)."""
+
+
 @dataclass
 class ReplayRecords:
     """requests.jsonl in columns (only the fields the report uses)."""
@@ -116,6 +120,8 @@ class ReplayRecords:
                         t = int(t)
                     except (TypeError, ValueError):
                         raise DatasetError(f"{path}:{line}: a field that is not a number") from None
+                if not 0 <= int(t) <= MAX_TURN:  # 1e308 or 400 digits: no turn number, and no int64 either
+                    raise DatasetError(f"{path}:{line}: turn {str(t)[:40]} is not a turn number (0..{MAX_TURN})")
                 good = status == "ok" and ttft_v == ttft_v
                 turn.append(int(t))
                 ok.append(good)
