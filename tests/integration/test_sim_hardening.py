@@ -380,3 +380,39 @@ def test_a_hung_redis_opens_the_offload_breaker_and_requests_recompute(tmp_path:
     # only those begun before the third failure (at most the worker threads) and a probe
     assert 3 <= health["offload_errors"] < requests // 2 and health["offload_bypassed"]["stores"] >= 1, health
     assert srv.stalls >= health["offload_errors"]  # each failed call really met the server
+
+
+def test_a_replay_surfaces_the_offload_tiers_silent_degradation(tmp_path: Path):
+    """#41 item 10: with its offload tier on a hung Redis the sim's breaker opens and its requests recompute without
+    asking the tier (bypassed lookups), counted on /metrics; the replay's summary carries the counts and their
+    rate, with the offload-degraded warning, where before it said nothing."""
+    from tests.conftest import replay_summary
+    from tests.integration.test_launch import conversations
+    from tests.unit.engine.test_remote_cleanup_trust import Hung
+
+    srv = Hung()
+    sim = start_sim(
+        tmp_path, "--offload", "redis", "--redis-url", f"redis://127.0.0.1:{srv.port}", "--redis-mem-gb", "0.5",
+        "--staging-gb", "0.001", "--remote-timeout", "0.5", "--gpu-kv-gb", "0.05",
+    )  # fmt: skip
+    data = conversations(tmp_path / "data", users=4, turns=4, max_tokens=4)
+    try:
+        for i in range(24):  # stores that fail on the hung server until the breaker opens (as in the test above)
+            assert sim.post("/v1/chat/completions", chat(" ".join(f"p{i}w{j}" for j in range(300))))[0] == 200
+        wait_until(lambda: sim.metrics().get("kvtier_sim:offload_errors", 0) >= 3, "three failed calls")
+        p = subprocess.run(
+            [*kvtier_cmd(), "replay", "--base-url", f"{sim.base}/v1", "--model", "tiny-1b", "--dataset", str(data),
+             "--num-rounds", "4", "--min-chunk-rounds", "0", "--concurrency", "2", "--output", str(tmp_path / "out"),
+             "--gap-scale", "0", "--scrape-interval", "0.3", "--progress", "none"],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    finally:
+        stop_sim(sim)
+        srv.close()
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = replay_summary(tmp_path / "out" / "summary.json")
+    d = s["summary"]["offload_degradation"]
+    assert d is not None and d["bypassed_lookups"] >= 1, d
+    assert d["degraded_rate"] == round((d["fetch_gate_recomputes"] + d["failed_loads"] + d["bypassed_lookups"])
+                                       / s["summary"]["requests_ok"], 6)  # fmt: skip
+    assert d["degraded_rate"] > 0.05 and "offload-degraded" in {w["code"] for w in s["warnings"]}, d

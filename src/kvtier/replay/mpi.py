@@ -39,6 +39,7 @@ def rank_plan(plan: ReplayPlan, r: RunEnvironment) -> ReplayPlan:
 
 def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) -> ReplayResult:
     """This rank's share of the replay; rank 0 returns (and writes) the pooled result."""
+    from kvtier.replay.results import degradation_warnings, offload_degradation
     from kvtier.replay.summary import summarize
 
     plan: ReplayPlan | None = None
@@ -90,7 +91,11 @@ def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) 
                 lost_ranks=lost,
             )
         )
-    warnings = [w for w in warnings if w.code != WarningCode.requests_failed]  # said again over the union
+    # said again over the union: failures, and the servers' degradation counts (rank 0 scraped them) per request
+    again = (WarningCode.requests_failed, WarningCode.offload_degraded, WarningCode.offload_decode_dependency)
+    warnings = [w for w in warnings if w.code not in again]
+    summary["offload_degradation"] = degraded = offload_degradation(result.server_metrics, summary["requests_ok"])
+    warnings += degradation_warnings(degraded)
     partial = bool(lost) or any(c["status"] == "partial" for c in got.values())
     stop = result.stop_reason
     if stop.code == StopCode.too_many_failures:  # rank 0's own verdict: decided again over the union

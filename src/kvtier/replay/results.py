@@ -65,6 +65,72 @@ def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
     return out
 
 
+DEGRADED_WARN = 0.05
+"""Warn when more than this share of ok requests recomputed what an offload tier held (gate, failed or bypassed)."""
+DECODE_DEPENDENCY_FACTOR = 1.5
+"""A server that loaded more than this many tokens from its offload tier per prompt token the tier served loads
+beyond each request's prefix: during decode, or again after preemptions — the store is on the decode path."""
+
+
+def _total(metrics: list[ScrapeSummary], field: str) -> float | None:
+    got = [v for m in metrics if (v := getattr(m, field)) is not None]
+    return sum(got) if got else None
+
+
+def offload_degradation(metrics: list[ScrapeSummary], requests_ok: int) -> dict[str, Any] | None:
+    """The replay's ``summary.offload_degradation`` from the scraped servers' counters; None when none counts it."""
+    gate, failed, bypassed = (_total(metrics, f) for f in ("sim_fetch_gate_recomputes", "sim_offload_failed_loads",
+                                                           "sim_offload_bypassed"))  # fmt: skip
+    failed_blocks = _total(metrics, "kvtier_offload_failed_loads")
+    loaded = served = None
+    for m in metrics:
+        if m.kvtier_offload_loaded_blocks and m.block_size:
+            loaded = (loaded or 0.0) + sum(m.kvtier_offload_loaded_blocks.values()) * m.block_size
+            served = (served or 0.0) + (m.prompt_tokens_by_source or {}).get("external_kv_transfer", 0.0)
+    if all(v is None for v in (gate, failed, bypassed, failed_blocks, loaded)):
+        return None
+    sim = [v for v in (gate, failed, bypassed) if v is not None]
+    ratio = round(loaded / served, 4) if loaded is not None and served else None
+    return {
+        "fetch_gate_recomputes": None if gate is None else int(gate),
+        "failed_loads": None if failed is None else int(failed),
+        "bypassed_lookups": None if bypassed is None else int(bypassed),
+        "failed_load_blocks": None if failed_blocks is None else int(failed_blocks),
+        "degraded_rate": round(sum(sim) / requests_ok, 6) if sim and requests_ok else None,
+        "loaded_tokens": loaded,
+        "served_tokens": served,
+        "load_per_served_token": ratio,
+        "decode_dependency": None if ratio is None else ratio > DECODE_DEPENDENCY_FACTOR,
+    }
+
+
+def degradation_warnings(d: dict[str, Any] | None) -> list[ResultWarning]:
+    """``offload-degraded`` past DEGRADED_WARN of the ok requests (or any failed block load of kvtier's backend),
+    and ``offload-decode-dependency`` when the server loaded past DECODE_DEPENDENCY_FACTOR per served token."""
+    if d is None:
+        return []
+    out = []
+    rate = d["degraded_rate"]
+    if (rate is not None and rate > DEGRADED_WARN) or d["failed_load_blocks"]:
+        parts = [f"{d[k]} {w}" for k, w in (("fetch_gate_recomputes", "fetch-gate recomputes"),
+                 ("failed_loads", "failed loads"), ("bypassed_lookups", "lookups bypassed (breaker open)"),
+                 ("failed_load_blocks", "failed block loads (kvtier's vLLM backend)")) if d[k]]  # fmt: skip
+        share = f" ({rate:.1%} of ok requests)" if rate is not None else ""
+        out.append(warning(WarningCode.offload_degraded,
+                           f"the offload tier held KV that was recomputed instead{share}: {', '.join(parts)} — the "
+                           "silent degradation the placement model warns about (TTFT pays for a tier that is "
+                           "not serving)", degraded_rate=rate, **{k: d[k] for k in ("fetch_gate_recomputes",
+                           "failed_loads", "bypassed_lookups", "failed_load_blocks")}))  # fmt: skip
+    if d["decode_dependency"]:
+        out.append(warning(WarningCode.offload_decode_dependency,
+                           f"the server loaded {d['loaded_tokens']:,.0f} tokens from its offload tier for "
+                           f"{d['served_tokens']:,.0f} prompt tokens it served ({d['load_per_served_token']:g} per "
+                           "token): it loads beyond each request's prefix (during decode, or again after "
+                           "preemptions), so the store is on the decode path, not only on TTFT's",
+                           load_per_served_token=d["load_per_served_token"]))  # fmt: skip
+    return out
+
+
 def build_result(
     plan: ReplayPlan, run: RunFacts, records: list[ReplayRecord], metrics: list[ScrapeSummary]
 ) -> ReplayResult:
@@ -94,6 +160,8 @@ def build_result(
             )
         )
     warnings += timing_warnings(records)
+    summary["offload_degradation"] = degraded = offload_degradation(metrics, summary["requests_ok"])
+    warnings += degradation_warnings(degraded)
     dropped = [r["decomposition_dropped"] for r in records if r.get("decomposition_dropped")]
     if dropped:
         warnings.append(

@@ -51,6 +51,9 @@ OFFLOAD_TRANSFER = {  # vLLM's offloading connector (any spec): whole-run deltas
     "kv_offload_store_time_s": "vllm:kv_offload_store_time_total",
     "kvtier_offload_failed_loads": "kvtier:offload_failed_loads_total",  # kvtier's vLLM backend (kvtier/vllm)
     "kvtier_offload_failed_stores": "kvtier:offload_failed_stores_total",
+    "sim_fetch_gate_recomputes": "kvtier_sim:fetch_gate_recompute_total",  # the sim's own degradation counts
+    "sim_offload_failed_loads": "kvtier_sim:offload_failed_loads_total",
+    "sim_offload_bypassed": "kvtier_sim:offload_bypassed",  # a gauge holding a count since the start
 }
 BY_LABEL = {  # series read by one label: whole-run deltas per label value
     "prompt_tokens_by_source": ("vllm:prompt_tokens_by_source_total", "source"),
@@ -133,6 +136,7 @@ class Scraper:
         self.rate_window_s = rate_window_s
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.errors = 0
+        self.config_labels: list[dict[str, str]] = []  # vllm:cache_config_info's labels, as last seen
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         """One sample; a failure, a non-200 or a body over MAX_METRICS_BYTES counts as a scrape error. The series
@@ -147,6 +151,7 @@ class Scraper:
             for labels in snap.labels_of(name):
                 if label in labels:
                     flat[f"{name}{{{label}={labels[label]}}}"] = snap.get(name, **{label: labels[label]}) or 0.0
+        self.config_labels = snap.labels_of("vllm:cache_config_info") or self.config_labels
         self.samples.append((time.time(), flat))
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -234,6 +239,8 @@ class Scraper:
         for key, name in OFFLOAD_GAUGES.items():
             seen = [x[name] for _, x in s if name in x]
             out[key] = max(seen) if seen else None
+        sizes = {int(b) for b in (x.get("block_size") for x in self.config_labels) if b and b.isdigit()}
+        out["block_size"] = sizes.pop() if len(sizes) == 1 else None
         usage = [x["vllm:kv_cache_usage_perc"] for _, x in s if "vllm:kv_cache_usage_perc" in x]
         out["kv_cache_usage_perc_mean"] = round(sum(usage) / len(usage), 6) if usage else None
         first, last = s[0][1], s[-1][1]

@@ -123,6 +123,8 @@ class WarningCode(enum.StrEnum):
     latency_tracing_unavailable = "latency-tracing-unavailable"
     io_trace_incomplete = "io-trace-incomplete"
     remote_tier_limit = "remote-tier-limit"  # the server's own memory limit or eviction policy can undercut kvtier's
+    offload_degraded = "offload-degraded"  # replay: KV an offload tier held was recomputed (gate, failed, bypassed)
+    offload_decode_dependency = "offload-decode-dependency"  # replay: loads past each request's prefix
     remote_foreign_entries = "remote-foreign-entries"  # a shared namespace held what its keys do not name: misses
     fault_not_recovered = "fault-not-recovered"  # launch --fault: the restarted part did not answer again
     fault_not_injected = "fault-not-injected"  # launch --fault: the replay ended before the fault's time

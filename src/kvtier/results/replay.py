@@ -190,6 +190,21 @@ class TtftDecomposition(Section):
     by_turn: list[TurnDecomposition]
 
 
+class OffloadDegradation(Section):
+    """Where the offload tier did not serve what it held, from the servers' own counters (docs/metrics.md): the
+    silent degradation the placement model warns about, and a store that became a decode dependency."""
+
+    fetch_gate_recomputes: int | None  # the sim: offload hits recomputed because its fetch gate judged them slower
+    failed_loads: int | None  # the sim: loads that brought back fewer chunks than the lookup found
+    bypassed_lookups: int | None  # the sim: requests recomputed without asking a tier whose breaker was open
+    failed_load_blocks: int | None  # kvtier's vLLM backend: block shards whose load failed (vLLM recomputed them)
+    degraded_rate: float | None  # (gate + failed + bypassed) / ok requests
+    loaded_tokens: float | None  # kvtier's vLLM backend: block shards loaded x block size
+    served_tokens: float | None  # vLLM: prompt tokens by source external_kv_transfer
+    load_per_served_token: float | None  # loaded / served: 1 when each request loads its prefix once
+    decode_dependency: bool | None  # loaded past DECODE_DEPENDENCY_FACTOR x served (None: not measurable)
+
+
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
@@ -207,6 +222,7 @@ class ReplaySummary(Section):
     sessions: Sessions
     requests_by_replica: dict[str, int]
     ttft_decomposition: TtftDecomposition | None = None  # None only in results written before it was recorded
+    offload_degradation: OffloadDegradation | None = None  # None: no scraped server counts any of it
 
 
 class RatePoint(Section):
@@ -254,6 +270,11 @@ class ScrapeSummary(Section):
     kvtier_offload_loaded_blocks: dict[str, float] | None = None
     kvtier_offload_failed_loads: float | None = None
     kvtier_offload_failed_stores: float | None = None
+    # the sim's offload degradation (kvtier sim): fetch-gate recomputes, loads that came back short, bypassed lookups
+    sim_fetch_gate_recomputes: float | None = None
+    sim_offload_failed_loads: float | None = None
+    sim_offload_bypassed: float | None = None
+    block_size: int | None = None  # vllm:cache_config_info's block_size (tokens a block, or a kvtier shard, holds)
     kv_cache_usage_perc_mean: float | None = None
     prefill_time_s_mean: float | None = None
     queue_time_s_mean: float | None = None

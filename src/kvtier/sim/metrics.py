@@ -136,6 +136,10 @@ class VllmMetrics:
         self.gate_recompute = c(
             "kvtier_sim:fetch_gate_recompute", "offload hits recomputed because fetching was slower"
         )
+        self.failed_loads = c(
+            "kvtier_sim:offload_failed_loads",
+            "offload loads that brought back fewer chunks than the lookup found (the rest recomputed)",
+        )
         self.offload_errors = g(
             "kvtier_sim:offload_errors",
             "failed calls to the offload tier: a cache server, Redis, S3 or files (treated as misses)",

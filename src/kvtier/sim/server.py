@@ -547,6 +547,8 @@ class SimEngine:
                     if o.gate(cand, s.prefill_tps):
                         load_s, nbytes, found = await o.aload(keys[first_chunk:n], sources)
                         found = max(0, min(found, n - first_chunk))
+                        if found < n - first_chunk:  # the tier promised more than it gave: recomputed
+                            m.failed_loads.inc()
                         ext = max(0, (first_chunk + found) * o.cfg.chunk_tokens - gpu_hit)
                         ext = min(ext, len(prompt_ids) - 1 - gpu_hit)  # the last token is computed
                         m.lm_loaded.inc(found)
