@@ -39,10 +39,10 @@ def test_launch_two_real_replicas_behind_caddy(tmp_path):
     assert s["server"]["launch"]["policies"]["lb_policy"] == "header X-User-Id"
     assert len(s["server_metrics"]) == 2 and all(m["samples"] >= 2 for m in s["server_metrics"])
     recs = [json.loads(x) for x in (out / "replay" / "requests.jsonl").read_text().splitlines()]
-    # Caddy has been seen to cut a stream at its start on a fresh replica (benchmarks/routing_real_vllm.py: 3 of
-    # 48 in one of three least_conn launches, "use of closed network connection"); such a cut is a recorded
-    # connection failure, never a silent one — and the launch still completes
-    assert len(recs) == 6 and sum(r["status"] == "ok" for r in recs) >= 4
+    # Caddy cut 2-5 of every few hundred streams at their start before its Caddyfile buffered request bodies and
+    # dropped idle upstream connections before vLLM's keep-alive did (#41 item 11: 3 of 320 before, 0 of 640
+    # after, tests/integration/test_caddy_streams.py): no stream may be cut now
+    assert len(recs) == 6 and all(r["status"] == "ok" for r in recs), [r["error"] for r in recs]
     # Caddy names the upstream of every response (X-Kvtier-Upstream, #41): under the GPU tier's sticky policy
     # each user stays on one replica, one of the two launched
     ports = {f"127.0.0.1:{p}" for p in rec["ports"]["replicas"]}
@@ -52,8 +52,7 @@ def test_launch_two_real_replicas_behind_caddy(tmp_path):
             assert r["replica"] in ports, r
             by_user.setdefault(r["user"], set()).add(r["replica"])
     assert by_user and all(len(v) == 1 for v in by_user.values()), by_user
-    assert sum(s["summary"]["requests_by_replica"].values()) == len(recs) - sum(r["replica"] is None for r in recs)
-    assert {r["cause"] for r in recs if r["status"] != "ok"} <= {"connection"}
+    assert sum(s["summary"]["requests_by_replica"].values()) == len(recs)
     # the prompts reached the replicas' prefix caches (which replica a user hashes to varies with the ports)
     assert sum(m["prefix_cache_hit_rate_overall"] is not None for m in s["server_metrics"]) >= 1
     for name in ("replica0", "replica1"):

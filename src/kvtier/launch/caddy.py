@@ -9,6 +9,14 @@ failed on the live one with "invalid Read on closed Body" or, with buffer_reques
 marked down ("no upstreams available"; seen in the replica-kill test, about 1 run in 5). Without
 retries a request sent to the dead replica fails once, is counted against it alone, and after 3
 such failures in 30 s Caddy stops choosing it. Responses stream unbuffered. The sidecar is never behind Caddy.
+
+Request bodies are buffered (``buffer_requests``): Caddy reads a request's body whole before it proxies it, so
+its transport copies the body from memory, not from the client's connection. Without it, against two real vLLM
+replicas, about 1 % of streams were cut at their start: the response's headers arrived and Caddy then closed its
+own upstream connection ("aborting with incomplete response ... use of closed network connection"; 3 of 320 in
+each of two runs), more often on fresh upstream connections (dropping idle ones after 2 s, to open more, cut 2 of
+72). Caddy 2.6's HTTP/1.1 server and its transport both touch the client's request body around the moment the
+response begins (full duplex came in 2.7); with the body buffered, 0 of 640 (benchmarks/caddy_stream_cuts.py).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ http://{host}:{listen_port} {{
 		fail_duration 30s
 		max_fails 3
 		flush_interval -1
+		buffer_requests
 		header_down X-Kvtier-Upstream {{http.reverse_proxy.upstream.hostport}}
 	}}
 }}
