@@ -43,9 +43,31 @@ def dpi_for(width_in: float) -> float:
     return max(96.0, MIN_WIDTH_PX / width_in)
 
 
+LEFT_MARGIN_IN = 0.95
+"""The left margin in inches at least: five-digit tick labels and the y axis's name fit in it."""
+
+
+def plain_log_ticks(fig: Any) -> None:
+    """Log axes labelled in plain text. Mathtext is off for every string (outside text must stay inert), and
+    matplotlib's default log formatters speak mathtext: their labels printed as raw ``$\\mathdefault{10^{3}}$``
+    and pushed the axis names off the image. ``LogFormatter`` writes 1000, 1e+04."""
+    from matplotlib.ticker import LogFormatter
+
+    for ax in fig.axes:
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale != "log":
+                continue
+            if type(axis.get_major_formatter()).__name__.startswith("LogFormatter"):
+                axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+            if type(axis.get_minor_formatter()).__name__.startswith("LogFormatter"):
+                axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
 def _png(fig: Any) -> bytes:
     """PNG bytes. Margins are set, not measured: bbox_inches="tight" draws every figure twice."""
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.88, wspace=0.32)
+    plain_log_ticks(fig)
+    left = max(0.08, LEFT_MARGIN_IN / fig.get_size_inches()[0])  # room for "10000" and the axis name, any width
+    fig.subplots_adjust(left=left, right=0.98, bottom=0.16, top=0.88, wspace=0.32, hspace=0.55)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi_for(fig.get_size_inches()[0]))
     _plt().close(fig)
@@ -318,8 +340,13 @@ def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
     if not have:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(have), figsize=(7 * len(have), 3.6), squeeze=False)
-    for ax, it in zip(axes[0], have, strict=True):
+    cols = min(2, len(have))  # at most two panels a row: side by side, n panels were too narrow to read
+    rows = -(-len(have) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[len(have) :]:
+        ax.set_visible(False)
+    for ax, it in zip(flat, have, strict=False):
         turns = it.result.summary.ttft_decomposition.by_turn
         x = [t.turn for t in turns]
         bottom = np.zeros(len(x))
