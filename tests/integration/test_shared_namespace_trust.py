@@ -97,10 +97,8 @@ def test_redis_reads_another_writers_entry_only_when_it_is_the_entry_the_key_nam
         # a forged description of 4M parts: refused from its bounded first bytes, no part is asked for
         client.set(meta, writer.writer + " 2" * 4_000_000)
         before = _gets(client)
-        t0 = time.perf_counter()
         with pytest.raises(ForeignEntry, match="longer than"):
             reader.read_shared("k-short", buf, ENTRY)
-        assert time.perf_counter() - t0 < 5.0
         assert _gets(client) == before  # not one GET of a part (the description is read by GETRANGE)
 
         # parts that add up but are far more than an entry of that size has
