@@ -75,6 +75,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{plan.io_slots} I/O slots, seed {plan.seed}",
             file=sys.stderr,
         )
+        if not comp.trace_mode:  # what the run may write to the disk, and where, before it does
+            print(
+                f"kvtier bench: the file tier may write up to {comp.file_tier.capacity_bytes / 1e9:.1f} GB under "
+                f"{comp.cache_dir} (--storage-capacity-gb; removed at the end)",
+                file=sys.stderr,
+            )
         for w in [*plan.warnings, *comp.warnings]:
             log.warning(w.message)
 
