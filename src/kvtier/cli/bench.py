@@ -77,7 +77,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
         if not comp.trace_mode:  # what the run may write to the disk, and where, before it does
             print(
-                f"kvtier bench: the file tier may write up to {comp.file_tier.capacity_bytes / 1e9:.1f} GB under "
+                f"kvtier bench: the file tier may write up to {comp.file_tier.capacity_bytes / 2**30:.1f} GiB under "
                 f"{comp.cache_dir} (--storage-capacity-gb; removed at the end)",
                 file=sys.stderr,
             )
