@@ -136,7 +136,8 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert sorted(os.listdir(cache_dir)) == ["user_file.npy"]  # our run dir is gone
     assert "[kvtier] t=" in p.stderr  # plain progress lines without a terminal
     # before it writes, the run says how much the file tier may write and where (#44 item 4)
-    assert f"the file tier may write up to {r['storage']['capacity_bytes'] / 2**30:.1f} GiB under {cache_dir}" in p.stderr
+    gib = r["storage"]["capacity_bytes"] / 2**30
+    assert f"the file tier may write up to {gib:.1f} GiB under {cache_dir}" in p.stderr
     assert "throughput" in p.stdout and "arrival, workers, allocation bound" in p.stdout and "open, " in p.stdout
     import openpyxl
 
