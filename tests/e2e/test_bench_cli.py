@@ -572,7 +572,7 @@ def test_a_precondition_that_writes_less_than_asked_says_so(tmp_path, cache_dir,
     """#41 item 10: a 0.2 GB precondition file cannot enter a 0.1 GB tier: the shortfall is recorded in
     setup.precondition and a coded warning names it (the run said complete with no word before)."""
     out = tmp_path / "r.json"
-    args = ["--model", "tiny-1b", "--num-users", "2", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0"]
+    args = ["--model", "tiny-1b", "--num-users", "2", "--duration", "3", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0"]
     args += ["--storage-capacity-gb", "0.1", "--generation-mode", "none", "--cache-dir", str(cache_dir), "--config"]
     args += [small_workload, "--precondition", "--precondition-size-gb", "0.2", "--output", str(out)]
     p = bench(args, tmp_path)
