@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,38 +14,17 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import StorageError, TierUnavailable
-from kvtier.localservers import S3_TEST_CREDENTIALS, LocalServer, redis_server, s3_server
+from kvtier.localservers import redis_server, s3_server
 from tests.conftest import TINY_TEMPLATES
 
 redis = pytest.importorskip("redis", reason="redis-py is not installed (the test extra installs it)")
 pytest.importorskip("boto3", reason="boto3 is not installed (the test extra installs it)")
+pytestmark = pytest.mark.usefixtures("aws_credentials")  # rserver, s3: tests/integration/conftest.py
 
 MiB = 1 << 20
 NEEDS_REDIS = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="redis-server is not installed (scripts/install-tools.sh)"
 )
-
-
-@pytest.fixture(autouse=True)
-def _aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k, v in S3_TEST_CREDENTIALS.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-
-
-@pytest.fixture(scope="module")
-def rserver() -> Iterator[LocalServer]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/install-tools.sh redis-server)")
-    with redis_server() as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[LocalServer]:
-    pytest.importorskip("moto", reason="moto is not installed (the test extra installs it)")
-    with s3_server() as s:
-        yield s
 
 
 def _expect(noise, key: str, n: int) -> bytes:  # type: ignore[no-untyped-def]

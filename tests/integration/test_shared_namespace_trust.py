@@ -6,9 +6,7 @@ Real redis-server and moto's S3 server on loopback, OS-chosen ports."""
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,11 +14,11 @@ from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.redis_tier import RedisTier
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ForeignEntry
-from kvtier.localservers import S3_TEST_CREDENTIALS, LocalServer, redis_server, s3_server
 from tests.conftest import TINY_TEMPLATES
 
 redis = pytest.importorskip("redis", reason="redis-py is not installed (the test extra installs it)")
 pytest.importorskip("boto3", reason="boto3 is not installed (the test extra installs it)")
+pytestmark = pytest.mark.usefixtures("aws_credentials")  # rserver, s3: tests/integration/conftest.py
 
 MiB = 1 << 20
 ENTRY = 8 * MiB
@@ -42,28 +40,6 @@ class Counts:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
-
-
-@pytest.fixture(autouse=True)
-def _aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k, v in S3_TEST_CREDENTIALS.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-
-
-@pytest.fixture(scope="module")
-def rserver() -> Iterator[LocalServer]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/install-tools.sh redis-server)")
-    with redis_server() as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[LocalServer]:
-    pytest.importorskip("moto", reason="moto is not installed (the test extra installs it)")
-    with s3_server() as s:
-        yield s
 
 
 def _redis(url: str, ns: str, scope: str = "m") -> RedisTier:
