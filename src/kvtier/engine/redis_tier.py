@@ -117,7 +117,7 @@ class RedisTier:
         """``namespace``: None for this run's own key space (emptied by close()), or NAME of a shared one: every
         key written lives ``ttl_s`` (PX), entries other writers put there are read (``read_shared``), and close()
         leaves it (``kvtier clean --remote`` empties it). ``scope``: in a shared namespace, what besides the key
-        names an entry's bytes (model, dtype, layout: ``shared_scope``), hashed into every key there."""
+        names an entry's bytes (model, dtype, layout: ``KeyScope.tag()``), hashed into every key there."""
         self.name = name
         problem = url_problem(url)
         if problem is not None:

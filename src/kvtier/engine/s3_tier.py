@@ -79,7 +79,7 @@ class S3Tier:
         PREFIX/shared/NAME/: objects carry their writer and expiry time as metadata, an object past its expiry
         reads as a miss (S3 has no per-object TTL; a bucket lifecycle rule or ``kvtier clean --remote`` removes
         it), other writers' objects are read (``read_shared``), and close() leaves the namespace. ``scope``: in a
-        shared namespace, what besides the key names an entry's bytes (``shared_scope``), hashed into its name."""
+        shared namespace, what besides the key names an entry's bytes (``KeyScope.tag()``), hashed into its name."""
         boto3, config, exc = _boto()
         self._exc = exc
         self.name = name
