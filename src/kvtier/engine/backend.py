@@ -146,8 +146,8 @@ class Backend(Protocol):
 
 def shared_digest(scope: str, key: str) -> str:
     """The name of ``key`` in a remote tier: in a shared namespace it is hashed with the writer's scope (model,
-    dtype, layout; the bench passes ``KeyScope.tag()`` and its layout), so two runs of different models never meet under one
-    key whatever their own keys look like; outside one the scope is empty and the digest is the key's alone."""
+    dtype, layout; the bench passes ``KeyScope.tag()`` and its layout), so two runs of different models never meet
+    under one key whatever their own keys look like; outside one the scope is empty and the digest is the key's."""
     data = f"{len(scope)}:{scope}{key}" if scope else key
     return hashlib.blake2b(data.encode(), digest_size=16).hexdigest()
 
