@@ -6,6 +6,7 @@
     ├── StorageError            a tier cannot do what was asked
     │   ├── UnusableDirectory   a file tier's directory is missing, unwritable or refuses O_DIRECT
     │   ├── TierFullError       no room even after eviction (capacity, ENOSPC)
+    │   │   └── HostMemoryShort a RAM tier stopped growing: the host ran short of memory
     │   ├── EntryNotFound       key is not stored in that tier
     │   ├── TierUnavailable     a remote tier's server cannot be reached (Redis, S3): the run stops, partial
     │   └── Cancelled           the store's cancel event was set mid-operation (end of run)
@@ -47,6 +48,11 @@ class UnusableDirectory(StorageError):
 
 class TierFullError(StorageError):
     """A tier has no room for an entry, even after eviction."""
+
+
+class HostMemoryShort(TierFullError):
+    """A RAM tier needed fresh pages while the host was short of memory: it has stopped growing at the pages it
+    already holds (its ``capacity_bytes`` is smaller now). The store takes the new size and makes room within it."""
 
 
 class TierUnavailable(StorageError):

@@ -48,6 +48,7 @@ class TierSpec:
     capacity_bytes: int
     name: str | None = None  # the tier's own name, when not its kind's
     page_bytes: int = ALIGN  # cpu: the page asked for (engine/memory.py page_size decides)
+    host_reserved_bytes: int = 0  # cpu: the process's own buffers, which the host keeps beside the tier's floor
     directory: str | None = None  # storage: the folder its run directory goes in
     direct_io: Literal["auto", "on", "off"] = "auto"
     keep_files: bool = False
@@ -87,7 +88,9 @@ def _page(spec: TierSpec) -> int:
 def _cpu(spec: TierSpec) -> Backend:
     from kvtier.engine.memory import MemoryTier
 
-    return MemoryTier(spec.capacity_bytes, spec.name or "cpu", spec.page_bytes)
+    return MemoryTier(
+        spec.capacity_bytes, spec.name or "cpu", spec.page_bytes, host_reserved_bytes=spec.host_reserved_bytes
+    )
 
 
 def _cpu_capacity(spec: TierSpec) -> int:

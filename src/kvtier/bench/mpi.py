@@ -268,6 +268,7 @@ def _totals(results: dict[int, BenchResult], failures: dict[str, Failure], span:
         "remote_own_hits": sum(c.remote_own_hits for c in caches),
         "remote_cross_writer_hits": sum(c.remote_cross_writer_hits for c in caches),
         "remote_foreign_entries": sum(c.remote_foreign_entries for c in caches),
+        "host_memory_short": sum(c.host_memory_short for c in caches),
     }
 
 

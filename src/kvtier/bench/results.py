@@ -254,6 +254,7 @@ def cache_stats(
         "remote_own_hits": rec.counters.get("remote_own_hits", 0),
         "remote_cross_writer_hits": rec.counters.get("remote_cross_writer_hits", 0),
         "remote_foreign_entries": rec.counters.get("remote_foreign_entries", 0),
+        "host_memory_short": rec.counters.get("host_memory_short", 0),
         **dropped_stores(rec),
     }
     for name in TIER_NAMES:

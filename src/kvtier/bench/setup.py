@@ -26,14 +26,15 @@ from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend
 from kvtier.engine.file import FileTier
+from kvtier.engine.memory import host_floor
 from kvtier.engine.noise import NoiseBuffer
-from kvtier.engine.runs import find_stale_runs, remove_stale_run
+from kvtier.engine.runs import find_stale_runs, remove_stale_run, system_directory
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
-from kvtier.telemetry.host import mem_available_bytes
+from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
 from kvtier.tokenizer import load_tokenizer
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
@@ -264,20 +265,39 @@ def derive_workload(
 def derive(cfg: BenchConfig) -> Plan:
     """Everything the config implies, checked, before any tier is built."""
     model = check_config(cfg)
+    system = system_directory(cfg.cache_dir) if cfg.cache_dir else None
+    if system is not None:  # checked before the folder is created: the reference refuses these too
+        raise ConfigError(f"--cache-dir {cfg.cache_dir}: a system directory ({system}); give a folder for the cache")
     trace, dataset = _load_inputs(cfg)
     # read up front, with the other inputs: a bad file is an error before the load, naming file and line
     validation = load_trace(cfg.validation_trace) if cfg.validation_trace else None
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
     slots, chunk = io_slots(cfg)
     cpu_tier = 0 if cfg.io_trace_log else int(cfg.cpu_mem_gb * GiB)  # trace mode: the CPU tier holds no bytes
-    need = cpu_tier + cfg.noise_mb * MiB + slots * chunk
+    buffers = cfg.noise_mb * MiB + slots * chunk
     avail = mem_available_bytes()
-    if avail and need > avail:
+    if avail and buffers > avail:
         raise ConfigError(
-            f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier plus buffers need {need / GiB:.1f} GiB "
-            f"but only {avail / GiB:.1f} GiB of memory is available; lower --cpu-mem-gb"
+            f"--io-buffer-budget-mb {cfg.io_buffer_budget_mb}, --noise-mb {cfg.noise_mb}: the I/O buffers need "
+            f"{buffers / GiB:.1f} GiB but only {avail / GiB:.1f} GiB of memory is available; lower them"
         )
     plan = Plan(cfg, model, seed, slots, chunk, derive_workload(cfg, model, seed, trace, dataset))
+    if avail and cpu_tier + buffers > avail:
+        # The tier's pages are taken as entries arrive (engine/memory.py): the size is a bound, not a claim.
+        floor = host_floor(mem_total_bytes()) + buffers  # what engine/memory.py keeps for the host
+        plan.warnings.append(
+            warning(
+                WarningCode.cpu_tier_exceeds_host,
+                f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier and the I/O buffers ({(cpu_tier + buffers) / GiB:.1f}"
+                f" GiB) are more than the {avail / GiB:.1f} GiB available now; the tier takes its pages as entries "
+                f"arrive and stops growing if the host would keep less than {floor / GiB:.1f} GiB "
+                "(host-memory-short)",
+                cpu_tier_bytes=cpu_tier,
+                buffer_bytes=buffers,
+                host_available_bytes=avail,
+                host_floor_bytes=floor,
+            )
+        )
     plan.validation = validation
     if chunk < cfg.io_chunk_mb * MiB:
         plan.warnings.append(

@@ -61,7 +61,8 @@ def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
     if name == "gpu":
         return TierSpec(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB))
     if name == "cpu":
-        return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan))
+        buffers = plan.io_slots * plan.io_chunk_bytes + cfg.noise_mb * 2**20  # touched as the run goes: kept for them
+        return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan), host_reserved_bytes=buffers)
     if name == "storage":
         return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
                         keep_files=cfg.keep_cache, gds=gds)  # fmt: skip

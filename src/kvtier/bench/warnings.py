@@ -100,6 +100,19 @@ def run_warnings(
                 remote_foreign_entries=foreign,
             )
         )
+    for name, short in comp.store.host_short().items():
+        out.append(
+            warning(
+                WarningCode.host_memory_short,
+                f"the {name} tier stopped growing at {short['capacity_bytes'] / 2**30:.2f} of its "
+                f"{short['configured_bytes'] / 2**30:.2f} GiB: the host had "
+                f"{short['host_available_bytes'] / 2**30:.2f} GiB available and keeps "
+                f"{short['host_floor_bytes'] / 2**30:.2f} GiB; entries made room within the smaller tier from then on "
+                "(its figures are those of a smaller tier than asked)",
+                tier=name,
+                **short,
+            )
+        )
     n_tier = sum(rec.errors.values())
     if n_tier:
         out.append(

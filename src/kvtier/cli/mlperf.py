@@ -1,5 +1,5 @@
 """``kvtier mlperf datasize|run|shim``: the MLPerf Storage v3.0 KV cache submission workflow (mlperf/run.py),
-and the shim that lets the MLPerf wrappers' ``python3 kv-cache.py`` run kvtier bench."""
+and the shim folder that mlpstorage and the reference's scripts run unchanged (mlperf/shim.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.mlperf import MlperfConfig
-from kvtier.results.io import atomic_file, write_text_atomic
+from kvtier.results.io import write_text_atomic
 
 
 def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
@@ -27,39 +27,34 @@ def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         a = actions.add_parser(name, help=text, description=text)
         add_config_arguments(a, MlperfConfig)
         a.set_defaults(func=run_mlperf)
-    text = "write DIR/kv-cache.py: the MLPerf wrappers' `python3 kv-cache.py ARGS` then runs `kvtier bench ARGS`"
+    text = (
+        "write DIR/kv-cache.py, DIR/mlperf_wrapper.py and DIR/config.yaml: mlpstorage's `kvcache run "
+        "--kvcache-bin-path DIR/kv-cache.py` then runs kvtier bench on every rank, and `python3 kv-cache.py ARGS` "
+        "runs `kvtier bench ARGS`"
+    )
     s = actions.add_parser("shim", help=text, description=text)
-    s.add_argument("dir", metavar="DIR", help="folder the wrapper runs kv-cache.py from (created if missing)")
+    s.add_argument("dir", metavar="DIR", help="the folder mlpstorage is pointed at (created if missing)")
     s.set_defaults(func=run_shim)
-
-
-SHIM = """#!{python}
-# Written by `kvtier mlperf shim` (kvtier {version}). The MLPerf Storage KV cache wrappers (mlpstorage,
-# kv-cache-wrapper.sh) run `python3 kv-cache.py ARGS`; this file runs `kvtier bench ARGS` instead, with the
-# same argv, under the Python that kvtier is installed in (whichever python3 starts this file).
-import os
-import sys
-
-PYTHON = {python!r}
-os.execv(PYTHON, [PYTHON, "-m", "kvtier", "bench", *sys.argv[1:]])
-"""
 
 
 def run_shim(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvtier import __version__
     from kvtier.errors import ConfigError
+    from kvtier.mlperf.shim import write_shim
 
     folder = Path(a.dir)
-    path = folder / "kv-cache.py"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, "w", "DIR", perm=0o755) as f:  # never through a file or link planted at the name
-            f.write(SHIM.format(python=sys.executable, version=__version__))
+        written = write_shim(folder)
     except OSError as e:
-        raise ConfigError(f"DIR: cannot write {path}: {e.strerror}") from e
-    print(f"{path}: `python3 {path} ARGS` runs `kvtier bench ARGS` ({sys.executable} -m kvtier)")
+        raise ConfigError(f"DIR: cannot write into {folder}: {e.strerror}") from e
+    for path in written:
+        print(path)
+    print(
+        f"mlpstorage: `mlpstorage open|closed kvcache run --kvcache-bin-path {folder / 'kv-cache.py'} ...` runs "
+        f"{folder / 'mlperf_wrapper.py'} on every rank (one kvtier bench each, {sys.executable} -m kvtier); "
+        f"`python3 {folder / 'kv-cache.py'} ARGS` runs `kvtier bench ARGS`"
+    )
     return 0
 
 

@@ -34,6 +34,7 @@ from kvtier.engine.runs import (
     exposed_cache_dir,
     make_run_dir,
     remove_if_same,
+    system_directory,
 )
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 
@@ -117,6 +118,9 @@ class FileTier:
     ) -> None:
         self.name = name
         base = Path(cache_dir)
+        system = system_directory(base)
+        if system is not None:
+            raise UnusableDirectory(f"{base} is a system directory ({system}): no cache goes there")
         if not base.exists():
             raise UnusableDirectory(f"{base} does not exist")
         if not base.is_dir():

@@ -8,19 +8,30 @@ how LMCache's CPU backend and vLLM's block pool allocate. Writes and reads are `
 aligned views, page by page (scatter on write, gather on read), so the tier runs at memory-copy speed
 and allocates nothing per request. The cost of pages is internal waste: an entry's last page is partly
 empty; ``waste_bytes`` says how much.
+
+The tier's size is a bound, not a claim: a tier larger than the host's free memory starts (the spec's 32 GB CPU
+tier on the spec's 32 GB host), and its pages are taken as entries first need them. Before a write takes pages
+never used before, the tier checks that the host keeps ``host_floor_bytes`` available (2 GiB or 5 % of RAM,
+the larger, plus the process's own buffers the caller names, which may be touched later) after them; when it
+would not, the tier stops growing: it keeps the pages it has used, its ``capacity_bytes`` drops to them,
+``host_short`` records when and at what size, and the write raises ``HostMemoryShort`` (the store then makes
+room within the smaller tier). So a run on a host that runs short is counted and warned about, never killed for
+memory.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from kvtier.engine.backend import ALIGN, HUGE_PAGE, IOTiming, advise_huge_pages, check_cancel, round_up
-from kvtier.errors import EntryNotFound, TierFullError
+from kvtier.errors import EntryNotFound, HostMemoryShort, TierFullError
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
 DEFAULT_PAGE_BYTES = ALIGN
@@ -28,6 +39,32 @@ DEFAULT_PAGE_BYTES = ALIGN
 the sim give the model's chunk instead, so an entry is a few pages)."""
 MIN_PAGES = 16
 """A tier holds at least this many pages: a page its capacity cannot hold 16 times is cut down."""
+FLOOR_MIN_BYTES = 2 * 2**30
+FLOOR_FRACTION = 0.05
+RECHECK_S = 0.05  # /proc/meminfo is read again after this long; in between, what the tier took is subtracted
+
+
+def meminfo_bytes(field: str) -> int:
+    """A /proc/meminfo field in bytes; 0 where unknown (then the tier does not guard the host)."""
+    try:
+        fd = os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 8192).decode("ascii", "replace")
+        finally:
+            os.close(fd)
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            parts = line.split()
+            return int(parts[1]) * 1024 if len(parts) > 1 and parts[1].isdigit() else 0
+    return 0
+
+
+def host_floor(total_bytes: int) -> int:
+    """Memory a RAM tier leaves the host: 2 GiB or 5 % of RAM, the larger (a run that kept 1.2 GiB on a 24 GiB
+    host was killed for memory: buffers touched later, the kernel's own needs)."""
+    return max(FLOOR_MIN_BYTES, int(total_bytes * FLOOR_FRACTION))
 
 
 def page_size(capacity_bytes: int, wanted: int) -> int:
@@ -45,11 +82,29 @@ def page_size(capacity_bytes: int, wanted: int) -> int:
 class MemoryTier:
     """KV entries in host RAM, in fixed-size pages."""
 
-    def __init__(self, capacity_bytes: int, name: str = "cpu", page_bytes: int = DEFAULT_PAGE_BYTES) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        name: str = "cpu",
+        page_bytes: int = DEFAULT_PAGE_BYTES,
+        host_available: Callable[[], int] | None = None,
+        host_floor_bytes: int | None = None,
+        host_reserved_bytes: int = 0,
+    ) -> None:
         self.name = name
+        self._available = host_available or (lambda: meminfo_bytes("MemAvailable"))
+        floor = host_floor(meminfo_bytes("MemTotal")) if host_floor_bytes is None else host_floor_bytes
+        self.host_floor_bytes = floor + max(host_reserved_bytes, 0)  # buffers touched later count against the host
+        self.configured_bytes = 0  # the size asked for; capacity_bytes drops below it when the host runs short
+        self.host_short: dict[str, Any] | None = None
+        self._high_water = 0  # pages below this index have been used (are the host's memory already)
+        self._checked_at = -1.0e9
+        self._avail_est = 0
+        self._pending = 0  # fresh bytes handed to writes that have not filled them yet
         self.page_bytes = page_size(max(capacity_bytes, 0), page_bytes)
         pages = max(capacity_bytes, 0) // self.page_bytes
         self.capacity_bytes = pages * self.page_bytes
+        self.configured_bytes = self.capacity_bytes
         self._arena = (
             mmap.mmap(-1, self.capacity_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
             if self.capacity_bytes
@@ -88,6 +143,19 @@ class MemoryTier:
             if need > len(self._free):
                 raise TierFullError(f"cpu tier: {need} pages needed, {len(self._free)} free")
             pages = [self._free.pop() for _ in range(need)]
+            fresh = sum(1 for i in pages if i >= self._high_water)
+            if fresh:
+                short = self._host_short(fresh * self.page_bytes)
+                if short is not None:
+                    self._free.extend(reversed(pages))
+                    self._stop_growing(short)
+                    raise HostMemoryShort(
+                        f"{self.name} tier: the host has {short / 2**30:.2f} GiB available and keeps "
+                        f"{self.host_floor_bytes / 2**30:.2f} GiB; the tier stops growing at "
+                        f"{self.capacity_bytes / 2**30:.2f} GiB of {self.configured_bytes / 2**30:.2f} GiB"
+                    )
+                self._high_water = max(self._high_water, max(pages) + 1)
+                self._pending += fresh * self.page_bytes
             self._index[key] = (pages, nbytes)
             self._used_pages += need
             self._payload += padded
@@ -102,6 +170,10 @@ class MemoryTier:
         except BaseException:
             self.delete(key)
             raise
+        finally:
+            if fresh:
+                with self._lock:  # written (or given back): the host's figure has it now
+                    self._pending -= fresh * self.page_bytes
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
@@ -162,6 +234,36 @@ class MemoryTier:
             view = memoryview(v.data)
             for off in range(0, len(view), step):
                 yield view[off : off + step]
+
+    def _host_short(self, fresh_bytes: int) -> int | None:
+        """The host's available memory when taking ``fresh_bytes`` more would leave less than the floor, else
+        None. Called under the lock; reads /proc/meminfo at most every RECHECK_S (between reads, the bytes this
+        tier took since are subtracted from the last figure), less the fresh pages of writes still filling them
+        (32 writers of 3 GiB entries had 20 GiB of pages out that the host's figure did not show yet)."""
+        now = time.monotonic()
+        if now - self._checked_at >= RECHECK_S or self._avail_est - fresh_bytes < self.host_floor_bytes:
+            avail = self._available()
+            if avail <= 0:  # unknown (no /proc/meminfo): nothing to guard against
+                return None
+            # pages handed to writes still filling them are not in the host's figure yet
+            self._avail_est, self._checked_at = avail - self._pending, now
+        if self._avail_est - fresh_bytes < self.host_floor_bytes:
+            return max(self._avail_est, 0)
+        self._avail_est -= fresh_bytes
+        return None
+
+    def _stop_growing(self, available: int) -> None:
+        """Keep the pages already used; the ones never used leave the free list. Called under the lock."""
+        hw = self._high_water
+        self._free = [i for i in self._free if i < hw]
+        self.capacity_bytes = hw * self.page_bytes
+        self.host_short = {
+            "at_unix_s": time.time(),
+            "capacity_bytes": self.capacity_bytes,
+            "configured_bytes": self.configured_bytes,
+            "host_available_bytes": available,
+            "host_floor_bytes": self.host_floor_bytes,
+        }
 
     def delete(self, key: str) -> None:
         with self._lock:

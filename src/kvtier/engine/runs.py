@@ -45,6 +45,26 @@ def create_marker(run_fd: int) -> int:
     return fd
 
 
+SYSTEM_DIRECTORIES = ("/etc", "/bin", "/sbin", "/usr/bin", "/usr/sbin", "/boot", "/sys", "/proc", "/dev", "/root")
+"""Where no cache goes: the MLPerf reference refuses a --cache-dir under these (it compares the strings, so it
+also refuses /etcd or /devices; kvtier compares whole path components); kvtier adds / itself, /usr (not
+/usr/local) and /lib."""
+SYSTEM_TREES = (*SYSTEM_DIRECTORIES, "/usr", "/lib", "/lib32", "/lib64")
+
+
+def system_directory(path: str | os.PathLike[str]) -> str | None:
+    """The system directory ``path`` is, or lies under, once links are resolved (None for any other path)."""
+    real = os.path.realpath(path)
+    if real == "/":
+        return "/"
+    if real == "/usr/local" or real.startswith("/usr/local/"):
+        return None  # the site's own tree: a cache there is odd, not dangerous
+    for d in SYSTEM_TREES:
+        if real == d or real.startswith(d + "/"):
+            return d
+    return None
+
+
 def make_run_dir(base: Path, name: str) -> tuple[int, int]:
     """Create the run folder ``name`` in ``base``, mode 0700, and open it: ``(base_fd, run_fd)``. Every entry is
     then opened and unlinked through ``run_fd`` (``openat``/``unlinkat``), so renaming the folder, or putting a

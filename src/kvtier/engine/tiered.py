@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from kvtier.engine.backend import Backend, IOTiming
 from kvtier.engine.store_api import (
@@ -45,7 +46,7 @@ from kvtier.engine.store_api import (
     PutResult,
     StoreConfig,
 )
-from kvtier.errors import Cancelled, EntryNotFound, ForeignEntry, StorageError, TierFullError
+from kvtier.errors import Cancelled, EntryNotFound, ForeignEntry, HostMemoryShort, StorageError, TierFullError
 
 
 class _Entry:
@@ -62,15 +63,20 @@ class _Entry:
 
 
 class _Tier:
-    __slots__ = ("backend", "capacity", "target", "max_entry", "used", "policy")
+    __slots__ = ("backend", "capacity", "target", "max_entry", "used", "policy", "cfg")
 
     def __init__(self, backend: Backend, cfg: StoreConfig) -> None:
         self.backend = backend
-        self.capacity = backend.capacity_bytes
-        self.target = int(self.capacity * cfg.tier_target_ratios.get(backend.name, cfg.target_usage_ratio))
-        self.max_entry = int(self.capacity * cfg.large_entry_limit_ratio)
+        self.cfg = cfg
         self.used = 0
         self.policy = cfg.policy()  # the entries that may be chosen as victims, in eviction order
+        self.resize(backend.capacity_bytes)
+
+    def resize(self, capacity: int) -> None:
+        """The tier's size, and the fill target and largest entry that follow from it."""
+        self.capacity = capacity
+        self.target = int(capacity * self.cfg.tier_target_ratios.get(self.backend.name, self.cfg.target_usage_ratio))
+        self.max_entry = int(capacity * self.cfg.large_entry_limit_ratio)
 
     def threshold(self, size: int) -> int:
         """Fill limit for an entry of ``size``: the target, or the whole capacity for an entry larger
@@ -122,6 +128,15 @@ class TieredStore:
                 # stored_size is padding + header: the payload that fits is the limit less the overhead
                 best = max(best, t.max_entry - t.backend.stored_size(0))
         return best
+
+    def host_short(self) -> dict[str, dict[str, Any]]:
+        """Per RAM tier that stopped growing because the host ran short of memory: when, and at what size."""
+        out = {}
+        for t in self._tiers:
+            record = getattr(t.backend, "host_short", None)
+            if record:
+                out[t.backend.name] = dict(record)
+        return out
 
     @property
     def tier_names(self) -> list[str]:
@@ -312,7 +327,9 @@ class TieredStore:
             write_t = dst.backend.write(e.key, chunks(), e.nbytes)
         except StorageError as exc:
             self._release(j, size)
-            if isinstance(exc, Cancelled):
+            if isinstance(exc, HostMemoryShort):
+                self._host_short(dst)
+            elif isinstance(exc, Cancelled):
                 self.sink.tier_cancelled(src.backend.name, "read", write_cause, exc.bytes_done)
                 self.sink.tier_cancelled(dst.backend.name, "write", write_cause, exc.bytes_done)
             elif read_error:
@@ -345,6 +362,18 @@ class TieredStore:
             t.backend.delete(e.key)
             self._release(i, size)
 
+    def _host_short(self, t: _Tier) -> bool:
+        """A RAM tier stopped growing (the host ran short of memory): the store takes its new size; entries over
+        it make room as any full tier does. Counted, not a tier error; the tier says when and at what size.
+        False when the tier is no smaller than the store knew (nothing to retry)."""
+        with self._lock:
+            if t.backend.capacity_bytes >= t.capacity:
+                return False
+            t.resize(t.backend.capacity_bytes)
+            self._space.notify_all()
+        self.sink.count("host_memory_short")
+        return True
+
     # -- public operations -------------------------------------------------------------------
     def put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
         """Store an entry (replacing any entry under the same key) in the fastest tier with room.
@@ -373,7 +402,9 @@ class TieredStore:
         self.delete(key)
         e = _Entry(key, nbytes)
         last_error: StorageError | None = None
-        for i, t in enumerate(self._tiers):
+        tries = list(enumerate(self._tiers))
+        while tries:
+            i, t = tries.pop(0)
             size = t.backend.stored_size(nbytes)
             if not self._reserve(i, size, 0, buf):
                 continue
@@ -381,6 +412,9 @@ class TieredStore:
                 timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
             except StorageError as exc:
                 self._release(i, size)
+                if isinstance(exc, HostMemoryShort) and self._host_short(t):  # smaller now: make room within it
+                    tries.insert(0, (i, t))
+                    continue
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "write", "request", exc.bytes_done)
                     raise

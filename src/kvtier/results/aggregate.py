@@ -51,6 +51,7 @@ class Totals(Section):
     remote_own_hits: int = 0  # Σ reads a rank's shared remote tier served from entries that rank wrote
     remote_cross_writer_hits: int = 0  # Σ reads served from entries another rank or an earlier run wrote
     remote_foreign_entries: int = 0  # Σ shared lookups that found something other than the entry the key names
+    host_memory_short: int = 0  # Σ RAM tiers that stopped growing because their host ran short of memory
 
 
 class PooledLatency(Section):

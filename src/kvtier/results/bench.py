@@ -137,6 +137,7 @@ class _CacheStatsFixed(Section):
     remote_own_hits: int = 0  # --remote-namespace shared: reads the shared tier served from this run's entries
     remote_cross_writer_hits: int = 0  # ... from entries another rank or an earlier run wrote
     remote_foreign_entries: int = 0  # ... misses: what was there was not the entry its key names (size, parts, expiry)
+    host_memory_short: int = 0  # RAM tiers that stopped growing because the host ran short (warning host-memory-short)
     stores_dropped: int = 0  # stores no tier could take: the request went on, a later read misses
     stores_dropped_bytes: int = 0
     stores_dropped_by_cause: dict[str, int] = Field(default_factory=dict)  # no-room | entry-too-large

@@ -89,6 +89,8 @@ class WarningCode(enum.StrEnum):
     gpu_tier_off = "gpu-tier-off"
     gpu_tier_capped = "gpu-tier-capped"
     io_chunk_reduced = "io-chunk-reduced"
+    cpu_tier_exceeds_host = "cpu-tier-exceeds-host"  # bench: --cpu-mem-gb is more than the host has available now
+    host_memory_short = "host-memory-short"  # a RAM tier stopped growing: the host ran short of memory
     direct_io_off = "direct-io-off"
     cache_dir_exposed = "cache-dir-exposed"
     working_set_fits_page_cache = "working-set-fits-page-cache"
