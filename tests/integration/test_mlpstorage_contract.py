@@ -97,8 +97,9 @@ def test_mlpstorage_runs_the_shim_on_every_rank_and_finds_each_result(folder: Pa
         assert row["write_gbps"] > 0 and row["avg_tok_s"] > 0 and row["write_p95"] is not None
         assert row["storage_tok_s"] == r["summary"]["storage_throughput_tokens_per_sec"]
         (own,) = (trial / f"rank_{rank}").glob("kvtier_result_*.json")  # kvtier's own result, beside it
-        assert json.loads(own.read_text())["summary"]["cache_stats"]["tier_storage_write_bandwidth_gbps"] == (
-            row["write_gbps"]
+        assert (
+            json.loads(own.read_text())["summary"]["cache_stats"]["tier_storage_write_bandwidth_gbps"]
+            == (row["write_gbps"])
         )
     assert sorted(p.name for p in (folder / "cache").iterdir()) == ["rank_0", "rank_1"]
     assert [x.name for x in trial.rglob(".kvcache_*")] == []  # nothing staged is left behind

@@ -1,4 +1,4 @@
-"""``kvtier mlperf datasize|run|shim``: the MLPerf Storage v3.0 KV cache submission workflow (mlperf/run.py),
+"""``kvtier mlperf datasize|run|shim|compare``: the MLPerf Storage v3.0 KV cache submission workflow (mlperf/run.py),
 and the shim folder that mlpstorage and the reference's scripts run unchanged (mlperf/shim.py)."""
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     s = actions.add_parser("shim", help=text, description=text)
     s.add_argument("dir", metavar="DIR", help="the folder mlpstorage is pointed at (created if missing)")
     s.set_defaults(func=run_shim)
+    text = "a run summary (mlpstorage's or kvtier's kvcache_run_summary) beside the published MLPerf v3.0 KV rows"
+    c = actions.add_parser("compare", help=text, description=text)
+    c.add_argument("summary", metavar="SUMMARY", help="kvcache_run_summary*.json of mlpstorage or kvtier mlperf run")
+    c.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    c.set_defaults(func=run_compare)
 
 
 def run_shim(a: argparse.Namespace) -> int:
@@ -55,6 +60,17 @@ def run_shim(a: argparse.Namespace) -> int:
         f"{folder / 'mlperf_wrapper.py'} on every rank (one kvtier bench each, {sys.executable} -m kvtier); "
         f"`python3 {folder / 'kv-cache.py'} ARGS` runs `kvtier bench ARGS`"
     )
+    return 0
+
+
+def run_compare(a: argparse.Namespace) -> int:
+    from kvtier.mlperf.compare import compare, load_summary, render
+
+    result = compare(load_summary(a.summary))
+    for line in render(result):
+        print(line)
+    if a.json:
+        write_text_atomic(a.json, json.dumps(result, indent=2), "--json")
     return 0
 
 
