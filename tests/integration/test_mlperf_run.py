@@ -100,7 +100,15 @@ def test_open_run_two_processes_one_workload_one_trial(tmp_path: Path):
     system = summary["system"]  # what a submission records beside its figures
     assert system["drives"] and all("model" in d and "firmware" in d for d in system["drives"])
     assert system["metric_rule"]["2"].startswith("cpu-mem-gb 4:")
-    assert system["submission_table_text"].startswith("Option 2 (Storage Throughput): throughput ")
-    assert system["submission_table_text"] in p.stdout
+    text = system["submission_table_text"]
+    # cpu-mem-gb 4: storage throughput leads (at 0 it would be decode bytes and wall-clock throughput)
+    assert text.startswith("Option 2 (Storage Throughput, cpu-mem-gb 4): storage throughput ")
+    assert "per rank" in text and "device p95 read" in text and "median of the trials' storage throughput" in text
+    assert text in p.stdout
+    k = opt["kvtier"]  # the published P95 (storage time per request) and decode bytes, from the ranks' results
+    p95s = [c["storage_read_p95_ms"] for c in caches if c["storage_read_p95_ms"] is not None]
+    assert k["storage_read_p95_ms"] == (max(p95s) if p95s else None)  # none when the CPU tier served every read
+    assert k["decode_bytes_read_gb"] == pytest.approx(sum(c["decode_bytes_read_gb"] for c in caches))
+    assert k["read_bandwidth_gbps_per_rank"] == pytest.approx(opt["aggregated_read_bandwidth_gbps"] / 2)
     peaks = [p["interval_s"] for r in ranks for p in (r["device"] or {}).get("timeline", [])]
     assert (system["peak_device_bytes_per_s"] is not None) == bool(peaks)

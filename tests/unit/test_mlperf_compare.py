@@ -64,3 +64,12 @@ def test_a_file_that_is_not_a_run_summary_is_named(tmp_path: Path, body: str, ne
     p.write_text(body)
     with pytest.raises(DatasetError, match=needle):
         load_summary(p)
+
+
+def test_kvtiers_summary_carries_the_published_p95_and_it_is_put_beside_the_rows(tmp_path: Path):
+    with_p95 = option(813.0, 13.5, 1, kvtier={"storage_read_p95_ms": 133183.0})
+    c = compare(load_summary(summary(tmp_path, {"1": with_p95, "2": option(1.0, 1.0, 1)})))
+    sam = next(r for r in c["options"]["1"]["rows"] if r["submitter"] == "SAMSUNG")
+    assert sam["run_over_row_p95"] == 1.0 and c["options"]["1"]["run"]["storage_read_p95_ms"] == 133183.0
+    assert all(r["run_over_row_p95"] is None for r in c["options"]["2"]["rows"])  # mlpstorage's: device p95 only
+    assert "P95 read latency 133,183.0 ms (per request, as published)" in "\n".join(render(c))

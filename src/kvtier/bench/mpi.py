@@ -293,6 +293,7 @@ def _rank_row(k: int, contribution: dict[str, Any], res: BenchResult) -> dict[st
         "tier_storage_write_bandwidth_gbps": c.tier_storage_write_bandwidth_gbps,
         "storage_read_device_p95_ms": c.percentile_ms("storage_read_device", "p95"),
         "storage_write_device_p95_ms": c.percentile_ms("storage_write_device", "p95"),
+        "decode_bytes_read_gb": c.decode_bytes_read_gb,
     }
 
 

@@ -34,6 +34,7 @@ class RankSummary(Section):
     tier_storage_write_bandwidth_gbps: float | None = None
     storage_read_device_p95_ms: float | None = None
     storage_write_device_p95_ms: float | None = None
+    decode_bytes_read_gb: float | None = None  # the figure the spec leads with at --cpu-mem-gb 0
 
 
 class Totals(Section):

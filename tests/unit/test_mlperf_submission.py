@@ -1,0 +1,48 @@
+"""#42 item 2 (part): the submission text leads each option with the figure the spec says to use at its CPU tier,
+puts kvtier's truth beside the published columns, and the verdict names a CLOSED run that lacks options."""
+
+from __future__ import annotations
+
+from kvtier.config.mlperf import MlperfConfig
+from kvtier.mlperf.run import Instance, Trial, submission_line, summarize_option, verdict
+
+
+def option(o: int, per_trial: list[list[Instance]]) -> dict:
+    from unittest import mock
+
+    trials = [Trial(f"trial_{i}", 1.0, 0, [], None, []) for i in range(len(per_trial))]
+    with mock.patch("kvtier.mlperf.run._instances", side_effect=per_trial):
+        return summarize_option(o, trials, len(per_trial[0]))
+
+
+def inst(read: float, tok: float, decode: float, req_p95: float | None) -> Instance:
+    return Instance(read, read / 4, 2.0, 9.0, tok * 3, tok, "complete", decode, req_p95)
+
+
+def test_at_cpu_mem_0_decode_bytes_and_wall_clock_throughput_lead():
+    s = option(1, [[inst(1.0, 100, 50.0, 900.0), inst(1.2, 120, 60.0, 1200.0)],
+                   [inst(1.1, 110, 55.0, 1000.0), inst(1.1, 110, 55.0, 800.0)]])  # fmt: skip
+    k = s["kvtier"]
+    assert k["decode_bytes_read_gb"] == 110.0 and k["storage_read_p95_ms"] == 1200.0  # max over ranks and trials
+    assert k["read_bandwidth_gbps_per_rank"] == s["aggregated_read_bandwidth_gbps"] / 2
+    line = submission_line("1", s)
+    assert line.startswith("Option 1 (Max Storage Stress, cpu-mem-gb 0): decode bytes read 110.0 GB, wall-clock")
+    assert (
+        "is not the figure at cpu-mem-gb 0" in line and "P95 read latency 1,200.0 ms (storage time per request" in line
+    )
+    assert "median of the trials' decode bytes read: 110.0 (2 trials, 2 ranks)" in line
+
+
+def test_at_cpu_mem_4_storage_throughput_leads():
+    s = option(2, [[inst(0.5, 200, 10.0, None)]])
+    line = submission_line("2", s)
+    assert line.startswith("Option 2 (Storage Throughput, cpu-mem-gb 4): storage throughput 200.0 tok/s, decode")
+    assert "P95 read latency — ms" in line  # no read reached storage: said, not zero
+
+
+def test_a_closed_run_without_every_option_is_named():
+    s = option(1, [[inst(1.0, 100, 50.0, 900.0)]])
+    closed = verdict(MlperfConfig(workloads="1,2"), {"1": s, "2": s}, [])
+    assert any(v.startswith("closed: option(s) 3 not run") and "70B" in v for v in closed)
+    assert not any("not run" in v for v in verdict(MlperfConfig(open=True, workloads="1"), {"1": s}, []))
+    assert not any("not run" in v for v in verdict(MlperfConfig(), {"1": s, "2": s, "3": s}, []))
