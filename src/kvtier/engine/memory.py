@@ -141,6 +141,11 @@ class MemoryTier:
             if key in self._index:
                 raise ValueError(f"cpu tier: {key!r} already stored")
             if need > len(self._free):
+                if self.host_short is not None:  # a store that reserved under the old size meets the new one
+                    raise HostMemoryShort(
+                        f"{self.name} tier: stopped growing at {self.capacity_bytes / 2**30:.2f} GiB (the host ran "
+                        f"short): {need} pages needed, {len(self._free)} free"
+                    )
                 raise TierFullError(f"cpu tier: {need} pages needed, {len(self._free)} free")
             pages = [self._free.pop() for _ in range(need)]
             fresh = sum(1 for i in pages if i >= self._high_water)

@@ -403,6 +403,7 @@ class TieredStore:
         e = _Entry(key, nbytes)
         last_error: StorageError | None = None
         tries = list(enumerate(self._tiers))
+        retried: set[int] = set()
         while tries:
             i, t = tries.pop(0)
             size = t.backend.stored_size(nbytes)
@@ -412,8 +413,13 @@ class TieredStore:
                 timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
             except StorageError as exc:
                 self._release(i, size)
-                if isinstance(exc, HostMemoryShort) and self._host_short(t):  # smaller now: make room within it
-                    tries.insert(0, (i, t))
+                if isinstance(exc, HostMemoryShort):
+                    # the tier is smaller now (the host ran short): make room within it once, else the next tier;
+                    # no room, not a failed operation
+                    self._host_short(t)
+                    if i not in retried:
+                        retried.add(i)
+                        tries.insert(0, (i, t))
                     continue
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "write", "request", exc.bytes_done)

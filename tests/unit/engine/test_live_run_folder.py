@@ -150,5 +150,5 @@ def test_a_bench_run_in_such_a_folder_carries_the_coded_warning(tmp_path: Path, 
     run(tiny_bench_config(tmp_path, cache_dir=str(open_cache), output=str(out), duration=0.5))
     r = json.loads(out.read_text())
     (w,) = [w for w in r["warnings"] if w["code"] == "cache-dir-exposed"]
-    assert w["path"] == str(open_cache)
-    assert r["status"] == "complete"
+    assert w["path"] == str(open_cache)  # (a 0.5 s run may complete nothing on a loaded host: the status is not
+    # the point here, and failed once when another bench shared the machine)

@@ -108,3 +108,23 @@ def test_an_unknown_host_figure_guards_nothing():
     for i in range(5):
         t.write(f"k{i}", entry(10), 10 * PAGE)
     assert t.host_short is None and t.capacity_bytes == 50 * PAGE
+
+
+def test_writes_reserved_under_the_old_size_find_no_room_not_an_error(monkeypatch, noise, buf):
+    """Writes the store admitted before the tier stopped growing meet the smaller tier: each is HostMemoryShort
+    (made room for once, else the next tier), never a tier error (a 60 s run of the spec's Test 2 counted 25)."""
+    monkeypatch.setattr(memory, "RECHECK_S", 0.0)
+    cpu, _ = tier_on(FLOOR + 20 * PAGE, capacity_pages=200)
+    cpu.write("held", entry(20), 20 * PAGE)  # the host's room is used
+    with pytest.raises(HostMemoryShort):
+        cpu.write("over", entry(1), PAGE)  # stops growing at 20 pages: all held
+    with pytest.raises(HostMemoryShort, match="stopped growing"):
+        cpu.write("late", entry(5), 5 * PAGE)  # admitted under the old size: no free page, said as such
+    rec = Recorder()
+    store = TieredStore([cpu, MemoryTier(400 * PAGE, "storage", PAGE)],
+                        StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0), rec)  # fmt: skip
+    store._tiers[0].resize(200 * PAGE)  # the store still believes the old size, as one that admitted early
+    n = 5 * PAGE
+    r = store.put("k", lambda: noise.chunks("k", n, 1 << 20), n, buf)
+    assert r.tier == "storage" and sum(rec.errors.values()) == 0
+    assert store.usage()["cpu"]["capacity_bytes"] == 20 * PAGE
