@@ -47,7 +47,8 @@ def test_dev_numbers_from_sysfs(tmp_path: Path):
 def test_tracing_degrades_without_bpftrace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bpftrace on it
     t = BlockTracer.start(["vda"])
-    assert t.reason == "bpftrace is not installed (apt-get install bpftrace)" and t.stop() == {}
+    assert t.reason == "bpftrace is not installed (apt-get install bpftrace; scripts/install-tools.sh)"
+    assert t.stop() == {}
     t = BlockTracer.start([], bpftrace="/bin/true")
     assert t.reason == "no block device under the storage tier to trace"
 

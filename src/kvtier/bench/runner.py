@@ -475,12 +475,7 @@ class BenchRunner:
         self.gpu_telemetry = gpus.stop()
         if tracer is not None:
             hists = tracer.stop()  # first: stopping may find it printed nothing, and say so in reason
-            self.latency_tracing = {
-                "devices": tracer.devices,
-                "traced": tracer.reason is None,
-                "reason": tracer.reason,
-                "histograms": hists,
-            }
+            self.latency_tracing = tracer.section(hists)
         end = self.clock.now_ns()
         stop = self._stop or StopReason(code=StopCode.internal_error, message="the run ended without a stop reason")
         status = Status.partial if self._partial else Status.complete
@@ -530,7 +525,7 @@ class BenchRunner:
         if self.c.trace_mode:
             return BlockTracer([], "I/O trace mode moves no bytes: nothing to trace")
         devices, _ = devices_under(self.c.file_tier.directory)
-        return BlockTracer.start(devices)
+        return BlockTracer.start(devices, who=f"pid == {os.getpid()}")  # this process's system calls too
 
     def _device_sampler(self) -> DeviceSampler | None:
         """A running sampler of the devices under the storage tier, with kvtier's own per-interval

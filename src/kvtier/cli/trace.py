@@ -1,8 +1,10 @@
-"""``kvtier trace stats|fio|replay``: commands on an I/O trace (kvtier.iotrace)."""
+"""``kvtier trace stats|fio|replay``: commands on an I/O trace (kvtier.iotrace); ``kvtier trace attach``: the
+latency stack of another process (a vLLM or LMCache server) with bpftrace (telemetry/blocktrace.py)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +37,65 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                 help="leave the job unpaced (as fast as the device goes)",
             )
         a.set_defaults(func=run_trace)
+    text = "trace another process's storage latency stack with bpftrace: block layer and its system calls"
+    t = actions.add_parser("attach", help=text, description=text + " (root, tracefs; see docs/bench.md)")
+    who = t.add_mutually_exclusive_group(required=True)
+    who.add_argument("--pid", type=int, help="the process to trace (its system calls; every thread)")
+    who.add_argument("--comm", help="the command name to trace (as in /proc/PID/comm, at most 15 characters)")
+    t.add_argument("--duration", type=float, required=True, help="seconds to trace")
+    t.add_argument("--device", action="append", default=[], help="a whole disk (sda, nvme0n1): default all disks")
+    t.add_argument("--output", help="also write the trace section as JSON here")
+    t.set_defaults(func=run_attach)
+
+
+COMM = re.compile(r"^[A-Za-z0-9._:+-]{1,15}$")
+
+
+def run_attach(a: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from kvtier.errors import ConfigError
+    from kvtier.results.io import write_text_atomic
+    from kvtier.telemetry.blocktrace import BlockTracer, whole_disks
+
+    if a.duration <= 0:
+        raise ConfigError(f"--duration: expected seconds > 0, got {a.duration:g}")
+    if a.pid is not None:
+        if a.pid <= 0 or not Path(f"/proc/{a.pid}").exists():
+            raise ConfigError(f"--pid {a.pid}: no such process")
+        who = f"pid == {a.pid}"
+    else:
+        if not COMM.match(a.comm):
+            raise ConfigError(f"--comm {a.comm!r}: a command name is 1-15 letters, digits or ._:+-")
+        who = f'comm == "{a.comm}"'
+    disks = whole_disks()
+    for d in a.device:
+        if d not in disks:
+            raise ConfigError(f"--device {d}: not a whole disk here ({', '.join(disks) or 'none found'})")
+    tracer = BlockTracer.start(a.device or disks, who=who)
+    if tracer.reason is not None:
+        print(f"kvtier trace attach: not traced: {tracer.reason}", file=sys.stderr)
+        return 1
+    print(f"kvtier trace attach: tracing {who} and {', '.join(tracer.devices)} for {a.duration:g} s", file=sys.stderr)
+    if tracer.degraded:
+        print(f"kvtier trace attach: {tracer.degraded}", file=sys.stderr)
+    try:
+        time.sleep(a.duration)
+    except KeyboardInterrupt:
+        print("kvtier trace attach: stopped early", file=sys.stderr)
+    section = tracer.section(tracer.stop())
+    for name, h in section["histograms"].items():
+        p50, p95 = h["p50_bucket"], h["p95_bucket"]
+        print(f"{name:>20}: {h['count']:>9} events, p50 in [{p50['low']}, {p50['high']}), p95 in [{p95['low']}, "
+              f"{p95['high']})")  # fmt: skip
+    if section["empty"]:
+        print("no events: " + ", ".join(section["empty"]))
+    for what, why in section["unavailable"].items():
+        print(f"not traced ({what}): {why}")
+    if a.output:
+        write_text_atomic(a.output, json.dumps(section, indent=2))
+    return 0 if section["traced"] else 1
 
 
 def _h(n: float) -> str:
@@ -82,6 +143,13 @@ def run_trace(a: argparse.Namespace) -> int:
     if a.trace_action == "fio":
         cfg = config_from_args(a, TraceFioConfig, trace=a.trace)
         _, f = iotrace.run_fio(cfg)
+        if "writes_per_fsync" in f:  # from a latency trace
+            print(
+                f"{cfg.output}: {f['read_ios']} block reads and {f['write_ios']} block writes on "
+                f"{', '.join(f['tiers']) or 'the traced devices'} (rwmixread {f['rwmixread']}); iodepth {f['iodepth']} "
+                f"from the queue depth seen; {f['writes_per_fsync'] or 'no'} writes per fsync; unpaced"
+            )
+            return 0
         print(
             f"{cfg.output}: {f['read_ios']} reads and {f['write_ios']} writes of {', '.join(f['tiers'])} "
             f"(rwmixread {f['rwmixread']}), {_h(f['read_bytes_per_s'])}/s read, {_h(f['write_bytes_per_s'])}/s "

@@ -47,6 +47,22 @@ def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     from kvtier.results.io import check_output_path, write_text_atomic
 
     check_output_path("--output", cfg.output)
+    if str(cfg.trace).endswith(".json"):  # a latency trace (bench --enable-latency-tracing, trace attach --output)
+        import json
+
+        from kvtier.errors import DatasetError
+        from kvtier.iotrace.fio import distil_latency, latency_section
+
+        try:
+            data = json.loads(open(cfg.trace, encoding="utf-8").read())
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"{cfg.trace}: cannot read a latency trace: {e}") from e
+        section = latency_section(data, cfg.trace)
+        if section is None:
+            raise DatasetError(f"{cfg.trace}: no latency trace (a `histograms` map, or a result's latency_tracing)")
+        text, figures = distil_latency(section, cfg.trace, cfg)
+        write_text_atomic(cfg.output, text)
+        return text, figures
     text, figures = distil(read_trace(cfg.trace, cfg.max_bad_rows, cfg.max_rows), cfg)
     write_text_atomic(cfg.output, text)
     return text, figures

@@ -109,6 +109,46 @@ def fit_free_space(size: int, cfg: TraceFioConfig) -> tuple[int, str | None]:
     )
 
 
+def _job(
+    cfg: TraceFioConfig,
+    size: int,
+    runtime_s: float,
+    name: str,
+    r_counts: dict[int, int],
+    w_counts: dict[int, int],
+    depth: int,
+) -> list[str]:
+    """The job's [global] and job sections: direct I/O on one file of ``size`` under --directory, unique data,
+    time-based; the mix and block sizes of the reads and writes counted (fio's mix counts I/Os, not bytes)."""
+    r_ios, w_ios = sum(r_counts.values()), sum(w_counts.values())
+    rw = "randrw" if r_ios and w_ios else ("randread" if r_ios else "randwrite")
+    lines = [
+        "[global]",
+        f"ioengine={cfg.ioengine}",
+        "direct=1",
+        f"directory={cfg.directory}",
+        "filename=kvtier-trace.fio.dat",
+        f"size={_fio_size(size)}",
+        "; kvtier writes data no array can deduplicate or compress (every 4 KiB block unique): so does this job",
+        "refill_buffers=1",
+        "randrepeat=0",
+        "dedupe_percentage=0",
+        "buffer_compress_percentage=0",
+        "time_based=1",
+        f"runtime={max(1, math.ceil(runtime_s))}",
+        "group_reporting=1",
+        "",
+        f"[{name}]",
+        f"rw={rw}",
+    ]
+    if rw == "randrw":
+        lines.append(f"rwmixread={round(100 * r_ios / (r_ios + w_ios))}")
+    split = ",".join([bssplit(r_counts), bssplit(w_counts)]) if rw == "randrw" else bssplit(r_counts or w_counts)
+    if rw == "randwrite":
+        split = "," + split  # bssplit's read part empty: the sizes are the writes'
+    return [*lines, f"bssplit={split}", f"iodepth={depth}", "norandommap=1"]
+
+
 def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     """The job file's text and the figures it was made from."""
     tiers = [int(t) for t in cfg.tiers.split(",")]
@@ -127,7 +167,6 @@ def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     size = int(cfg.size_gb * GiB) if cfg.size_gb else max(GiB, ws)
     size = (size + MiB - 1) // MiB * MiB
     size, size_note = fit_free_space(size, cfg)
-    rw = "randrw" if r_ios and w_ios else ("randread" if r_ios else "randwrite")
     rwmix = round(100 * r_ios / (r_ios + w_ios))
     largest = max([*r_counts, *w_counts])
     labels = [f"Tier-{t}" for t in tiers]
@@ -157,34 +196,80 @@ def distil(trace: IOTrace, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
         f"; iodepth {cfg.iodepth} is a choice (--iodepth): the trace records completions, not queue depth",
         *([f"; {size_note}"] if size_note else []),
         "",
-        "[global]",
-        f"ioengine={cfg.ioengine}",
-        "direct=1",
-        f"directory={cfg.directory}",
-        "filename=kvtier-trace.fio.dat",
-        f"size={_fio_size(size)}",
-        "; kvtier writes data no array can deduplicate or compress (every 4 KiB block unique): so does this job",
-        "refill_buffers=1",
-        "randrepeat=0",
-        "dedupe_percentage=0",
-        "buffer_compress_percentage=0",
-        "time_based=1",
-        f"runtime={math.ceil(dur)}",
-        "group_reporting=1",
-        "",
-        "[kv-trace]",
-        f"rw={rw}",
+        *_job(cfg, size, dur, "kv-trace", r_counts, w_counts, cfg.iodepth),
     ]
-    if rw == "randrw":
-        lines.append(f"rwmixread={rwmix}")
-    split = ",".join([bssplit(r_counts), bssplit(w_counts)]) if rw == "randrw" else bssplit(r_counts or w_counts)
-    if rw == "randwrite":
-        split = "," + split  # bssplit's read part empty: the sizes are the writes'
-    lines += [f"bssplit={split}", f"iodepth={cfg.iodepth}", "norandommap=1"]
     if cfg.rate:
         rr, wr = int(r_bytes / dur), int(w_bytes / dur)
         lines.append(f"rate={max(rr, 1) if r_ios else ''},{max(wr, 1) if w_ios else ''}")
     return "\n".join(lines) + "\n", figures
 
 
-__all__ = ["distil", "bssplit"]
+def _hist_counts(h: dict[str, Any] | None) -> dict[int, int]:
+    """Request sizes from a KiB histogram: each bucket's I/Os at its lower bound (at least 4 KiB), in bytes."""
+    out: dict[int, int] = {}
+    for b in (h or {}).get("buckets", []):
+        size = max(int(b["low"] or 0) * 1024, ALIGN) // ALIGN * ALIGN
+        out[size] = out.get(size, 0) + int(b["count"] or 0)
+    return {k: v for k, v in out.items() if v}
+
+
+def distil_latency(section: dict[str, Any], source: str, cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
+    """A fio job from a latency trace (``--enable-latency-tracing``'s section, or ``kvtier trace attach
+    --output``): the block layer's request sizes per direction (bssplit; a histogram knows each size to its
+    power-of-two bucket), their mix (rwmixread), the queue depth the device saw (iodepth: the p95 bucket's upper
+    bound, less the request being issued), and the writes per fsync the process issued (fsync=)."""
+    h = section.get("histograms") or {}
+    r_counts, w_counts = _hist_counts(h.get("size_read_kb")), _hist_counts(h.get("size_write_kb"))
+    r_ios, w_ios = sum(r_counts.values()), sum(w_counts.values())
+    if not r_ios and not w_ios:
+        raise DatasetError(f"{source}: the latency trace has no block requests (size_read_kb, size_write_kb)")
+    qd = (h.get("queue_depth") or {}).get("p95_bucket") or {}
+    depth = max(1, min(int(qd.get("high") or 1), 1024))
+    writes = int((h.get("syscall_write_us") or {}).get("count") or 0)
+    syncs = int((h.get("fsync_us") or {}).get("count") or 0)
+    per_sync = round(writes / syncs) if writes and syncs else 0
+    dur = float(section.get("duration_s") or 60.0)
+    size = int(cfg.size_gb * GiB) if cfg.size_gb else GiB
+    size, size_note = fit_free_space(size, cfg)
+    rwmix = round(100 * r_ios / (r_ios + w_ios))
+    figures: dict[str, Any] = {
+        "tiers": [str(d) for d in section.get("devices") or []],
+        "read_ios": r_ios,
+        "write_ios": w_ios,
+        "rwmixread": rwmix,
+        "iodepth": depth,
+        "writes_per_fsync": per_sync,
+        "duration_s": dur,
+        "read_bytes_per_s": 0.0,
+        "write_bytes_per_s": 0.0,
+        "buffer_bytes": max([*r_counts, *w_counts]) * depth,
+        "size_bytes": size,
+        "size_note": size_note,
+    }
+    lines = [
+        f"; fio job distilled by kvtier trace fio from the latency trace {source}",
+        f"; {r_ios} block reads and {w_ios} block writes on {', '.join(figures['tiers']) or 'the traced devices'}"
+        f" over {dur:.1f} s; queue depth p95 under {depth}"
+        + (f"; {per_sync} writes per fsync ({writes} writes, {syncs} fsyncs)" if per_sync else ""),
+        "; sizes are the histograms' power-of-two buckets; unpaced: a latency trace counts requests, not their timing",
+        *([f"; {size_note}"] if size_note else []),
+        "",
+        *_job(cfg, size, dur, "kv-latency-trace", r_counts, w_counts, depth),
+    ]
+    if per_sync and w_ios:
+        lines.append(f"fsync={per_sync}")
+    return "\n".join(lines) + "\n", figures
+
+
+def latency_section(data: Any, source: str) -> dict[str, Any] | None:
+    """The latency trace in a JSON file: a ``trace attach --output`` section, or a bench result's
+    ``latency_tracing``; None when the file holds neither."""
+    if isinstance(data, dict) and isinstance(data.get("histograms"), dict):
+        return data
+    lt = data.get("latency_tracing") if isinstance(data, dict) else None
+    if isinstance(lt, dict) and isinstance(lt.get("histograms"), dict):
+        return lt
+    return None
+
+
+__all__ = ["distil", "distil_latency", "latency_section", "bssplit"]

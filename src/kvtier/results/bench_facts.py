@@ -158,12 +158,17 @@ class IOTraceStats(Section):
 
 
 class LatencyTracing(Section):
-    """--enable-latency-tracing: bpftrace's block-layer histograms (telemetry/blocktrace.py)."""
+    """--enable-latency-tracing: bpftrace's histograms of the latency stack (telemetry/blocktrace.py)."""
 
     devices: list[str]
     traced: bool
     reason: str | None  # why not traced (None when traced)
     histograms: dict[str, Any]  # name -> count, p50/p95/p99 buckets, buckets; times in us, sizes in KiB
+    processes: str | None = None  # whose system calls were traced (a bpftrace predicate); None: block layer only
+    degraded: str | None = None  # why the system-call probes are not in the trace, when they are not
+    duration_s: float | None = None  # how long bpftrace traced
+    empty: list[str] = Field(default_factory=list)  # histograms traced but with no event (e.g. no read reached it)
+    unavailable: dict[str, str] = Field(default_factory=dict)  # the spec's figures no tracepoint gives, and why
 
 
 class ValidationStats(Section):

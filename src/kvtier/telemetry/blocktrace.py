@@ -1,10 +1,16 @@
-"""Block-layer latency histograms of the storage tier's devices with bpftrace (``--enable-latency-tracing``).
+"""The storage latency stack with bpftrace (``--enable-latency-tracing``, ``kvtier trace attach``).
 
-For each request the block layer handles on those devices, three times in microseconds, per
-direction: queue (Q2D: inserted into the scheduler -> issued to the driver), device (D2C: issued ->
-completed) and total (Q2C: inserted -> completed; a request that skipped the scheduler has no insert
-and counts only in D2C); and the request sizes in KiB. bpftrace runs as a child process while the load
-lasts and prints its histograms at SIGINT.
+Block layer, on the traced devices (block tracepoints): for each request, per direction, queue time (Q2D:
+inserted into the scheduler -> issued to the driver), device time (D2C: issued -> completed) and total (Q2C;
+a request that skipped the scheduler has no insert and counts only in D2C); the request sizes in KiB (the
+bssplit); the requests in flight on the device when one is issued (queue depth); where on the device they land
+(LBA heatmap, GiB from the start). System calls of the traced process (syscall tracepoints, filtered by its
+pid or command name): read and write time and size (pread64/preadv/read and pwrite64/pwritev/writev/write: the
+VFS entry points, which kprobes would reach deeper where the kernel allows them — on this kernel it does not),
+fsync/fdatasync time, the gap from a file's last write to its fsync, and from an fadvise to the next read of
+that file. ``UNAVAILABLE`` names what the spec's list has that no tracepoint gives, with the reason. bpftrace
+runs as a child process while the load lasts and prints its histograms at SIGINT; where the syscall probes
+cannot attach, the block-layer program runs alone and ``degraded`` says why.
 
 Nothing here may fail a run: without bpftrace, without root (or password-less sudo), or when its probes
 cannot attach (a container, a kernel without BTF/tracepoints), ``start`` returns a tracer whose
@@ -22,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HISTOGRAMS = (
+BLOCK_HISTOGRAMS = (
     "q2d_read_us",
     "q2d_write_us",
     "d2c_read_us",
@@ -31,20 +37,72 @@ HISTOGRAMS = (
     "q2c_write_us",
     "size_read_kb",
     "size_write_kb",
+    "queue_depth",
+    "lba_gib",
 )
+SYSCALL_HISTOGRAMS = (
+    "syscall_read_us",
+    "syscall_write_us",
+    "syscall_read_kb",
+    "syscall_write_kb",
+    "fsync_us",
+    "write_to_fsync_us",
+    "fadvise_to_read_us",
+)
+HISTOGRAMS = BLOCK_HISTOGRAMS + SYSCALL_HISTOGRAMS
+UNAVAILABLE = {
+    "vfs_internal": "VFS functions (vfs_read, vfs_write, iomap) need kprobes, which this kernel does not offer (no "
+    "kprobe_events): the read/write system calls stand in for them",
+    "page_cache": "page-cache hits and misses need kprobes or the filemap tracepoints' inode mapping; not traced",
+}
+READS = ("pread64", "preadv", "preadv2", "readv", "read")  # glibc's preadv() is the preadv2 system call
+WRITES = ("pwrite64", "pwritev", "pwritev2", "writev", "write")
 
-_R, _W = 82, 87  # 'R', 'W' in rwbs ("R", "WS", "FWS", "RA"...): the direction is in its first two letters
+
+def syscall_program(who: str) -> str:
+    """The system-call part for the processes ``who`` selects (a bpftrace predicate: ``pid == 123``)."""
+    lines = []
+    for kind, calls in (("read", READS), ("write", WRITES)):
+        for c in calls:
+            enter = f"tracepoint:syscalls:sys_enter_{c} /{who}/ {{ @s_{kind}[tid] = nsecs; @s_fd[tid] = args->fd; "
+            if kind == "read":  # the gap from an fadvise of the file to its next read
+                enter += "$a = @fadv[pid, args->fd]; if ($a) { @fadvise_to_read_us = hist((nsecs - $a) / 1000); "
+                enter += "delete(@fadv[pid, args->fd]); } "
+            lines.append(enter + "}")
+            lines.append(
+                f"tracepoint:syscalls:sys_exit_{c} /@s_{kind}[tid]/ {{ "
+                f"@syscall_{kind}_us = hist((nsecs - @s_{kind}[tid]) / 1000); "
+                f"if (args->ret > 0) {{ @syscall_{kind}_kb = hist((uint64)args->ret / 1024); }} "
+                + ("@lastw[pid, @s_fd[tid]] = nsecs; " if kind == "write" else "")
+                + f"delete(@s_{kind}[tid]); delete(@s_fd[tid]); }}"
+            )
+    for c in ("fsync", "fdatasync"):
+        lines.append(
+            f"tracepoint:syscalls:sys_enter_{c} /{who}/ {{ @s_sync[tid] = nsecs; $w = @lastw[pid, args->fd]; "
+            "if ($w) { @write_to_fsync_us = hist((nsecs - $w) / 1000); delete(@lastw[pid, args->fd]); } }"
+        )
+        lines.append(
+            f"tracepoint:syscalls:sys_exit_{c} /@s_sync[tid]/ {{ @fsync_us = hist((nsecs - @s_sync[tid]) / 1000); "
+            "delete(@s_sync[tid]); }"
+        )
+    lines.append(f"tracepoint:syscalls:sys_enter_fadvise64 /{who}/ {{ @fadv[pid, args->fd] = nsecs; }}")
+    return "\n".join(lines) + "\n"
 
 
-def program(devs: list[int]) -> str:
-    """The bpftrace program for these kernel dev_t numbers ((major << 20) | minor)."""
+def program(devs: list[int], who: str | None = None) -> str:
+    """The bpftrace program for these kernel dev_t numbers ((major << 20) | minor), and with ``who`` (a
+    predicate on pid or comm) the system calls of those processes."""
     cond = " || ".join(f"args->dev == {d}" for d in devs) or "1"
-    rd = f"(args->rwbs[0] == {_R} || args->rwbs[1] == {_R})"
-    wr = f"(args->rwbs[0] == {_W} || args->rwbs[1] == {_W})"
+    # rwbs is a string ("R", "RA", "WS", "FWS", "FWFS"...): the direction is its first letter after a flush 'F'
+    rd = '(strncmp(args->rwbs, "R", 1) == 0 || strncmp(args->rwbs, "FR", 2) == 0)'
+    wr = '(strncmp(args->rwbs, "W", 1) == 0 || strncmp(args->rwbs, "FW", 2) == 0)'
     return f"""
 tracepoint:block:block_rq_insert /{cond}/ {{ @ins[args->dev, args->sector] = nsecs; }}
 tracepoint:block:block_rq_issue /{cond}/ {{
   @iss[args->dev, args->sector] = nsecs;
+  @queue_depth = hist(@inflight[args->dev]);
+  @inflight[args->dev] = @inflight[args->dev] + 1;
+  @lba_gib = hist(args->sector >> 21);
   $t = @ins[args->dev, args->sector];
   if ({rd}) {{
     @size_read_kb = hist(args->bytes / 1024);
@@ -58,6 +116,7 @@ tracepoint:block:block_rq_issue /{cond}/ {{
 tracepoint:block:block_rq_complete /{cond}/ {{
   $i = @iss[args->dev, args->sector];
   $q = @ins[args->dev, args->sector];
+  if ($i && @inflight[args->dev] > 0) {{ @inflight[args->dev] = @inflight[args->dev] - 1; }}
   if ($i) {{
     if ({rd}) {{ @d2c_read_us = hist((nsecs - $i) / 1000); if ($q) {{ @q2c_read_us = hist((nsecs - $q) / 1000); }} }}
     if ({wr}) {{ @d2c_write_us = hist((nsecs - $i) / 1000); if ($q) {{ @q2c_write_us = hist((nsecs - $q) / 1000); }} }}
@@ -65,8 +124,9 @@ tracepoint:block:block_rq_complete /{cond}/ {{
   delete(@iss[args->dev, args->sector]);
   delete(@ins[args->dev, args->sector]);
 }}
-END {{ clear(@ins); clear(@iss); }}
-"""
+END {{ clear(@ins); clear(@iss); clear(@inflight); clear(@s_read); clear(@s_write); clear(@s_fd); clear(@s_sync);
+  clear(@lastw); clear(@fadv); }}
+""" + (syscall_program(who) if who else "")
 
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -133,6 +193,15 @@ def summarize(hists: dict[str, list[dict[str, int | None]]]) -> dict[str, Any]:
     return out
 
 
+def whole_disks(sysfs: Path = Path("/sys")) -> list[str]:
+    """The host's whole disks (/sys/block, less loop, ram and zram devices)."""
+    try:
+        names = sorted(p.name for p in (sysfs / "block").iterdir())
+    except OSError:
+        return []
+    return [n for n in names if not n.startswith(("loop", "ram", "zram"))]
+
+
 def dev_numbers(devices: list[str], sysfs: Path = Path("/sys")) -> list[int]:
     """Kernel dev_t ((major << 20) | minor) of each device name, from /sys/block/<name>/dev."""
     out = []
@@ -145,6 +214,23 @@ def dev_numbers(devices: list[str], sysfs: Path = Path("/sys")) -> list[int]:
     return out
 
 
+def _attach(cmd: list[str], attach_s: float) -> tuple[subprocess.Popen[str] | None, list[str], str | None]:
+    """Start bpftrace; (the running process, the command, None), or (None, the command, why not)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as e:
+        return None, cmd, f"bpftrace could not start: {e.strerror or e}"
+    deadline = time.monotonic() + attach_s
+    while time.monotonic() < deadline:  # probes attach within a second or two, or bpftrace exits
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            lines = [ln.strip() for ln in err.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
+            first = next((ln for ln in lines if "ERROR" in ln), lines[0] if lines else f"exit {proc.returncode}")
+            return None, cmd, f"bpftrace could not attach its probes: {first[:300]}"
+        time.sleep(0.1)
+    return proc, cmd, None
+
+
 class BlockTracer:
     """One bpftrace child. ``reason`` is None while it traces; otherwise why it does not."""
 
@@ -154,45 +240,53 @@ class BlockTracer:
         reason: str | None,
         proc: subprocess.Popen[str] | None = None,
         command: list[str] | None = None,
+        who: str | None = None,
+        degraded: str | None = None,
     ) -> None:
         self.devices = devices
         self.reason = reason
         self.proc = proc
         self.command = command or []
         self.raw_tail = ""
+        self.who = who  # the processes whose system calls are traced (a bpftrace predicate), None: none
+        self.degraded = degraded  # why the system-call probes are not part of the trace, when they are not
+        self.started = time.monotonic()
+        self.duration_s: float | None = None
 
     @classmethod
-    def start(cls, devices: list[str], attach_s: float = 3.0, bpftrace: str | None = None) -> BlockTracer:
+    def start(
+        cls, devices: list[str], attach_s: float = 3.0, bpftrace: str | None = None, who: str | None = None
+    ) -> BlockTracer:
+        """bpftrace on ``devices`` (and, with ``who``, the system calls of those processes). Where the system-call
+        probes cannot attach, the block-layer program alone, with ``degraded`` saying why."""
         exe = bpftrace or shutil.which("bpftrace")
         if exe is None:
-            return cls(devices, "bpftrace is not installed (apt-get install bpftrace)")
-        if not devices:
+            return cls(devices, "bpftrace is not installed (apt-get install bpftrace; scripts/install-tools.sh)")
+        if not devices and who is None:
             return cls(devices, "no block device under the storage tier to trace")
-        cmd = [exe, "-e", program(dev_numbers(devices))]
+        prefix = [exe]
         if os.geteuid() != 0:
             sudo = shutil.which("sudo")
             if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True, check=False).returncode:
                 return cls(devices, "bpftrace needs root (run as root, or with password-less sudo)")
-            cmd = [sudo, "-n", *cmd]
-        try:
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-            )
-        except OSError as e:
-            return cls(devices, f"bpftrace could not start: {e.strerror or e}")
-        deadline = time.monotonic() + attach_s
-        while time.monotonic() < deadline:  # probes attach within a second or two, or bpftrace exits
-            if proc.poll() is not None:
-                _, err = proc.communicate()
-                first = next((ln for ln in err.splitlines() if ln.strip()), f"exit status {proc.returncode}")
-                return cls(devices, f"bpftrace could not attach its probes: {first.strip()[:300]}", command=cmd)
-            time.sleep(0.1)
-        return cls(devices, None, proc, cmd)
+            prefix = [sudo, "-n", exe]
+        devs = dev_numbers(devices)
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs, who)], attach_s)
+        if proc is not None:
+            return cls(devices, None, proc, cmd, who)
+        if who is None:
+            return cls(devices, problem, command=cmd)
+        degraded = f"the system-call probes did not attach ({problem}): block layer only"
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs)], attach_s)
+        if proc is not None:
+            return cls(devices, None, proc, cmd, None, degraded)
+        return cls(devices, problem, command=cmd, degraded=degraded)
 
     def stop(self) -> dict[str, Any]:
         """SIGINT (bpftrace prints its maps and exits), then the parsed histograms."""
         if self.proc is None:
             return {}
+        self.duration_s = round(time.monotonic() - self.started, 3)
         try:
             os.killpg(self.proc.pid, signal.SIGINT)
             out, err = self.proc.communicate(timeout=15)
@@ -207,5 +301,20 @@ class BlockTracer:
             self.reason = "bpftrace printed no histograms (no block I/O on the traced devices?)"
         return summarize(hists)
 
+    def section(self, hists: dict[str, Any]) -> dict[str, Any]:
+        """What a result records of the trace: what was traced, what was not and why, the histograms."""
+        names = BLOCK_HISTOGRAMS + (SYSCALL_HISTOGRAMS if self.who else ())
+        return {
+            "devices": self.devices,
+            "traced": self.reason is None,
+            "reason": self.reason,
+            "processes": self.who,
+            "degraded": self.degraded,
+            "duration_s": self.duration_s,
+            "empty": [n for n in names if n not in hists] if self.reason is None else [],
+            "unavailable": dict(UNAVAILABLE),
+            "histograms": hists,
+        }
 
-__all__ = ["BlockTracer", "parse_histograms", "summarize", "program", "dev_numbers", "HISTOGRAMS"]
+
+__all__ = ["BlockTracer", "parse_histograms", "summarize", "program", "syscall_program", "dev_numbers", "HISTOGRAMS"]
