@@ -73,3 +73,11 @@ def test_kvtiers_summary_carries_the_published_p95_and_it_is_put_beside_the_rows
     assert sam["run_over_row_p95"] == 1.0 and c["options"]["1"]["run"]["storage_read_p95_ms"] == 133183.0
     assert all(r["run_over_row_p95"] is None for r in c["options"]["2"]["rows"])  # mlpstorage's: device p95 only
     assert "P95 read latency 133,183.0 ms (per request, as published)" in "\n".join(render(c))
+
+
+def test_kvtier_report_puts_an_mlperf_run_beside_the_published_rows():
+    from kvtier.report.html import _published
+
+    text = _published({"1": option(1626.0, 30.34, 2), "2": option(562.0, 2.8, 1)})
+    assert "HPE K3000-kvcache (32 ranks)" in text and "option 3 is not in this run" in text
+    assert _published({"1": {"aggregated_read_bandwidth_gbps": 1.5}}).startswith("no option with the figures")

@@ -51,7 +51,7 @@ body { font-family: sans-serif; margin: 2em; max-width: 75em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.25em; border-bottom: 1px solid #ccc; margin-top: 2em; }
 h3 { font-size: 1.05em; margin-bottom: 0.2em; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; white-space: pre-line; }
 th:first-child, td:first-child { text-align: left; }
 td.better { background: #e6f4e6; } td.worse { background: #fbe9e9; }
 p.answers { color: #555; margin-top: 0; font-style: italic; }
@@ -60,6 +60,16 @@ ul.findings li { margin: 0.2em 0; }
 .meta { color: #666; font-size: 0.85em; }
 @media print { body { margin: 0; } h2 { page-break-before: auto; } }
 """
+
+
+def _published(options: dict[str, Any]) -> str:
+    """The run beside the published MLPerf v3.0 KV rows (``kvtier mlperf compare``), or why not."""
+    from kvtier.mlperf.compare import RUN_KEYS, compare, render
+
+    ok = {o: s for o, s in (options or {}).items() if all(isinstance(s.get(k), (int, float)) for k in RUN_KEYS)}
+    if not ok:
+        return "no option with the figures the published rows have"
+    return "\n".join(render(compare(ok)))
 
 
 def _label_for(path: Path, taken: set[str]) -> str:
@@ -197,6 +207,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
             ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
             ("submission table", ((r.model_extra or {}).get("system") or {}).get("submission_table_text")),
+            ("beside the published v3.0 KV rows", _published(r.options)),
         ]
     elif it.kind == "launch":
         rows += [
