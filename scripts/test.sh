@@ -30,11 +30,11 @@ while (($#)); do
   esac
 done
 both() { if [[ -n "$marks" ]]; then echo "($marks) and $1"; else echo "$1"; fi; }
-rc=0
-.venv/bin/python -m pytest -n 3 -m "$(both "not serial")" "${args[@]}" || rc=$?
+rc=0  # -rs: each skipped test and its reason in the log (a skip hides nothing)
+.venv/bin/python -m pytest -n 3 -rs -m "$(both "not serial")" "${args[@]}" || rc=$?
 [[ $rc -eq 5 ]] && rc=0  # no test of this phase selected
 rc2=0
-.venv/bin/python -m pytest -n 0 -m "$(both serial)" "${args[@]}" || rc2=$?
+.venv/bin/python -m pytest -n 0 -rs -m "$(both serial)" "${args[@]}" || rc2=$?
 [[ $rc2 -eq 5 ]] && rc2=0
 if [[ $rc -ne 0 ]]; then exit "$rc"; fi
 exit "$rc2"
