@@ -8,7 +8,7 @@ import json
 import sys
 
 from kvtier.cli.args import add_config_arguments, config_from_args
-from kvtier.config.mlperf import MlperfConfig
+from kvtier.config.mlperf import MlperfCompareConfig, MlperfConfig, MlperfShimConfig
 from kvtier.results.io import write_text_atomic
 
 
@@ -33,12 +33,12 @@ def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "runs `kvtier bench ARGS`"
     )
     s = actions.add_parser("shim", help=text, description=text)
-    s.add_argument("dir", metavar="DIR", help="the folder mlpstorage is pointed at (created if missing)")
+    s.add_argument("dir", metavar="DIR", help=MlperfShimConfig.model_fields["dir"].description)
     s.set_defaults(func=run_shim)
     text = "a run summary (mlpstorage's or kvtier's kvcache_run_summary) beside the published MLPerf v3.0 KV rows"
     c = actions.add_parser("compare", help=text, description=text)
-    c.add_argument("summary", metavar="SUMMARY", help="kvcache_run_summary*.json of mlpstorage or kvtier mlperf run")
-    c.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    c.add_argument("summary", metavar="SUMMARY", help=MlperfCompareConfig.model_fields["summary"].description)
+    add_config_arguments(c, MlperfCompareConfig)
     c.set_defaults(func=run_compare)
 
 
@@ -48,7 +48,7 @@ def run_shim(a: argparse.Namespace) -> int:
     from kvtier.errors import ConfigError
     from kvtier.mlperf.shim import write_shim
 
-    folder = Path(a.dir)
+    folder = Path(config_from_args(a, MlperfShimConfig, dir=a.dir).dir)
     try:
         written = write_shim(folder)
     except OSError as e:
@@ -66,11 +66,12 @@ def run_shim(a: argparse.Namespace) -> int:
 def run_compare(a: argparse.Namespace) -> int:
     from kvtier.mlperf.compare import compare, load_summary, render
 
-    result = compare(load_summary(a.summary))
+    cfg = config_from_args(a, MlperfCompareConfig, summary=a.summary)
+    result = compare(load_summary(cfg.summary))
     for line in render(result):
         print(line)
-    if a.json:
-        write_text_atomic(a.json, json.dumps(result, indent=2), "--json")
+    if cfg.json_output:
+        write_text_atomic(cfg.json_output, json.dumps(result, indent=2), "--json")
     return 0
 
 

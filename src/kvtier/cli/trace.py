@@ -4,12 +4,11 @@ latency stack of another process (a vLLM or LMCache server) with bpftrace (telem
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from kvtier.cli.args import add_config_arguments, config_from_args
-from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
+from kvtier.config.iotrace import TraceAttachConfig, TraceFioConfig, TraceReplayConfig, TraceStatsConfig
 
 
 def add_trace_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
@@ -39,16 +38,8 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         a.set_defaults(func=run_trace)
     text = "trace another process's storage latency stack with bpftrace: block layer and its system calls"
     t = actions.add_parser("attach", help=text, description=text + " (root, tracefs; see docs/bench.md)")
-    who = t.add_mutually_exclusive_group(required=True)
-    who.add_argument("--pid", type=int, help="the process to trace (its system calls; every thread)")
-    who.add_argument("--comm", help="the command name to trace (as in /proc/PID/comm, at most 15 characters)")
-    t.add_argument("--duration", type=float, required=True, help="seconds to trace")
-    t.add_argument("--device", action="append", default=[], help="a whole disk (sda, nvme0n1): default all disks")
-    t.add_argument("--output", help="also write the trace section as JSON here")
+    add_config_arguments(t, TraceAttachConfig)
     t.set_defaults(func=run_attach)
-
-
-COMM = re.compile(r"^[A-Za-z0-9._:+-]{1,15}$")
 
 
 def run_attach(a: argparse.Namespace) -> int:
@@ -59,29 +50,23 @@ def run_attach(a: argparse.Namespace) -> int:
     from kvtier.results.io import write_text_atomic
     from kvtier.telemetry.blocktrace import BlockTracer, whole_disks
 
-    if a.duration <= 0:
-        raise ConfigError(f"--duration: expected seconds > 0, got {a.duration:g}")
-    if a.pid is not None:
-        if a.pid <= 0 or not Path(f"/proc/{a.pid}").exists():
-            raise ConfigError(f"--pid {a.pid}: no such process")
-        who = f"pid == {a.pid}"
-    else:
-        if not COMM.match(a.comm):
-            raise ConfigError(f"--comm {a.comm!r}: a command name is 1-15 letters, digits or ._:+-")
-        who = f'comm == "{a.comm}"'
+    cfg = config_from_args(a, TraceAttachConfig)
+    if cfg.pid is not None and not Path(f"/proc/{cfg.pid}").exists():
+        raise ConfigError(f"--pid {cfg.pid}: no such process")
+    who = cfg.who
     disks = whole_disks()
-    for d in a.device:
+    for d in cfg.device:
         if d not in disks:
             raise ConfigError(f"--device {d}: not a whole disk here ({', '.join(disks) or 'none found'})")
-    tracer = BlockTracer.start(a.device or disks, who=who)
+    tracer = BlockTracer.start(cfg.device or disks, who=who)
     if tracer.reason is not None:
         print(f"kvtier trace attach: not traced: {tracer.reason}", file=sys.stderr)
         return 1
-    print(f"kvtier trace attach: tracing {who} and {', '.join(tracer.devices)} for {a.duration:g} s", file=sys.stderr)
+    print(f"kvtier trace attach: tracing {who} and {', '.join(tracer.devices)} for {cfg.duration:g} s", file=sys.stderr)
     if tracer.degraded:
         print(f"kvtier trace attach: {tracer.degraded}", file=sys.stderr)
     try:
-        time.sleep(a.duration)
+        time.sleep(cfg.duration)
     except KeyboardInterrupt:
         print("kvtier trace attach: stopped early", file=sys.stderr)
     section = tracer.section(tracer.stop())
@@ -93,8 +78,8 @@ def run_attach(a: argparse.Namespace) -> int:
         print("no events: " + ", ".join(section["empty"]))
     for what, why in section["unavailable"].items():
         print(f"not traced ({what}): {why}")
-    if a.output:
-        write_text_atomic(a.output, json.dumps(section, indent=2))
+    if cfg.output:
+        write_text_atomic(cfg.output, json.dumps(section, indent=2))
     return 0 if section["traced"] else 1
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
 from kvtier.telemetry.iotrace import MAX_TRACE_ROWS
@@ -76,3 +77,35 @@ class TraceReplayConfig(TraceInput):
 
 
 __all__ = ["TraceStatsConfig", "TraceFioConfig", "TraceReplayConfig"]
+
+
+COMM = re.compile(r"^[A-Za-z0-9._:+-]{1,15}$")
+
+
+class TraceAttachConfig(StrictModel):
+    """``kvtier trace attach --pid PID|--comm NAME --duration S``: another process's latency stack."""
+
+    pid: int | None = flag(None, "the process to trace (its system calls; every thread)", gt=0)
+    comm: str | None = flag(None, "the command name to trace (as in /proc/PID/comm, at most 15 characters)")
+    duration: float = flag(..., "seconds to trace", gt=0)
+    device: list[str] = flag([], "a whole disk (sda, nvme0n1): default all disks")
+    output: str | None = flag(None, "also write the trace section as JSON here")
+
+    @field_validator("comm")
+    @classmethod
+    def _comm(cls, v: str | None) -> str | None:
+        # it goes into the bpftrace program: nothing but a command name's own characters
+        if v is not None and not COMM.match(v):
+            raise ValueError(f"{v!r}: a command name is 1-15 letters, digits or ._:+-")
+        return v
+
+    @model_validator(mode="after")
+    def _one_process(self) -> TraceAttachConfig:
+        if (self.pid is None) == (self.comm is None):
+            raise ValueError("give one of --pid and --comm")
+        return self
+
+    @property
+    def who(self) -> str:
+        """The bpftrace predicate that selects the traced process."""
+        return f"pid == {self.pid}" if self.pid is not None else f'comm == "{self.comm}"'

@@ -27,3 +27,16 @@ class MlperfConfig(StrictModel):
 
 
 __all__ = ["MlperfConfig"]
+
+
+class MlperfShimConfig(StrictModel):
+    """``kvtier mlperf shim DIR``."""
+
+    dir: str = flag(..., "the folder mlpstorage is pointed at (created if missing)", cli=False)
+
+
+class MlperfCompareConfig(StrictModel):
+    """``kvtier mlperf compare SUMMARY``."""
+
+    summary: str = flag(..., "kvcache_run_summary*.json of mlpstorage or kvtier mlperf run", cli=False)
+    json_output: str | None = flag(None, "also write the comparison as JSON here", aliases=("--json",))
