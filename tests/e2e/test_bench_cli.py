@@ -318,9 +318,9 @@ def test_a_missing_validation_trace_is_a_dataset_error_before_any_load(tmp_path)
 )
 def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
     if "--noise-mb" in args:
-        from kvtier.engine.memory import meminfo_bytes
+        from kvtier.telemetry.host import mem_available_bytes
 
-        if meminfo_bytes("MemAvailable") > 60 * 2**30:
+        if mem_available_bytes() > 60 * 2**30:
             pytest.skip("a 64 GiB noise buffer fits this host: no refusal to see")
     if "BAD" in args:
         bad = tmp_path / "bad.yaml"
@@ -341,9 +341,9 @@ def test_bad_input_is_one_clear_line_before_any_load(tmp_path, args, needle):
 def test_a_cpu_tier_larger_than_the_host_starts_and_takes_pages_as_entries_arrive(tmp_path, cache_dir, small_workload):
     """#42 item 3: the spec's --cpu-mem-gb 32 on its 32 GB host. A tier twice the host's RAM starts (it was refused
     at start); its pages are taken as entries arrive, and the run says the tier is more than the host has."""
-    from kvtier.engine.memory import meminfo_bytes
+    from kvtier.telemetry.host import mem_total_bytes
 
-    asked = 2 * meminfo_bytes("MemTotal") / 2**30
+    asked = 2 * mem_total_bytes() / 2**30
     out = tmp_path / "r.json"
     args = ["--model", "tiny-1b", "--num-users", "2", "--duration", "3", "--gpu-mem-gb", "0", "--seed", "3"]
     args += ["--cpu-mem-gb", f"{asked:.0f}", "--generation-mode", "none", "--config", small_workload]

@@ -22,7 +22,6 @@ memory.
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +31,7 @@ import numpy as np
 
 from kvtier.engine.backend import ALIGN, HUGE_PAGE, IOTiming, advise_huge_pages, check_cancel, round_up
 from kvtier.errors import EntryNotFound, HostMemoryShort, TierFullError
+from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
 DEFAULT_PAGE_BYTES = ALIGN
@@ -42,23 +42,6 @@ MIN_PAGES = 16
 FLOOR_MIN_BYTES = 2 * 2**30
 FLOOR_FRACTION = 0.05
 RECHECK_S = 0.05  # /proc/meminfo is read again after this long; in between, what the tier took is subtracted
-
-
-def meminfo_bytes(field: str) -> int:
-    """A /proc/meminfo field in bytes; 0 where unknown (then the tier does not guard the host)."""
-    try:
-        fd = os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 8192).decode("ascii", "replace")
-        finally:
-            os.close(fd)
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith(field + ":"):
-            parts = line.split()
-            return int(parts[1]) * 1024 if len(parts) > 1 and parts[1].isdigit() else 0
-    return 0
 
 
 def host_floor(total_bytes: int) -> int:
@@ -92,8 +75,8 @@ class MemoryTier:
         host_reserved_bytes: int = 0,
     ) -> None:
         self.name = name
-        self._available = host_available or (lambda: meminfo_bytes("MemAvailable"))
-        floor = host_floor(meminfo_bytes("MemTotal")) if host_floor_bytes is None else host_floor_bytes
+        self._available = host_available or mem_available_bytes
+        floor = host_floor(mem_total_bytes()) if host_floor_bytes is None else host_floor_bytes
         self.host_floor_bytes = floor + max(host_reserved_bytes, 0)  # buffers touched later count against the host
         self.configured_bytes = 0  # the size asked for; capacity_bytes drops below it when the host runs short
         self.host_short: dict[str, Any] | None = None

@@ -49,12 +49,13 @@ def run_fio(cfg: TraceFioConfig) -> tuple[str, dict[str, Any]]:
     check_output_path("--output", cfg.output)
     if str(cfg.trace).endswith(".json"):  # a latency trace (bench --enable-latency-tracing, trace attach --output)
         import json
+        import pathlib
 
         from kvtier.errors import DatasetError
         from kvtier.iotrace.fio import distil_latency, latency_section
 
         try:
-            data = json.loads(open(cfg.trace, encoding="utf-8").read())
+            data = json.loads(pathlib.Path(cfg.trace).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise DatasetError(f"{cfg.trace}: cannot read a latency trace: {e}") from e
         section = latency_section(data, cfg.trace)

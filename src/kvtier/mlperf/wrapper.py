@@ -115,14 +115,14 @@ def bench_command(forwarded: Sequence[str], seed: int, output: Path, cache: Path
     ]  # fmt: skip
 
 
-def result_status(path: Path) -> str | None:
-    """The run's status as its result file says (None: no result, or not one kvtier wrote)."""
+def read_result(path: Path) -> dict[str, Any] | None:
+    """The run's result (None: no result file, or not a JSON object)."""
     try:
         with open(path, encoding="utf-8") as f:
-            status = json.load(f).get("status")
-    except (OSError, ValueError, AttributeError):
+            data = json.load(f)
+    except (OSError, ValueError):
         return None
-    return status if isinstance(status, str) else None
+    return data if isinstance(data, dict) else None
 
 
 def for_mlpstorage(result: dict[str, Any]) -> dict[str, Any]:
@@ -149,11 +149,14 @@ def settle(staged: Path, folder: Path, stamp: str, rc: int) -> tuple[Path | None
     """A complete run: its result, as mlpstorage reads it, under the name mlpstorage reads, and kvtier's own beside
     it (``kvtier_result_<stamp>.json``). Any other run: kvtier's result under a name mlpstorage does not read. The
     wrapper's exit status (non-zero unless complete)."""
-    status = result_status(staged)
-    if status == "complete" and rc == 0:
+    result = read_result(staged)  # read once: its status decides, its copy is what mlpstorage reads
+    status = result.get("status") if result is not None else None
+    if not isinstance(status, str):
+        status = None
+    if result is not None and status == "complete" and rc == 0:
         final = folder / f"kvcache_results_{stamp}.json"
         own = folder / f"kvtier_result_{stamp}.json"  # kvtier's result as written (kvtier report reads it)
-        write_text_atomic(final, json.dumps(for_mlpstorage(json.loads(staged.read_text())), indent=2))
+        write_text_atomic(final, json.dumps(for_mlpstorage(result), indent=2))
         os.replace(staged, own)
         return final, 0
     if status is None:
