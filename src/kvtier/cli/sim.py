@@ -30,7 +30,15 @@ def add_cache_server_parser(sub: argparse._SubParsersAction) -> None:  # type: i
 
 
 def run_cache_server(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args, CacheServerConfig)
+    if cfg.serve == "vllm":  # vLLM replicas' kvtier spec: kvtier/vllm/blockserver.py
+        from kvtier.vllm.blockserver import serve as serve_blocks
+        from kvtier.vllm.settings import VllmOffloadSettings
+
+        serve_blocks(VllmOffloadSettings.of_tier_config(cfg, cfg.offload), cfg.socket, cfg.host, cfg.port,
+                     cfg.port_file)  # fmt: skip
+        return 0
     from kvtier.sim import serve_cache
 
-    serve_cache(config_from_args(args, CacheServerConfig))
+    serve_cache(cfg)
     return 0

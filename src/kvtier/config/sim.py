@@ -101,6 +101,12 @@ class SimConfig(OffloadTierConfig):
         "(a kvtier cache-server, --cache-server)",
     )
     cache_server: str | None = flag(None, "Unix socket of a kvtier cache-server, for --offload remote")
+    offload_chunk_tokens: int = flag(
+        256,
+        "tokens per entry of an in-process offload tier (cpu, nvme, redis, s3): LMCache's chunk is 256; kvtier's "
+        "spec inside vLLM stores vLLM's blocks (128 on its CPU build), so a twin of that engine sets 128",
+        ge=16, le=4096,
+    )  # fmt: skip
     host: str = flag("127.0.0.1", "address to listen on")
     event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")
     port: int = flag(8000, "TCP port (0 = any free port, printed)", ge=0, le=65535)
@@ -110,9 +116,16 @@ class SimConfig(OffloadTierConfig):
 
 
 class CacheServerConfig(OffloadTierConfig):
-    """Every input of ``kvtier cache-server``: one offload tier shared by sim replicas."""
+    """Every input of ``kvtier cache-server``: one offload tier shared by sim replicas, or by real vLLM replicas
+    running kvtier's offloading spec (``--serve vllm``)."""
 
-    model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks")
+    serve: Literal["sim", "vllm"] = flag(
+        "sim",
+        "who uses the tier: sim replicas (--offload remote; chunks of --model, no KV bytes cross), or vllm replicas "
+        "whose kvtier offloading spec names this socket (kv_connector_extra_config cache_server: the engines' blocks "
+        "move through pages both sides map; the block size comes from the engines, --model is not used)",
+    )
+    model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks (--serve sim)")
     offload: Literal["cpu", "nvme", "redis", "s3"] = flag(
         "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
     )

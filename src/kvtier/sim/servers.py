@@ -26,6 +26,7 @@ from kvtier.results.ladder import Timing
 from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload, offload_tiers
 from kvtier.sim.server import SimEngine, SimSettings
+from kvtier.unixsock import claim
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
 """Latency-model fields a preset supplies and a flag overrides."""
@@ -107,7 +108,7 @@ def scope_for(model: ModelSpec, chunk_tokens: int = 256) -> KeyScope:
     )
 
 
-def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int) -> Offload:
+def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int, chunk_tokens: int = 256) -> Offload:
     """The in-process offload tier for ``kind`` cpu or nvme; engine errors name the flags here."""
     if kind == "nvme" and (not tier.nvme_dir or not Path(tier.nvme_dir).is_dir()):
         raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {tier.nvme_dir!r})")
@@ -126,10 +127,10 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
     if kind == "s3" and not tier.s3_bucket:
         raise ConfigError("--offload s3: give --s3-bucket (and --s3-endpoint for a server other than AWS)")
     cfg = OffloadConfig(
-        kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, 256, tier.direct_io
+        kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, chunk_tokens, tier.direct_io
     )
     tiers = offload_tiers(cfg, model.kv_bytes_per_token, tier, REMOTE_CONNECTIONS)
-    return Offload(cfg, scope_for(model), model.kv_bytes_per_token, seed, tiers)
+    return Offload(cfg, scope_for(model, chunk_tokens), model.kv_bytes_per_token, seed, tiers)
 
 
 REMOTE_CONNECTIONS = 32
@@ -174,7 +175,7 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
         )
         await offload.connect()
     elif cfg.offload != "none":
-        offload = make_offload(cfg.offload, cfg, settings.model, cfg.seed)
+        offload = make_offload(cfg.offload, cfg, settings.model, cfg.seed, cfg.offload_chunk_tokens)
 
     async def cleanup() -> None:
         if offload is not None:
@@ -215,14 +216,7 @@ async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
 
     model = resolve_model(cfg.model, build_catalog())
     sock = Path(cfg.socket)
-    if not sock.parent.is_dir():
-        raise ConfigError(f"--socket: directory {sock.parent} does not exist")
-    if sock.exists():
-        if not sock.is_socket():
-            raise ConfigError(f"--socket: {sock} exists and is not a socket")
-        if _answers(sock):
-            raise ConfigError(f"--socket: a server is listening on {sock}; stop it or choose another path")
-        sock.unlink()  # a stale socket of an earlier run: nobody answers there
+    claim(sock)
     offload = make_offload(cfg.offload, cfg, model, cfg.seed)
 
     async def cleanup() -> None:
@@ -247,19 +241,6 @@ async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
         raise
     port = runners[1].addresses[0][1]
     return RunningServer(port, runners, cleanup)
-
-
-def _answers(sock: Path) -> bool:
-    """Whether a server accepts connections on the Unix socket ``sock``."""
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2)
-        try:
-            s.connect(str(sock))
-        except OSError:
-            return False
-        return True
 
 
 async def _until_signal(port_file: str | None, port: int) -> None:

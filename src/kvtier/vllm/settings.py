@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from kvtier.config.base import flag
 from kvtier.config.sim import OffloadTierConfig
@@ -39,6 +39,24 @@ class VllmOffloadSettings(OffloadTierConfig):
     )
     io_threads: int = flag(4, "threads per worker moving blocks between the engine's KV cache and the tiers",
                            ge=1, le=64)  # fmt: skip
+    cache_server: str | None = flag(
+        None, "Unix socket of a shared kvtier cache-server --serve vllm: its tiers and index instead of this "
+        "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _server_owns_the_tiers(self) -> VllmOffloadSettings:
+        if self.cache_server is not None:
+            own = sorted(self.model_fields_set - {"cache_server", "io_threads"})
+            if own:
+                raise ValueError(f"{', '.join(own)}: set on the cache server (kvtier cache-server --serve vllm), "
+                                 "not here, when cache_server is given")  # fmt: skip
+        return self
+
+    @classmethod
+    def of_tier_config(cls, cfg: OffloadTierConfig, offload: str) -> VllmOffloadSettings:
+        """A cache server's tiers (its OffloadTierConfig flags) as the settings a shared server opens."""
+        return cls.model_validate({**{k: getattr(cfg, k) for k in OffloadTierConfig.model_fields}, "offload": offload})
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> VllmOffloadSettings:

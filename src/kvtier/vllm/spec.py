@@ -19,6 +19,10 @@ and stores; a hit's source is the tier's (CPU RAM ``host``, NVMe ``disk``), so v
 ``prompt_tokens_cached_by_source`` counter says which tier served a prefix. Worker side: ``KvtierWorker``
 adapts kvtier/vllm/worker.py's BlockWorker. The spec's own series (``kvtier:offload_*``, by tier) are
 emitted through vLLM's connector stats on the engine's /metrics.
+
+With ``cache_server`` (a socket of ``kvtier cache-server --serve vllm``) the index and the tiers are that server's,
+shared by every replica pointed at it: the manager asks it instead of its own index (kvtier/vllm/client.py
+``ServerIndex``) and the workers move blocks through pages they share with it (``ServerBlockWorker``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.tiers import open_tiers
+from kvtier.vllm.client import ServerBlockWorker, ServerIndex
 from kvtier.vllm.index import BlockIndex, StorePlan
 from kvtier.vllm.settings import VllmOffloadSettings
 from kvtier.vllm.worker import BlockLayout, BlockWorker
@@ -72,6 +77,7 @@ M_LOADED_BLOCKS = "kvtier:offload_loaded_blocks"
 M_FAILED_LOADS = "kvtier:offload_failed_loads"
 M_FAILED_STORES = "kvtier:offload_failed_stores"
 M_MOVES = "kvtier:offload_worker_moves"
+M_SERVER_ERRORS = "kvtier:offload_server_errors"
 
 
 @dataclass
@@ -130,17 +136,34 @@ def _scope(config: OffloadingConfig, rank: int) -> KeyScope:
     )  # fmt: skip
 
 
+def _hello(config: OffloadingConfig) -> dict[str, Any]:
+    """What an engine tells a shared cache server about itself: its identity and block geometry."""
+    return {"engine": config.engine_id, "block_bytes": config.worker_kv_bytes_per_block,
+            "block_tokens": config.groups[0].tokens_per_block, "world_size": max(1, config.parallel.world_size),
+            "rank": config.parallel.rank}  # fmt: skip
+
+
+def _shared_key(config: OffloadingConfig) -> Any:
+    """A block's key on a shared cache server: vLLM's key in the scope of every worker (rank 0's scope; the server
+    keeps each worker's share under the key and its rank)."""
+    scope = _scope(config, 0)
+    return lambda k: scope.key(bytes(k))
+
+
 class KvtierManager(OffloadingManager):
-    def __init__(self, settings: VllmOffloadSettings, block_bytes: int, world_size: int, block_tokens: int) -> None:
+    def __init__(self, settings: VllmOffloadSettings, block_bytes: int, world_size: int, block_tokens: int,
+                 index: Any = None) -> None:  # fmt: skip
         self.settings = settings
         self.block_tokens = block_tokens
-        self.index: BlockIndex[OffloadKey] = BlockIndex(settings.slots(block_bytes, world_size))
+        # the engine's own index (BlockIndex), or a shared cache server's (client.ServerIndex: the same calls)
+        self.index: Any = index if index is not None else BlockIndex(settings.slots(block_bytes, world_size))
         self._hit_tokens: dict[str, int] = {}
         self._reported: dict[str, dict[str, int]] = {}
         self._worker_counts: dict[str, dict[str, int]] = {M_LOADED_BLOCKS: {}, M_FAILED_LOADS: {},
                                                           M_FAILED_STORES: {}, M_MOVES: {}}  # fmt: skip
         log.info(
-            "kvtier offload tiers: %s (blocks of %d bytes per worker)",
+            "kvtier offload tiers%s: %s (blocks of %d bytes per worker)",
+            f" on cache server {settings.cache_server}" if settings.cache_server else "",
             ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers),
             block_bytes,
         )
@@ -201,7 +224,8 @@ class KvtierManager(OffloadingManager):
         c = self.index.counters
         for name, now in ((M_HIT_TOKENS, self._hit_tokens), (M_STORED_BLOCKS, c.placed),
                           (M_DEMOTED_BLOCKS, c.demoted), (M_EVICTED_BLOCKS, c.evicted),
-                          (M_REJECTED_BLOCKS, {"": c.rejected}), *self._worker_counts.items()):  # fmt: skip
+                          (M_REJECTED_BLOCKS, {"": c.rejected}), *self._worker_counts.items(),
+                          (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)})):  # fmt: skip
             before = self._reported.setdefault(name, {})
             for tier, n in now.items():
                 if n != before.get(tier, 0):
@@ -221,9 +245,14 @@ class KvtierWorker(OffloadingWorker):
         if layout.nbytes != cfg.worker_kv_bytes_per_block:
             log.warning("kvtier: a block is %d bytes in the KV tensors, vLLM says %d per worker",
                         layout.nbytes, cfg.worker_kv_bytes_per_block)  # fmt: skip
-        scope = _scope(cfg, cfg.parallel.rank)
-        tiers = open_tiers(spec.settings.plan(layout.nbytes, cfg.parallel.world_size))
-        self.io = BlockWorker(tiers, layout, lambda k: scope.key(bytes(k)), spec.settings.io_threads)
+        if spec.settings.cache_server:
+            self.io: BlockWorker = ServerBlockWorker(spec.settings.cache_server, layout, _shared_key(cfg),
+                                                     {**_hello(cfg), "block_bytes": layout.nbytes},
+                                                     spec.settings.io_threads)  # fmt: skip
+        else:
+            scope = _scope(cfg, cfg.parallel.rank)
+            tiers = open_tiers(spec.settings.plan(layout.nbytes, cfg.parallel.world_size))
+            self.io = BlockWorker(tiers, layout, lambda k: scope.key(bytes(k)), spec.settings.io_threads)
         log.info("kvtier offload worker rank %d: tiers %s, %d-byte blocks, %d I/O threads",
                  cfg.parallel.rank, ", ".join(self.io.tier_names), layout.nbytes, spec.settings.io_threads)  # fmt: skip
 
@@ -273,6 +302,9 @@ class KvtierOffloadingSpec(OffloadingSpec):
             ),  # fmt: skip
             M_FAILED_STORES: OffloadingCounterMetadata("Block shards whose store failed (a later load of them fails)"),
             M_MOVES: OffloadingCounterMetadata("Demotions the workers carried out"),
+            M_SERVER_ERRORS: OffloadingCounterMetadata(
+                "Scheduler calls a shared kvtier cache-server did not answer (taken as misses, stores not offered)"
+            ),  # fmt: skip
         }
 
     def __init__(self, config: OffloadingConfig) -> None:
@@ -284,8 +316,11 @@ class KvtierOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             c = self.config
+            index = None
+            if self.settings.cache_server:
+                index = ServerIndex(self.settings.cache_server, _shared_key(c), _hello(c))
             self._manager = KvtierManager(self.settings, c.worker_kv_bytes_per_block, max(1, c.parallel.world_size),
-                                          c.groups[0].tokens_per_block)  # fmt: skip
+                                          c.groups[0].tokens_per_block, index)  # fmt: skip
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

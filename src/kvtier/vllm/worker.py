@@ -126,11 +126,15 @@ class BlockWorker:
         key_of: Callable[[Any], str],
         io_threads: int = 4,
     ) -> None:
-        self.layout = layout
-        self.key_of = key_of
-        self.tier_names = [t.name for t in tiers]
         # the scheduler's index decides placement: a tier's whole capacity is usable, no entry is refused
         self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
+        self._start(layout, key_of, io_threads, [t.name for t in tiers])
+
+    def _start(self, layout: BlockLayout, key_of: Callable[[Any], str], io_threads: int, tier_names: list[str]) -> None:
+        """The transfer machinery (threads, queues, results), whoever holds the tiers."""
+        self.layout = layout
+        self.key_of = key_of
+        self.tier_names = tier_names
         self.counters = Counts()
         self._padded = round_up(layout.nbytes)
         self._local = threading.local()

@@ -1,0 +1,573 @@
+"""One set of kvtier tiers shared by every vLLM replica of a run: ``kvtier cache-server --serve vllm``.
+
+The per-replica backend (kvtier/vllm/spec.py alone) gives each engine its own tiers, so a conversation whose KV
+replica A stored is a miss on replica B. This server is the methodology's one cache sidecar per run (as an LMCache
+MP server is): it owns the tiers (the CPU arena; a CPU staging tier in front of NVMe files, Redis or S3) and the
+block index (kvtier/vllm/index.py's waterfall LRU), and every replica's spec talks to it (kvtier/vllm/client.py) —
+the scheduler's manager over one control connection, each worker I/O thread over a data connection of its own.
+
+* **Keys** are vLLM's block hashes in the writer's ``KeyScope`` (model, dtype, layout, parallelism, block size):
+  replicas of one model meet under one key, another model never does. vLLM's default block hash (SHA-256 with a
+  fixed seed) is the same in every process, which is what makes a block stored by A findable by B.
+* **Bytes** move through a page both sides map (protocol.py): a put writes the tier from the worker's page, a get
+  reads into it; the socket carries only the request.
+* **Order**: a plan's evictions and demotions run on one action thread, in plan order; a put waits until the
+  plan that placed its block has made room, so the tiers hold what the index says (the per-replica worker's rule).
+* **Leases**: what a manager has pinned or has pending is released when its connection closes, so a replica that
+  dies mid-store leaves no block pending forever (another replica's lookup turns from pending to miss).
+* **Geometry**: the first hello fixes the block's bytes per worker, tokens per block and the world size; a replica
+  of another geometry is refused with both named.
+
+Health and metrics (``kvtier_block_server_*``; ``…_cross_replica_loads_total`` counts blocks loaded by an engine
+other than the one that stored them) are served on a TCP port of 127.0.0.1; the data and control API never is.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from kvtier.engine.backend import aligned_buffer, round_up
+from kvtier.engine.tiered import StoreConfig, TieredStore
+from kvtier.errors import ConfigError, StorageError
+from kvtier.tiers import open_tiers
+from kvtier.unixsock import claim
+from kvtier.vllm.index import BlockIndex
+from kvtier.vllm.protocol import MAX_KEYS, Conn
+from kvtier.vllm.server_http import ServerMetrics, http_handler
+from kvtier.vllm.settings import VllmOffloadSettings
+
+log = logging.getLogger("kvtier.vllm.server")
+
+PUT_WAIT_S = 60.0
+"""Longest a put waits for its plan's evictions and demotions to run before it is refused."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    block_bytes: int  # one worker's share of a block
+    block_tokens: int
+    world_size: int
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> Geometry:
+        try:
+            g = cls(int(msg["block_bytes"]), int(msg["block_tokens"]), int(msg["world_size"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("hello: block_bytes, block_tokens and world_size are required integers") from None
+        if g.block_bytes <= 0 or g.block_tokens <= 0 or not 1 <= g.world_size <= 1024:
+            raise ValueError(f"hello: a geometry out of range ({g})")
+        return g
+
+
+@dataclass
+class Lease:
+    """What one manager connection holds: load pins (counted) and blocks it planned and has not completed."""
+
+    engine: str
+    pins: Tally[str] = field(default_factory=Tally)
+    pending: set[str] = field(default_factory=set)
+
+
+class BlockServer:
+    """The shared tiers and index. ``start()`` listens; ``close()`` stops and releases the tiers."""
+
+    def __init__(self, settings: VllmOffloadSettings, socket_path: str, host: str = "127.0.0.1", port: int = 0):
+        self.settings = settings
+        self.path = socket_path
+        self.host, self.port = host, port
+        self.metrics = ServerMetrics()
+        self.geometry: Geometry | None = None
+        self.index: BlockIndex[str] | None = None
+        self.store: TieredStore | None = None
+        self._names: list[str] = []
+        self._lock = threading.Lock()  # the index and the bookkeeping below
+        self._cv = threading.Condition(self._lock)
+        self._seq = 0  # plans made
+        self._done = 0  # plans whose evictions and demotions have run
+        self._actions: deque[tuple[int, list[tuple[str, str, int]]]] = deque()
+        self._plan_seq: dict[str, int] = {}  # pending key -> the plan that placed it
+        self._placed: dict[str, int] = {}  # pending key -> tier index
+        self._put_failed: set[str] = set()
+        self._writer: dict[str, str] = {}  # key -> engine that stored it
+        self._raw: dict[str, str] = {}  # key -> vLLM's raw key (hex), for the evictions vLLM is told of
+        self._closing = False
+        self._conns: set[Conn] = set()
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+        self._http: ThreadingHTTPServer | None = None
+        self._local = threading.local()
+
+    # -- life ---------------------------------------------------------------------------------
+    def start(self) -> int:
+        """Listen on the socket and the health port; returns the health port."""
+        sock = Path(self.path)
+        claim(sock)
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is made 0600: only this user may connect
+        try:
+            lst.bind(self.path)
+        finally:
+            os.umask(old)
+        lst.listen(128)
+        self._listener = lst
+        try:
+            self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
+        except OSError as e:
+            lst.close()
+            sock.unlink(missing_ok=True)
+            raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
+        self._http.daemon_threads = True
+        for target, name in ((self._accept_loop, "accept"), (self._action_loop, "actions"),
+                             (self._http.serve_forever, "http")):  # fmt: skip
+            t = threading.Thread(target=target, name=f"kvtier-blocks-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return int(self._http.server_address[1])
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        for c in list(self._conns):
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        for t in self._threads:
+            t.join(timeout=10)
+        Path(self.path).unlink(missing_ok=True)
+        if self.store is not None:
+            self.store.close()
+
+    # -- connections --------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closing:
+            try:
+                s, _ = self._listener.accept()
+            except OSError:
+                return
+            uid = _peer_uid(s)
+            if uid is not None and uid != os.getuid():
+                log.warning("refused a connection from uid %d", uid)
+                s.close()
+                continue
+            t = threading.Thread(target=self._serve_conn, args=(s,), name="kvtier-blocks-conn", daemon=True)
+            t.start()
+
+    def _serve_conn(self, s: socket.socket) -> None:
+        c = Conn(s)
+        self._conns.add(c)
+        fds: list[int] = []
+        kind = "?"
+        try:
+            hello = c.recv(fds)
+            if not isinstance(hello, dict) or hello.get("op") != "hello":
+                c.send({"ok": False, "error": "the first message must be a hello"})
+                return
+            kind = str(hello.get("role"))
+            try:
+                geometry = self._join(Geometry.of(hello))
+            except ValueError as e:
+                c.send({"ok": False, "error": str(e)})
+                return
+            engine = str(hello.get("engine") or "?")
+            self.metrics.clients.labels(kind).inc()
+            try:
+                if kind == "control":
+                    self._control(c, engine)
+                elif kind == "probe":  # a worker checking the geometry and learning the tiers before its first I/O
+                    assert self.index is not None
+                    self._reply(c, {"tiers": [[t.name, t.slots, t.source] for t in self.index.tiers]})
+                elif kind == "data" and len(fds) == 1:
+                    self._data(c, engine, hello, fds.pop(), geometry)
+                else:
+                    c.send({"ok": False, "error": "hello: role control, probe, or data with one page descriptor"})
+            finally:
+                self.metrics.clients.labels(kind).dec()
+        except (ConnectionError, OSError) as e:
+            if not self._closing and not isinstance(e, (BrokenPipeError, ConnectionResetError)):
+                log.info("a %s connection ended: %s", kind, e)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self._conns.discard(c)
+            c.close()
+
+    def _join(self, g: Geometry) -> Geometry:
+        """The first hello fixes the geometry and opens the tiers; later ones must match it."""
+        with self._lock:
+            if self.geometry is None:
+                tiers = open_tiers(self.settings.plan(g.block_bytes, 1))
+                self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
+                self._names = [t.name for t in tiers]
+                self.index = BlockIndex(self.settings.slots(g.block_bytes, g.world_size))
+                self.geometry = g
+                for t in self.index.tiers:
+                    self.metrics.capacity.labels(t.name).set(t.slots)
+                    self.metrics.info.labels(t.name, t.source).set(1)
+                log.info("kvtier block server: %s (blocks of %d bytes per worker, %d tokens, world size %d)",
+                         ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers), g.block_bytes,
+                         g.block_tokens, g.world_size)  # fmt: skip
+            elif g != self.geometry:
+                raise ValueError(
+                    f"hello: this server serves blocks of {self.geometry.block_bytes} bytes per worker, "
+                    f"{self.geometry.block_tokens} tokens, world size {self.geometry.world_size}; the engine has "
+                    f"{g.block_bytes} bytes, {g.block_tokens} tokens, world size {g.world_size} (one cache server "
+                    "serves one model's replicas)"
+                )
+            return self.geometry
+
+    def _reply(self, c: Conn, body: dict[str, Any]) -> None:
+        c.send({"ok": True, **body})
+
+    # -- control --------------------------------------------------------------------------------
+    def _control(self, c: Conn, engine: str) -> None:
+        assert self.index is not None
+        lease = Lease(engine)
+        self._reply(c, {"tiers": [[t.name, t.slots, t.source] for t in self.index.tiers]})
+        try:
+            while True:
+                msg = c.recv()
+                op = msg.get("op") if isinstance(msg, dict) else None
+                keys = msg.get("keys", []) if isinstance(msg, dict) else []
+                if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(isinstance(k, str) for k in keys):
+                    c.send({"ok": False, "error": f"'keys' must be a list of at most {MAX_KEYS} strings"})
+                    continue
+                handler = self._CONTROL.get(str(op))
+                if handler is None:
+                    c.send({"ok": False, "error": f"unknown control op {op!r}"})
+                    continue
+                self._reply(c, handler(self, lease, keys, msg))
+        finally:
+            self._release(lease)
+
+    def _lookup(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        out = []
+        with self._lock:
+            for k in keys:
+                r = self.index.lookup(k)
+                t = self.index.tier_of(k)
+                out.append([r, None if t is None else self.index.tiers.index(t)])
+        self.metrics.lookups.inc(len(keys))
+        self.metrics.lookup_hits.inc(sum(1 for r, _ in out if r != "miss"))
+        return {"found": out}
+
+    def _pin(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        with self._lock:
+            held = [k for k in keys if k in self.index]
+            self.index.pin(held)
+            lease.pins.update(held)
+        return {"pinned": len(held)}
+
+    def _unpin(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        with self._lock:
+            mine = [k for k in keys if lease.pins[k] > 0]
+            self.index.unpin(mine)
+            lease.pins.subtract(mine)
+            lease.pins = +lease.pins
+        return {}
+
+    def _touch(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        with self._lock:
+            self.index.touch(keys)
+        return {}
+
+    def _plan(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        raw = msg.get("raw") or []
+        raw_of = dict(zip(keys, raw, strict=False)) if isinstance(raw, list) else {}
+        with self._lock:
+            c = self.index.counters
+            before = (dict(c.demoted), dict(c.evicted), c.rejected)
+            plan = self.index.plan_store(keys)
+            demoted = {t: n - before[0].get(t, 0) for t, n in c.demoted.items() if n != before[0].get(t, 0)}
+            evicted = {t: n - before[1].get(t, 0) for t, n in c.evicted.items() if n != before[1].get(t, 0)}
+            rejected = c.rejected - before[2]
+            if plan is None:
+                self.metrics.rejected.inc(rejected)
+                return {"none": True, "rejected": rejected}
+            self._seq += 1
+            seq = self._seq
+            for k, i in plan.placed.items():
+                self._plan_seq[k] = seq
+                self._placed[k] = i
+                self._writer[k] = lease.engine
+                self._raw[k] = str(raw_of.get(k, ""))
+                lease.pending.add(k)
+            gone = [self._raw.pop(k, "") for k in plan.evicted]
+            for k in plan.evicted:
+                self._writer.pop(k, None)
+            self._actions.append((seq, [a for a in plan.actions if a[0] != "place"]))
+            self._cv.notify_all()
+        names = [t.name for t in self.index.tiers]
+        for k in plan.keys_to_store:
+            self.metrics.placed.labels(names[plan.placed[k]]).inc()
+        for t, n in demoted.items():
+            self.metrics.demoted.labels(t).inc(n)
+        for t, n in evicted.items():
+            self.metrics.evicted.labels(t).inc(n)
+        self.metrics.rejected.inc(rejected)
+        return {"store": plan.keys_to_store, "placed": [plan.placed[k] for k in plan.keys_to_store],
+                "evicted": gone, "demoted": demoted, "evicted_by": evicted, "rejected": rejected}  # fmt: skip
+
+    def _complete(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        success = bool(msg.get("success", True))
+        with self._lock:
+            mine = [k for k in keys if k in lease.pending]
+            ok = [k for k in mine if success and k not in self._put_failed]
+            bad = [k for k in mine if k not in ok]
+            self.index.complete_store(ok, True)
+            self.index.complete_store(bad, False)
+            self._settle(mine, lease)
+            self._drop_shards(bad)
+        return {"failed": len(bad)}
+
+    def _forget(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        with self._lock:
+            n = self.index.forget(keys)
+            self._drop_shards(keys)
+        return {"forgotten": n}
+
+    def _reset(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's reset_prefix_cache: forget every block no one is loading or storing (other replicas' loads and
+        stores in flight keep theirs)."""
+        assert self.index is not None
+        with self._lock:
+            idle = [str(k) for t in self.index.tiers for k in list(t.lru)]
+            self.index.forget(idle)
+            self.index.counters.lost -= len(idle)  # a reset is not a loss
+            self._drop_shards(idle)
+        return {"dropped": len(idle)}
+
+    def _usage(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.index is not None
+        with self._lock:
+            return {"usage": {n: [h, s] for n, (h, s) in self.index.usage().items()}}
+
+    _CONTROL: dict[str, Callable[[BlockServer, Lease, list[str], dict[str, Any]], dict[str, Any]]] = {
+        "lookup": _lookup, "pin": _pin, "unpin": _unpin, "touch": _touch, "plan": _plan, "complete": _complete,
+        "forget": _forget, "reset": _reset, "usage": _usage,
+    }  # fmt: skip
+
+    def _settle(self, keys: list[str], lease: Lease | None) -> None:
+        """Pending bookkeeping of ``keys`` is over (lock held)."""
+        for k in keys:
+            self._plan_seq.pop(k, None)
+            self._placed.pop(k, None)
+            self._put_failed.discard(k)
+            if lease is not None:
+                lease.pending.discard(k)
+
+    def _drop_shards(self, keys: list[str]) -> None:
+        """Delete the shards of blocks that left the index outside a plan (lock held), in order with the plans."""
+        assert self.index is not None
+        gone = [k for k in keys if k not in self.index]
+        for k in gone:
+            self._writer.pop(k, None)
+            self._raw.pop(k, None)
+        if gone:
+            self._seq += 1
+            self._actions.append((self._seq, [("evict", k, -1) for k in gone]))
+            self._cv.notify_all()
+
+    def _release(self, lease: Lease) -> None:
+        """A manager's connection closed: its pins end, its pending blocks are dropped."""
+        assert self.index is not None
+        with self._lock:
+            for k, n in lease.pins.items():
+                for _ in range(n):
+                    self.index.unpin([k])
+            pending = sorted(lease.pending)
+            self.index.complete_store(pending, False)
+            self._settle(pending, lease)
+            self._drop_shards(pending)
+        if pending:
+            self.metrics.abandoned.inc(len(pending))
+            log.info("engine %s went away with %d blocks pending: dropped", lease.engine, len(pending))
+
+    # -- the action thread: evictions and demotions, in plan order ------------------------------
+    def _action_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._actions and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                seq, actions = self._actions.popleft()
+            try:
+                self._run_actions(actions)
+            except Exception:  # a bug must not stop the thread: puts would wait for it forever
+                log.exception("kvtier block server: actions of plan %d failed", seq)
+            with self._cv:
+                self._done = seq
+                self._cv.notify_all()
+
+    def _run_actions(self, actions: list[tuple[str, str, int]]) -> None:
+        assert self.store is not None and self.geometry is not None
+        scratch = self._scratch()
+        for what, key, tier in actions:
+            for rank in range(self.geometry.world_size):
+                k = shard_key(key, rank)
+                if what == "evict":
+                    self.store.delete(k)
+                elif not self.store.move(k, self._names[tier], scratch) and self.store.location(k) is not None:
+                    log.debug("a demotion of %s did not happen (being read or no room)", k)
+
+    def _scratch(self) -> memoryview:
+        b = getattr(self._local, "scratch", None)
+        if b is None:
+            assert self.geometry is not None
+            b = self._local.scratch = aligned_buffer(round_up(self.geometry.block_bytes))
+        return b
+
+    # -- data -----------------------------------------------------------------------------------
+    def _data(self, c: Conn, engine: str, hello: dict[str, Any], fd: int, g: Geometry) -> None:
+        assert self.store is not None and self.index is not None
+        rank = hello.get("rank")
+        padded = round_up(g.block_bytes)
+        if not isinstance(rank, int) or not 0 <= rank < g.world_size:
+            c.send({"ok": False, "error": f"hello: rank must be an integer in [0, {g.world_size})"})
+            return
+        if os.fstat(fd).st_size < padded:
+            c.send({"ok": False, "error": f"hello: the page is {os.fstat(fd).st_size} bytes; {padded} are needed"})
+            return
+        page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        view = memoryview(page)
+        try:
+            self._reply(c, {})
+            while True:
+                msg = c.recv()
+                op = msg.get("op") if isinstance(msg, dict) else None
+                key = msg.get("key") if isinstance(msg, dict) else None
+                if not isinstance(key, str) or op not in ("put", "get"):
+                    c.send({"ok": False, "error": "expected put or get of one key"})
+                    continue
+                if op == "put":
+                    c.send(self._put(key, rank, view, g, padded))
+                else:
+                    c.send(self._get(key, rank, engine, view, g, padded))
+        finally:
+            view.release()
+            page.close()
+
+    def _put(self, key: str, rank: int, view: memoryview, g: Geometry, padded: int) -> dict[str, Any]:
+        assert self.store is not None
+        with self._cv:
+            tier, seq = self._placed.get(key), self._plan_seq.get(key)
+            if tier is None or seq is None:
+                return {"ok": False, "error": "this block is not being stored (never planned, completed or dropped)"}
+            if not self._cv.wait_for(lambda: self._done >= seq or self._closing, timeout=PUT_WAIT_S):
+                self._put_failed.add(key)
+                return {"ok": False, "error": f"the room for this block was not made within {PUT_WAIT_S:.0f} s"}
+        name = self._names[tier]
+        t0 = time.perf_counter()
+        try:
+            self.store.place(shard_key(key, rank), name, lambda: [view[:padded]], g.block_bytes, self._scratch())
+        except StorageError as e:
+            with self._lock:
+                self._put_failed.add(key)
+            self.metrics.failed_stores.inc()
+            return {"ok": False, "error": f"store to {name}: {e}"}
+        dt = time.perf_counter() - t0
+        self.metrics.store_bytes.inc(g.block_bytes)
+        self.metrics.store_seconds.inc(dt)
+        return {"ok": True, "tier": name, "seconds": dt}
+
+    def _get(self, key: str, rank: int, engine: str, view: memoryview, g: Geometry, padded: int) -> dict[str, Any]:
+        assert self.store is not None
+        t0 = time.perf_counter()
+        try:
+            r = self.store.get(shard_key(key, rank), view[:padded])
+        except StorageError as e:
+            self.metrics.failed_loads.inc()
+            return {"ok": True, "hit": False, "why": str(e)[:300]}
+        dt = time.perf_counter() - t0
+        if not r.hit or r.nbytes != g.block_bytes:
+            self.metrics.failed_loads.inc()
+            why = "not held" if not r.hit else f"{r.nbytes} bytes, expected {g.block_bytes}"
+            return {"ok": True, "hit": False, "why": why}
+        self.metrics.loaded.labels(r.tier or "?").inc()
+        self.metrics.load_bytes.inc(r.nbytes)
+        self.metrics.load_seconds.inc(dt)
+        if rank == 0:
+            with self._lock:
+                writer = self._writer.get(key)
+            if writer is not None and writer != engine:
+                self.metrics.cross.inc()
+        return {"ok": True, "hit": True, "tier": r.tier, "n": r.nbytes, "seconds": dt}
+
+    def refresh_gauges(self) -> None:
+        if self.index is None:
+            return
+        with self._lock:
+            usage = self.index.usage()
+        for name, (held, _) in usage.items():
+            self.metrics.held.labels(name).set(held)
+
+
+def shard_key(key: str, rank: int) -> str:
+    """The store's key of one worker's share of a block."""
+    return f"{key}.r{rank}"
+
+
+def _peer_uid(s: socket.socket) -> int | None:
+    try:
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _, uid, _ = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def serve(settings: VllmOffloadSettings, socket_path: str, host: str, port: int, port_file: str | None) -> None:
+    """Run until SIGINT or SIGTERM (``kvtier cache-server --serve vllm``)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    server = BlockServer(settings, socket_path, host, port)
+    bound = server.start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        print(f"kvtier cache-server: {settings.offload} tier for vLLM replicas on {socket_path} "
+              f"(health/metrics http://{host}:{bound})", file=sys.stderr, flush=True)  # fmt: skip
+        if port_file:
+            from kvtier.results.io import write_text_atomic
+
+            write_text_atomic(port_file, f"{bound}\n", "--port-file")
+        stop.wait()
+    finally:
+        server.close()
+
+
+__all__ = ["BlockServer", "Geometry", "serve", "shard_key"]

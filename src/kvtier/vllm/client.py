@@ -1,0 +1,329 @@
+"""kvtier's vLLM backend talking to a shared ``kvtier cache-server --serve vllm`` (kvtier/vllm/blockserver.py).
+
+``ServerIndex`` stands where the per-replica ``BlockIndex`` stands in the scheduler's manager (the same calls:
+lookup, pin, plan_store, complete_store, forget, usage), each a request on one control connection.
+``ServerBlockWorker`` is ``BlockWorker`` with the server as its tiers: each I/O thread maps one page shared with
+the server (a memfd sent over its data connection), gathers a block from the engine's KV cache into it and asks the
+server to store it, or asks for a block and scatters it back.
+
+The server going away is never an engine failure: a lookup it cannot answer is a miss, a store is not offered, a
+load is a failed load (vLLM recomputes those blocks); each is counted (``server_errors``; the workers' failed loads
+and stores), and the next call after a second reconnects. Only the first connection, when the engine starts, must
+succeed: an engine pointed at no server says so and does not start.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Generic, Literal, TypeVar
+
+import numpy as np
+
+from kvtier.engine.backend import round_up
+from kvtier.errors import ConfigError
+from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
+from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect
+from kvtier.vllm.worker import BlockLayout, BlockWorker
+
+log = logging.getLogger("kvtier.vllm")
+
+K = TypeVar("K", bound=Hashable)
+
+RECONNECT_S = 1.0
+"""Least time between two attempts to reach a server that went away."""
+CONTROL_TIMEOUT_S = 10.0
+DATA_TIMEOUT_S = 60.0
+
+
+class ServerDown(Exception):
+    """The cache server did not answer (or refused): the caller degrades (a miss, no store, a failed load)."""
+
+
+class _Link:
+    """One connection that reconnects (hello again) after a failure, at most once per RECONNECT_S."""
+
+    def __init__(self, path: str, hello: dict[str, Any], timeout_s: float, fds: Callable[[], list[int]] | None = None):
+        self.path, self.hello, self.timeout_s, self.fds = path, hello, timeout_s, fds
+        self.conn: Conn | None = None
+        self.answer: dict[str, Any] = {}
+        self._tried = 0.0
+        self.errors = 0
+        self.last_error = ""
+
+    def open(self) -> dict[str, Any]:
+        c = connect(self.path, self.timeout_s)
+        try:
+            self.answer = c.call(self.hello, self.fds() if self.fds else None)
+        except BaseException:
+            c.close()
+            raise
+        self.conn = c
+        return self.answer
+
+    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The answer to ``msg``. A connection the server closed (it restarted) is opened again at once and the
+        request sent once more; a server that does not answer is tried again only after RECONNECT_S."""
+        if self.conn is not None:
+            try:
+                return self._send(msg)
+            except ConnectionError as e:
+                if isinstance(e, ProtocolError):
+                    raise self._failed(e) from None
+                self._tried = 0.0  # closed under us: reconnect now, once
+        now = time.monotonic()
+        if now - self._tried < RECONNECT_S:
+            raise ServerDown(self.last_error or "the cache server is not connected")
+        self._tried = now
+        try:
+            self.open()
+        except (OSError, ProtocolError, Refused) as e:
+            raise self._failed(e) from None
+        try:
+            return self._send(msg)
+        except ConnectionError as e:
+            raise self._failed(e) from None
+
+    def _send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.conn is not None
+        try:
+            return self.conn.call(msg)
+        except Refused as e:
+            self.errors += 1
+            self.last_error = str(e)[:300]
+            raise ServerDown(self.last_error) from None
+        except OSError as e:
+            self.conn.close()
+            self.conn = None
+            if isinstance(e, ConnectionError):
+                raise
+            raise self._failed(e) from None  # a timeout: the server may be busy; not sent again
+
+    def _failed(self, e: BaseException) -> ServerDown:
+        self.errors += 1
+        self.last_error = f"kvtier cache-server {self.path}: {e}"[:300]
+        return ServerDown(self.last_error)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class ServerIndex(Generic[K]):
+    """The scheduler's view of the shared index (``BlockIndex``'s calls). ``key_of`` scopes vLLM's keys."""
+
+    def __init__(self, path: str, key_of: Callable[[K], str], hello: dict[str, Any]) -> None:
+        self.key_of = key_of
+        self._link = _Link(path, {"op": "hello", "role": "control", **hello}, CONTROL_TIMEOUT_S)
+        self._lock = threading.Lock()
+        try:
+            answer = self._link.open()
+        except (OSError, ProtocolError, Refused) as e:
+            raise ConfigError(f"kv_connector_extra_config.cache_server: {path}: {e}") from None
+        self.tiers = [TierSlots(str(n), int(s), str(src)) for n, s, src in answer["tiers"]]
+        self.counters = IndexCounters()
+        self._tier_of: dict[K, int] = {}
+        self._usage: tuple[float, dict[str, tuple[int, int]]] = (0.0, {})
+
+    @property
+    def server_errors(self) -> int:
+        return self._link.errors
+
+    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._link.call(msg)
+
+    def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
+        try:
+            (status, tier), = self._call({"op": "lookup", "keys": [self.key_of(key)]})["found"]  # fmt: skip
+        except ServerDown:
+            return "miss"
+        if tier is not None:
+            if len(self._tier_of) > 65536:
+                self._tier_of.clear()
+            self._tier_of[key] = int(tier)
+        return "hit" if status == "hit" else "pending" if status == "pending" else "miss"
+
+    def tier_of(self, key: K) -> TierSlots | None:
+        i = self._tier_of.get(key)
+        return None if i is None else self.tiers[i]
+
+    def _keys_op(self, op: str, keys: Iterable[K], **more: Any) -> dict[str, Any]:
+        ks = [self.key_of(k) for k in keys]
+        if not ks:
+            return {}
+        try:
+            return self._call({"op": op, "keys": ks, **more})
+        except ServerDown:
+            return {}
+
+    def pin(self, keys: Iterable[K]) -> None:
+        self._keys_op("pin", keys)
+
+    def unpin(self, keys: Iterable[K]) -> None:
+        self._keys_op("unpin", keys)
+
+    def touch(self, keys: Iterable[K]) -> None:
+        self._keys_op("touch", keys)
+
+    def plan_store(self, keys: Iterable[K]) -> StorePlan[K] | None:
+        offered = list(keys)
+        by_key = {self.key_of(k): k for k in offered}
+        raw = [bytes(k).hex() if isinstance(k, (bytes, bytearray)) else "" for k in by_key.values()]
+        try:
+            r = self._call({"op": "plan", "keys": list(by_key), "raw": raw})
+        except ServerDown:
+            return None
+        c = self.counters
+        c.rejected += int(r.get("rejected", 0))
+        for name, n in r.get("demoted", {}).items():
+            c.demoted[name] = c.demoted.get(name, 0) + int(n)
+        for name, n in r.get("evicted_by", {}).items():
+            c.evicted[name] = c.evicted.get(name, 0) + int(n)
+        if r.get("none"):
+            return None
+        plan: StorePlan[K] = StorePlan([], {}, [], [])
+        for skey, tier in zip(r["store"], r["placed"], strict=True):
+            k = by_key[skey]
+            plan.keys_to_store.append(k)
+            plan.placed[k] = int(tier)
+            name = self.tiers[int(tier)].name
+            c.placed[name] = c.placed.get(name, 0) + 1
+        plan.evicted = [bytes.fromhex(h) for h in r.get("evicted", []) if h]  # type: ignore[misc]  # vLLM's keys
+        return plan
+
+    def complete_store(self, keys: Iterable[K], success: bool = True) -> list[K]:
+        r = self._keys_op("complete", keys, success=success)
+        self.counters.failed_stores += int(r.get("failed", 0))
+        return []
+
+    def forget(self, keys: Iterable[K]) -> int:
+        n = int(self._keys_op("forget", keys).get("forgotten", 0))
+        self.counters.lost += n
+        return n
+
+    def clear(self) -> list[K]:
+        try:
+            self._call({"op": "reset"})
+        except ServerDown:
+            pass
+        self._tier_of.clear()
+        return []
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """tier -> (blocks held, slots), the server's, asked at most once a second."""
+        at, last = self._usage
+        if time.monotonic() - at >= 1.0 or not last:
+            try:
+                u = self._call({"op": "usage"})["usage"]
+                last = {str(n): (int(h), int(s)) for n, (h, s) in u.items()}
+            except ServerDown:
+                last = last or {t.name: (0, t.slots) for t in self.tiers}
+            self._usage = (time.monotonic(), last)
+        return last
+
+    def __len__(self) -> int:
+        return sum(h for h, _ in self.usage().values())
+
+    def close(self) -> None:
+        with self._lock:
+            self._link.close()
+
+
+class ServerBlockWorker(BlockWorker):
+    """A worker whose tiers are the shared server's: puts and gets through one shared page per I/O thread."""
+
+    def __init__(self, path: str, layout: BlockLayout, key_of: Callable[[Any], str], hello: dict[str, Any],
+                 io_threads: int = 4) -> None:  # fmt: skip
+        self.path = path
+        self.hello = {"op": "hello", "role": "data", **hello}
+        self._links: list[_Link] = []
+        self._pages: list[tuple[int, mmap.mmap]] = []
+        self._links_lock = threading.Lock()
+        probe = _Link(path, {"op": "hello", "role": "probe", **hello}, CONTROL_TIMEOUT_S)
+        try:
+            answer = probe.open()  # the geometry is checked now, not at the first store
+        except (OSError, ProtocolError, Refused) as e:
+            raise ConfigError(f"kv_connector_extra_config.cache_server: {path}: {e}") from None
+        finally:
+            probe.close()
+        self._start(layout, key_of, io_threads, [str(t[0]) for t in answer["tiers"]])
+
+    def _link(self) -> tuple[_Link, memoryview, Any]:
+        """This thread's (data link, its page, the page as a uint8 torch tensor)."""
+        b = getattr(self._local, "link", None)
+        if b is None:
+            import torch
+
+            padded = round_up(self.layout.nbytes)
+            fd = os.memfd_create("kvtier-vllm-page", os.MFD_CLOEXEC)
+            os.ftruncate(fd, padded)
+            page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            view = memoryview(page)
+            host = torch.from_numpy(np.frombuffer(page, dtype=np.uint8))
+            link = _Link(self.path, self.hello, DATA_TIMEOUT_S, lambda: [fd])
+            with self._links_lock:
+                self._links.append(link)
+                self._pages.append((fd, page))
+            b = self._local.link = (link, view, host)
+        return b
+
+    def _run_store(self, block_ids: list[int], plan: Any) -> int:
+        keys = plan.keys_to_store
+        if len(keys) != len(block_ids):
+            self.counters.add("failed_stores", len(keys), f"store: {len(keys)} keys for {len(block_ids)} blocks")
+            return 0
+        futures = [self._pool.submit(self._put, k, b) for k, b in zip(keys, block_ids, strict=True)]
+        return sum(f.result() for f in futures)
+
+    def _put(self, key: Any, block_id: int) -> int:
+        link, _, host = self._link()
+        self.layout.gather(block_id, host)
+        try:
+            r = link.call({"op": "put", "key": self.key_of(key)})
+        except ServerDown as e:
+            self.counters.add("failed_stores", 1, f"store: {e}")
+            return 0
+        self.counters.add(f"stored:{r.get('tier', '?')}")
+        return self.layout.nbytes
+
+    def _load(self, key: Any, block_id: int) -> tuple[Any, int, int]:
+        link, _, host = self._link()
+        try:
+            r = link.call({"op": "get", "key": self.key_of(key)})
+        except ServerDown as e:
+            self.counters.add("failed_loads", 1, f"load: {e}")
+            return key, block_id, 0
+        if not r.get("hit") or r.get("n") != self.layout.nbytes:
+            self.counters.add("failed_loads", 1, f"load: {r.get('why') or 'wrong size'}")
+            return key, block_id, 0
+        self.layout.scatter(block_id, host)
+        self.counters.add(f"loaded:{r.get('tier') or '?'}")
+        return key, block_id, self.layout.nbytes
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    def _close_store(self) -> None:
+        if self._store_closed:
+            return
+        self._store_closed = True
+        with self._links_lock:
+            for link in self._links:
+                link.close()
+            for fd, page in self._pages:
+                try:
+                    page.close()
+                except BufferError:
+                    pass  # a torch tensor still views it; the process's exit unmaps it
+                os.close(fd)
+            self._links.clear()
+            self._pages.clear()
+
+
+__all__ = ["ServerIndex", "ServerBlockWorker", "ServerDown"]

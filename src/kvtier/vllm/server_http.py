@@ -1,0 +1,75 @@
+"""What a shared kvtier cache server (kvtier/vllm/blockserver.py) says about itself over HTTP on 127.0.0.1: its
+Prometheus series (``kvtier_block_server_*``) and /health. The data and control API is never here."""
+
+from __future__ import annotations
+
+import json
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kvtier.sim.metrics import CONTENT_TYPE, exposition
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "kvtier_block_server_"
+        tier = ["tier"]
+        self.clients = Gauge(p + "clients", "connections, by kind (control: a manager; data: a worker's I/O thread)",
+                             ["kind"], registry=r)  # fmt: skip
+        self.lookups = Counter(p + "lookups", "block lookups", registry=r)
+        self.lookup_hits = Counter(p + "lookup_hits", "block lookups that found the block (stored or being stored)",
+                                   registry=r)  # fmt: skip
+        self.placed = Counter(p + "stored_blocks", "blocks placed, by tier", tier, registry=r)
+        self.demoted = Counter(p + "demoted_blocks", "blocks demoted, by the tier they left", tier, registry=r)
+        self.evicted = Counter(p + "evicted_blocks", "blocks dropped to make room, by tier", tier, registry=r)
+        self.rejected = Counter(p + "rejected_blocks", "blocks offered that no tier had room for", registry=r)
+        self.loaded = Counter(p + "loaded_shards", "block shards read into a worker's page, by tier", tier, registry=r)
+        self.cross = Counter(p + "cross_replica_loads",
+                             "blocks loaded by an engine other than the one that stored them", registry=r)  # fmt: skip
+        self.load_bytes = Counter(p + "load_bytes", "bytes read from the tiers for loads", registry=r)
+        self.load_seconds = Counter(p + "load_seconds", "seconds spent in tier reads for loads", registry=r)
+        self.store_bytes = Counter(p + "store_bytes", "bytes written to the tiers for stores", registry=r)
+        self.store_seconds = Counter(p + "store_seconds", "seconds spent in tier writes for stores", registry=r)
+        self.failed_loads = Counter(p + "failed_loads", "shard reads that failed or found nothing", registry=r)
+        self.failed_stores = Counter(p + "failed_stores", "shard writes that failed (the block is dropped)",
+                                     registry=r)  # fmt: skip
+        self.abandoned = Counter(p + "abandoned_blocks", "pending blocks dropped because their writer disconnected",
+                                 registry=r)  # fmt: skip
+        self.held = Gauge(p + "tier_blocks", "blocks each tier holds (stored and being stored)", tier, registry=r)
+        self.capacity = Gauge(p + "tier_capacity_blocks", "blocks each tier can hold", tier, registry=r)
+        self.info = Gauge(p + "info", "the tiers, fastest first, with vLLM's by-source label", ["tier", "source"],
+                          registry=r)  # fmt: skip
+
+
+def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
+    """/health (the server's socket and geometry) and /metrics for a BlockServer."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                body = json.dumps({"status": "ok", "server": "kvtier cache-server", "serve": "vllm",
+                                   "socket": server.path, "geometry": None if server.geometry is None
+                                   else server.geometry.__dict__}).encode()  # fmt: skip
+                kind = "application/json"
+            elif self.path == "/metrics":
+                server.refresh_gauges()
+                body, kind = exposition(server.metrics.registry), CONTENT_TYPE
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+__all__ = ["ServerMetrics", "http_handler"]

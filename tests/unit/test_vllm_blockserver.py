@@ -1,0 +1,223 @@
+"""The shared cache server of kvtier's vLLM backend (kvtier/vllm/blockserver.py) and its scheduler-side client
+(kvtier/vllm/client.py ServerIndex), without vLLM: two "replicas" are two ServerIndex objects with their own engine
+ids, and a worker's I/O thread is a data connection whose page is a memfd, as the real worker's is. The real vLLM
+replicas meeting through it are in tests/integration/test_vllm_shared_offload.py."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import stat
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvtier.engine.backend import round_up
+from kvtier.errors import ConfigError
+from kvtier.replay.scrape import parse_snapshot
+from kvtier.vllm import client
+from kvtier.vllm.blockserver import BlockServer
+from kvtier.vllm.client import ServerIndex
+from kvtier.vllm.protocol import Conn, Refused, connect
+from kvtier.vllm.settings import VllmOffloadSettings
+
+BLOCK = 64 * 1024
+GEOMETRY = {"block_bytes": BLOCK, "block_tokens": 16, "world_size": 1}
+
+
+def key_of(k: bytes) -> str:
+    return "m_" + k.hex()
+
+
+class Page:
+    """A worker I/O thread's side of a data connection: a memfd page the server maps, and put/get through it."""
+
+    def __init__(self, path: str, engine: str, geometry: dict | None = None) -> None:
+        self.fd = os.memfd_create("test-page")
+        self.size = round_up((geometry or GEOMETRY)["block_bytes"])
+        os.ftruncate(self.fd, self.size)
+        self.mm = mmap.mmap(self.fd, self.size)
+        self.conn = connect(path, 10)
+        self.conn.call({"op": "hello", "role": "data", "engine": engine, "rank": 0, **(geometry or GEOMETRY)},
+                       [self.fd])  # fmt: skip
+
+    def put(self, key: bytes, data: bytes) -> dict:
+        self.mm[: len(data)] = data
+        return self.conn.call({"op": "put", "key": key_of(key)})
+
+    def get(self, key: bytes) -> bytes | None:
+        self.mm[:BLOCK] = b"\0" * BLOCK
+        r = self.conn.call({"op": "get", "key": key_of(key)})
+        return bytes(self.mm[:BLOCK]) if r["hit"] else None
+
+    def close(self) -> None:
+        self.conn.close()
+        self.mm.close()
+        os.close(self.fd)
+
+
+def payload(i: int) -> bytes:
+    return bytes([i % 251]) * (BLOCK // 2) + os.urandom(BLOCK // 2)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[BlockServer]:
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    settings = VllmOffloadSettings(offload="nvme", staging_gb=2 * BLOCK / 2**30, nvme_dir=str(nvme),
+                                   nvme_offload_gb=6 * BLOCK / 2**30, direct_io="off")  # fmt: skip
+    s = BlockServer(settings, str(tmp_path / "cache.sock"))
+    s.port = s.start()
+    yield s
+    s.close()
+
+
+def replica(s: BlockServer, engine: str) -> ServerIndex[bytes]:
+    return ServerIndex(s.path, key_of, {"engine": engine, **GEOMETRY})
+
+
+def store(ix: ServerIndex[bytes], page: Page, keys: list[bytes]) -> dict[bytes, bytes]:
+    """What a replica does to offload blocks: plan, each worker puts, the scheduler completes."""
+    plan = ix.plan_store(keys)
+    assert plan is not None
+    data = {k: payload(i) for i, k in enumerate(plan.keys_to_store)}
+    for k in plan.keys_to_store:
+        assert page.put(k, data[k])["ok"]
+    ix.complete_store(plan.keys_to_store)
+    return data
+
+
+def metrics(s: BlockServer) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/metrics", timeout=10) as r:
+        return parse_snapshot(r.read().decode()).flat
+
+
+def test_a_block_replica_a_stored_is_a_hit_on_replica_b_with_its_bytes_after_demotion(server: BlockServer):
+    a, b = replica(server, "A"), replica(server, "B")
+    pa, pb = Page(server.path, "A"), Page(server.path, "B")
+    keys = [bytes([i]) * 8 for i in range(4)]
+    data = {**store(a, pa, keys[:2]), **store(a, pa, keys[2:])}
+    # the staging tier holds 2: the first two were demoted to the files, in plan order, before their room was used
+    # (a file entry is its header block and the block: 6 blocks' bytes hold 5)
+    assert [(t.name, t.slots) for t in a.tiers] == [("cpu", 2), ("storage", 5)]
+    assert a.counters.placed == {"cpu": 4} and a.counters.demoted == {"cpu": 2}
+    for k in keys:
+        assert b.lookup(k) == "hit"
+    assert b.tier_of(keys[0]).source == "disk" and b.tier_of(keys[3]).source == "host"
+    b.pin(keys)
+    for k in keys:
+        assert pb.get(k) == data[k]  # B reads A's bytes, from whichever tier holds them
+    b.unpin(keys)
+    m = metrics(server)
+    assert m["kvtier_block_server_cross_replica_loads_total"] == 4
+    assert m["kvtier_block_server_loaded_shards_total"] == 4 and m["kvtier_block_server_demoted_blocks_total"] == 2
+    # A reading its own blocks is not cross-replica
+    a.pin(keys[:1])
+    assert pa.get(keys[0]) == data[keys[0]]
+    assert metrics(server)["kvtier_block_server_cross_replica_loads_total"] == 4
+    for p in (pa, pb):
+        p.close()
+
+
+def test_a_replica_that_dies_mid_store_leaves_no_block_pending_and_its_pins_end(server: BlockServer):
+    a, b = replica(server, "A"), replica(server, "B")
+    pa = Page(server.path, "A")
+    k_pending, k_pinned = b"p" * 8, b"q" * 8
+    store(b, pa, [k_pinned])
+    assert a.plan_store([k_pending]) is not None
+    assert b.lookup(k_pending) == "pending"
+    a.pin([k_pinned])
+    a.close()  # the engine went away
+    deadline = time.monotonic() + 10
+    while b.lookup(k_pending) != "miss" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.lookup(k_pending) == "miss"
+    assert metrics(server)["kvtier_block_server_abandoned_blocks_total"] == 1
+    # A's pin ended with it: the block is evictable again (7 slots; 9 new blocks push it out)
+    store(b, pa, [bytes([i]) * 8 for i in range(9)])
+    assert b.lookup(k_pinned) == "miss"
+    pa.close()
+
+
+def test_a_put_the_index_did_not_plan_is_refused_and_a_failed_put_drops_its_block(server: BlockServer):
+    a = replica(server, "A")
+    pa = Page(server.path, "A")
+    with pytest.raises(Refused, match="not being stored"):
+        pa.put(b"x" * 8, payload(1))
+    k = b"y" * 8
+    assert a.plan_store([k]) is not None
+    server.store._tiers[0].backend.write = _broken  # the tier fails under the put  # type: ignore[union-attr,method-assign]
+    with pytest.raises(Refused, match="store to cpu"):
+        pa.put(k, payload(2))
+    a.complete_store([k])  # vLLM says the job finished; the server knows one worker's put failed
+    assert a.lookup(k) == "miss" and a.counters.failed_stores == 1
+    pa.close()
+
+
+def _broken(*args: object, **kwargs: object) -> object:
+    from kvtier.errors import StorageError
+
+    raise StorageError("the device went away")
+
+
+def test_another_geometry_is_refused_with_both_named(server: BlockServer):
+    replica(server, "A")
+    other = {**GEOMETRY, "block_bytes": 2 * BLOCK}
+    with pytest.raises(ConfigError, match=f"blocks of {BLOCK} bytes.*the engine has {2 * BLOCK} bytes"):
+        ServerIndex(server.path, key_of, {"engine": "B", **other})
+    with pytest.raises(Refused, match="the page is"):
+        c = connect(server.path, 10)
+        fd = os.memfd_create("small")
+        os.ftruncate(fd, 4096)
+        c.call({"op": "hello", "role": "data", "engine": "C", "rank": 0, **GEOMETRY}, [fd])
+
+
+def test_a_server_that_goes_away_is_a_miss_then_a_reconnect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(client, "RECONNECT_S", 60.0)
+    settings = VllmOffloadSettings(offload="cpu", cpu_offload_gb=8 * BLOCK / 2**30)
+    path = str(tmp_path / "cache.sock")
+    s = BlockServer(settings, path)
+    s.start()
+    a, b = replica(s, "A"), replica(s, "B")
+    pa = Page(path, "A")
+    store(a, pa, [b"k" * 8])
+    assert a.lookup(b"k" * 8) == "hit"
+    pa.close()
+    s.close()
+    assert a.lookup(b"k" * 8) == "miss" and a.plan_store([b"j" * 8]) is None  # degraded, not raised
+    assert a.server_errors >= 1
+    s2 = BlockServer(settings, path)  # a restarted server: empty
+    s2.start()
+    try:
+        # B's connection was closed under it: B reconnects at its next call, at once, with a fresh hello
+        assert b.plan_store([b"j" * 8]) is not None and b.server_errors == 0
+        # A found no server a moment ago: it tries again only after RECONNECT_S
+        assert a.plan_store([b"i" * 8]) is None
+        monkeypatch.setattr(client, "RECONNECT_S", 0.0)
+        assert a.plan_store([b"i" * 8]) is not None
+    finally:
+        s2.close()
+
+
+def test_the_socket_is_this_users_only_and_health_names_it(server: BlockServer):
+    mode = os.stat(server.path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["socket"] == server.path and body["serve"] == "vllm"
+    c = Conn(connect(server.path, 10).sock)
+    assert c.call({"op": "hello", "role": "control", "engine": "A", **GEOMETRY})["tiers"]
+    with pytest.raises(Refused, match="unknown control op"):
+        c.call({"op": "drop-everything"})
+    with pytest.raises(Refused, match="keys"):
+        c.call({"op": "lookup", "keys": "not a list"})
+
+
+def test_settings_with_a_cache_server_refuse_tier_sizes_of_their_own():
+    assert VllmOffloadSettings.from_extra({"cache_server": "/tmp/x.sock", "io_threads": 2}).cache_server
+    with pytest.raises(ConfigError, match="cpu_offload_gb: set on the cache server"):
+        VllmOffloadSettings.from_extra({"cache_server": "/tmp/x.sock", "cpu_offload_gb": 4})
