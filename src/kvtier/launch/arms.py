@@ -85,7 +85,8 @@ def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list
             _add(by_source, m.get("prompt_tokens_by_source"))
             _add(cached, m.get("prompt_tokens_cached_by_source"))
             for k in ("kv_offload_load_bytes", "kv_offload_load_time_s", "kv_offload_store_bytes",
-                      "kv_offload_store_time_s", "kvtier_offload_failed_loads"):  # fmt: skip
+                      "kv_offload_store_time_s", "kvtier_offload_failed_loads",
+                      "kvtier_shared_cross_replica_loads"):  # fmt: skip
                 if m.get(k) is not None:
                     off[k] = off.get(k, 0.0) + float(m[k])
     ok = [r for r in recs if r.get("status") == "ok" and r.get("ttft_s") is not None]
@@ -111,7 +112,8 @@ def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list
         offload=Offload(load_bytes=load_b, load_s=load_s, store_bytes=off.get("kv_offload_store_bytes"),
                         store_s=off.get("kv_offload_store_time_s"),
                         load_gb_per_s=round(load_b / load_s / 1e9, 4) if load_b and load_s else None,
-                        kvtier_failed_loads=off.get("kvtier_offload_failed_loads")),
+                        kvtier_failed_loads=off.get("kvtier_offload_failed_loads"),
+                        cross_replica_loads=off.get("kvtier_shared_cross_replica_loads")),
         failed=failed,
     )  # fmt: skip
 
@@ -211,8 +213,10 @@ def lines(result: ArmsResult) -> list[str]:
         p95 = "—" if t.p95_s is None else f"{t.p95_s:.3f} s"
         ext = s.hit_rate_by_source.get("external_kv_transfer")
         gpu = s.hit_rate_by_source.get("local_cache_hit")
+        cross = s.offload.cross_replica_loads
+        shared = "" if cross is None else f" ({cross:.0f} blocks another replica stored)"
         out.append(f"arm {s.arm:16s} later-turn TTFT p50 {p50} p95 {p95} (n={t.n}); hit rate GPU "
-                   f"{_pct(gpu)} offload {_pct(ext)}; failed {s.failed or 'none'}")  # fmt: skip
+                   f"{_pct(gpu)} offload {_pct(ext)}{shared}; failed {s.failed or 'none'}")  # fmt: skip
     for v in result.verdicts:
         out.append(f"verdict {v.arm}: {v.why}")
     return out

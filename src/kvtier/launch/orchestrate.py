@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config.base import config_argv
-from kvtier.config.launch import LaunchConfig, offload_engine
+from kvtier.config.launch import KVTIER_SPEC_ENGINES, LaunchConfig, offload_engine
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, KvtierError, LaunchError, exit_code_for
 from kvtier.launch.caddy import caddy_plan, caddyfile, lb_policy, routing_tier
@@ -192,7 +192,7 @@ class LaunchPlan:
         ktc = self.profile.kv_transfer_config or {}
         argv = self.sidecar.argv if self.sidecar else []
         evict = argv[argv.index("--eviction-policy") + 1] if "--eviction-policy" in argv[:-1] else None
-        if self.sizes.get("offload_engine") == "kvtier" and self.config.engine == "vllm":
+        if self.sizes.get("offload_engine") in KVTIER_SPEC_ENGINES and self.config.engine == "vllm":
             evict = "lru"  # kvtier's waterfall LRU (kvtier/vllm/index.py)
         return {
             "kv_load_failure_policy": ktc.get("kv_load_failure_policy"),
@@ -449,7 +449,7 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     lp.sockdir.mkdir(mode=0o700)
     if cfg.tier == "nvme":
         lp.nvme_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.engine == "vllm" and lp.sizes.get("offload_engine") == "kvtier":
+    if cfg.engine == "vllm" and lp.sizes.get("offload_engine") in KVTIER_SPEC_ENGINES:
         from kvtier.vllm import engine_pythonpath
 
         engine_pythonpath(str(lp.out / "pylib"))  # the replicas import kvtier.vllm.spec from here
@@ -538,8 +538,8 @@ def execute(lp: LaunchPlan) -> LaunchResult:
         sup.stop_all()
         signal.signal(signal.SIGINT, old_int)
         rec.event("all processes stopped")
-        if cfg.engine == "vllm" and cfg.tier == "nvme" and lp.sizes.get("offload_engine") == "kvtier":
-            remove_replica_runs(lp.nvme_dir, rec)
+        if cfg.engine == "vllm" and cfg.tier == "nvme" and lp.sizes.get("offload_engine") in KVTIER_SPEC_ENGINES:
+            remove_replica_runs(lp.nvme_dir, rec)  # a worker (or a killed shared server) leaves its run folder
         final = rec.result(status, stop, rc)
         rec.save(final)
         signal.signal(signal.SIGTERM, old_term)

@@ -87,7 +87,7 @@ class Profile(BaseModel):
     engine: Literal["vllm", "sim"]
     build: Literal["nvidia", "amd", "cpu"]
     tier: Literal["gpu", "cpu", "nvme"]
-    offload_engine: Literal["none", "lmcache", "vllm-native", "kvtier"] | None = Field(
+    offload_engine: Literal["none", "lmcache", "vllm-native", "kvtier", "kvtier-shared"] | None = Field(
         default=None, description="default: none for the gpu tier, kvtier for the sim, lmcache for vllm"
     )
     env: dict[str, str] = Field(default_factory=dict)
@@ -142,7 +142,7 @@ def load_profiles(path: str | Path | None = None) -> tuple[dict[str, Profile], s
         if isinstance(body, dict):
             tier, has_sidecar = body.get("tier"), body.get("sidecar") is not None
             engine, offload = body.get("engine"), body.get("offload_engine")
-            sidecar_tier = engine == "sim" or offload in (None, "lmcache")  # in-process engines have none
+            sidecar_tier = engine == "sim" or offload in (None, "lmcache", "kvtier-shared")  # in-process ones: none
             if tier == "gpu" and has_sidecar:
                 problems.append(f"{source}: {name}.sidecar: the GPU tier has no cache sidecar")
             if tier == "gpu" and offload not in (None, "none"):

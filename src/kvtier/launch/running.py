@@ -206,7 +206,7 @@ def identify(lp: LaunchPlan, p: ProcPlan) -> Callable[[], str | None]:
             body, _ = _get_json(p.health)
         except (OSError, ValueError) as e:
             return f"GET {p.health} failed: {e}"
-        if lp.config.engine != "sim":  # LMCache's /healthcheck: {"status": "healthy"} once its engine is up
+        if lp.config.engine != "sim" and lp.profile.offload != "kvtier-shared":  # LMCache's /healthcheck
             ok = isinstance(body, dict) and body.get("status") == "healthy"
             return None if ok else f"the server there is not a healthy LMCache server ({str(body)[:120]})"
         if not isinstance(body, dict) or body.get("socket") != str(lp.sockdir / "cache.sock"):

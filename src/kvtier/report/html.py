@@ -253,7 +253,9 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             runs = ", ".join(f"r{x.round} {x.status}" for x in s.runs)
             rows.append((f"arm {s.arm} ({s.offload_engine}, {s.tier} tier)",
                          f"later-turn TTFT p50 {p50}, p95 {t.p95_s} s (n={t.n}); prompt tokens by source: {src}; "
-                         f"failed {_causes(s.failed)}; runs {runs}"))  # fmt: skip
+                         + ("" if s.offload.cross_replica_loads is None else
+                            f"blocks loaded that another replica stored: {s.offload.cross_replica_loads:.0f}; ")
+                         + f"failed {_causes(s.failed)}; runs {runs}"))  # fmt: skip
         for v in r.verdicts:
             rows.append((f"verdict {v.arm} against none", v.why))
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))

@@ -58,6 +58,7 @@ class Offload(Section):
     store_s: float | None = None
     load_gb_per_s: float | None = None
     kvtier_failed_loads: float | None = None
+    cross_replica_loads: float | None = None  # kvtier-shared: blocks one replica loaded that another stored
 
 
 class ArmStats(Section):

@@ -31,7 +31,7 @@ def test_arms_parse_with_their_tiers_and_bad_ones_are_named():
     }
     with pytest.raises(ValueError, match="name none"):
         LaunchConfig(**base, arms=["kvtier"])
-    with pytest.raises(ValueError, match="--offload-engine kvtier only"):
+    with pytest.raises(ValueError, match="--offload-engine kvtier or kvtier-shared only"):
         LaunchConfig(**base, arms=["none", "lmcache"])
     with pytest.raises(ValueError, match="needs --nvme-dir"):
         LaunchConfig(**base, arms=["none", "kvtier:nvme"])

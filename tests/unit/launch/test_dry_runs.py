@@ -221,7 +221,7 @@ def test_the_cpu_build_splits_cores_and_sizes_the_kv_cache_from_the_model(tmp_pa
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"tier": "cpu", "offload_engine": "lmcache"}, "--offload-engine kvtier only"),
+        ({"tier": "cpu", "offload_engine": "lmcache"}, "--offload-engine kvtier or kvtier-shared only"),
         ({"tier": "nvme", "offload_engine": "vllm-native", "nvme_dir": "/x"}, "CPU Offloading is currently only"),
         ({"engine": "sim"}, "a build of vLLM"),
         ({"max_model_len": 32768}, "less one 128-token block"),
@@ -285,12 +285,14 @@ def test_gpu_builds_run_vllms_own_offloading_or_kvtiers_without_a_sidecar(tmp_pa
 
 
 @pytest.mark.parametrize(("offload", "policy"), [("kvtier", "header X-User-Id"), ("vllm-native", "header X-User-Id"),
-                                                 ("lmcache", "least_conn")])  # fmt: skip
+                                                 ("lmcache", "least_conn"),
+                                                 ("kvtier-shared", "least_conn")])  # fmt: skip
 def test_replicas_with_their_own_tiers_are_routed_sticky_and_a_shared_sidecar_least_conn(
     tmp_path: Path, offload: str, policy: str
 ):
     """kvtier's spec and vLLM's native offloading keep each replica's tiers to itself (as its GPU cache): a session
-    that moved to another replica would miss them, so auto routing is sticky; LMCache's shared server is not."""
+    that moved to another replica would miss them, so auto routing is sticky; LMCache's and kvtier's shared servers
+    are not."""
     cfg = LaunchConfig(tier="cpu", engine="vllm", build="nvidia", offload_engine=offload, replicas=2, gpus="0,1",
                        l1_gb=4, dry_run=True, output=str(tmp_path / "out"),
                        replay=ReplayConfig(model=MODEL, dataset="d.jsonl"))  # fmt: skip
@@ -298,3 +300,60 @@ def test_replicas_with_their_own_tiers_are_routed_sticky_and_a_shared_sidecar_le
     assert lp.policies()["lb_policy"] == policy and f"lb_policy {policy}" in (lp.caddyfile or "")
     forced = plan(cfg.model_copy(update={"lb_policy": "least_conn"}))
     assert forced.policies()["lb_policy"] == "least_conn"
+
+
+@pytest.mark.parametrize(("build", "tier"), [("cpu", "cpu"), ("cpu", "nvme"), ("nvidia", "nvme"), ("amd", "cpu")])
+def test_kvtier_shared_runs_one_cache_server_every_replicas_spec_names(tmp_path: Path, build: str, tier: str):
+    """--offload-engine kvtier-shared: one kvtier cache-server --serve vllm sidecar holding the tiers (sized by --l1-gb,
+    or --staging-gb and --l2-gb for nvme); every replica's spec names only its socket, and its command parses into
+    kvtier's own CacheServerConfig."""
+    from kvtier.cli.args import add_config_arguments, config_from_args
+    from kvtier.config.sim import CacheServerConfig
+    from kvtier.launch.running import identify
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                   "num_key_value_heads": 2, "hidden_size": 256}))  # fmt: skip
+    cfg = LaunchConfig(tier=tier, engine="vllm", build=build, offload_engine="kvtier-shared", replicas=2,
+                       gpus=None if build == "cpu" else "0,1", engine_python="/e/bin/python", model_dir=str(model),
+                       l1_gb=0.5, staging_gb=0.25, l2_gb=2, nvme_dir=str(tmp_path / "nvme"), dry_run=True,
+                       output=str(tmp_path / "out"), replay=ReplayConfig(model="tiny", dataset="d"))  # fmt: skip
+    lp = plan(cfg)
+    suffix = "shared" if build == "cpu" else "kvtier-shared"
+    assert lp.profile_name == f"vllm-{build}-{tier}-{suffix}" and lp.sidecar is not None
+    sock = str(lp.sockdir / "cache.sock")
+    for r in lp.replicas:
+        extra = json.loads(r.argv[r.argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+        assert extra == {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm.spec",
+                         "cache_server": sock}  # fmt: skip
+    argv = lp.sidecar.argv
+    assert argv[:4] == ["kvtier", "cache-server", "--serve", "vllm"]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, CacheServerConfig)
+    server = config_from_args(parser.parse_args(argv[2:]), CacheServerConfig)
+    assert server.serve == "vllm" and server.socket == sock and server.offload == tier
+    if tier == "cpu":
+        assert server.cpu_offload_gb == 0.5
+    else:
+        assert (server.staging_gb, server.nvme_offload_gb, server.nvme_dir) == (0.25, 2, str(tmp_path / "nvme"))
+    assert lp.policies()["lb_policy"] == "least_conn"
+    # the sidecar is identified as this run's kvtier server (its health names its socket), not as an LMCache one
+    import dataclasses
+
+    from kvtier.vllm.blockserver import BlockServer
+    from kvtier.vllm.settings import VllmOffloadSettings
+
+    lp.sockdir.mkdir(mode=0o700)
+    servers = [BlockServer(VllmOffloadSettings(), sock), BlockServer(VllmOffloadSettings(), str(lp.sockdir / "x.sock"))]
+    try:
+        for srv, verdict in zip(servers, [None, "not this run's kvtier cache-server"], strict=True):
+            lp.sidecar = dataclasses.replace(lp.sidecar, health=f"http://127.0.0.1:{srv.start()}/health")
+            found = identify(lp, lp.sidecar)()
+            assert found is None if verdict is None else verdict in (found or ""), found
+    finally:
+        for srv in servers:
+            srv.close()
+        lp.sockdir.rmdir()
