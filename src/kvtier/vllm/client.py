@@ -28,7 +28,7 @@ from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
 from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect
-from kvtier.vllm.worker import BlockLayout, BlockWorker
+from kvtier.vllm.worker import BlockLayout, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -265,6 +265,8 @@ class ServerBlockWorker(BlockWorker):
             os.ftruncate(fd, padded)
             page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             view = memoryview(page)
+            if self.layout.on_device:
+                pin_host_buffer(view)  # device copies into the page are DMA
             host = torch.from_numpy(np.frombuffer(page, dtype=np.uint8))
             link = _Link(self.path, self.hello, DATA_TIMEOUT_S, lambda: [fd])
             with self._links_lock:

@@ -160,7 +160,7 @@ class BlockWorker:
 
             buf = aligned_buffer(self._padded)
             if self.layout.on_device:
-                _pin(buf)
+                pin_host_buffer(buf)
             host = torch.from_numpy(np.frombuffer(buf, dtype=np.uint8))
             b = self._local.b = (buf, host, aligned_buffer(self._padded))
         return b
@@ -333,7 +333,7 @@ class BlockWorker:
             self.store.close()
 
 
-def _pin(buf: memoryview) -> None:
+def pin_host_buffer(buf: memoryview) -> None:
     """Register a host buffer with CUDA (page-locked), so device copies into it are DMA; harmless where it fails."""
     try:
         import ctypes
@@ -346,4 +346,4 @@ def _pin(buf: memoryview) -> None:
         log.warning("kvtier: could not pin a %d-byte host buffer (%s); device copies stay pageable", len(buf), e)
 
 
-__all__ = ["BlockLayout", "BlockWorker", "Counts", "Result"]
+__all__ = ["BlockLayout", "BlockWorker", "Counts", "Result", "pin_host_buffer"]
