@@ -10,6 +10,13 @@ the sim's prompt ids are the server's). One replica, no gaps (``--gap-scale 0``)
 its first such turn), concurrency 1 then 4. Each server is started fresh per concurrency, so no run meets
 another's cache.
 
+With ``--offload-gb G`` both servers offload: the vLLM runs kvtier's CPU tier of G GB inside it (kvtier/vllm), the
+sim an in-process CPU tier holding as many tokens (G x its model's KV bytes per token over the dummy model's) with
+vLLM's 128-token block as its entry (``--offload-chunk-tokens``); each prints its prompt tokens by source (vLLM's
+``prompt_tokens_by_source``: the GPU cache's hits, the offload tier's, recompute) and the last line is
+``sim_vs_vllm_offload gpu_vllm=… gpu_sim=… offload_vllm=… offload_sim=… worst_source_abs_diff=…`` (the largest
+difference of one source's share at one concurrency).
+
 With ``--ttft [--dataset DIR]`` it compares time, not only hits: it measures the real vLLM's ladder (``kvtier
 ladder``: cold and GPU TTFT by context, TPOT by running sequences; never fitted to the replayed trace), starts the sim
 with ``--calibration`` from it, replays the trace against both and prints per turn the TTFT p50 and p95 of each, and
@@ -44,9 +51,14 @@ from kvtier.launch import cpu_engine
 from kvtier.launch.devices import cpu_inventory
 from kvtier.launch.procs import free_ports, http_ok
 from kvtier.modelmaker import Geometry, make_model
+from kvtier.modelspec import build_catalog, resolve_model
 
 SHARED = REPO.parent / "shared" / "data"
 CPU_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM 0.32's prefill chunk on its CPU build (the sim is given the same)
+SIM_MODEL = "tiny-1b"
+SIM_KV_PER_VLLM_KV = resolve_model(SIM_MODEL, build_catalog()).kv_bytes_per_token / Geometry().kv_bytes_per_token
+"""The sim's KV bytes per token (its catalog model) over the served dummy model's: an offload tier of G GB on vLLM
+holds as many tokens as one of G x this on the sim (24: tiny-1b's 24 KiB against the dummy model's 1 KiB)."""
 
 
 def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurrency: int) -> dict:
@@ -71,17 +83,23 @@ def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurre
     prompt = sum(v[1] for v in per_turn.values())
     (m,) = s["server_metrics"]
     return {"status": s["status"], "hit_rate": m["prefix_cache_hit_rate_overall"], "per_turn": dict(per_turn),
-            "cached": hits, "prompt": prompt, "requests": len(recs)}  # fmt: skip
+            "cached": hits, "prompt": prompt, "requests": len(recs),
+            "by_source": m.get("prompt_tokens_by_source") or {}}  # fmt: skip
 
 
 def start_sim(
     a: argparse.Namespace, model_dir: Path, port: int, work: Path, calibration: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "kvtier", "sim", "--model", "tiny-1b", "--served-model-name", "tiny",
+    cmd = [sys.executable, "-m", "kvtier", "sim", "--model", SIM_MODEL, "--served-model-name", "tiny",
            "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
-           "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}", "--offload", "none",
+           "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}",
            "--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS),
            "--port", str(port)]  # fmt: skip
+    if a.offload_gb:  # the twin of kvtier's CPU tier inside vLLM: as many tokens, vLLM's block as the entry
+        gb = a.offload_gb * SIM_KV_PER_VLLM_KV
+        cmd += ["--offload", "cpu", "--cpu-offload-gb", str(gb), "--offload-chunk-tokens", str(a.block_tokens)]
+    else:
+        cmd += ["--offload", "none"]
     if calibration is None:
         cmd += ["--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms)]
     else:
@@ -189,6 +207,10 @@ def main() -> None:
                     help="runs of each concurrency on each server (fresh ones): means and spreads")  # fmt: skip
     ap.add_argument("--vllm-results", type=Path, default=None,
                     help="a JSON file of vLLM's side: read when it exists (same flags), written when not")  # fmt: skip
+    ap.add_argument("--offload-gb", type=float, default=0.0,
+                    help="offload too: vLLM with kvtier's CPU tier of this size inside it (kvtier/vllm), the sim with "
+                         "the same in-process tier and vLLM's block as its entry; compares the prompt tokens by "
+                         "source (GPU hit, offload hit, recompute); last line sim_vs_vllm_offload ...")  # fmt: skip
     ap.add_argument("--ttft", action="store_true",
                     help="TTFT, not only hit rate: measure the vLLM's ladder, calibrate the sim from it "
                          "(kvtier sim --calibration), replay the trace against both; last line "
@@ -220,6 +242,8 @@ def main() -> None:
     worst = 0.0
     saved = json.loads(a.vllm_results.read_text()) if a.vllm_results and a.vllm_results.exists() else {}
     rates: dict[tuple[int, str], list[float]] = defaultdict(list)
+    sources: dict[str, dict[str, float]] = {"vllm": {}, "sim": {}}
+    sources_by_conc: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
     for conc, trial in [(c, t) for c in a.concurrency for t in range(a.trials)]:
         got = {}
         tag = str(conc) if trial == 0 else f"{conc}.{trial}"
@@ -233,8 +257,14 @@ def main() -> None:
                 if a.vllm_max_num_batched_tokens
                 else []
             )
+            env = None
+            if a.offload_gb:  # kvtier's CPU tier inside vLLM (kvtier/vllm), what the sim's offload tier twins
+                from kvtier.vllm import engine_pythonpath, kv_transfer_arg
+
+                extra += ["--kv-transfer-config", kv_transfer_arg({"offload": "cpu", "cpu_offload_gb": a.offload_gb})]
+                env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
             srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
-                                   name=f"vllm-{conc}", extra=extra)  # fmt: skip
+                                   name=f"vllm-{conc}", extra=extra, env=env)  # fmt: skip
             try:
                 srv.wait_healthy()
                 got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
@@ -260,6 +290,11 @@ def main() -> None:
             totals[who][0] += r["cached"]
             totals[who][1] += r["prompt"]
             rates[(conc, who)].append(r["hit_rate"])
+            for src, n in r.get("by_source", {}).items():
+                sources[who][src] = sources[who].get(src, 0.0) + n
+                sources_by_conc[(conc, who)][src] = sources_by_conc[(conc, who)].get(src, 0.0) + n
+            if a.offload_gb:
+                print(f"concurrency {conc} {who:5s} prompt tokens by source: {_shares(r.get('by_source', {}))}")
     for conc in a.concurrency:  # each concurrency over its trials: the mean, and each server's own spread
         mv, ms = (sum(rates[(conc, w)]) / len(rates[(conc, w)]) for w in ("vllm", "sim"))
         worst = max(worst, abs(mv - ms))
@@ -268,10 +303,30 @@ def main() -> None:
             print(f"concurrency {conc} over {a.trials} trials: vllm {mv:.4f} (spread {spread['vllm']:.4f}), "
                   f"sim {ms:.4f} (spread {spread['sim']:.4f})")  # fmt: skip
     hv, hs = (totals[w][0] / totals[w][1] for w in ("vllm", "sim"))
+    if a.offload_gb:  # by source: the GPU's own hits, the offload tier's, recompute (vLLM's counter on both)
+        worst_src = 0.0
+        for conc in a.concurrency:
+            v, sm = (_share(sources_by_conc[(conc, w)]) for w in ("vllm", "sim"))
+            worst_src = max([worst_src, *(abs(v.get(k, 0.0) - sm.get(k, 0.0)) for k in set(v) | set(sm))])
+        v, sm = _share(sources["vllm"]), _share(sources["sim"])
+        gpu, off = "local_cache_hit", "external_kv_transfer"
+        print(f"sim_vs_vllm_offload gpu_vllm={v.get(gpu, 0):.4f} gpu_sim={sm.get(gpu, 0):.4f} "
+              f"offload_vllm={v.get(off, 0):.4f} offload_sim={sm.get(off, 0):.4f} "
+              f"worst_source_abs_diff={worst_src:.4f}")  # fmt: skip
+        return
     print(
         f"sim_vs_vllm hit_rate_vllm={hv:.4f} hit_rate_sim={hs:.4f} abs_diff={abs(hv - hs):.4f} "
         f"worst_concurrency_abs_diff={worst:.4f}"
     )
+
+
+def _share(by_source: dict[str, float]) -> dict[str, float]:
+    total = sum(by_source.values())
+    return {k: v / total for k, v in by_source.items()} if total else {}
+
+
+def _shares(by_source: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in sorted(_share(by_source).items())) or "not counted"
 
 
 if __name__ == "__main__":
