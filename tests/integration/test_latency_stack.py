@@ -26,7 +26,7 @@ user_templates:
 @pytest.fixture(scope="module")
 def traceable() -> None:
     """Skip unless bpftrace's block and system-call probes attach here."""
-    t = BlockTracer.start(["nonexistent-disk"], who=f"pid == {os.getpid()}", attach_s=3.0)
+    t = BlockTracer.start(["nonexistent-disk"], who=f"pid == {os.getpid()}")
     why = t.reason or t.degraded  # whether it attached; read before stop(), which sets a reason when the probe
     t.stop()  # window saw no event at all (an idle disk: CI skipped these tests once for that)
     if why is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,10 @@ UNAVAILABLE = {
 }
 READS = ("pread64", "preadv", "preadv2", "readv", "read")  # glibc's preadv() is the preadv2 system call
 WRITES = ("pwrite64", "pwritev", "pwritev2", "writev", "write")
+
+
+ATTACHED = "kvtier: probes attached"
+"""What the program's BEGIN probe prints: bpftrace runs BEGIN once every probe is attached."""
 
 
 def syscall_program(who: str) -> str:
@@ -97,6 +102,7 @@ def program(devs: list[int], who: str | None = None) -> str:
     rd = '(strncmp(args->rwbs, "R", 1) == 0 || strncmp(args->rwbs, "FR", 2) == 0)'
     wr = '(strncmp(args->rwbs, "W", 1) == 0 || strncmp(args->rwbs, "FW", 2) == 0)'
     return f"""
+BEGIN {{ printf("{ATTACHED}\\n"); }}
 tracepoint:block:block_rq_insert /{cond}/ {{ @ins[args->dev, args->sector] = nsecs; }}
 tracepoint:block:block_rq_issue /{cond}/ {{
   @iss[args->dev, args->sector] = nsecs;
@@ -215,20 +221,32 @@ def dev_numbers(devices: list[str], sysfs: Path = Path("/sys")) -> list[int]:
 
 
 def _attach(cmd: list[str], attach_s: float) -> tuple[subprocess.Popen[str] | None, list[str], str | None]:
-    """Start bpftrace; (the running process, the command, None), or (None, the command, why not)."""
+    """Start bpftrace and wait until its BEGIN probe printed ATTACHED (bpftrace runs BEGIN once every probe is
+    attached): (the running process, the command, None), or (None, the command, why not). Judging by "still
+    running after a few seconds" missed the first writes of a run once: under load the probes attached later."""
+    cmd = [*cmd[:-2], "-B", "line", *cmd[-2:]]  # its output line by line: the marker arrives when printed
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as e:
         return None, cmd, f"bpftrace could not start: {e.strerror or e}"
+    assert proc.stdout is not None
     deadline = time.monotonic() + attach_s
-    while time.monotonic() < deadline:  # probes attach within a second or two, or bpftrace exits
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if line.strip() == ATTACHED:
+                return proc, cmd, None
+            if line:
+                continue
         if proc.poll() is not None:
             _, err = proc.communicate()
             lines = [ln.strip() for ln in err.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
             first = next((ln for ln in lines if "ERROR" in ln), lines[0] if lines else f"exit {proc.returncode}")
             return None, cmd, f"bpftrace could not attach its probes: {first[:300]}"
-        time.sleep(0.1)
-    return proc, cmd, None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    return None, cmd, f"bpftrace did not attach its probes within {attach_s:g} s"
 
 
 class BlockTracer:
@@ -255,7 +273,7 @@ class BlockTracer:
 
     @classmethod
     def start(
-        cls, devices: list[str], attach_s: float = 3.0, bpftrace: str | None = None, who: str | None = None
+        cls, devices: list[str], attach_s: float = 60.0, bpftrace: str | None = None, who: str | None = None
     ) -> BlockTracer:
         """bpftrace on ``devices`` (and, with ``who``, the system calls of those processes). Where the system-call
         probes cannot attach, the block-layer program alone, with ``degraded`` saying why."""
