@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -192,6 +193,28 @@ def run_bench_rank(cfg: BenchConfig, rank: RunEnvironment, log: logging.Logger, 
     return rank.exit(exit_code(out.status, out.stop_reason.code))
 
 
+VIRTUAL_DISK = re.compile(r"^(x?vd[a-z]+|nbd\d+)")
+"""Block devices of a hypervisor (virtio, Xen) or the network: their latency is the host's, not a drive's."""
+
+
+def health_lines(result: BenchResult) -> list[str]:
+    """The storage-health verdict in words: each criterion with its target and what was measured, and, when the
+    latency criteria fail on a virtual disk, why that is expected there."""
+    h = result.summary.cache_stats.storage_health
+    met = sum(c.passed for c in h.criteria)
+    out = [f"storage health ({h.profile} profile): {h.overall_status}, {met} of {len(h.criteria)} criteria met"]
+    for c in h.criteria:
+        actual = f"{c.actual:,.2f} {c.unit}" if c.unit != "ratio" else f"{c.actual:.2f}"
+        out.append(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: measured {actual}")
+    latency_failed = any(not c.passed and "P95" in c.name and "Storage" in c.name for c in h.criteria)
+    disks = [d for d in (result.device.devices if result.device else []) if VIRTUAL_DISK.match(d)]
+    if latency_failed and disks:
+        out.append(f"  the storage tier is on {', '.join(disks)}, a virtual disk: its latency is the hypervisor's and "
+                   "its neighbours', and the latency criteria are a local NVMe drive's; run on the device under "
+                   "test (--cache-dir on it) to judge a drive")  # fmt: skip
+    return out
+
+
 def print_summary(result: BenchResult, path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -246,7 +269,7 @@ def print_summary(result: BenchResult, path: Path) -> None:
         ("host time fraction", fmt(s.host_time_fraction)),
         (
             f"storage health ({health.profile})",
-            f"{health.overall_status} ({health.passed_count}/{health.total_count} criteria passed)",
+            f"{health.overall_status} ({health.passed_count} of {health.total_count} criteria met: below)",
         ),
         (
             "peak RSS GiB (bound)",
@@ -257,6 +280,8 @@ def print_summary(result: BenchResult, path: Path) -> None:
         t.add_row(Text(k), Text(v))  # outside text (model names, paths): never markup
     c = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     c.print(t)
+    for line in health_lines(result):
+        c.print(Text(line), highlight=False)
     for w in result.warnings:  # the message is outside text (paths, servers' words): never markup
         c.print(Text.assemble(("warning: ", "yellow"), w.message), highlight=False)
     if result.io_trace is not None:
@@ -271,3 +296,7 @@ def print_summary(result: BenchResult, path: Path) -> None:
     c.print(Text(f"result: {path}"), highlight=False)
     for line in closing_lines(result.status, result.stop_reason, result.errors.failures, result.requests_completed):
         c.print(Text(line), highlight=False)
+    c.print(Text(f"next: kvtier report {path} --html report.html (the run's plots: latency by tier, the timeline, QoS)"
+                 + ("" if result.load is None or not result.load.requests_dropped else
+                    "; fewer --num-users, or --arrival closed (users wait instead of being dropped), to see the "
+                    "device unsaturated")), highlight=False)  # fmt: skip
