@@ -86,6 +86,16 @@ class UnsupportedError(KvtierError):
     """The request needs hardware or an optional dependency that is not available."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """A library run that SIGINT or SIGTERM stopped. Its partial result was written where the config said and is
+    ``result`` (status partial, stop reason interrupted or terminated); raised, so a script that called the run
+    stops as it would on Ctrl+C instead of carrying on with a partial result it may not look at."""
+
+    def __init__(self, result: object, message: str) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 class LaunchError(KvtierError):
     """A process of a launch failed to start or to become healthy; the message names its log."""
 

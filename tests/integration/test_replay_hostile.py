@@ -212,3 +212,33 @@ def test_a_signal_cuts_streams_in_flight_and_writes_the_partial_result(tmp_path:
     assert [r["status"] for r in recs] == ["cut"] and "stopped" in recs[0]["error"]
     assert recs[0]["cause"] == "cut-at-stop" and s["summary"]["requests_failed"] == 0
     assert s["summary"]["requests_cut_at_stop"] == 1
+
+
+def test_a_script_whose_replay_is_interrupted_stops_with_the_partial_result_written(tmp_path: Path):
+    """#44 item 7: Ctrl+C inside kvtier.replay.run once returned a partial result and the script carried on (exit
+    0). The library now writes the partial result, then raises Interrupted (a KeyboardInterrupt carrying it)."""
+    import sys
+
+    server = Hostile(["slow"])
+    data, out = sessions(tmp_path / "d.jsonl", 3), tmp_path / "out"
+    script = tmp_path / "s.py"
+    script.write_text(
+        "from kvtier import replay\n"
+        "from kvtier.config import ReplayConfig\n"
+        f"r = replay.run(ReplayConfig(base_url='http://127.0.0.1:{server.port}/v1', model='m', dataset={str(data)!r},"
+        f" num_rounds=1, min_chunk_rounds=0, concurrency=1, warmup=0, scrape_interval=0.5, output={str(out)!r},"
+        " progress='none'))\n"
+        "print('CARRIED ON', r.status)\n"
+    )
+    try:
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+        assert server.started.wait(60), "the replay never sent a request"
+        proc.send_signal(signal.SIGINT)
+        stdout, err = proc.communicate(timeout=30)
+    finally:
+        server.close()
+    assert "CARRIED ON" not in stdout and proc.returncode != 0
+    assert "kvtier.errors.Interrupted: replay interrupted; its partial result is in" in err, err[-2000:]
+    s = replay_summary(out / "summary.json")
+    assert s["status"] == "partial" and s["stop_reason"]["code"] == "interrupted"

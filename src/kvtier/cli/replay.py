@@ -76,7 +76,12 @@ def replay(cfg: ReplayConfig) -> int:
         for w in plan.warnings:
             print(f"kvtier: warning: {w.message}", file=sys.stderr)
 
-    result = run(cfg, on_start=on_start)
+    from kvtier.errors import Interrupted
+
+    try:
+        result = run(cfg, on_start=on_start)
+    except Interrupted as e:  # the library raises so scripts stop; the CLI prints the partial result and exits 130
+        result = e.result  # type: ignore[assignment]
     print_outcome(result, str(cfg.output))
     return exit_code(result.status, result.stop_reason.code)
 

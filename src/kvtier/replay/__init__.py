@@ -31,7 +31,9 @@ def run(
 ) -> ReplayResult:
     """Replay ``config.dataset`` against ``config.base_url``; returns the result and, with
     ``config.output``, writes requests.jsonl and summary.json there. Bad flags or data raise before
-    any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial.
+    any request; SIGINT/SIGTERM (``handle_signals``, main thread) end the run as partial: its result is written,
+    then ``kvtier.errors.Interrupted`` (a KeyboardInterrupt carrying the result) is raised, so a calling script
+    stops as it would on Ctrl+C.
 
     ``env`` is where the run runs (kvtier/mpi.py ``RunEnvironment``): locally (the default) every virtual
     user; as one rank of an MPI launch, this rank's share of them over one shared start, and on rank 0 the
@@ -40,7 +42,9 @@ def run(
         from kvtier.replay.mpi import run_rank
 
         return run_rank(config, env, handle_signals)
+    from kvtier.errors import Interrupted
     from kvtier.replay.driver import execute, prepare, write_outputs
+    from kvtier.results.envelope import StopCode
 
     plan = prepare(config)
     if on_start is not None:
@@ -48,6 +52,9 @@ def run(
     result, records = execute(plan, handle_signals)
     if config.output:
         write_outputs(result, records, config.output)
+    if handle_signals and result.stop_reason.code in (StopCode.interrupted, StopCode.terminated):
+        where = f"; its partial result is in {config.output}" if config.output else ""
+        raise Interrupted(result, f"replay {result.stop_reason.code.value}{where}")
     return result
 
 

@@ -371,8 +371,23 @@ def execute(
     """Run the plan on its event loop; returns the result and the per-request records."""
     from kvtier.replay.client import loop_factory
 
-    with asyncio.Runner(loop_factory=loop_factory(plan.config.event_loop)) as runner:
-        return runner.run(_replay(plan, handle_signals, clock))
+    old = None
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        # not the default handler: asyncio.Runner then leaves SIGINT to the loop's handler (_replay's), which stops the
+        # run and keeps its records; with the default one installed (a script), the Runner cancelled the run and the
+        # partial result was never written
+        old = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(plan.config.event_loop)) as runner:
+            return runner.run(_replay(plan, handle_signals, clock))
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGINT before the replay's own handler is installed (set-up): as Python's default, nothing to keep yet."""
+    raise KeyboardInterrupt
 
 
 def write_outputs(result: ReplayResult, records: list[ReplayRecord], folder: str | Path) -> Path:
