@@ -63,6 +63,8 @@ def run_launch(a: argparse.Namespace) -> int:
             "chosen free now",
             file=sys.stderr,
         )
+        for what in lp.assumed:
+            print(f"# assumed: {what}", file=sys.stderr)
         devices = lp.devices()
         if lp.inventory is not None:
             placed = ", ".join(f"{name} -> {','.join(d)}" for name, d in devices["per_replica"].items())

@@ -203,7 +203,7 @@ class LaunchConfig(StrictModel):
                              "cache server (kvtier); the others run with --engine vllm")  # fmt: skip
         if self.tier == "gpu" and self.offload_engine != "auto":
             raise ValueError(f"--offload-engine {self.offload_engine}: --tier gpu offloads nothing (use cpu or nvme)")
-        if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir:
+        if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir and not self.dry_run:
             raise ValueError(
                 "--nvme-dir: required for --engine vllm --tier nvme (the tier's files must live on the device "
                 "under test, with a size bound: --l2-gb)"

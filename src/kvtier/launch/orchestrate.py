@@ -167,6 +167,7 @@ class LaunchPlan:
     sizes: dict[str, Any]
     commands: list[tuple[str, dict[str, str], list[str]]] = field(default_factory=list)
     warnings: list[ResultWarning] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)  # --dry-run: placeholders for what this host lacks
 
     @property
     def processes(self) -> list[ProcPlan]:
@@ -291,6 +292,9 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     # short (Unix socket paths are limited to ~108 bytes) and created only when processes start
     sockdir = Path(tempfile.gettempdir()) / f"kvtier-launch-{os.getpid()}-{secrets.token_hex(3)}"
     nvme_dir = Path(cfg.nvme_dir).resolve() if cfg.nvme_dir else out / "nvme"
+    assumed: list[str] = []  # what a dry run put in place of what this host lacks
+    if cfg.dry_run and cfg.engine == "vllm" and cfg.tier == "nvme" and not cfg.nvme_dir:
+        assumed.append(f"--nvme-dir {nvme_dir} (not given: a real run needs a folder on the device under test)")
     inventory, replica_devices = None, None
     if cfg.engine == "vllm" and cfg.build == "cpu":  # cores split between the replicas (--gpus: a core list)
         inventory = cpu_inventory(cfg.gpus)
@@ -300,6 +304,12 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
     elif cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
         inventory = discover(cfg.build, cfg.gpus, os.environ)
+        need = cfg.replicas * cfg.gpus_per_replica
+        if cfg.dry_run and len(inventory.devices) < need:  # plan with placeholders, and say so
+            names = [f"GPU{i}" for i in range(need)]
+            assumed.append(f"devices {','.join(names)} ({inventory.describe()} here; a real run needs them: "
+                           "--gpus LIST or the allocation's CUDA/HIP_VISIBLE_DEVICES)")  # fmt: skip
+            inventory = Inventory(cfg.build, names, "assumed by --dry-run")
         sets = place(inventory, cfg.replicas, cfg.gpus_per_replica)
         replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
     sizes = default_sizes(cfg, nvme_dir)
@@ -381,6 +391,7 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         inventory,
         sizes,
     )
+    p.assumed = assumed
     if inventory is not None:
         for note in inventory.notes:
             p.warnings.append(warning(WarningCode.gpu_env_conflict, note, source=inventory.source))

@@ -357,3 +357,25 @@ def test_kvtier_shared_runs_one_cache_server_every_replicas_spec_names(tmp_path:
         for srv in servers:
             srv.close()
         lp.sockdir.rmdir()
+
+
+def test_a_dry_run_on_a_host_without_gpus_or_nvme_dir_plans_with_placeholders_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """docs/serving.md's dry-run example once failed here (--nvme-dir, then no GPUs, exit 6): a dry run plans with
+    placeholders and names each; a real run still refuses both."""
+    from kvtier.errors import LaunchError
+
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi / rocm-smi: this host offers no device
+    base = {"tier": "nvme", "engine": "vllm", "build": "amd", "replicas": 2, "output": str(tmp_path / "out"),
+            "replay": ReplayConfig(model=MODEL, dataset="d")}  # fmt: skip
+    lp = plan(LaunchConfig(**base, dry_run=True))
+    assert [r.devices for r in lp.replicas] == [("GPU0",), ("GPU1",)]
+    assert len(lp.assumed) == 2 and "--nvme-dir" in lp.assumed[0] and "GPU0,GPU1" in lp.assumed[1]
+    with pytest.raises(ValueError, match="--nvme-dir: required"):
+        LaunchConfig(**base)
+    with pytest.raises(LaunchError, match="need 2 device"):
+        plan(LaunchConfig(**base, nvme_dir=str(tmp_path)))
+    assert plan(LaunchConfig(**base, nvme_dir=str(tmp_path), gpus="0,1", dry_run=True)).assumed == []
