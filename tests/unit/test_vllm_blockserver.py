@@ -221,3 +221,16 @@ def test_settings_with_a_cache_server_refuse_tier_sizes_of_their_own():
     assert VllmOffloadSettings.from_extra({"cache_server": "/tmp/x.sock", "io_threads": 2}).cache_server
     with pytest.raises(ConfigError, match="cpu_offload_gb: set on the cache server"):
         VllmOffloadSettings.from_extra({"cache_server": "/tmp/x.sock", "cpu_offload_gb": 4})
+
+
+def test_a_closed_data_connection_leaves_no_descriptor_open(server: BlockServer):
+    """The server maps each worker page and keeps no descriptor of it once the connection ends (one leaked per
+    connection before: a replica restarting its workers would have piled them up)."""
+    replica(server, "A")  # the geometry is fixed; the tiers are open
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        Page(server.path, "A").close()
+    deadline = time.monotonic() + 10
+    while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/fd")) <= before

@@ -204,7 +204,7 @@ class BlockServer:
                     assert self.index is not None
                     self._reply(c, {"tiers": [[t.name, t.slots, t.source] for t in self.index.tiers]})
                 elif kind == "data" and len(fds) == 1:
-                    self._data(c, engine, hello, fds.pop(), geometry)
+                    self._data(c, engine, hello, fds[0], geometry)  # closed below with the rest
                 else:
                     c.send({"ok": False, "error": "hello: role control, probe, or data with one page descriptor"})
             finally:
