@@ -260,7 +260,25 @@ class RunEnvironment:
         return exit_rank(self.peers, code) if self.peers is not None else code
 
 
+def require_mpi(what: str) -> str:
+    """Before starting ranks: mpirun's path, once both mpirun (Open MPI) and mpi4py (the ``mpi`` extra) are here;
+    else UnsupportedError (exit 4) naming what installs the missing one. Without mpi4py every rank would stop with
+    the same error after mpirun started them all (printed once per rank, between the launcher's own messages)."""
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise UnsupportedError(f"{what}: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun, "
+                               "and pip install 'kvtier[mpi]'")  # fmt: skip
+    try:
+        import mpi4py  # type: ignore[import-not-found, unused-ignore]  # noqa: F401 - only checked for
+    except ImportError:
+        raise UnsupportedError(f"{what}: mpi4py is not installed: pip install 'kvtier[mpi]'") from None
+    return mpirun
+
+
 __all__ = [
+    "require_mpi",
     "Rank",
     "RunEnvironment",
     "RunAborted",

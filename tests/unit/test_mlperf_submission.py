@@ -3,6 +3,8 @@ puts kvtier's truth beside the published columns, and the verdict names a CLOSED
 
 from __future__ import annotations
 
+import pytest
+
 from kvtier.config.mlperf import MlperfConfig
 from kvtier.mlperf.run import Instance, Trial, submission_line, summarize_option, verdict
 
@@ -46,3 +48,29 @@ def test_a_closed_run_without_every_option_is_named():
     assert any(v.startswith("closed: option(s) 3 not run") and "70B" in v for v in closed)
     assert not any("not run" in v for v in verdict(MlperfConfig(open=True, workloads="1"), {"1": s}, []))
     assert not any("not run" in v for v in verdict(MlperfConfig(), {"1": s, "2": s, "3": s}, []))
+
+
+def test_a_multi_rank_run_without_mpi4py_or_mpirun_stops_before_starting_any_rank(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """#44 item 5: without mpi4py, mpirun once started every rank, each printed the same error among PMIx noise, and
+    the summary blamed a lost rank. Both are checked first: exit 4 (UnsupportedError) with the install line."""
+    import sys
+
+    from kvtier.errors import UnsupportedError
+    from kvtier.mlperf.run import mpi_prefix, run
+
+    (tmp_path / "mpirun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # its import fails, as where the extra is not installed
+    cfg = MlperfConfig(num_processes=2, cache_dir=str(tmp_path / "c"), results_dir=str(tmp_path / "r"))
+    with pytest.raises(
+        UnsupportedError, match=r"--num-processes 2: mpi4py is not installed: pip install 'kvtier\[mpi\]'"
+    ):
+        run(cfg)
+    assert not (tmp_path / "r").exists()  # nothing started, nothing written
+    assert mpi_prefix(MlperfConfig(num_processes=1)) == []  # one instance needs neither
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    with pytest.raises(UnsupportedError, match="mpirun \\(Open MPI\\) is not installed"):
+        mpi_prefix(cfg)

@@ -97,23 +97,13 @@ def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> in
     exit status is the aggregate's (mpirun --enable-recovery reports 0 whatever the ranks did)."""
     import json
     import os
-    import shutil
     import subprocess
     import time
 
-    from kvtier.errors import UnsupportedError
+    from kvtier.mpi import require_mpi
     from kvtier.results.envelope import Status, StopCode, exit_code
 
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise UnsupportedError(
-            f"--num-clients {n}: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun, "
-            "and pip install 'kvtier[mpi]'"
-        )
-    try:
-        import mpi4py  # type: ignore[import-not-found, unused-ignore]  # noqa: F401 - only checked for
-    except ImportError:
-        raise UnsupportedError(f"--num-clients {n}: mpi4py is not installed: pip install 'kvtier[mpi]'") from None
+    mpirun = require_mpi(f"--num-clients {n}")
     rest = argv[argv.index("bench") + 1 :] if "bench" in argv else argv[1:]
     out: list[str] = []
     skip = False

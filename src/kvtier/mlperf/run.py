@@ -31,7 +31,8 @@ from typing import Any
 
 from kvtier.config.bench import BenchConfig
 from kvtier.config.mlperf import MlperfConfig
-from kvtier.errors import ConfigError, DatasetError, UnsupportedError
+from kvtier.errors import ConfigError, DatasetError
+from kvtier.mpi import require_mpi
 from kvtier.results import load
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import BenchResult
@@ -173,9 +174,7 @@ def mpi_prefix(cfg: MlperfConfig) -> list[str]:
     hosts = [h.strip() for h in (cfg.hosts or "").split(",") if h.strip()]
     if cfg.num_processes == 1 and not hosts:
         return []
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise UnsupportedError("mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun")
+    mpirun = require_mpi(f"--num-processes {cfg.num_processes}")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     placement = ["--oversubscribe"]
     if hosts:
