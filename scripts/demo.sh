@@ -5,7 +5,7 @@
 # Prints a summary table and writes results/demo.json (and results/demo.xlsx).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh examples  # the core, and what the README's examples use (plots, tokenizers, .zst)
 dir="$(mktemp -d "${TMPDIR:-/var/tmp}/kvtier-demo-XXXXXX")"
 trap 'rm -rf "$dir"' EXIT
 mkdir -p results
