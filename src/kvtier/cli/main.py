@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kvtier import __version__
 from kvtier.errors import KvtierError, exit_code_for
@@ -22,14 +22,23 @@ class KvtierParser(argparse.ArgumentParser):
                     out += sub._known() if isinstance(sub, KvtierParser) else []
         return out
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        root = self._root()
+        if root is not self:  # the deepest subcommand parses last: its flags are the ones a misspelling meant
+            root._active = self  # type: ignore[attr-defined]
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         import difflib
         import re
 
         hints = []
         words = re.findall(r"(?:unrecognized arguments: |invalid choice: ')(.+?)(?:'|$)", message)
+        # the command being parsed (a misspelt flag of kvtier plan retention is one of its flags, not another
+        # command's), else every command's
+        scope = getattr(self._root(), "_active", None) or self._root()
         for token in (t for w in words for t in w.split()):
-            close = difflib.get_close_matches(token.split("=")[0], sorted(set(self._root()._known())), n=1)
+            close = difflib.get_close_matches(token.split("=")[0], sorted(set(scope._known())), n=1)
             if close:
                 hints.append(f"{token}: did you mean {close[0]}?")
         super().error(message + "".join(f"\n  {h}" for h in hints))

@@ -82,8 +82,8 @@ def stream_from_trace(path: str) -> AccessStream:
     trace = load_trace(path)
     if trace.format != "mooncake":
         raise DatasetError(
-            f"--trace {path}: a {trace.format} trace has no prefix-block ids, so no reuse to measure; "
-            "give a Mooncake trace (hash_ids) or --dataset"
+            f"--trace {path}: {'an' if trace.format[0] in 'aeiou' else 'a'} {trace.format} trace has no prefix-block "
+            "ids, so no reuse to measure; give a Mooncake trace (hash_ids) or --dataset"
         )
     bt = trace.block_tokens or MOONCAKE_BLOCK_TOKENS
     s = AccessStream(unit="s", block_tokens=bt, source=path, order="the trace's arrival times")

@@ -34,6 +34,7 @@ from typing import Any
 
 from kvtier.errors import DatasetError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
+from kvtier.workload.formats import elsewhere
 from kvtier.workload.sharegpt import read_sharegpt_records, sharegpt_id, sharegpt_messages
 
 FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl")
@@ -388,13 +389,27 @@ def detect(p: Path) -> str:
             return "agentic-traces"
         if '"input"' in first and '"timestamp"' in first:
             return "agent-trace"
-        raise DatasetError(f"{p}:1: cannot tell the dataset format; give --dataset-format")
-    d = _load_json(p)
+        raise DatasetError(f"{p}:1: cannot tell the dataset format" + _not_ours(p))
+    try:
+        d = _load_json(p)
+    except DatasetError as e:
+        raise DatasetError(str(e) + elsewhere(p, REPLAY_FORMATS)) from None
     if isinstance(d, list):
         return "sharegpt"
     if isinstance(d, dict) and "simulations" in d:
         return "tau2"
-    raise DatasetError(f"{p}: cannot tell the dataset format; give --dataset-format")
+    raise DatasetError(f"{p}: cannot tell the dataset format" + _not_ours(p))
+
+
+REPLAY_FORMATS = ("sharegpt", "tau2", "sessions", "agent-trace")
+"""The formats of kvtier/workload/formats.py that this module reads."""
+
+
+def _not_ours(p: Path) -> str:
+    """Who reads the file instead (a trace for kvtier bench, ...), else how to name a format of ours."""
+    return (
+        elsewhere(p, REPLAY_FORMATS) or "; give --dataset-format (jsonl, sharegpt, tau2, agent-trace, agentic-traces)"
+    )
 
 
 @dataclass

@@ -26,6 +26,7 @@ from kvtier.errors import DatasetError
 from kvtier.keys import KeyScope
 from kvtier.tokenizer import Tokenizer
 from kvtier.workload.conversations import Conversation, ConversationManager, ConversationSettings, _turn_request
+from kvtier.workload.formats import elsewhere
 from kvtier.workload.users import Request, UserProfile, user_rng
 
 USER_ROLES = {"human", "user"}
@@ -96,7 +97,7 @@ def read_sharegpt_records(p: Path) -> list[object]:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})" + elsewhere(p, ("sharegpt",))) from None
     except RecursionError:
         raise DatasetError(f"{p}: JSON nested too deeply") from None
     if not isinstance(data, list):

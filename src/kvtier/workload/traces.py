@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvtier.errors import DatasetError
+from kvtier.workload.formats import elsewhere
 
 TraceFormat = Literal["auto", "burstgpt", "azure", "mooncake"]
 MOONCAKE_BLOCK_TOKENS = 512
@@ -207,7 +208,14 @@ def detect_format(path: Path) -> str:
         return "azure"
     if "Request tokens" in cols:
         return "burstgpt"
-    raise DatasetError(f"{first}:1: cannot tell the trace format from {head[:80]!r}; give --trace-format")
+    raise DatasetError(
+        f"{first}:1: cannot tell the trace format from {head[:80]!r} (BurstGPT or Azure CSV, Mooncake JSONL)"
+        + (elsewhere(first, TRACE_FORMATS) or "; kvtier bench --trace-format names it when the header is unusual")
+    )
+
+
+TRACE_FORMATS = ("burstgpt", "azure", "mooncake")
+"""The formats of kvtier/workload/formats.py that this module reads."""
 
 
 LOADERS: dict[str, Callable[[Path], Trace]] = {
