@@ -34,7 +34,7 @@ from typing import Any
 
 from kvtier.errors import DatasetError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
-from kvtier.workload.formats import elsewhere
+from kvtier.workload.formats import classify, elsewhere
 from kvtier.workload.sharegpt import read_sharegpt_records, sharegpt_id, sharegpt_messages
 
 FORMATS = ("auto", "agent-trace", "tau2", "sharegpt", "agentic-traces", "jsonl")
@@ -382,14 +382,11 @@ def detect(p: Path) -> str:
     if not text.strip():
         return "empty"
     if p.suffix == ".jsonl":
-        first = text.lstrip().splitlines()[0]
-        if '"turns"' in first:
-            return "jsonl"
-        if '"output_length"' in first and '"input"' in first:
-            return "agentic-traces"
-        if '"input"' in first and '"timestamp"' in first:
-            return "agent-trace"
-        raise DatasetError(f"{p}:1: cannot tell the dataset format" + _not_ours(p))
+        f = classify(text.lstrip().splitlines()[0])
+        kind = JSONL_KINDS.get(f.name) if f is not None else None
+        if kind is None:
+            raise DatasetError(f"{p}:1: cannot tell the dataset format" + _not_ours(p))
+        return kind
     try:
         d = _load_json(p)
     except DatasetError as e:
@@ -401,7 +398,9 @@ def detect(p: Path) -> str:
     raise DatasetError(f"{p}: cannot tell the dataset format" + _not_ours(p))
 
 
-REPLAY_FORMATS = ("sharegpt", "tau2", "sessions", "agent-trace")
+JSONL_KINDS = {"sessions": "jsonl", "agentic-traces": "agentic-traces", "agent-trace": "agent-trace"}
+"""kvtier/workload/formats.py's JSONL formats this module reads, by its --dataset-format name."""
+REPLAY_FORMATS = ("sharegpt", "tau2", *JSONL_KINDS)
 """The formats of kvtier/workload/formats.py that this module reads."""
 
 

@@ -2,7 +2,8 @@
 
 A reader that cannot read a file says what the file looks like and who reads that ("… looks like a ShareGPT
 dataset, which kvtier replay --dataset and kvtier bench --dataset-path read"), instead of suggesting a flag of
-its own that would not help (or that its command does not have). Reads at most the first 64 KiB; never raises.
+its own that would not help (or that its command does not have). ``classify`` is the one rule set the readers use
+to recognise their own formats too. Never raises.
 """
 
 from __future__ import annotations
@@ -29,39 +30,52 @@ FORMATS = {
                        "kvtier replay --dataset and kvtier bench --dataset-path read it"),
     "tau2": Format("tau2", "a tau2-bench results file (simulations)", "kvtier replay --dataset reads it"),
     "sessions": Format("sessions", "kvtier's own session JSONL (turns)", "kvtier replay --dataset reads it"),
+    "agentic-traces": Format("agentic-traces", "an agentic traces file (JSONL of input and output_length)",
+                             "kvtier replay --dataset reads it"),
     "agent-trace": Format("agent-trace", "an LMCache agent trace (JSONL of input and timestamp)",
                           "kvtier replay --dataset reads it"),
 }  # fmt: skip
 
-HEAD_BYTES = 65536
+FIRST_LINE_BYTES = 16 * 1024 * 1024
+"""The most of a file's first line read to tell its format (an agent trace's first record can be megabytes)."""
 
 
-def sniff(path: Path) -> Format | None:
-    """The format the file's first line (or first bytes) shows, or None."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(HEAD_BYTES).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    text = head.lstrip()
-    first = text.splitlines()[0] if text else ""
+def classify(first: str, rest: str = "") -> Format | None:
+    """The format a file's first line shows (``rest``: what follows it, for a JSON document's keys), or None. The one
+    rule set: the trace loader and replay's dataset reader recognise their own formats with it."""
+    first = first.strip()
     cols = [c.strip().strip('"') for c in first.split(",")]
     if "ContextTokens" in cols:
         return FORMATS["azure"]
     if "Request tokens" in cols:
         return FORMATS["burstgpt"]
     if first.startswith("{"):
-        if '"hash_ids"' in first:
+        if "hash_ids" in first:
             return FORMATS["mooncake"]
         if '"turns"' in first:
             return FORMATS["sessions"]
+        if '"output_length"' in first and '"input"' in first:
+            return FORMATS["agentic-traces"]
         if '"input"' in first and '"timestamp"' in first:
             return FORMATS["agent-trace"]
-        if '"simulations"' in head:
+        if '"simulations"' in first + rest:
             return FORMATS["tau2"]
-    if text.startswith("[") and '"conversations"' in head:
+    if first.startswith("[") and '"conversations"' in first + rest:
         return FORMATS["sharegpt"]
     return None
+
+
+def sniff(path: Path) -> Format | None:
+    """The format of the file at ``path`` (its first line, and a little after it), or None."""
+    try:
+        with path.open("rb") as f:
+            first = f.readline(FIRST_LINE_BYTES).decode("utf-8", errors="replace")
+            while first and not first.strip():  # leading blank lines
+                first = f.readline(FIRST_LINE_BYTES).decode("utf-8", errors="replace")
+            rest = f.read(65536).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return classify(first, rest)
 
 
 def elsewhere(path: Path, here: tuple[str, ...] = ()) -> str:
@@ -73,4 +87,4 @@ def elsewhere(path: Path, here: tuple[str, ...] = ()) -> str:
     return f"; {path.name} looks like {f.what}: {f.readers}"
 
 
-__all__ = ["FORMATS", "Format", "sniff", "elsewhere"]
+__all__ = ["FORMATS", "Format", "classify", "sniff", "elsewhere"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvtier.errors import DatasetError
-from kvtier.workload.formats import elsewhere
+from kvtier.workload.formats import classify, elsewhere
 
 TraceFormat = Literal["auto", "burstgpt", "azure", "mooncake"]
 MOONCAKE_BLOCK_TOKENS = 512
@@ -201,13 +201,9 @@ def detect_format(path: Path) -> str:
         raise DatasetError(f"{first}: cannot read: {e.strerror}") from e
     if not head:
         raise DatasetError(f"{first}:1: empty file")
-    if head.startswith("{") and "hash_ids" in head:
-        return "mooncake"
-    cols = [c.strip() for c in head.split(",")]
-    if "ContextTokens" in cols:
-        return "azure"
-    if "Request tokens" in cols:
-        return "burstgpt"
+    known = classify(head)
+    if known is not None and known.name in TRACE_FORMATS:
+        return known.name
     raise DatasetError(
         f"{first}:1: cannot tell the trace format from {head[:80]!r} (BurstGPT or Azure CSV, Mooncake JSONL)"
         + (elsewhere(first, TRACE_FORMATS) or "; kvtier bench --trace-format names it when the header is unusual")
