@@ -305,13 +305,11 @@ class BlockServer:
         assert self.index is not None
         raw = msg.get("raw") or []
         raw_of = dict(zip(keys, raw, strict=False)) if isinstance(raw, list) else {}
+        names = [t.name for t in self.index.tiers]
         with self._lock:
-            c = self.index.counters
-            before = (dict(c.demoted), dict(c.evicted), c.rejected)
+            rejected_before = self.index.counters.rejected
             plan = self.index.plan_store(keys)
-            demoted = {t: n - before[0].get(t, 0) for t, n in c.demoted.items() if n != before[0].get(t, 0)}
-            evicted = {t: n - before[1].get(t, 0) for t, n in c.evicted.items() if n != before[1].get(t, 0)}
-            rejected = c.rejected - before[2]
+            rejected = self.index.counters.rejected - rejected_before
             if plan is None:
                 self.metrics.rejected.inc(rejected)
                 return {"none": True, "rejected": rejected}
@@ -328,7 +326,10 @@ class BlockServer:
                 self._writer.pop(k, None)
             self._actions.append((seq, [a for a in plan.actions if a[0] != "place"]))
             self._cv.notify_all()
-        names = [t.name for t in self.index.tiers]
+        # what the plan did, by tier: a move goes one tier down (from the tier above its target), an eviction is
+        # from the tier named
+        demoted = Tally(names[i - 1] for what, _, i in plan.actions if what == "move")
+        evicted = Tally(names[i] for what, _, i in plan.actions if what == "evict")
         for k in plan.keys_to_store:
             self.metrics.placed.labels(names[plan.placed[k]]).inc()
         for t, n in demoted.items():
@@ -365,8 +366,7 @@ class BlockServer:
         assert self.index is not None
         with self._lock:
             idle = [str(k) for t in self.index.tiers for k in list(t.lru)]
-            self.index.forget(idle)
-            self.index.counters.lost -= len(idle)  # a reset is not a loss
+            self.index.forget(idle, lost=False)
             self._drop_shards(idle)
         return {"dropped": len(idle)}
 

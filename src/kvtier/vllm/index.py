@@ -154,16 +154,18 @@ class BlockIndex(Generic[K]):
                 removed.append(k)
         return removed
 
-    def forget(self, keys: Iterable[K]) -> int:
+    def forget(self, keys: Iterable[K], lost: bool = True) -> int:
         """Blocks a worker could not load (lost or unreadable): out of the index, so the next lookup misses
-        instead of failing again. Returns how many were still held."""
+        instead of failing again (``lost`` False: dropped on purpose, not counted as lost). Returns how many were
+        still held."""
         n = 0
         for k in keys:
             if k in self._where:
                 self._pending.discard(k)
                 self._drop(k)
                 n += 1
-        self.counters.lost += n
+        if lost:
+            self.counters.lost += n
         return n
 
     def clear(self) -> list[K]:
