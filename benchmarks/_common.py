@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,6 @@ def trace_folder(traces: list[Path] | None, n: int, work: Path) -> Path:
 def launch_arms(cmd: list[str], out: Path) -> dict[str, dict]:
     """Run a ``kvtier launch --arms`` command line writing ``out/arms.json``; print its lines; the arms by name."""
     import json
-    import subprocess
 
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, text=True, capture_output=True, cwd=REPO, timeout=3 * 3600)
@@ -56,3 +56,47 @@ def launch_arms(cmd: list[str], out: Path) -> dict[str, dict]:
     if r["status"] != "complete":
         print(f"arms: {r['status']} ({r['stop_reason']['message']}); figures below are from what ran", flush=True)
     return {s["arm"]: s for s in r["arms"]}
+
+
+def arms_parser(doc: str, traces: int, concurrency: int, max_requests: int) -> Any:
+    """The flags the real-vLLM ``kvtier launch --arms`` benchmarks share (real_offload, shared_offload)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
+    ap.add_argument(
+        "--traces",
+        type=Path,
+        nargs="+",
+        default=None,
+        help=f"agent-trace files replayed side by side (default: the first {traces} miniswe runs)",
+    )
+    ap.add_argument("--kv-cache-tokens", type=int, default=10368)
+    ap.add_argument("--max-model-len", type=int, default=10240)
+    ap.add_argument("--l1-gb", type=float, default=1.0, help="kvtier's CPU tier")
+    ap.add_argument("--concurrency", type=int, default=concurrency)
+    ap.add_argument("--max-requests", type=int, default=max_requests)
+    ap.add_argument("--max-tokens-cap", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--output", type=Path, default=None)
+    return ap
+
+
+def arms_command(a: Any, arms: str, data: Path, out: Path, launch: list[str], replay: list[str]) -> list[str]:
+    """``kvtier launch --engine vllm --build cpu --tier cpu --arms ARMS`` with the shared flags, ``launch`` (more
+    launch flags) and, after ``--``, the agent-trace replay with ``replay`` (more replay flags)."""
+    if not Path(a.engine_python).exists():
+        raise SystemExit(f"{a.engine_python}: missing (bash scripts/install-engines.sh cpu)")
+    return [sys.executable, "-m", "kvtier", "launch", "--engine", "vllm", "--build", "cpu", "--tier", "cpu",
+            *launch, "--arms", arms, "--rounds", str(a.rounds), "--engine-python", a.engine_python,
+            "--kv-cache-tokens", str(a.kv_cache_tokens), "--max-model-len", str(a.max_model_len),
+            "--l1-gb", str(a.l1_gb), "--output", str(out),
+            "--", "--model", "tiny", "--dataset", str(data), "--num-rounds", "1", "--concurrency", str(a.concurrency),
+            "--gap-scale", "0", "--warmup", "0", "--max-tokens-cap", str(a.max_tokens_cap),
+            "--max-requests", str(a.max_requests), *replay, "--progress", "none"]  # fmt: skip
+
+
+def later_p50(arm: dict) -> str:
+    """An arm's later-turn TTFT p50 (arms.json), for a benchmark's last line."""
+    v = arm["later_ttft"]["p50_s"]
+    return "nan" if v is None else f"{v:.3f}"

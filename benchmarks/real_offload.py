@@ -18,56 +18,31 @@ counted over the CPU and NVMe arms (cpu+nvme).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, launch_arms, trace_folder
+from _common import arms_command, arms_parser, later_p50, launch_arms, trace_folder
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
-    ap.add_argument("--traces", type=Path, nargs="+", default=None,
-                    help="agent-trace files replayed side by side (default: the first two miniswe runs)")  # fmt: skip
-    ap.add_argument("--kv-cache-tokens", type=int, default=10368)
-    ap.add_argument("--max-model-len", type=int, default=10240)
-    ap.add_argument("--l1-gb", type=float, default=1.0, help="kvtier's CPU tier")
+    ap = arms_parser(__doc__, traces=2, concurrency=2, max_requests=24)
     ap.add_argument("--staging-gb", type=float, default=0.005, help="the NVMe tier's CPU staging")
     ap.add_argument("--l2-gb", type=float, default=4.0, help="the NVMe tier")
     ap.add_argument("--nvme-dir", type=Path, default=None, help="default: a folder under the work folder")
-    ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--max-requests", type=int, default=24)
-    ap.add_argument("--max-tokens-cap", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--output", type=Path, default=None)
     a = ap.parse_args()
-    if not Path(a.engine_python).exists():
-        raise SystemExit(f"{a.engine_python}: missing (bash scripts/install-engines.sh cpu)")
     work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-real-offload-"))
     data = trace_folder(a.traces, 2, work)
     nvme = a.nvme_dir or work / "nvme"
     nvme.mkdir(parents=True, exist_ok=True)
     out = work / "arms"
-    cmd = [sys.executable, "-m", "kvtier", "launch", "--engine", "vllm", "--build", "cpu", "--tier", "cpu",
-           "--arms", "none,kvtier:cpu,kvtier:nvme", "--rounds", str(a.rounds), "--engine-python", a.engine_python,
-           "--kv-cache-tokens", str(a.kv_cache_tokens), "--max-model-len", str(a.max_model_len),
-           "--l1-gb", str(a.l1_gb), "--staging-gb", str(a.staging_gb), "--l2-gb", str(a.l2_gb),
-           "--nvme-dir", str(nvme), "--output", str(out),
-           "--", "--model", "tiny", "--dataset", str(data), "--num-rounds", "1", "--concurrency", str(a.concurrency),
-           "--gap-scale", "0", "--warmup", "0", "--max-tokens-cap", str(a.max_tokens_cap),
-           "--max-requests", str(a.max_requests), "--progress", "none"]  # fmt: skip
-    by = launch_arms(cmd, out)
+    launch = ["--staging-gb", str(a.staging_gb), "--l2-gb", str(a.l2_gb), "--nvme-dir", str(nvme)]
+    by = launch_arms(arms_command(a, "none,kvtier:cpu,kvtier:nvme", data, out, launch, []), out)
     ext = sum(by[k]["tokens_by_source"].get("external_kv_transfer", 0) for k in ("kvtier:cpu", "kvtier:nvme"))
-
-    def p50(arm: str) -> str:
-        v = by[arm]["later_ttft"]["p50_s"]
-        return "nan" if v is None else f"{v:.3f}"
-
-    print(f"real_offload external_hit_tokens={ext:.0f} later_ttft_p50_none={p50('none')} "
-          f"later_ttft_p50_cpu={p50('kvtier:cpu')} later_ttft_p50_nvme={p50('kvtier:nvme')}")  # fmt: skip
+    p50 = {k: later_p50(v) for k, v in by.items()}
+    print(f"real_offload external_hit_tokens={ext:.0f} later_ttft_p50_none={p50['none']} "
+          f"later_ttft_p50_cpu={p50['kvtier:cpu']} later_ttft_p50_nvme={p50['kvtier:nvme']}")  # fmt: skip
 
 
 if __name__ == "__main__":
