@@ -100,11 +100,11 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
 def test_a_prefix_pushed_out_of_vllms_cache_comes_back_from_kvtiers_nvme_tier(offloading: Offloading):
     o = offloading
     target = o.prompt("t")
-    cold_s, cold, _ = o.ask(target)
+    _, cold, _ = o.ask(target)
     assert cold["prompt_tokens_details"]["cached_tokens"] == 0
     o.push_out("a")
     before = o.metrics()
-    again_s, usage, _ = o.ask(target)
+    _, usage, _ = o.ask(target)
     after = o.metrics()
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     assert cached >= cold["prompt_tokens"] - BLOCK  # every whole block but the last came back
@@ -116,7 +116,8 @@ def test_a_prefix_pushed_out_of_vllms_cache_comes_back_from_kvtiers_nvme_tier(of
     assert delta(before, after, "kvtier:offload_loaded_blocks_total", tier="storage") == cached // BLOCK
     assert delta(before, after, "vllm:kv_offload_load_bytes_total") > 0
     assert after.get("kvtier:offload_failed_loads_total") in (None, 0.0)
-    assert again_s < cold_s  # the load beat the prefill it saved
+    # whether the load beat the prefill it saved is a speed claim, measured side by side by benchmarks/ (the arms
+    # benchmarks and the tier ladder), never asserted here: on a 2-core machine one request's time is noise
 
 
 def test_a_prefix_whose_files_are_gone_is_recomputed_never_served(offloading: Offloading):
