@@ -3,8 +3,9 @@ pairs alternate and the ratio is the median of the pairs'): does a change of str
 
 ``--before SRC`` is the other checkout's ``src/`` (e.g. a ``git worktree`` of the earlier commit); this
 checkout's ``src/`` is "after". Each run: a fresh cache folder under ``--dir``, the same flags, seed and
-duration. Printed per pair: requests completed, storage throughput (tokens/s), storage read and write
-bandwidth, storage read device p95. Last line:
+duration (llama3.1-8b, ``--num-users`` 8, ``--cpu-mem-gb`` 0, ``--max-concurrent-allocs`` 4 unless given).
+Printed per pair: requests completed, storage throughput (tokens/s), storage read and write bandwidth, storage
+read device p95. Last line:
 ``bench_ab pairs=… throughput_ratio=… read_bw_ratio=… write_bw_ratio=… read_p95_ratio=… status=…``
 (after / before, medians over the pairs; status: the runs' statuses, all ``complete`` when they agree).
 """
@@ -23,15 +24,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
-FLAGS = ["--model", "llama3.1-8b", "--num-users", "8", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
-         "--max-concurrent-allocs", "4", "--generation-mode", "none", "--seed", "42", "--progress", "none"]  # fmt: skip
+
+def flags(a: argparse.Namespace) -> list[str]:
+    return ["--model", "llama3.1-8b", "--num-users", str(a.num_users), "--gpu-mem-gb", "0",
+            "--cpu-mem-gb", str(a.cpu_mem_gb), "--max-concurrent-allocs", str(a.max_concurrent_allocs),
+            "--generation-mode", "none", "--seed", "42", "--progress", "none"]  # fmt: skip
 
 
-def one(src: str, directory: str, duration: int) -> dict[str, float | str | None]:
+def one(src: str, directory: str, duration: int, flag_list: list[str]) -> dict[str, float | str | None]:
     with tempfile.TemporaryDirectory(dir=directory, prefix="kvtier-ab-") as d:
         out = Path(d) / "r.json"
         env = {**os.environ, "PYTHONPATH": src}
-        cmd = [sys.executable, "-m", "kvtier", "bench", *FLAGS, "--duration", str(duration), "--cache-dir", d,
+        cmd = [sys.executable, "-m", "kvtier", "bench", *flag_list, "--duration", str(duration), "--cache-dir", d,
                "--output", str(out)]  # fmt: skip
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration + 300)
         if not out.exists():
@@ -54,6 +58,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--duration", type=int, default=10, help="seconds of each run")
     ap.add_argument("--dir", default="/var/tmp", help="where the runs' cache folders go (a real disk)")
+    ap.add_argument("--num-users", type=int, default=8)
+    ap.add_argument("--cpu-mem-gb", type=float, default=0, help="a CPU tier in front of the disk (default none)")
+    ap.add_argument("--max-concurrent-allocs", type=int, default=4)
     a = ap.parse_args()
     after = str(REPO / "src")
     ratios: dict[str, list[float]] = {k: [] for k in ("throughput", "read_bw", "write_bw", "read_p95")}
@@ -62,7 +69,7 @@ def main() -> None:
         runs = {}
         order = ("before", "after") if i % 2 == 0 else ("after", "before")  # ABBA: neither side always first
         for side in order:
-            runs[side] = one(a.before if side == "before" else after, a.dir, a.duration)
+            runs[side] = one(a.before if side == "before" else after, a.dir, a.duration, flags(a))
         b, f = runs["before"], runs["after"]
         states |= {str(b["status"]), str(f["status"])}
         print(

@@ -116,10 +116,11 @@ def gds_tier_check(directory: str, size: int) -> str:
     buf = aligned_buffer(64 * MiB)
     try:
         t = time.perf_counter()
-        tier.write("g", noise.chunks("g", size, out=aligned_buffer(64 * MiB)), size)
+        tier.write("g", noise.chunks("g", size, 64 * MiB), size)
         tw = time.perf_counter() - t
         t = time.perf_counter()
-        same = b"".join(bytes(c) for c in tier.export("g", buf, IOTiming())) == noise.expected("g", size)
+        got = b"".join(bytes(c) for c in tier.export("g", buf, IOTiming()))
+        same = len(got) >= size and noise.verify("g", got[: size // 4096 * 4096]) is None
         tr = time.perf_counter() - t
         out = tier.outcome()
     finally:

@@ -2,7 +2,7 @@
 
 Runs ``kvtier bench`` (llama3.1-8b, 50 users, --max-concurrent-allocs 8, CPU tier as given) in a
 child process and reads the result's ``memory`` section: peak RSS (VmHWM of the process) and the
-bound noise buffer + io_slots x io_chunk + CPU tier capacity + 256 MiB.
+bound noise buffer + io_slots x io_chunk + the writers' buffers (the noise they hold) + CPU tier capacity + 256 MiB.
 Last line: ``memory_bound peak_rss_gib=... bound_gib=... ok=true|false``.
 """
 
@@ -71,6 +71,7 @@ def main() -> None:
     )
     print(
         f"bound = noise {m['noise_buffer_bytes'] / gib:.3f} + {m['io_slots']} x {m['io_chunk_bytes'] / gib:.3f} "
+        f"+ writers' buffers {(m.get('writer_buffer_bytes') or 0) / gib:.3f} "
         f"+ cpu tier {m['cpu_tier_capacity_bytes'] / gib:.3f} + 0.25 GiB"
     )
     print(

@@ -18,8 +18,7 @@ def _roundtrip(tier: FileTier, noise, n: int) -> None:
     buf = aligned_buffer(128 * 1024)
     timing = IOTiming()
     data = b"".join(bytes(c) for c in tier.export("key/../odd:name", buf, timing))
-    expect = b"".join(bytes(c) for c in noise.chunks("key/../odd:name", n, 256 * 1024))
-    assert data == expect
+    assert len(data) == round_up(n) and noise.verify("key/../odd:name", data) is None  # every block as written
     assert timing.device_ns > 0 and timing.host_ns > 0
 
 

@@ -50,7 +50,8 @@ def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, li
 
 def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
     cpu_cap = int(plan.config.cpu_mem_gb * GB)
-    bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + cpu_cap + PROCESS_BASE_BYTES
+    writers = comp.noise.writer_buffer_bytes  # the writers' buffers, filled as far as their largest chunk
+    bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + writers + cpu_cap + PROCESS_BASE_BYTES
     peak = peak_rss_bytes()
     return {
         "peak_rss_bytes": peak,
@@ -59,6 +60,7 @@ def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
         "io_slots": plan.io_slots,
         "io_chunk_bytes": plan.io_chunk_bytes,
         "cpu_tier_capacity_bytes": cpu_cap,
+        "writer_buffer_bytes": writers,
         "within_bound": peak <= bound,
     }
 

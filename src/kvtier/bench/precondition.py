@@ -46,12 +46,12 @@ def precondition(
     store.sink = NullSink()  # outside the run's statistics
 
     def work(w: int) -> None:
-        buf = aligned_buffer(chunk_bytes)  # one per thread: the stamped chunks are copied into it
+        buf = aligned_buffer(chunk_bytes)  # one per thread, for the demotions a placement causes
         for i in range(w, files, threads):
             if stop.is_set():
                 return
             n = min(GiB, size_bytes - i * GiB)
-            source = partial(_until, stop, noise.chunks(keys[i], n, chunk_bytes, out=buf))
+            source = partial(_until, stop, noise.chunks(keys[i], n, chunk_bytes))
             try:
                 store.place(keys[i], tier, source, n, buf, filler=True)
                 written[w] += n

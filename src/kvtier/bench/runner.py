@@ -394,7 +394,7 @@ class BenchRunner:
                     store.delete(key)
                     continue
                 nbytes = self.plan.entry_bytes(tokens)
-                store.put(key, partial(noise.chunks, key, nbytes, chunk, out=buf), nbytes, buf)
+                store.put(key, partial(noise.chunks, key, nbytes, chunk), nbytes, buf)
                 nbytes_total += nbytes
                 n += 1
         finally:

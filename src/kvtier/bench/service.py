@@ -135,8 +135,9 @@ class RequestService:
             t.alloc_wait_ns += waited
             t0 += waited
         try:
-            # the entry's bytes are stamped into buf chunk by chunk (engine/noise.py): each write is unique on disk
-            res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk, out=buf), nbytes, buf)
+            # the entry's bytes come from a writer buffer of the noise's, only its stamps rewritten per chunk
+            # (engine/noise.py): each write is unique on disk; buf serves the demotions this write causes
+            res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf)
         except TierFullError as e:
             cause = e.__cause__
             if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -1,22 +1,31 @@
 """KV-entry data without per-request RNG cost, and which a storage array can neither deduplicate nor compress.
 
 Generating random bytes costs ~0.1-1.7 GB/s here, far below the device, so one buffer (256 MiB by default)
-is generated once from the seed and every entry is read from it, starting at a page-aligned offset derived
-from the key. Sliced as they are, a run's files would hold at most 256 MiB / 4 KiB distinct blocks (a 12 s
-run repeated 96 % of its blocks): an array that deduplicates inline would turn the writes into metadata.
-So each chunk is *copied* into the caller's own aligned buffer with a stamp folded in:
+is generated once from the seed and every entry is made from it. Sliced as they are, a run's files would hold
+at most 256 MiB / 4 KiB distinct blocks (a 12 s run repeated 96 % of its blocks): an array that deduplicates
+inline would turn the writes into metadata. So every 4 KiB block carries a stamp:
 
-    every 4 KiB block's first 8 bytes ^= key_hash(seed, key) ^ block_index
+    the block's first 8 bytes = the noise's ^ key_hash(seed, key) ^ block_index
 
 ``block_index`` is the block's index within the entry, so every 4 KiB block of every entry of the run
-differs from every other (two blocks could only be equal if they came from the same noise offset *and* had
-the same stamp: within an entry the index differs, across entries the 64-bit key hash), while the same key
-and seed give the same bytes
-(reads can be verified, ``expected``). Another seed changes both the noise and the key hash. The noise is
-random (``unique``: incompressible) or float16 values of a normal distribution (``realistic``: they
-compress a little, as real KV does). The copy runs in 512 KiB pieces, each stamped while it is in a core's L2
-cache (2 MiB pieces, which spill out of it, cost the CPU tier's write 3 % against ``np.copyto``, measured);
-nothing is allocated per request (a few KiB of stamp scratch per thread, once).
+differs from every other: two blocks can only be equal if they hold the same noise *and* the same stamp
+(within an entry the index differs, across entries the 64-bit key hash). Another seed changes both the noise
+and the key hash. The noise is random (``unique``: incompressible) or float16 values of a normal
+distribution (``realistic``: they compress a little, as real KV does).
+
+**Writes stamp in place** (``chunks`` without ``out``): a writer borrows a buffer from the noise's pool,
+filled from the noise once (each new buffer at the next base along the noise, so the writers' buffers tile
+it), and for every chunk only each block's first 8 bytes are rewritten (clean noise word ^ new stamp): 0.2 %
+of the bytes, no copy. An entry's byte ``i`` is then the noise at ``base + i mod len(buffer)``, stamped.
+**A tier that holds the bytes in its own memory** (the CPU tier) calls ``fill``: one copy from the noise at
+the key's own offset, stamped on the way (that copy is the work a CPU tier does). ``out=`` keeps the older
+copy-and-stamp into the caller's buffer (pipelined on two halves), for comparison (benchmarks/unique_payload.py).
+
+**Reads are verified from the bytes alone** (``verify``): a block's words after its stamp locate it in the
+noise (an index of every 4 KiB noise block by its second word), and its first word, unstamped, must give the
+key's hash ^ its index. So an entry needs no record of which writer's buffer made it, in any tier, after any
+demotion, and a block of another key, another index or another seed is caught. ``expected`` gives the bytes of
+the key-offset layout (``fill``'s and ``out=``'s).
 
 ``PayloadSample`` checks the run's own writes: a sampled set of 4 KiB blocks (one of about every 4 MiB
 written, picked by key and index so a rewrite of a key samples the same blocks) hashed to 8-byte digests,
@@ -58,28 +67,33 @@ class PayloadSample:
         self.repeats = 0  # a sampled block equal to another (key, block) sampled before
         self._head = bytearray()
 
-    def add(self, key: str, first_block: int, piece: memoryview, key_hash: int) -> None:
-        """One piece written: about one in PIECES_PER_SAMPLE pieces gives one block (chosen by key and index,
-        so a rewrite of the key samples the same block); plain integer work, no array, on the hot path."""
-        x = (((key_hash ^ first_block) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32  # high bits: well mixed
-        head_wanted = len(self._head) < self.COMPRESS_BYTES
-        if x % self.PIECES_PER_SAMPLE and not head_wanted:
-            return
-        nblocks = len(piece) // BLOCK
-        b = (x >> 8) % nblocks
-        d = hashlib.blake2b(piece[b * BLOCK : (b + 1) * BLOCK], digest_size=8).digest()
+    def add(self, key: str, first_block: int, span: memoryview, key_hash: int) -> None:
+        """``span`` written (whole blocks from entry block ``first_block``), taken as pieces of PIECE bytes:
+        about one piece in PIECES_PER_SAMPLE gives one block (chosen by key and index, so a rewrite of the key
+        samples the same block); plain integer work per piece, a hash only for the chosen ones."""
         with self._lock:
-            if len(self._head) < self.COMPRESS_BYTES:
-                self._head += piece[: self.COMPRESS_BYTES - len(self._head)]
-            if x % self.PIECES_PER_SAMPLE or len(self._digests) >= self.MAX_DIGESTS:
-                return
-            seen = self._digests.get(d)
-            if seen is None:
-                self._digests[d] = (key, first_block + b)
-                self.sampled += 1
-            elif seen != (key, first_block + b):
-                self.sampled += 1
-                self.repeats += 1
+            head_wanted = len(self._head) < self.COMPRESS_BYTES
+        if head_wanted:
+            with self._lock:
+                self._head += span[: max(0, self.COMPRESS_BYTES - len(self._head))]
+        per = PIECE // BLOCK
+        nblocks = len(span) // BLOCK
+        for start in range(0, nblocks, per):
+            x = (((key_hash ^ (first_block + start)) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32  # mixed
+            if x % self.PIECES_PER_SAMPLE:
+                continue
+            b = start + (x >> 8) % min(per, nblocks - start)
+            d = hashlib.blake2b(span[b * BLOCK : (b + 1) * BLOCK], digest_size=8).digest()
+            with self._lock:
+                if len(self._digests) >= self.MAX_DIGESTS:
+                    return
+                seen = self._digests.get(d)
+                if seen is None:
+                    self._digests[d] = (key, first_block + b)
+                    self.sampled += 1
+                elif seen != (key, first_block + b):
+                    self.sampled += 1
+                    self.repeats += 1
 
     def section(self) -> dict[str, Any]:
         """``{blocks_sampled, distinct_blocks, distinct_fraction, compress_codec, compress_sample_bytes,
@@ -121,6 +135,13 @@ class NoiseBuffer:
         self._tls = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._free: dict[int, list[_Primed]] = {}  # writer buffers not in use, by size
+        self._next_base = 0
+        self.writer_buffers = 0  # writer buffers made (the most writes that were ever in flight at once)
+        self.writer_buffer_bytes = 0  # of which filled with noise (each is filled as far as its largest chunk)
+        self.bytes_in_place = 0  # entry bytes handed out from writer buffers, stamps rewritten in place
+        self.bytes_copied = 0  # entry bytes copied from the noise (fill: the CPU tier; out=: the caller's buffer)
+        self._blocks: tuple[np.ndarray, np.ndarray] | None = None  # verify's index (built on first use)
         self.sample = PayloadSample()
         rng = np.random.default_rng(seed)
         step = 16 * 1024 * 1024 // 2
@@ -146,14 +167,40 @@ class NoiseBuffer:
 
     def describe(self) -> dict[str, Any]:
         """The scheme as a result records it (``storage.payload``), with the sample of this run's writes."""
+        with self._pool_lock:
+            counts = {"bytes_stamped_in_place": self.bytes_in_place, "bytes_copied": self.bytes_copied,
+                      "writer_buffers": self.writer_buffers,
+                      "writer_buffer_bytes": self.writer_buffer_bytes}  # fmt: skip
         return {
-            "scheme": f"{self.payload}: noise copied per chunk, each 4 KiB block stamped (key, seed, block index)",
+            "scheme": f"{self.payload}: each 4 KiB block stamped (key, seed, block index); writers' buffers filled "
+            "from the noise once, only the stamps rewritten per chunk; a memory tier copies from the noise",
             "payload": self.payload,
             "noise_bytes": self.nbytes,
             "stamp_bytes_per_block": 8,
             "block_bytes": BLOCK,
+            **counts,
             "sample": self.sample.section(),
         }
+
+    def _count(self, in_place: int = 0, copied: int = 0) -> None:
+        with self._pool_lock:
+            self.bytes_in_place += in_place
+            self.bytes_copied += copied
+
+    def _borrow(self, size: int) -> _Primed:
+        """A writer buffer of ``size`` bytes from the pool, or a new one at the next base along the noise."""
+        with self._pool_lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+            base = self._next_base
+            self._next_base = (base + size) % self.nbytes
+            self.writer_buffers += 1
+        return _Primed(self, size, base)
+
+    def _give_back(self, p: _Primed) -> None:
+        with self._pool_lock:
+            self._free.setdefault(len(p.view), []).append(p)
 
     def key_hash(self, key: str) -> int:
         """The key's stamp, salted by the seed: 64 bits."""
@@ -184,25 +231,58 @@ class NoiseBuffer:
     def chunks(
         self, key: str, nbytes: int, chunk_bytes: int | None = None, *, out: memoryview | None = None
     ) -> NoiseChunks:
-        """The entry's bytes, ``round_up(nbytes)`` of them, as aligned chunks of at most ``chunk_bytes`` (or
-        ``len(out)``): each is a view of ``out``, the caller's reusable aligned buffer, refilled for the
-        next chunk (consume each before pulling the next, as every tier does). Without ``out`` one buffer is
-        allocated for the whole iteration (tests, one-off writes). A tier that holds the bytes in its own
-        memory calls ``fill`` instead: one copy, straight into it (engine/memory.py)."""
+        """The entry's bytes, ``round_up(nbytes)`` of them, as aligned chunks of at most ``chunk_bytes`` (default
+        PIECE): each a view of a writer buffer borrowed from the pool for the iteration, its stamps rewritten
+        for the next chunk (consume each before pulling the next, as every tier does). With ``out`` (the
+        caller's reusable aligned buffer; chunks of at most ``len(out)``) the noise is copied into it instead.
+        A tier that holds the bytes in its own memory calls ``fill``: one copy, straight into it
+        (engine/memory.py)."""
         return NoiseChunks(self, key, nbytes, chunk_bytes, out)
 
     def expected(self, key: str, nbytes: int) -> bytes:
-        """The first ``nbytes`` of the entry under ``key`` (for verifying reads)."""
-        out = bytearray()
-        for c in self.chunks(key, nbytes, PIECE):
-            out += c
-            if len(out) >= nbytes:
-                break
-        return bytes(out[:nbytes])
+        """The first ``nbytes`` of the entry under ``key`` as ``fill`` and ``out=`` lay it out (from the key's
+        own noise offset). A write from a writer buffer has its buffer's layout: check it with ``verify``."""
+        buf = aligned_buffer(round_up(max(nbytes, 1)))
+        NoiseChunks(self, key, nbytes, PIECE, None).fill(buf, written=False)
+        return bytes(buf[:nbytes])
 
     def head(self, key: str, n: int) -> bytes:
-        """First ``n`` bytes of what ``chunks`` yields for ``key``."""
+        """First ``n`` bytes of ``expected``."""
         return self.expected(key, n)
+
+    def _block_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(noise block numbers, their second words), sorted by the word: where a block came from."""
+        with self._pool_lock:
+            if self._blocks is None:
+                second = self._u64.reshape(-1, BLOCK // 8)[:, 1]
+                order = np.argsort(second, kind="stable")
+                self._blocks = (order, second[order])
+            return self._blocks
+
+    def verify(self, key: str, data: bytes | memoryview, first_block: int = 0) -> int | None:
+        """Whether ``data`` (whole 4 KiB blocks of the entry under ``key``, from its block ``first_block``) is
+        what this run's noise wrote for that key, whichever layout wrote it: None if every block is, else the
+        entry index of the first block that is not. Each block's words after its stamp must be a noise block's
+        and its first word, less that block's, the key's hash ^ the block's index."""
+        n = len(data) // BLOCK
+        arr = np.frombuffer(data, dtype=np.uint64, count=n * (BLOCK // 8)).reshape(n, BLOCK // 8)
+        order, seconds = self._block_index()
+        noise = self._u64.reshape(-1, BLOCK // 8)
+        h = np.uint64(self.key_hash(key))
+        step = 4096  # blocks per pass: the gathered noise blocks stay 16 MiB
+        for lo in range(0, n, step):
+            part = arr[lo : lo + step]
+            pos = np.minimum(np.searchsorted(seconds, part[:, 1]), len(seconds) - 1)
+            cand = noise[order[pos]]
+            idx = np.arange(first_block + lo, first_block + lo + len(part), dtype=np.uint64)
+            ok = (cand[:, 1:] == part[:, 1:]).all(axis=1) & ((cand[:, 0] ^ part[:, 0]) == (idx ^ h))
+            for b in np.flatnonzero(~ok):  # rare: two noise blocks with the same second word, or a bad block
+                word = part[b, 1]
+                same = order[np.searchsorted(seconds, word, "left") : np.searchsorted(seconds, word, "right")]
+                want = idx[b] ^ h
+                if not any((noise[r, 1:] == part[b, 1:]).all() and noise[r, 0] ^ part[b, 0] == want for r in same):
+                    return first_block + lo + int(b)
+        return None
 
 
 class NoiseChunks:
@@ -216,33 +296,57 @@ class NoiseChunks:
         self.limit = max(BLOCK, limit // BLOCK * BLOCK)
         self.out = out
 
-    def _pieces(self, dst: memoryview, done: int, off: int, block: int, h: int) -> tuple[int, int]:
-        """Fill ``dst`` (whole blocks) from noise offset ``off``, entry block ``block``; returns (off, block)."""
+    def _pieces(self, dst: memoryview, off: int, block: int, h: int, sample: bool = True) -> tuple[int, int]:
+        """Copy into ``dst`` (whole blocks) from noise offset ``off``, entry block ``block``, stamped; returns
+        (off, block) after it."""
         noise = self.noise
         at = 0
         while at < len(dst):  # pieces of PIECE, each within the noise buffer (it wraps)
             m = min(len(dst) - at, PIECE, noise.nbytes - off)
             piece = dst[at : at + m]
             noise._fill(piece, off, block, h)
-            noise.sample.add(self.key, block, piece, h)
+            if sample:
+                noise.sample.add(self.key, block, piece, h)
             block += m // BLOCK
             at += m
             off = (off + m) % noise.nbytes
         return off, block
 
     def __iter__(self) -> Iterator[memoryview]:
-        """Chunks of ``limit`` bytes, each filled in the caller's buffer. With a buffer of at least two
+        return self._copied() if self.out is not None else self._in_place()
+
+    def _in_place(self) -> Iterator[memoryview]:
+        """Chunks of ``limit`` bytes from a borrowed writer buffer: only the stamps change between chunks."""
+        noise, h = self.noise, self.noise.key_hash(self.key)
+        p = noise._borrow(self.limit)
+        try:
+            block, remaining = 0, self.padded
+            while remaining > 0:
+                n = min(remaining, self.limit)
+                view = p.stamp(n, block, h)
+                noise.sample.add(self.key, block, view, h)
+                noise._count(in_place=n)
+                block += n // BLOCK
+                remaining -= n
+                yield view
+        finally:
+            noise._give_back(p)  # the consumer is done with every chunk (or has dropped the iteration)
+
+    def _copied(self) -> Iterator[memoryview]:
+        """Chunks of ``limit`` bytes, each copied into the caller's buffer. With a buffer of at least two
         PIECEs the copy is pipelined: the buffer's two halves take turns, the next half filled by a helper
         thread (numpy's copy releases the GIL) while the caller writes the current one, so a writer keeps
         its device busy through the copy; the chunks are then half the buffer."""
-        buf = self.out if self.out is not None else aligned_buffer(self.limit)
+        assert self.out is not None
+        buf = self.out
         off, block, h = self.noise.offset_for(self.key), 0, self.noise.key_hash(self.key)
         remaining = self.padded
         half = self.limit // 2 // PIECE * PIECE
         if half == 0 or remaining <= half:  # a small entry or buffer: fill and hand over in turn
             while remaining > 0:
                 n = min(remaining, self.limit)
-                off, block = self._pieces(buf[:n], 0, off, block, h)
+                off, block = self._pieces(buf[:n], off, block, h)
+                self.noise._count(copied=n)
                 remaining -= n
                 yield buf[:n]
             return
@@ -250,7 +354,8 @@ class NoiseChunks:
         pool = self.noise.helpers()
 
         def fill(k: int, n: int, off: int, block: int) -> tuple[int, int]:
-            return self._pieces(halves[k][:n], 0, off, block, h)
+            self.noise._count(copied=n)
+            return self._pieces(halves[k][:n], off, block, h)
 
         n = min(remaining, half)
         pending = pool.submit(fill, 0, n, off, block)
@@ -269,10 +374,13 @@ class NoiseChunks:
         finally:
             pending.result()  # never leave a helper writing into the caller's buffer after we return
 
-    def fill(self, dst: memoryview | Sequence[memoryview], check: Callable[[int], None] | None = None) -> None:
-        """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly: one view, or the tier's
-        pages in order (each a multiple of 4 KiB; the bytes are those of one view of them all); ``check(done)``
-        is called between pieces of ``limit`` bytes (a cancel check raises there)."""
+    def fill(
+        self, dst: memoryview | Sequence[memoryview], check: Callable[[int], None] | None = None, written: bool = True
+    ) -> None:
+        """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly, from the key's own noise
+        offset: one view, or the tier's pages in order (each a multiple of 4 KiB; the bytes are those of one view
+        of them all); ``check(done)`` is called between pieces of ``limit`` bytes (a cancel check raises there).
+        ``written=False``: a check's copy (``expected``), neither counted nor sampled."""
         off, block, h = self.noise.offset_for(self.key), 0, self.noise.key_hash(self.key)
         views = [dst] if isinstance(dst, memoryview) else list(dst)
         done = 0
@@ -281,5 +389,49 @@ class NoiseChunks:
                 if check is not None:
                     check(done)
                 n = min(self.limit, len(v) - at, self.padded - done)
-                off, block = self._pieces(v[at : at + n], done, off, block, h)
+                off, block = self._pieces(v[at : at + n], off, block, h, sample=written)
+                if written:
+                    self.noise._count(copied=n)
                 done += n
+
+
+class _Primed:
+    """A writer buffer: noise from ``base`` on (wrapping at the noise's end), filled once as far as the largest
+    chunk asked of it; a chunk rewrites only each block's first word, from the clean noise word and the stamp."""
+
+    def __init__(self, noise: NoiseBuffer, size: int, base: int) -> None:
+        self.noise, self.base = noise, base
+        self.view = aligned_buffer(size)
+        d64 = np.frombuffer(self.view, dtype=np.uint64)
+        self._d64 = d64
+        self.words = d64[:: BLOCK // 8]  # each block's first 8 bytes, as they are now
+        self.clean = np.empty(len(self.words), dtype=np.uint64)  # the same, unstamped (the noise's)
+        self._stamps = np.empty(len(self.words), dtype=np.uint64)
+        self._index = np.arange(len(self.words), dtype=np.uint64)
+        self.filled = 0  # bytes of the buffer that hold their noise
+
+    def _fill_to(self, n: int) -> None:
+        """Copy the noise into the buffer's bytes [filled, n): once per buffer, as far as it is used."""
+        noise, at = self.noise, self.filled
+        off = (self.base + at) % noise.nbytes
+        while at < n:
+            m = min(n - at, noise.nbytes - off)
+            np.copyto(self._d64[at // 8 : (at + m) // 8], noise._u64[off // 8 : (off + m) // 8])
+            at += m
+            off = (off + m) % noise.nbytes
+        lo, hi = self.filled // BLOCK, n // BLOCK
+        self.clean[lo:hi] = self.words[lo:hi]
+        with noise._pool_lock:
+            noise.writer_buffer_bytes += n - self.filled
+        self.filled = n
+
+    def stamp(self, n: int, block: int, h: int) -> memoryview:
+        """The buffer's first ``n`` bytes as entry blocks ``block``.. of the key hashed ``h``."""
+        if n > self.filled:
+            self._fill_to(n)
+        k = n // BLOCK
+        s = self._stamps[:k]
+        np.add(self._index[:k], np.uint64(block), out=s)
+        np.bitwise_xor(s, np.uint64(h), out=s)
+        np.bitwise_xor(self.clean[:k], s, out=self.words[:k])
+        return self.view[:n]

@@ -112,7 +112,7 @@ class _Replayer:
         chunk = len(buf)
 
         def source() -> Iterable[memoryview]:
-            return noise.chunks(key, size, chunk, out=buf)
+            return noise.chunks(key, size, chunk)
 
         with self._lock:
             self.counts["rows_done"] += 1

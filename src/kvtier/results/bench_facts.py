@@ -35,6 +35,7 @@ class MemoryStats(Section):
     io_slots: int
     io_chunk_bytes: int
     cpu_tier_capacity_bytes: int
+    writer_buffer_bytes: int | None = None  # the noise held by the writers' buffers (storage.payload); null: older
     within_bound: bool
 
 
@@ -67,6 +68,13 @@ class PayloadFacts(Section):
     noise_bytes: int
     stamp_bytes_per_block: int
     block_bytes: int
+    # how the bytes were made (null in results from before stamping in place): entry bytes handed out from
+    # writers' buffers with only their stamps rewritten, entry bytes copied from the noise (a memory tier's one
+    # copy), the writers' buffers made and the bytes of noise they hold
+    bytes_stamped_in_place: int | None = None
+    bytes_copied: int | None = None
+    writer_buffers: int | None = None
+    writer_buffer_bytes: int | None = None
     sample: PayloadSampleStats
 
 

@@ -313,8 +313,9 @@ class Offload(_Measured):
         return self.scope.keys_for_tokens(token_ids)
 
     def _chunks(self, key: str, nbytes: int, buf: memoryview) -> Callable[[], Iterable[memoryview]]:
-        """The store's chunk source for one entry: the noise, stamped into ``buf`` (engine/noise.py)."""
-        return lambda: self.noise.chunks(key, nbytes, out=buf)
+        """The store's chunk source for one entry: chunks of ``len(buf)`` from a writer buffer of the noise's,
+        stamped in place (engine/noise.py); ``buf`` itself serves the demotions the write causes."""
+        return lambda: self.noise.chunks(key, nbytes, len(buf))
 
     def _failed(self, e: StorageError) -> None:
         """A failed read or write of the tier (a Redis or S3 server gone, a corrupt file): the rest is

@@ -14,7 +14,10 @@ def test_noise_is_seeded_aligned_and_wraps():
     chunks = [bytes(c) for c in a.chunks("k", 3 * (1 << 20) + 5, chunk_bytes=256 * 1024)]  # each consumed at once
     assert sum(len(x) for x in chunks) == round_up(3 * (1 << 20) + 5)
     assert all(len(x) % ALIGN == 0 for x in chunks)
-    assert chunks[0][:64] == a.head("k", 64) and b"".join(chunks) == a.expected("k", round_up(3 * (1 << 20) + 5))
+    assert a.verify("k", b"".join(chunks)) is None and b.verify("k", b"".join(chunks)) is None
+    assert c.verify("k", b"".join(chunks)) == 0  # another seed's
+    copied = b"".join(bytes(x) for x in a.chunks("k", 3 * (1 << 20) + 5, out=aligned_buffer(256 * 1024)))
+    assert copied[:64] == a.head("k", 64) and copied == a.expected("k", round_up(3 * (1 << 20) + 5))
 
 
 def test_page_size_is_whole_4k_huge_pages_when_large_and_a_sixteenth_of_the_tier_at_most():
@@ -27,14 +30,16 @@ def test_page_size_is_whole_4k_huge_pages_when_large_and_a_sixteenth_of_the_tier
 def test_memory_tier_roundtrip_and_accounting(noise):
     t = MemoryTier(4 << 20)
     n = 1_000_001
+    copied = noise.describe()["bytes_copied"]  # the fixture is shared
     t.write("a", noise.chunks("a", n, 1 << 20), n)
     assert t.stored_bytes() == round_up(n)
     buf = aligned_buffer(round_up(n))
     timing = t.read("a", buf)
     assert timing.device_ns > 0
-    assert bytes(buf[:64]) == noise.head("a", 64)
+    assert bytes(buf[:64]) == noise.head("a", 64)  # the CPU tier copies from the key's own offset (fill)
     exported = b"".join(bytes(c) for c in t.export("a", buf, timing))
-    assert exported[:4096] == noise.expected("a", 4096)
+    assert exported[:4096] == noise.expected("a", 4096) and noise.verify("a", exported[: n // 4096 * 4096]) is None
+    assert noise.describe()["bytes_copied"] - copied == round_up(n)
     t.delete("a")
     assert t.stored_bytes() == 0
     with pytest.raises(EntryNotFound):
@@ -59,7 +64,7 @@ def test_memory_tier_never_fragments_and_pages_hold_the_same_bytes(noise):
     t.delete("x")
     plain = [memoryview(bytes(c)) for c in noise.chunks("y", n, ALIGN)]  # a plain chunk list: scattered
     t.write("y", plain, n)
-    assert b"".join(bytes(c) for c in t.export("y", buf, None)) == noise.expected("y", round_up(n))  # type: ignore[arg-type]
+    assert b"".join(bytes(c) for c in t.export("y", buf, None)) == b"".join(plain)  # type: ignore[arg-type]
     t.read("y", aligned_buffer(2 * ALIGN))  # gathered through a buffer of two pages
     with pytest.raises(TierFullError, match="pages needed"):
         t.write("z", noise.chunks("z", ALIGN, ALIGN), ALIGN)  # all six pages held
