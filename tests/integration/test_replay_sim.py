@@ -45,6 +45,29 @@ def replay(sim, out: Path, *extra: str, timeout: float = 240) -> subprocess.Comp
     )
 
 
+def check_value(pv: subprocess.CompletedProcess[str], ok: list[dict], served: int) -> None:
+    """kvtier plan value on the replay: each tier's tokens and value from its records, inputs measured or given."""
+    assert pv.returncode == 0, pv.stderr
+    v = json.loads(pv.stdout)
+    assert v["requests"] == len(ok) and v["prompt_tokens"] == sum(r["prompt_tokens"] for r in ok)
+    assert {i["name"]: i["source"] for i in v["inputs"]}["prefill rate"] == "measured"
+    assert [t["tokens_served"] for t in v["tiers"]] == [served]
+    for t in v["tiers"]:
+        assert t["hit_rate"] == pytest.approx(served / v["prompt_tokens"], abs=1e-6)
+        assert t["cost_usd_per_hour"] == pytest.approx(0.5 * 2 / 730, rel=1e-3)
+        # valued net of the fetch (#41): GPU cost x (prefill avoided - fetch)
+        assert t["gpu_s_saved_per_hour"] == pytest.approx(
+            t["prefill_s_avoided_per_hour"] - t["fetch_s_per_hour"], abs=2e-3
+        )
+        assert t["value_usd_per_hour"] == pytest.approx(2 * t["gpu_s_saved_per_hour"] / 3600, abs=2e-6)
+        if t["value_usd_per_hour"] > 0:
+            assert t["breakeven_hit_rate"] == pytest.approx(
+                t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
+            )  # the report rounds to 6 decimals
+        else:
+            assert t["pays"] is False and t["breakeven_hit_rate"] is None
+
+
 def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
     sim = start_sim(tmp_path, "--offload", "cpu", "--cpu-offload-gb", "2", "--gpu-kv-gb", "0.5")
     try:
@@ -84,26 +107,11 @@ def test_replay_against_sim_summary_and_metrics_agree(tmp_path):
                         "--store-cost", "0.5", "--store-gb", "cpu=2"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert pv.returncode == 0, pv.stderr
-    v = json.loads(pv.stdout)
     served = sum(r["prompt_sources"].get("cpu", 0) for r in ok)
-    assert v["requests"] == len(ok) and v["prompt_tokens"] == sum(r["prompt_tokens"] for r in ok)
-    assert {i["name"]: i["source"] for i in v["inputs"]}["prefill rate"] == "measured"
-    assert [t["tokens_served"] for t in v["tiers"]] == ([served] if served else [])
-    for t in v["tiers"]:
-        assert t["hit_rate"] == pytest.approx(served / v["prompt_tokens"], abs=1e-6)
-        assert t["cost_usd_per_hour"] == pytest.approx(0.5 * 2 / 730, rel=1e-3)
-        # valued net of the fetch (#41): GPU cost x (prefill avoided - fetch)
-        assert t["gpu_s_saved_per_hour"] == pytest.approx(
-            t["prefill_s_avoided_per_hour"] - t["fetch_s_per_hour"], abs=2e-3
-        )
-        assert t["value_usd_per_hour"] == pytest.approx(2 * t["gpu_s_saved_per_hour"] / 3600, abs=2e-6)
-        if t["value_usd_per_hour"] > 0:
-            assert t["breakeven_hit_rate"] == pytest.approx(
-                t["hit_rate"] * t["cost_usd_per_hour"] / t["value_usd_per_hour"], rel=1e-3, abs=2e-6
-            )  # the report rounds to 6 decimals
-        else:
-            assert t["pays"] is False and t["breakeven_hit_rate"] is None
+    if not served:  # nothing to value is an error that says why (#44 item 2), never an empty table
+        assert pv.returncode == 3 and "no offload tier served any" in pv.stderr, pv.stderr
+    else:
+        check_value(pv, ok, served)
     # kvtier plan retention --from: the replay's own dataset in the order its ok requests were sent, in seconds
     pr = subprocess.run(
         kvtier_cmd() + ["plan", "retention", "--from", str(tmp_path / "out"), "--model", "llama3.1-8b",
@@ -239,3 +247,23 @@ def test_synthetic_sessions_against_sim_grow_by_isl_and_osl_each_turn(tmp_path):
     s = replay_summary(tmp_path / "out" / "summary.json")
     assert s["dataset"]["format"] == "synthetic" and s["config"]["num_rounds"] == 4
     assert s["reuse_opportunity"]["cross_session_reuse_tokens"] > 0  # the shared 512-token system prompt
+
+
+def test_an_offload_tier_the_gpu_cache_left_unused_is_named_and_plan_value_says_why(tmp_path):
+    """#44 item 2, the README's serving path as it was: a sim whose modelled GPU holds every prefix (there, the
+    preset's KV cache; here 4 GB of it) never serves a token from its CPU tier. The replay says so with a coded
+    warning naming the flag, and `plan value` refuses to print an empty table (exit 3, the reason and the flag)."""
+    sim = start_sim(tmp_path, "--offload", "cpu", "--cpu-offload-gb", "2", "--gpu-kv-gb", "4")
+    try:
+        p = replay(sim, tmp_path / "out", "--num-rounds", "2")
+    finally:
+        stop_sim(sim)
+    assert p.returncode == 0, p.stderr
+    s = replay_summary(tmp_path / "out" / "summary.json")
+    m = s["server_metrics"][0]
+    assert m["external_prefix_cache_hits"] == 0 and m["prompt_tokens_by_source"]["local_cache_hit"] > 0
+    (w,) = [w for w in s["warnings"] if w["code"] == "offload-never-used"]
+    assert "--gpu-kv-gb" in w["message"] and w["gpu_cache_hit_tokens"] > 0
+    pv = subprocess.run(kvtier_cmd() + ["plan", "value", "--from", str(tmp_path / "out")],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert pv.returncode == 3 and "no offload tier served any" in pv.stderr and "--gpu-kv-gb" in pv.stderr

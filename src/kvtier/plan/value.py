@@ -123,6 +123,21 @@ def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult
     return rows, result
 
 
+def no_offload_hits(folder: Path, requests: int, prompt: int, recomputed: int) -> str:
+    """Why a replay has no tier to value, and what to change: nothing was served from an offload tier."""
+    reused = prompt - recomputed
+    why = (
+        f"{reused:,} of its {prompt:,} prompt tokens were reused and every one came from the server's GPU cache: the "
+        "GPU held every prefix, so nothing was pushed out to the offload tier (replay more requests, or give "
+        "kvtier sim a smaller --gpu-kv-gb that still holds the longest prompt, so prefixes overflow into it)"
+        if reused
+        else f"all {prompt:,} prompt tokens were computed: no prefix was reused (a dataset with multi-turn sessions "
+        "has reuse; see the replay's reuse_opportunity)"
+    )
+    return (f"{folder}: no offload tier served any of the {requests} ok requests, so there is no tier to value: "
+            f"{why}; or the server has no offload tier (kvtier sim --offload cpu)")  # fmt: skip
+
+
 def value_report(
     replay: str | Path,
     prefill_tps: float | None = None,
@@ -153,6 +168,8 @@ def value_report(
         for k, v in offload_sources(src).items():
             tokens[k] = tokens.get(k, 0) + int(v)
             hits[k] = hits.get(k, 0) + 1
+    if not tokens:
+        raise DatasetError(no_offload_hits(folder, len(rows), prompt, recomputed))
     inputs: list[Input] = []
     if prefill_tps is not None:
         rate: float | None = prefill_tps
@@ -260,6 +277,12 @@ def ladder_value_report(
     prompt = sum(int(r["prompt_tokens"]) for r in usable)
     cached_of = [int(r["prompt_tokens"]) - int(r["prompt_sources"].get("recomputed", 0)) for r in usable]
     cached = sum(cached_of)
+    if not cached:
+        raise DatasetError(
+            f"{folder}: none of the {len(usable)} ok requests had a cached prompt token (usage.prompt_tokens_details."
+            "cached_tokens): the prefix cache saved nothing to value (a dataset with multi-turn sessions has reuse; "
+            "see the replay's reuse_opportunity)"
+        )
     hit = [(int(r["prompt_tokens"]), c) for r, c in zip(usable, cached_of) if c]
     saved = sum(pm.seconds(p) - pm.seconds(p - c, c) for p, c in hit)
     longest = fit.timing.range.max_prompt_tokens if fit.timing.range else None
@@ -285,7 +308,7 @@ def ladder_value_report(
         **economics(rate, value, cost),
     )  # fmt: skip
     return ValueReport(source=str(folder), requests=len(usable), wall_s=round(wall, 3), prompt_tokens=prompt,
-                       inputs=inputs, tiers=[row] if cached else [])  # fmt: skip
+                       inputs=inputs, tiers=[row])  # fmt: skip
 
 
 __all__ = [

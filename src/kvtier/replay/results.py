@@ -193,6 +193,21 @@ def build_result(
                     external_queries_tokens=asked,
                 )
             )
+        elif offload_never_served(m):
+            local = (m.prompt_tokens_by_source or {}).get("local_cache_hit")
+            held = f"; the GPU cache served {local:,.0f} prompt tokens" if local else ""
+            warnings.append(
+                warning(
+                    WarningCode.offload_never_used,
+                    f"{m.url}: the offload tier held tokens the server looked up but served none{held}: the GPU "
+                    "cache already held every prefix the tier had, so this run says nothing about the tier — "
+                    "replay more requests, or give the server a smaller GPU KV cache that still holds the longest "
+                    "prompt (kvtier sim --gpu-kv-gb; vLLM --num-gpu-blocks-override), so prefixes are pushed out "
+                    "to the tier",
+                    url=m.url,
+                    gpu_cache_hit_tokens=local,
+                )
+            )
     return ReplayResult.model_validate(
         {
             "status": status,
@@ -234,6 +249,20 @@ def offload_never_hit(m: ScrapeSummary) -> bool:
     hits = (m.external_prefix_cache_hits or 0.0) + (m.lmcache_lookup_hit_tokens or 0.0)
     hits += (m.lmcache_lookup_hit_l1_tokens or 0.0) + (m.lmcache_lookup_hit_l2_tokens or 0.0)
     return asked > 0 and hits == 0
+
+
+def offload_never_served(m: ScrapeSummary) -> bool:
+    """Whether the server asked its offload tier, the tier found tokens (LMCache's lookup counts the whole prompt,
+    GPU hits included), and yet no counter shows a token served from it (vLLM's external hits or external
+    transfer, the offloading connector's load bytes, LMCache's loaded chunks, kvtier's loaded blocks): the GPU
+    cache already held all the tier had."""
+    asked = (m.external_prefix_cache_queries or 0.0) + (m.lmcache_lookup_requested_tokens or 0.0)
+    found = (m.lmcache_lookup_hit_tokens or 0.0) + (m.lmcache_lookup_hit_l1_tokens or 0.0)
+    found += m.lmcache_lookup_hit_l2_tokens or 0.0
+    served = (m.external_prefix_cache_hits or 0.0) + (m.prompt_tokens_by_source or {}).get("external_kv_transfer", 0.0)
+    served += (m.kv_offload_load_bytes or 0.0) + (m.lmcache_chunks_loaded or 0.0)
+    served += sum((m.kvtier_offload_loaded_blocks or {}).values())
+    return asked > 0 and found > 0 and served == 0
 
 
 def verdict(

@@ -112,6 +112,7 @@ class WarningCode(enum.StrEnum):
     concurrency_capped = "concurrency-capped"
     concurrency_not_reached = "concurrency-not-reached"
     offload_never_exercised = "offload-never-exercised"
+    offload_never_used = "offload-never-used"
     scrape_failed = "scrape-failed"
     stale_runs_removed = "stale-runs-removed"
     stale_runs_found = "stale-runs-found"

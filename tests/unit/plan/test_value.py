@@ -75,3 +75,22 @@ def test_a_requests_file_with_an_unbounded_decomposition_is_refused_by_file_and_
         read_records(f)
     f.write_text(json.dumps(good) + "\n")
     assert read_records(f) == [(1, good)]
+
+
+@pytest.mark.parametrize(
+    "sources,says",
+    [({"gpu": 900, "recomputed": 100}, "--gpu-kv-gb"), ({"recomputed": 1000}, "no prefix was reused")],
+)
+def test_a_replay_no_offload_tier_served_is_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, sources: dict[str, int], says: str
+):
+    """#44 item 2: the README's sim held every prefix in its modelled GPU, and `plan value` printed an empty table
+    with exit 0. Nothing to value is an error that says why (the GPU held everything: the flag to change; or
+    nothing was reused)."""
+    from kvtier.errors import DatasetError
+
+    rows = [{"status": "ok", "prompt_sources": sources, "server_ttft_parts": {"recompute": 0.1}}]
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=60.0)))
+    with pytest.raises(DatasetError, match="no offload tier served any of the 1 ok requests") as e:
+        value_report(Path("replay"))
+    assert says in str(e.value)

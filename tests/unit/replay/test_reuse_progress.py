@@ -117,3 +117,25 @@ def test_failures_are_classified_by_cause_and_counted_once_each():
     assert list(f) == ["context-length", "cut-at-stop", "timeout"]  # largest first
     assert f["context-length"] == {"count": 2, "first_message": vllm_400, "http_status": 400}
     assert f["cut-at-stop"]["http_status"] is None and f["timeout"]["count"] == 1
+
+
+def test_an_offload_tier_that_held_tokens_but_never_served_one_is_named_with_the_flag_to_change():
+    """#44 item 2: the README's sim held every prefix in its modelled GPU; its offload tier found tokens on lookup
+    (LMCache's counter counts the whole prompt) but served none, and nothing said so."""
+    from kvtier.replay.results import offload_never_hit, offload_never_served
+    from kvtier.results.replay import ScrapeSummary
+
+    def m(**kw: object) -> ScrapeSummary:
+        return ScrapeSummary(url="u", samples=3, scrape_errors=0, **kw)  # type: ignore[arg-type]
+
+    readme = m(external_prefix_cache_queries=11_249, external_prefix_cache_hits=0,
+               lmcache_lookup_requested_tokens=16_881, lmcache_lookup_hit_tokens=4_096, lmcache_chunks_loaded=0,
+               prompt_tokens_by_source={"local_cache_hit": 5_632, "local_compute": 11_249})  # fmt: skip
+    assert offload_never_served(readme) and not offload_never_hit(readme)
+    served = readme.model_copy(update={"external_prefix_cache_hits": 256.0})
+    assert not offload_never_served(served)  # one served token: the tier was used
+    vllm = m(external_prefix_cache_queries=9_000, external_prefix_cache_hits=0,
+             lmcache_lookup_requested_tokens=9_000, lmcache_lookup_hit_tokens=512, lmcache_chunks_loaded=2)  # fmt: skip
+    assert not offload_never_served(vllm)  # LMCache loaded chunks: served, whatever vLLM's counter says
+    assert not offload_never_served(m(external_prefix_cache_queries=10, external_prefix_cache_hits=0))  # found none
+    assert not offload_never_served(m())
