@@ -174,23 +174,38 @@ def test_ctrl_c_to_mpirun_leaves_partial_results_everywhere(tmp_path: Path):
     """SIGINT to mpirun reaches every rank (Open MPI 4: SIGCONT, then SIGTERM after odls_base_sigkill_timeout,
     then SIGKILL after as long again): each writes its partial result and rank 0 the partial aggregate of both,
     before the teardown (removing the files took over a second here: with the teardown first the aggregate was
-    missing in 2 of 4 runs). The timeout is 2 s here rather than 1, so a loaded machine cannot fail the test."""
+    missing in 2 of 4 runs). The timeout is 2 s here rather than 1, so a loaded machine cannot fail the test.
+    The tiers live in memory (a tmpfs mount, as root): the subject is the signal's path, and a rank in an
+    uninterruptible disk write defers even SIGKILL (CI once saw mpirun still waiting 90 s after the SIGINT)."""
+    from tests.conftest import _mount
+
     out = tmp_path / "out.json"
-    args = [*BENCH, "--num-users", "2", "--duration", "60", "--cache-dir", str(tmp_path / "c"), "--output", str(out)]
+    cache = tmp_path / "c"
+    mounted = _mount("tmpfs", 1024, cache)  # without root: the disk, as before
+    cache.mkdir(exist_ok=True)
+    args = [*BENCH, "--num-users", "2", "--duration", "60", "--cache-dir", str(cache), "--storage-capacity-gb", "0.4",
+            "--output", str(out)]  # fmt: skip
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = ["mpirun", *root, "--oversubscribe", "-np", "2", *kvtier_cmd(), "bench", *args]
     env = {**os.environ, "OMPI_MCA_odls_base_sigkill_timeout": "2"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list((tmp_path / "c").glob("rank_1/kvtier-run-*")):
+        while time.monotonic() < deadline and not list(cache.glob("rank_1/kvtier-run-*")):
             time.sleep(0.2)  # rank 1's tier exists: set-up is under way
         time.sleep(4)  # into the load window
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=90)
+        try:
+            proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:  # say what is still running, and in which state, before failing
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:24,etime,args"], capture_output=True, text=True)
+            left = [line for line in ps.stdout.splitlines() if "kvtier" in line or "mpirun" in line or "orted" in line]
+            pytest.fail("mpirun still running 90 s after SIGINT:\n" + "\n".join(left))
     finally:
         if proc.poll() is None:
             proc.kill()
+        if mounted:
+            subprocess.run(["umount", "-l", str(cache)], capture_output=True)
     agg = json.loads(out.read_text())
     ranks = [json.loads((tmp_path / f"out.rank_{r}.json").read_text()) for r in (0, 1)]
     assert [r["status"] for r in ranks] == ["partial", "partial"]
