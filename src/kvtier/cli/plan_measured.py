@@ -62,6 +62,11 @@ def _span(v: float | None, unit: str) -> str:
 def cmd_retention(a: argparse.Namespace) -> int:
     from kvtier.plan.retention import retention_report
 
+    if a.plot:
+        from kvtier.report.plots import require_matplotlib
+
+        require_matplotlib("--plot")
+
     m = _model(a)
     bpt = int(m.kv_bytes_per_token_per_rank(a.tp))
     stream = _stream(a)
@@ -110,13 +115,9 @@ def cmd_retention(a: argparse.Namespace) -> int:
 def plot_retention(path: str, r: Any) -> None:
     """Two panels: the hit rate against capacity (the tiers' cumulative capacities marked) and the working set
     over the trace."""
-    try:
-        import matplotlib
+    from kvtier.report.plots import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     gb = [c.capacity_bytes / 1e9 for c in r.curve]
     ax.plot(gb, [c.hit_fraction * 100 for c in r.curve], "k-", label="hit rate, % of tokens")
@@ -178,6 +179,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 def cmd_recommend(a: argparse.Namespace) -> int:
     from kvtier.plan.recommend import recommend
 
+    if a.plot:
+        from kvtier.report.plots import require_matplotlib
+
+        require_matplotlib("--plot")
+
     r = recommend(
         a.from_,
         _positive(a.slo_ttft_p95, "--slo-ttft-p95") if a.slo_ttft_p95 else None,
@@ -188,10 +194,12 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     def iv(i: Any, f: str = ".3f") -> str:
         if i.mean is None:
             return "—"
-        return format(i.mean, f) + (f" ±{(i.high - i.mean):{f}}" if i.high is not None else "")
+        if i.high is None or i.low is None:
+            return format(i.mean, f)
+        return f"{i.mean:{f}} [{i.low:{f}}-{i.high:{f}}{'*' if i.clipped else ''}]"
 
     t = _table(
-        f"sweep {r.source} ({r.sweep_status}): TTFT p95 mean ± 95 % CI half-width across trials",
+        f"sweep {r.source} ({r.sweep_status}): mean [95 % CI across trials; * clipped at 0 or 1]",
         ["point", "trials", "TTFT p95 s", "TTFT p50 s", "GPU hit", "offload hit", "req/s", "$/h", "meets SLO"],
     )
     for p in r.points:
@@ -221,13 +229,9 @@ def cmd_recommend(a: argparse.Namespace) -> int:
 
 def plot_sweep(path: str, r: Any) -> None:
     """TTFT p95 (mean and 95 % CI) and the offload hit share against CPU GB, a line per NVMe size and load."""
-    try:
-        import matplotlib
+    from kvtier.report.plots import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for conc in sorted({p.concurrency for p in r.points}):
         for nvme in sorted({p.nvme_gb for p in r.points}):

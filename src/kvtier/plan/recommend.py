@@ -12,7 +12,10 @@ concurrency), over its complete trials:
 A point **meets the SLO** when the upper end of its TTFT p95 interval is within ``--slo-ttft-p95`` (with one
 trial, its p95 itself; the report says there is no interval). At each load (concurrency) the recommendation is
 the cheapest point that meets it: by cost when every tier used has a cost, else the smallest (CPU GB, then NVMe
-GB). The knees, along CPU GB at each NVMe size and load: the smallest size whose offload hit rate has reached
+GB). A cheaper point whose interval reaches below the SLO without meeting it may meet it too: the pick is then **a
+tie, not a winner**, and the report says how many trials that point would need for its interval to leave the SLO
+at its spread now. Intervals are clipped at what the quantity can be (a time at 0 s, a share at 0 and 1) and say
+so. The knees, along CPU GB at each NVMe size and load: the smallest size whose offload hit rate has reached
 ``KNEE`` of the line's whole rise (more CPU buys little hit rate beyond it), and the smallest whose TTFT p95 has
 fallen ``KNEE`` of the line's whole fall.
 """
@@ -49,9 +52,12 @@ class Interval(_Report):
     low: float | None  # the 95 % confidence interval of the mean (None with fewer than two trials)
     high: float | None
     n: int
+    sd: float | None = None  # the trials' standard deviation (None with fewer than two)
+    clipped: bool = False  # an end was cut at what the quantity can be (a time below 0 s, a share outside 0-1)
 
 
-def interval(xs: list[float]) -> Interval:
+def interval(xs: list[float], lo: float | None = None, hi: float | None = None) -> Interval:
+    """The mean and its 95 % interval (Student's t), the ends clipped at ``lo`` and ``hi``."""
     n = len(xs)
     if not n:
         return Interval(mean=None, low=None, high=None, n=0)
@@ -60,7 +66,27 @@ def interval(xs: list[float]) -> Interval:
         return Interval(mean=round(m, 6), low=None, high=None, n=1)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
     h = t975(n - 1) * sd / math.sqrt(n)
-    return Interval(mean=round(m, 6), low=round(m - h, 6), high=round(m + h, 6), n=n)
+    low, high = m - h, m + h
+    clipped = (lo is not None and low < lo) or (hi is not None and high > hi)
+    low = max(low, lo) if lo is not None else low
+    high = min(high, hi) if hi is not None else high
+    return Interval(mean=round(m, 6), low=round(low, 6), high=round(high, 6), n=n, sd=round(sd, 6), clipped=clipped)
+
+
+def trials_to_separate(i: Interval, x: float, most: int = 1000) -> int | None:
+    """Trials a point would need for its 95 % interval to leave ``x`` (the SLO), at its spread now; None when no
+    number up to ``most`` would (its mean is at ``x``, or it has no spread to go by)."""
+    if i.mean is None or i.sd is None:
+        return None
+    gap = abs(i.mean - x)
+    if gap == 0:
+        return None
+    if i.sd == 0:
+        return i.n
+    for n in range(max(2, i.n), most + 1):
+        if t975(n - 1) * i.sd / math.sqrt(n) < gap:
+            return n
+    return None
 
 
 def seconds_of(xs: list[float | None]) -> tuple[list[float], int]:
@@ -74,7 +100,7 @@ def slo_verdict(p95s: list[float | None], slo_s: float | None) -> tuple[Interval
     """A point's TTFT p95 interval over its trials, whether it meets ``slo_s`` (the interval's upper end, or the one
     trial's p95), and a note; impossible p95s (negative, not finite) are left out and said."""
     good, bad = seconds_of(p95s)
-    p95 = interval(good)
+    p95 = interval(good, lo=0.0)
     notes = [f"{bad} trial(s) with an impossible TTFT p95 left out"] if bad else []
     meets = None
     if slo_s is not None and p95.mean is not None:
@@ -114,6 +140,10 @@ class Pick(_Report):
     point: str | None  # None: no point meets the SLO at this load
     by: str  # cost, or size (no cost for some tier used)
     sentence: str
+    # a cheaper point (smaller, by size) whose interval reaches below the SLO without meeting it: it may meet it
+    # too, so the pick is a tie, not a winner; and the trials it would need for its interval to leave the SLO
+    tie_with: str | None = None
+    trials_to_separate: int | None = None
 
 
 class Recommendation(_Report):
@@ -182,11 +212,12 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
             PointStats(
                 point=name, cpu_gb=cpu, nvme_gb=nvme, concurrency=conc, trials=len(rs),
                 trials_not_complete=missing.get(name, 0), ttft_p95_s=p95,
-                ttft_p50_s=interval(seconds_of([r.summary.ttft_s.p50 for r in rs])[0]),
-                gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None]),
+                ttft_p50_s=interval(seconds_of([r.summary.ttft_s.p50 for r in rs])[0], lo=0.0),
+                gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None], lo=0.0, hi=1.0),
                 offload_hit_share=interval([sum(v for k, v in s.items() if k not in NOT_OFFLOAD)
-                                            for s in shares if s is not None]),
-                requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s]),
+                                            for s in shares if s is not None], lo=0.0, hi=1.0),
+                requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s],
+                                        lo=0.0),
                 cost_usd_per_hour=_cost(cpu, nvme, store_cost), meets_slo=meets, note=note,
             )
         )  # fmt: skip
@@ -205,26 +236,64 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
                     ttft_knee_cpu_gb=_knee(xs, [p.ttft_p95_s.mean for p in line], rising=False),
                 )
             )  # fmt: skip
-    picks = []
-    if slo_ttft_p95_s is not None:
-        for conc in sorted({p.concurrency for p in points}):
-            ok = [p for p in points if p.concurrency == conc and p.meets_slo]
-            priced = all(p.cost_usd_per_hour is not None for p in ok)
-            by = "cost" if ok and priced else "size"
-            ok.sort(key=lambda p: (p.cost_usd_per_hour or 0.0, p.cpu_gb, p.nvme_gb) if by == "cost"
-                    else (p.cpu_gb, p.nvme_gb))  # fmt: skip
-            picks.append(_pick(conc, ok[0] if ok else None, by, slo_ttft_p95_s))
+    picks = picks_of(points, slo_ttft_p95_s) if slo_ttft_p95_s is not None else []
     return Recommendation(source=str(root), sweep_status=sweep.status.value, slo_ttft_p95_s=slo_ttft_p95_s,
                           store_cost=store_cost, points=points, knees=knees, picks=picks)  # fmt: skip
 
 
-def _pick(conc: int, p: PointStats | None, by: str, slo: float) -> Pick:
+def picks_of(points: list[PointStats], slo: float) -> list[Pick]:
+    """At each load, the cheapest point meeting the SLO (module docstring), or a tie with a cheaper point that may."""
+    picks = []
+    for conc in sorted({p.concurrency for p in points}):
+        here = [p for p in points if p.concurrency == conc and p.ttft_p95_s.mean is not None]
+        ok = [p for p in here if p.meets_slo]
+        priced = all(p.cost_usd_per_hour is not None for p in ok)
+        by = "cost" if ok and priced else "size"
+
+        def rank(p: PointStats, by: str = by) -> tuple[float, ...]:
+            return (p.cost_usd_per_hour or 0.0, p.cpu_gb, p.nvme_gb) if by == "cost" else (p.cpu_gb, p.nvme_gb)
+
+        ok.sort(key=rank)
+        pick = ok[0] if ok else None
+        # cheaper points that may meet the SLO as well: their interval reaches below it
+        maybe = sorted(
+            (p for p in here if not p.meets_slo and p.ttft_p95_s.low is not None and p.ttft_p95_s.low <= slo
+             and (pick is None or rank(p) < rank(pick))),
+            key=rank,
+        )  # fmt: skip
+        picks.append(_pick(conc, pick, by, slo, maybe[0] if maybe else None, [p.point for p in maybe[1:]]))
+    return picks
+
+
+def _ci(i: Interval) -> str:
+    if i.high is None or i.low is None:
+        return " (one trial: no interval)"
+    return f" (95 % CI {i.low:.3f}-{i.high:.3f} s{', clipped at 0' if i.clipped else ''}, {i.n} trials)"
+
+
+def _tie(p: PointStats, slo: float, others: list[str] | None) -> tuple[str, int | None]:
+    """The sentence for a cheaper point (and ``others``, dearer than it) that may meet the SLO too, and the trials
+    that would tell for the cheapest."""
+    n = trials_to_separate(p.ttft_p95_s, slo)
+    more = (f"about {n} trials of it would tell" if n is not None
+            else "its mean is at the SLO: no number of trials would tell")  # fmt: skip
+    also = f" (and {', '.join(others)})" if others else ""
+    return (f"{p.point}{also} may meet it too (TTFT p95 {p.ttft_p95_s.mean:.3f} s{_ci(p.ttft_p95_s)}: its interval "
+            f"reaches below {slo:g} s); {more}"), n  # fmt: skip
+
+
+def _pick(conc: int, p: PointStats | None, by: str, slo: float, maybe: PointStats | None = None,
+          others: list[str] | None = None) -> Pick:  # fmt: skip
     if p is None:
-        return Pick(concurrency=conc, point=None, by=by,
-                    sentence=f"at concurrency {conc} no placement swept meets TTFT p95 <= {slo:g} s")  # fmt: skip
+        sentence = f"at concurrency {conc} no placement swept meets TTFT p95 <= {slo:g} s"
+        n = None
+        if maybe is not None:
+            tie, n = _tie(maybe, slo, others)
+            sentence += f"; {tie}"
+        return Pick(concurrency=conc, point=None, by=by, sentence=sentence,
+                    tie_with=maybe.point if maybe else None, trials_to_separate=n)  # fmt: skip
     i = p.ttft_p95_s
-    ci = f" (95 % CI {i.low:.3f}-{i.high:.3f} s, {i.n} trials)" if i.high is not None and i.low is not None else (
-        " (one trial: no interval)")  # fmt: skip
+    ci = _ci(i)
     cost = f", ${p.cost_usd_per_hour:.4f}/h of store" if p.cost_usd_per_hour is not None else ""
     hit = (
         f"; {p.offload_hit_share.mean:.0%} of prompt tokens from offload"
@@ -232,10 +301,15 @@ def _pick(conc: int, p: PointStats | None, by: str, slo: float) -> Pick:
         else ""
     )
     where = f"CPU {p.cpu_gb:g} GB" + (f" + NVMe {p.nvme_gb:g} GB" if p.nvme_gb else "")
+    verdict, n = f"the cheapest by {by}", None
+    if maybe is not None:
+        tie, n = _tie(maybe, slo, others)
+        verdict = f"a tie, not a winner: the cheaper {tie}"
     return Pick(
         concurrency=conc, point=p.point, by=by,
         sentence=f"at concurrency {conc}: {where} ({p.point}) meets TTFT p95 <= {slo:g} s with {i.mean:.3f} s"
-        f"{ci}{cost}{hit}; the cheapest by {by}",
+        f"{ci}{cost}{hit}; {verdict}",
+        tie_with=maybe.point if maybe else None, trials_to_separate=n,
     )  # fmt: skip
 
 
