@@ -38,6 +38,19 @@ while [ $# -gt 0 ]; do
     *) echo "install-engines.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# the Python that runs kvtier's check: KVTIER_PYTHON, else this checkout's .venv, else the python3 on PATH
+kvtier_py="${KVTIER_PYTHON:-}"
+if [ -z "$kvtier_py" ]; then
+  if [ -x .venv/bin/python ]; then kvtier_py=.venv/bin/python; else kvtier_py="$(command -v python3 || true)"; fi
+fi
+check_kvtier() {
+  if [ -z "$kvtier_py" ] || ! "$kvtier_py" -c "import kvtier" 2>/dev/null; then
+    echo "install-engines.sh: the engines are installed in $venv, but no Python here imports kvtier to check them" \
+      "(tried ${kvtier_py:-python3}): run bash scripts/setup.sh, or set KVTIER_PYTHON to the Python kvtier is" \
+      "installed in, then: kvtier launch --tier cpu --engine vllm --check" >&2
+    exit 4
+  fi
+}
 
 if [ -n "$rocm" ]; then
   cat <<ROCM
@@ -78,7 +91,8 @@ if [ -n "$cpu" ]; then
   done
   [ -n "$dry" ] && exit 0
   echo "installed into $venv; checking it:"
-  .venv/bin/python -m kvtier launch --tier gpu --engine vllm --build cpu --engine-python "$venv/bin/python" --check
+  check_kvtier
+  "$kvtier_py" -m kvtier launch --tier gpu --engine vllm --build cpu --engine-python "$venv/bin/python" --check
   exit $?
 fi
 [ -x "$venv/bin/python" ] || run "$py" -m venv "$venv"
@@ -86,4 +100,5 @@ run "$venv/bin/python" -m pip install -q --upgrade pip
 run "$venv/bin/python" -m pip install "vllm==${VLLM_VERSION}" "lmcache==${LMCACHE_VERSION}"
 [ -n "$dry" ] && exit 0
 echo "installed into $venv; checking the pair (PATH=$venv/bin:\$PATH):"
-PATH="$PWD/$venv/bin:$PATH" .venv/bin/python -m kvtier launch --tier cpu --engine vllm --check
+check_kvtier
+PATH="$PWD/$venv/bin:$PATH" "$kvtier_py" -m kvtier launch --tier cpu --engine vllm --check

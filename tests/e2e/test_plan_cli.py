@@ -76,6 +76,24 @@ def test_breakeven_table_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_without_matplotlib_stops_before_any_work_with_the_install_line(tmp_path):
+    """#44 item 5: a missing extra fails first, exit 4, with the line that installs it (the ladder drew nothing after
+    its minutes of requests and said "plot: FILE" anyway)."""
+    import os
+
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", "")])}
+    png = tmp_path / "be.png"
+    for args in (BREAKEVEN + ["--plot", str(png)],
+                 ["ladder", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--plot", str(png)]):  # fmt: skip
+        p = subprocess.run(kvtier_cmd() + args, capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 4, (args, p.returncode, p.stderr)
+        assert "--plot: drawing the plot needs matplotlib: pip install 'kvtier[plot]'" in p.stderr
+        assert not png.exists() and "Traceback" not in p.stderr
+
+
 def test_gate_table_json_and_text():
     p = run(GATE + ["--json"])
     assert p.returncode == 0, p.stderr

@@ -235,10 +235,20 @@ def cache_stats(
     hits = sum(r.hits for r in reqs.all)
     misses = sum(r.misses for r in reqs.all)
     hit_rate = ratio(hits, hits + misses)
+    # reads of entries other requests wrote (prefix, history, RAG, trace blocks): the reference's rate also counts
+    # each request's decode reads of the entry it just wrote, which hit whether anything is reused or not
+    c = rec.counters
+    kinds = {k[len("lookup_") : -len(suffix)] for k in c for suffix in ("_hits", "_misses")
+             if k.startswith("lookup_") and k.endswith(suffix)}  # fmt: skip
+    reuse_hits = sum(c.get(f"lookup_{k}_hits", 0) for k in kinds if k != "decode")
+    reuse_lookups = reuse_hits + sum(c.get(f"lookup_{k}_misses", 0) for k in kinds if k != "decode")
     out: dict[str, Any] = {
         "cache_hit_rate": hit_rate,
         "cache_hits": hits,
         "cache_misses": misses,
+        "reuse_lookups": reuse_lookups,
+        "reuse_hits": reuse_hits,
+        "reuse_hit_rate": ratio(reuse_hits, reuse_lookups) if reuse_lookups else None,
         **reference_cache_counts(plan, comp, rec, tiers, hits, wall_s),
         "decode_bytes_read_gb": _gb(sum(r.decode_bytes_read for r in reqs.ok)),
         "prefill_bytes_written_gb": _gb(
@@ -268,7 +278,13 @@ def cache_stats(
         for part in ("device", "host"):
             out.update(_pct_keys(f"storage_{op}_{part}", st[op][f"{part}_latency_ms"] if st else empty_summary()))
         out[f"nvme_{op}_device_p95_ms"] = st[op]["device_latency_ms"]["p95"] if st else None
-    out["storage_health"] = storage_health(profile, tiers, hit_rate, rec, wall_s)
+    if plan.config.io_trace_log:  # no tier I/O was done: a verdict on a device would be about nothing
+        out["storage_health"] = {"profile": profile, "overall_status": "NOT-APPLICABLE", "criteria": [],
+                                 "passed_count": 0, "total_count": 0,
+                                 "reason": "--io-trace-log: no tier I/O was done (each operation is a row of the "
+                                           "trace), so no device was measured"}  # fmt: skip
+    else:
+        out["storage_health"] = storage_health(profile, tiers, hit_rate, rec, wall_s)
     return out
 
 

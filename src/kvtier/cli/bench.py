@@ -191,6 +191,8 @@ def health_lines(result: BenchResult) -> list[str]:
     """The storage-health verdict in words: each criterion with its target and what was measured, and, when the
     latency criteria fail on a virtual disk, why that is expected there."""
     h = result.summary.cache_stats.storage_health
+    if h.overall_status == "NOT-APPLICABLE":
+        return [f"storage health ({h.profile} profile): not applicable: {h.reason}"]
     met = sum(c.passed for c in h.criteria)
     out = [f"storage health ({h.profile} profile): {h.overall_status}, {met} of {len(h.criteria)} criteria met"]
     for c in h.criteria:
@@ -203,6 +205,20 @@ def health_lines(result: BenchResult) -> list[str]:
                    "its neighbours', and the latency criteria are a local NVMe drive's; run on the device under "
                    "test (--cache-dir on it) to judge a drive")  # fmt: skip
     return out
+
+
+def workload_line(result: BenchResult) -> str:
+    """Where the run's requests came from, in words: the trace or dataset by name, or the synthetic users."""
+    w = result.workload_source
+    if w.kind == "trace":
+        names = ", ".join(Path(f).name for f in w.files[:3]) + (f" (+{len(w.files) - 3})" if len(w.files) > 3 else "")
+        return f"{w.format} trace {names}: {w.requests:,} requests" + (
+            f", {w.skipped_rows:,} rows skipped" if w.skipped_rows else "")  # fmt: skip
+    if w.kind == "dataset":
+        return f"{w.format} dataset {Path(w.path).name}: {w.conversations:,} conversations, {w.turns:,} turns"
+    if w.kind == "io-trace":
+        return f"I/O trace {Path(w.path).name}: {w.rows:,} rows"
+    return f"synthetic users ({', '.join(w.profiles)})"
 
 
 def print_summary(result: BenchResult, path: Path) -> None:
@@ -223,6 +239,7 @@ def print_summary(result: BenchResult, path: Path) -> None:
 
     health = cs.storage_health
     rows = [
+        ("workload", workload_line(result)),
         ("requests completed / failed", f"{result.requests_completed:,} / {result.requests_failed:,}"),
         *(
             [
@@ -252,20 +269,30 @@ def print_summary(result: BenchResult, path: Path) -> None:
         ),
         ("end-to-end latency p50 / p95 ms", f"{fmt(s.end_to_end_latency_ms.p50)} / {fmt(s.end_to_end_latency_ms.p95)}"),
         ("storage I/O latency p95 ms", fmt(s.storage_io_latency_ms.p95)),
-        ("cache hit rate", fmt(cs.cache_hit_rate)),
+        ("cache hit rate, MLPerf formula (a request's reads of its own entry included)", fmt(cs.cache_hit_rate)),
+        (
+            "reuse hit rate (reads of entries other requests wrote)",
+            fmt(cs.reuse_hit_rate) if cs.reuse_lookups else "— (no request read another's entry)",
+        ),
         ("storage write device p95 ms", fmt(cs.percentile_ms("storage_write_device", "p95"))),
         ("storage read device p95 ms", fmt(cs.percentile_ms("storage_read_device", "p95"))),
         ("demotions / evictions", f"{cs.demotions:,} / {cs.evictions:,}"),
         ("host time fraction", fmt(s.host_time_fraction)),
         (
             f"storage health ({health.profile})",
-            f"{health.overall_status} ({health.passed_count} of {health.total_count} criteria met: below)",
+            "not applicable (no device measured)"
+            if health.overall_status == "NOT-APPLICABLE"
+            else f"{health.overall_status} ({health.passed_count} of {health.total_count} criteria met: below)",
         ),
         (
             "peak RSS GiB (bound)",
             f"{result.memory.peak_rss_bytes / 2**30:.2f} ({result.memory.bound_bytes / 2**30:.2f})",
         ),
     ]
+    if result.io_trace is not None:  # nothing moved: the rates are of the logged operations, not a device's
+        moved = ("GiB/s", "GB/s", "tokens/s", "latency")
+        rows = [(k + " — logged, no I/O" if any(m in k for m in moved) and "health" not in k else k, v)
+                for k, v in rows]  # fmt: skip
     for k, v in rows:
         t.add_row(Text(k), Text(v))  # outside text (model names, paths): never markup
     c = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
@@ -286,6 +313,10 @@ def print_summary(result: BenchResult, path: Path) -> None:
     c.print(Text(f"result: {path}"), highlight=False)
     for line in closing_lines(result.status, result.stop_reason, result.errors.failures, result.requests_completed):
         c.print(Text(line), highlight=False)
+    if result.io_trace is not None:
+        c.print(Text(f"next: kvtier trace stats {result.io_trace.path} (what the trace holds), then kvtier trace "
+                     "replay on the device under test to measure it"), highlight=False)  # fmt: skip
+        return
     c.print(Text(f"next: kvtier report {path} --html report.html (the run's plots: latency by tier, the timeline, QoS)"
                  + ("" if result.load is None or not result.load.requests_dropped else
                     "; fewer --num-users, or --arrival closed (users wait instead of being dropped), to see the "

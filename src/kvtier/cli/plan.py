@@ -153,6 +153,10 @@ def _links(bws: list[str], rtts: list[str]) -> list[reports.Link]:
 
 
 def cmd_breakeven(a: argparse.Namespace) -> int:
+    if a.plot:
+        from kvtier.report.plots import require_matplotlib
+
+        require_matplotlib("--plot")
     m = _model(a)
     comp = _positive(a.compression, "--compression")
     links = _links(a.net_bw, a.rtt)
@@ -212,13 +216,9 @@ def plot_breakeven(
     links: list[reports.Link],
     ctx_mark: int,
 ) -> None:
-    try:
-        import matplotlib
+    from kvtier.report.plots import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot: needs matplotlib (pip install 'kvtier[plot]')") from None
+    plt = pyplot()
     import numpy as np
 
     ctx = np.unique(np.geomspace(1, max(ctx_mark * 16, 1 << 17), 300).astype(int))

@@ -380,8 +380,9 @@ class BenchConfig(RemoteTierFlags):
     seed: int | None = flag(None, "seed of users, requests and data (default: random, recorded in the result)")
     max_concurrent_allocs: int = flag(
         0,
-        "requests doing I/O at once (0 = one per user, at most 500, as the reference's workers; their "
-        "buffers then share --io-buffer-budget-mb)",
+        "writes in flight at most, the reference's allocation semaphore (0 = no bound); the I/O workers are one "
+        "per user, at most 500, as the reference's, their buffers sharing --io-buffer-budget-mb (--alloc-bound "
+        "all-io: this many workers instead)",
         ge=0,
     )
     request_rate: float = flag(0, "global cap on submitted requests per second (0 = none)", ge=0)

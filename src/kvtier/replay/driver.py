@@ -115,6 +115,16 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
         list(loaded.warnings),
     )
     plan.reuse = _reuse(cfg, users, tokenizer, plan.prompt_tokens)
+    if cfg.tokenizer == "auto" and tokenizer.kind == "chars":  # asked for nothing, and no tokenizer is installed
+        plan.warnings.append(
+            warning(
+                WarningCode.tokenizer_estimated,
+                f"prompt tokens are estimated ({tokenizer.name}): the context checks and the reuse figures are "
+                "approximate; pip install 'kvtier[tokenizer]' counts them (or --tokenizer hf:DIR, the served "
+                "model's own)",
+                tokenizer=tokenizer.name,
+            )
+        )
     if cfg.concurrency > len(users):
         plan.warnings.append(
             warning(

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.errors import UnsupportedError
 from kvtier.report.figures import Loaded
 
 Plot = tuple[str, str, bytes]
@@ -31,6 +32,20 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def require_matplotlib(flag: str) -> None:
+    """Called before any work by a command asked for a plot (``flag``): without matplotlib (the ``plot`` extra) it
+    stops at once, exit 4 with the install line, rather than after the run with no plot."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UnsupportedError(f"{flag}: drawing the plot needs matplotlib: pip install 'kvtier[plot]'") from None
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, outside text inert (the plan's and the ladder's plots use it too)."""
+    return _plt()
 
 
 MIN_WIDTH_PX = 1100

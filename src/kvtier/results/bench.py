@@ -75,10 +75,11 @@ class StorageHealth(Section):
     """Pass/fail criteria of ``--performance-profile`` (the reference's storage_health)."""
 
     profile: Literal["latency", "throughput"]
-    overall_status: Literal["PASS", "FAIL"]
+    overall_status: Literal["PASS", "FAIL", "NOT-APPLICABLE"]  # NOT-APPLICABLE: no device was measured
     criteria: list[Criterion]
     passed_count: int
     total_count: int
+    reason: str | None = None  # why NOT-APPLICABLE
 
 
 def pct_key(prefix: str, p: str) -> str:
@@ -97,6 +98,12 @@ class _CacheStatsFixed(Section):
     cache_hit_rate: float | None
     cache_hits: int
     cache_misses: int
+    # reads of entries other requests wrote (every lookup but a request's decode reads of its own entry), their
+    # hits and rate (null when the workload reads no other request's entry: a trace without reuse); null counts in
+    # results from before they were kept
+    reuse_lookups: int | None = None
+    reuse_hits: int | None = None
+    reuse_hit_rate: float | None = None
     # the reference's counters (docs/metrics.md: how each maps onto kvtier's samples)
     gpu_entries: int
     cpu_entries: int

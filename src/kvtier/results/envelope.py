@@ -113,6 +113,7 @@ class WarningCode(enum.StrEnum):
     concurrency_not_reached = "concurrency-not-reached"
     offload_never_exercised = "offload-never-exercised"
     offload_never_used = "offload-never-used"
+    tokenizer_estimated = "tokenizer-estimated"
     scrape_failed = "scrape-failed"
     stale_runs_removed = "stale-runs-removed"
     stale_runs_found = "stale-runs-found"

@@ -77,7 +77,10 @@ def in_words(failures: Mapping[str, Failure], ok: int, what: str = "requests") -
         causes = ", ".join(f"{label(c, f)} {f.count}" for c, f in failures.items() if c not in NOT_COUNTED)
         text = f"{failed} of {ok + failed} {what} failed: {causes}"
     if cut:
-        text += f"{' (and' if text else ''} {cut} cut at the run's end, not counted as failed{')' if text else ''}"
+        if text:
+            text += f" (and {cut} cut at the run's end, not counted as failed)"
+        else:
+            text = f"{cut} {what} in flight were cut at the run's end: not counted as failed"
     return text.strip()
 
 

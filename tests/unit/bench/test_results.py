@@ -244,3 +244,15 @@ def test_the_mlperf_table_from_two_instances_equals_the_hand_computation(built):
     w = workload_figures([f, run_figures(results[:1])])  # mean of runs; max of latency
     assert w.throughput_tokens_per_sec == pytest.approx((80 / 0.008 + 20 / 0.008) / 2)
     assert w.p95_read_latency_ms == 7.0
+
+
+def test_requests_cut_at_the_end_alone_are_said_in_a_sentence_of_their_own():
+    """#44 item 3: with nothing failed, the closing line read "10 cut at the run's end, not counted as failed",
+    orphaned; it says what was cut now, and stays a parenthesis beside real failures."""
+    from kvtier.results.outcome import Failure, in_words
+
+    cut = {"cancelled": Failure(count=10, first_message="cut")}
+    assert in_words(cut, 14) == "10 requests in flight were cut at the run's end: not counted as failed"
+    both = {**cut, "tier-full": Failure(count=2, first_message="x")}
+    want = "2 of 16 requests failed: tier-full 2 (and 10 cut at the run's end, not counted as failed)"
+    assert in_words(both, 14) == want

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -104,3 +105,18 @@ def test_the_pins_agree_everywhere():
         ["bash", str(REPO / "scripts" / "install-engines.sh"), "--rocm"], capture_output=True, text=True
     )
     assert rocm.returncode == 0 and "BUILD_WITH_HIP=1" in rocm.stdout
+
+
+def test_install_engines_checks_with_the_python_kvtier_is_in_and_says_so_when_none_is():
+    """#44 item 11: the script checked with .venv/bin/python, which fails where kvtier is installed elsewhere. It now
+    takes KVTIER_PYTHON (else .venv, else python3) and, when none imports kvtier, says what to do (exit 4)."""
+    engines = REPO / ".engines-cpu" / "bin" / "python"
+    if not engines.exists():
+        pytest.skip("the CPU build is not installed here (bash scripts/install-engines.sh cpu): nothing to check")
+    bare = shutil.which("python3", path="/usr/bin:/bin")
+    if bare is None or subprocess.run([bare, "-c", "import kvtier"], capture_output=True).returncode == 0:
+        pytest.skip("no python3 without kvtier on this host")
+    p = subprocess.run(["bash", str(REPO / "scripts" / "install-engines.sh"), "cpu"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "KVTIER_PYTHON": bare})  # fmt: skip
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "no Python here imports kvtier" in p.stderr and "KVTIER_PYTHON" in p.stderr

@@ -65,3 +65,15 @@ def test_max_tokens_cap_cuts_every_turn_and_keeps_the_rest():
     assert {t.max_tokens for u in capped.users for t in u.turns} == {7}
     assert [t.messages for u in capped.users for t in u.turns] == [t.messages for u in plain.users for t in u.turns]
     assert capped.config.max_tokens_cap == 7
+
+
+def test_a_replay_counting_tokens_by_characters_says_so_with_the_install_line(monkeypatch: pytest.MonkeyPatch):
+    """#44 item 5: without tiktoken a replay counted tokens at 4 characters a token and said nothing."""
+    import kvtier.tokenizer
+
+    base = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "synthetic": True, "users": 2, "turns": 2, "isl": 32}
+    assert "tokenizer-estimated" not in [w.code for w in prepare(ReplayConfig(**base, tokenizer="chars")).warnings]
+    monkeypatch.setattr(kvtier.tokenizer, "_tiktoken", lambda: None)  # no tokenizer installed
+    plan = prepare(ReplayConfig(**base))
+    (w,) = [w for w in plan.warnings if w.code == "tokenizer-estimated"]
+    assert "pip install 'kvtier[tokenizer]'" in w.message and plan.tokenizer.kind == "chars"
