@@ -27,7 +27,8 @@ from _common import REPO, ensure_tool
 PROBE = """
 <script>
 window.addEventListener('load', () => {
-  const imgs = [...document.images].map(i => ({w: i.getBoundingClientRect().width, ok: i.complete && i.naturalWidth > 0}));
+  const imgs = [...document.images].map(i => ({w: i.getBoundingClientRect().width,
+                                                ok: i.complete && i.naturalWidth > 0}));
   const out = document.createElement('pre');
   out.id = 'kvtier-probe';
   out.textContent = 'KVTIER-PROBE ' + JSON.stringify({imgs, text: document.body.innerText.length,

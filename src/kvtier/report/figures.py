@@ -182,7 +182,8 @@ def bench_figures(r: Any) -> list[Figure]:
         Figure("end-to-end p50 ms", e2e.p50, "ms", LOWER, e2e.count),
         Figure("end-to-end p95 ms", e2e.p95, "ms", LOWER, e2e.count),
         Figure("storage I/O p95 ms", sio.p95, "ms", LOWER, sio.count),
-        Figure("cache hit rate", cs.cache_hit_rate, "", HIGHER),
+        Figure("cache hit rate (MLPerf)", cs.cache_hit_rate, "", HIGHER),
+        Figure("reuse hit rate", cs.reuse_hit_rate, "", HIGHER),  # reads of entries other requests wrote
     ]
     for tier, t in r.tiers.items():
         for op in ("read", "write"):
