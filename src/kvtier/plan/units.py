@@ -49,6 +49,8 @@ def fmt_bandwidth(bytes_per_s: float) -> str:
 
 
 def fmt_seconds(s: float) -> str:
+    if s < 0:  # a loss (a fetch slower than the recompute it replaced): the magnitude's unit, signed
+        return "-" + fmt_seconds(-s)
     if s >= 1:
         return f"{s:.4g} s"
     if s >= 1e-3:

@@ -115,3 +115,10 @@ def test_bad_units_are_errors(text):
 
     with pytest.raises(ConfigError):
         parse_bandwidth(text)
+
+
+def test_a_negative_time_keeps_its_unit_and_sign():
+    """`plan value` printed a tier's loss per hit as -1.298e+04 µs."""
+    from kvtier.plan.units import fmt_seconds
+
+    assert fmt_seconds(-0.01298) == "-12.98 ms" and fmt_seconds(-2.5) == "-2.5 s" and fmt_seconds(0.01298) == "12.98 ms"
