@@ -26,15 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, median
-from reference_parity import GiB, flags, run_one
-
-
-def moved_gb(r: dict) -> float:
-    """GB the run moved through its tiers (read + written, every tier)."""
-    cs = r["summary"]["cache_stats"]
-    return sum(cs[f"tier_{t}_kv_bytes_{op}_gb"] for t in ("gpu", "cpu", "storage") for op in ("read", "written")) * (
-        GiB / 1e9
-    )
+from reference_parity import flags, moved_bytes, run_one
 
 
 def one(who: str, a: argparse.Namespace, config: Path, work: Path, tag: str) -> dict[str, float]:
@@ -50,7 +42,7 @@ def one(who: str, a: argparse.Namespace, config: Path, work: Path, tag: str) -> 
     shutil.rmtree(cache, ignore_errors=True)
     s = r["summary"]
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    gb = moved_gb(r)
+    gb = moved_bytes(r) / 1e9
     row = {
         "tok_s": float(s["avg_throughput_tokens_per_sec"]),
         "storage_tok_s": float(s["storage_throughput_tokens_per_sec"]),

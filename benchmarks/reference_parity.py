@@ -222,12 +222,15 @@ def flags(
     ]  # fmt: skip
 
 
+def moved_bytes(result: dict) -> float:
+    """Bytes a result (kvtier's or the reference's: the same keys) moved through its tiers, read and written."""
+    cs = result["summary"]["cache_stats"]
+    return sum(cs[f"tier_{t}_kv_bytes_{op}_gb"] for t in ("gpu", "cpu", "storage") for op in ("read", "written")) * GiB
+
+
 def bytes_per_token(result: dict) -> tuple[float, int]:
-    s = result["summary"]
-    cs = s["cache_stats"]
-    moved = sum(cs[f"tier_{t}_kv_bytes_{op}_gb"] for t in ("gpu", "cpu", "storage") for op in ("read", "written"))
     tokens = result["total_tokens_generated"]
-    return (moved * GiB / tokens if tokens else float("nan")), tokens
+    return (moved_bytes(result) / tokens if tokens else float("nan")), tokens
 
 
 def key_paths(d: object, prefix: str = "") -> set[str]:

@@ -237,11 +237,9 @@ def cache_stats(
     hit_rate = ratio(hits, hits + misses)
     # reads of entries other requests wrote (prefix, history, RAG, trace blocks): the reference's rate also counts
     # each request's decode reads of the entry it just wrote, which hit whether anything is reused or not
-    c = rec.counters
-    kinds = {k[len("lookup_") : -len(suffix)] for k in c for suffix in ("_hits", "_misses")
-             if k.startswith("lookup_") and k.endswith(suffix)}  # fmt: skip
-    reuse_hits = sum(c.get(f"lookup_{k}_hits", 0) for k in kinds if k != "decode")
-    reuse_lookups = reuse_hits + sum(c.get(f"lookup_{k}_misses", 0) for k in kinds if k != "decode")
+    reused = {k: v for k, v in rec.counters.items() if k.startswith("lookup_") and not k.startswith("lookup_decode_")}
+    reuse_hits = sum(v for k, v in reused.items() if k.endswith("_hits"))
+    reuse_lookups = reuse_hits + sum(v for k, v in reused.items() if k.endswith("_misses"))
     out: dict[str, Any] = {
         "cache_hit_rate": hit_rate,
         "cache_hits": hits,

@@ -27,10 +27,6 @@ def run_ladder(args: argparse.Namespace) -> int:
     from kvtier.results.envelope import exit_code
 
     cfg = config_from_args(args, LadderConfig)
-    if cfg.plot:  # before the ladder's minutes of requests, not after them
-        from kvtier.report.plots import require_matplotlib
-
-        require_matplotlib("--plot")
     r = ladder.run(cfg)
     if cfg.plot:
         from kvtier.report.plots import ladder_png

@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "plot", None):  # every --plot (plan, ladder): a missing matplotlib stops before any work
+            from kvtier.report.plots import require_matplotlib
+
+            require_matplotlib("--plot")
         return int(args.func(args) or 0)
     except KvtierError as e:
         for line in str(e).splitlines() or [type(e).__name__]:

@@ -153,10 +153,6 @@ def _links(bws: list[str], rtts: list[str]) -> list[reports.Link]:
 
 
 def cmd_breakeven(a: argparse.Namespace) -> int:
-    if a.plot:
-        from kvtier.report.plots import require_matplotlib
-
-        require_matplotlib("--plot")
     m = _model(a)
     comp = _positive(a.compression, "--compression")
     links = _links(a.net_bw, a.rtt)

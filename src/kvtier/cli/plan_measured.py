@@ -62,11 +62,6 @@ def _span(v: float | None, unit: str) -> str:
 def cmd_retention(a: argparse.Namespace) -> int:
     from kvtier.plan.retention import retention_report
 
-    if a.plot:
-        from kvtier.report.plots import require_matplotlib
-
-        require_matplotlib("--plot")
-
     m = _model(a)
     bpt = int(m.kv_bytes_per_token_per_rank(a.tp))
     stream = _stream(a)
@@ -178,11 +173,6 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_recommend(a: argparse.Namespace) -> int:
     from kvtier.plan.recommend import recommend
-
-    if a.plot:
-        from kvtier.report.plots import require_matplotlib
-
-        require_matplotlib("--plot")
 
     r = recommend(
         a.from_,

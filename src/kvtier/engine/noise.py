@@ -72,10 +72,8 @@ class PayloadSample:
         about one piece in PIECES_PER_SAMPLE gives one block (chosen by key and index, so a rewrite of the key
         samples the same block); plain integer work per piece, a hash only for the chosen ones."""
         with self._lock:
-            head_wanted = len(self._head) < self.COMPRESS_BYTES
-        if head_wanted:
-            with self._lock:
-                self._head += span[: max(0, self.COMPRESS_BYTES - len(self._head))]
+            if len(self._head) < self.COMPRESS_BYTES:
+                self._head += span[: self.COMPRESS_BYTES - len(self._head)]
         per = PIECE // BLOCK
         nblocks = len(span) // BLOCK
         for start in range(0, nblocks, per):

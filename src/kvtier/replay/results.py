@@ -241,27 +241,32 @@ def build_result(
     )
 
 
-def offload_never_hit(m: ScrapeSummary) -> bool:
-    """Whether the server looked tokens up in its offload tier and no counter shows a hit: vLLM's external
-    prefix cache and LMCache's own lookup counters are both read, so the warning never contradicts a
-    counter printed beside it (one of them showing hits is the offload tier serving)."""
-    asked = (m.external_prefix_cache_queries or 0.0) + (m.lmcache_lookup_requested_tokens or 0.0)
-    hits = (m.external_prefix_cache_hits or 0.0) + (m.lmcache_lookup_hit_tokens or 0.0)
-    hits += (m.lmcache_lookup_hit_l1_tokens or 0.0) + (m.lmcache_lookup_hit_l2_tokens or 0.0)
-    return asked > 0 and hits == 0
-
-
-def offload_never_served(m: ScrapeSummary) -> bool:
-    """Whether the server asked its offload tier, the tier found tokens (LMCache's lookup counts the whole prompt,
-    GPU hits included), and yet no counter shows a token served from it (vLLM's external hits or external
-    transfer, the offloading connector's load bytes, LMCache's loaded chunks, kvtier's loaded blocks): the GPU
-    cache already held all the tier had."""
+def _offload_counts(m: ScrapeSummary) -> tuple[float, float, float]:
+    """(tokens the server looked up in its offload tier, tokens a lookup found there, what a counter shows it
+    served): vLLM's external queries and LMCache's lookups; LMCache's lookup hits (whole prompts, GPU hits
+    included); vLLM's external hits and external transfer, the offloading connector's load bytes, LMCache's loaded
+    chunks, kvtier's loaded blocks."""
     asked = (m.external_prefix_cache_queries or 0.0) + (m.lmcache_lookup_requested_tokens or 0.0)
     found = (m.lmcache_lookup_hit_tokens or 0.0) + (m.lmcache_lookup_hit_l1_tokens or 0.0)
     found += m.lmcache_lookup_hit_l2_tokens or 0.0
     served = (m.external_prefix_cache_hits or 0.0) + (m.prompt_tokens_by_source or {}).get("external_kv_transfer", 0.0)
     served += (m.kv_offload_load_bytes or 0.0) + (m.lmcache_chunks_loaded or 0.0)
     served += sum((m.kvtier_offload_loaded_blocks or {}).values())
+    return asked, found, served
+
+
+def offload_never_hit(m: ScrapeSummary) -> bool:
+    """Whether the server looked tokens up in its offload tier and no counter shows a hit: vLLM's external
+    prefix cache and LMCache's own lookup counters are both read, so the warning never contradicts a
+    counter printed beside it (one of them showing hits is the offload tier serving)."""
+    asked, found, _ = _offload_counts(m)
+    return asked > 0 and found + (m.external_prefix_cache_hits or 0.0) == 0
+
+
+def offload_never_served(m: ScrapeSummary) -> bool:
+    """Whether the server asked its offload tier, the tier found tokens, and yet no counter shows a token served
+    from it: the GPU cache already held all the tier had."""
+    asked, found, served = _offload_counts(m)
     return asked > 0 and found > 0 and served == 0
 
 

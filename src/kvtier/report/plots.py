@@ -35,8 +35,8 @@ def _plt() -> Any:
 
 
 def require_matplotlib(flag: str) -> None:
-    """Called before any work by a command asked for a plot (``flag``): without matplotlib (the ``plot`` extra) it
-    stops at once, exit 4 with the install line, rather than after the run with no plot."""
+    """Without matplotlib (the ``plot`` extra), ``flag`` cannot draw: exit 4 with the install line. kvtier's CLI asks
+    before running any command given ``--plot`` (cli/main.py), not after the run with no plot."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -44,7 +44,9 @@ def require_matplotlib(flag: str) -> None:
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, outside text inert (the plan's and the ladder's plots use it too)."""
+    """matplotlib.pyplot on the Agg backend, outside text inert (the plan's plots use it too); without matplotlib,
+    the install line (exit 4)."""
+    require_matplotlib("--plot")
     return _plt()
 
 
