@@ -92,7 +92,7 @@ def test_kv_bytes_per_rank_pinned(key, tp, bpt):
     m = build_catalog()[key]
     assert m.kv_bytes_per_token_per_rank(tp) == bpt
     assert m.kv_bytes_per_rank(1000, tp) == 1000 * bpt
-    from kvtier.plan.capacity import kv_bytes_per_token
+    from kvtier.costs import kv_bytes_per_token
 
     assert kv_bytes_per_token(m, tp) == bpt  # the planner uses the same rule
     assert m.shards_like_reference(tp) == (m.kv_bytes_per_token / tp == bpt)

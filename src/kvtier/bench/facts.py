@@ -11,8 +11,8 @@ from kvtier.bench.setup import Components, Plan
 from kvtier.results.bench import OPS
 from kvtier.telemetry.host import peak_rss_bytes
 from kvtier.telemetry.recorder import Recorder
+from kvtier.units import GiB
 
-GB = 1024**3
 PROCESS_BASE_BYTES = 256 * 1024**2
 """Allowance for the interpreter, numpy, threads and bookkeeping in the documented memory bound."""
 
@@ -49,7 +49,7 @@ def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, li
 
 
 def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
-    cpu_cap = int(plan.config.cpu_mem_gb * GB)
+    cpu_cap = int(plan.config.cpu_mem_gb * GiB)
     writers = comp.noise.writer_buffer_bytes  # the writers' buffers, filled as far as their largest chunk
     bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + writers + cpu_cap + PROCESS_BASE_BYTES
     peak = peak_rss_bytes()

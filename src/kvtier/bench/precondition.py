@@ -24,8 +24,8 @@ from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import NullSink, TieredStore
 from kvtier.errors import StorageError
+from kvtier.units import GiB
 
-GiB = 1024**3
 PREFIX = "precondition-"
 
 

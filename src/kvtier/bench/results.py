@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from kvtier.bench.facts import (
-    GB,
     PROCESS_BASE_BYTES,
     device_section,
     io_trace_section,
@@ -38,6 +37,7 @@ from kvtier.results.envelope import collect_host, iso, utc_now
 from kvtier.results.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
 from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
+from kvtier.units import GiB
 
 CPU_P95_TARGET_MS = 150.0
 STORAGE_WRITE_P95_TARGET_MS = 500.0
@@ -51,7 +51,7 @@ def iso_ms(unix_s: float) -> str:
 
 
 def _gb(n: float) -> float:
-    return round(n / GB, 6)
+    return round(n / GiB, 6)
 
 
 @dataclass
@@ -123,10 +123,10 @@ def storage_health(
         rd = st["read"]["bytes"] if st else 0
         wr = st["write"]["bytes"] if st else 0
         if rd > 0 or wr == 0:
-            bw = rd / GB / wall_s
+            bw = rd / GiB / wall_s
             add("Storage KV Read Bandwidth", 0, bw, "GiB/s", bw > 0)
         if wr > 0 or rd == 0:
-            bw = wr / GB / wall_s
+            bw = wr / GiB / wall_s
             add("Storage KV Write Bandwidth", 0, bw, "GiB/s", bw > 0)
     else:
         for op, target in (("write", STORAGE_WRITE_P95_TARGET_MS), ("read", STORAGE_READ_P95_TARGET_MS)):
@@ -206,7 +206,7 @@ def reference_cache_counts(
     for name in TIER_NAMES:
         t = tiers.get(name)
         for op in OPS:
-            out[f"tier_{name}_{op}_bandwidth_gbps"] = round(t[op]["bytes"] / GB / wall_s, 6) if t else 0.0
+            out[f"tier_{name}_{op}_bandwidth_gbps"] = round(t[op]["bytes"] / GiB / wall_s, 6) if t else 0.0
     return out
 
 

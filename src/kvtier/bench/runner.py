@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from kvtier.bench.autoscale import StorageSample
-from kvtier.bench.precondition import GiB, precondition
+from kvtier.bench.precondition import precondition
 from kvtier.bench.service import RequestService, ServiceSettings
 from kvtier.bench.setup import Components, Plan
 from kvtier.bench.sources import decode_only_requests, prepopulated_entries, trace_requests, user_requests
@@ -46,6 +46,7 @@ from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.gpu import GpuSampler
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder
+from kvtier.units import GiB
 from kvtier.workload.rag import IngestStep
 from kvtier.workload.users import Request, UserProfile, make_users
 

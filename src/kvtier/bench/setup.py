@@ -37,14 +37,13 @@ from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
 from kvtier.tokenizer import load_tokenizer
+from kvtier.units import GiB, MiB
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
 from kvtier.workload.sharegpt import Dataset, load_sharegpt
 from kvtier.workload.traces import Trace, TraceFormat, load_trace
 from kvtier.workload.users import UserProfile, make_users
 
-GiB = 1024**3
-MiB = 1024**2
 MAX_IMPLICIT_IO_SLOTS = 500
 """--max-concurrent-allocs 0: one worker per user, at most this many (the reference's worker cap)."""
 

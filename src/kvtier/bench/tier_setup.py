@@ -14,12 +14,10 @@ from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.errors import ConfigError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.tiers import TierSpec, open_tier, stand_in
+from kvtier.units import GiB, MiB
 
 if TYPE_CHECKING:
     from kvtier.bench.setup import Plan
-
-GiB = 1024**3
-MiB = 1024**2
 
 
 def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:

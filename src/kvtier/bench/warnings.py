@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.bench.facts import DEVICE_OTHER_TRAFFIC_WARN, GB, gds_section
+from kvtier.bench.facts import DEVICE_OTHER_TRAFFIC_WARN, gds_section
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.setup import Components, Plan
 from kvtier.results.envelope import ResultWarning, Status, StopReason, WarningCode, warning
 from kvtier.telemetry.host import mem_total_bytes, mount_options
 from kvtier.telemetry.recorder import Recorder
+from kvtier.units import GiB
 
 
 def run_warnings(
@@ -52,7 +53,7 @@ def run_warnings(
         out.append(
             warning(
                 WarningCode.precondition_short,
-                f"--precondition wrote {got / GB:.2f} of the {req / GB:.2f} GB asked{why}; the device is less "
+                f"--precondition wrote {got / GiB:.2f} of the {req / GiB:.2f} GB asked{why}; the device is less "
                 "conditioned than asked (setup.precondition)",
                 requested_bytes=req,
                 written_bytes=got,
@@ -144,7 +145,7 @@ def run_warnings(
                 f"{load['requests_dropped']} requests were dropped, not failed: under open arrival (the "
                 "reference's) users keep offering requests whatever the device does, and a request that finds "
                 f"--max-queued {load['max_queued']} waiting is dropped with the KV it would have moved "
-                f"({load['requests_dropped_bytes'] / GB:.2f} GB): {busy}",
+                f"({load['requests_dropped_bytes'] / GiB:.2f} GB): {busy}",
                 requests_dropped=load["requests_dropped"],
                 requests_dropped_bytes=load["requests_dropped_bytes"],
             )
@@ -153,7 +154,7 @@ def run_warnings(
         out.append(
             warning(
                 WarningCode.stores_dropped,
-                f"{dropped['stores_dropped']} stores ({dropped['stores_dropped_bytes'] / GB:.2f} GB) were dropped: no "
+                f"{dropped['stores_dropped']} stores ({dropped['stores_dropped_bytes'] / GiB:.2f} GB) were dropped: no "
                 "tier could take them ("
                 + ", ".join(f"{c} {n}" for c, n in dropped["stores_dropped_by_cause"].items())
                 + "); their requests completed and later reads of them missed (not failures)",

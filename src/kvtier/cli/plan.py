@@ -13,10 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kvtier import costs
 from kvtier.errors import ConfigError
 from kvtier.modelspec import SPEC_GEOMETRY, ModelSpec, build_catalog, resolve_model, spec_from_hf_config
-from kvtier.plan import costs, reports
-from kvtier.plan.units import fmt_bandwidth, fmt_seconds, parse_bandwidth, parse_duration
+from kvtier.plan import reports
+from kvtier.units import fmt_bandwidth, fmt_seconds, parse_bandwidth, parse_duration
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from kvtier.cli.plan import _emit, _model, _model_args, _positive, _table, _tier, _tier_numbers
 from kvtier.errors import ConfigError
 from kvtier.modelspec import build_catalog, resolve_model
-from kvtier.plan.units import fmt_seconds
+from kvtier.units import fmt_seconds
 
 
 # -- retention -------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from pydantic import field_validator, model_validator
 from kvtier.config.base import StrictModel, flag
 from kvtier.engine.backend import MAX_TTL_S
 from kvtier.tiers import TIER_KINDS
+from kvtier.units import GiB
 
 REMOTE = "remote tiers"
-GiB = 1024**3
 DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
 
 

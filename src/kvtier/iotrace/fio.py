@@ -26,9 +26,9 @@ import numpy as np
 from kvtier.config.iotrace import TraceFioConfig
 from kvtier.errors import DatasetError
 from kvtier.telemetry.iotrace import IOTrace
+from kvtier.units import GiB, MiB
 
 ALIGN = 4096
-MiB, GiB = 1024**2, 1024**3
 
 
 def _grid(n: int) -> int:

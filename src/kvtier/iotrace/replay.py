@@ -48,8 +48,8 @@ from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.telemetry.recorder import Recorder, RequestRecord
+from kvtier.units import GiB
 
-GiB = 1024**3
 TIER_OF = {0: "cpu", 1: "cpu", 2: "storage"}  # Tier-N -> the replay's tier
 
 

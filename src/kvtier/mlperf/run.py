@@ -38,6 +38,7 @@ from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import BenchResult
 from kvtier.results.envelope import WarningCode, iso, utc_now
 from kvtier.telemetry.host import mem_total_bytes
+from kvtier.units import GiB
 
 WORKLOADS: dict[int, dict[str, Any]] = {
     1: {"model": "llama3.1-8b", "num_users": 200, "cpu_mem_gb": 0, "max_concurrent_allocs": 16},
@@ -46,7 +47,6 @@ WORKLOADS: dict[int, dict[str, Any]] = {
 }
 CLOSED = {"duration": 300, "trials": 3, "inter_option_delay": 20.0, "seed": 42}
 CV_BOUND = 0.10  # coefficient of variation across trials above which the verdict flags a figure
-GiB = 2**30
 
 
 def options(cfg: MlperfConfig) -> list[int]:

@@ -2,7 +2,7 @@
 
 Each function takes numbers in base units (bytes, bytes/s, seconds, tokens) and a ModelSpec, and
 returns a pydantic model; the CLI parses units, calls these, and prints a table or the JSON dump.
-Formulas: plan/costs.py (placement economics), plan/capacity.py, plan/measured.py.
+Formulas: costs.py (placement economics and capacity, on the ground floor), plan/measured.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from kvtier import costs
 from kvtier.modelspec import ModelSpec, geometry
-from kvtier.plan import capacity, costs
 from kvtier.plan.measured import TierReadCost
 
 
@@ -49,7 +49,7 @@ def catalog_report(catalog: Mapping[str, ModelSpec]) -> CatalogReport:
                 head_dim=m.head_dim,
                 dtype=m.dtype,
                 kv_bytes_per_token=m.kv_bytes_per_token,
-                gib_per_million_tokens=round(capacity.gib_per_million_tokens(m), 3),
+                gib_per_million_tokens=round(costs.gib_per_million_tokens(m), 3),
                 geometry=geometry(key),
             )
             for key, m in catalog.items()
@@ -69,7 +69,7 @@ class BytesReport(_Report):
 
 
 def bytes_report(m: ModelSpec, tensor_parallel: int = 1) -> BytesReport:
-    kvpt = capacity.kv_bytes_per_token(m, tensor_parallel)
+    kvpt = costs.kv_bytes_per_token(m, tensor_parallel)
     return BytesReport(
         model=m.key,
         attention=m.attention,
@@ -78,7 +78,7 @@ def bytes_report(m: ModelSpec, tensor_parallel: int = 1) -> BytesReport:
         kv_bytes_per_token=kvpt,
         kv_kib_per_token=kvpt / 1024,
         entry_shape_per_token=list(m.entry_shape(1)),
-        gib_per_million_tokens=capacity.gib_per_million_tokens(m, tensor_parallel),
+        gib_per_million_tokens=costs.gib_per_million_tokens(m, tensor_parallel),
     )
 
 
@@ -137,8 +137,8 @@ def breakeven_report(
     compression: float = 1.0,
     tensor_parallel: int = 1,
 ) -> BreakevenReport:
-    """Decode placement costs per link and the fetch-vs-recompute break-even (plan/costs.py)."""
-    kvpt = capacity.kv_bytes_per_token(m, tensor_parallel)
+    """Decode placement costs per link and the fetch-vs-recompute break-even (kvtier/costs.py)."""
+    kvpt = costs.kv_bytes_per_token(m, tensor_parallel)
     rec = costs.recompute_s(context, prefill_tps)
     be = costs.breakeven_bandwidth(kvpt, prefill_tps)
     be_c = costs.breakeven_bandwidth(kvpt, prefill_tps, compression)
@@ -219,7 +219,7 @@ def gate_report(
     m: ModelSpec, context: int, prefill_tps: float, cases: Sequence[GateCase], tensor_parallel: int = 1
 ) -> GateReport:
     """The fetch gate (costs.should_fetch) for each case."""
-    kvpt = capacity.kv_bytes_per_token(m, tensor_parallel)
+    kvpt = costs.kv_bytes_per_token(m, tensor_parallel)
     rows = []
     for c in cases:
         d = costs.should_fetch(context, kvpt, c.bw_bytes_per_s, c.rtt_s, prefill_tps, c.compression)
@@ -272,10 +272,10 @@ def capacity_report(
     tensor_parallel: int = 1,
 ) -> CapacityReport:
     """Bytes for ``tokens`` cached tokens, and what each tier (name -> bytes) holds at ``target_usage``."""
-    kvpt = capacity.kv_bytes_per_token(m, tensor_parallel)
+    kvpt = costs.kv_bytes_per_token(m, tensor_parallel)
     need = None
     if tokens is not None:
-        plan = capacity.bytes_for_tokens(m, tokens, headroom, tensor_parallel)
+        plan = costs.bytes_for_tokens(m, tokens, headroom, tensor_parallel)
         need = TokensNeed(
             tokens=tokens, kv_bytes=plan.kv_bytes, with_headroom_bytes=plan.with_headroom_bytes, headroom=headroom
         )
@@ -283,14 +283,14 @@ def capacity_report(
         name: TierHolds(
             capacity_bytes=b,
             tokens=int(b * target_usage / kvpt),
-            users=capacity.users_per_tier(m, b, tokens_per_user, target_usage, tensor_parallel),
+            users=costs.users_per_tier(m, b, tokens_per_user, target_usage, tensor_parallel),
         )
         for name, b in tiers_bytes.items()
     }
     return CapacityReport(
         model=m.key,
         kv_bytes_per_token=kvpt,
-        gib_per_million_tokens=capacity.gib_per_million_tokens(m, tensor_parallel),
+        gib_per_million_tokens=costs.gib_per_million_tokens(m, tensor_parallel),
         tokens=need,
         tiers=tiers,
     )
@@ -333,7 +333,7 @@ def fetch_report(
     tensor_parallel: int = 1,
 ) -> FetchReport:
     """Fetch vs recompute per tier and context from measured reads; the verdict is on p95."""
-    kvpt = capacity.kv_bytes_per_token(m, tensor_parallel)
+    kvpt = costs.kv_bytes_per_token(m, tensor_parallel)
     rows = []
     for tc in tier_costs:
         for ctx in contexts:

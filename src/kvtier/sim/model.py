@@ -27,20 +27,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from kvtier.costs import should_fetch
 from kvtier.engine.backend import Backend, aligned_buffer
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
-from kvtier.plan.costs import should_fetch
 from kvtier.telemetry.recorder import Recorder
 from kvtier.tiers import offload_plan, open_tiers
+from kvtier.units import GiB
 
 if TYPE_CHECKING:
     from kvtier.config.tiers import RemoteTierFlags
 
 BLOCK_TOKENS = 16
-GiB = 1024**3
 
 
 def block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:

@@ -36,8 +36,8 @@ from kvtier.sim.requests import (
     Busy,
 )
 from kvtier.tokenizer import Tokenizer, load_tokenizer
+from kvtier.units import GiB
 
-GiB = 1024**3
 MAX_MODEL_LEN = 131072
 """The modelled model's own context limit, tokens (Llama 3.1's): a prompt + max_tokens past it is refused
 even when the simulated GPU could hold it."""

@@ -17,8 +17,7 @@ from kvtier.config.base import flag
 from kvtier.config.sim import OffloadTierConfig
 from kvtier.errors import ConfigError
 from kvtier.tiers import KINDS, TierSpec, offload_plan
-
-GiB = 1024**3
+from kvtier.units import GiB
 
 VLLM_KEYS = frozenset(
     {"spec_name", "spec_module_path", "blocks_per_chunk", "block_size", "offload_prompt_only",

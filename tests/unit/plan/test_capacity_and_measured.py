@@ -1,8 +1,8 @@
 import pytest
 
+from kvtier import costs as capacity  # the capacity formulas live in kvtier.costs
 from kvtier.errors import DatasetError
 from kvtier.modelspec import build_catalog
-from kvtier.plan import capacity
 from kvtier.plan.measured import load_read_costs, read_costs
 
 CAT = build_catalog()

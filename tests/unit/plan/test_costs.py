@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from kvtier import costs
 from kvtier.modelspec import build_catalog
-from kvtier.plan import costs
-from kvtier.plan.units import parse_bandwidth, parse_duration
+from kvtier.units import parse_bandwidth, parse_duration
 
 M70 = build_catalog()["llama3.1-70b-instruct"]
 KVPT = M70.kv_bytes_per_token
@@ -119,6 +119,6 @@ def test_bad_units_are_errors(text):
 
 def test_a_negative_time_keeps_its_unit_and_sign():
     """`plan value` printed a tier's loss per hit as -1.298e+04 µs."""
-    from kvtier.plan.units import fmt_seconds
+    from kvtier.units import fmt_seconds
 
     assert fmt_seconds(-0.01298) == "-12.98 ms" and fmt_seconds(-2.5) == "-2.5 s" and fmt_seconds(0.01298) == "12.98 ms"

@@ -1,4 +1,4 @@
-"""Quantities with units: bandwidths in bytes/s and durations in seconds, SI (decimal) prefixes.
+"""Quantities with units (ground floor: no I/O): bandwidths in bytes/s and durations in seconds, SI (decimal) prefixes.
 
 Bandwidth: ``B/s``, ``kB/s``, ``MB/s``, ``GB/s``, ``TB/s`` (bytes); ``bit/s``, ``kbit/s``, ``Mbit/s``,
 ``Gbit/s``, ``Tbit/s`` or ``b/s``, ``Gb/s``, ``Gbps`` (bits); ``KiB/s``, ``MiB/s``, ``GiB/s``, ``TiB/s``.
@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 
 from kvtier.errors import ConfigError
+
+KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
+"""The binary sizes, defined once."""
 
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}

@@ -1,4 +1,5 @@
-"""The centralized-KV-placement cost model: when does a shared or offloaded KV store pay?
+"""The placement cost model, on the ground floor (no I/O; the sim and the planner both ask it): when does a
+shared or offloaded KV store pay, and how many bytes does a number of tokens take?
 
 Notation: ctx = context tokens, kvpt = KV bytes per token, bw = link bandwidth (bytes/s),
 rtt = round trip (s), tps = prefill throughput (tokens/s), c = compression ratio (>= 1).
@@ -23,6 +24,8 @@ import math
 from dataclasses import dataclass
 
 from kvtier.errors import KvtierError
+from kvtier.modelspec import ModelSpec
+from kvtier.units import GiB
 
 
 class NoBreakEven(KvtierError):
@@ -145,3 +148,38 @@ def should_fetch(
     if f < r:
         return GateDecision(True, f, r, f"fetch {f:.4g} s < recompute {r:.4g} s")
     return GateDecision(False, f, r, f"fetch {f:.4g} s >= recompute {r:.4g} s")
+
+
+# -- capacity: bytes for N cached tokens, users a tier holds, GiB per million tokens ----------------------
+def kv_bytes_per_token(model: ModelSpec, tensor_parallel: int = 1) -> float:
+    """Bytes per token one tensor-parallel rank stores (``ModelSpec.kv_bytes_per_token_per_rank``)."""
+    return float(model.kv_bytes_per_token_per_rank(tensor_parallel))
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    tokens: int
+    kv_bytes: float
+    with_headroom_bytes: float
+
+
+def bytes_for_tokens(model: ModelSpec, tokens: int, headroom: float = 0.25, tensor_parallel: int = 1) -> TierPlan:
+    """Capacity to hold ``tokens`` cached tokens, with eviction headroom (a tier filled to 1/(1+h))."""
+    if tokens < 0 or headroom < 0:
+        raise ValueError("tokens and headroom must be >= 0")
+    b = tokens * kv_bytes_per_token(model, tensor_parallel)
+    return TierPlan(tokens, b, b * (1 + headroom))
+
+
+def users_per_tier(
+    model: ModelSpec, tier_bytes: float, tokens_per_user: float, target_usage: float = 0.8, tensor_parallel: int = 1
+) -> int:
+    """How many users' KV (``tokens_per_user`` each) fit in a tier filled to ``target_usage``."""
+    per_user = tokens_per_user * kv_bytes_per_token(model, tensor_parallel)
+    if per_user <= 0:
+        raise ValueError("tokens_per_user must be > 0")
+    return int(tier_bytes * target_usage // per_user)
+
+
+def gib_per_million_tokens(model: ModelSpec, tensor_parallel: int = 1) -> float:
+    return 1e6 * kv_bytes_per_token(model, tensor_parallel) / GiB
