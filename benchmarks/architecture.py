@@ -1,10 +1,12 @@
 """The shape of the code (#29), from the source alone: lines per package, modules over the house limit of
 600 lines, the longest functions, package import cycles (module-level and counting imports inside
-functions), who imports the presentation floor (``report/``), and string-key subscripts on result dicts
+functions), file import cycles inside a package (any import, a type-only one under TYPE_CHECKING too: two files
+that need each other are one file cut in two, or want a third they both import), who imports the presentation
+floor (``report/``), and string-key subscripts on result dicts
 outside ``results/`` (``r["summary"]``-style reads of a result that has a typed model).
 
 ``--src DIR`` measures another checkout (a before/after pair in one run). Last line:
-``architecture modules_over_600=… longest_function=… package_cycles=… report_importers=…``.
+``architecture modules_over_600=… longest_function=… package_cycles=… file_cycles=… report_importers=…``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def main() -> None:
     top: dict[str, set[str]] = collections.defaultdict(set)
     every: dict[str, set[str]] = collections.defaultdict(set)
     report_importers: set[str] = set()
+    files: dict[str, set[str]] = collections.defaultdict(set)  # module -> modules of the same package it imports
+    modules = {".".join(f.relative_to(root).with_suffix("").parts) for f in root.rglob("*.py")}
     for f in sorted(root.rglob("*.py")):
         text = f.read_text()
         n = text.count("\n")
@@ -90,6 +94,12 @@ def main() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvtier."):
                 dst = node.module.split(".")[1]
                 if dst == pkg:
+                    me = ".".join(f.relative_to(root).with_suffix("").parts)
+                    target = node.module.removeprefix("kvtier.")
+                    named = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
+                    for m in named or ([target] if target in modules else []):
+                        if m != me:
+                            files[me].add(m)
                     continue
                 every[pkg].add(dst)
                 if id(node) in body:
@@ -102,12 +112,15 @@ def main() -> None:
     print("longest functions: " + ", ".join(f"{name} {n}" for n, name in funcs[:8]))
     cyc_top, cyc_all = sccs(top), sccs(every)
     print(f"package cycles: module-level {cyc_top or 'none'}; with imports inside functions {cyc_all or 'none'}")
+    file_cycles = sccs(files)
+    print(f"file cycles inside a package: {file_cycles or 'none'}")
     others = sorted(report_importers - {"cli"})
     print(f"packages importing report/ (the presentation floor) besides cli: {others or 'none'}")
     print(f"string-key subscripts on result sections outside results/: {subscripts}")
     print(
         f"architecture modules_over_600={len(over)} longest_function={funcs[0][0]} "
-        f"package_cycles={len(cyc_all)} report_importers={len(others)} result_key_subscripts={subscripts}"
+        f"package_cycles={len(cyc_all)} file_cycles={len(file_cycles)} report_importers={len(others)} "
+        f"result_key_subscripts={subscripts}"
     )
 
 

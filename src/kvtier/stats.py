@@ -59,12 +59,11 @@ class Fenwick:
     machinery of ``kvtier trace stats`` and ``kvtier plan retention`` (a weight sits at each object's last
     access, so a range sum is the distinct objects, or their bytes, touched in that range)."""
 
-    __slots__ = ("n", "tree", "_top")
+    __slots__ = ("n", "tree")
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.tree = [0] * (n + 1)
-        self._top = 1 << max(0, n.bit_length() - 1) if n else 0
 
     def add(self, i: int, v: int) -> None:
         i += 1
@@ -80,19 +79,6 @@ class Fenwick:
             s += tree[i]
             i -= i & -i
         return s
-
-    def lower_bound(self, target: int) -> int:
-        """The smallest i with prefix(i + 1) >= target (weights must be non-negative); n when none is."""
-        if target <= 0:
-            return 0
-        pos, rest, step, tree, n = 0, target, self._top, self.tree, self.n
-        while step:
-            nxt = pos + step
-            if nxt <= n and tree[nxt] < rest:
-                pos = nxt
-                rest -= tree[nxt]
-            step >>= 1
-        return pos
 
 
 __all__ = [

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from kvtier.engine.backend import round_up
-from kvtier.workload.traces import load_trace, prefix_hit_rate
+from kvtier.workload.traces import TraceRequest, load_trace
 from tests.conftest import SHARED_DATA, kvtier_cmd
 
 MOONCAKE = SHARED_DATA / "mooncake_fast25" / "conversation_trace.jsonl"
@@ -18,6 +20,44 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
 pytestmark = [pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/data not present"), pytest.mark.slow]
 
 MICRO = "model_configs:\n  micro: {name: micro, num_layers: 1, kv_heads: 1, head_dim: 16}\n"  # 64 B/token
+
+
+def prefix_hit_rate(
+    requests: Sequence[TraceRequest], block_tokens: int, stored_size: Callable[[int], int], capacity_bytes: float | None
+) -> float:
+    """The block hit rate the trace's hash_ids imply for an LRU cache of ``capacity_bytes``: the oracle the bench's
+    measured hit rate is checked against (kept here, beside its only use).
+
+    A request's blocks hit up to its first miss (a prefix cache), the rest are recomputed and
+    stored; hits are touched (most recent). ``capacity_bytes`` None means unlimited. This is the
+    reference figure a Mooncake replay's measured hit rate is checked against.
+    """
+    lru: OrderedDict[tuple[int, ...], int] = OrderedDict()
+    used = 0
+    hits = total = 0
+    for r in requests:
+        assert r.hash_ids is not None
+        total += len(r.hash_ids)
+        missed = False
+        for i in range(len(r.hash_ids)):
+            key = r.hash_ids[: i + 1]
+            tokens = min(block_tokens, r.input_tokens - i * block_tokens)
+            if not missed and key in lru:
+                hits += 1
+                lru.move_to_end(key)
+                continue
+            missed = True
+            size = stored_size(tokens)
+            if key in lru:  # recomputed although cached (after an earlier miss): replace
+                used -= lru.pop(key)
+            if capacity_bytes is not None:
+                while lru and used + size > capacity_bytes:
+                    used -= lru.popitem(last=False)[1]
+                if used + size > capacity_bytes:
+                    continue
+            lru[key] = size
+            used += size
+    return hits / total if total else 0.0
 
 
 def run(tmp_path: Path, args: list[str], name: str = "r.json") -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -184,3 +224,13 @@ def test_sharegpt_dataset_replays_every_turn(tmp_path):
     assert r["summary"]["multi_turn_stats"]["multi_turn_cache_hits"] > 0
     p, r = run(tmp_path, ["--dataset-path", str(tmp_path / "none.json")], "bad.json")
     assert p.returncode == 3 and "cannot read" in p.stderr
+
+
+def test_prefix_hit_rate_prefix_semantics_and_lru():
+    size = lambda tokens: 1  # noqa: E731 - one unit per block
+    reqs = [TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(1, 1536, 1, (1, 2, 3)), TraceRequest(2, 1024, 1, (9, 2))]
+    # r2 hits 1,2 (2 of 3); r3's block 2 differs in prefix -> no hits
+    assert prefix_hit_rate(reqs, 512, size, None) == pytest.approx(2 / 7)
+    # capacity 2: after r2 stores block 3, block 1 is evicted (2 touched, 3 newest)
+    reqs2 = reqs[:2] + [TraceRequest(3, 512, 1, (1,))]
+    assert prefix_hit_rate(reqs2, 512, size, 2) == pytest.approx(2 / 6)

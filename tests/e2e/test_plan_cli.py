@@ -117,7 +117,7 @@ def test_gate_table_json_and_text():
         ),
         (
             ["plan", "gate", "--model", "llama3.1-8b", "--context", "100", "--prefill-tps", "0", "--case", "1GB/s,1ms"],
-            "--prefill-tps: must be > 0",
+            "--prefill-tps: Input should be greater than 0",
         ),
         (
             ["plan", "breakeven", "--model", "nope", "--context", "1", "--prefill-tps", "1", "--net-bw", "1GB/s"],

@@ -5,7 +5,7 @@ import pytest
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config import CacheServerConfig, LaunchConfig, ReplayConfig, SimConfig
 from kvtier.config.base import config_argv, field_extra, flag_name, validate_config
-from kvtier.config.bench import BenchConfig, Tuning, build_bench_config, load_tuning
+from kvtier.config.bench import BenchConfig, Tuning, load_tuning
 from kvtier.errors import ConfigError
 
 
@@ -36,7 +36,7 @@ def test_partial_yaml_merges_over_defaults(tmp_path):
     assert t.qos_profiles["batch"].target_latency_p95_ms == 2000
     assert t.qos_profiles["batch"].target_latency_p99_ms == 5000  # untouched default
     assert t.user_templates["chatbot"].context_range.low == 512
-    cfg = build_bench_config({"config": str(p), "model": "my-13b"})
+    cfg = validate_config(BenchConfig, {"config": str(p), "model": "my-13b"})
     from kvtier.bench.setup import check_config
 
     assert check_config(cfg).kv_bytes_per_token == 2 * 40 * 40 * 128 * 2
@@ -65,12 +65,12 @@ def test_bad_yaml_names_file_and_key(tmp_path, text, needle):
 
 def test_bad_flags_are_named():
     with pytest.raises(ConfigError) as e:
-        build_bench_config({"num_users": 0, "duration": -1})
+        validate_config(BenchConfig, {"num_users": 0, "duration": -1})
     assert "--num-users" in str(e.value) and "--duration" in str(e.value)
     with pytest.raises(ConfigError, match="mutually exclusive"):
-        build_bench_config({"prefill_only": True, "decode_only": True})
+        validate_config(BenchConfig, {"prefill_only": True, "decode_only": True})
     with pytest.raises(ConfigError, match="cannot read"):
-        build_bench_config({"config": "/nonexistent.yaml"})
+        validate_config(BenchConfig, {"config": "/nonexistent.yaml"})
 
 
 # -- one model per command: the fields are the flags --------------------------------------------
@@ -140,9 +140,9 @@ def test_validation_limits_apply_to_flags(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("validation_limits:\n  max_users: 10\n  max_duration_seconds: 30\n")
     with pytest.raises(ConfigError) as e:
-        build_bench_config({"config": str(p), "num_users": 11, "duration": 31})
+        validate_config(BenchConfig, {"config": str(p), "num_users": 11, "duration": 31})
     assert "--num-users 11 exceeds validation_limits (10)" in str(e.value)
-    assert build_bench_config({"config": str(p), "num_users": 10, "duration": 30}).num_users == 10
+    assert validate_config(BenchConfig, {"config": str(p), "num_users": 10, "duration": 30}).num_users == 10
 
 
 def test_launch_owns_the_replay_urls_and_output():

@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from kvtier.config.bench import build_bench_config
+from kvtier.config.base import validate_config
+from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
 from kvtier.errors import ConfigError
 
@@ -26,18 +27,18 @@ def test_default_order_puts_redis_between_cpu_and_storage_and_s3_last():
 )
 def test_a_bad_order_is_named(order, needle):
     with pytest.raises(ConfigError, match="--tier-order") as e:
-        build_bench_config({"tier_order": order, "gpu_mem_gb": 0})
+        validate_config(BenchConfig, {"tier_order": order, "gpu_mem_gb": 0})
     assert needle in str(e.value)
 
 
 def test_order_with_every_tier_is_accepted():
-    cfg = build_bench_config({**REDIS, "s3_bucket": "kv-cache", "tier_order": "gpu,cpu,storage,redis,s3"})
+    cfg = validate_config(BenchConfig, {**REDIS, "s3_bucket": "kv-cache", "tier_order": "gpu,cpu,storage,redis,s3"})
     assert cfg.configured_tiers() == ["gpu", "cpu", "redis", "storage", "s3"]
 
 
 def test_a_password_in_the_redis_url_is_refused_and_the_env_is_named():
     with pytest.raises(ConfigError, match="KVTIER_REDIS_PASSWORD") as e:
-        build_bench_config({"redis_url": "redis://:secret@127.0.0.1:6379/0", "redis_mem_gb": 1})
+        validate_config(BenchConfig, {"redis_url": "redis://:secret@127.0.0.1:6379/0", "redis_mem_gb": 1})
     assert "secret" not in str(e.value)
 
 
@@ -48,7 +49,7 @@ def test_a_password_in_the_redis_url_is_refused_and_the_env_is_named():
 def test_a_bad_redis_url_never_echoes_its_password_and_query_parameters_are_refused(url):
     """#28 low 7: a mistyped scheme echoed the password; ?password= was accepted, unused, and recorded."""
     with pytest.raises(ConfigError) as e:
-        build_bench_config({"redis_url": url, "redis_mem_gb": 1})
+        validate_config(BenchConfig, {"redis_url": url, "redis_mem_gb": 1})
     assert "secret" not in str(e.value)
     assert "KVTIER_REDIS_PASSWORD" in str(e.value) or "query parameters are not used" in str(e.value)
 
@@ -67,7 +68,7 @@ def test_a_bad_redis_url_never_echoes_its_password_and_query_parameters_are_refu
 )
 def test_inconsistent_remote_flags_are_named(values, needle):
     with pytest.raises(ConfigError, match=needle.replace("-", "[-_]")):
-        build_bench_config(values)
+        validate_config(BenchConfig, values)
 
 
 def test_gds_on_without_a_device_is_refused_before_the_run(tmp_path):
@@ -78,11 +79,11 @@ def test_gds_on_without_a_device_is_refused_before_the_run(tmp_path):
     if ok:
         pytest.skip("GPUDirect Storage is usable here")
     with pytest.raises(ConfigError, match="--gds on") as e:
-        gds_for(build_bench_config({"gds": "on"}), [])
+        gds_for(validate_config(BenchConfig, {"gds": "on"}), [])
     assert why in str(e.value)
-    auto = gds_for(build_bench_config({"gds": "auto"}), [])
+    auto = gds_for(validate_config(BenchConfig, {"gds": "auto"}), [])
     assert auto == {"requested": "auto", "used": False, "reason": why}
-    assert gds_for(build_bench_config({"gds": "off"}), [])["reason"] == "--gds off"
+    assert gds_for(validate_config(BenchConfig, {"gds": "off"}), [])["reason"] == "--gds off"
 
 
 def test_the_cold_threshold_is_the_file_tiers_own_target():
@@ -143,5 +144,5 @@ def test_a_remote_ttl_past_ten_years_is_refused_up_front(ttl):
     """#41 item 6: --remote-ttl 1e20 was accepted, and then every write to Redis failed (an expiry past the server's
     clock range); it is refused before the run, the flag named."""
     with pytest.raises(ConfigError, match="remote[-_]ttl"):
-        build_bench_config({"remote_ttl": ttl})
-    assert build_bench_config({"remote_ttl": 3.1e8}).remote_ttl == 3.1e8
+        validate_config(BenchConfig, {"remote_ttl": ttl})
+    assert validate_config(BenchConfig, {"remote_ttl": 3.1e8}).remote_ttl == 3.1e8

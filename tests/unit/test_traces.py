@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import DatasetError
-from kvtier.workload.traces import TraceRequest, detect_format, load_trace, prefix_hit_rate
+from kvtier.workload.traces import detect_format, load_trace
 from tests.conftest import SHARED_DATA
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -79,13 +79,3 @@ def test_missing_path_and_empty_directory(tmp_path):
         load_trace(tmp_path / "nope.csv")
     with pytest.raises(DatasetError, match="holds no"):
         detect_format(tmp_path)
-
-
-def test_prefix_hit_rate_prefix_semantics_and_lru():
-    size = lambda tokens: 1  # noqa: E731 - one unit per block
-    reqs = [TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(1, 1536, 1, (1, 2, 3)), TraceRequest(2, 1024, 1, (9, 2))]
-    # r2 hits 1,2 (2 of 3); r3's block 2 differs in prefix -> no hits
-    assert prefix_hit_rate(reqs, 512, size, None) == pytest.approx(2 / 7)
-    # capacity 2: after r2 stores block 3, block 1 is evicted (2 touched, 3 newest)
-    reqs2 = reqs[:2] + [TraceRequest(3, 512, 1, (1,))]
-    assert prefix_hit_rate(reqs2, 512, size, 2) == pytest.approx(2 / 6)

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kvtier.bench.plan import Plan
     from kvtier.bench.runner import BenchRunner
-    from kvtier.bench.setup import Components, Plan
+    from kvtier.bench.setup import Components
     from kvtier.config.bench import BenchConfig
     from kvtier.mpi import RunEnvironment
     from kvtier.results.aggregate import BenchAggregate

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
-from kvtier.bench.setup import Components, Plan
+from kvtier.bench.setup import Components
 from kvtier.results.bench import OPS
 from kvtier.telemetry.host import peak_rss_bytes
 from kvtier.telemetry.recorder import Recorder

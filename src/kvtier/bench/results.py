@@ -26,9 +26,10 @@ from kvtier.bench.facts import (
     storage_bytes_on_disk,
     storage_section,
 )
+from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.service import CUT
-from kvtier.bench.setup import Components, Plan
+from kvtier.bench.setup import Components
 from kvtier.bench.validation import validation_section
 from kvtier.bench.warnings import measurement_warnings, run_warnings
 from kvtier.config.bench import BenchConfig

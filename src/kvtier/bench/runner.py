@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from kvtier.bench.autoscale import StorageSample
+from kvtier.bench.plan import Plan
 from kvtier.bench.precondition import precondition
 from kvtier.bench.service import RequestService, ServiceSettings
-from kvtier.bench.setup import Components, Plan
+from kvtier.bench.setup import Components
 from kvtier.bench.sources import decode_only_requests, prepopulated_entries, trace_requests, user_requests
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.tiered import NullSink
@@ -264,7 +265,6 @@ class BenchRunner:
                 while len(self.queue) >= limit:
                     if self.stop.wait(0.001):
                         return
-                    self.rec.count("dispatch_backpressure_ms")
                 job = _Job(req, clock.now_ns())
                 if not self.queue.put(job):
                     return

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
+from kvtier.bench.plan import Plan, Workload
 from kvtier.bench.tier_setup import build_tiers, gds_for
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
@@ -42,7 +43,7 @@ from kvtier.workload.conversations import ConversationManager, ConversationSetti
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
 from kvtier.workload.sharegpt import Dataset, load_sharegpt
 from kvtier.workload.traces import Trace, TraceFormat, load_trace
-from kvtier.workload.users import UserProfile, make_users
+from kvtier.workload.users import make_users
 
 MAX_IMPLICIT_IO_SLOTS = 500
 """--max-concurrent-allocs 0: one worker per user, at most this many (the reference's worker cap)."""
@@ -63,40 +64,6 @@ def io_slots(cfg: BenchConfig) -> tuple[int, int]:
 """I/O slots when --max-concurrent-allocs is 0 (unlimited in the reference): min(users, this)."""
 
 log = logging.getLogger("kvtier.bench")
-
-
-@dataclass
-class Workload:
-    """What the simulated users ask for, derived from the config (no I/O)."""
-
-    users: list[UserProfile]
-    scope: KeyScope
-    settings: ConversationSettings
-    conversations: ConversationManager
-    rag: RagCorpus | None
-    trace: Trace | None
-    dataset: Dataset | None
-    autoscaler: Autoscaler | None
-    per_token_s: float
-    decode_batch: int
-
-
-@dataclass
-class Plan:
-    """The derived run: everything the config implies before any tier exists."""
-
-    config: BenchConfig
-    model: ModelSpec
-    seed: int
-    io_slots: int
-    io_chunk_bytes: int
-    workload: Workload
-    warnings: list[ResultWarning] = field(default_factory=list)
-    validation: Trace | None = None  # --validation-trace, read before the run
-
-    def entry_bytes(self, tokens: int) -> int:
-        """Bytes of this rank's KV entry of ``tokens`` tokens (ModelSpec's per-rank rule)."""
-        return self.model.kv_bytes_per_rank(tokens, self.config.tensor_parallel)
 
 
 @dataclass

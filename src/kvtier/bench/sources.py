@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 
-from kvtier.bench.setup import Plan
+from kvtier.bench.plan import Plan
 from kvtier.workload.conversations import conversation_requests
 from kvtier.workload.layout import KVRef, hash_id_chunks, segment_chunks
 from kvtier.workload.sharegpt import dataset_requests

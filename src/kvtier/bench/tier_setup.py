@@ -17,7 +17,7 @@ from kvtier.tiers import TierSpec, open_tier, stand_in
 from kvtier.units import GiB, MiB
 
 if TYPE_CHECKING:
-    from kvtier.bench.setup import Plan
+    from kvtier.bench.plan import Plan
 
 
 def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.bench.facts import DEVICE_OTHER_TRAFFIC_WARN, gds_section
+from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
-from kvtier.bench.setup import Components, Plan
+from kvtier.bench.setup import Components
 from kvtier.results.envelope import ResultWarning, Status, StopReason, WarningCode, warning
 from kvtier.telemetry.host import mem_total_bytes, mount_options
 from kvtier.telemetry.recorder import Recorder

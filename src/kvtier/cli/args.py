@@ -62,6 +62,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
             raise TypeError(f"{model.__name__}.{name}: no command-line form for {tp!r}")
         if "metavar" in extra:
             kw["metavar"] = extra["metavar"]
+        elif name.endswith("_") and tp is not bool:  # from_ is --from FROM, not FROM_
+            kw["metavar"] = name.rstrip("_").upper()
         if info.is_required():
             kw["required"] = True
         target: argparse._ActionsContainer = parser

@@ -17,7 +17,8 @@ from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.bench import BenchConfig
 
 if TYPE_CHECKING:
-    from kvtier.bench.setup import Components, Plan
+    from kvtier.bench.plan import Plan
+    from kvtier.bench.setup import Components
     from kvtier.mpi import RunEnvironment
     from kvtier.results.bench import BenchResult
 

@@ -1,5 +1,5 @@
 """``kvtier launch``: parse the launch flags (LaunchConfig) and the replay's after ``--`` (ReplayConfig),
-then call ``kvtier.launch.plan`` (``--dry-run``) or ``kvtier.launch.run``."""
+then call ``kvtier.launch.resolved`` (``--dry-run``) or ``kvtier.launch.run``."""
 
 from __future__ import annotations
 

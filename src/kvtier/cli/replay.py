@@ -16,7 +16,7 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvtier.replay.driver import ReplayPlan
+    from kvtier.replay.plan import ReplayPlan
     from kvtier.results.replay import ReplayResult
 
 

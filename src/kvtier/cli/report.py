@@ -21,7 +21,8 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.set_defaults(func=run_report)
     c = sub.add_parser(
         "compare",
-        help="bench or replay results side by side as ratios to the first (refused when not comparable)",
+        help="bench or replay results, or plan answers (--output), side by side as ratios to the first (refused "
+        "when not comparable)",
         description="kvtier compare A B ...: each argument one condition, or its trials joined by commas "
         "(a1.json,a2.json): the median over trials and its noise (coefficient of variation) beside each ratio",
     )

@@ -70,8 +70,9 @@ def field_extra(info: FieldInfo) -> dict[str, Any]:
 
 
 def flag_name(field: str) -> str:
-    """``num_users`` -> ``--num-users``."""
-    return "--" + field.replace("_", "-")
+    """``num_users`` -> ``--num-users``; a trailing underscore keeps a name off a keyword or a builtin
+    (``from_`` -> ``--from``, ``json_`` -> ``--json``)."""
+    return "--" + field.rstrip("_").replace("_", "-")
 
 
 def format_validation_error(err: ValidationError, *, source: str = "", flags: bool = False, prefix: str = "") -> str:

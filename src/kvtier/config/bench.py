@@ -587,8 +587,3 @@ class BenchConfig(RemoteTierFlags):
             "s3": bool(self.s3_bucket),
         }
         return [t for t, on in asked.items() if on]
-
-
-def build_bench_config(values: dict[str, Any]) -> BenchConfig:
-    """Validate flag values (plus the YAML named by --config) into a BenchConfig; errors name flags."""
-    return validate_config(BenchConfig, values)

@@ -34,9 +34,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from kvtier.bench.plan import Plan
 from kvtier.bench.results import build_result
 from kvtier.bench.runner import RunOutcome
-from kvtier.bench.setup import Components, Plan, build_components, derive
+from kvtier.bench.setup import Components, build_components, derive
 from kvtier.config.bench import BenchConfig
 from kvtier.config.iotrace import TraceReplayConfig
 from kvtier.engine.backend import aligned_buffer

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvtier.config.launch import LaunchConfig
-    from kvtier.launch.orchestrate import LaunchPlan
+    from kvtier.launch.resolved import LaunchPlan
     from kvtier.results.launch import LaunchResult
 
 

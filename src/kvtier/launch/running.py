@@ -38,7 +38,7 @@ from kvtier.results.launch import LaunchResult
 from kvtier.telemetry.host import proc_io
 
 if TYPE_CHECKING:
-    from kvtier.launch.orchestrate import LaunchPlan
+    from kvtier.launch.resolved import LaunchPlan
 
 HOST = "127.0.0.1"
 """Every process of a launch binds loopback only."""

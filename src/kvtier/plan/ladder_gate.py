@@ -14,43 +14,8 @@ prompt measured, or it always does).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier.results.ladder import LadderFit, LadderResult, Timing
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LadderGateRow(_Report):
-    tier: str
-    context_tokens: int
-    new_tokens: int
-    recompute_s: float
-    fetch_s: float
-    verdict: str  # fetch | recompute
-    measured_cold_s: float | None  # the cell's verified median, where measured
-    measured_tier_s: float | None
-    measured_faster: str | None  # fetch | recompute, from the medians
-    agrees: bool | None  # the verdict names the measured faster one (None: not both measured)
-    extrapolated: bool  # the prompt is longer than the ladder measured
-
-
-class BreakEven(_Report):
-    tier: str
-    new_tokens: int
-    context_tokens: int | None  # the shortest context at which fetching wins
-    note: str
-
-
-class LadderGateReport(_Report):
-    ladder: str
-    timing_source: str
-    rows: list[LadderGateRow]
-    breakeven: list[BreakEven]
-    checked: int  # rows with both medians measured
-    agreed: int
+from kvtier.results.plan import BreakEven, LadderGateReport, LadderGateRow
 
 
 def _costs(t: Timing, tier: str, context: int, new: int) -> tuple[float, float]:

@@ -25,10 +25,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.value import HOURS_PER_MONTH
+from kvtier.results.plan import Interval, Knee, Pick, PointStats, Recommendation
 
 KNEE = 0.9
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -41,19 +40,6 @@ def t975(df: int) -> float:
         return _T975[df]
     below = [k for k in _T975 if k < df]
     return _T975[max(below)] if df < 30 else 1.96
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Interval(_Report):
-    mean: float | None
-    low: float | None  # the 95 % confidence interval of the mean (None with fewer than two trials)
-    high: float | None
-    n: int
-    sd: float | None = None  # the trials' standard deviation (None with fewer than two)
-    clipped: bool = False  # an end was cut at what the quantity can be (a time below 0 s, a share outside 0-1)
 
 
 def interval(xs: list[float], lo: float | None = None, hi: float | None = None) -> Interval:
@@ -108,52 +94,6 @@ def slo_verdict(p95s: list[float | None], slo_s: float | None) -> tuple[Interval
         if p95.high is None:
             notes.append("one trial: no interval")
     return p95, meets, "; ".join(notes)
-
-
-class PointStats(_Report):
-    point: str
-    cpu_gb: float
-    nvme_gb: float
-    concurrency: int
-    trials: int  # complete trials used
-    trials_not_complete: int
-    ttft_p95_s: Interval
-    ttft_p50_s: Interval
-    gpu_hit_share: Interval  # of prompt tokens, from the GPU prefix cache
-    offload_hit_share: Interval  # of prompt tokens, from the offload tiers
-    requests_per_s: Interval
-    cost_usd_per_hour: float | None
-    meets_slo: bool | None  # None: no complete trial, or no --slo-ttft-p95
-    note: str = ""
-
-
-class Knee(_Report):
-    nvme_gb: float
-    concurrency: int
-    hit_rate_knee_cpu_gb: float | None
-    ttft_knee_cpu_gb: float | None
-    points: int
-
-
-class Pick(_Report):
-    concurrency: int
-    point: str | None  # None: no point meets the SLO at this load
-    by: str  # cost, or size (no cost for some tier used)
-    sentence: str
-    # a cheaper point (smaller, by size) whose interval reaches below the SLO without meeting it: it may meet it
-    # too, so the pick is a tie, not a winner; and the trials it would need for its interval to leave the SLO
-    tie_with: str | None = None
-    trials_to_separate: int | None = None
-
-
-class Recommendation(_Report):
-    source: str
-    sweep_status: str
-    slo_ttft_p95_s: float | None
-    store_cost: dict[str, float]  # $/GB-month, given
-    points: list[PointStats]
-    knees: list[Knee]
-    picks: list[Pick]
 
 
 def _cost(cpu: float, nvme: float, costs: dict[str, float]) -> float | None:

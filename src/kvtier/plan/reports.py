@@ -10,32 +10,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier import costs
 from kvtier.modelspec import ModelSpec, geometry
 from kvtier.plan.measured import TierReadCost
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+from kvtier.results.plan import (
+    BreakevenReport,
+    BytesReport,
+    CapacityReport,
+    CatalogReport,
+    CatalogRow,
+    FetchReport,
+    FetchRow,
+    FetchSource,
+    GateReport,
+    GateRow,
+    LinkCosts,
+    TierHolds,
+    TokensNeed,
+)
 
 # -- bytes -----------------------------------------------------------------------------------------
-class CatalogRow(_Report):
-    model: str
-    attention: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    kv_bytes_per_token: int
-    gib_per_million_tokens: float
-    geometry: str  # "spec": the MLPerf spec's figures, not the released model's (modelspec.SPEC_GEOMETRY)
-
-
-class CatalogReport(_Report):
-    models: list[CatalogRow]
 
 
 def catalog_report(catalog: Mapping[str, ModelSpec]) -> CatalogReport:
@@ -55,17 +49,6 @@ def catalog_report(catalog: Mapping[str, ModelSpec]) -> CatalogReport:
             for key, m in catalog.items()
         ]
     )
-
-
-class BytesReport(_Report):
-    model: str
-    attention: str
-    dtype: str
-    tensor_parallel: int
-    kv_bytes_per_token: float
-    kv_kib_per_token: float
-    entry_shape_per_token: list[int]
-    gib_per_million_tokens: float
 
 
 def bytes_report(m: ModelSpec, tensor_parallel: int = 1) -> BytesReport:
@@ -91,40 +74,6 @@ class Link:
     bw_bytes_per_s: float
     rtt_label: str
     rtt_s: float
-
-
-class LinkCosts(_Report):
-    net_bw: str
-    net_bw_bytes_per_s: float
-    rtt: str
-    rtt_s: float
-    decode_local_s_per_token: float
-    stream_remote_s_per_token: float
-    query_shipping_s_per_token: float
-    fetch_s: float
-    fetch_compressed_s: float
-    recompute_s: float
-    breakeven_exact_bytes_per_s: float | None
-    breakeven_exact_note: str
-    min_context_for_fetch_tokens: float | None
-    verdict: str
-
-
-class BreakevenReport(_Report):
-    model: str
-    kv_bytes_per_token: float
-    context_tokens: int
-    kv_bytes: float
-    prefill_tokens_per_s: float
-    hbm_bytes_per_s: float
-    stages: int
-    compression: float
-    recompute_s: float
-    breakeven_bytes_per_s: float
-    breakeven_compressed_bytes_per_s: float
-    breakeven_gbit_per_s: float
-    breakeven_compressed_gbit_per_s: float
-    links: list[LinkCosts]
 
 
 def breakeven_report(
@@ -196,25 +145,6 @@ class GateCase:
     compression: float = 1.0
 
 
-class GateRow(_Report):
-    case: str
-    net_bw_bytes_per_s: float
-    rtt_s: float
-    compression: float
-    fetch_s: float
-    recompute_s: float
-    verdict: str
-    reason: str
-
-
-class GateReport(_Report):
-    model: str
-    kv_bytes_per_token: float
-    context_tokens: int
-    prefill_tokens_per_s: float
-    cases: list[GateRow]
-
-
 def gate_report(
     m: ModelSpec, context: int, prefill_tps: float, cases: Sequence[GateCase], tensor_parallel: int = 1
 ) -> GateReport:
@@ -241,25 +171,6 @@ def gate_report(
 
 
 # -- capacity --------------------------------------------------------------------------------------
-class TokensNeed(_Report):
-    tokens: int
-    kv_bytes: float
-    with_headroom_bytes: float
-    headroom: float
-
-
-class TierHolds(_Report):
-    capacity_bytes: float
-    tokens: int
-    users: int
-
-
-class CapacityReport(_Report):
-    model: str
-    kv_bytes_per_token: float
-    gib_per_million_tokens: float
-    tokens: TokensNeed | None = None
-    tiers: dict[str, TierHolds]
 
 
 def capacity_report(
@@ -297,31 +208,6 @@ def capacity_report(
 
 
 # -- measured fetch costs --------------------------------------------------------------------------
-class FetchSource(_Report):
-    model: str
-    status: str
-    file: str
-
-
-class FetchRow(_Report):
-    tier: str
-    context_tokens: int
-    kv_bytes: float
-    measured_mean_op_bytes: float
-    measured_read_mean_ms: float
-    measured_read_p95_ms: float
-    fetch_mean_s: float
-    fetch_p95_s: float
-    recompute_s: float
-    verdict: str
-    extrapolated: bool
-
-
-class FetchReport(_Report):
-    source: FetchSource
-    model: str
-    kv_bytes_per_token: float
-    rows: list[FetchRow]
 
 
 def fetch_report(

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from kvtier.errors import DatasetError
+from kvtier.results.plan import CurvePoint, RetentionReport, TierRetention, Window, WorkingSetPoint
 from kvtier.stats import Fenwick, percentile
 
 if TYPE_CHECKING:
@@ -184,65 +184,6 @@ class _Waterfall:
             if self.tiers[j]:
                 return next(iter(self.tiers[j]))
         return None
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CurvePoint(_Report):
-    capacity_tokens: int
-    capacity_bytes: int
-    hit_fraction: float  # of every block token accessed
-    reuse_hit_fraction: float | None  # of the tokens that had an earlier access (the most any cache can serve)
-
-
-class Window(_Report):
-    p10: float | None
-    p50: float | None
-    p90: float | None
-
-
-class TierRetention(_Report):
-    tier: str
-    capacity_bytes: int
-    capacity_tokens: int
-    cumulative_capacity_tokens: int  # this tier and every tier above it in the waterfall
-    hit_fraction: float  # the share of all accessed tokens this tier serves
-    cumulative_hit_fraction: float  # served by this tier or one above
-    fills_at: float | None  # when this tier first evicts (in the stream's unit); None: never
-    window: Window  # the history held down to this tier, in the stream's unit, once it has filled
-    window_requests: Window  # the same in requests
-    holds_whole_trace: bool
-
-
-class WorkingSetPoint(_Report):
-    t: float
-    requests: int
-    distinct_tokens: int  # every block touched so far
-    distinct_bytes: int
-    interval_tokens: int  # the distinct blocks touched since the previous point
-    interval_bytes: int
-
-
-class RetentionReport(_Report):
-    source: str
-    order: str
-    unit: Literal["s", "requests"]
-    model: str
-    kv_bytes_per_token: int
-    block_tokens: int
-    requests: int
-    accesses: int
-    accessed_tokens: int
-    reused_tokens: int  # accesses that had an earlier one (the most any cache can serve)
-    distinct_tokens: int
-    distinct_bytes: int
-    span: float  # the stream's last request time, in its unit
-    need_tokens: dict[str, float | None]  # the LRU capacity each reuse needs: p50, p90, p99
-    tiers: list[TierRetention]
-    curve: list[CurvePoint]
-    working_set: list[WorkingSetPoint]
 
 
 def _window(a: list[float]) -> Window:

@@ -327,15 +327,4 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
     return final
 
 
-def parse_list(text: str, flag: str, integer: bool = False) -> list[float]:
-    """Distinct comma-separated numbers >= 0, sorted (whole numbers with ``integer``)."""
-    try:
-        values: list[float] = [(int if integer else float)(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values) or len(set(values)) != len(values):
-        raise ConfigError(f"{flag}: expected distinct numbers >= 0, got {text!r}")
-    return sorted(values)
-
-
-__all__ = ["Point", "grid_points", "parse_list", "run_sweep", "run_trial", "MIN_STAGING_GB"]
+__all__ = ["Point", "grid_points", "run_sweep", "run_trial", "MIN_STAGING_GB"]

@@ -25,51 +25,13 @@ null.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from kvtier.errors import DatasetError
+from kvtier.results.plan import Input, TierValue, ValueReport
 from kvtier.results.replay import ReplayResult, offload_sources
 
 HOURS_PER_MONTH = 730.0
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Input(_Report):
-    name: str
-    value: float | None
-    unit: str
-    source: Literal["measured", "given", "absent", "derived"]  # derived: from a ladder's measured curves
-    note: str = ""
-
-
-class TierValue(_Report):
-    tier: str
-    tokens_served: int
-    hit_rate: float  # of all prompt tokens of the ok requests
-    requests_hit: int
-    tokens_per_hour: float
-    prefill_s_avoided_per_hour: float | None
-    fetch_s_per_hour: float | None
-    gpu_s_saved_per_hour: float | None  # prefill avoided - fetch
-    latency_saved_per_hit_s: float | None
-    value_usd_per_hour: float | None  # gpu_cost x GPU seconds saved (prefill avoided - fetch)
-    cost_usd_per_hour: float | None  # store_cost x GB / 730
-    pays: bool | None
-    breakeven_hit_rate: float | None
-
-
-class ValueReport(_Report):
-    source: str
-    requests: int  # ok requests with the decomposition
-    wall_s: float
-    prompt_tokens: int
-    inputs: list[Input]
-    tiers: list[TierValue]
 
 
 def economics(hit_rate: float, value: float | None, cost: float | None) -> dict[str, Any]:

@@ -29,55 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
 from kvtier.plan.value import decomposed_records, usage_records
 from kvtier.results.io import atomic_file
 from kvtier.results.ladder import LadderFit, LadderResult, Timing
+from kvtier.results.plan import TurnView, ViewInput, ViewsReport
 from kvtier.results.replay import offload_sources
 from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
 
 CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's; sim/model.py OffloadConfig, not imported: plan is below sim)
 OFFLOAD_SOURCES_TO_TIER = {"cpu": "cpu", "storage": "storage"}  # a record's source name -> the tier kind
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TurnView(_Report):
-    turn: int
-    requests: int
-    measured_ttft_s: float
-    measured_fetch_s: float | None  # None: the server reports no fetch (a real vLLM)
-    predicted_ttft_s: float | None  # (b): the bench's bandwidth
-    predicted_fetch_s: float | None
-    ttft_error: float | None  # predicted / measured - 1
-    storage_ttft_s: float | None  # (c): the storage run's bandwidth
-    storage_fetch_s: float | None
-    storage_ttft_error: float | None
-
-
-class ViewInput(_Report):
-    name: str
-    value: float | None
-    unit: str
-    source: str  # measured (where) or given (where)
-
-
-class ViewsReport(_Report):
-    source: str
-    requests: int
-    kv_bytes_per_token: int
-    inputs: list[ViewInput]
-    turns: list[TurnView]
-    median_abs_ttft_error: float | None  # (b) over the turns
-    median_abs_storage_ttft_error: float | None  # (c)
-    storage_result: str | None  # the storage run's bench result file
-    findings: list[str]
 
 
 Prefill = Callable[[int, int], tuple[float, float]]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvtier.config.replay import ReplayConfig
     from kvtier.mpi import RunEnvironment
-    from kvtier.replay.driver import ReplayPlan
+    from kvtier.replay.plan import ReplayPlan
     from kvtier.results.replay import ReplayResult
 
 

@@ -13,7 +13,7 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.replay.client import Bounds
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
+from kvtier.replay.plan import ReplayPlan
 from kvtier.replay.results import RunFacts, build_result
 from kvtier.results.envelope import (
     ResultWarning,
@@ -34,21 +35,6 @@ from kvtier.results.replay import ReplayRecord, ReplayResult
 from kvtier.telemetry.clock import MONOTONIC, Clock
 from kvtier.telemetry.hardware import HardwareSampler
 from kvtier.tokenizer import Tokenizer, load_tokenizer
-
-
-@dataclass
-class ReplayPlan:
-    """What a replay will do, checked before anything is sent."""
-
-    config: ReplayConfig  # effective: dataset format, tokenizer and event loop resolved
-    dataset: LoadedDataset
-    users: list[VirtualUser]
-    tokenizer: Tokenizer
-    tools: list[dict[str, Any]] | None
-    warnings: list[ResultWarning] = field(default_factory=list)
-    reuse: dict[str, Any] | None = None  # what the prompts share, computed before the run (replay/reuse.py)
-    scrape: bool = True  # False on MPI ranks other than 0: one scraper per server
-    prompt_tokens: dict[str, list[int]] = field(default_factory=dict)  # user -> prompt size per turn (tokenizer's)
 
 
 def load_users(cfg: ReplayConfig) -> tuple[ReplayConfig, LoadedDataset, list[VirtualUser], Tokenizer, int]:

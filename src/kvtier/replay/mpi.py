@@ -21,7 +21,8 @@ from typing import Any
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import KvtierError
 from kvtier.mpi import RunEnvironment
-from kvtier.replay.driver import ReplayPlan, execute, prepare, write_outputs
+from kvtier.replay.driver import execute, prepare, write_outputs
+from kvtier.replay.plan import ReplayPlan
 from kvtier.results.envelope import ResultWarning, Status, StopCode, StopReason, WarningCode, warning
 from kvtier.results.outcome import Failure, judge
 from kvtier.results.replay import ReplayResult

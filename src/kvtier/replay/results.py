@@ -27,7 +27,7 @@ from kvtier.results.outcome import Failure, judge
 from kvtier.results.replay import ReplayRecord, ReplayResult, ScrapeSummary
 
 if TYPE_CHECKING:
-    from kvtier.replay.driver import ReplayPlan
+    from kvtier.replay.plan import ReplayPlan
 
 
 @dataclass(frozen=True)

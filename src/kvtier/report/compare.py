@@ -1,5 +1,5 @@
-"""``kvtier compare``: bench or replay results side by side, as ratios to the first, refused when the runs
-differ in what makes their figures comparable.
+"""``kvtier compare``: bench or replay results (or ``kvtier plan`` answers of one subcommand) side by side, as
+ratios to the first, refused when the runs differ in what makes their figures comparable.
 
 Each condition is one result or several trials of it (``a.json,b.json,c.json``): a figure is then the
 median over the trials, and its noise the coefficient of variation across them (stdev / mean), so a
@@ -66,6 +66,10 @@ class Comparison:
 
 
 def _fixed(kind: str) -> tuple[str, ...]:
+    """The config fields two runs must share. A plan answer has none: its flags are the question, and two
+    answers are set side by side to see what a different question answers (the differing flags are listed)."""
+    if kind.startswith("plan-"):
+        return ()
     return REPLAY_FIXED if kind == "replay" else BENCH_FIXED
 
 
@@ -111,10 +115,10 @@ def compare(conditions: Sequence[Sequence[Loaded]]) -> Comparison:
     if not conditions or any(not c for c in conditions):
         raise DatasetError("compare: give at least one result per condition")
     kinds = {_kind(it) for c in conditions for it in c}
-    if len(kinds) != 1 or kinds - {"bench", "replay"}:
+    if len(kinds) != 1 or not ({"bench", "replay"} & kinds or all(k.startswith("plan-") for k in kinds)):
         raise DatasetError(
-            f"compare: bench results (single runs or MPI aggregates) or replay results, one kind at a time (got "
-            f"{sorted({it.kind for c in conditions for it in c})})"
+            f"compare: bench results (single runs or MPI aggregates), replay results or answers of one kvtier plan "
+            f"subcommand (--output), one kind at a time (got {sorted({it.kind for c in conditions for it in c})})"
         )
     problems, differs = _problems(conditions)
     names: list[tuple[str, str, str]] = []

@@ -1,7 +1,8 @@
 """``kvtier report``: one self-contained HTML file from any mix of kvtier results.
 
 Results are loaded through ``kvtier.results.load`` (bench results, replay folders or summary.json — with
-their requests.jsonl when present —, MPI aggregates, MLPerf run summaries, launch.json). The page has,
+their requests.jsonl when present —, MPI aggregates, MLPerf run summaries, launch.json, ``kvtier plan``
+answers written with ``--output``). The page has,
 per kind: a side-by-side table of the figures that matter, the differences stated in words against
 the first result of that kind, and the plots (``report/plots.py``) as PNGs embedded as data: URIs — no
 script, no stylesheet or font from anywhere, so it opens offline and prints as it shows. Without
@@ -22,6 +23,7 @@ from typing import Any
 from kvtier import __version__
 from kvtier.errors import ConfigError
 from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences, ttft_sentence
+from kvtier.report.plan import PLAN_KINDS, PLAN_PLOTS, PLAN_TITLES, SWEEP_PLOTS, plan_figures, plan_status_rows
 from kvtier.results.io import write_bytes_atomic
 from kvtier.results.outcome import label as cause_label
 
@@ -34,6 +36,7 @@ KINDS = {
     "kvtier plan sweep": "sweep",
     "kvtier ladder": "ladder",
     "kvtier launch arms": "arms",
+    **PLAN_KINDS,
 }
 TITLES = {
     "bench": "Storage benchmark (kvtier bench)",
@@ -44,6 +47,7 @@ TITLES = {
     "sweep": "Placement sweeps (kvtier plan sweep)",
     "ladder": "Tier ladders (kvtier ladder)",
     "arms": "Offload engines side by side (kvtier launch --arms)",
+    **PLAN_TITLES,
 }
 
 CSS = """
@@ -97,7 +101,7 @@ def load_all(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[
         label = labels[k] if labels else _label_for(file, taken)
         records = ReplayRecords.read(file.parent / "requests.jsonl") if kind == "replay" else None
         item = Loaded(str(p), label, kind, r, records)
-        item.figures = figures_of(item)
+        item.figures = plan_figures(r) if kind.startswith("plan-") else figures_of(item)
         out.append(item)
         folder = _launch_replay(item) if kind == "launch" else None
         if folder is not None and not {folder.resolve(), (folder / "summary.json").resolve()} & given:
@@ -258,6 +262,8 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
                          + f"failed {_causes(s.failed)}; runs {runs}"))  # fmt: skip
         for v in r.verdicts:
             rows.append((f"verdict {v.arm} against none", v.why))
+    elif it.kind.startswith("plan-"):
+        rows += plan_status_rows(r)
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
     return rows
 
@@ -329,9 +335,9 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         parts.append(_status_table(group))
         if group[0].figures:
             parts.append(_table(group))
-        makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": plots.SWEEP_PLOTS,
-                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS,
-                  "arms": plots.ARMS_PLOTS}.get(kind, ())  # fmt: skip
+        makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": SWEEP_PLOTS,
+                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS, "arms": plots.ARMS_PLOTS,
+                  **PLAN_PLOTS}.get(kind, ())  # fmt: skip
         if makers and not have_mpl:
             parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
             continue

@@ -453,33 +453,6 @@ def working_set(items: Sequence[Loaded]) -> Plot | None:
     )
 
 
-def sweep_curves(items: Sequence[Loaded]) -> Plot | None:
-    """A sweep's measured curves (``kvtier plan sweep``): TTFT p95 with its 95 % interval across trials, and the
-    prompt's share from offload, against CPU GB, a line per NVMe size and load."""
-    from kvtier.plan.recommend import recommend
-
-    have = [(it, recommend(it.path, None, {})) for it in items]
-    if not have:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    for it, r in have:
-        for conc in sorted({p.concurrency for p in r.points}):
-            for nvme in sorted({p.nvme_gb for p in r.points}):
-                line = [p for p in r.points if p.concurrency == conc and p.nvme_gb == nvme and p.ttft_p95_s.mean]
-                if not line:
-                    continue
-                label = f"{it.label}: NVMe {nvme:g} GB, c={conc}"
-                xs = [p.cpu_gb for p in line]
-                err = [(p.ttft_p95_s.high or p.ttft_p95_s.mean or 0) - (p.ttft_p95_s.mean or 0) for p in line]
-                axes[0].errorbar(xs, [p.ttft_p95_s.mean for p in line], yerr=err, marker="o", capsize=3, label=label)
-                axes[1].plot(xs, [(p.offload_hit_share.mean or 0) * 100 for p in line], marker="o", label=label)
-    _label(axes[0], "CPU offload GB", "TTFT p95, s (mean, 95 % CI)")
-    _label(axes[1], "CPU offload GB", "prompt tokens from offload, %")
-    return ("Placement sweep", "Where does more CPU (or NVMe) stop buying hit rate, and TTFT p95 stop falling?",
-            _png(fig))  # fmt: skip
-
-
 def storm_timeline(items: Sequence[Loaded]) -> Plot | None:
     """A launch's miss storms (``--fault``): the offload hit rate and TTFT p95 over the run, the kill and the
     zero-hit window marked."""
@@ -614,7 +587,6 @@ BENCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
 REPLAY_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
     ttft_cdf, ttft_by_turn, ttft_parts, tpot, hit_rates, sessions, working_set,
 )  # fmt: skip
-SWEEP_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (sweep_curves,)
 LAUNCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (storm_timeline,)
 
 __all__ = ["BENCH_PLOTS", "REPLAY_PLOTS", "Plot"]

@@ -1,8 +1,8 @@
 """Results: the shared envelope, each command's typed result, the writers, and ``load``.
 
 ``load(path)`` reads any file kvtier writes — a bench result JSON, an MPI bench aggregate, a replay
-``summary.json`` (or its folder), a ``launch.json`` (or its folder) — back into its typed model, validating every key;
-an error names the file and the key path.
+``summary.json`` (or its folder), a ``launch.json`` (or its folder), a ``kvtier plan`` answer written with
+``--output`` — back into its typed model, validating every key; an error names the file and the key path.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kvtier.results.ladder import LadderResult
     from kvtier.results.launch import LaunchResult
     from kvtier.results.mlperf import MlperfRunSummary
+    from kvtier.results.plan import PlanResult
     from kvtier.results.replay import ReplayResult
     from kvtier.results.sweep import SweepResult
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         | SweepResult
         | LadderResult
         | ArmsResult
+        | PlanResult
     )
 
 
@@ -62,6 +64,10 @@ def _model_for(benchmark: Any) -> Any:
         from kvtier.results.arms import ArmsResult
 
         return ArmsResult
+    if isinstance(benchmark, str) and benchmark.startswith("kvtier plan ") and benchmark != "kvtier plan sweep":
+        from kvtier.results.plan import PLAN_RESULTS
+
+        return PLAN_RESULTS.get(benchmark)
     if benchmark == "kvtier bench mpi":
         from kvtier.results.aggregate import BenchAggregate
 

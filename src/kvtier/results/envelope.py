@@ -56,6 +56,7 @@ class StopCode(enum.StrEnum):
     grid_finished = "grid-finished"  # plan sweep: every trial of the grid ran; ladder: every point was measured
     budget = "budget"  # plan sweep: its --budget ran out before every trial ran
     server_unavailable = "server-unavailable"  # ladder: the server stopped answering
+    answered = "answered"  # plan: the planner answered the question its flags asked
 
 
 class Section(BaseModel):

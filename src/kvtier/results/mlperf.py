@@ -47,21 +47,6 @@ def run_figures(instances: Sequence[BenchResult]) -> MLPerfFigures:
     )
 
 
-def workload_figures(runs: Sequence[MLPerfFigures]) -> MLPerfFigures:
-    """A workload's figures from its runs: means of throughput and bandwidth, max of latency."""
-    if not runs:
-        raise ValueError("no runs")
-    n = len(runs)
-    p95s = [r.p95_read_latency_ms for r in runs if r.p95_read_latency_ms is not None]
-    return MLPerfFigures(
-        throughput_tokens_per_sec=sum(r.throughput_tokens_per_sec for r in runs) / n,
-        read_bandwidth_gibps=sum(r.read_bandwidth_gibps for r in runs) / n,
-        write_bandwidth_gibps=sum(r.write_bandwidth_gibps for r in runs) / n,
-        p95_read_latency_ms=max(p95s) if p95s else None,
-        instances=sum(r.instances for r in runs),
-    )
-
-
 class MlperfRunSummary(BaseModel):
     """``kvcache_run_summary.json`` of ``kvtier mlperf run`` (mlperf/run.py), as ``report.load`` reads
     it: the keys the report uses are typed, the wrapper's own keys are kept as they are."""
@@ -79,4 +64,4 @@ class MlperfRunSummary(BaseModel):
     verdict: list[str]
 
 
-__all__ = ["MLPerfFigures", "run_figures", "workload_figures", "MlperfRunSummary"]
+__all__ = ["MLPerfFigures", "run_figures", "MlperfRunSummary"]

@@ -35,12 +35,6 @@ class ManualClock:
         with self._lock:
             return self._t
 
-    def advance(self, ns: int) -> None:
-        if ns < 0:
-            raise ValueError("a clock does not go back")
-        with self._lock:
-            self._t += ns
-
     def set(self, ns: int) -> None:
         with self._lock:
             if ns < self._t:

@@ -18,7 +18,6 @@ import csv
 import datetime as dt
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,40 +224,3 @@ def load_trace(path: str | Path, fmt: TraceFormat = "auto") -> Trace:
     p = Path(path)
     name = detect_format(p) if fmt == "auto" else fmt
     return LOADERS[name](p)
-
-
-def prefix_hit_rate(
-    requests: Sequence[TraceRequest], block_tokens: int, stored_size: Callable[[int], int], capacity_bytes: float | None
-) -> float:
-    """The block hit rate the trace's hash_ids imply for an LRU cache of ``capacity_bytes``.
-
-    A request's blocks hit up to its first miss (a prefix cache), the rest are recomputed and
-    stored; hits are touched (most recent). ``capacity_bytes`` None means unlimited. This is the
-    reference figure a Mooncake replay's measured hit rate is checked against.
-    """
-    lru: OrderedDict[tuple[int, ...], int] = OrderedDict()
-    used = 0
-    hits = total = 0
-    for r in requests:
-        assert r.hash_ids is not None
-        total += len(r.hash_ids)
-        missed = False
-        for i in range(len(r.hash_ids)):
-            key = r.hash_ids[: i + 1]
-            tokens = min(block_tokens, r.input_tokens - i * block_tokens)
-            if not missed and key in lru:
-                hits += 1
-                lru.move_to_end(key)
-                continue
-            missed = True
-            size = stored_size(tokens)
-            if key in lru:  # recomputed although cached (after an earlier miss): replace
-                used -= lru.pop(key)
-            if capacity_bytes is not None:
-                while lru and used + size > capacity_bytes:
-                    used -= lru.popitem(last=False)[1]
-                if used + size > capacity_bytes:
-                    continue
-            lru[key] = size
-            used += size
-    return hits / total if total else 0.0

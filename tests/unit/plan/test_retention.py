@@ -21,6 +21,7 @@ from tests.conftest import SHARED_DATA, kvtier_cmd
 
 MOONCAKE = SHARED_DATA / "mooncake_fast25" / "conversation_trace.jsonl"
 MINISWE = SHARED_DATA / "lmcache_agent_trace" / "miniswe"
+needs_data = pytest.mark.skipif(not (MOONCAKE.exists() and MINISWE.exists()), reason="../shared/data not present")
 
 
 def _random_stream(seed: int, requests: int = 120) -> AccessStream:
@@ -152,6 +153,7 @@ def test_users_blocks_are_prefix_hashed_full_blocks():
     assert s.keys[:2] == s.keys[2:4] and len(set(s.keys)) == 4 and s.unit == "requests"
 
 
+@needs_data
 def test_mooncake_trace_reuse_matches_its_readme():
     s = stream_from_trace(str(MOONCAKE))
     r = retention_report(s, "llama3.1-8b", 131072, [("cpu", 256)])
@@ -168,6 +170,7 @@ def test_a_trace_without_block_ids_is_refused(tmp_path):
         stream_from_trace(str(p))
 
 
+@needs_data
 def test_cli_retention_on_a_dataset_json():
     p = subprocess.run(
         kvtier_cmd() + ["plan", "retention", "--model", "llama3.1-8b", "--dataset", str(MINISWE), "--tier", "cpu=2",
