@@ -67,6 +67,13 @@ class TierKind:
     make: Callable[[TierSpec], Backend]
     capacity: Callable[[TierSpec], int] = lambda spec: spec.capacity_bytes  # what it holds of the bytes asked
     entry_size: Callable[[TierSpec], Callable[[int], int]] = lambda spec: round_up  # an entry's stored bytes
+    # a remote kind (a server behind the flags of config/tiers.py RemoteTierFlags):
+    remote: bool = False
+    configured: Callable[[RemoteFlags], bool] = lambda flags: False  # do the flags name its server?
+    needs: str = ""  # the flags that configure it, as an error says them
+    capacity_field: str = ""  # the RemoteTierFlags field holding its capacity in GiB
+    entries: str = "entries"  # what its server holds (kvtier clean --remote: "removed 3 keys")
+    vllm_source: str = ""  # the label vLLM's prompt_tokens_cached_by_source gives a hit from it
 
     @property
     def trace_label(self) -> str:
@@ -145,17 +152,41 @@ def _s3(spec: TierSpec) -> Backend:
 KINDS: dict[str, TierKind] = {
     k.name: k
     for k in (
-        TierKind("gpu", 0, "--gpu-mem-gb", _gpu),
-        TierKind("cpu", 1, "--cpu-mem-gb", _cpu, _cpu_capacity, _cpu_entry),
-        TierKind("redis", 3, "--redis-url", _redis),
-        TierKind("storage", 2, "--cache-dir", _storage, entry_size=_storage_entry),
-        TierKind("s3", 4, "--s3-endpoint/--s3-bucket", _s3),
+        TierKind("gpu", 0, "--gpu-mem-gb", _gpu, vllm_source="gpu"),
+        TierKind("cpu", 1, "--cpu-mem-gb", _cpu, _cpu_capacity, _cpu_entry, vllm_source="host"),
+        TierKind("redis", 3, "--redis-url", _redis, remote=True, configured=lambda f: bool(f.redis_url),
+                 needs="give --redis-url and --redis-mem-gb", capacity_field="redis_mem_gb", entries="keys",
+                 vllm_source="external_unspecified"),
+        TierKind("storage", 2, "--cache-dir", _storage, entry_size=_storage_entry, vllm_source="disk"),
+        TierKind("s3", 4, "--s3-endpoint/--s3-bucket", _s3, remote=True, configured=lambda f: bool(f.s3_bucket),
+                 needs="give --s3-bucket (and --s3-endpoint for a server other than AWS)",
+                 capacity_field="s3_capacity_gb", entries="objects", vllm_source="external_unspecified"),
     )
-}
+}  # fmt: skip
 """Every kind, in the default waterfall order: Redis between CPU RAM and the file tier, S3 below it (cold)."""
 
 TIER_KINDS = tuple(KINDS)
 TIER_LABELS = {k.name: k.trace_label for k in KINDS.values()}
+REMOTE_KINDS = tuple(k.name for k in KINDS.values() if k.remote)
+"""The kinds behind a server (what the remote flags configure, what kvtier clean --remote empties)."""
+OFFLOAD_KINDS = ("cpu", "nvme", *REMOTE_KINDS)
+"""What an offload tier (the sim's, the cache server's, kvtier's vLLM spec) may be: CPU RAM, or a CPU staging tier in
+front of NVMe files or a remote kind (``offload_plan``)."""
+
+
+def is_remote(kind: str) -> bool:
+    k = KINDS.get(kind)
+    return bool(k and k.remote)
+
+
+def remote_spec(kind: str, flags: RemoteFlags, connections: int, scope: str = "") -> TierSpec:
+    """A remote tier of ``kind`` as its flags ask: its capacity, the server's flags, a pool of ``connections``."""
+    return TierSpec(flags.remote_capacity_bytes(kind), remote=flags, connections=connections, scope=scope)
+
+
+def configured_remote(flags: RemoteFlags) -> list[str]:
+    """The remote kinds whose server the flags name, in waterfall order."""
+    return [k for k in REMOTE_KINDS if KINDS[k].configured(flags)]
 
 
 def open_tier(kind: str, spec: TierSpec, flag: str | None = None) -> Backend:
@@ -194,10 +225,11 @@ def offload_plan(
         if not nvme_dir:
             raise ConfigError("--offload nvme: give --nvme-dir")
         return [staging, ("storage", TierSpec(nvme_bytes, directory=nvme_dir, direct_io=direct_io), "--nvme-dir")]
-    if kind in ("redis", "s3") and remote is not None:
-        spec = TierSpec(remote.remote_capacity_bytes(kind), remote=remote, connections=connections)
-        return [staging, (kind, spec, f"--offload {kind}")]
-    raise ConfigError(f"--offload: expected cpu, nvme, redis or s3, got {kind!r}")
+    if is_remote(kind) and remote is not None:
+        if not KINDS[kind].configured(remote):
+            raise ConfigError(f"--offload {kind}: {KINDS[kind].needs}")
+        return [staging, (kind, remote_spec(kind, remote, connections), f"--offload {kind}")]
+    raise ConfigError(f"--offload: expected {', '.join(OFFLOAD_KINDS)}, got {kind!r}")
 
 
 def open_tiers(plan: list[tuple[str, TierSpec, str]]) -> list[Backend]:
@@ -229,6 +261,11 @@ def stand_in(kind: str, spec: TierSpec, entry_size: Callable[[int], int] | None 
 
 __all__ = [
     "KINDS",
+    "OFFLOAD_KINDS",
+    "REMOTE_KINDS",
+    "configured_remote",
+    "is_remote",
+    "remote_spec",
     "TIER_KINDS",
     "TIER_LABELS",
     "TierKind",

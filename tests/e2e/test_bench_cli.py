@@ -153,6 +153,9 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert metrics["Storage Throughput (tok/s)"] == r["summary"]["storage_throughput_tokens_per_sec"]
     assert metrics["Storage Tier Read Device P95 (ms)"] == cs["storage_read_device_p95_ms"]
     assert metrics["Tier Storage Write Bandwidth (GiB/s)"] == cs["tier_storage_write_bandwidth_gbps"]
+    assert metrics["Storage Tier Write Total P50 (ms)"] == cs["storage_write_p50_ms"]  # filled from the model's
+    assert metrics["Tier Storage KV Bytes Written (GiB)"] == cs["tier_storage_kv_bytes_written_gb"]  # attributes
+    assert metrics["Storage Entries"] == cs["storage_entries"] and len(metrics) == 72
     qos = {row[0].value: row[1].value for row in wb["QoS Metrics"].iter_rows(min_row=2)}
     assert sum(qos.values()) == r["requests_completed"]
     rows = {row[0].value: row[1].value for row in wb["kvtier summary"].iter_rows(min_row=2)}

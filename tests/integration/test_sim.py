@@ -17,6 +17,9 @@ import pytest
 
 from tests.conftest import kvtier_cmd
 
+STARTUP_S = 60.0
+"""How long a sim or cache-server may take to answer with its port (a few seconds when idle)."""
+
 
 class Sim:
     def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
@@ -59,14 +62,15 @@ def start_sim(tmp_path: Path, *args: str) -> Sim:
         stderr=subprocess.PIPE,
         text=True,
     )
-    for _ in range(200):
+    deadline = time.monotonic() + STARTUP_S  # a loaded 2-core CI host once took over 10 s to import and bind
+    while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
             return Sim(proc, int(port_file.read_text()))
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read() if proc.stderr else "sim died")
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError("sim did not start")
+    raise AssertionError(f"sim did not start within {STARTUP_S} s")
 
 
 def stop_sim(sim: Sim) -> tuple[int, str]:
@@ -309,14 +313,15 @@ def start_cache_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str
         stderr=subprocess.PIPE,
         text=True,
     )
-    for _ in range(200):
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
             return proc, sock, int(port_file.read_text())
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read() if proc.stderr else "cache-server died")
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError("cache-server did not start")
+    raise AssertionError(f"cache-server did not start within {STARTUP_S} s")
 
 
 def test_two_replicas_share_one_cache_server(tmp_path: Path):

@@ -37,6 +37,7 @@ from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
 from kvtier.telemetry.iotrace import IOTraceWriter
+from kvtier.tiers import is_remote
 from kvtier.tokenizer import load_tokenizer
 from kvtier.units import GiB, MiB
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
@@ -452,7 +453,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         stale,
         io_trace,
         gds=gds,
-        remote=[b for b in backends if b.name in ("redis", "s3")] if not cfg.io_trace_log else [],
+        remote=[b for b in backends if is_remote(b.name)] if not cfg.io_trace_log else [],
     )
 
 

@@ -13,7 +13,7 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.errors import ConfigError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
-from kvtier.tiers import TierSpec, open_tier, stand_in
+from kvtier.tiers import TierSpec, is_remote, open_tier, remote_spec, stand_in
 from kvtier.units import GiB, MiB
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
         return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
                         keep_files=cfg.keep_cache, gds=gds)  # fmt: skip
     scope = f"{plan.workload.scope.tag()}/{cfg.kv_layout}"  # a shared namespace's keys name model and layout
-    return TierSpec(cfg.remote_capacity_bytes(name), remote=cfg, connections=plan.io_slots, scope=scope)
+    return remote_spec(name, cfg, plan.io_slots, scope)
 
 
 def remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:
@@ -131,7 +131,7 @@ def build_tiers(
         for name in order:
             if name != "gpu":
                 built[name] = tier = open_tier(name, _spec(plan, name, cache_dir, bool(gds["used"])))
-                if name in ("redis", "s3"):
+                if is_remote(name):
                     remote_warnings(tier, warnings)
                 continue
             ok, why = gpu_available()

@@ -63,7 +63,7 @@ def run_bench(args: argparse.Namespace) -> int:
     env = RunEnvironment.detect(cfg.mpi_timeout)  # under mpirun with >= 2 ranks: one client of many
     default_output = f"kvtier_bench_{utc_now().strftime('%Y%m%d-%H%M%S')}.json"
     if not env.distributed and cfg.num_clients > 1:
-        return launch_clients(cfg.num_clients, sys.argv, cfg.output or default_output, cfg.output is None)
+        return launch_clients(cfg, cfg.output or default_output)
     if env.distributed:  # without --output, every rank takes rank 0's default name
         return run_bench_rank(cfg, env, log, default_output)
     if cfg.output is None:
@@ -93,55 +93,40 @@ def run_bench(args: argparse.Namespace) -> int:
     return exit_code(result.status, result.stop_reason.code)
 
 
-def launch_clients(n: int, argv: list[str], output: str, add_output: bool) -> int:
-    """``--num-clients N``: this same command as N MPI ranks on this host (mpirun from Open MPI). The
-    exit status is the aggregate's (mpirun --enable-recovery reports 0 whatever the ranks did)."""
-    import json
+def launch_clients(cfg: BenchConfig, output: str) -> int:
+    """``--num-clients N``: this same run as N MPI ranks on this host (mpirun from Open MPI), each rank's command line
+    re-made from the config (``config_argv``: one client each, the aggregate at ``output``). The exit status is the
+    aggregate's, read back typed (mpirun --enable-recovery reports 0 whatever the ranks did)."""
     import os
     import subprocess
     import time
 
+    from kvtier.config.base import config_argv
+    from kvtier.errors import KvtierError
     from kvtier.mpi import require_mpi
-    from kvtier.results.envelope import Status, StopCode, exit_code
+    from kvtier.results import load
+    from kvtier.results.aggregate import BenchAggregate
+    from kvtier.results.envelope import exit_code
 
+    n = cfg.num_clients
     mpirun = require_mpi(f"--num-clients {n}")
-    rest = argv[argv.index("bench") + 1 :] if "bench" in argv else argv[1:]
-    out: list[str] = []
-    skip = False
-    for a in rest:  # drop --num-clients N / --num-clients=N: each rank is one client
-        if skip:
-            skip = False
-            continue
-        if a == "--num-clients":
-            skip = True
-            continue
-        if not a.startswith("--num-clients="):
-            out.append(a)
     root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    rank = cfg.model_copy(update={"num_clients": 1, "output": output})
     # --enable-recovery: a rank that dies does not take the others down (they finish; rank 0 reports it lost)
-    cmd = [
-        mpirun,
-        *root,
-        "--oversubscribe",
-        "--enable-recovery",
-        "-np",
-        str(n),
-        sys.executable,
-        "-m",
-        "kvtier",
-        "bench",
-    ]
-    cmd += out + (["--output", output] if add_output else [])
+    cmd = [mpirun, *root, "--oversubscribe", "--enable-recovery", "-np", str(n), sys.executable, "-m", "kvtier",
+           "bench", *config_argv(rank)]  # fmt: skip
     print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
     t0 = time.time()
     rc = subprocess.run(cmd, check=False).returncode
     try:
         if os.path.getmtime(output) < t0:
             return rc or 1  # no aggregate from this run
-        agg = json.loads(Path(output).read_text())
-        return exit_code(Status(agg["status"]), StopCode(agg["stop_reason"]["code"]))
-    except (OSError, ValueError, KeyError):
+        agg = load(output)
+    except (OSError, KvtierError):
         return rc or 1
+    if not isinstance(agg, BenchAggregate):
+        return rc or 1
+    return exit_code(agg.status, agg.stop_reason.code)
 
 
 def run_bench_rank(cfg: BenchConfig, rank: RunEnvironment, log: logging.Logger, default_output: str) -> int:

@@ -34,27 +34,26 @@ def clean_remote(a: argparse.Namespace) -> int:
     """Empty a shared namespace on the given servers; 0 when every server was emptied."""
 
     from kvtier.errors import ConfigError
-    from kvtier.tiers import TierSpec, open_tier
+    from kvtier.tiers import KINDS, configured_remote, open_tier, remote_spec
 
     flags = config_from_args(a, RemoteTierFlags, redis_mem_gb=1 if getattr(a, "redis_url", None) else 0)
     if flags.shared_namespace is None:
         raise ConfigError("--remote: give --remote-namespace shared:NAME (a run's own key space is emptied by the run)")
-    kinds = [k for k, v in (("redis", flags.redis_url), ("s3", flags.s3_bucket)) if v]
+    kinds = configured_remote(flags)
     if not kinds:
         raise ConfigError("--remote: give --redis-url and/or --s3-bucket")
     problems: list[str] = []
     for kind in kinds:
         try:
-            tier: Any = open_tier(kind, TierSpec(flags.remote_capacity_bytes(kind), remote=flags, connections=2))
+            tier: Any = open_tier(kind, remote_spec(kind, flags, connections=2))
         except ConfigError as e:
             problems.append(str(e))
             continue
         where = tier.prefix
         if a.dry_run:
-            keys = tier.server_keys() if kind == "redis" else list(tier.listing())
-            print(f"would remove {len(keys)} {'keys' if kind == 'redis' else 'objects'} under {where}")
+            print(f"would remove {len(tier.purge_preview())} {KINDS[kind].entries} under {where}")
         else:
-            print(f"removed {tier.purge()} {'keys' if kind == 'redis' else 'objects'} under {where}")
+            print(f"removed {tier.purge()} {KINDS[kind].entries} under {where}")
         problems += tier.cleanup_problems
         tier.close()
     for p in problems:

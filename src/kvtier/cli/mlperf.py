@@ -105,17 +105,17 @@ def run_mlperf(a: argparse.Namespace) -> int:
             write_text_atomic(cfg.output, json.dumps(est, indent=2))
         return 0
     summary = submission.run(cfg)
-    for o, s in summary["options"].items():
+    for o, s in summary.options.items():
         print(
             f"option {o}: read {s['aggregated_read_bandwidth_gbps']:.3f} GiB/s, write "
             f"{s['aggregated_write_bandwidth_gbps']:.3f} GiB/s, storage throughput "
             f"{s['aggregated_storage_throughput_tokens_per_sec']:.1f} tok/s, device read p95 "
             f"{s['aggregated_device_read_p95_ms']} ms ({s['trial_count']} trials, {s['rank_count']} ranks)"
         )
-    print(summary["system"]["submission_table_text"])
-    for line in summary["verdict"]:
+    print(summary.system["submission_table_text"])
+    for line in summary.verdict:
         print(f"verdict: {line}", file=sys.stderr)
-    print(f"summary: {cfg.results_dir}/kvcache_run_summary.json ({'OK' if not summary['verdict'] else 'see verdict'})")
-    if summary["interrupted"]:
+    print(f"summary: {cfg.results_dir}/kvcache_run_summary.json ({'OK' if not summary.verdict else 'see verdict'})")
+    if summary.interrupted:
         return 130
-    return 1 if summary["partial_failure"] else 0
+    return 1 if summary.partial_failure else 0

@@ -579,11 +579,7 @@ class BenchConfig(RemoteTierFlags):
 
     def configured_tiers(self) -> list[str]:
         """The tiers the flags ask for (the GPU tier even where no device will be found)."""
-        asked = {
-            "gpu": self.gpu_mem_gb > 0,
-            "cpu": self.cpu_mem_gb > 0,
-            "redis": bool(self.redis_url),
-            "storage": True,
-            "s3": bool(self.s3_bucket),
-        }
-        return [t for t, on in asked.items() if on]
+        from kvtier.tiers import KINDS
+
+        local = {"gpu": self.gpu_mem_gb > 0, "cpu": self.cpu_mem_gb > 0, "storage": True}
+        return [k.name for k in KINDS.values() if (k.configured(self) if k.remote else local[k.name])]

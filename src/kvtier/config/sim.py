@@ -9,7 +9,7 @@ from pydantic import model_validator
 
 from kvtier.config.base import flag
 from kvtier.config.replay import EventLoopKind
-from kvtier.config.tiers import RemoteTierFlags
+from kvtier.config.tiers import OffloadKind, RemoteTierFlags, SimOffloadKind
 
 DEFAULT_PRESET = "h100-llama3.1-8b"
 OFFLOAD = "offload tier"
@@ -95,7 +95,7 @@ class SimConfig(OffloadTierConfig):
         "timeout is a miss, counted in kvtier_sim:offload_errors",
         gt=0,
     )
-    offload: Literal["none", "cpu", "nvme", "redis", "s3", "remote"] = flag(
+    offload: SimOffloadKind = flag(
         "none",
         "offload tier: none; in-process cpu, nvme, redis (--redis-url) or s3 (--s3-bucket); or remote "
         "(a kvtier cache-server, --cache-server)",
@@ -126,7 +126,7 @@ class CacheServerConfig(OffloadTierConfig):
         "move through pages both sides map; the block size comes from the engines, --model is not used)",
     )
     model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks (--serve sim)")
-    offload: Literal["cpu", "nvme", "redis", "s3"] = flag(
+    offload: OffloadKind = flag(
         "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
     )
     socket: str = flag(..., "Unix socket path of the data API (replicas: --cache-server PATH)")

@@ -5,17 +5,25 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
 from kvtier.engine.backend import MAX_TTL_S
-from kvtier.tiers import TIER_KINDS
+from kvtier.tiers import OFFLOAD_KINDS, TIER_KINDS
 from kvtier.units import GiB
 
 REMOTE = "remote tiers"
 DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
+
+
+if TYPE_CHECKING:
+    OffloadKind = str
+    SimOffloadKind = str
+else:  # choices built from the tier table (kvtier/tiers.py): a new remote kind is a new choice, here and in --help
+    OffloadKind = Literal[OFFLOAD_KINDS]
+    SimOffloadKind = Literal[("none", *OFFLOAD_KINDS, "remote")]
 
 
 class RemoteTierFlags(StrictModel):
@@ -72,8 +80,10 @@ class RemoteTierFlags(StrictModel):
         return self.remote_namespace.removeprefix("shared:") if self.remote_namespace != "run" else None
 
     def remote_capacity_bytes(self, kind: str) -> int:
-        """The capacity of the remote tier ``kind`` ("redis" or "s3"), bytes."""
-        return int((self.redis_mem_gb if kind == "redis" else self.s3_capacity_gb) * GiB)
+        """The capacity of the remote tier ``kind``, bytes (its field is the tier table's ``capacity_field``)."""
+        from kvtier.tiers import KINDS
+
+        return int(getattr(self, KINDS[kind].capacity_field) * GiB)
 
     @field_validator("redis_url")
     @classmethod

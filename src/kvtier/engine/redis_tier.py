@@ -422,6 +422,10 @@ class RedisTier:
         finally:
             self._pool.close()
 
+    def purge_preview(self) -> list[str]:
+        """What ``purge`` would delete (``kvtier clean --remote --dry-run``)."""
+        return self.server_keys()
+
     def purge(self) -> int:
         """Delete every key under this tier's prefix (the run's own, or the whole shared namespace: what
         ``kvtier clean --remote`` does), ours only whatever the server lists; the keys deleted. Problems go to

@@ -352,6 +352,10 @@ class S3Tier:
         if not self.namespace:
             self.purge()
 
+    def purge_preview(self) -> list[str]:
+        """What ``purge`` would delete (``kvtier clean --remote --dry-run``)."""
+        return list(self.listing())
+
     def purge(self) -> int:
         """Delete every object under this tier's prefix (the run's own, or a whole shared namespace: ``kvtier
         clean --remote``) and abort its open multipart uploads, ours only whatever the server lists; the

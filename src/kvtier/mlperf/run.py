@@ -17,7 +17,6 @@ kvtier's figures: per trial the pooled percentiles of the MPI aggregate, the spr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -37,6 +36,7 @@ from kvtier.results import load
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import BenchResult
 from kvtier.results.envelope import WarningCode, iso, utc_now
+from kvtier.results.mlperf import MlperfRunSummary
 from kvtier.telemetry.host import mem_total_bytes
 from kvtier.units import GiB
 
@@ -482,7 +482,7 @@ def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: 
     }
 
 
-def run(cfg: MlperfConfig) -> dict[str, Any]:
+def run(cfg: MlperfConfig) -> MlperfRunSummary:
     """Every option x trial as one MPI run; returns (and writes) the run summary."""
     if not cfg.cache_dir or not cfg.results_dir:
         raise ConfigError("--cache-dir and --results-dir: required for kvtier mlperf run")
@@ -527,29 +527,29 @@ def run(cfg: MlperfConfig) -> dict[str, Any]:
             break
         if k < len(chosen) - 1 and eff["inter_option_delay"] > 0:
             time.sleep(eff["inter_option_delay"])
-    summary = {
-        "schema_version": "1.0",
-        "benchmark": "kvtier mlperf run",
-        "run_datetime": iso(started),
-        "finished_at": iso(utc_now()),
-        "mode": "open" if cfg.open else "closed",
-        "interrupted": interrupted,
-        "npernode": cfg.num_processes // max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()]) or 1),
-        "host_count": max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()])),
-        "total_ranks": cfg.num_processes,
-        "trials_per_option": eff["trials"],
-        "effective": eff,
-        "overrides": overrides(cfg),
-        "options": per_option,
-        "partial_failure": interrupted or any(o["partial_failure"] for o in per_option.values()),
-        "verdict": verdict(cfg, per_option, everything),
-        "system": system_section(cfg, per_option, everything),
-        "config": cfg.model_dump(mode="json"),
-    }
-    from kvtier.results.io import write_text_atomic
+    hosts = max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()]))
+    summary = MlperfRunSummary(
+        schema_version="1.0",
+        run_datetime=iso(started),
+        finished_at=iso(utc_now()),
+        mode="open" if cfg.open else "closed",
+        interrupted=interrupted,
+        npernode=cfg.num_processes // hosts,
+        host_count=hosts,
+        total_ranks=cfg.num_processes,
+        trials_per_option=eff["trials"],
+        effective=eff,
+        overrides=overrides(cfg),
+        options=per_option,
+        partial_failure=interrupted or any(o["partial_failure"] for o in per_option.values()),
+        verdict=verdict(cfg, per_option, everything),
+        system=system_section(cfg, per_option, everything),
+        config=cfg.model_dump(mode="json"),
+    )
+    from kvtier.results.io import write_json
 
     # a random, exclusively created temporary name: a planted kvcache_run_summary.tmp symlink is never followed
-    write_text_atomic(results_dir / "kvcache_run_summary.json", json.dumps(summary, indent=2), "--results-dir")
+    write_json(summary, results_dir / "kvcache_run_summary.json", "--results-dir")
     return summary
 
 

@@ -358,7 +358,8 @@ def stream_from_replay(path: str) -> AccessStream:
     folder = Path(path)
     summary = folder / "summary.json" if folder.is_dir() else folder
     result = load(summary)
-    from kvtier.results.replay import ReplayResult, read_records
+    from kvtier.results.records import read_records
+    from kvtier.results.replay import ReplayResult
 
     if not isinstance(result, ReplayResult):
         raise DatasetError(f"--from {path}: not a kvtier replay result")
@@ -367,15 +368,15 @@ def stream_from_replay(path: str) -> AccessStream:
     index = {u.user_id: i for i, u in enumerate(users)}
     sent: list[tuple[float, int, int]] = []
     for n, rec in read_records(records):
-        if rec.get("status") != "ok" or rec.get("start_unix_s") is None:
+        if not rec.ok or rec.start_unix_s is None:
             continue
-        u = index.get(str(rec.get("user")))
-        if u is None or not 0 <= rec.get("turn", -1) < len(users[u].turns):
+        u = index.get(rec.user)
+        if u is None or not rec.turn < len(users[u].turns):
             raise DatasetError(
-                f"{records}:{n}: user {rec.get('user')!r} turn {rec.get('turn')!r} is not in the replay's dataset "
+                f"{records}:{n}: user {rec.user!r} turn {rec.turn!r} is not in the replay's dataset "
                 f"({cfg.dataset}) as it reads now: has the file changed?"
             )
-        sent.append((float(rec["start_unix_s"]), u, int(rec["turn"])))
+        sent.append((rec.start_unix_s, u, rec.turn))
     if not sent:
         raise DatasetError(f"{records}: no ok request to order the dataset by")
     sent.sort()

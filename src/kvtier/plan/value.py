@@ -29,6 +29,7 @@ from typing import Any
 
 from kvtier.errors import DatasetError
 from kvtier.results.plan import Input, TierValue, ValueReport
+from kvtier.results.records import RequestRecord, read_records
 from kvtier.results.replay import ReplayResult, offload_sources
 
 HOURS_PER_MONTH = 730.0
@@ -63,10 +64,9 @@ def gpu_value(gpu_cost: float | None, saved_s_per_hour: float | None) -> float |
     return gpu_cost * saved_s_per_hour / 3600.0
 
 
-def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
+def decomposed_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
     """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's result."""
     from kvtier.results import load
-    from kvtier.results.replay import read_records
 
     result = load(folder)
     if not isinstance(result, ReplayResult):
@@ -75,8 +75,7 @@ def decomposed_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult
     path = base / "requests.jsonl"
     if not path.is_file():
         raise DatasetError(f"{path}: missing (plan value reads the per-request records beside summary.json)")
-    rows = [r for _, r in read_records(path)
-            if r.get("status") == "ok" and isinstance(r.get("server_ttft_parts"), dict)]  # fmt: skip
+    rows = [r for _, r in read_records(path) if r.ok and r.server_ttft_parts is not None]
     if not rows:
         raise DatasetError(
             f"{path}: no ok request carries the server's TTFT decomposition (a replay against kvtier sim has it; "
@@ -120,15 +119,14 @@ def value_report(
     prompt = recomputed = 0
     fetch_s = recompute_s = 0.0
     for r in rows:
-        src = r.get("prompt_sources") or {}
-        parts = r.get("server_ttft_parts") or {}
-        assert isinstance(src, dict) and isinstance(parts, dict)
-        prompt += sum(int(v) for v in src.values())
-        recomputed += int(src.get("recomputed", 0))
-        fetch_s += float(parts.get("fetch", 0.0))
-        recompute_s += float(parts.get("recompute", 0.0))
+        src = r.prompt_sources or {}
+        parts = r.server_ttft_parts or {}
+        prompt += sum(src.values())
+        recomputed += src.get("recomputed", 0)
+        fetch_s += parts.get("fetch", 0.0)
+        recompute_s += parts.get("recompute", 0.0)
         for k, v in offload_sources(src).items():
-            tokens[k] = tokens.get(k, 0) + int(v)
+            tokens[k] = tokens.get(k, 0) + v
             hits[k] = hits.get(k, 0) + 1
     if not tokens:
         raise DatasetError(no_offload_hits(folder, len(rows), prompt, recomputed))
@@ -188,12 +186,11 @@ def value_report(
                        inputs=inputs, tiers=out)  # fmt: skip
 
 
-def usage_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
+def usage_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
     """The ok records of a replay against any server (a real vLLM too), and the replay's result: where a record has
     no prompt sources (the sim's extension), its prompt is split by usage.prompt_tokens_details.cached_tokens into
     ``gpu`` (cached: usage cannot tell the GPU's hits from an offload tier's) and ``recomputed``."""
     from kvtier.results import load
-    from kvtier.results.replay import read_records
 
     result = load(folder)
     if not isinstance(result, ReplayResult):
@@ -201,13 +198,13 @@ def usage_records(folder: Path) -> tuple[list[dict[str, Any]], ReplayResult]:
     path = (folder if folder.is_dir() else folder.parent) / "requests.jsonl"
     rows = []
     for _, r in read_records(path):
-        if r.get("status") != "ok" or not r.get("prompt_tokens"):
+        if not r.ok or not r.prompt_tokens:
             continue
-        if not r.get("prompt_sources"):
-            if r.get("cached_tokens") is None:
+        if not r.prompt_sources:
+            if r.cached_tokens is None:
                 continue
-            cached = int(r["cached_tokens"])
-            r["prompt_sources"] = {"gpu": cached, "recomputed": int(r["prompt_tokens"]) - cached}
+            split = {"gpu": r.cached_tokens, "recomputed": r.prompt_tokens - r.cached_tokens}
+            r = r.model_copy(update={"prompt_sources": split})
         rows.append(r)
     if not rows:
         raise DatasetError(f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
@@ -236,8 +233,8 @@ def ladder_value_report(
     usable, result = usage_records(folder)
     wall = float(result.wall_s)
     hour = 3600.0 / wall if wall > 0 else 0.0
-    prompt = sum(int(r["prompt_tokens"]) for r in usable)
-    cached_of = [int(r["prompt_tokens"]) - int(r["prompt_sources"].get("recomputed", 0)) for r in usable]
+    prompt = sum(r.prompt_tokens or 0 for r in usable)
+    cached_of = [(r.prompt_tokens or 0) - (r.prompt_sources or {}).get("recomputed", 0) for r in usable]
     cached = sum(cached_of)
     if not cached:
         raise DatasetError(
@@ -245,10 +242,10 @@ def ladder_value_report(
             "cached_tokens): the prefix cache saved nothing to value (a dataset with multi-turn sessions has reuse; "
             "see the replay's reuse_opportunity)"
         )
-    hit = [(int(r["prompt_tokens"]), c) for r, c in zip(usable, cached_of) if c]
+    hit = [(r.prompt_tokens or 0, c) for r, c in zip(usable, cached_of) if c]
     saved = sum(pm.seconds(p) - pm.seconds(p - c, c) for p, c in hit)
     longest = fit.timing.range.max_prompt_tokens if fit.timing.range else None
-    extrapolated = sum(1 for r in usable if longest is not None and r["prompt_tokens"] > longest)
+    extrapolated = sum(1 for r in usable if longest is not None and (r.prompt_tokens or 0) > longest)
     note = f"the ladder's fitted prefill ({ladder}); {extrapolated} prompts longer than it measured (extrapolated)"
     inputs = [
         Input(name="prefill", value=round(pm.s_per_token, 9), unit="s/token (+ attention term)", source="derived",

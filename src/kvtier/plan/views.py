@@ -35,6 +35,7 @@ from kvtier.plan.value import decomposed_records, usage_records
 from kvtier.results.io import atomic_file
 from kvtier.results.ladder import LadderFit, LadderResult, Timing
 from kvtier.results.plan import TurnView, ViewInput, ViewsReport
+from kvtier.results.records import RequestRecord
 from kvtier.results.replay import offload_sources
 from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
@@ -65,7 +66,7 @@ def bandwidth_fetch(bw: dict[str, float], kvpt: int) -> Fetch:
     return lambda tier, tokens: tokens * kvpt / bw[tier] if tier in bw else None
 
 
-def _predict(rows: list[dict[str, Any]], fetch_s: Fetch, prefill: Prefill,
+def _predict(rows: list[RequestRecord], fetch_s: Fetch, prefill: Prefill,
              gpu_tokens: int | None = None, tpot_s: float = 0.0) -> list[tuple[float, float] | None]:  # fmt: skip
     """(TTFT, fetch) per row through the sim's model (module docstring); None where a tier that served the row
     has no fetch cost. With ``gpu_tokens`` (the GPU's KV capacity), requests are admitted first come, first served
@@ -75,19 +76,19 @@ def _predict(rows: list[dict[str, Any]], fetch_s: Fetch, prefill: Prefill,
     last_admit = 0.0
     held = 0
     running: list[tuple[float, int]] = []  # (release time, tokens), a heap
-    order = sorted(range(len(rows)), key=lambda i: float(rows[i]["start_unix_s"]))
+    order = sorted(range(len(rows)), key=lambda i: float(rows[i].start_unix_s or 0.0))
     pred: dict[int, tuple[float, float] | None] = {}
     for i in order:
         r = rows[i]
-        src: dict[str, int] = r["prompt_sources"]
+        src: dict[str, int] = r.prompt_sources or {}
         costs = [fetch_s(k, v) for k, v in offload_sources(src).items()]
         if any(c is None for c in costs):
             pred[i] = None
             continue
         fetch = sum(c for c in costs if c is not None)
-        arrival = float(r["start_unix_s"])
+        arrival = float(r.start_unix_s or 0.0)
         t = max(arrival, last_admit)
-        need = int(r.get("prompt_tokens") or 0) + int(r.get("max_tokens") or 0)
+        need = (r.prompt_tokens or 0) + r.max_tokens
         if gpu_tokens:
             while running and held + need > gpu_tokens:
                 release, tokens = heapq.heappop(running)
@@ -96,25 +97,25 @@ def _predict(rows: list[dict[str, Any]], fetch_s: Fetch, prefill: Prefill,
         last_admit = t
         start = max(t + fetch, free_at)
         new = int(src.get("recomputed", 0))
-        gpu_s, beside_s = prefill(new, int(r.get("prompt_tokens") or 0) - new)
+        gpu_s, beside_s = prefill(new, (r.prompt_tokens or 0) - new)
         free_at = start + gpu_s
         first = free_at + beside_s
         pred[i] = (first - arrival, fetch)
         if gpu_tokens:
-            heapq.heappush(running, (first + max(0, int(r.get("completion_tokens") or 1) - 1) * tpot_s, need))
+            heapq.heappush(running, (first + max(0, (r.completion_tokens or 1) - 1) * tpot_s, need))
             held += need
     return [pred[i] for i in range(len(rows))]
 
 
-def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> int:
+def write_storage_trace(rows: list[RequestRecord], kvpt: int, path: Path) -> int:
     """The requests' KV operations as an I/O trace (the MLPerf reference's CSV; module docstring); rows written."""
     chunk = CHUNK_TOKENS * kvpt
-    order = sorted(rows, key=lambda r: float(r["start_unix_s"]))
+    order = sorted(rows, key=lambda r: float(r.start_unix_s or 0.0))
     # where each session's chunk i is first read from: its write goes there (it was held there when served)
     home: dict[tuple[str, int], str] = {}
     plans = []
     for r in order:
-        src: dict[str, int] = r["prompt_sources"]
+        src: dict[str, int] = r.prompt_sources or {}
         gpu = int(src.get("gpu", 0)) // CHUNK_TOKENS
         i = gpu
         reads = []
@@ -124,16 +125,16 @@ def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> in
                 raise ConfigError(f"the storage view runs the cpu and storage tiers; the replay has {k!r}")
             for _ in range(int(v) // CHUNK_TOKENS):
                 reads.append((i, tier))
-                home.setdefault((r["session"], i), tier)
+                home.setdefault((r.session, i), tier)
                 i += 1
-        plans.append((r, reads, int(r["prompt_tokens"] or 0) // CHUNK_TOKENS))
+        plans.append((r, reads, (r.prompt_tokens or 0) // CHUNK_TOKENS))
     written: dict[str, int] = {}
     n = 0
     with atomic_file(path) as f:  # never through a file or link planted at the name
         f.write(HEADER)
         for r, reads, full in plans:
-            t = float(r["start_unix_s"])
-            s = r["session"]
+            t = float(r.start_unix_s or 0.0)
+            s = r.session
             for i, tier in reads:
                 f.write(f"{t:.6f},Read,{chunk},{TIER_LABELS[tier]},{s}/{i},Decode\n")
                 n += 1
@@ -145,11 +146,11 @@ def write_storage_trace(rows: list[dict[str, Any]], kvpt: int, path: Path) -> in
     return n
 
 
-def _by_turn(rows: list[dict[str, Any]], b: list[tuple[float, float] | None],
+def _by_turn(rows: list[RequestRecord], b: list[tuple[float, float] | None],
              c: list[tuple[float, float] | None] | None) -> list[TurnView]:  # fmt: skip
     turns: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
-        turns.setdefault(int(r["turn"]), []).append(i)
+        turns.setdefault(r.turn, []).append(i)
 
     def mean(xs: list[float]) -> float:
         return round(sum(xs) / len(xs), 6)
@@ -166,8 +167,8 @@ def _by_turn(rows: list[dict[str, Any]], b: list[tuple[float, float] | None],
 
     out = []
     for turn, idx in sorted(turns.items()):
-        mt = mean([float(rows[i]["ttft_s"]) for i in idx])
-        parts = [rows[i].get("server_ttft_parts") for i in idx]
+        mt = mean([float(rows[i].ttft_s or 0.0) for i in idx])
+        parts = [rows[i].server_ttft_parts for i in idx]
         mf = mean([float(x.get("fetch", 0.0)) for x in parts if x]) if all(parts) else None
         pt, pf = means(b, idx)
         ct, cf = means(c, idx)
@@ -209,7 +210,7 @@ def views_report(
         rows, result = usage_records(folder)
     else:
         rows, result = decomposed_records(folder)
-    rows = [r for r in rows if r.get("prompt_sources") and r.get("ttft_s") and r.get("start_unix_s")]
+    rows = [r for r in rows if r.prompt_sources and r.ttft_s and r.start_unix_s]
     if not rows:
         raise DatasetError(f"{replay}: no ok request with its prompt's sources and a TTFT")
     if lad is not None:
@@ -274,7 +275,7 @@ def views_report(
     )  # fmt: skip
 
 
-def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: LadderResult, fit: LadderFit,
+def _ladder_views(folder: Path, rows: list[RequestRecord], result: Any, lad: LadderResult, fit: LadderFit,
                   path: str, fetch_from: str | None, model: str | None) -> ViewsReport:  # fmt: skip
     """View (b) from a ladder: the measured prefill (compute on the GPU's FIFO, the fixed cost beside it), each
     offload tier's measured fetch curve (or a bench's bandwidth for a tier the ladder did not measure), the measured
@@ -306,7 +307,7 @@ def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: La
     ]  # fmt: skip
     inputs += [ViewInput(name=f"{f.tier} fetch", value=f.s_per_token * 1e6, unit="us/token",
                          source=f"measured (the ladder {path})") for f in t.fetch]  # fmt: skip
-    if not all(r.get("server_ttft_parts") for r in rows):
+    if not all(r.server_ttft_parts for r in rows):
         split = "usage.cached_tokens (the server sends no per-tier split: cached = gpu)"
         inputs.append(ViewInput(name="prompt split", value=None, unit="", source=split))
     turns = _by_turn(rows, b, None)
@@ -318,24 +319,24 @@ def _ladder_views(folder: Path, rows: list[dict[str, Any]], result: Any, lad: La
     )  # fmt: skip
 
 
-def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
+def _findings(rows: list[RequestRecord], turns: list[TurnView]) -> list[str]:
     """What the errors come from, in words: the parts the model leaves out, as measured."""
     out = []
-    if not all(r.get("server_ttft_parts") for r in rows):
+    if not all(r.server_ttft_parts for r in rows):
         return [f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
                 f"({t.ttft_error:+.0%})"
                 for t in turns if t.ttft_error is not None and abs(t.ttft_error) > 0.2]  # fmt: skip
-    queue = [float(r["server_ttft_parts"].get("queue", 0.0)) for r in rows]
-    ttft = [float(r["ttft_s"]) for r in rows]
+    queue = [(r.server_ttft_parts or {}).get("queue", 0.0) for r in rows]
+    ttft = [float(r.ttft_s or 0.0) for r in rows]
     if sum(ttft) > 0:
         share = sum(queue) / sum(ttft)
         if share > 0.1:
             out.append(f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks): the "
                        "prediction models it from the GPU's capacity and the preset's decode time")  # fmt: skip
-    server = [float(r["server_ttft_s"] or 0.0) for r in rows]
+    server = [float(r.server_ttft_s or 0.0) for r in rows]
     client = statistics.median(t - s for t, s in zip(ttft, server))
     out.append(f"the client and loopback added {client * 1e3:.2f} ms at the median (outside the server's parts)")
-    fetch = sum(float(r["server_ttft_parts"].get("fetch", 0.0)) for r in rows)
+    fetch = sum((r.server_ttft_parts or {}).get("fetch", 0.0) for r in rows)
     for label, key in (("(b)", "predicted_fetch_s"), ("(c)", "storage_fetch_s")):
         pred = [(getattr(t, key), t.requests) for t in turns]
         if fetch > 0 and all(p is not None for p, _ in pred):
@@ -349,7 +350,7 @@ def _findings(rows: list[dict[str, Any]], turns: list[TurnView]) -> list[str]:
     return out
 
 
-def _storage_run(rows: list[dict[str, Any]], kvpt: int, work: Path, storage_dir: str | None
+def _storage_run(rows: list[RequestRecord], kvpt: int, work: Path, storage_dir: str | None
                  ) -> tuple[list[TierReadCost], str]:  # fmt: skip
     from kvtier import iotrace
     from kvtier.config.iotrace import TraceReplayConfig

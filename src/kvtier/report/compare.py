@@ -74,7 +74,7 @@ def _fixed(kind: str) -> tuple[str, ...]:
 
 
 def _config(it: Loaded) -> dict[str, Any]:
-    cfg = it.result.config  # an MPI aggregate keeps rank 0's config as a dict
+    cfg = getattr(it.result, "config", {})  # an MPI aggregate keeps rank 0's config as a dict
     return dict(cfg) if isinstance(cfg, dict) else dict(cfg.model_dump(mode="json"))
 
 
@@ -97,10 +97,10 @@ def _problems(conditions: Sequence[Sequence[Loaded]]) -> tuple[list[str], list[s
                     problems.append(f"{it.label}: {k}: {shown}")
             differs |= {k for k in c if k not in fixed and c.get(k) != base.get(k) and k not in COSMETIC}
     if kind == "replay":
-        b = conditions[0][0].result
+        b = conditions[0][0].replay
         for cond in conditions:
             for it in cond:
-                r = it.result
+                r = it.replay
                 if r.summary.sessions.complete != b.summary.sessions.complete or (
                     r.concurrency.achieved != b.concurrency.achieved
                 ):

@@ -7,49 +7,24 @@ records (``requests.jsonl`` beside ``summary.json``); they are read once into ``
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from kvtier.errors import DatasetError
-from kvtier.results.replay import tpot_s
+from kvtier.results.bench import BenchResult
+from kvtier.results.launch import LaunchResult
+from kvtier.results.records import ReplayRecords
+from kvtier.results.replay import ReplayResult
 from kvtier.stats import percentile
 
+if TYPE_CHECKING:
+    from kvtier.results import AnyResult
+    from kvtier.results.plan import PlanResult
+
+R = TypeVar("R")
+
 LOWER, HIGHER = "lower", "higher"
-_FIELDS = ('"turn": ', '"status": "', '"ttft_s": ', '"e2e_s": ', '"completion_tokens": ', '"start_unix_s": ')
-"""The fields the report reads from a requests.jsonl line (results/replay.py ``ReplayRecord``): each key as
-it is written, ending in what precedes its value (a string's value starts after its opening quote)."""
-
-
-def _fast_fields(text: str) -> tuple[str, ...] | None:
-    """The six fields, each found with ``str.find`` wherever it is in the line (linear in the line, whatever
-    it holds: a lazy regular expression backtracked for minutes on a crafted line; and any key order, so an
-    MPI rank's lines, which carry ``rank`` too, take this path). A key cannot appear inside a value: JSON
-    escapes a quote inside a string, and ``"turn": `` is not a part of ``"session_turn": ``. A string value
-    ends at its closing quote, a number at the next comma or closing brace. None when a field is missing or
-    a string holds an escaped quote (the line is then parsed as JSON)."""
-    out = []
-    for key in _FIELDS:
-        i = text.find(key)
-        if i < 0:
-            return None
-        start = i + len(key)
-        if key.endswith('"'):
-            j = text.find('"', start)
-            if j < 0 or text[j - 1] == "\\":
-                return None
-        else:
-            ends = [k for k in (text.find(",", start), text.find("}", start)) if k >= 0]
-            if not ends:
-                return None
-            j = min(ends)
-        out.append(text[start:j].strip())
-    return tuple(out)
-
-
 FEW_SAMPLES = 30
 """A percentile or mean from fewer samples than this is flagged in the report: its tail is one or two
 requests, not a distribution."""
@@ -68,100 +43,43 @@ class Figure:
         return self.samples is not None and self.value is not None and self.samples < FEW_SAMPLES
 
 
-MAX_TURN = 1 << 31
-"""The largest turn number a requests.jsonl line may carry (a session of two billion turns)."""
-
-
-@dataclass
-class ReplayRecords:
-    """requests.jsonl in columns (only the fields the report uses)."""
-
-    turn: np.ndarray
-    ok: np.ndarray
-    ttft_s: np.ndarray  # nan where none
-    tpot_s: np.ndarray  # nan where fewer than two tokens
-    start_s: np.ndarray  # since the first request's start
-
-    @classmethod
-    def read(cls, path: Path) -> ReplayRecords | None:
-        """The columns of requests.jsonl. Fast path: the six fields used found by ``_fast_fields`` (the
-        inter-token gaps, most of a line, are skipped); a line it does not read is parsed as JSON."""
-        if not path.is_file():
-            return None
-        turn: list[int] = []
-        ok: list[bool] = []
-        ttft: list[float] = []
-        tpot: list[float] = []
-        start: list[float] = []
-        nan = float("nan")
-
-        def num(v: Any) -> float:
-            return nan if v in (None, "null") else float(v)
-
-        with path.open(encoding="utf-8") as f:
-            for line, text in enumerate(f, start=1):
-                fields: tuple[Any, ...] | None = _fast_fields(text)
-                try:
-                    if fields is None or not fields[0].isdigit():
-                        raise ValueError
-                    t, status, tt, e2e, n, st = fields
-                    ttft_v, e2e_v, n_v, start_v = num(tt), num(e2e), num(n), num(st)
-                except ValueError:  # not as the client writes it: the line as JSON
-                    try:
-                        r = json.loads(text)
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{path}:{line}: not valid JSON ({e.msg})") from None
-                    if not isinstance(r, dict):
-                        raise DatasetError(f"{path}:{line}: not a JSON object") from None
-                    t, status, tt, e2e, n, st = (r.get("turn") or 0, r.get("status"), r.get("ttft_s"), r.get("e2e_s"),
-                                                 r.get("completion_tokens"), r.get("start_unix_s"))  # fmt: skip
-                    try:
-                        ttft_v, e2e_v, n_v, start_v = num(tt), num(e2e), num(n), num(st)
-                        t = int(t)
-                    except (TypeError, ValueError):
-                        raise DatasetError(f"{path}:{line}: a field that is not a number") from None
-                if not 0 <= int(t) <= MAX_TURN:  # 1e308 or 400 digits: no turn number, and no int64 either
-                    raise DatasetError(f"{path}:{line}: turn {str(t)[:40]} is not a turn number (0..{MAX_TURN})")
-                good = status == "ok" and ttft_v == ttft_v
-                turn.append(int(t))
-                ok.append(good)
-                ttft.append(ttft_v)
-                v = tpot_s(e2e_v, ttft_v, n_v) if good else None
-                tpot.append(nan if v is None else v)
-                start.append(start_v)
-        s = np.asarray(start, dtype=np.float64)
-        base = np.nanmin(s) if np.isfinite(s).any() else 0.0
-        return cls(
-            np.asarray(turn, dtype=np.int64),
-            np.asarray(ok, dtype=bool),
-            np.asarray(ttft, dtype=np.float64),
-            np.asarray(tpot, dtype=np.float64),
-            s - base,
-        )
-
-    def ttft_ok(self, later: bool | None = None) -> np.ndarray:
-        m = self.ok & np.isfinite(self.ttft_s)
-        if later is True:
-            m &= self.turn > 0
-        elif later is False:
-            m &= self.turn == 0
-        out: np.ndarray = self.ttft_s[m]
-        return out
-
-
 @dataclass
 class Loaded:
     """One result as the report sees it: its label, kind, typed model and, for a replay, its records."""
 
     path: str
     label: str
-    kind: str  # bench | replay | bench-mpi | mlperf | launch
-    result: Any
+    kind: str  # bench | replay | bench-mpi | mlperf | launch | sweep | ladder | arms | plan-<subcommand>
+    result: AnyResult
     records: ReplayRecords | None = None
     figures: list[Figure] = field(default_factory=list)
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
+
+    def _as(self, cls: type[R]) -> R:
+        if not isinstance(self.result, cls):
+            raise TypeError(f"{self.path}: a {type(self.result).__name__}, not a {cls.__name__} ({self.kind})")
+        return self.result
+
+    # the result as its kind's model: the report groups by kind, and each part reads the one model it draws
+    @property
+    def bench(self) -> BenchResult:
+        return self._as(BenchResult)
+
+    @property
+    def replay(self) -> ReplayResult:
+        return self._as(ReplayResult)
+
+    @property
+    def launch(self) -> LaunchResult:
+        return self._as(LaunchResult)
+
+    @property
+    def plan(self) -> PlanResult:
+        if not self.kind.startswith("plan-"):
+            raise TypeError(f"{self.path}: a {type(self.result).__name__}, not a kvtier plan answer ({self.kind})")
+        return self.result  # type: ignore[return-value]  # every plan-* kind is one of PlanResult's models
 
 
 def _p(values: np.ndarray, q: float) -> float | None:

@@ -22,10 +22,19 @@ from typing import Any
 
 from kvtier import __version__
 from kvtier.errors import ConfigError
-from kvtier.report.figures import FEW_SAMPLES, Loaded, ReplayRecords, figures_of, sentences, ttft_sentence
+from kvtier.report.figures import FEW_SAMPLES, Loaded, figures_of, sentences, ttft_sentence
 from kvtier.report.plan import PLAN_KINDS, PLAN_PLOTS, PLAN_TITLES, SWEEP_PLOTS, plan_figures, plan_status_rows
+from kvtier.results.aggregate import BenchAggregate
+from kvtier.results.arms import ArmsResult
+from kvtier.results.bench import BenchResult
 from kvtier.results.io import write_bytes_atomic
+from kvtier.results.ladder import LadderResult
+from kvtier.results.launch import LaunchResult
+from kvtier.results.mlperf import MlperfRunSummary
 from kvtier.results.outcome import label as cause_label
+from kvtier.results.records import ReplayRecords
+from kvtier.results.replay import ReplayResult
+from kvtier.results.sweep import SweepResult
 
 KINDS = {
     "kvtier bench": "bench",
@@ -173,9 +182,9 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
     """What each kind's verdict is, in rows: status, why it stopped, counts and causes, its key flags."""
     r = it.result
     rows: list[tuple[str, Any]] = [("file", it.path)]
-    if hasattr(r, "status"):
+    if not isinstance(r, MlperfRunSummary):  # the wrapper's layout has no envelope
         rows += [("status", r.status.value), ("stop", f"{r.stop_reason.code.value}: {r.stop_reason.message}")]
-    if it.kind == "bench":
+    if isinstance(r, BenchResult):
         h = r.summary.cache_stats.storage_health
         rows += [
             ("requests ok / failed", f"{r.requests_completed:,} / {r.requests_failed:,}"),
@@ -183,7 +192,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             (f"storage health ({h.profile})", f"{h.overall_status} ({h.passed_count}/{h.total_count} criteria passed)"),
             ("key flags", _flags(r.config, BENCH_FLAGS)),
         ]
-    elif it.kind == "replay":
+    elif isinstance(r, ReplayResult):
         s = r.summary
         rows += [
             ("requests ok / failed / cut", f"{s.requests_ok:,} / {s.requests_failed:,} / {s.requests_cut_at_stop:,}"),
@@ -198,22 +207,22 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
         went = ttft_sentence(s)
         if went:
             rows.append(("where TTFT went (the server's decomposition)", went))
-    elif it.kind == "bench-mpi":
+    elif isinstance(r, BenchAggregate):
         t = r.totals
         rows += [
             ("ranks reported / launched", f"{r.ranks_reported} / {r.ranks_launched}"),
             ("requests ok / failed", f"{t.requests_completed:,} / {t.requests_failed:,}"),
             ("failures by cause", _causes(t.failures)),
         ]
-    elif it.kind == "mlperf":
+    elif isinstance(r, MlperfRunSummary):
         rows += [
             ("mode", f"{r.mode}, {r.trials_per_option} trials per option, {r.total_ranks} ranks"),
             ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
             ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
-            ("submission table", ((r.model_extra or {}).get("system") or {}).get("submission_table_text")),
+            ("submission table", r.system.get("submission_table_text")),
             ("beside the published v3.0 KV rows", _published(r.options)),
         ]
-    elif it.kind == "launch":
+    elif isinstance(r, LaunchResult):
         rows += [
             (
                 "profile",
@@ -229,7 +238,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
         ]
         for f in r.faults or []:
             rows.append((f"fault {f.kind}@{f.at_s:g}", f.sentence()))
-    elif it.kind == "sweep":
+    elif isinstance(r, SweepResult):
         ran = [t for t in r.trials if t.status != "not-run"]
         g = r.grid
         rows += [
@@ -238,7 +247,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
                                             f"{len(r.trials)}"),
             ("dataset", f"{g.dataset} (sim {g.sim_model}, {g.gpu_kv_gb:g} GB GPU KV, preset {g.preset})"),
         ]  # fmt: skip
-    elif it.kind == "ladder":
+    elif isinstance(r, LadderResult):
         sv = r.server
         rows += [
             ("server", f"{sv.model} at {sv.base_url} ({sv.kind}), tiers: "
@@ -248,29 +257,29 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
              f"median |error| {r.fit.prefill_fit_median_abs_rel_err} fitted, {r.fit.prefill_holdout_median_abs_rel_err}"
              f" held back ({'superlinear' if r.fit.superlinear else 'linear'})"),
         ]  # fmt: skip
-    elif it.kind == "arms":
+    elif isinstance(r, ArmsResult):
         rows.append(("rounds", f"{r.rounds}, in the orders {'; '.join(', '.join(o) for o in r.order)}"))
-        for s in r.arms:
-            t = s.later_ttft
-            p50 = "—" if t.p50_s is None else f"{t.p50_s:.3f} s [{t.p50_lo_s:.3f}, {t.p50_hi_s:.3f}]"
-            src = ", ".join(f"{k} {100 * v:.1f} %" for k, v in s.hit_rate_by_source.items()) or "not counted"
-            runs = ", ".join(f"r{x.round} {x.status}" for x in s.runs)
-            rows.append((f"arm {s.arm} ({s.offload_engine}, {s.tier} tier)",
-                         f"later-turn TTFT p50 {p50}, p95 {t.p95_s} s (n={t.n}); prompt tokens by source: {src}; "
-                         + ("" if s.offload.cross_replica_loads is None else
-                            f"blocks loaded that another replica stored: {s.offload.cross_replica_loads:.0f}; ")
-                         + f"failed {_causes(s.failed)}; runs {runs}"))  # fmt: skip
+        for arm in r.arms:
+            lt = arm.later_ttft
+            p50 = "—" if lt.p50_s is None else f"{lt.p50_s:.3f} s [{lt.p50_lo_s:.3f}, {lt.p50_hi_s:.3f}]"
+            src = ", ".join(f"{k} {100 * v:.1f} %" for k, v in arm.hit_rate_by_source.items()) or "not counted"
+            runs = ", ".join(f"r{x.round} {x.status}" for x in arm.runs)
+            rows.append((f"arm {arm.arm} ({arm.offload_engine}, {arm.tier} tier)",
+                         f"later-turn TTFT p50 {p50}, p95 {lt.p95_s} s (n={lt.n}); prompt tokens by source: {src}; "
+                         + ("" if arm.offload.cross_replica_loads is None else
+                            f"blocks loaded that another replica stored: {arm.offload.cross_replica_loads:.0f}; ")
+                         + f"failed {_causes(arm.failed)}; runs {runs}"))  # fmt: skip
         for v in r.verdicts:
             rows.append((f"verdict {v.arm} against none", v.why))
-    elif it.kind.startswith("plan-"):
-        rows += plan_status_rows(r)
+    else:
+        rows += plan_status_rows(it.plan)
     rows.append(("warnings", ", ".join(w.code for w in getattr(r, "warnings", [])) or "none"))
     return rows
 
 
 def _launch_replay(it: Loaded) -> Path | None:
     """The replay folder of a launch (its summary.json beside launch.json's replay/), when present."""
-    cfg = it.result.config
+    cfg = it.launch.config
     here = Path(it.path) if Path(it.path).is_dir() else Path(it.path).parent
     folder = Path(cfg.replay.output) if cfg.replay.output else here / "replay"
     return folder if (folder / "summary.json").is_file() else None
@@ -321,8 +330,8 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         if not group:
             continue
         parts.append(f"<h2>{TITLES[kind]}</h2>")
-        if kind == "replay" and len({(it.result.dataset.path, it.result.dataset.format) for it in group}) > 1:
-            used = ", ".join(f"{it.label}: {it.result.dataset.path}" for it in group)
+        if kind == "replay" and len({(it.replay.dataset.path, it.replay.dataset.format) for it in group}) > 1:
+            used = ", ".join(f"{it.label}: {it.replay.dataset.path}" for it in group)
             parts.append(f"<p><b>Note:</b> these replays used different datasets ({html.escape(used)}): their "
                          "figures describe different work.</p>")  # fmt: skip
         if len(group) > 1:

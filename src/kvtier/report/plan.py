@@ -126,7 +126,7 @@ def _first(draw: Callable[[Any], bytes | None], title: str, answers: str) -> Cal
 
     def make(items: Sequence[Loaded]) -> Plot | None:
         for it in items:
-            png = draw(it.result.answer)
+            png = draw(it.plan.answer)
             if png is not None:
                 return (title + ("" if len(items) == 1 else f" ({it.label})"), answers, png)
         return None
@@ -135,7 +135,7 @@ def _first(draw: Callable[[Any], bytes | None], title: str, answers: str) -> Cal
 
 
 def _sweeps(items: Sequence[Loaded]) -> Plot | None:
-    png = recommend_png([(it.label, it.result.answer) for it in items])
+    png = recommend_png([(it.label, it.plan.answer) for it in items])
     return (
         None
         if png is None

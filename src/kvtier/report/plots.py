@@ -120,7 +120,7 @@ def _nines_axis(ax: Any) -> None:
 
 def tier_latency(items: Sequence[Loaded]) -> Plot | None:
     """Per tier and direction: total, device and host latency at p50..p99.99 (the tails on a log axis)."""
-    panels = sorted({(t, op) for it in items for t, ts in it.result.tiers.items() for op in ("read", "write")
+    panels = sorted({(t, op) for it in items for t, ts in it.bench.tiers.items() for op in ("read", "write")
                      if getattr(ts, op).ops})  # fmt: skip
     if not panels:
         return None
@@ -128,7 +128,7 @@ def tier_latency(items: Sequence[Loaded]) -> Plot | None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (tier, op) in zip(axes[0], panels):
         for i, it in enumerate(items):
-            ts = it.result.tiers.get(tier)
+            ts = it.bench.tiers.get(tier)
             if ts is None or not getattr(ts, op).ops:
                 continue
             o = getattr(ts, op)
@@ -152,17 +152,17 @@ def tier_latency(items: Sequence[Loaded]) -> Plot | None:
 
 def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
     """Generated tokens/s each second, and each tier's fill from the device sampler's timeline."""
-    if not any(it.result.throughput_timeline for it in items):
+    if not any(it.bench.throughput_timeline for it in items):
         return None
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
     for i, it in enumerate(items):
-        tl = it.result.throughput_timeline
+        tl = it.bench.throughput_timeline
         if tl:
             a.plot([p.timestamp for p in tl], [p.throughput_tokens_per_sec for p in tl], ".-", color=f"C{i}",
                    label=it.label)  # fmt: skip
-        dev = it.result.device
-        caps = {k: v.capacity_bytes for k, v in it.result.tier_usage_at_end.items()}
+        dev = it.bench.device
+        caps = {k: v.capacity_bytes for k, v in it.bench.tier_usage_at_end.items()}
         if dev is not None and dev.timeline:
             for j, tier in enumerate(sorted(caps)):
                 pts = [(p["t_s"], (p.get("tier_used_bytes") or {}).get(tier)) for p in dev.timeline
@@ -186,14 +186,14 @@ def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
 
 
 def device_timeline(items: Sequence[Loaded]) -> Plot | None:
-    have = [it for it in items if it.result.device is not None and it.result.device.timeline]
+    have = [(it, d) for it in items if (d := it.bench.device) is not None and d.timeline]
     if not have:
         return None
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
-    for i, it in enumerate(have):
-        tl = [p for p in it.result.device.timeline if isinstance(p.get("t_s"), (int, float))]  # a point must say when
-        for j, dev in enumerate(it.result.device.devices):
+    for i, (it, stats) in enumerate(have):
+        tl = [p for p in stats.timeline if isinstance(p.get("t_s"), (int, float))]  # a point must say when
+        for j, dev in enumerate(stats.devices):
             t = [p["t_s"] for p in tl]
             util = [(p.get("devices") or {}).get(dev, {}).get("utilization") for p in tl]
             a.plot(t, util, ["-", "--"][j % 2], color=f"C{i}", label=f"{it.label} {dev}")
@@ -217,7 +217,7 @@ def device_timeline(items: Sequence[Loaded]) -> Plot | None:
 
 def qos(items: Sequence[Loaded]) -> Plot | None:
     classes = ("interactive", "responsive", "batch")
-    rows = [(it, c, it.result.summary.qos_metrics.get(c)) for it in items for c in classes]
+    rows = [(it, c, it.bench.summary.qos_metrics.get(c)) for it in items for c in classes]
     rows = [(it, c, q) for it, c, q in rows if q is not None and not q.no_data]
     if not rows:
         return None
@@ -227,7 +227,7 @@ def qos(items: Sequence[Loaded]) -> Plot | None:
     for i, it in enumerate(items):
         xs, ys = [], []
         for k, c in enumerate(classes):
-            q = it.result.summary.qos_metrics.get(c)
+            q = it.bench.summary.qos_metrics.get(c)
             if q is not None and not q.no_data and q.sla.actual_p95_ms is not None:
                 xs.append(k + i * width)
                 ys.append(q.sla.actual_p95_ms)
@@ -249,14 +249,14 @@ def qos(items: Sequence[Loaded]) -> Plot | None:
 
 
 def autoscaler(items: Sequence[Loaded]) -> Plot | None:
-    have = [it for it in items if it.result.summary.autoscaling_stats]
+    have = [it for it in items if it.bench.summary.autoscaling_stats]
     if not have:
         return None
     plt = _plt()
     fig, a = plt.subplots(figsize=(7, 3.4))
     b = a.twinx()
     for i, it in enumerate(have):
-        ev = it.result.summary.autoscaling_stats
+        ev = it.bench.summary.autoscaling_stats
         stamps = [dt.datetime.fromisoformat(e.timestamp).timestamp() for e in ev]
         t = [s - stamps[0] for s in stamps]
         a.step(t, [e.users for e in ev], where="post", color=f"C{i}", label=f"{it.label} users")
@@ -271,7 +271,7 @@ def autoscaler(items: Sequence[Loaded]) -> Plot | None:
 
 
 def read_amplification(items: Sequence[Loaded]) -> Plot | None:
-    vals = [(it.label, it.result.summary.kv_layout_stats.read_amplification) for it in items]
+    vals = [(it.label, it.bench.summary.kv_layout_stats.read_amplification) for it in items]
     vals = [(k, v) for k, v in vals if v is not None]
     if len(vals) < 2:  # one number is a table row, not a plot
         return None
@@ -301,7 +301,7 @@ def ttft_cdf(items: Sequence[Loaded]) -> Plot | None:
             _cdf(ax, it.records.ttft_ok(True), f"C{i}", f"{it.label} later turns", "--")
             drawn = True
         else:  # no requests.jsonl: the summary's percentiles
-            d = it.result.summary.ttft_s
+            d = it.replay.summary.ttft_s
             pts = [(v, q / 100) for k, q in PCT_KEYS if (v := getattr(d, k)) is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=f"C{i}", label=f"{it.label} (percentiles)")
@@ -333,7 +333,7 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
             ax.plot(turns, p95, ":", color=f"C{i}", label=f"{it.label} p95")
             drawn = bool(turns) or drawn
         else:  # no requests.jsonl: the summary's medians
-            by = it.result.summary.ttft_degradation.ttft_s_by_turn_p50
+            by = it.replay.summary.ttft_degradation.ttft_s_by_turn_p50
             if by:
                 ax.plot([int(k) for k in by], list(by.values()), "-o", color=f"C{i}", label=f"{it.label} median")
                 drawn = True
@@ -353,7 +353,7 @@ PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "se
 def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
     """Per turn, the server's mean TTFT stacked by part (the sim's decomposition), beside the client's TTFT;
     one panel per result that has it, and the prompt's share from cache above each bar."""
-    have = [it for it in items if (d := it.result.summary.ttft_decomposition) is not None and d.requests]
+    have = [(it, d) for it in items if (d := it.replay.summary.ttft_decomposition) is not None and d.requests]
     if not have:
         return None
     plt = _plt()
@@ -363,8 +363,8 @@ def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
     flat = list(axes.flat)
     for ax in flat[len(have) :]:
         ax.set_visible(False)
-    for ax, it in zip(flat, have, strict=False):
-        turns = it.result.summary.ttft_decomposition.by_turn
+    for ax, (it, decomposition) in zip(flat, have, strict=False):
+        turns = decomposition.by_turn
         x = [t.turn for t in turns]
         bottom = np.zeros(len(x))
         for k, part in enumerate(PARTS):
@@ -403,7 +403,7 @@ def hit_rates(items: Sequence[Loaded]) -> Plot | None:
     fig, ax = plt.subplots(figsize=(7, 3.4))
     drawn = False
     for i, it in enumerate(items):
-        for m in it.result.server_metrics[:1]:
+        for m in it.replay.server_metrics[:1]:
             for attr, style, name in series:
                 pts = [(p.t, p.rate) for p in (getattr(m, attr) or []) if p.rate is not None]
                 if pts:
@@ -423,7 +423,7 @@ def sessions(items: Sequence[Loaded]) -> Plot | None:
     labels = [it.label for it in items]
     bottom = np.zeros(len(items))
     for name, color in (("complete", "C2"), ("incomplete", "C1"), ("error", "C3")):
-        v = np.array([getattr(it.result.summary.sessions, name) for it in items], dtype=float)
+        v = np.array([getattr(it.replay.summary.sessions, name) for it in items], dtype=float)
         ax.bar(labels, v, bottom=bottom, color=color, label=name)
         bottom += v
     ax.set_ylabel("sessions")
@@ -432,13 +432,12 @@ def sessions(items: Sequence[Loaded]) -> Plot | None:
 
 
 def working_set(items: Sequence[Loaded]) -> Plot | None:
-    have = [it for it in items if it.result.reuse_opportunity is not None and it.result.reuse_opportunity.working_set]
+    have = [(it, ro) for it in items if (ro := it.replay.reuse_opportunity) is not None and ro.working_set]
     if not have:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for i, it in enumerate(have):
-        ro = it.result.reuse_opportunity
+    for i, (it, ro) in enumerate(have):
         ws = ro.working_set
         byte = ws[0].get("bytes") is not None
         ax.plot([p["requests"] for p in ws], [(p["bytes"] or 0) / 2**30 if byte else p["tokens"] for p in ws],
@@ -463,7 +462,7 @@ def storm_timeline(items: Sequence[Loaded]) -> Plot | None:
     fig, axes = plt.subplots(1, 2 * len(have), figsize=(12 * len(have), 3.6), squeeze=False)
     for k, it in enumerate(have):
         hit, lat = axes[0][2 * k], axes[0][2 * k + 1]
-        for f in it.result.faults:
+        for f in it.launch.faults or []:
             pts = f.timeline
             if not pts:
                 continue

@@ -157,6 +157,16 @@ class _CacheStatsFixed(Section):
         value: float | None = getattr(self, pct_key(prefix, p))
         return value
 
+    def tier_kv_bytes_gb(self, tier: str, op: str) -> float:
+        """A generated per-tier KV volume, e.g. ``tier_kv_bytes_gb("cpu", "write")`` (tier_cpu_kv_bytes_written_gb)."""
+        value: float = getattr(self, f"tier_{tier}_kv_bytes_{'written' if op == 'write' else 'read'}_gb")
+        return value
+
+    def tier_bandwidth_gbps(self, tier: str, op: str) -> float:
+        """The reference's per-tier bandwidth, e.g. ``tier_bandwidth_gbps("storage", "read")``."""
+        value: float = getattr(self, f"tier_{tier}_{op}_bandwidth_gbps")
+        return value
+
 
 def _cache_stats_model() -> type[_CacheStatsFixed]:
     fields: dict[str, Any] = {}

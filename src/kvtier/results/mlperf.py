@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvtier.results.bench import BenchResult
 
@@ -48,8 +48,9 @@ def run_figures(instances: Sequence[BenchResult]) -> MLPerfFigures:
 
 
 class MlperfRunSummary(BaseModel):
-    """``kvcache_run_summary.json`` of ``kvtier mlperf run`` (mlperf/run.py), as ``report.load`` reads
-    it: the keys the report uses are typed, the wrapper's own keys are kept as they are."""
+    """``kvcache_run_summary.json`` of ``kvtier mlperf run``: built by mlperf/run.py as this model and read back by
+    ``results.load``. Its sections are typed; each option's table stays under the wrapper's own names (a dict), and
+    keys a later kvtier adds are kept (extra allowed) so an older reader still opens the file."""
 
     model_config = ConfigDict(extra="allow")
     schema_version: str
@@ -59,9 +60,16 @@ class MlperfRunSummary(BaseModel):
     interrupted: bool
     total_ranks: int
     trials_per_option: int
-    options: dict[str, dict[str, Any]]
+    options: dict[str, dict[str, Any]]  # the wrapper's per-option table under its own names, plus kvtier's figures
     partial_failure: bool
     verdict: list[str]
+    finished_at: str | None = None
+    npernode: int | None = None
+    host_count: int | None = None
+    effective: dict[str, Any] = Field(default_factory=dict)  # the workload parameters the run used (CLOSED's or given)
+    overrides: dict[str, Any] = Field(default_factory=dict)  # those an OPEN run changed
+    system: dict[str, Any] = Field(default_factory=dict)  # drives, peak bandwidth, metric rules, the submission text
+    config: dict[str, Any] = Field(default_factory=dict)  # kvtier mlperf's flags (MlperfConfig)
 
 
 __all__ = ["MLPerfFigures", "run_figures", "MlperfRunSummary"]

@@ -1,14 +1,13 @@
 """The typed result of ``kvtier replay`` (summary.json; docs/metrics.md defines every field).
 
-Per-request records go to requests.jsonl beside it (one JSON object a line, not validated here:
-they are written on the hot path and read by tools, not by kvtier)."""
+Per-request records go to requests.jsonl beside it (one JSON object a line, written on the hot path as the
+``ReplayRecord`` TypedDict; results/records.py reads them back validated)."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import model_validator
@@ -109,44 +108,6 @@ def tpot_s(e2e_s: float, ttft_s: float, completion_tokens: float | None) -> floa
     if not completion_tokens or not completion_tokens > 1:  # also False for NaN
         return None
     return (e2e_s - ttft_s) / (completion_tokens - 1)
-
-
-def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """The records of a requests.jsonl, each with its line number (for messages naming file:line); a line that
-    is not a JSON object is a DatasetError naming it. The one reader of the tools that take a replay folder
-    (``plan value``, ``plan retention``, ``plan views``)."""
-    import json
-
-    from kvtier.errors import DatasetError
-
-    out = []
-    try:
-        with path.open("rb") as f:
-            for n, raw in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), start=1):
-                if len(raw) > MAX_RECORD_BYTES:
-                    raise DatasetError(f"{path}:{n}: a record longer than {MAX_RECORD_BYTES} bytes")
-                if not raw.strip():
-                    continue
-                try:
-                    rec = json.loads(raw.decode("utf-8"))
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise DatasetError(f"{path}:{n}: not valid JSON ({getattr(e, 'msg', e)})") from None
-                if not isinstance(rec, dict):
-                    raise DatasetError(f"{path}:{n}: not a JSON object")
-                parts = (rec.get("prompt_sources"), rec.get("server_ttft_parts"), rec.get("server_ttft_s"))
-                if any(p is not None for p in parts) and (problem := decomposition_problem(*parts)) is not None:
-                    raise DatasetError(
-                        f"{path}:{n}: the TTFT decomposition (prompt_sources, server_ttft_parts, server_ttft_s): "
-                        f"{problem}"
-                    )
-                out.append((n, rec))
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read: {e.strerror}") from e
-    return out
-
-
-MAX_RECORD_BYTES = 16 * 1024 * 1024
-"""The longest line of a requests.jsonl a tool reads (a record of 100k generated tokens is ~2 MB)."""
 
 
 class Degradation(Section):

@@ -27,107 +27,92 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, d
 
 
-def _get(d: Any, path: str) -> Any:
-    for k in path.split("."):
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
 _PCT_LABELS = (("p50", "P50"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("p9999", "P99.99"))
 
 
 Rows = list[tuple[str, Any]]
 
 
-def reference_sheets(r: dict[str, Any]) -> tuple[Rows, Rows, list[tuple[Any, ...]]]:
-    """The reference's XLSX layout (its column and row labels), filled from a kvtier bench result:
+def reference_sheets(r: BenchResult) -> tuple[Rows, Rows, list[tuple[Any, ...]]]:
+    """The reference's XLSX layout (its column and row labels), filled from a kvtier bench result's attributes:
     'Run Parameters' and 'Performance Metrics' as (label, value) rows; 'Summary' is both as one row."""
-    c = r["config"]
-    params = [
-        ("Timestamp", r["finished_at"]),
-        ("Model", c["model"]),
-        ("Num Users", c["num_users"]),
-        ("Duration (s)", c["duration"]),
-        ("GPU Memory per Card (GiB)", c["gpu_mem_gb"]),
-        ("Num GPUs", c["num_gpus"]),
-        ("Tensor Parallel", c["tensor_parallel"]),
-        ("Total GPU Memory (GiB)", c["gpu_mem_gb"] * c["num_gpus"]),
-        ("CPU Memory (GiB)", c["cpu_mem_gb"]),
-        ("Generation Mode", c["generation_mode"]),
-        ("Performance Profile", c["performance_profile"]),
-        ("Multi-turn", not c["disable_multi_turn"]),
-        ("Prefix Caching", not c["disable_prefix_caching"]),
-        ("RAG Enabled", c["enable_rag"]),
-        ("Autoscaling", c["enable_autoscaling"]),
-        ("Seed", r["seed"]),
-        ("Max Concurrent Allocs", c["max_concurrent_allocs"]),
-        ("Request Rate", c["request_rate"]),
-        ("Max Requests", c["max_requests"]),
-        ("Dataset Path", c["dataset_path"] or "N/A"),
-        ("Cache Dir", c["cache_dir"] or "temp"),
-        ("Storage Capacity (GiB)", c["storage_capacity_gb"]),
-        ("Precondition", c["precondition"]),
-        ("Precondition Size (GiB)", c["precondition_size_gb"]),
-        ("Precondition Threads", c["precondition_threads"] or os.cpu_count() or 4),
-        ("Trace Speedup", c["trace_speedup"]),
-        ("Replay Cycles", c["replay_cycles"]),
+    c = r.config
+    params: Rows = [
+        ("Timestamp", r.finished_at),
+        ("Model", c.model),
+        ("Num Users", c.num_users),
+        ("Duration (s)", c.duration),
+        ("GPU Memory per Card (GiB)", c.gpu_mem_gb),
+        ("Num GPUs", c.num_gpus),
+        ("Tensor Parallel", c.tensor_parallel),
+        ("Total GPU Memory (GiB)", c.gpu_mem_gb * c.num_gpus),
+        ("CPU Memory (GiB)", c.cpu_mem_gb),
+        ("Generation Mode", c.generation_mode),
+        ("Performance Profile", c.performance_profile),
+        ("Multi-turn", not c.disable_multi_turn),
+        ("Prefix Caching", not c.disable_prefix_caching),
+        ("RAG Enabled", c.enable_rag),
+        ("Autoscaling", c.enable_autoscaling),
+        ("Seed", r.seed),
+        ("Max Concurrent Allocs", c.max_concurrent_allocs),
+        ("Request Rate", c.request_rate),
+        ("Max Requests", c.max_requests),
+        ("Dataset Path", c.dataset_path or "N/A"),
+        ("Cache Dir", c.cache_dir or "temp"),
+        ("Storage Capacity (GiB)", c.storage_capacity_gb),
+        ("Precondition", c.precondition),
+        ("Precondition Size (GiB)", c.precondition_size_gb),
+        ("Precondition Threads", c.precondition_threads or os.cpu_count() or 4),
+        ("Trace Speedup", c.trace_speedup),
+        ("Replay Cycles", c.replay_cycles),
     ]
-    s = "summary"
-    metrics: list[tuple[str, Any]] = [
-        ("Total Requests", _get(r, f"{s}.total_requests")),
-        ("Total Tokens", _get(r, f"{s}.total_tokens")),
-        ("Elapsed Time (s)", _get(r, f"{s}.elapsed_time")),
-        ("Avg Throughput (tok/s)", _get(r, f"{s}.avg_throughput_tokens_per_sec")),
-        ("Storage Throughput (tok/s)", _get(r, f"{s}.storage_throughput_tokens_per_sec")),
-        ("Requests/sec", _get(r, f"{s}.requests_per_second")),
+    s, cs = r.summary, r.summary.cache_stats
+    metrics: Rows = [
+        ("Total Requests", s.total_requests),
+        ("Total Tokens", s.total_tokens),
+        ("Elapsed Time (s)", s.elapsed_time),
+        ("Avg Throughput (tok/s)", s.avg_throughput_tokens_per_sec),
+        ("Storage Throughput (tok/s)", s.storage_throughput_tokens_per_sec),
+        ("Requests/sec", s.requests_per_second),
     ]
-    for key, label, pcts in (
-        ("end_to_end_latency_ms", "E2E Latency", _PCT_LABELS),
-        ("storage_io_latency_ms", "Storage Latency", _PCT_LABELS),
-        ("generation_latency_ms", "Gen Latency", _PCT_LABELS[:3]),
+    for dist, label, pcts in (
+        (s.end_to_end_latency_ms, "E2E Latency", _PCT_LABELS),
+        (s.storage_io_latency_ms, "Storage Latency", _PCT_LABELS),
+        (s.generation_latency_ms, "Gen Latency", _PCT_LABELS[:3]),
     ):
-        metrics.append((f"{label} Mean (ms)", _get(r, f"{s}.{key}.mean")))
-        metrics += [(f"{label} {lab} (ms)", _get(r, f"{s}.{key}.{p}")) for p, lab in pcts]
-    cs = f"{s}.cache_stats"
-    for part, label in (("", "Total"), ("device_", "Device"), ("host_", "Host")):
+        metrics.append((f"{label} Mean (ms)", dist.mean))
+        metrics += [(f"{label} {lab} (ms)", getattr(dist, p)) for p, lab in pcts]
+    for part, label in (("", "Total"), ("device", "Device"), ("host", "Host")):
         for op in ("read", "write"):
-            metrics += [
-                (f"Storage Tier {op.capitalize()} {label} {lab} (ms)", _get(r, f"{cs}.storage_{op}_{part}{p}_ms"))
-                for p, lab in _PCT_LABELS
-            ]
+            prefix = f"storage_{op}_{part}".rstrip("_")
+            metrics += [(f"Storage Tier {op.capitalize()} {label} {lab} (ms)", cs.percentile_ms(prefix, p))
+                        for p, lab in _PCT_LABELS]  # fmt: skip
     metrics += [
-        ("Cache Hit Rate", _get(r, f"{cs}.cache_hit_rate")),
-        ("Read/Write Ratio", _get(r, f"{cs}.read_write_ratio")),
-        ("Total Read (GiB)", _get(r, f"{cs}.total_read_gb")),
-        ("Total Write (GiB)", _get(r, f"{cs}.total_write_gb")),
+        ("Cache Hit Rate", cs.cache_hit_rate),
+        ("Read/Write Ratio", cs.read_write_ratio),
+        ("Total Read (GiB)", cs.total_read_gb),
+        ("Total Write (GiB)", cs.total_write_gb),
     ]
     tiers = (("gpu", "GPU"), ("cpu", "CPU"), ("storage", "Storage"))
-    for op, word in (("written", "Written"), ("read", "Read")):
-        metrics += [
-            (f"Tier {lab} KV Bytes {word} (GiB)", _get(r, f"{cs}.tier_{t}_kv_bytes_{op}_gb")) for t, lab in tiers
-        ]
+    for op, word in (("write", "Written"), ("read", "Read")):
+        metrics += [(f"Tier {lab} KV Bytes {word} (GiB)", cs.tier_kv_bytes_gb(t, op)) for t, lab in tiers]
     for t, lab in tiers:
         for op in ("read", "write"):
-            metrics.append(
-                (f"Tier {lab} {op.capitalize()} Bandwidth (GiB/s)", _get(r, f"{cs}.tier_{t}_{op}_bandwidth_gbps"))
-            )
-    metrics += [(f"{lab} Entries", _get(r, f"{cs}.{t}_entries")) for t, lab in tiers]
-    metrics.append(("Multi-turn Hit Rate", _get(r, f"{s}.multi_turn_stats.hit_rate")))
-    throughput = c["performance_profile"] == "throughput"
-    qos = [
-        (
-            level,
-            q["total_requests"],
-            q["latency_ms"]["p95"],
-            q["latency_ms"]["p99"],
-            "N/A (throughput mode)" if throughput else q["sla"]["met"],
-            "N/A (throughput mode)" if throughput else q["sla"]["compliance"],
-        )
-        for level, q in r["summary"]["qos_metrics"].items()
-        if not q["no_data"]
+            metrics.append((f"Tier {lab} {op.capitalize()} Bandwidth (GiB/s)", cs.tier_bandwidth_gbps(t, op)))
+    metrics += [
+        ("GPU Entries", cs.gpu_entries),
+        ("CPU Entries", cs.cpu_entries),
+        ("Storage Entries", cs.storage_entries),
     ]
+    metrics.append(("Multi-turn Hit Rate", s.multi_turn_stats.hit_rate))
+    throughput = c.performance_profile == "throughput"
+    na = "N/A (throughput mode)"
+    qos = [
+        (level, q.total_requests, q.latency_ms.p95, q.latency_ms.p99, na if throughput else q.sla.met,
+         na if throughput else q.sla.compliance)
+        for level, q in s.qos_metrics.items()
+        if not q.no_data
+    ]  # fmt: skip
     return params, metrics, qos
 
 
@@ -142,7 +127,7 @@ def _cell(ws: Any, row: int, col: int, v: Any) -> None:
         ws.write_string(row, col, str(v))
 
 
-def _write_reference_sheets(wb: Any, r: dict[str, Any], bold: Any) -> None:
+def _write_reference_sheets(wb: Any, r: BenchResult, bold: Any) -> None:
     params, metrics, qos = reference_sheets(r)
     rows = params + metrics
     ws = wb.add_worksheet("Summary")
@@ -173,11 +158,11 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     kvtier's, one per section of the result."""
     import xlsxwriter
 
-    r = result.model_dump(mode="json")
+    r = result.model_dump(mode="json")  # kvtier's own sheets: every field of each section, flattened
     p = Path(path)
     wb = xlsxwriter.Workbook(str(p))
     bold = wb.add_format({"bold": True})
-    _write_reference_sheets(wb, r, bold)
+    _write_reference_sheets(wb, result, bold)
     sections = {
         "kvtier summary": {k: v for k, v in r.items() if not isinstance(v, (dict, list))}
         | {k: v for k, v in r["summary"].items() if k not in ("cache_stats", "qos_metrics")},

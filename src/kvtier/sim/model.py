@@ -34,7 +34,7 @@ from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.telemetry.recorder import Recorder
-from kvtier.tiers import offload_plan, open_tiers
+from kvtier.tiers import is_remote, offload_plan, open_tiers
 from kvtier.units import GiB
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ class Offload(_Measured):
         if tiers is None:
             tiers = offload_tiers(cfg, kv_bytes_per_token)
         self.store = TieredStore(tiers, StoreConfig(), self.recorder)
-        self._remote = tiers[-1] if cfg.kind in ("redis", "s3") else None
+        self._remote = tiers[-1] if is_remote(cfg.kind) else None
         self.noise = NoiseBuffer(64 * 1024 * 1024, seed)
         self._bufs = threading.local()
         self._init_measured()

@@ -9,12 +9,13 @@ it, so a misspelt size never silently becomes the default. No vLLM import here (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError, model_validator
 
 from kvtier.config.base import flag
 from kvtier.config.sim import OffloadTierConfig
+from kvtier.config.tiers import OffloadKind
 from kvtier.errors import ConfigError
 from kvtier.tiers import KINDS, TierSpec, offload_plan
 from kvtier.units import GiB
@@ -25,15 +26,12 @@ VLLM_KEYS = frozenset(
 )  # fmt: skip
 """Keys of kv_connector_extra_config that vLLM's offloading connector reads itself."""
 
-SOURCE = {"cpu": "host", "storage": "disk", "redis": "external_unspecified", "s3": "external_unspecified"}
-"""The label vLLM's prompt_tokens_cached_by_source counter gets for a hit from each tier kind."""
-
 
 class VllmOffloadSettings(OffloadTierConfig):
     """kvtier's tiers behind a vLLM engine. Capacities are the engine's in all: each of its workers (tensor
     parallel ranks) holds its share of every block, so each gets capacity / world size."""
 
-    offload: Literal["cpu", "nvme", "redis", "s3"] = flag(
+    offload: OffloadKind = flag(
         "cpu", "cpu (CPU RAM), or a CPU staging tier in front of nvme files (nvme_dir), redis (redis_url) or s3"
     )
     io_threads: int = flag(4, "threads per worker moving blocks between the engine's KV cache and the tiers",
@@ -89,8 +87,8 @@ class VllmOffloadSettings(OffloadTierConfig):
         out = []
         for kind, spec, _ in self.plan(block_bytes, world_size):
             k = KINDS[kind]
-            out.append((spec.name or kind, k.capacity(spec) // k.entry_size(spec)(block_bytes), SOURCE[kind]))
+            out.append((spec.name or kind, k.capacity(spec) // k.entry_size(spec)(block_bytes), k.vllm_source))
         return out
 
 
-__all__ = ["VllmOffloadSettings", "VLLM_KEYS", "SOURCE"]
+__all__ = ["VllmOffloadSettings", "VLLM_KEYS"]

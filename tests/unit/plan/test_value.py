@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier.plan.value import economics, value_report
+from kvtier.results.records import RequestRecord
 
 
 def _report(monkeypatch: pytest.MonkeyPatch, fetch_s: float, store_gb: float):  # type: ignore[no-untyped-def]
     """One hour of replay: 1,000 tokens recomputed in 1 s (1,000 tokens/s measured) and 1,000 served from ``cpu``,
     whose fetch took ``fetch_s``; $2 per GPU-hour, $0.5 per GB-month."""
-    rows = [{"status": "ok", "prompt_sources": {"cpu": 1000, "recomputed": 1000},
-             "server_ttft_parts": {"fetch": fetch_s, "recompute": 1.0}}]  # fmt: skip
+    rows = [RequestRecord(status="ok", prompt_sources={"cpu": 1000, "recomputed": 1000},
+                          server_ttft_parts={"fetch": fetch_s, "recompute": 1.0})]  # fmt: skip
     monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
     (t,) = value_report(Path("replay"), gpu_cost=2.0, store_cost=0.5, store_gb={"cpu": store_gb}).tiers
     return t
@@ -61,7 +62,7 @@ def test_a_requests_file_with_an_unbounded_decomposition_is_refused_by_file_and_
     """#41 item 4, the reading side: what the client drops cannot come back through a planted requests.jsonl —
     NaN, Infinity, 401-digit counts and unknown part names are a DatasetError naming the line, read bounded."""
     from kvtier.errors import DatasetError
-    from kvtier.results.replay import read_records
+    from kvtier.results.records import read_records
 
     good = {"status": "ok", "prompt_sources": {"gpu": 1}, "server_ttft_parts": {"queue": 0.1}, "server_ttft_s": 0.1}
     for bad in ('"server_ttft_parts": {"queue": NaN}', '"server_ttft_s": Infinity', '"prompt_sources": {"gpu": '
@@ -74,7 +75,10 @@ def test_a_requests_file_with_an_unbounded_decomposition_is_refused_by_file_and_
     with pytest.raises(DatasetError, match=r"requests.jsonl:2: a record longer than"):
         read_records(f)
     f.write_text(json.dumps(good) + "\n")
-    assert read_records(f) == [(1, good)]
+    assert read_records(f) == [(1, RequestRecord.model_validate(good))]
+    f.write_text(json.dumps(good | {"ttft": 0.1}) + "\n")  # a key no record has: named, not skipped
+    with pytest.raises(DatasetError, match=r"requests.jsonl:1: ttft: unknown key"):
+        read_records(f)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +93,7 @@ def test_a_replay_no_offload_tier_served_is_refused_with_the_reason(
     nothing was reused)."""
     from kvtier.errors import DatasetError
 
-    rows = [{"status": "ok", "prompt_sources": sources, "server_ttft_parts": {"recompute": 0.1}}]
+    rows = [RequestRecord(status="ok", prompt_sources=sources, server_ttft_parts={"recompute": 0.1})]
     monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=60.0)))
     with pytest.raises(DatasetError, match="no offload tier served any of the 1 ok requests") as e:
         value_report(Path("replay"))

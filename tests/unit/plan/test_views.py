@@ -6,15 +6,16 @@ import pytest
 
 from kvtier.plan.views import _by_turn, _predict, bandwidth_fetch, ladder_prefill, preset_prefill, write_storage_trace
 from kvtier.results.ladder import DecodeModel, PrefillModel, Timing
+from kvtier.results.records import RequestRecord
 from kvtier.telemetry.iotrace import read_trace
 
 
-def row(t: float, session: str, turn: int, gpu: int, cpu: int, recomputed: int, ttft: float = 0.1):
-    return {
+def row(t: float, session: str, turn: int, gpu: int, cpu: int, recomputed: int, ttft: float = 0.1, **more):
+    return RequestRecord(status="ok", **more, **{
         "start_unix_s": t, "session": session, "turn": turn, "ttft_s": ttft, "prompt_tokens": gpu + cpu + recomputed,
         "prompt_sources": {"gpu": gpu, "cpu": cpu, "recomputed": recomputed},
         "server_ttft_parts": {"queue": 0.0, "fetch": 0.01}, "server_ttft_s": ttft - 0.001,
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_prediction_is_fetch_then_a_fifo_prefill():
@@ -42,8 +43,8 @@ def test_storage_trace_reads_what_the_tier_served_and_writes_each_new_chunk_once
 
 def test_admission_waits_for_the_gpu_kv_held_by_earlier_requests():
     # capacity 1500 tokens: the second request (1000 + 8) waits until the first (1000 + 8) has finished decoding
-    rows = [row(0.0, "a", 0, 0, 0, 1000) | {"max_tokens": 8, "completion_tokens": 8},
-            row(0.0, "b", 0, 0, 0, 1000) | {"max_tokens": 8, "completion_tokens": 8}]  # fmt: skip
+    rows = [row(0.0, "a", 0, 0, 0, 1000, max_tokens=8, completion_tokens=8),
+            row(0.0, "b", 0, 0, 0, 1000, max_tokens=8, completion_tokens=8)]  # fmt: skip
     pred = _predict(rows, bandwidth_fetch({}, 1000), preset_prefill(10_000, 0.0), gpu_tokens=1500, tpot_s=0.01)
     first_done = 0.1 + 7 * 0.01  # its prefill, then 7 more tokens
     assert pred[0] == pytest.approx((0.1, 0.0))
