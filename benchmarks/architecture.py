@@ -6,7 +6,8 @@ floor (``report/``), and string-key subscripts on result dicts
 outside ``results/`` (``r["summary"]``-style reads of a result that has a typed model).
 
 ``--src DIR`` measures another checkout (a before/after pair in one run). Last line:
-``architecture modules_over_600=… longest_function=… package_cycles=… file_cycles=… report_importers=…``.
+``architecture modules_over_600=… longest_function=… package_cycles=… file_cycles=… report_importers=…
+result_key_subscripts=… cli_add_argument=… plan_add_argument=… plan_answers_without_envelope=… fmt_skip=…``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
 LIMIT = 600
-RESULT_KEYS = re.compile(
-    r"""\[["'](summary|cache_stats|qos_metrics|totals|ranks|process_io|tier_usage_at_end|storage_health)["']\]"""
+RESULT_KEYS = frozenset(
+    ("summary", "cache_stats", "qos_metrics", "totals", "ranks", "process_io", "tier_usage_at_end", "storage_health")
 )
+"""Keys of result sections: a read ``r["summary"]`` of one outside results/ bypasses the typed model."""
+
+
+def result_key_reads(tree: ast.AST) -> int:
+    """Subscripts that *read* a result section's key (``x["summary"]``; not a write ``out["summary"] = …``, not a
+    list literal, not a model's own ``model_fields["summary"]``)."""
+    n = 0
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and isinstance(node.slice, ast.Constant)
+            and node.slice.value in RESULT_KEYS
+            and not (isinstance(node.value, ast.Attribute) and node.value.attr == "model_fields")
+        ):
+            n += 1
+    return n
 
 
 def package_of(root: Path, f: Path) -> str:
@@ -84,9 +102,9 @@ def main() -> None:
         rel = str(f.relative_to(root))
         if n > LIMIT:
             over.append(f"{rel} {n}")
-        if pkg != "results":
-            subscripts += len(RESULT_KEYS.findall(text))
         tree = ast.parse(text)
+        if pkg != "results":
+            subscripts += result_key_reads(tree)
         body = {id(x) for x in tree.body}
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -117,10 +135,21 @@ def main() -> None:
     others = sorted(report_importers - {"cli"})
     print(f"packages importing report/ (the presentation floor) besides cli: {others or 'none'}")
     print(f"string-key subscripts on result sections outside results/: {subscripts}")
+    cli = root / "cli"
+    add_argument = {f.name: f.read_text().count(".add_argument(") for f in sorted(cli.glob("*.py"))}
+    print("add_argument calls in cli/: " + ", ".join(f"{k} {v}" for k, v in add_argument.items() if v))
+    plan_rows = (cli / "plan.py").read_text().count("    Sub(")
+    plan_envelopes = len(
+        re.findall(r"^class Plan\w+Result\(Envelope\)", (root / "results" / "plan.py").read_text(), re.M)
+    )
+    fmt_skip = sum(f.read_text().count("fmt: skip") for f in root.rglob("*.py"))
+    print(f"plan answers: {plan_rows}, with a result envelope: {plan_envelopes}; '# fmt: skip' in src: {fmt_skip}")
     print(
         f"architecture modules_over_600={len(over)} longest_function={funcs[0][0]} "
         f"package_cycles={len(cyc_all)} file_cycles={len(file_cycles)} report_importers={len(others)} "
-        f"result_key_subscripts={subscripts}"
+        f"result_key_subscripts={subscripts} cli_add_argument={sum(add_argument.values())} "
+        f"plan_add_argument={add_argument.get('plan.py', 0)} "
+        f"plan_answers_without_envelope={max(0, plan_rows - plan_envelopes)} fmt_skip={fmt_skip}"
     )
 
 

@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO
 
 sys.path.insert(0, str(REPO / "src"))
-from kvtier.engine.backend import IOTiming, aligned_buffer
+from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.gds import probe_gds
 from kvtier.engine.gpu import gpu_available
+from kvtier.telemetry.clock import IOTiming
 
 MiB = 1 << 20
 

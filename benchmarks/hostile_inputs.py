@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from kvtier.errors import DatasetError
 from kvtier.iotrace.stats import trace_stats
 from kvtier.results.records import ReplayRecords
-from kvtier.telemetry.iotrace import HEADER, read_trace
+from kvtier.tracefile import HEADER, read_trace
 
 
 def report_line(d: Path) -> float:

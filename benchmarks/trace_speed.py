@@ -32,7 +32,7 @@ from _common import REPO, median
 from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.null import NullTier
 from kvtier.engine.tiered import StoreConfig, TieredStore
-from kvtier.telemetry.iotrace import IOTraceWriter
+from kvtier.tracefile import IOTraceWriter
 
 GiB, MiB = 1024**3, 1024**2
 

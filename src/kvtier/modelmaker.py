@@ -33,8 +33,11 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% elif message['content'] %}{% for part in message['content'] %}"
     "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-    + IM_END + "\n{% endfor %}{% if add_generation_prompt %}" + IM_START + "assistant\n{% endif %}"
-)  # fmt: skip
+    + IM_END
+    + "\n{% endfor %}{% if add_generation_prompt %}"
+    + IM_START
+    + "assistant\n{% endif %}"
+)
 MARKER = "kvtier-model.json"
 """Written beside the config: what made the folder and the geometry it was asked for."""
 
@@ -107,8 +110,9 @@ def geometry_like(spec: ModelSpec, **widths: int) -> Geometry:
         raise UnsupportedError(
             f"--like {spec.key}: its KV dtype {spec.dtype} is not one vLLM allocates for dummy weights"
         )
-    base = Geometry(num_layers=spec.num_layers, num_heads=spec.kv_heads, kv_heads=spec.kv_heads,
-                    head_dim=spec.head_dim, dtype=dtype)  # fmt: skip
+    base = Geometry(
+        num_layers=spec.num_layers, num_heads=spec.kv_heads, kv_heads=spec.kv_heads, head_dim=spec.head_dim, dtype=dtype
+    )
     return Geometry(**{**asdict(base), **{k: v for k, v in widths.items() if v is not None}})
 
 
@@ -143,9 +147,11 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> object:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
     return tok
 
@@ -205,7 +211,7 @@ def make_model(out: str | os.PathLike[str], geometry: Geometry, like: str | None
             "like": like,
             "geometry": asdict(geometry),
             "kv_bytes_per_token": geometry.kv_bytes_per_token,
-        },  # fmt: skip
+        },
     }
     for name, doc in files.items():
         write_text_atomic(d / name, json.dumps(doc, indent=2) + "\n", "kvtier model make")

@@ -278,8 +278,13 @@ def geometry(key: str) -> str:
     return "spec" if key in SPEC_GEOMETRY else "released"
 
 
-HF_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float8_e4m3fn": "fp8_e4m3",
-             "float8_e5m2": "fp8_e5m2"}  # fmt: skip
+HF_DTYPES = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+}
 MAX_HF_CONFIG_BYTES = 4 << 20
 
 

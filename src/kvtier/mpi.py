@@ -268,8 +268,10 @@ def require_mpi(what: str) -> str:
 
     mpirun = shutil.which("mpirun")
     if mpirun is None:
-        raise UnsupportedError(f"{what}: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun, "
-                               "and pip install 'kvtier[mpi]'")  # fmt: skip
+        raise UnsupportedError(
+            f"{what}: mpirun (Open MPI) is not installed: bash scripts/install-tools.sh mpirun, "
+            "and pip install 'kvtier[mpi]'"
+        )
     try:
         import mpi4py  # type: ignore[import-not-found, unused-ignore]  # noqa: F401 - only checked for
     except ImportError:

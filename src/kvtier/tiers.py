@@ -119,8 +119,9 @@ def _storage(spec: TierSpec) -> Backend:
 
         cls = GdsFileTier
     assert spec.directory is not None, "a storage tier needs its directory"
-    return cls(spec.directory, spec.capacity_bytes, spec.direct_io, name=spec.name or "storage",
-               keep_files=spec.keep_files)  # fmt: skip
+    return cls(
+        spec.directory, spec.capacity_bytes, spec.direct_io, name=spec.name or "storage", keep_files=spec.keep_files
+    )
 
 
 def _storage_entry(spec: TierSpec) -> Callable[[int], int]:
@@ -133,9 +134,15 @@ def _redis(spec: TierSpec) -> Backend:
     f = spec.remote
     assert f is not None and f.redis_url is not None, "a redis tier needs --redis-url"
     return RedisTier(
-        f.redis_url, spec.capacity_bytes, spec.connections, f.redis_part_mb * 1024**2, timeout_s=f.remote_timeout,
-        namespace=f.shared_namespace, ttl_s=f.remote_ttl, scope=spec.scope,
-    )  # fmt: skip
+        f.redis_url,
+        spec.capacity_bytes,
+        spec.connections,
+        f.redis_part_mb * 1024**2,
+        timeout_s=f.remote_timeout,
+        namespace=f.shared_namespace,
+        ttl_s=f.remote_ttl,
+        scope=spec.scope,
+    )
 
 
 def _s3(spec: TierSpec) -> Backend:
@@ -144,9 +151,17 @@ def _s3(spec: TierSpec) -> Backend:
     f = spec.remote
     assert f is not None and f.s3_bucket is not None, "an s3 tier needs --s3-bucket"
     return S3Tier(
-        f.s3_endpoint, f.s3_bucket, spec.capacity_bytes, f.s3_prefix, spec.connections, f.s3_part_mb * 1024**2,
-        timeout_s=f.remote_timeout, namespace=f.shared_namespace, ttl_s=f.remote_ttl, scope=spec.scope,
-    )  # fmt: skip
+        f.s3_endpoint,
+        f.s3_bucket,
+        spec.capacity_bytes,
+        f.s3_prefix,
+        spec.connections,
+        f.s3_part_mb * 1024**2,
+        timeout_s=f.remote_timeout,
+        namespace=f.shared_namespace,
+        ttl_s=f.remote_ttl,
+        scope=spec.scope,
+    )
 
 
 KINDS: dict[str, TierKind] = {
@@ -154,15 +169,33 @@ KINDS: dict[str, TierKind] = {
     for k in (
         TierKind("gpu", 0, "--gpu-mem-gb", _gpu, vllm_source="gpu"),
         TierKind("cpu", 1, "--cpu-mem-gb", _cpu, _cpu_capacity, _cpu_entry, vllm_source="host"),
-        TierKind("redis", 3, "--redis-url", _redis, remote=True, configured=lambda f: bool(f.redis_url),
-                 needs="give --redis-url and --redis-mem-gb", capacity_field="redis_mem_gb", entries="keys",
-                 vllm_source="external_unspecified"),
+        TierKind(
+            "redis",
+            3,
+            "--redis-url",
+            _redis,
+            remote=True,
+            configured=lambda f: bool(f.redis_url),
+            needs="give --redis-url and --redis-mem-gb",
+            capacity_field="redis_mem_gb",
+            entries="keys",
+            vllm_source="external_unspecified",
+        ),
         TierKind("storage", 2, "--cache-dir", _storage, entry_size=_storage_entry, vllm_source="disk"),
-        TierKind("s3", 4, "--s3-endpoint/--s3-bucket", _s3, remote=True, configured=lambda f: bool(f.s3_bucket),
-                 needs="give --s3-bucket (and --s3-endpoint for a server other than AWS)",
-                 capacity_field="s3_capacity_gb", entries="objects", vllm_source="external_unspecified"),
+        TierKind(
+            "s3",
+            4,
+            "--s3-endpoint/--s3-bucket",
+            _s3,
+            remote=True,
+            configured=lambda f: bool(f.s3_bucket),
+            needs="give --s3-bucket (and --s3-endpoint for a server other than AWS)",
+            capacity_field="s3_capacity_gb",
+            entries="objects",
+            vllm_source="external_unspecified",
+        ),
     )
-}  # fmt: skip
+}
 """Every kind, in the default waterfall order: Redis between CPU RAM and the file tier, S3 below it (cold)."""
 
 TIER_KINDS = tuple(KINDS)

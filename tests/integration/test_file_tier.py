@@ -4,10 +4,11 @@ import os
 
 import pytest
 
-from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, round_up
+from kvtier.engine.backend import ALIGN, aligned_buffer, round_up
 from kvtier.engine.file import FileTier, probe_direct_io
 from kvtier.engine.runs import RUN_DIR_PREFIX
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
+from kvtier.telemetry.clock import IOTiming
 
 
 def _roundtrip(tier: FileTier, noise, n: int) -> None:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from kvtier.engine import gds
-from kvtier.engine.backend import IOTiming, aligned_buffer, round_up
+from kvtier.engine.backend import aligned_buffer, round_up
+from kvtier.telemetry.clock import IOTiming
 from tests.conftest import tiny_bench_config
 
 

@@ -15,7 +15,7 @@ from kvtier.bench import run
 from kvtier.config.bench import BenchConfig, Tuning
 from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
 from kvtier.errors import DatasetError
-from kvtier.telemetry.iotrace import read_trace
+from kvtier.tracefile import read_trace
 from tests.conftest import REPO, TINY_TEMPLATES, kvtier_cmd
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -9,12 +9,13 @@ import threading
 
 import pytest
 
-from kvtier.engine.backend import IOTiming, aligned_buffer
+from kvtier.engine.backend import aligned_buffer
 from kvtier.engine.file import FileTier
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import StorageError, TierUnavailable
 from kvtier.localservers import redis_server, s3_server
+from kvtier.telemetry.clock import IOTiming
 from tests.conftest import TINY_TEMPLATES
 
 redis = pytest.importorskip("redis", reason="redis-py is not installed (the test extra installs it)")

@@ -16,7 +16,7 @@ from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.iotrace.fio import bssplit, distil
 from kvtier.iotrace.stats import reuse_distances, trace_stats
-from kvtier.telemetry.iotrace import HEADER, IOTraceWriter, rank_trace_path, read_trace
+from kvtier.tracefile import HEADER, IOTraceWriter, rank_trace_path, read_trace
 
 MiB = 1024**2
 
@@ -120,7 +120,7 @@ def test_rank_paths_keep_the_extension():
 def test_zst_without_its_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import builtins
 
-    from kvtier.telemetry.iotrace import check_trace_path
+    from kvtier.tracefile import check_trace_path
 
     real = builtins.__import__
 
@@ -369,7 +369,7 @@ def test_a_trace_longer_than_max_rows_is_refused_at_the_row_past_it(tmp_path: Pa
 def test_sizes_of_a_whole_trace_always_sum_within_int64(tmp_path: Path):
     """#41: sizes inside 0..2^48 wrapped the totals at 32,768 rows (negative bytes); the limit now falls with
     --max-rows, so max_rows x limit fits int64, and a short trace may still hold 2^48."""
-    from kvtier.telemetry.iotrace import INT64_MAX, MAX_OBJECT_BYTES, size_limit
+    from kvtier.tracefile import INT64_MAX, MAX_OBJECT_BYTES, size_limit
 
     for rows in (1, 2, 32_768, 40_000, 50_000_000, 10**9):
         assert size_limit(rows) * rows <= INT64_MAX and size_limit(rows) <= MAX_OBJECT_BYTES

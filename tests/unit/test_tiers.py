@@ -8,9 +8,9 @@ import pytest
 from kvtier.config.tiers import DEFAULT_TIER_ORDER
 from kvtier.engine.backend import ALIGN
 from kvtier.errors import ConfigError
-from kvtier.telemetry.iotrace import TIER_BY_NUMBER, TIER_LABELS
 from kvtier.tiers import ALIGN as TABLE_ALIGN
 from kvtier.tiers import KINDS, TierSpec, open_tier, stand_in
+from kvtier.tracefile import TIER_BY_NUMBER, TIER_LABELS
 
 SIZES = [1, ALIGN - 1, ALIGN, 3_000_001, 37 * 1024**2 + 5]
 

@@ -133,7 +133,7 @@ def run(
     check_output_path("--xlsx-output", config.xlsx_output)
     check_output_path("--request-log", config.request_log)
     if config.io_trace_log:
-        from kvtier.telemetry.iotrace import check_trace_path
+        from kvtier.tracefile import check_trace_path
 
         check_trace_path("--io-trace-log", config.io_trace_log)
     started = utc_now()

@@ -171,8 +171,11 @@ class Autoscaler:
         self._tokens += sum(r.generate_tokens for r in ok)
         if self.algorithm == "reference":
             if self.mode == "qos":
-                action, target = ("hold (no completed requests in the window)", users) if sat is None else (
-                    self._reference_qos(sat, users))  # fmt: skip
+                action, target = (
+                    ("hold (no completed requests in the window)", users)
+                    if sat is None
+                    else (self._reference_qos(sat, users))
+                )
             else:
                 action, target = self._reference_capacity(t_s, users)
                 throughput = self._tokens / max(t_s, 1e-6)

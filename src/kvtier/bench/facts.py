@@ -158,7 +158,7 @@ def io_trace_section(comp: Components, rec: Recorder, run: RunOutcome) -> dict[s
     stats = comp.io_trace_stats
     if stats is None:
         return None
-    from kvtier.telemetry.iotrace import OPERATIONS, TIER_LABELS
+    from kvtier.tracefile import OPERATIONS, TIER_LABELS
 
     load_s = (run.load_end_ns - run.start_ns) / 1e9
     by = {f"{TIER_LABELS.get(t, t)} {OPERATIONS[o]}": len(v) for (t, o), v in sorted(rec.ops.items()) if v}

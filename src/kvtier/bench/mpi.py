@@ -35,8 +35,8 @@ from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, c
 from kvtier.results.mlperf import run_figures
 from kvtier.results.outcome import Failure, judge, merge
 from kvtier.stats import summarize_ns_as_ms
-from kvtier.telemetry.iotrace import rank_trace_path
 from kvtier.telemetry.recorder import Recorder
+from kvtier.tracefile import rank_trace_path
 
 TIERS = TIER_KINDS  # every kind a rank may have (gpu, cpu, redis, storage, s3); pooled where present
 

@@ -26,6 +26,7 @@ from kvtier.bench.facts import (
     storage_bytes_on_disk,
     storage_section,
 )
+from kvtier.bench.health import storage_health
 from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.service import CUT
@@ -39,12 +40,6 @@ from kvtier.results.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
 from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
 from kvtier.units import GiB
-
-CPU_P95_TARGET_MS = 150.0
-STORAGE_WRITE_P95_TARGET_MS = 500.0
-STORAGE_READ_P95_TARGET_MS = 200.0
-HIT_RATE_TARGET = 0.3
-"""The reference's storage_health criteria for --performance-profile latency."""
 
 
 def iso_ms(unix_s: float) -> str:
@@ -108,52 +103,6 @@ def tier_sections(rec: Recorder, tier_names: Sequence[str]) -> dict[str, dict[st
 # -- summary.cache_stats -----------------------------------------------------------------------
 def _pct_keys(prefix: str, stats: Summary) -> dict[str, Any]:
     return {pct_key(prefix, p): stats[p] for p in PERCENTILE_NAMES}
-
-
-def storage_health(
-    profile: str, tiers: dict[str, dict[str, Any]], hit_rate: float | None, rec: Recorder, wall_s: float
-) -> dict[str, Any]:
-    """The reference's pass/fail criteria for --performance-profile (summary.cache_stats.storage_health)."""
-    criteria: list[dict[str, Any]] = []
-    st = tiers.get("storage")
-
-    def add(name: str, target: float, actual: float, unit: str, passed: bool) -> None:
-        criteria.append({"name": name, "target": target, "actual": round(actual, 6), "unit": unit, "passed": passed})
-
-    if profile == "throughput":
-        rd = st["read"]["bytes"] if st else 0
-        wr = st["write"]["bytes"] if st else 0
-        if rd > 0 or wr == 0:
-            bw = rd / GiB / wall_s
-            add("Storage KV Read Bandwidth", 0, bw, "GiB/s", bw > 0)
-        if wr > 0 or rd == 0:
-            bw = wr / GiB / wall_s
-            add("Storage KV Write Bandwidth", 0, bw, "GiB/s", bw > 0)
-    else:
-        for op, target in (("write", STORAGE_WRITE_P95_TARGET_MS), ("read", STORAGE_READ_P95_TARGET_MS)):
-            p95 = st[op]["device_latency_ms"]["p95"] if st else None
-            if p95 is not None:
-                add(f"Storage Tier {op.capitalize()} Device P95 < {target:g}ms", target, p95, "ms", p95 < target)
-        cpu = [s.host_ns + s.device_ns for op in OPS for s in rec.ops.get(("cpu", op), [])]
-        if cpu:
-            p95 = float(summarize_ns_as_ms(cpu)["p95"] or 0.0)
-            add(f"CPU RAM P95 < {CPU_P95_TARGET_MS:g}ms", CPU_P95_TARGET_MS, p95, "ms", p95 < CPU_P95_TARGET_MS)
-        if hit_rate is not None:
-            add(
-                f"Cache Hit Rate > {HIT_RATE_TARGET:.0%}",
-                HIT_RATE_TARGET,
-                hit_rate,
-                "ratio",
-                hit_rate > HIT_RATE_TARGET,
-            )
-    passed = sum(1 for c in criteria if c["passed"])
-    return {
-        "profile": profile,
-        "overall_status": "PASS" if passed == len(criteria) else "FAIL",
-        "criteria": criteria,
-        "passed_count": passed,
-        "total_count": len(criteria),
-    }
 
 
 def _by_cause(tier: dict[str, Any] | None, op: str, cause: str, what: str) -> int:
@@ -278,10 +227,15 @@ def cache_stats(
             out.update(_pct_keys(f"storage_{op}_{part}", st[op][f"{part}_latency_ms"] if st else empty_summary()))
         out[f"nvme_{op}_device_p95_ms"] = st[op]["device_latency_ms"]["p95"] if st else None
     if plan.config.io_trace_log:  # no tier I/O was done: a verdict on a device would be about nothing
-        out["storage_health"] = {"profile": profile, "overall_status": "NOT-APPLICABLE", "criteria": [],
-                                 "passed_count": 0, "total_count": 0,
-                                 "reason": "--io-trace-log: no tier I/O was done (each operation is a row of the "
-                                           "trace), so no device was measured"}  # fmt: skip
+        out["storage_health"] = {
+            "profile": profile,
+            "overall_status": "NOT-APPLICABLE",
+            "criteria": [],
+            "passed_count": 0,
+            "total_count": 0,
+            "reason": "--io-trace-log: no tier I/O was done (each operation is a row of the "
+            "trace), so no device was measured",
+        }
     else:
         out["storage_health"] = storage_health(profile, tiers, hit_rate, rec, wall_s)
     return out

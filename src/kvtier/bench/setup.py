@@ -36,9 +36,9 @@ from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
-from kvtier.telemetry.iotrace import IOTraceWriter
 from kvtier.tiers import is_remote
 from kvtier.tokenizer import load_tokenizer
+from kvtier.tracefile import IOTraceWriter
 from kvtier.units import GiB, MiB
 from kvtier.workload.conversations import ConversationManager, ConversationSettings
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model

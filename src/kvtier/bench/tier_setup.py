@@ -62,8 +62,13 @@ def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
         buffers = plan.io_slots * plan.io_chunk_bytes + cfg.noise_mb * 2**20  # touched as the run goes: kept for them
         return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan), host_reserved_bytes=buffers)
     if name == "storage":
-        return TierSpec(int(cfg.storage_capacity_gb * GiB), directory=cache_dir, direct_io=cfg.direct_io,
-                        keep_files=cfg.keep_cache, gds=gds)  # fmt: skip
+        return TierSpec(
+            int(cfg.storage_capacity_gb * GiB),
+            directory=cache_dir,
+            direct_io=cfg.direct_io,
+            keep_files=cfg.keep_cache,
+            gds=gds,
+        )
     scope = f"{plan.workload.scope.tag()}/{cfg.kv_layout}"  # a shared namespace's keys name model and layout
     return remote_spec(name, cfg, plan.io_slots, scope)
 

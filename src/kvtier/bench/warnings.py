@@ -132,14 +132,18 @@ def run_warnings(
         storage_s = sum(r.storage_ns for r in ok) / 1e9
         gen_s = sum(r.generation_ns for r in ok) / 1e9
         if cfg.io_trace_log or gen_s > storage_s:  # the workers' time went to the modelled generation, not the device
-            busy = (f"the workers spent {gen_s:,.1f} s in the modelled generation (--generation-mode "
-                    f"{cfg.generation_mode}) against {storage_s:,.1f} s of storage I/O"
-                    + (", none of it real (--io-trace-log)" if cfg.io_trace_log else "")
-                    + ": the offered load was beyond what the run served (--generation-mode none, fewer "
-                    "--num-users, or --arrival closed)")  # fmt: skip
+            busy = (
+                f"the workers spent {gen_s:,.1f} s in the modelled generation (--generation-mode "
+                f"{cfg.generation_mode}) against {storage_s:,.1f} s of storage I/O"
+                + (", none of it real (--io-trace-log)" if cfg.io_trace_log else "")
+                + ": the offered load was beyond what the run served (--generation-mode none, fewer "
+                "--num-users, or --arrival closed)"
+            )
         else:
-            busy = ("the offered load was beyond what the storage served (fewer --num-users, or --arrival closed, "
-                    "measure it below saturation)")  # fmt: skip
+            busy = (
+                "the offered load was beyond what the storage served (fewer --num-users, or --arrival closed, "
+                "measure it below saturation)"
+            )
         out.append(
             warning(
                 WarningCode.requests_dropped,

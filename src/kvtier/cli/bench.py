@@ -113,8 +113,19 @@ def launch_clients(cfg: BenchConfig, output: str) -> int:
     root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     rank = cfg.model_copy(update={"num_clients": 1, "output": output})
     # --enable-recovery: a rank that dies does not take the others down (they finish; rank 0 reports it lost)
-    cmd = [mpirun, *root, "--oversubscribe", "--enable-recovery", "-np", str(n), sys.executable, "-m", "kvtier",
-           "bench", *config_argv(rank)]  # fmt: skip
+    cmd = [
+        mpirun,
+        *root,
+        "--oversubscribe",
+        "--enable-recovery",
+        "-np",
+        str(n),
+        sys.executable,
+        "-m",
+        "kvtier",
+        "bench",
+        *config_argv(rank),
+    ]
     print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
     t0 = time.time()
     rc = subprocess.run(cmd, check=False).returncode
@@ -187,9 +198,11 @@ def health_lines(result: BenchResult) -> list[str]:
     latency_failed = any(not c.passed and "P95" in c.name and "Storage" in c.name for c in h.criteria)
     disks = [d for d in (result.device.devices if result.device else []) if VIRTUAL_DISK.match(d)]
     if latency_failed and disks:
-        out.append(f"  the storage tier is on {', '.join(disks)}, a virtual disk: its latency is the hypervisor's and "
-                   "its neighbours', and the latency criteria are a local NVMe drive's; run on the device under "
-                   "test (--cache-dir on it) to judge a drive")  # fmt: skip
+        out.append(
+            f"  the storage tier is on {', '.join(disks)}, a virtual disk: its latency is the hypervisor's and "
+            "its neighbours', and the latency criteria are a local NVMe drive's; run on the device under "
+            "test (--cache-dir on it) to judge a drive"
+        )
     return out
 
 
@@ -199,7 +212,8 @@ def workload_line(result: BenchResult) -> str:
     if w.kind == "trace":
         names = ", ".join(Path(f).name for f in w.files[:3]) + (f" (+{len(w.files) - 3})" if len(w.files) > 3 else "")
         return f"{w.format} trace {names}: {w.requests:,} requests" + (
-            f", {w.skipped_rows:,} rows skipped" if w.skipped_rows else "")  # fmt: skip
+            f", {w.skipped_rows:,} rows skipped" if w.skipped_rows else ""
+        )
     if w.kind == "dataset":
         return f"{w.format} dataset {Path(w.path).name}: {w.conversations:,} conversations, {w.turns:,} turns"
     if w.kind == "io-trace":
@@ -277,8 +291,9 @@ def print_summary(result: BenchResult, path: Path) -> None:
     ]
     if result.io_trace is not None:  # nothing moved: the rates are of the logged operations, not a device's
         moved = ("GiB/s", "GB/s", "tokens/s", "latency")
-        rows = [(k + " — logged, no I/O" if any(m in k for m in moved) and "health" not in k else k, v)
-                for k, v in rows]  # fmt: skip
+        rows = [
+            (k + " — logged, no I/O" if any(m in k for m in moved) and "health" not in k else k, v) for k, v in rows
+        ]
     for k, v in rows:
         t.add_row(Text(k), Text(v))  # outside text (model names, paths): never markup
     c = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
@@ -300,10 +315,23 @@ def print_summary(result: BenchResult, path: Path) -> None:
     for line in closing_lines(result.status, result.stop_reason, result.errors.failures, result.requests_completed):
         c.print(Text(line), highlight=False)
     if result.io_trace is not None:
-        c.print(Text(f"next: kvtier trace stats {result.io_trace.path} (what the trace holds), then kvtier trace "
-                     "replay on the device under test to measure it"), highlight=False)  # fmt: skip
+        c.print(
+            Text(
+                f"next: kvtier trace stats {result.io_trace.path} (what the trace holds), then kvtier trace "
+                "replay on the device under test to measure it"
+            ),
+            highlight=False,
+        )
         return
-    c.print(Text(f"next: kvtier report {path} --html report.html (the run's plots: latency by tier, the timeline, QoS)"
-                 + ("" if result.load is None or not result.load.requests_dropped else
-                    "; fewer --num-users, or --arrival closed (users wait instead of being dropped), to see the "
-                    "device unsaturated")), highlight=False)  # fmt: skip
+    c.print(
+        Text(
+            f"next: kvtier report {path} --html report.html (the run's plots: latency by tier, the timeline, QoS)"
+            + (
+                ""
+                if result.load is None or not result.load.requests_dropped
+                else "; fewer --num-users, or --arrival closed (users wait instead of being dropped), to see the "
+                "device unsaturated"
+            )
+        ),
+        highlight=False,
+    )

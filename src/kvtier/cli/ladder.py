@@ -29,7 +29,7 @@ def run_ladder(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, LadderConfig)
     r = ladder.run(cfg)
     if cfg.plot:
-        from kvtier.report.plots import ladder_png
+        from kvtier.report.plots_serving import ladder_png
 
         png = ladder_png([(cfg.output, r)])
         if png is not None:
@@ -56,8 +56,10 @@ def render(r) -> str:  # type: ignore[no-untyped-def]  # a LadderResult
         lo = f"{c.ttft_s_min:.4f}" if c.ttft_s_min is not None else "—"
         hi = f"{c.ttft_s_max:.4f}" if c.ttft_s_max is not None else "—"
         cv = f"{c.ttft_s_cv:.2f}" if c.ttft_s_cv is not None else "—"
-        lines.append(f"{c.source:>10s} {c.context_tokens:>8,} {c.new_tokens:>6,} {med:>12s} {lo:>9s} {hi:>9s} "
-                     f"{cv:>6s} {c.verified:>4d}/{c.verified + c.unverified:<4d}")  # fmt: skip
+        lines.append(
+            f"{c.source:>10s} {c.context_tokens:>8,} {c.new_tokens:>6,} {med:>12s} {lo:>9s} {hi:>9s} "
+            f"{cv:>6s} {c.verified:>4d}/{c.verified + c.unverified:<4d}"
+        )
     for t in r.tpot:
         lines.append(f"TPOT at {t.running} running: {t.tpot_s if t.tpot_s is not None else '—'} s")
     f = r.fit
@@ -74,11 +76,15 @@ def render(r) -> str:  # type: ignore[no-untyped-def]  # a LadderResult
         )
         for fm in f.timing.fetch:
             bw = f", {fm.bytes_per_s / 1e9:.3g} GB/s" if fm.bytes_per_s else ""
-            lines.append(f"fit: fetch from {fm.tier} = {fm.overhead_s:.4g} s + {fm.s_per_token:.4g} s/token{bw} "
-                         f"(median |error| {_pct(fm.median_abs_rel_err)}, {fm.points} points)")  # fmt: skip
+            lines.append(
+                f"fit: fetch from {fm.tier} = {fm.overhead_s:.4g} s + {fm.s_per_token:.4g} s/token{bw} "
+                f"(median |error| {_pct(fm.median_abs_rel_err)}, {fm.points} points)"
+            )
         d = f.timing.decode
-        lines.append(f"fit: TPOT = {d.tpot_s:.4g} s + {d.s_per_extra_seq:.4g} s per extra running sequence "
-                     f"(median |error| {_pct(f.tpot_median_abs_rel_err)})")  # fmt: skip
+        lines.append(
+            f"fit: TPOT = {d.tpot_s:.4g} s + {d.s_per_extra_seq:.4g} s per extra running sequence "
+            f"(median |error| {_pct(f.tpot_median_abs_rel_err)})"
+        )
     for w in r.warnings:
         lines.append(f"warning: {w.message}")
     for n in s.notes:

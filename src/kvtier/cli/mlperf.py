@@ -99,8 +99,11 @@ def run_mlperf(a: argparse.Namespace) -> int:
         if looked is None:
             print("no --cache-dir: whether the working set fits the free space was not checked", file=sys.stderr)
         elif est["cache_dir_free_bytes"] is None:
-            print(f"--cache-dir: no directory at {looked}: whether the working set fits its free space was not "
-                  "checked (create it, or name an existing one)", file=sys.stderr)  # fmt: skip
+            print(
+                f"--cache-dir: no directory at {looked}: whether the working set fits its free space was not "
+                "checked (create it, or name an existing one)",
+                file=sys.stderr,
+            )
         if cfg.output:
             write_text_atomic(cfg.output, json.dumps(est, indent=2))
         return 0

@@ -41,7 +41,9 @@ def run_model_make(a: argparse.Namespace) -> int:
     d = make_model(a.directory, geo, like=a.like, force=a.force)
     spec = spec_from_hf_config(str(d))
     shape = f"{geo.num_layers} layers x {geo.kv_heads} KV heads x head_dim {geo.head_dim} ({geo.dtype})"
-    print(f"{d}: {spec.name}, {shape} = {spec.kv_bytes_per_token:,} KV bytes per token; "
-          f"max_model_len {geo.max_position:,}")  # fmt: skip
+    print(
+        f"{d}: {spec.name}, {shape} = {spec.kv_bytes_per_token:,} KV bytes per token; "
+        f"max_model_len {geo.max_position:,}"
+    )
     print(f"serve it: python -m vllm.entrypoints.openai.api_server --model {d} --load-format dummy")
     return 0

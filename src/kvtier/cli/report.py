@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvtier.cli.args import add_config_arguments, config_from_args
+from kvtier.config.report import CompareConfig, ReportConfig
+
 
 def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
     p = sub.add_parser(
@@ -14,10 +17,8 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
         description="kvtier report RESULT... --html out.html: bench results, replay folders or summary.json, MPI "
         "aggregates, MLPerf run summaries and launch.json files, side by side; plots need matplotlib (the plot extra)",
     )
-    p.add_argument("results", nargs="+", help="result files or folders")
-    p.add_argument("--html", required=True, help="the HTML file to write")
-    p.add_argument("--png-dir", help="also write each plot as a PNG file here")
-    p.add_argument("--labels", help="comma-separated names for the results, in order (default: file or folder names)")
+    p.add_argument("results", nargs="+", help=ReportConfig.model_fields["results"].description)
+    add_config_arguments(p, ReportConfig)
     p.set_defaults(func=run_report)
     c = sub.add_parser(
         "compare",
@@ -26,18 +27,19 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
         description="kvtier compare A B ...: each argument one condition, or its trials joined by commas "
         "(a1.json,a2.json): the median over trials and its noise (coefficient of variation) beside each ratio",
     )
-    c.add_argument("conditions", nargs="+", help="results (files or replay folders); trials of one condition: a,b,c")
-    c.add_argument("--force", action="store_true", help="print the table even when the configs differ (exit 0)")
+    c.add_argument("conditions", nargs="+", help=CompareConfig.model_fields["conditions"].description)
+    add_config_arguments(c, CompareConfig)
     c.set_defaults(func=run_compare)
 
 
 def run_report(a: argparse.Namespace) -> int:
     from kvtier.report.html import write_report
 
-    labels = [x.strip() for x in a.labels.split(",")] if a.labels else None
-    info = write_report(a.results, a.html, a.png_dir, labels)
+    cfg = config_from_args(a, ReportConfig)
+    labels = [x.strip() for x in cfg.labels.split(",")] if cfg.labels else None
+    info = write_report(cfg.results, cfg.html, cfg.png_dir, labels)
     plots = f"{len(info['plots'])} plots" if info["matplotlib"] else "no plots (pip install 'kvtier[plot]')"
-    print(f"{a.html}: {len(info['results'])} results, {plots}, {info['bytes']:,} bytes in {info['seconds']:.2f} s")
+    print(f"{cfg.html}: {len(info['results'])} results, {plots}, {info['bytes']:,} bytes in {info['seconds']:.2f} s")
     return 0
 
 
@@ -60,12 +62,15 @@ def compare_results(conditions: list[str], kind: str | None = None, force: bool 
     for p in c.problems:
         print(f"NOT COMPARABLE: {p}", file=sys.stderr)
     if not c.comparable and not force:
-        print("kvtier compare: the runs differ in what makes their figures comparable; --force prints the table "
-              "anyway", file=sys.stderr)  # fmt: skip
+        print(
+            "kvtier compare: the runs differ in what makes their figures comparable; --force prints the table anyway",
+            file=sys.stderr,
+        )
         return 2
     print(render(c))
     return 0
 
 
 def run_compare(a: argparse.Namespace) -> int:
-    return compare_results(a.conditions, force=a.force)
+    cfg = config_from_args(a, CompareConfig)
+    return compare_results(cfg.conditions, force=cfg.force)

@@ -35,8 +35,9 @@ def run_cache_server(args: argparse.Namespace) -> int:
         from kvtier.vllm.blockserver import serve as serve_blocks
         from kvtier.vllm.settings import VllmOffloadSettings
 
-        serve_blocks(VllmOffloadSettings.of_tier_config(cfg, cfg.offload), cfg.socket, cfg.host, cfg.port,
-                     cfg.port_file)  # fmt: skip
+        serve_blocks(
+            VllmOffloadSettings.of_tier_config(cfg, cfg.offload), cfg.socket, cfg.host, cfg.port, cfg.port_file
+        )
         return 0
     from kvtier.sim import serve_cache
 

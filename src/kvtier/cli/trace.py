@@ -72,8 +72,10 @@ def run_attach(a: argparse.Namespace) -> int:
     section = tracer.section(tracer.stop())
     for name, h in section["histograms"].items():
         p50, p95 = h["p50_bucket"], h["p95_bucket"]
-        print(f"{name:>20}: {h['count']:>9} events, p50 in [{p50['low']}, {p50['high']}), p95 in [{p95['low']}, "
-              f"{p95['high']})")  # fmt: skip
+        print(
+            f"{name:>20}: {h['count']:>9} events, p50 in [{p50['low']}, {p50['high']}), p95 in [{p95['low']}, "
+            f"{p95['high']})"
+        )
     if section["empty"]:
         print("no events: " + ", ".join(section["empty"]))
     for what, why in section["unavailable"].items():

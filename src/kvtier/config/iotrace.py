@@ -8,7 +8,11 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
-from kvtier.telemetry.iotrace import MAX_TRACE_ROWS
+
+MAX_TRACE_ROWS = 50_000_000
+"""Rows read at most by default (``--max-rows``): reading peaks at about 63 bytes a row (34 in the columns, the
+rest while sorting by time; benchmarks/hostile_inputs.py), plus each distinct key once, so about 3 GB at 50 M
+rows; a longer trace is refused at the first row past it, naming the flag."""
 
 TRACE_HELP = "I/O trace CSV (kvtier bench --io-trace-log, or the MLPerf reference's); .zst is read too"
 

@@ -68,8 +68,9 @@ class LadderConfig(StrictModel):
         0.2, "share of the (context, new tokens) cells held back from the fit to check it", ge=0, lt=1, group=GRID
     )
     seed: int = flag(0, "seed of the prompts' words and of the random order of the points")
-    duration: float = flag(0, "stop measuring after this many seconds (0: no bound); what was measured is kept",
-                           ge=0, group=BOUNDS)  # fmt: skip
+    duration: float = flag(
+        0, "stop measuring after this many seconds (0: no bound); what was measured is kept", ge=0, group=BOUNDS
+    )
     max_requests: int = flag(0, "send at most this many requests, floods included (0: no bound)", ge=0, group=BOUNDS)
     request_timeout: float = flag(600.0, "seconds one request may take", gt=0, group=BOUNDS)
     max_failure_rate: float = max_failure_rate_flag(BOUNDS)

@@ -41,8 +41,9 @@ def parse_arms(arms: Sequence[str], tier: str) -> list[tuple[str, str, str]]:
     for arm in (x.strip() for raw in arms for x in raw.split(",") if x.strip()):
         engine, _, own = arm.partition(":")
         if engine not in ARM_ENGINES or own not in ("", "cpu", "nvme") or (engine == "none" and own):
-            raise ConfigError(f"--arms {arm!r}: expected none or ENGINE[:cpu|nvme] with ENGINE one of "
-                              f"{', '.join(OFFLOAD_ENGINES)}")  # fmt: skip
+            raise ConfigError(
+                f"--arms {arm!r}: expected none or ENGINE[:cpu|nvme] with ENGINE one of {', '.join(OFFLOAD_ENGINES)}"
+            )
         t = "gpu" if engine == "none" else own or tier
         if t == "gpu" and engine != "none":
             raise ConfigError(f"--arms {arm!r}: an offload engine needs a tier: --tier cpu|nvme or {engine}:cpu")
@@ -79,8 +80,10 @@ def parse_faults(specs: Sequence[str]) -> list[Fault]:
     for spec in specs:
         m = _SPEC.match(spec.strip())
         if m is None or m["kind"] not in FAULT_KINDS:
-            raise ConfigError(f"--fault {spec!r}: expected KIND@SECONDS with KIND one of {', '.join(FAULT_KINDS)}, "
-                              "e.g. restart-cache@30")  # fmt: skip
+            raise ConfigError(
+                f"--fault {spec!r}: expected KIND@SECONDS with KIND one of {', '.join(FAULT_KINDS)}, "
+                "e.g. restart-cache@30"
+            )
         out.append(Fault(m["kind"], float(m["at"])))
     return sorted(out, key=lambda f: f.at_s)
 
@@ -199,8 +202,10 @@ class LaunchConfig(StrictModel):
                     "sequence of max-model-len cannot fit the rest)"
                 )
         if self.engine == "sim" and self.offload_engine not in ("auto", "kvtier"):
-            raise ValueError(f"--offload-engine {self.offload_engine}: the simulator's offload engine is kvtier's "
-                             "cache server (kvtier); the others run with --engine vllm")  # fmt: skip
+            raise ValueError(
+                f"--offload-engine {self.offload_engine}: the simulator's offload engine is kvtier's "
+                "cache server (kvtier); the others run with --engine vllm"
+            )
         if self.tier == "gpu" and self.offload_engine != "auto":
             raise ValueError(f"--offload-engine {self.offload_engine}: --tier gpu offloads nothing (use cpu or nvme)")
         if self.engine == "vllm" and self.tier == "nvme" and not self.nvme_dir and not self.dry_run:

@@ -41,8 +41,9 @@ class ReplayConfig(StrictModel):
     users: int = flag(8, "--synthetic: sessions", ge=1, le=100_000)
     turns: int = flag(5, "--synthetic: turns per session", ge=1, le=10_000)
     isl: int = flag(512, "--synthetic: new input tokens per turn", ge=1, le=1_000_000)
-    osl: int = flag(128, "--synthetic: output tokens per turn (max_tokens, and the recorded reply's length)", ge=1,
-                    le=1_000_000)  # fmt: skip
+    osl: int = flag(
+        128, "--synthetic: output tokens per turn (max_tokens, and the recorded reply's length)", ge=1, le=1_000_000
+    )
     shared_prefix: int = flag(0, "--synthetic: tokens of a system prompt every session shares", ge=0, le=10_000_000)
     synthetic_seed: int = flag(0, "--synthetic: seed of the words")
     min_chunk_rounds: int = flag(
@@ -53,8 +54,7 @@ class ReplayConfig(StrictModel):
     )
     concurrency: int = flag(4, "virtual users in flight at once", ge=1)
     output: str | None = flag(None, "result folder (requests.jsonl, summary.json)")
-    max_requests: int = flag(0, "send at most this many requests, then let those in flight finish (0 = no bound)",
-                             ge=0)  # fmt: skip
+    max_requests: int = flag(0, "send at most this many requests, then let those in flight finish (0 = no bound)", ge=0)
     duration: float = flag(
         0,
         "seconds to dispatch requests; then in-flight ones get --read-timeout to finish and the rest are cut "

@@ -105,8 +105,9 @@ class SimConfig(OffloadTierConfig):
         256,
         "tokens per entry of an in-process offload tier (cpu, nvme, redis, s3): LMCache's chunk is 256; kvtier's "
         "spec inside vLLM stores vLLM's blocks (128 on its CPU build), so a twin of that engine sets 128",
-        ge=16, le=4096,
-    )  # fmt: skip
+        ge=16,
+        le=4096,
+    )
     host: str = flag("127.0.0.1", "address to listen on")
     event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")
     port: int = flag(8000, "TCP port (0 = any free port, printed)", ge=0, le=65535)

@@ -69,10 +69,13 @@ class RemoteTierFlags(StrictModel):
         pattern=r"^(run|shared:[A-Za-z0-9._-]{1,64})$",
     )
     remote_ttl: float = flag(
-        3600.0, "seconds an entry of a shared: namespace lives on the server (Redis PX; S3: read as a miss past it); "
+        3600.0,
+        "seconds an entry of a shared: namespace lives on the server (Redis PX; S3: read as a miss past it); "
         "at most 10 years (Redis refuses an expiry past its clock's range, and every write would fail)",
-        group=REMOTE, gt=0, le=MAX_TTL_S,
-    )  # fmt: skip
+        group=REMOTE,
+        gt=0,
+        le=MAX_TTL_S,
+    )
 
     @property
     def shared_namespace(self) -> str | None:

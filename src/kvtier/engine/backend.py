@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from kvtier.telemetry.clock import IOTiming  # defined with the clock (telemetry sits below the engine)
+
 ALIGN = 4096
 """Alignment of every buffer address, chunk length and file offset (the usual O_DIRECT block)."""
 
@@ -26,26 +28,6 @@ from another writer): ten years."""
 
 def round_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
-
-
-@dataclass(slots=True)
-class IOTiming:
-    """Time of one tier operation, integer nanoseconds.
-
-    device_ns: time inside the calls that move the bytes (write+fsync, pread, memory copy);
-    host_ns: everything else the operation did (open, header, bookkeeping, page-cache advice).
-    """
-
-    host_ns: int = 0
-    device_ns: int = 0
-
-    @property
-    def total_ns(self) -> int:
-        return self.host_ns + self.device_ns
-
-    def add(self, other: IOTiming) -> None:
-        self.host_ns += other.host_ns
-        self.device_ns += other.device_ns
 
 
 def check_cancel(cancel: threading.Event | None, what: str, bytes_done: int = 0) -> None:
@@ -192,5 +174,7 @@ class OwnKeys:
         """The sentence for the run's cleanup problems, or None when the server listed only ours."""
         if not self.foreign:
             return None
-        return (f"{where}: {listing} {self.prefix}* listed {self.foreign} keys outside this run's prefix (e.g. "
-                f"{', '.join(self.examples)}): left alone — the server does not honour {honoured}")  # fmt: skip
+        return (
+            f"{where}: {listing} {self.prefix}* listed {self.foreign} keys outside this run's prefix (e.g. "
+            f"{', '.join(self.examples)}): left alone — the server does not honour {honoured}"
+        )

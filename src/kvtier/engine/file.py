@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from kvtier.engine.backend import ALIGN, IOTiming, aligned_buffer, check_cancel, read_through_export, round_up
+from kvtier.engine.backend import ALIGN, aligned_buffer, check_cancel, read_through_export, round_up
 from kvtier.engine.runs import (
     MARKER,
     PROBE_PREFIX,
@@ -37,6 +37,7 @@ from kvtier.engine.runs import (
     system_directory,
 )
 from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
+from kvtier.telemetry.clock import IOTiming
 
 MAGIC = b"KVTIER01"
 FORMAT_VERSION = 2

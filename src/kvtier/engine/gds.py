@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
-from kvtier.engine.backend import IOTiming
 from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import gpu_available
+from kvtier.telemetry.clock import IOTiming
 
 GdsMode = Literal["auto", "on", "off"]
 

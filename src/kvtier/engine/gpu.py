@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kvtier.engine.backend import IOTiming, check_cancel, round_up
+from kvtier.engine.backend import check_cancel, round_up
 from kvtier.errors import EntryNotFound, TierFullError, UnsupportedError
+from kvtier.telemetry.clock import IOTiming
 
 
 def gpu_available() -> tuple[bool, str]:

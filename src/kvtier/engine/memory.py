@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.engine.backend import ALIGN, HUGE_PAGE, IOTiming, advise_huge_pages, check_cancel, round_up
+from kvtier.engine.backend import ALIGN, HUGE_PAGE, advise_huge_pages, check_cancel, round_up
 from kvtier.errors import EntryNotFound, HostMemoryShort, TierFullError
+from kvtier.telemetry.clock import IOTiming
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name

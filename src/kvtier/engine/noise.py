@@ -166,9 +166,12 @@ class NoiseBuffer:
     def describe(self) -> dict[str, Any]:
         """The scheme as a result records it (``storage.payload``), with the sample of this run's writes."""
         with self._pool_lock:
-            counts = {"bytes_stamped_in_place": self.bytes_in_place, "bytes_copied": self.bytes_copied,
-                      "writer_buffers": self.writer_buffers,
-                      "writer_buffer_bytes": self.writer_buffer_bytes}  # fmt: skip
+            counts = {
+                "bytes_stamped_in_place": self.bytes_in_place,
+                "bytes_copied": self.bytes_copied,
+                "writer_buffers": self.writer_buffers,
+                "writer_buffer_bytes": self.writer_buffer_bytes,
+            }
         return {
             "scheme": f"{self.payload}: each 4 KiB block stamped (key, seed, block index); writers' buffers filled "
             "from the noise once, only the stamps rewritten per chunk; a memory tier copies from the noise",

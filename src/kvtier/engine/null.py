@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
-from kvtier.engine.backend import IOTiming, round_up
+from kvtier.engine.backend import round_up
 from kvtier.errors import EntryNotFound
+from kvtier.telemetry.clock import IOTiming
 
 
 class NullTier:

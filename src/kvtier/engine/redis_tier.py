@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from kvtier.engine.backend import (
-    IOTiming,
     OwnKeys,
     check_cancel,
     expected_size_problem,
@@ -46,6 +45,7 @@ from kvtier.engine.backend import (
 )
 from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespPool
 from kvtier.errors import ConfigError, EntryNotFound, ForeignEntry, StorageError, TierFullError, TierUnavailable
+from kvtier.telemetry.clock import IOTiming
 
 PASSWORD_ENV = ("KVTIER_REDIS_PASSWORD", "REDISCLI_AUTH")
 CA_ENV = "KVTIER_REDIS_CA_CERT"
@@ -389,8 +389,12 @@ class RedisTier:
         with self._conn() as c:
             for _ in range(MAX_SCAN_CALLS):
                 reply = c.call("SCAN", cursor, "MATCH", f"{self.prefix}:*", "COUNT", 1000)
-                if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes)
-                        and isinstance(reply[1], list)):  # fmt: skip
+                if not (
+                    isinstance(reply, list)
+                    and len(reply) == 2
+                    and isinstance(reply[0], bytes)
+                    and isinstance(reply[1], list)
+                ):
                     raise RespConnectionError(f"protocol error: SCAN answered {str(reply)[:80]}")
                 cursor = reply[0].decode(errors="replace")
                 listed = [k.decode(errors="replace") for k in reply[1] if isinstance(k, bytes)]

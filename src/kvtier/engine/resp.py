@@ -203,8 +203,11 @@ class RespConnection:
         if kind == b"-":
             return RespError(rest.decode(errors="replace"))
         if kind == b":":
-            return self._length(rest, "an integer reply", 2**63 - 1) if rest[:1] != b"-" else -self._length(
-                rest[1:], "an integer reply", 2**63)  # fmt: skip
+            return (
+                self._length(rest, "an integer reply", 2**63 - 1)
+                if rest[:1] != b"-"
+                else -self._length(rest[1:], "an integer reply", 2**63)
+            )
         if kind == b"$":
             n = self._length(rest, "a bulk string", max_bulk)
             if n < 0:

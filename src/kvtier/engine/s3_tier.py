@@ -32,7 +32,6 @@ from typing import Any
 
 from kvtier.engine.backend import (
     MAX_TTL_S,
-    IOTiming,
     OwnKeys,
     check_cancel,
     expected_size_problem,
@@ -41,6 +40,7 @@ from kvtier.engine.backend import (
     shared_digest,
 )
 from kvtier.errors import EntryNotFound, ForeignEntry, StorageError, TierFullError, TierUnavailable, UnsupportedError
+from kvtier.telemetry.clock import IOTiming
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 

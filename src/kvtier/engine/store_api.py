@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvtier.engine.backend import IOTiming, check_cancel
+from kvtier.engine.backend import check_cancel
 from kvtier.engine.policy import EvictionPolicy, LRUPolicy
+from kvtier.telemetry.clock import IOTiming
 
 Promotion = Literal["none", "on-read"]
 ChunkSource = Callable[[], Iterable[memoryview]]
@@ -46,7 +47,7 @@ class EventSink(Protocol):
 
 
 class IOLog(Protocol):
-    """Receives every completed tier operation with its key (the I/O trace, telemetry/iotrace.py)."""
+    """Receives every completed tier operation with its key (the I/O trace, tracefile.py)."""
 
     def io(self, op: str, tier: str, key: str, cause: str, nbytes: int) -> None: ...
 

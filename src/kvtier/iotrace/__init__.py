@@ -9,7 +9,7 @@ Library use::
     text, figures = iotrace.run_fio(TraceFioConfig(trace="t.csv", output="j.fio"))  # the job, also written
     result = iotrace.run_replay(TraceReplayConfig(trace="t.csv", cache_dir="/mnt/nvme"))  # a BenchResult
 
-The trace's reading and writing live in ``kvtier.telemetry.iotrace``.
+The trace's reading and writing live in ``kvtier.tracefile``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from kvtier import __version__
-from kvtier.telemetry.iotrace import read_trace
+from kvtier.tracefile import read_trace
 
 if TYPE_CHECKING:
     from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvtier.config.iotrace import TraceFioConfig
 from kvtier.errors import DatasetError
-from kvtier.telemetry.iotrace import IOTrace
+from kvtier.tracefile import IOTrace
 from kvtier.units import GiB, MiB
 
 ALIGN = 4096

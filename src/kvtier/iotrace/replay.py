@@ -47,8 +47,8 @@ from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, u
 from kvtier.telemetry.clock import MONOTONIC
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
-from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.telemetry.recorder import Recorder, RequestRecord
+from kvtier.tracefile import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.units import GiB
 
 TIER_OF = {0: "cpu", 1: "cpu", 2: "storage"}  # Tier-N -> the replay's tier
@@ -243,8 +243,10 @@ def sizing(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[float, float, str]:
             return f"{gb:g} GB (--{flag})"
         if not need:
             return f"{gb:g} GB (the trace has no {tiers} rows)"
-        return (f"{gb:g} GB (--{flag} 0: the trace's {tiers} peak {need / GiB:.3f} GiB + --workers {cfg.workers} x "
-                f"the largest object {int(trace.size.max()) / GiB:.3f} GiB, at {target:.0%} fill)")  # fmt: skip
+        return (
+            f"{gb:g} GB (--{flag} 0: the trace's {tiers} peak {need / GiB:.3f} GiB + --workers {cfg.workers} x "
+            f"the largest object {int(trace.size.max()) / GiB:.3f} GiB, at {target:.0%} fill)"
+        )
 
     said = (
         f"CPU tier {why(cpu_gb, cfg.cpu_mem_gb, 'cpu-mem-gb', cpu_need, 'Tier-0/1')}, storage tier "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.stats import Fenwick, percentile
-from kvtier.telemetry.iotrace import TIER_BY_NUMBER, IOTrace
+from kvtier.tracefile import TIER_BY_NUMBER, IOTrace
 
 
 def _split(trace: IOTrace, mask: np.ndarray) -> dict[str, int]:

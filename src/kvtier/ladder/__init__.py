@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | None = None) -> LadderResult:
     """Measure, fit and write the ladder (``cfg.output``); Ctrl+C keeps what was measured. (``cfg.plot`` is drawn by
-    the CLI, the one importer of report/: ``kvtier.report.plots.ladder_png``.)"""
+    the CLI, the one importer of report/: ``kvtier.report.plots_serving.ladder_png``.)"""
     from kvtier.results.io import check_output_path, write_json
 
     check_output_path("--output", cfg.output)
@@ -52,9 +52,12 @@ def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | Non
 def _print_point(p: LadderPoint) -> None:
     mark = "verified" if p.verified else f"UNVERIFIED ({p.why})"
     ttft = f"{p.ttft_s:.4f} s" if p.ttft_s is not None else "—"
-    print(f"ladder: {p.source:>8s} context {p.context_tokens:>7,} + {p.new_tokens:<5,} prompt "
-          f"{p.prompt_tokens or 0:>7,} cached {p.cached_tokens or 0:>7,} TTFT {ttft} {mark}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"ladder: {p.source:>8s} context {p.context_tokens:>7,} + {p.new_tokens:<5,} prompt "
+        f"{p.prompt_tokens or 0:>7,} cached {p.cached_tokens or 0:>7,} TTFT {ttft} {mark}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | None) -> LadderResult:
@@ -85,10 +88,22 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
             identity = await server_identity(http, cfg.base_url.rstrip("/"), cfg.model)
             server = describe(identity["max_model_len"], await scrape_snapshot(http, cfg.metrics_root()))
             prompter = Prompter(rng, f"{int(time.time() * 1000) % 10**9:x}", tokenizer)
-            sess = Session(http, ClientConfig(cfg.base_url, cfg.model, 1, request_timeout_s=cfg.request_timeout,
-                                              read_timeout_s=cfg.request_timeout),
-                           cfg.metrics_root(), server, prompter, stop,
-                           t0 + cfg.duration if cfg.duration else None, cfg.max_requests)  # fmt: skip
+            sess = Session(
+                http,
+                ClientConfig(
+                    cfg.base_url,
+                    cfg.model,
+                    1,
+                    request_timeout_s=cfg.request_timeout,
+                    read_timeout_s=cfg.request_timeout,
+                ),
+                cfg.metrics_root(),
+                server,
+                prompter,
+                stop,
+                t0 + cfg.duration if cfg.duration else None,
+                cfg.max_requests,
+            )
             await sess.probe()
             largest_new = max(cfg.new_tokens)
             if server.max_model_len is None and cfg.contexts is None:
@@ -129,8 +144,10 @@ async def _measure(
     wanted = cfg.sources or ["cold", "gpu", *found]
     unknown = [x for x in wanted if x not in ("cold", "gpu", *found) and x not in cfg.flood_overrides()]
     if unknown:
-        raise ConfigError(f"--sources: {unknown} are not tiers this server has (found: {found or 'none'}); a tier "
-                          "with no counter here needs --flood-tokens NAME=N and cannot be verified")  # fmt: skip
+        raise ConfigError(
+            f"--sources: {unknown} are not tiers this server has (found: {found or 'none'}); a tier "
+            "with no counter here needs --flood-tokens NAME=N and cannot be verified"
+        )
     plan = _Plan(wanted)
     tiers = [x for x in wanted if x not in ("cold", "gpu")]
     ordered = [t for t in found if t in tiers] + [t for t in tiers if t not in found]
@@ -193,35 +210,62 @@ def cell_stats(points: list[LadderPoint]) -> list[CellStats]:
     for (src, c, n), grp in sorted(cells.items()):
         ts = [p.ttft_s for p in grp if p.verified and p.ttft_s is not None]
         cv = statistics.pstdev(ts) / statistics.mean(ts) if len(ts) > 1 and statistics.mean(ts) > 0 else None
-        out.append(CellStats(source=src, context_tokens=c, new_tokens=n, verified=len(ts),
-                             unverified=len(grp) - len(ts),
-                             ttft_s_median=round(statistics.median(ts), 6) if ts else None,
-                             ttft_s_min=min(ts) if ts else None, ttft_s_max=max(ts) if ts else None,
-                             ttft_s_cv=round(cv, 4) if cv is not None else None))  # fmt: skip
+        out.append(
+            CellStats(
+                source=src,
+                context_tokens=c,
+                new_tokens=n,
+                verified=len(ts),
+                unverified=len(grp) - len(ts),
+                ttft_s_median=round(statistics.median(ts), 6) if ts else None,
+                ttft_s_min=min(ts) if ts else None,
+                ttft_s_max=max(ts) if ts else None,
+                ttft_s_cv=round(cv, 4) if cv is not None else None,
+            )
+        )
     return out
 
 
-def _result(cfg: LadderConfig, server: Any, prompter: Any, points: list[LadderPoint], tpot: list[Any], plan: _Plan,
-            sess: Session, stop_code: str | None, started: Any, wall_s: float) -> LadderResult:  # fmt: skip
+def _result(
+    cfg: LadderConfig,
+    server: Any,
+    prompter: Any,
+    points: list[LadderPoint],
+    tpot: list[Any],
+    plan: _Plan,
+    sess: Session,
+    stop_code: str | None,
+    started: Any,
+    wall_s: float,
+) -> LadderResult:
     from kvtier.ladder.fit import fit_ladder
 
-    fit = fit_ladder(points, tpot, [x for x in plan.sources if x not in ("cold", "gpu")], server.kv_bytes_per_token,
-                     cfg.output)  # fmt: skip
+    fit = fit_ladder(
+        points, tpot, [x for x in plan.sources if x not in ("cold", "gpu")], server.kv_bytes_per_token, cfg.output
+    )
     warnings = []
     bad = [p for p in points if not p.verified]
     if bad:
         by = Counter(p.source for p in bad)
-        warnings.append(warning(WarningCode.ladder_unverified,
-                                f"{len(bad)} of {len(points)} points unverified (left out of the fit): "
-                                + ", ".join(f"{s} {n}" for s, n in by.items()) + f"; first: {bad[0].why}",
-                                by_source=dict(by)))  # fmt: skip
+        warnings.append(
+            warning(
+                WarningCode.ladder_unverified,
+                f"{len(bad)} of {len(points)} points unverified (left out of the fit): "
+                + ", ".join(f"{s} {n}" for s, n in by.items())
+                + f"; first: {bad[0].why}",
+                by_source=dict(by),
+            )
+        )
     verified_sources = {p.source for p in points if p.verified}
     missing = [x for x in plan.sources if x not in verified_sources]
     for name, why in plan.skipped.items():
         warnings.append(warning(WarningCode.ladder_tier_unreachable, f"{name}: not measured: {why}", what=name))
     if missing:
-        warnings.append(warning(WarningCode.ladder_source_unverified,
-                                f"no verified point for {', '.join(missing)}", sources=missing))  # fmt: skip
+        warnings.append(
+            warning(
+                WarningCode.ladder_source_unverified, f"no verified point for {', '.join(missing)}", sources=missing
+            )
+        )
     if stop_code is None:
         status, code, msg = Status.complete, StopCode.grid_finished, f"{len(points)} points measured"
     elif stop_code in ("duration", "max-requests"):
@@ -239,17 +283,37 @@ def _result(cfg: LadderConfig, server: Any, prompter: Any, points: list[LadderPo
     ok = sess.sent - len(sess.failures)
     status, stop, more = judge(status, StopReason(code=code, message=msg), ok, failures, cfg.max_failure_rate)
     warnings += more
-    facts = ServerFacts(base_url=cfg.base_url, model=cfg.model, kind=server.kind, max_model_len=server.max_model_len,
-                        block_tokens=server.block_tokens, gpu_kv_tokens=server.gpu_kv_tokens,
-                        kv_bytes_per_token=server.kv_bytes_per_token, tiers=server.tiers, counters=server.counters,
-                        prompt_overhead_tokens=prompter.overhead, tokens_per_word=round(prompter.tokens_per_word, 4),
-                        notes=server.notes)  # fmt: skip
+    facts = ServerFacts(
+        base_url=cfg.base_url,
+        model=cfg.model,
+        kind=server.kind,
+        max_model_len=server.max_model_len,
+        block_tokens=server.block_tokens,
+        gpu_kv_tokens=server.gpu_kv_tokens,
+        kv_bytes_per_token=server.kv_bytes_per_token,
+        tiers=server.tiers,
+        counters=server.counters,
+        prompt_overhead_tokens=prompter.overhead,
+        tokens_per_word=round(prompter.tokens_per_word, 4),
+        notes=server.notes,
+    )
     return LadderResult(
-        status=status, stop_reason=stop, started_at=iso(started), finished_at=iso(utc_now()), host=collect_host(),
-        warnings=warnings, config=cfg, server=facts, points=points,
-        cells=cell_stats(points), tpot=tpot, fit=fit, failures=failures, requests_sent=sess.sent,
+        status=status,
+        stop_reason=stop,
+        started_at=iso(started),
+        finished_at=iso(utc_now()),
+        host=collect_host(),
+        warnings=warnings,
+        config=cfg,
+        server=facts,
+        points=points,
+        cells=cell_stats(points),
+        tpot=tpot,
+        fit=fit,
+        failures=failures,
+        requests_sent=sess.sent,
         wall_s=round(wall_s, 3),
-    )  # fmt: skip
+    )
 
 
 __all__ = ["run", "cell_stats"]

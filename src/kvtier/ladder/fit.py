@@ -91,9 +91,15 @@ def fit_ladder(
     def residual(p: LadderPoint, predicted: float) -> FitResidual:
         assert p.ttft_s is not None and p.prompt_tokens is not None
         c = p.cached_tokens or 0
-        return FitResidual(source=p.source, new_tokens=p.prompt_tokens - c, cached_tokens=c, measured_s=p.ttft_s,
-                           predicted_s=round(predicted, 6), rel_err=round((predicted - p.ttft_s) / p.ttft_s, 4),
-                           held_back=p.held_back)  # fmt: skip
+        return FitResidual(
+            source=p.source,
+            new_tokens=p.prompt_tokens - c,
+            cached_tokens=c,
+            measured_s=p.ttft_s,
+            predicted_s=round(predicted, 6),
+            rel_err=round((predicted - p.ttft_s) / p.ttft_s, 4),
+            held_back=p.held_back,
+        )
 
     for p in pre:
         c = p.cached_tokens or 0
@@ -122,9 +128,13 @@ def fit_ladder(
         if s < 0:
             f0, s = float(np.mean(yv)), 0.0
         f0 = max(0.0, f0)
-        model = FetchModel(tier=tier, overhead_s=f0, s_per_token=s, points=len(tp),
-                           bytes_per_s=round(kv_bytes_per_token / s, 1) if kv_bytes_per_token and s > 0
-                           else None)  # fmt: skip
+        model = FetchModel(
+            tier=tier,
+            overhead_s=f0,
+            s_per_token=s,
+            points=len(tp),
+            bytes_per_s=round(kv_bytes_per_token / s, 1) if kv_bytes_per_token and s > 0 else None,
+        )
         errs = []
         for p in tp:
             c = p.cached_tokens or 0
@@ -149,11 +159,18 @@ def fit_ladder(
         max_running=max((t.running for t in tv), default=1),
     )
     timing = Timing(
-        source="measured", origin=origin, prefill=prefill, decode=decode, fetch=fetch, range=rng,
-        figures={"prefill": f"fitted to {len(train)} verified cold and GPU points",
-                 "decode": f"fitted to {len(tv)} TPOT-sweep levels" if tv else "not measured (no TPOT sweep): 0",
-                 "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier"},
-    )  # fmt: skip
+        source="measured",
+        origin=origin,
+        prefill=prefill,
+        decode=decode,
+        fetch=fetch,
+        range=rng,
+        figures={
+            "prefill": f"fitted to {len(train)} verified cold and GPU points",
+            "decode": f"fitted to {len(tv)} TPOT-sweep levels" if tv else "not measured (no TPOT sweep): 0",
+            "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier",
+        },
+    )
     return LadderFit(
         timing=timing,
         prefill_points=len(train),

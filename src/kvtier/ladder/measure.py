@@ -94,8 +94,13 @@ def verify(
     block = s.block_tokens or 16
     tiers = dict(r.tiers) if r is not None else {}
     basis = "counters" if r is not None and r.gpu is not None else ("usage" if usage_cached is not None else "none")
-    shown = Shown(gpu_hit_tokens=r.gpu if r else None, external_hit_tokens=r.external if r else None, tiers=tiers,
-                  usage_cached_tokens=usage_cached, basis=basis)  # fmt: skip
+    shown = Shown(
+        gpu_hit_tokens=r.gpu if r else None,
+        external_hit_tokens=r.external if r else None,
+        tiers=tiers,
+        usage_cached_tokens=usage_cached,
+        basis=basis,
+    )
     if prompt_tokens is None:
         return False, "the response had no usage.prompt_tokens", shown, None
     if basis == "none":
@@ -154,13 +159,18 @@ def flood_sizes(
             out[name] = (overrides[name], holds, None)
             continue
         if gpu is None or any(c is None for c in above):
-            out[name] = (None, holds, f"the server does not report the capacity above {name}: give --flood-tokens "
-                                      f"{name}=N")  # fmt: skip
+            out[name] = (
+                None,
+                holds,
+                f"the server does not report the capacity above {name}: give --flood-tokens {name}=N",
+            )
             continue
         need = int(math.ceil(FLOOD_MARGIN * max(gpu, sum(c for c in above if c))))
         if holds is not None and need >= holds:
-            why = (f"a flood of {need:,} tokens (past the GPU's {gpu:,} and the tiers above) would also push the "
-                   f"prefix out of {name}, which holds {holds:,} with them")  # fmt: skip
+            why = (
+                f"a flood of {need:,} tokens (past the GPU's {gpu:,} and the tiers above) would also push the "
+                f"prefix out of {name}, which holds {holds:,} with them"
+            )
             out[name] = (None, holds, why)
             continue
         out[name] = (need, holds, None)
@@ -198,8 +208,9 @@ class Session:
 
     async def send(self, text: str, max_tokens: int = 1) -> dict[str, Any]:
         self.sent += 1
-        rec, _ = await stream_request(self.http, self.client, self.user, 0, [{"role": "user", "content": text}],
-                                      max_tokens)  # fmt: skip
+        rec, _ = await stream_request(
+            self.http, self.client, self.user, 0, [{"role": "user", "content": text}], max_tokens
+        )
         if rec["status"] != "ok":
             self.failures.append((rec["cause"] or "error", rec["error"] or "", rec["http_status"]))
             self.lost = self.lost or rec["cause"] == "connection"
@@ -214,15 +225,27 @@ class Session:
             rec = await self.send(texts[-1])
             if rec["status"] != "ok" or not rec["prompt_tokens"]:
                 why = rec["error"] or "the server sent no usage (kvtier ladder asks for stream_options.include_usage)"
-                raise ConfigError(f"--base-url: the probe request failed ({rec['cause'] or 'no usage.prompt_tokens'}: "
-                                  f"{why}); is it an OpenAI-compatible API?")  # fmt: skip
+                raise ConfigError(
+                    f"--base-url: the probe request failed ({rec['cause'] or 'no usage.prompt_tokens'}: "
+                    f"{why}); is it an OpenAI-compatible API?"
+                )
             got.append(rec["prompt_tokens"])
         p.tokens_per_word = max(0.1, (got[1] - got[0]) / (PROBE_WORDS[1] - PROBE_WORDS[0]))
         own = p.tokenizer.count(texts[0]) if p.tokenizer is not None else PROBE_WORDS[0] * p.tokens_per_word
         p.overhead = max(0, round(got[0] - own))  # the chat template's tokens around the text
 
-    async def point(self, text: str, source: str, context: int, new: int, rep: int, group: int, seq: int,
-                    flood: int, held_back: bool) -> LadderPoint:  # fmt: skip
+    async def point(
+        self,
+        text: str,
+        source: str,
+        context: int,
+        new: int,
+        rep: int,
+        group: int,
+        seq: int,
+        flood: int,
+        held_back: bool,
+    ) -> LadderPoint:
         before = await scrape(self.http, self.metrics_url)
         start = time.time()
         rec = await self.send(text)
@@ -231,21 +254,37 @@ class Session:
         ttft = first_token_s(rec)
         ok = rec["status"] == "ok" and ttft is not None
         if ok:
-            verified, why, shown, cached = verify(source, context, rec["prompt_tokens"], reading, rec["cached_tokens"],
-                                                  self.server)  # fmt: skip
+            verified, why, shown, cached = verify(
+                source, context, rec["prompt_tokens"], reading, rec["cached_tokens"], self.server
+            )
         else:
-            why = (f"request failed: {rec['cause']}: {rec['error']}" if rec["status"] != "ok"
-                   else "the stream carried no token (no event with a choice)")  # fmt: skip
+            why = (
+                f"request failed: {rec['cause']}: {rec['error']}"
+                if rec["status"] != "ok"
+                else "the stream carried no token (no event with a choice)"
+            )
             verified, cached = False, None
             shown = Shown(gpu_hit_tokens=None, external_hit_tokens=None, usage_cached_tokens=None, basis="none")
         return LadderPoint(
-            seq=seq, group=group, source=source, context_tokens=context, new_tokens=new, repeat=rep,
-            prompt_tokens=rec["prompt_tokens"], cached_tokens=cached,
+            seq=seq,
+            group=group,
+            source=source,
+            context_tokens=context,
+            new_tokens=new,
+            repeat=rep,
+            prompt_tokens=rec["prompt_tokens"],
+            cached_tokens=cached,
             ttft_s=round(ttft, 6) if ttft is not None else None,
-            server_ttft_s=rec["server_ttft_s"], verified=verified, why=why, shown=shown, flood_tokens=flood,
-            held_back=held_back, start_unix_s=round(start, 3), status="ok" if ok else "error",
+            server_ttft_s=rec["server_ttft_s"],
+            verified=verified,
+            why=why,
+            shown=shown,
+            flood_tokens=flood,
+            held_back=held_back,
+            start_unix_s=round(start, 3),
+            status="ok" if ok else "error",
             cause=None if ok else rec["cause"] or "error",
-        )  # fmt: skip
+        )
 
     async def flood(self, tokens: int, concurrency: int) -> int:
         """Send unique prompts totalling ``tokens`` (each at most what the server takes), ``concurrency`` at once;
@@ -297,9 +336,13 @@ class Session:
             arrivals = 1 + sum(1 for g in r["itl_s"] if g > 0)
             if r["status"] == "ok" and first is not None and r["e2e_s"] and n >= 2 and arrivals >= (n - 1) / 4:
                 per.append((r["e2e_s"] - first) / (n - 1))
-        return TpotPoint(running=running, tpot_s=round(float(np.median(per)), 6) if per else None, requests=len(recs),
-                         bursty=sum(r["status"] == "ok" for r in recs) - len(per),
-                         failed=sum(r["status"] != "ok" for r in recs))  # fmt: skip
+        return TpotPoint(
+            running=running,
+            tpot_s=round(float(np.median(per)), 6) if per else None,
+            requests=len(recs),
+            bursty=sum(r["status"] == "ok" for r in recs) - len(per),
+            failed=sum(r["status"] != "ok" for r in recs),
+        )
 
 
 Progress = Callable[[LadderPoint], None]

@@ -99,8 +99,11 @@ def describe(max_len: int | None, snap: Snapshot | None) -> Server:
     if snap is None:
         notes.append("no /metrics: no point can be verified by counters (usage.cached_tokens only)")
         return Server("unknown", max_len, None, None, None, [], [], notes)
-    kind = "kvtier-sim" if any(k.startswith("kvtier_sim:") for k in snap.flat) else (
-        "vllm" if any(k.startswith("vllm:") for k in snap.flat) else "unknown")  # fmt: skip
+    kind = (
+        "kvtier-sim"
+        if any(k.startswith("kvtier_sim:") for k in snap.flat)
+        else ("vllm" if any(k.startswith("vllm:") for k in snap.flat) else "unknown")
+    )
     cfg = (snap.labels_of(CACHE_CONFIG) or [{}])[0]
     block = _int_label(cfg, "block_size")
     blocks = _int_label(cfg, "num_gpu_blocks")
@@ -116,7 +119,10 @@ def describe(max_len: int | None, snap: Snapshot | None) -> Server:
             if series in snap.flat:
                 tiers.append(TierFacts(name=name, capacity_tokens=None, counter=series))
         offload_on = cfg.get("kv_offloading_size") not in (None, "None") or cfg.get("kv_offloading_backend") not in (
-            None, "None", "native")  # fmt: skip
+            None,
+            "None",
+            "native",
+        )
         for lab in snap.labels_of(KVTIER_INFO):  # kvtier's tiers inside vLLM: hits counted by vLLM's by-source
             source = lab.get("source", "")
             if source in ("host", "disk") and source not in {t.name for t in tiers}:
@@ -130,14 +136,19 @@ def describe(max_len: int | None, snap: Snapshot | None) -> Server:
                 "vLLM counts external prefix-cache hits, but no offload tier is configured or named by a counter: "
                 "cold and GPU points only (name a tier with --sources and --flood-tokens to measure it)"
             )
-    counters = [c for c in (GPU_HITS, EXTERNAL_HITS, SIM_BY_TIER, VLLM_BY_SOURCE, *LMCACHE_TIERS.values())
-                if c in snap.flat or (c == SIM_BY_TIER and kind == "kvtier-sim")]  # fmt: skip
+    counters = [
+        c
+        for c in (GPU_HITS, EXTERNAL_HITS, SIM_BY_TIER, VLLM_BY_SOURCE, *LMCACHE_TIERS.values())
+        if c in snap.flat or (c == SIM_BY_TIER and kind == "kvtier-sim")
+    ]
     if GPU_HITS not in snap.flat:
         notes.append(f"{GPU_HITS} absent: GPU hits are read from usage.prompt_tokens_details.cached_tokens")
     for t in tiers:
         if t.capacity_tokens is None:
-            notes.append(f"tier {t.name}: the server does not report its capacity; --flood-tokens {t.name}=N sizes "
-                         "the flood that pushes a prefix down to it")  # fmt: skip
+            notes.append(
+                f"tier {t.name}: the server does not report its capacity; --flood-tokens {t.name}=N sizes "
+                "the flood that pushes a prefix down to it"
+            )
     return Server(kind, max_len, block, gpu_tokens, kvpt, tiers, counters, notes)
 
 

@@ -56,10 +56,14 @@ def spread(xs: list[float], rng: np.random.Generator) -> Spread:
         return round(float(x), 6)
 
     return Spread(
-        n=len(a), p50_s=r(np.percentile(a, 50)), p50_lo_s=r(np.percentile(p50s, 2.5)),
-        p50_hi_s=r(np.percentile(p50s, 97.5)), p95_s=r(np.percentile(a, 95)), p95_lo_s=r(np.percentile(p95s, 2.5)),
+        n=len(a),
+        p50_s=r(np.percentile(a, 50)),
+        p50_lo_s=r(np.percentile(p50s, 2.5)),
+        p50_hi_s=r(np.percentile(p50s, 97.5)),
+        p95_s=r(np.percentile(a, 95)),
+        p95_lo_s=r(np.percentile(p95s, 2.5)),
         p95_hi_s=r(np.percentile(p95s, 97.5)),
-    )  # fmt: skip
+    )
 
 
 def _add(total: dict[str, float], part: dict[str, float] | None) -> None:
@@ -67,8 +71,15 @@ def _add(total: dict[str, float], part: dict[str, float] | None) -> None:
         total[k] = total.get(k, 0.0) + float(v)
 
 
-def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list[ArmRun],
-               folders: list[Path], rng: np.random.Generator) -> ArmStats:  # fmt: skip
+def reduce_arm(
+    arm: str,
+    engine: str,
+    tier: str,
+    profile: str | None,
+    runs: list[ArmRun],
+    folders: list[Path],
+    rng: np.random.Generator,
+) -> ArmStats:
     """Pool an arm's runs: their requests.jsonl and the servers' counters in summary.json."""
     recs: list[dict[str, Any]] = []
     by_source: dict[str, float] = {}
@@ -84,9 +95,14 @@ def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list
         for m in s.get("server_metrics") or []:
             _add(by_source, m.get("prompt_tokens_by_source"))
             _add(cached, m.get("prompt_tokens_cached_by_source"))
-            for k in ("kv_offload_load_bytes", "kv_offload_load_time_s", "kv_offload_store_bytes",
-                      "kv_offload_store_time_s", "kvtier_offload_failed_loads",
-                      "kvtier_shared_cross_replica_loads"):  # fmt: skip
+            for k in (
+                "kv_offload_load_bytes",
+                "kv_offload_load_time_s",
+                "kv_offload_store_bytes",
+                "kv_offload_store_time_s",
+                "kvtier_offload_failed_loads",
+                "kvtier_shared_cross_replica_loads",
+            ):
                 if m.get(k) is not None:
                     off[k] = off.get(k, 0.0) + float(m[k])
     ok = [r for r in recs if r.get("status") == "ok" and r.get("ttft_s") is not None]
@@ -103,28 +119,46 @@ def reduce_arm(arm: str, engine: str, tier: str, profile: str | None, runs: list
     source_total = sum(by_source.values())
     load_b, load_s = off.get("kv_offload_load_bytes"), off.get("kv_offload_load_time_s")
     return ArmStats(
-        arm=arm, offload_engine=engine, tier=tier, profile=profile, runs=runs, later_ttft=spread(later_ttft, rng),
+        arm=arm,
+        offload_engine=engine,
+        tier=tier,
+        profile=profile,
+        runs=runs,
+        later_ttft=spread(later_ttft, rng),
         all_ttft=spread([float(r["ttft_s"]) for r in ok], rng),
         later_ttft_p50_by_turn_s={k: round(float(np.percentile(v, 50)), 6) for k, v in sorted(by_turn.items())},
-        prompt_tokens=prompt, tokens_by_source={k: round(v) for k, v in sorted(by_source.items())},
+        prompt_tokens=prompt,
+        tokens_by_source={k: round(v) for k, v in sorted(by_source.items())},
         hit_rate_by_source={k: round(v / source_total, 6) for k, v in sorted(by_source.items()) if source_total},
         cached_by_source={k: round(v) for k, v in sorted(cached.items()) if v},
-        offload=Offload(load_bytes=load_b, load_s=load_s, store_bytes=off.get("kv_offload_store_bytes"),
-                        store_s=off.get("kv_offload_store_time_s"),
-                        load_gb_per_s=round(load_b / load_s / 1e9, 4) if load_b and load_s else None,
-                        kvtier_failed_loads=off.get("kvtier_offload_failed_loads"),
-                        cross_replica_loads=off.get("kvtier_shared_cross_replica_loads")),
+        offload=Offload(
+            load_bytes=load_b,
+            load_s=load_s,
+            store_bytes=off.get("kv_offload_store_bytes"),
+            store_s=off.get("kv_offload_store_time_s"),
+            load_gb_per_s=round(load_b / load_s / 1e9, 4) if load_b and load_s else None,
+            kvtier_failed_loads=off.get("kvtier_offload_failed_loads"),
+            cross_replica_loads=off.get("kvtier_shared_cross_replica_loads"),
+        ),
         failed=failed,
-    )  # fmt: skip
+    )
 
 
 def verdict(arm: ArmStats, base: ArmStats) -> Verdict:
     a, b = arm.later_ttft, base.later_ttft
-    by_turn = {t: round(v / base.later_ttft_p50_by_turn_s[t], 4) for t, v in arm.later_ttft_p50_by_turn_s.items()
-               if base.later_ttft_p50_by_turn_s.get(t)}  # fmt: skip
+    by_turn = {
+        t: round(v / base.later_ttft_p50_by_turn_s[t], 4)
+        for t, v in arm.later_ttft_p50_by_turn_s.items()
+        if base.later_ttft_p50_by_turn_s.get(t)
+    }
     if a.p50_s is None or b.p50_s is None or not b.p50_s:
-        return Verdict(arm=arm.arm, later_ttft_p50_ratio=None, pays=None, by_turn_ratio=by_turn,
-                       why="no later-turn request completed in one of the two arms")  # fmt: skip
+        return Verdict(
+            arm=arm.arm,
+            later_ttft_p50_ratio=None,
+            pays=None,
+            by_turn_ratio=by_turn,
+            why="no later-turn request completed in one of the two arms",
+        )
     ratio = round(a.p50_s / b.p50_s, 4)
     assert a.p50_hi_s is not None and a.p50_lo_s is not None and b.p50_lo_s is not None and b.p50_hi_s is not None
     mine = f"later-turn TTFT p50 {a.p50_s:.3f} s [{a.p50_lo_s:.3f}, {a.p50_hi_s:.3f}]"
@@ -134,8 +168,11 @@ def verdict(arm: ArmStats, base: ArmStats) -> Verdict:
     elif a.p50_lo_s > b.p50_hi_s:
         pays, why = False, f"{mine} is above {theirs}: it costs"
     else:
-        pays, why = None, f"later-turn TTFT p50 {a.p50_s:.3f} s vs none's {b.p50_s:.3f} s (x{ratio}): the 95 % " \
-                          "intervals overlap, this run cannot tell (more --rounds or --max-requests)"  # fmt: skip
+        pays, why = (
+            None,
+            f"later-turn TTFT p50 {a.p50_s:.3f} s vs none's {b.p50_s:.3f} s (x{ratio}): the 95 % "
+            "intervals overlap, this run cannot tell (more --rounds or --max-requests)",
+        )
     return Verdict(arm=arm.arm, later_ttft_p50_ratio=ratio, pays=pays, why=why, by_turn_ratio=by_turn)
 
 
@@ -156,18 +193,25 @@ def run_arms(cfg: LaunchConfig) -> ArmsResult:
             order.append([a for a, _, _ in this])
             for name, engine, tier in this:
                 folder = out / "arms" / f"{name.replace(':', '-')}-r{k}"
-                arm_cfg = LaunchConfig.model_validate({
-                    **cfg.model_dump(exclude={"arms", "rounds", "replay"}), "tier": tier, "arms": [], "rounds": 1,
-                    "offload_engine": engine if tier != "gpu" else "auto", "output": str(folder),
-                    "replay": cfg.replay,
-                })  # fmt: skip
+                arm_cfg = LaunchConfig.model_validate(
+                    {
+                        **cfg.model_dump(exclude={"arms", "rounds", "replay"}),
+                        "tier": tier,
+                        "arms": [],
+                        "rounds": 1,
+                        "offload_engine": engine if tier != "gpu" else "auto",
+                        "output": str(folder),
+                        "replay": cfg.replay,
+                    }
+                )
                 print(f"kvtier launch --arms: round {k}, arm {name} ({tier} tier) -> {folder}", file=sys.stderr)
                 runs[name].append((_one(run, arm_cfg, k, folder, profiles, name), folder))
     except KeyboardInterrupt:
         stop = StopReason(code=StopCode.interrupted, message="interrupted: the arms that ran are reduced")
     rng = np.random.default_rng(SEED)
-    stats = [reduce_arm(a, e, t, profiles[a], [r for r, _ in runs[a]], [f for _, f in runs[a]], rng)
-             for a, e, t in arms]  # fmt: skip
+    stats = [
+        reduce_arm(a, e, t, profiles[a], [r for r, _ in runs[a]], [f for _, f in runs[a]], rng) for a, e, t in arms
+    ]
     base = next(s for s in stats if s.arm == "none")
     verdicts = [verdict(s, base) for s in stats if s.arm != "none"]
     usable = [s for s in stats if s.later_ttft.n > 0]
@@ -179,9 +223,17 @@ def run_arms(cfg: LaunchConfig) -> ArmsResult:
     else:
         status = Status.complete
     result = ArmsResult(
-        status=status, stop_reason=stop, started_at=iso(started), finished_at=iso(utc_now()), host=collect_host(),
-        rounds=cfg.rounds, order=order, arms=stats, verdicts=verdicts, config=cfg,
-    )  # fmt: skip
+        status=status,
+        stop_reason=stop,
+        started_at=iso(started),
+        finished_at=iso(utc_now()),
+        host=collect_host(),
+        rounds=cfg.rounds,
+        order=order,
+        arms=stats,
+        verdicts=verdicts,
+        config=cfg,
+    )
     write_json(result, out / "arms.json")
     return result
 
@@ -199,9 +251,17 @@ def _one(run: Any, cfg: LaunchConfig, k: int, folder: Path, profiles: dict[str, 
     for r in recs:
         if r.get("status") not in ("ok", "cut"):
             failed[r.get("cause") or "unknown"] = failed.get(r.get("cause") or "unknown", 0) + 1
-    return ArmRun(round=k, folder=str(folder), status=status, stop=stop, requests=len(recs),
-                  ok=sum(r.get("status") == "ok" for r in recs), failed=failed,
-                  cut=sum(r.get("status") == "cut" for r in recs), error=error)  # fmt: skip
+    return ArmRun(
+        round=k,
+        folder=str(folder),
+        status=status,
+        stop=stop,
+        requests=len(recs),
+        ok=sum(r.get("status") == "ok" for r in recs),
+        failed=failed,
+        cut=sum(r.get("status") == "cut" for r in recs),
+        error=error,
+    )
 
 
 def lines(result: ArmsResult) -> list[str]:
@@ -215,8 +275,10 @@ def lines(result: ArmsResult) -> list[str]:
         gpu = s.hit_rate_by_source.get("local_cache_hit")
         cross = s.offload.cross_replica_loads
         shared = "" if cross is None else f" ({cross:.0f} blocks another replica stored)"
-        out.append(f"arm {s.arm:16s} later-turn TTFT p50 {p50} p95 {p95} (n={t.n}); hit rate GPU "
-                   f"{_pct(gpu)} offload {_pct(ext)}{shared}; failed {s.failed or 'none'}")  # fmt: skip
+        out.append(
+            f"arm {s.arm:16s} later-turn TTFT p50 {p50} p95 {p95} (n={t.n}); hit rate GPU "
+            f"{_pct(gpu)} offload {_pct(ext)}{shared}; failed {s.failed or 'none'}"
+        )
     for v in result.verdicts:
         out.append(f"verdict {v.arm}: {v.why}")
     return out

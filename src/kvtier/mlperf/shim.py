@@ -27,9 +27,16 @@ from kvtier.results.io import atomic_file
 
 # The models of the reference's config.yaml (kvtier's catalog holds them with the same geometry, and more).
 REFERENCE_MODELS = (
-    "tiny-1b", "mistral-7b", "llama2-7b", "llama3.1-8b", "llama3.1-70b-instruct",
-    "deepseek-v3", "qwen3-32b", "gpt-oss-120b", "gpt-oss-20b",
-)  # fmt: skip
+    "tiny-1b",
+    "mistral-7b",
+    "llama2-7b",
+    "llama3.1-8b",
+    "llama3.1-70b-instruct",
+    "deepseek-v3",
+    "qwen3-32b",
+    "gpt-oss-120b",
+    "gpt-oss-20b",
+)
 
 HEADER = """#!{python}
 # Written by `kvtier mlperf shim` (kvtier {version}). {what}
@@ -100,12 +107,16 @@ def write_shim(folder: Path, python: str | None = None) -> list[Path]:
 
     py = python or sys.executable
     files = {
-        "kv-cache.py": (HEADER.format(python=py, version=__version__, what=KV_CACHE_WHAT,
-                                      head='"-m", "kvtier", "bench"'), 0o755),
-        "mlperf_wrapper.py": (HEADER.format(python=py, version=__version__, what=WRAPPER_WHAT,
-                                            head='"-m", "kvtier.mlperf.wrapper"'), 0o755),
+        "kv-cache.py": (
+            HEADER.format(python=py, version=__version__, what=KV_CACHE_WHAT, head='"-m", "kvtier", "bench"'),
+            0o755,
+        ),
+        "mlperf_wrapper.py": (
+            HEADER.format(python=py, version=__version__, what=WRAPPER_WHAT, head='"-m", "kvtier.mlperf.wrapper"'),
+            0o755,
+        ),
         "config.yaml": (config_text(__version__), 0o644),
-    }  # fmt: skip
+    }
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (text, perm) in files.items():

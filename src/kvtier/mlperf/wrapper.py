@@ -110,9 +110,18 @@ def bench_command(forwarded: Sequence[str], seed: int, output: Path, cache: Path
     """``kvtier bench`` with the forwarded arguments and this rank's seed, output and cache folder last (the last of
     a repeated flag wins)."""
     return [
-        sys.executable, "-m", "kvtier", "bench", *forwarded,
-        "--seed", str(seed), "--output", str(output), "--cache-dir", str(cache),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "kvtier",
+        "bench",
+        *forwarded,
+        "--seed",
+        str(seed),
+        "--output",
+        str(output),
+        "--cache-dir",
+        str(cache),
+    ]
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

@@ -35,8 +35,12 @@ def breakeven_context(t: Timing, tier: str, new: int, longest: int) -> BreakEven
     if wins(1):
         return BreakEven(tier=tier, new_tokens=new, context_tokens=1, note="fetching wins at any context")
     if not wins(longest):
-        return BreakEven(tier=tier, new_tokens=new, context_tokens=None,
-                         note=f"recomputing wins up to {longest:,} tokens (the longest prompt measured)")  # fmt: skip
+        return BreakEven(
+            tier=tier,
+            new_tokens=new,
+            context_tokens=None,
+            note=f"recomputing wins up to {longest:,} tokens (the longest prompt measured)",
+        )
     lo, hi = 1, longest
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -58,13 +62,18 @@ def ladder_gate_report(
     t = fit.timing
     tiers = [f.tier for f in t.fetch]
     if not tiers:
-        raise DatasetError(f"{path}: the ladder measured no offload tier (only cold and GPU): nothing to gate; "
-                           "measure one against a server with offloading")  # fmt: skip
+        raise DatasetError(
+            f"{path}: the ladder measured no offload tier (only cold and GPU): nothing to gate; "
+            "measure one against a server with offloading"
+        )
     med = {(c.source, c.context_tokens, c.new_tokens): c.ttft_s_median for c in r.cells}
     cells = sorted({(c.context_tokens, c.new_tokens) for c in r.cells})
     if contexts or new_tokens:
-        cells = [(c, n) for c in (contexts or sorted({x for x, _ in cells}))
-                 for n in (new_tokens or sorted({y for _, y in cells}))]  # fmt: skip
+        cells = [
+            (c, n)
+            for c in (contexts or sorted({x for x, _ in cells}))
+            for n in (new_tokens or sorted({y for _, y in cells}))
+        ]
     longest = t.range.max_prompt_tokens if t.range else max(c + n for c, n in cells)
     rows = []
     for tier in tiers:
@@ -73,15 +82,32 @@ def ladder_gate_report(
             verdict = "fetch" if fet < rec else "recompute"
             mc, mt = med.get(("cold", c, n)), med.get((tier, c, n))
             faster = None if mc is None or mt is None else ("fetch" if mt < mc else "recompute")
-            rows.append(LadderGateRow(tier=tier, context_tokens=c, new_tokens=n, recompute_s=round(rec, 6),
-                                      fetch_s=round(fet, 6), verdict=verdict, measured_cold_s=mc, measured_tier_s=mt,
-                                      measured_faster=faster, agrees=None if faster is None else faster == verdict,
-                                      extrapolated=c + n > longest))  # fmt: skip
+            rows.append(
+                LadderGateRow(
+                    tier=tier,
+                    context_tokens=c,
+                    new_tokens=n,
+                    recompute_s=round(rec, 6),
+                    fetch_s=round(fet, 6),
+                    verdict=verdict,
+                    measured_cold_s=mc,
+                    measured_tier_s=mt,
+                    measured_faster=faster,
+                    agrees=None if faster is None else faster == verdict,
+                    extrapolated=c + n > longest,
+                )
+            )
     news = sorted({n for _, n in cells})
     be = [breakeven_context(t, tier, n, longest) for tier in tiers for n in news]
     checked = [x for x in rows if x.agrees is not None]
-    return LadderGateReport(ladder=path, timing_source=t.source, rows=rows, breakeven=be, checked=len(checked),
-                            agreed=sum(1 for x in checked if x.agrees))  # fmt: skip
+    return LadderGateReport(
+        ladder=path,
+        timing_source=t.source,
+        rows=rows,
+        breakeven=be,
+        checked=len(checked),
+        agreed=sum(1 for x in checked if x.agrees),
+    )
 
 
 __all__ = ["LadderGateReport", "ladder_gate_report", "breakeven_context"]

@@ -30,8 +30,23 @@ from kvtier.plan.value import HOURS_PER_MONTH
 from kvtier.results.plan import Interval, Knee, Pick, PointStats, Recommendation
 
 KNEE = 0.9
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+}
 """Student's t at 0.975 by degrees of freedom (a table: kvtier does not depend on scipy)."""
 
 
@@ -117,8 +132,9 @@ def _knee(xs: list[float], ys: list[float | None], rising: bool) -> float | None
     return pts[-1][0]
 
 
-def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, float],
-              concurrency: int | None = None) -> Recommendation:  # fmt: skip
+def recommend(
+    path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, float], concurrency: int | None = None
+) -> Recommendation:
     from kvtier.results import load
     from kvtier.results.replay import NOT_OFFLOAD, ReplayResult
     from kvtier.results.sweep import SweepResult
@@ -150,17 +166,26 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
         p95, meets, note = slo_verdict([r.summary.ttft_s.p95 for r in rs], slo_ttft_p95_s)
         points.append(
             PointStats(
-                point=name, cpu_gb=cpu, nvme_gb=nvme, concurrency=conc, trials=len(rs),
-                trials_not_complete=missing.get(name, 0), ttft_p95_s=p95,
+                point=name,
+                cpu_gb=cpu,
+                nvme_gb=nvme,
+                concurrency=conc,
+                trials=len(rs),
+                trials_not_complete=missing.get(name, 0),
+                ttft_p95_s=p95,
                 ttft_p50_s=interval(seconds_of([r.summary.ttft_s.p50 for r in rs])[0], lo=0.0),
                 gpu_hit_share=interval([s.get("gpu", 0.0) for s in shares if s is not None], lo=0.0, hi=1.0),
-                offload_hit_share=interval([sum(v for k, v in s.items() if k not in NOT_OFFLOAD)
-                                            for s in shares if s is not None], lo=0.0, hi=1.0),
-                requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s],
-                                        lo=0.0),
-                cost_usd_per_hour=_cost(cpu, nvme, store_cost), meets_slo=meets, note=note,
+                offload_hit_share=interval(
+                    [sum(v for k, v in s.items() if k not in NOT_OFFLOAD) for s in shares if s is not None],
+                    lo=0.0,
+                    hi=1.0,
+                ),
+                requests_per_s=interval([r.summary.requests_per_s for r in rs if r.summary.requests_per_s], lo=0.0),
+                cost_usd_per_hour=_cost(cpu, nvme, store_cost),
+                meets_slo=meets,
+                note=note,
             )
-        )  # fmt: skip
+        )
     if not points:
         raise ConfigError(f"--from {path}: no point" + (f" at --concurrency {concurrency}" if concurrency else ""))
     points.sort(key=lambda p: (p.concurrency, p.nvme_gb, p.cpu_gb))
@@ -171,14 +196,23 @@ def recommend(path: str, slo_ttft_p95_s: float | None, store_cost: dict[str, flo
             xs = [p.cpu_gb for p in line]
             knees.append(
                 Knee(
-                    nvme_gb=nvme, concurrency=conc, points=len(line),
+                    nvme_gb=nvme,
+                    concurrency=conc,
+                    points=len(line),
                     hit_rate_knee_cpu_gb=_knee(xs, [p.offload_hit_share.mean for p in line], rising=True),
                     ttft_knee_cpu_gb=_knee(xs, [p.ttft_p95_s.mean for p in line], rising=False),
                 )
-            )  # fmt: skip
+            )
     picks = picks_of(points, slo_ttft_p95_s) if slo_ttft_p95_s is not None else []
-    return Recommendation(source=str(root), sweep_status=sweep.status.value, slo_ttft_p95_s=slo_ttft_p95_s,
-                          store_cost=store_cost, points=points, knees=knees, picks=picks)  # fmt: skip
+    return Recommendation(
+        source=str(root),
+        sweep_status=sweep.status.value,
+        slo_ttft_p95_s=slo_ttft_p95_s,
+        store_cost=store_cost,
+        points=points,
+        knees=knees,
+        picks=picks,
+    )
 
 
 def picks_of(points: list[PointStats], slo: float) -> list[Pick]:
@@ -197,10 +231,16 @@ def picks_of(points: list[PointStats], slo: float) -> list[Pick]:
         pick = ok[0] if ok else None
         # cheaper points that may meet the SLO as well: their interval reaches below it
         maybe = sorted(
-            (p for p in here if not p.meets_slo and p.ttft_p95_s.low is not None and p.ttft_p95_s.low <= slo
-             and (pick is None or rank(p) < rank(pick))),
+            (
+                p
+                for p in here
+                if not p.meets_slo
+                and p.ttft_p95_s.low is not None
+                and p.ttft_p95_s.low <= slo
+                and (pick is None or rank(p) < rank(pick))
+            ),
             key=rank,
-        )  # fmt: skip
+        )
         picks.append(_pick(conc, pick, by, slo, maybe[0] if maybe else None, [p.point for p in maybe[1:]]))
     return picks
 
@@ -215,23 +255,40 @@ def _tie(p: PointStats, slo: float, others: list[str] | None) -> tuple[str, int 
     """The sentence for a cheaper point (and ``others``, dearer than it) that may meet the SLO too, and the trials
     that would tell for the cheapest."""
     n = trials_to_separate(p.ttft_p95_s, slo)
-    more = (f"about {n} trials of it would tell" if n is not None
-            else "its mean is at the SLO: no number of trials would tell")  # fmt: skip
+    more = (
+        f"about {n} trials of it would tell"
+        if n is not None
+        else "its mean is at the SLO: no number of trials would tell"
+    )
     also = f" (and {', '.join(others)})" if others else ""
-    return (f"{p.point}{also} may meet it too (TTFT p95 {p.ttft_p95_s.mean:.3f} s{_ci(p.ttft_p95_s)}: its interval "
-            f"reaches below {slo:g} s); {more}"), n  # fmt: skip
+    return (
+        f"{p.point}{also} may meet it too (TTFT p95 {p.ttft_p95_s.mean:.3f} s{_ci(p.ttft_p95_s)}: its interval "
+        f"reaches below {slo:g} s); {more}"
+    ), n
 
 
-def _pick(conc: int, p: PointStats | None, by: str, slo: float, maybe: PointStats | None = None,
-          others: list[str] | None = None) -> Pick:  # fmt: skip
+def _pick(
+    conc: int,
+    p: PointStats | None,
+    by: str,
+    slo: float,
+    maybe: PointStats | None = None,
+    others: list[str] | None = None,
+) -> Pick:
     if p is None:
         sentence = f"at concurrency {conc} no placement swept meets TTFT p95 <= {slo:g} s"
         n = None
         if maybe is not None:
             tie, n = _tie(maybe, slo, others)
             sentence += f"; {tie}"
-        return Pick(concurrency=conc, point=None, by=by, sentence=sentence,
-                    tie_with=maybe.point if maybe else None, trials_to_separate=n)  # fmt: skip
+        return Pick(
+            concurrency=conc,
+            point=None,
+            by=by,
+            sentence=sentence,
+            tie_with=maybe.point if maybe else None,
+            trials_to_separate=n,
+        )
     i = p.ttft_p95_s
     ci = _ci(i)
     cost = f", ${p.cost_usd_per_hour:.4f}/h of store" if p.cost_usd_per_hour is not None else ""
@@ -246,11 +303,14 @@ def _pick(conc: int, p: PointStats | None, by: str, slo: float, maybe: PointStat
         tie, n = _tie(maybe, slo, others)
         verdict = f"a tie, not a winner: the cheaper {tie}"
     return Pick(
-        concurrency=conc, point=p.point, by=by,
+        concurrency=conc,
+        point=p.point,
+        by=by,
         sentence=f"at concurrency {conc}: {where} ({p.point}) meets TTFT p95 <= {slo:g} s with {i.mean:.3f} s"
         f"{ci}{cost}{hit}; {verdict}",
-        tie_with=maybe.point if maybe else None, trials_to_separate=n,
-    )  # fmt: skip
+        tie_with=maybe.point if maybe else None,
+        trials_to_separate=n,
+    )
 
 
 __all__ = ["Recommendation", "PointStats", "interval", "recommend", "KNEE"]

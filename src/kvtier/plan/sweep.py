@@ -71,8 +71,16 @@ class Point:
     def offload_args(self, nvme_dir: Path) -> list[str]:
         if self.nvme_gb > 0:
             staging = self.cpu_gb if self.cpu_gb > 0 else MIN_STAGING_GB
-            return ["--offload", "nvme", "--nvme-offload-gb", f"{self.nvme_gb:g}", "--staging-gb", f"{staging:g}",
-                    "--nvme-dir", str(nvme_dir)]  # fmt: skip
+            return [
+                "--offload",
+                "nvme",
+                "--nvme-offload-gb",
+                f"{self.nvme_gb:g}",
+                "--staging-gb",
+                f"{staging:g}",
+                "--nvme-dir",
+                str(nvme_dir),
+            ]
         if self.cpu_gb > 0:
             return ["--offload", "cpu", "--cpu-offload-gb", f"{self.cpu_gb:g}"]
         return ["--offload", "none"]
@@ -124,12 +132,21 @@ def trial_descriptor(g: SweepGrid, p: Point, trial: int) -> dict[str, Any]:
     """Everything that decides a trial's result, as recorded in its ``trial.json`` (ports and scratch paths are not)."""
     return {
         "version": 1,
-        "point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency, "trial": trial,
-        "preset": g.preset, "sim_model": g.sim_model, "gpu_kv_gb": g.gpu_kv_gb,
-        "dataset": _dataset_identity(Path(g.dataset)), "dataset_format": g.dataset_format,
-        "num_rounds": g.num_rounds, "max_tokens_cap": g.max_tokens_cap, "duration_s": g.duration_s,
+        "point": p.name,
+        "cpu_gb": p.cpu_gb,
+        "nvme_gb": p.nvme_gb,
+        "concurrency": p.concurrency,
+        "trial": trial,
+        "preset": g.preset,
+        "sim_model": g.sim_model,
+        "gpu_kv_gb": g.gpu_kv_gb,
+        "dataset": _dataset_identity(Path(g.dataset)),
+        "dataset_format": g.dataset_format,
+        "num_rounds": g.num_rounds,
+        "max_tokens_cap": g.max_tokens_cap,
+        "duration_s": g.duration_s,
         "replay_args": list(g.replay_args),
-    }  # fmt: skip
+    }
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -203,8 +220,12 @@ def prepare_trial(out: Path, point: str, trial: int, descriptor: dict[str, Any])
                 os.unlink(name, dir_fd=point_fd)  # a link or a file in a trial's place: the entry goes, not its target
             trial_fd = open_sweep_dir(point_fd, name, out / point)
             try:
-                fd = os.open(TRIAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                             dir_fd=trial_fd)  # fmt: skip
+                fd = os.open(
+                    TRIAL_FILE,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=trial_fd,
+                )
                 with os.fdopen(fd, "w") as f:
                     json.dump(descriptor, f, indent=1)
             finally:
@@ -222,11 +243,31 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     rel = str(folder.relative_to(out))
     nvme = Path(g.nvme_dir) / f"{p.name}-{trial}"
     port = free_ports(1)[0]
-    sim_argv = _kvtier() + ["sim", "--preset", g.preset, "--model", g.sim_model, "--served-model-name", "m",
-                            "--gpu-kv-gb", f"{g.gpu_kv_gb:g}", "--host", "127.0.0.1", "--port", str(port),
-                            *p.offload_args(nvme)]  # fmt: skip
-    base = {"point": p.name, "cpu_gb": p.cpu_gb, "nvme_gb": p.nvme_gb, "concurrency": p.concurrency,
-            "trial": trial, "path": rel, "sim_argv": sim_argv}  # fmt: skip
+    sim_argv = _kvtier() + [
+        "sim",
+        "--preset",
+        g.preset,
+        "--model",
+        g.sim_model,
+        "--served-model-name",
+        "m",
+        "--gpu-kv-gb",
+        f"{g.gpu_kv_gb:g}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *p.offload_args(nvme),
+    ]
+    base = {
+        "point": p.name,
+        "cpu_gb": p.cpu_gb,
+        "nvme_gb": p.nvme_gb,
+        "concurrency": p.concurrency,
+        "trial": trial,
+        "path": rel,
+        "sim_argv": sim_argv,
+    }
     if prepare_trial(out, p.name, trial, trial_descriptor(g, p, trial)):
         return SweepTrial(**base, status="complete", reused=True, wall_s=None)
     if p.nvme_gb > 0:
@@ -238,13 +279,30 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     sup = Supervisor(folder)
     try:
         sup.wait_healthy(sup.start(sim), sim.health, SIM_START_S)
-        replay = _kvtier() + ["replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m",
-                              "--dataset", g.dataset, "--dataset-format", g.dataset_format,
-                              "--concurrency", str(p.concurrency), "--num-rounds", str(g.num_rounds),
-                              "--output", str(folder), "--progress", "none", "--warmup", "0",
-                              *(["--max-tokens-cap", str(g.max_tokens_cap)] if g.max_tokens_cap else []),
-                              *(["--duration", f"{g.duration_s:g}"] if g.duration_s else []),
-                              *g.replay_args]  # fmt: skip
+        replay = _kvtier() + [
+            "replay",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--model",
+            "m",
+            "--dataset",
+            g.dataset,
+            "--dataset-format",
+            g.dataset_format,
+            "--concurrency",
+            str(p.concurrency),
+            "--num-rounds",
+            str(g.num_rounds),
+            "--output",
+            str(folder),
+            "--progress",
+            "none",
+            "--warmup",
+            "0",
+            *(["--max-tokens-cap", str(g.max_tokens_cap)] if g.max_tokens_cap else []),
+            *(["--duration", f"{g.duration_s:g}"] if g.duration_s else []),
+            *g.replay_args,
+        ]
         rc = sup.start(ProcPlan("replay", replay, {}, "", None, 0.0)).popen.wait()  # its log: replay.log
     except KeyboardInterrupt:
         interrupted, rc = True, 130
@@ -255,8 +313,7 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
         shutil.rmtree(nvme, ignore_errors=True)
     status = _replay_status(folder)
     err = None if status is not None else f"kvtier replay exited with status {rc} and no result; log {rel}/replay.log"
-    t = SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3),
-                   error=err)  # fmt: skip
+    t = SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3), error=err)
     if interrupted:  # the replay, stopped by SIGTERM, wrote what it had: the trial is kept as its result says
         raise Interrupted(t)
     return t
@@ -281,9 +338,21 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
     ran: list[float] = []
 
     def result(final: bool) -> SweepResult:
-        left = [SweepTrial(point=p.name, cpu_gb=p.cpu_gb, nvme_gb=p.nvme_gb, concurrency=p.concurrency, trial=k,
-                           path=f"{p.name}/trial-{k}", status="not-run", reused=False, wall_s=None, sim_argv=[])
-                for p, k in todo[len(done):]]  # fmt: skip
+        left = [
+            SweepTrial(
+                point=p.name,
+                cpu_gb=p.cpu_gb,
+                nvme_gb=p.nvme_gb,
+                concurrency=p.concurrency,
+                trial=k,
+                path=f"{p.name}/trial-{k}",
+                status="not-run",
+                reused=False,
+                wall_s=None,
+                sim_argv=[],
+            )
+            for p, k in todo[len(done) :]
+        ]
         trials = done + left
         bad = [t for t in trials if t.status != "complete"]
         status = Status.complete if final and not bad and stop.code == StopCode.grid_finished else Status.partial
@@ -291,15 +360,25 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
             status = Status.failed
         warnings = []
         if bad:
-            warnings.append(warning(WarningCode.run_not_complete,
-                                    f"{len(bad)} of {len(trials)} trials are not complete: "
-                                    + ", ".join(f"{t.path} {t.status}" for t in bad[:8]), trials=len(bad)))  # fmt: skip
+            warnings.append(
+                warning(
+                    WarningCode.run_not_complete,
+                    f"{len(bad)} of {len(trials)} trials are not complete: "
+                    + ", ".join(f"{t.path} {t.status}" for t in bad[:8]),
+                    trials=len(bad),
+                )
+            )
         return SweepResult(
             status=status if final else Status.partial,
             stop_reason=stop if final else StopReason(code=StopCode.running, message="the sweep is running"),
-            started_at=iso(started), finished_at=iso(utc_now()), host=collect_host({"output": str(out)}),
-            warnings=warnings, grid=g, trials=trials, wall_s=round(time.monotonic() - t0, 3),
-        )  # fmt: skip
+            started_at=iso(started),
+            finished_at=iso(utc_now()),
+            host=collect_host({"output": str(out)}),
+            warnings=warnings,
+            grid=g,
+            trials=trials,
+            wall_s=round(time.monotonic() - t0, 3),
+        )
 
     try:
         for i, (p, k) in enumerate(todo):
@@ -315,8 +394,10 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
             done.append(t)
             if t.wall_s is not None:
                 ran.append(t.wall_s)
-            say(f"{p.name} trial {k}: {t.status}{' (kept from an earlier run)' if t.reused else ''}"
-                + (f" in {t.wall_s:.1f} s" if t.wall_s is not None else ""))  # fmt: skip
+            say(
+                f"{p.name} trial {k}: {t.status}{' (kept from an earlier run)' if t.reused else ''}"
+                + (f" in {t.wall_s:.1f} s" if t.wall_s is not None else "")
+            )
             write_json(result(final=False), out / "sweep.json")
     except KeyboardInterrupt as e:
         if isinstance(e, Interrupted):

@@ -95,8 +95,10 @@ def no_offload_hits(folder: Path, requests: int, prompt: int, recomputed: int) -
         else f"all {prompt:,} prompt tokens were computed: no prefix was reused (a dataset with multi-turn sessions "
         "has reuse; see the replay's reuse_opportunity)"
     )
-    return (f"{folder}: no offload tier served any of the {requests} ok requests, so there is no tier to value: "
-            f"{why}; or the server has no offload tier (kvtier sim --offload cpu)")  # fmt: skip
+    return (
+        f"{folder}: no offload tier served any of the {requests} ok requests, so there is no tier to value: "
+        f"{why}; or the server has no offload tier (kvtier sim --offload cpu)"
+    )
 
 
 def value_report(
@@ -143,14 +145,22 @@ def value_report(
         inputs.append(Input(name="prefill rate", value=None, unit="tokens/s", source="absent"))
     served = sum(tokens.values())
     if fetch_bw:
-        inputs.append(Input(name="fetch", value=None, unit="bytes/s per tier", source="measured",
-                            note="the bench's read bandwidth of each tier (--fetch-from)"))  # fmt: skip
+        inputs.append(
+            Input(
+                name="fetch",
+                value=None,
+                unit="bytes/s per tier",
+                source="measured",
+                note="the bench's read bandwidth of each tier (--fetch-from)",
+            )
+        )
     else:
         note = "the replay's fetch seconds, split among the tiers by the tokens each served"
         inputs.append(Input(name="fetch", value=round(fetch_s, 6), unit="s in all", source="measured", note=note))
     inputs.append(Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"))
-    inputs.append(Input(name="store cost", value=store_cost, unit="$/GB-month",
-                        source="given" if store_cost else "absent"))  # fmt: skip
+    inputs.append(
+        Input(name="store cost", value=store_cost, unit="$/GB-month", source="given" if store_cost else "absent")
+    )
     out = []
     hour = 3600.0 / wall if wall > 0 else 0.0
     for tier, n in sorted(tokens.items(), key=lambda kv: -kv[1]):
@@ -181,9 +191,10 @@ def value_report(
                 latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
                 **economics(hit_rate, value, cost),
             )
-        )  # fmt: skip
-    return ValueReport(source=str(folder), requests=len(rows), wall_s=round(wall, 3), prompt_tokens=prompt,
-                       inputs=inputs, tiers=out)  # fmt: skip
+        )
+    return ValueReport(
+        source=str(folder), requests=len(rows), wall_s=round(wall, 3), prompt_tokens=prompt, inputs=inputs, tiers=out
+    )
 
 
 def usage_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
@@ -207,8 +218,10 @@ def usage_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
             r = r.model_copy(update={"prompt_sources": split})
         rows.append(r)
     if not rows:
-        raise DatasetError(f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
-                           "--enable-prompt-tokens-details)")  # fmt: skip
+        raise DatasetError(
+            f"{path}: no ok request reports usage.prompt_tokens_details.cached_tokens (vLLM needs "
+            "--enable-prompt-tokens-details)"
+        )
     return rows, result
 
 
@@ -248,26 +261,47 @@ def ladder_value_report(
     extrapolated = sum(1 for r in usable if longest is not None and (r.prompt_tokens or 0) > longest)
     note = f"the ladder's fitted prefill ({ladder}); {extrapolated} prompts longer than it measured (extrapolated)"
     inputs = [
-        Input(name="prefill", value=round(pm.s_per_token, 9), unit="s/token (+ attention term)", source="derived",
-              note=note),
-        Input(name="cached tokens", value=float(cached), unit="tokens", source="measured",
-              note="usage.prompt_tokens_details.cached_tokens of each ok request"),
+        Input(
+            name="prefill",
+            value=round(pm.s_per_token, 9),
+            unit="s/token (+ attention term)",
+            source="derived",
+            note=note,
+        ),
+        Input(
+            name="cached tokens",
+            value=float(cached),
+            unit="tokens",
+            source="measured",
+            note="usage.prompt_tokens_details.cached_tokens of each ok request",
+        ),
         Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"),
         Input(name="store cost", value=store_cost, unit="$/GB-month", source="given" if store_cost else "absent"),
-    ]  # fmt: skip
+    ]
     value = gpu_value(gpu_cost, saved * hour)
     gb = (store_gb or {}).get("cache")
     cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
     rate = cached / prompt if prompt else 0.0
     row = TierValue(
-        tier="cache", tokens_served=cached, hit_rate=round(rate, 6), requests_hit=len(hit),
-        tokens_per_hour=round(cached * hour, 1), prefill_s_avoided_per_hour=round(saved * hour, 3),
-        fetch_s_per_hour=None, gpu_s_saved_per_hour=round(saved * hour, 3),
+        tier="cache",
+        tokens_served=cached,
+        hit_rate=round(rate, 6),
+        requests_hit=len(hit),
+        tokens_per_hour=round(cached * hour, 1),
+        prefill_s_avoided_per_hour=round(saved * hour, 3),
+        fetch_s_per_hour=None,
+        gpu_s_saved_per_hour=round(saved * hour, 3),
         latency_saved_per_hit_s=round(saved / len(hit), 6) if hit else None,
         **economics(rate, value, cost),
-    )  # fmt: skip
-    return ValueReport(source=str(folder), requests=len(usable), wall_s=round(wall, 3), prompt_tokens=prompt,
-                       inputs=inputs, tiers=[row])  # fmt: skip
+    )
+    return ValueReport(
+        source=str(folder),
+        requests=len(usable),
+        wall_s=round(wall, 3),
+        prompt_tokens=prompt,
+        inputs=inputs,
+        tiers=[row],
+    )
 
 
 __all__ = [

@@ -37,8 +37,8 @@ from kvtier.results.ladder import LadderFit, LadderResult, Timing
 from kvtier.results.plan import TurnView, ViewInput, ViewsReport
 from kvtier.results.records import RequestRecord
 from kvtier.results.replay import offload_sources
-from kvtier.telemetry.iotrace import HEADER
 from kvtier.tiers import TIER_LABELS
+from kvtier.tracefile import HEADER
 
 CHUNK_TOKENS = 256  # the sim's offload chunk (LMCache's; sim/model.py OffloadConfig, not imported: plan is below sim)
 OFFLOAD_SOURCES_TO_TIER = {"cpu": "cpu", "storage": "storage"}  # a record's source name -> the tier kind
@@ -66,8 +66,9 @@ def bandwidth_fetch(bw: dict[str, float], kvpt: int) -> Fetch:
     return lambda tier, tokens: tokens * kvpt / bw[tier] if tier in bw else None
 
 
-def _predict(rows: list[RequestRecord], fetch_s: Fetch, prefill: Prefill,
-             gpu_tokens: int | None = None, tpot_s: float = 0.0) -> list[tuple[float, float] | None]:  # fmt: skip
+def _predict(
+    rows: list[RequestRecord], fetch_s: Fetch, prefill: Prefill, gpu_tokens: int | None = None, tpot_s: float = 0.0
+) -> list[tuple[float, float] | None]:
     """(TTFT, fetch) per row through the sim's model (module docstring); None where a tier that served the row
     has no fetch cost. With ``gpu_tokens`` (the GPU's KV capacity), requests are admitted first come, first served
     while their prompt and max_tokens fit beside the admitted ones, each holding its tokens until its last token
@@ -146,8 +147,9 @@ def write_storage_trace(rows: list[RequestRecord], kvpt: int, path: Path) -> int
     return n
 
 
-def _by_turn(rows: list[RequestRecord], b: list[tuple[float, float] | None],
-             c: list[tuple[float, float] | None] | None) -> list[TurnView]:  # fmt: skip
+def _by_turn(
+    rows: list[RequestRecord], b: list[tuple[float, float] | None], c: list[tuple[float, float] | None] | None
+) -> list[TurnView]:
     turns: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         turns.setdefault(r.turn, []).append(i)
@@ -174,11 +176,18 @@ def _by_turn(rows: list[RequestRecord], b: list[tuple[float, float] | None],
         ct, cf = means(c, idx)
         out.append(
             TurnView(
-                turn=turn, requests=len(idx), measured_ttft_s=mt, measured_fetch_s=mf, predicted_ttft_s=pt,
-                predicted_fetch_s=pf, ttft_error=error(pt, mt), storage_ttft_s=ct, storage_fetch_s=cf,
+                turn=turn,
+                requests=len(idx),
+                measured_ttft_s=mt,
+                measured_fetch_s=mf,
+                predicted_ttft_s=pt,
+                predicted_fetch_s=pf,
+                ttft_error=error(pt, mt),
+                storage_ttft_s=ct,
+                storage_fetch_s=cf,
                 storage_ttft_error=error(ct, mt),
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -234,57 +243,97 @@ def views_report(
     overhead = (prefill_overhead_ms if prefill_overhead_ms is not None else float(p["prefill_overhead_ms"])) / 1e3
     inputs = [
         ViewInput(name="KV bytes per token", value=kvpt, unit="B", source=kv_src),
-        ViewInput(name="prefill rate", value=tps, unit="tokens/s",
-                  source="given (--prefill-tps)" if prefill_tps else f"given (the sim preset {preset})"),
-        ViewInput(name="prefill overhead", value=overhead * 1e3, unit="ms",
-                  source="given (--prefill-overhead-ms)" if prefill_overhead_ms is not None
-                  else f"given (the sim preset {preset})"),
-    ]  # fmt: skip
+        ViewInput(
+            name="prefill rate",
+            value=tps,
+            unit="tokens/s",
+            source="given (--prefill-tps)" if prefill_tps else f"given (the sim preset {preset})",
+        ),
+        ViewInput(
+            name="prefill overhead",
+            value=overhead * 1e3,
+            unit="ms",
+            source="given (--prefill-overhead-ms)"
+            if prefill_overhead_ms is not None
+            else f"given (the sim preset {preset})",
+        ),
+    ]
     gpu_tokens = result.server.max_model_len  # the sim's: its GPU KV capacity in tokens
     tpot = float(p["tpot_ms"]) / 1e3
-    inputs.append(ViewInput(name="GPU KV capacity", value=gpu_tokens, unit="tokens",
-                            source="measured (the server's /v1/models max_model_len: the sim's GPU KV)"))  # fmt: skip
-    inputs.append(ViewInput(name="time per output token", value=tpot * 1e3, unit="ms",
-                            source=f"given (the sim preset {preset})"))  # fmt: skip
+    inputs.append(
+        ViewInput(
+            name="GPU KV capacity",
+            value=gpu_tokens,
+            unit="tokens",
+            source="measured (the server's /v1/models max_model_len: the sim's GPU KV)",
+        )
+    )
+    inputs.append(
+        ViewInput(name="time per output token", value=tpot * 1e3, unit="ms", source=f"given (the sim preset {preset})")
+    )
     b: list[tuple[float, float] | None] = [None] * len(rows)
     if fetch_from:
         costs, _ = load_read_costs(fetch_from)
         for c in costs:
-            inputs.append(ViewInput(name=f"{c.tier} read bandwidth", value=round(c.bw_mean / 1e9, 4), unit="GB/s",
-                                    source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of "
-                                    f"{c.mean_bytes / 2**20:.3g} MiB)"))  # fmt: skip
+            inputs.append(
+                ViewInput(
+                    name=f"{c.tier} read bandwidth",
+                    value=round(c.bw_mean / 1e9, 4),
+                    unit="GB/s",
+                    source=f"measured (kvtier bench {fetch_from}, {c.ops} reads of {c.mean_bytes / 2**20:.3g} MiB)",
+                )
+            )
         b = _predict(rows, bandwidth_fetch(_bw(costs), kvpt), preset_prefill(tps, overhead), gpu_tokens, tpot)
     c_pred = None
     storage_result = None
     if storage:
         costs_c, storage_result = _storage_run(rows, kvpt, Path(work or folder / "views"), storage_dir)
         for c in costs_c:
-            inputs.append(ViewInput(name=f"{c.tier} read bandwidth (storage view)", value=round(c.bw_mean / 1e9, 4),
-                                    unit="GB/s", source=f"measured (kvtier trace replay of these requests' KV "
-                                    f"I/O, {c.ops} reads)"))  # fmt: skip
+            inputs.append(
+                ViewInput(
+                    name=f"{c.tier} read bandwidth (storage view)",
+                    value=round(c.bw_mean / 1e9, 4),
+                    unit="GB/s",
+                    source=f"measured (kvtier trace replay of these requests' KV I/O, {c.ops} reads)",
+                )
+            )
         c_pred = _predict(rows, bandwidth_fetch(_bw(costs_c), kvpt), preset_prefill(tps, overhead), gpu_tokens, tpot)
     turns = _by_turn(rows, b, c_pred)
     eb = [abs(t.ttft_error) for t in turns if t.ttft_error is not None]
     ec = [abs(t.storage_ttft_error) for t in turns if t.storage_ttft_error is not None]
     findings = _findings(rows, turns)
     return ViewsReport(
-        source=str(folder), requests=len(rows), kv_bytes_per_token=kvpt, inputs=inputs, turns=turns,
+        source=str(folder),
+        requests=len(rows),
+        kv_bytes_per_token=kvpt,
+        inputs=inputs,
+        turns=turns,
         median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None,
         median_abs_storage_ttft_error=round(statistics.median(ec), 4) if ec else None,
-        storage_result=storage_result, findings=findings,
-    )  # fmt: skip
+        storage_result=storage_result,
+        findings=findings,
+    )
 
 
-def _ladder_views(folder: Path, rows: list[RequestRecord], result: Any, lad: LadderResult, fit: LadderFit,
-                  path: str, fetch_from: str | None, model: str | None) -> ViewsReport:  # fmt: skip
+def _ladder_views(
+    folder: Path,
+    rows: list[RequestRecord],
+    result: Any,
+    lad: LadderResult,
+    fit: LadderFit,
+    path: str,
+    fetch_from: str | None,
+    model: str | None,
+) -> ViewsReport:
     """View (b) from a ladder: the measured prefill (compute on the GPU's FIFO, the fixed cost beside it), each
     offload tier's measured fetch curve (or a bench's bandwidth for a tier the ladder did not measure), the measured
     TPOT at one running sequence, the GPU's KV capacity the ladder read from the server."""
     from kvtier.modelspec import build_catalog, resolve_model
 
     t = fit.timing
-    kvpt = lad.server.kv_bytes_per_token or (resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1)
-                                             if model else 0)  # fmt: skip
+    kvpt = lad.server.kv_bytes_per_token or (
+        resolve_model(model, build_catalog()).kv_bytes_per_token_per_rank(1) if model else 0
+    )
     bw = _bw(load_read_costs(fetch_from)[0]) if fetch_from else {}
 
     def fetch(tier: str, tokens: int) -> float | None:
@@ -298,41 +347,61 @@ def _ladder_views(folder: Path, rows: list[RequestRecord], result: Any, lad: Lad
     b = _predict(rows, fetch, ladder_prefill(t), gpu_tokens, tpot)
     p = t.prefill
     inputs = [
-        ViewInput(name="prefill compute", value=p.s_per_token * 1e6, unit="us/token (+ attention term)",
-                  source=f"measured (the ladder {path})"),
-        ViewInput(name="prefill fixed cost", value=p.overhead_s * 1e3, unit="ms",
-                  source=f"measured (the ladder {path})"),
+        ViewInput(
+            name="prefill compute",
+            value=p.s_per_token * 1e6,
+            unit="us/token (+ attention term)",
+            source=f"measured (the ladder {path})",
+        ),
+        ViewInput(
+            name="prefill fixed cost", value=p.overhead_s * 1e3, unit="ms", source=f"measured (the ladder {path})"
+        ),
         ViewInput(name="GPU KV capacity", value=gpu_tokens, unit="tokens", source="measured (the ladder's server)"),
         ViewInput(name="time per output token", value=tpot * 1e3, unit="ms", source=f"measured (the ladder {path})"),
-    ]  # fmt: skip
-    inputs += [ViewInput(name=f"{f.tier} fetch", value=f.s_per_token * 1e6, unit="us/token",
-                         source=f"measured (the ladder {path})") for f in t.fetch]  # fmt: skip
+    ]
+    inputs += [
+        ViewInput(
+            name=f"{f.tier} fetch", value=f.s_per_token * 1e6, unit="us/token", source=f"measured (the ladder {path})"
+        )
+        for f in t.fetch
+    ]
     if not all(r.server_ttft_parts for r in rows):
         split = "usage.cached_tokens (the server sends no per-tier split: cached = gpu)"
         inputs.append(ViewInput(name="prompt split", value=None, unit="", source=split))
     turns = _by_turn(rows, b, None)
     eb = [abs(x.ttft_error) for x in turns if x.ttft_error is not None]
     return ViewsReport(
-        source=str(folder), requests=len(rows), kv_bytes_per_token=kvpt, inputs=inputs, turns=turns,
-        median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None, median_abs_storage_ttft_error=None,
-        storage_result=None, findings=_findings(rows, turns),
-    )  # fmt: skip
+        source=str(folder),
+        requests=len(rows),
+        kv_bytes_per_token=kvpt,
+        inputs=inputs,
+        turns=turns,
+        median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None,
+        median_abs_storage_ttft_error=None,
+        storage_result=None,
+        findings=_findings(rows, turns),
+    )
 
 
 def _findings(rows: list[RequestRecord], turns: list[TurnView]) -> list[str]:
     """What the errors come from, in words: the parts the model leaves out, as measured."""
     out = []
     if not all(r.server_ttft_parts for r in rows):
-        return [f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
-                f"({t.ttft_error:+.0%})"
-                for t in turns if t.ttft_error is not None and abs(t.ttft_error) > 0.2]  # fmt: skip
+        return [
+            f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
+            f"({t.ttft_error:+.0%})"
+            for t in turns
+            if t.ttft_error is not None and abs(t.ttft_error) > 0.2
+        ]
     queue = [(r.server_ttft_parts or {}).get("queue", 0.0) for r in rows]
     ttft = [float(r.ttft_s or 0.0) for r in rows]
     if sum(ttft) > 0:
         share = sum(queue) / sum(ttft)
         if share > 0.1:
-            out.append(f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks): the "
-                       "prediction models it from the GPU's capacity and the preset's decode time")  # fmt: skip
+            out.append(
+                f"{share:.0%} of the measured TTFT was the admission queue (waiting for GPU blocks): the "
+                "prediction models it from the GPU's capacity and the preset's decode time"
+            )
     server = [float(r.server_ttft_s or 0.0) for r in rows]
     client = statistics.median(t - s for t, s in zip(ttft, server))
     out.append(f"the client and loopback added {client * 1e3:.2f} ms at the median (outside the server's parts)")
@@ -341,17 +410,22 @@ def _findings(rows: list[RequestRecord], turns: list[TurnView]) -> list[str]:
         pred = [(getattr(t, key), t.requests) for t in turns]
         if fetch > 0 and all(p is not None for p, _ in pred):
             total = sum(p * n for p, n in pred)
-            out.append(f"{label} fetch is {total / fetch:.2g}x the sim's measured fetch: the tier's read bandwidth "
-                       "under that run's load, not the sim's own chunk reads")  # fmt: skip
+            out.append(
+                f"{label} fetch is {total / fetch:.2g}x the sim's measured fetch: the tier's read bandwidth "
+                "under that run's load, not the sim's own chunk reads"
+            )
     for t in turns:
         if t.ttft_error is not None and abs(t.ttft_error) > 0.2:
-            out.append(f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
-                       f"({t.ttft_error:+.0%})")  # fmt: skip
+            out.append(
+                f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
+                f"({t.ttft_error:+.0%})"
+            )
     return out
 
 
-def _storage_run(rows: list[RequestRecord], kvpt: int, work: Path, storage_dir: str | None
-                 ) -> tuple[list[TierReadCost], str]:  # fmt: skip
+def _storage_run(
+    rows: list[RequestRecord], kvpt: int, work: Path, storage_dir: str | None
+) -> tuple[list[TierReadCost], str]:
     from kvtier import iotrace
     from kvtier.config.iotrace import TraceReplayConfig
 

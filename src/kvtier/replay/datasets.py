@@ -180,8 +180,12 @@ def load_agent_trace(p: Path, count: Counter, notes: list[str] | None = None) ->
         ts = r.get("timestamp") if isinstance(r, dict) else None
         if isinstance(ts, str):
             ts = _ts(ts)
-        if (not isinstance(r, dict) or not isinstance(r.get("input"), str) or isinstance(ts, bool)
-                or not isinstance(ts, (int, float))):  # fmt: skip
+        if (
+            not isinstance(r, dict)
+            or not isinstance(r.get("input"), str)
+            or isinstance(ts, bool)
+            or not isinstance(ts, (int, float))
+        ):
             raise DatasetError(f"{p}:{n}: expected {{timestamp: number, input: str, output: str, session_id}}")
         sid = r.get("session_id")
         if sid is not None and not isinstance(sid, (str, int)) or isinstance(sid, bool):
@@ -190,8 +194,9 @@ def load_agent_trace(p: Path, count: Counter, notes: list[str] | None = None) ->
     if not raw:
         return []
     scale, unit = _time_unit([x[0] for x in raw])
-    calls = sorted((_Call(ts * scale, i, o, None if s in (None, "") else str(s), n) for ts, i, o, s, n in raw),
-                   key=lambda c: c.t)  # fmt: skip
+    calls = sorted(
+        (_Call(ts * scale, i, o, None if s in (None, "") else str(s), n) for ts, i, o, s, n in raw), key=lambda c: c.t
+    )
     named = [c.sid for c in calls if c.sid is not None]
     groups: list[tuple[str, list[_Call]]]
     if not named:

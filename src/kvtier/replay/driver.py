@@ -51,8 +51,9 @@ def load_users(cfg: ReplayConfig) -> tuple[ReplayConfig, LoadedDataset, list[Vir
             cfg = cfg.model_copy(update={"num_rounds": cfg.turns})
         elif cfg.num_rounds > cfg.turns:
             raise ConfigError(f"--num-rounds {cfg.num_rounds} exceeds --turns {cfg.turns}: no virtual user")
-        loaded = synthetic_dataset(cfg.users, cfg.turns, cfg.isl, cfg.osl, cfg.shared_prefix, tokenizer,
-                                   cfg.synthetic_seed)  # fmt: skip
+        loaded = synthetic_dataset(
+            cfg.users, cfg.turns, cfg.isl, cfg.osl, cfg.shared_prefix, tokenizer, cfg.synthetic_seed
+        )
     else:
         assert cfg.dataset is not None  # missing() said so otherwise
         loaded = load_sessions(cfg.dataset, cfg.dataset_format, tokenizer.count)
@@ -202,8 +203,11 @@ async def server_identity(s: Any, base: str, model: str) -> dict[str, Any]:
     except ValueError:
         raise ConfigError(f"--base-url: GET {base}/models did not answer JSON") from None
     entries = models.get("data") if isinstance(models, dict) else None
-    served = [m for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(
-        entries, list) else []  # fmt: skip
+    served = (
+        [m for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if isinstance(entries, list)
+        else []
+    )
     mine = [m for m in served if m["id"] == model]
     if served and not mine:
         raise ConfigError(
@@ -355,9 +359,11 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     wall = (clock.now_ns() - t0) / 1e9
     hw = hardware.stop()
     result = build_result(
-        plan, RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw),
-        records, [sc.summary() for sc in scrapers],
-    )  # fmt: skip
+        plan,
+        RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw),
+        records,
+        [sc.summary() for sc in scrapers],
+    )
     return result, records
 
 

@@ -37,8 +37,15 @@ class Tally:
                 self.failed += 1
 
 
-def snapshot(records: list[ReplayRecord], total: int, turns: int, users: int, in_flight: int,
-             rates: dict[str, float | None], tally: Tally | None = None) -> dict[str, Any]:  # fmt: skip
+def snapshot(
+    records: list[ReplayRecord],
+    total: int,
+    turns: int,
+    users: int,
+    in_flight: int,
+    rates: dict[str, float | None],
+    tally: Tally | None = None,
+) -> dict[str, Any]:
     """The figures of one progress line, from the records finished so far (``tally`` keeps the counts
     between calls; without one they are counted afresh)."""
     t = tally if tally is not None else Tally()

@@ -53,15 +53,23 @@ def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
     seen = Counter(r.get("sim_timing") for r in records if r.get("sim_timing"))
     out = []
     if seen.get("assumed"):
-        out.append(warning(WarningCode.sim_timing_assumed,
-                           f"{seen['assumed']} requests were timed by the sim's preset figures, which are assumed, not "
-                           "measured (kvtier sim --calibration takes a kvtier ladder of a real server)",
-                           requests=seen["assumed"]))  # fmt: skip
+        out.append(
+            warning(
+                WarningCode.sim_timing_assumed,
+                f"{seen['assumed']} requests were timed by the sim's preset figures, which are assumed, not "
+                "measured (kvtier sim --calibration takes a kvtier ladder of a real server)",
+                requests=seen["assumed"],
+            )
+        )
     if seen.get("extrapolated"):
-        out.append(warning(WarningCode.sim_timing_extrapolated,
-                           f"{seen['extrapolated']} requests were timed outside the range the sim's calibration "
-                           "measured (a longer prompt or more running sequences): extrapolated",
-                           requests=seen["extrapolated"]))  # fmt: skip
+        out.append(
+            warning(
+                WarningCode.sim_timing_extrapolated,
+                f"{seen['extrapolated']} requests were timed outside the range the sim's calibration "
+                "measured (a longer prompt or more running sequences): extrapolated",
+                requests=seen["extrapolated"],
+            )
+        )
     return out
 
 
@@ -79,8 +87,9 @@ def _total(metrics: list[ScrapeSummary], field: str) -> float | None:
 
 def offload_degradation(metrics: list[ScrapeSummary], requests_ok: int) -> dict[str, Any] | None:
     """The replay's ``summary.offload_degradation`` from the scraped servers' counters; None when none counts it."""
-    gate, failed, bypassed = (_total(metrics, f) for f in ("sim_fetch_gate_recomputes", "sim_offload_failed_loads",
-                                                           "sim_offload_bypassed"))  # fmt: skip
+    gate, failed, bypassed = (
+        _total(metrics, f) for f in ("sim_fetch_gate_recomputes", "sim_offload_failed_loads", "sim_offload_bypassed")
+    )
     failed_blocks = _total(metrics, "kvtier_offload_failed_loads")
     loaded = served = None
     for m in metrics:
@@ -112,22 +121,40 @@ def degradation_warnings(d: dict[str, Any] | None) -> list[ResultWarning]:
     out = []
     rate = d["degraded_rate"]
     if (rate is not None and rate > DEGRADED_WARN) or d["failed_load_blocks"]:
-        parts = [f"{d[k]} {w}" for k, w in (("fetch_gate_recomputes", "fetch-gate recomputes"),
-                 ("failed_loads", "failed loads"), ("bypassed_lookups", "lookups bypassed (breaker open)"),
-                 ("failed_load_blocks", "failed block loads (kvtier's vLLM backend)")) if d[k]]  # fmt: skip
+        parts = [
+            f"{d[k]} {w}"
+            for k, w in (
+                ("fetch_gate_recomputes", "fetch-gate recomputes"),
+                ("failed_loads", "failed loads"),
+                ("bypassed_lookups", "lookups bypassed (breaker open)"),
+                ("failed_load_blocks", "failed block loads (kvtier's vLLM backend)"),
+            )
+            if d[k]
+        ]
         share = f" ({rate:.1%} of ok requests)" if rate is not None else ""
-        out.append(warning(WarningCode.offload_degraded,
-                           f"the offload tier held KV that was recomputed instead{share}: {', '.join(parts)} — the "
-                           "silent degradation the placement model warns about (TTFT pays for a tier that is "
-                           "not serving)", degraded_rate=rate, **{k: d[k] for k in ("fetch_gate_recomputes",
-                           "failed_loads", "bypassed_lookups", "failed_load_blocks")}))  # fmt: skip
+        out.append(
+            warning(
+                WarningCode.offload_degraded,
+                f"the offload tier held KV that was recomputed instead{share}: {', '.join(parts)} — the "
+                "silent degradation the placement model warns about (TTFT pays for a tier that is "
+                "not serving)",
+                degraded_rate=rate,
+                **{
+                    k: d[k] for k in ("fetch_gate_recomputes", "failed_loads", "bypassed_lookups", "failed_load_blocks")
+                },
+            )
+        )
     if d["decode_dependency"]:
-        out.append(warning(WarningCode.offload_decode_dependency,
-                           f"the server loaded {d['loaded_tokens']:,.0f} tokens from its offload tier for "
-                           f"{d['served_tokens']:,.0f} prompt tokens it served ({d['load_per_served_token']:g} per "
-                           "token): it loads beyond each request's prefix (during decode, or again after "
-                           "preemptions), so the store is on the decode path, not only on TTFT's",
-                           load_per_served_token=d["load_per_served_token"]))  # fmt: skip
+        out.append(
+            warning(
+                WarningCode.offload_decode_dependency,
+                f"the server loaded {d['loaded_tokens']:,.0f} tokens from its offload tier for "
+                f"{d['served_tokens']:,.0f} prompt tokens it served ({d['load_per_served_token']:g} per "
+                "token): it loads beyond each request's prefix (during decode, or again after "
+                "preemptions), so the store is on the decode path, not only on TTFT's",
+                load_per_served_token=d["load_per_served_token"],
+            )
+        )
     return out
 
 

@@ -127,7 +127,7 @@ def reuse_opportunity(
                 "bytes": None if bpt is None else blocks * block_tokens * bpt,
             }
             for r, blocks in sampled
-        ],  # fmt: skip
+        ],
     }
 
 

@@ -40,8 +40,9 @@ def one_token_words(tok: Tokenizer) -> list[str]:
     return words
 
 
-def synthetic_dataset(users: int, turns: int, isl: int, osl: int, shared_prefix: int, tok: Tokenizer,
-                      seed: int = 0) -> LoadedDataset:  # fmt: skip
+def synthetic_dataset(
+    users: int, turns: int, isl: int, osl: int, shared_prefix: int, tok: Tokenizer, seed: int = 0
+) -> LoadedDataset:
     words = one_token_words(tok)
     vocab = np.array(words)
 
@@ -59,8 +60,10 @@ def synthetic_dataset(users: int, turns: int, isl: int, osl: int, shared_prefix:
             ts.append(Turn(tuple(history), osl, 0.0))
             history = history + [{"role": "assistant", "content": text(rng, osl)}]
         sessions.append(Session(f"synthetic-{u}", tuple(ts), "synthetic"))
-    note = (f"synthetic: {users} users x {turns} turns, ISL {isl}, OSL {osl}, shared prefix {shared_prefix} tokens; "
-            f"{len(words)} one-token words of {tok.name}, seed {seed}")  # fmt: skip
+    note = (
+        f"synthetic: {users} users x {turns} turns, ISL {isl}, OSL {osl}, shared prefix {shared_prefix} tokens; "
+        f"{len(words)} one-token words of {tok.name}, seed {seed}"
+    )
     return LoadedDataset(sessions, "synthetic", [], [note])
 
 

@@ -23,21 +23,67 @@ from kvtier.errors import DatasetError
 from kvtier.report.figures import Loaded
 
 REPLAY_FIXED = (
-    "model", "concurrency", "num_rounds", "dataset", "dataset_format", "gap_scale", "history", "user_order",
-    "synthetic", "users", "turns", "isl", "osl", "shared_prefix", "synthetic_seed",
-)  # fmt: skip
+    "model",
+    "concurrency",
+    "num_rounds",
+    "dataset",
+    "dataset_format",
+    "gap_scale",
+    "history",
+    "user_order",
+    "synthetic",
+    "users",
+    "turns",
+    "isl",
+    "osl",
+    "shared_prefix",
+    "synthetic_seed",
+)
 BENCH_FIXED = (
-    "model", "num_users", "duration", "generation_mode", "tensor_parallel", "disable_multi_turn",
-    "disable_prefix_caching", "enable_rag", "rag_num_docs", "rag_top_k", "enable_autoscaling", "use_burst_trace",
-    "trace_path", "trace_format", "dataset_path", "prefill_only", "decode_only", "request_rate", "max_requests",
-    "kv_layout", "performance_profile", "tuning",
-)  # fmt: skip
+    "model",
+    "num_users",
+    "duration",
+    "generation_mode",
+    "tensor_parallel",
+    "disable_multi_turn",
+    "disable_prefix_caching",
+    "enable_rag",
+    "rag_num_docs",
+    "rag_top_k",
+    "enable_autoscaling",
+    "use_burst_trace",
+    "trace_path",
+    "trace_format",
+    "dataset_path",
+    "prefill_only",
+    "decode_only",
+    "request_rate",
+    "max_requests",
+    "kv_layout",
+    "performance_profile",
+    "tuning",
+)
 
 
-COSMETIC = frozenset({
-    "output", "seed", "progress", "progress_interval", "log_level", "xlsx_output", "request_log", "base_url",
-    "metrics_url", "scrape_interval", "mpi_timeout", "device_interval", "io_trace_log", "config", "cache_dir",
-})  # fmt: skip
+COSMETIC = frozenset(
+    {
+        "output",
+        "seed",
+        "progress",
+        "progress_interval",
+        "log_level",
+        "xlsx_output",
+        "request_log",
+        "base_url",
+        "metrics_url",
+        "scrape_interval",
+        "mpi_timeout",
+        "device_interval",
+        "io_trace_log",
+        "config",
+        "cache_dir",
+    }
+)
 """Config fields that change how a run is watched or where it writes, not what it measures: never listed as
 differences (a result's cache folder is a fresh temporary one each run)."""
 

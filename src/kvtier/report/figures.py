@@ -108,8 +108,9 @@ def bench_figures(r: Any) -> list[Figure]:
             o = getattr(t, op)
             if o.ops:
                 out.append(Figure(f"{tier} {op} device p95 ms", o.device_latency_ms.p95, "ms", LOWER, o.ops))
-                out.append(Figure(f"{tier} {op} GB/s (device time)", _gbps(o.device_bandwidth_bytes_per_sec), "GB/s",
-                                  HIGHER))  # fmt: skip
+                out.append(
+                    Figure(f"{tier} {op} GB/s (device time)", _gbps(o.device_bandwidth_bytes_per_sec), "GB/s", HIGHER)
+                )
     amp = s.kv_layout_stats.read_amplification
     out.append(Figure("read amplification", amp, "x", LOWER))
     return out
@@ -129,8 +130,10 @@ def replay_figures(r: Any, rec: ReplayRecords | None) -> list[Figure]:
     ]
     if rec is not None:
         later = rec.ttft_ok(later=True)
-        out += [Figure("later-turn TTFT p50 s", _p(later, 50), "s", LOWER, int(later.size)),
-                Figure("later-turn TTFT p95 s", _p(later, 95), "s", LOWER, int(later.size))]  # fmt: skip
+        out += [
+            Figure("later-turn TTFT p50 s", _p(later, 50), "s", LOWER, int(later.size)),
+            Figure("later-turn TTFT p95 s", _p(later, 95), "s", LOWER, int(later.size)),
+        ]
     out += [
         Figure("TTFT degradation median %", s.ttft_degradation.median_pct, "%", LOWER),
         Figure("TPOT mean s", s.tpot_s_mean, "s", LOWER),
@@ -168,7 +171,7 @@ def aggregate_figures(r: Any) -> list[Figure]:
         Figure("storage I/O p95 ms", lat.storage_io_latency_ms.get("p95"), "ms", LOWER),
         Figure(
             "storage throughput tokens/s (MLPerf sum)", r.mlperf.storage_throughput_tokens_per_sec_sum, "tok/s", HIGHER
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -178,14 +181,15 @@ def mlperf_figures(r: Any) -> list[Figure]:
         spread = (s.get("kvtier") or {}).get("spread") or {}
         for name, sp in spread.items():
             cv = sp.get("cv") if isinstance(sp, dict) else None
-            out.append(Figure(f"option {o} {name} spread across trials (CV %)", None if cv is None else cv * 100, "%",
-                              LOWER))  # fmt: skip
+            out.append(
+                Figure(f"option {o} {name} spread across trials (CV %)", None if cv is None else cv * 100, "%", LOWER)
+            )
         out += [
             Figure(f"option {o} read GiB/s", s.get("aggregated_read_bandwidth_gbps"), "GiB/s", HIGHER),
             Figure(f"option {o} write GiB/s", s.get("aggregated_write_bandwidth_gbps"), "GiB/s", HIGHER),
             Figure(
                 f"option {o} storage tokens/s", s.get("aggregated_storage_throughput_tokens_per_sec"), "tok/s", HIGHER
-            ),  # fmt: skip
+            ),
         ]
     return out
 

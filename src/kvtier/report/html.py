@@ -172,10 +172,27 @@ def _flags(cfg: Any, names: Sequence[str]) -> str:
     return " ".join(f"--{k.replace('_', '-')} {d[k]}" for k in names if d.get(k) not in (None, "", [], False))
 
 
-BENCH_FLAGS = ("model", "num_users", "duration", "gpu_mem_gb", "cpu_mem_gb", "storage_capacity_gb",
-               "max_concurrent_allocs", "generation_mode", "tier_order")  # fmt: skip
-REPLAY_FLAGS = ("model", "dataset", "concurrency", "num_rounds", "gap_scale", "max_requests", "duration",
-                "max_failure_rate")  # fmt: skip
+BENCH_FLAGS = (
+    "model",
+    "num_users",
+    "duration",
+    "gpu_mem_gb",
+    "cpu_mem_gb",
+    "storage_capacity_gb",
+    "max_concurrent_allocs",
+    "generation_mode",
+    "tier_order",
+)
+REPLAY_FLAGS = (
+    "model",
+    "dataset",
+    "concurrency",
+    "num_rounds",
+    "gap_scale",
+    "max_requests",
+    "duration",
+    "max_failure_rate",
+)
 
 
 def status_rows(it: Loaded) -> list[tuple[str, Any]]:
@@ -201,7 +218,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
                 "dataset",
                 f"{r.dataset.path} ({r.dataset.format}, {r.dataset.virtual_users} users; tokenizer "
                 f"{r.dataset.tokenizer})",
-            ),  # fmt: skip
+            ),
             ("key flags", _flags(r.config, REPLAY_FLAGS)),
         ]
         went = ttft_sentence(s)
@@ -227,14 +244,14 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             (
                 "profile",
                 f"{r.profile} ({r.tier} tier, {r.engine}, {r.replicas} replica(s), {r.lb_policy or 'no'} routing)",
-            ),  # fmt: skip
+            ),
             ("exit status", r.exit_status),
             (
                 "replay",
                 "below, under the serving benchmark"
                 if it.records is not None or _launch_replay(it)
                 else "no replay summary beside launch.json",
-            ),  # fmt: skip
+            ),
         ]
         for f in r.faults or []:
             rows.append((f"fault {f.kind}@{f.at_s:g}", f.sentence()))
@@ -243,20 +260,29 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
         g = r.grid
         rows += [
             ("grid", f"CPU GB {g.cpu_gb} x NVMe GB {g.nvme_gb} x concurrency {g.concurrency}, {g.trials} trials each"),
-            ("trials ran / complete / all", f"{len(ran)} / {sum(t.status == 'complete' for t in ran)} / "
-                                            f"{len(r.trials)}"),
+            (
+                "trials ran / complete / all",
+                f"{len(ran)} / {sum(t.status == 'complete' for t in ran)} / {len(r.trials)}",
+            ),
             ("dataset", f"{g.dataset} (sim {g.sim_model}, {g.gpu_kv_gb:g} GB GPU KV, preset {g.preset})"),
-        ]  # fmt: skip
+        ]
     elif isinstance(r, LadderResult):
         sv = r.server
         rows += [
-            ("server", f"{sv.model} at {sv.base_url} ({sv.kind}), tiers: "
-                       f"{', '.join(t.name for t in sv.tiers) or 'none'}"),
+            (
+                "server",
+                f"{sv.model} at {sv.base_url} ({sv.kind}), tiers: {', '.join(t.name for t in sv.tiers) or 'none'}",
+            ),
             ("points verified / measured", f"{sum(p.verified for p in r.points)} / {len(r.points)}"),
-            ("prefill fit", "none" if r.fit is None else
-             f"median |error| {r.fit.prefill_fit_median_abs_rel_err} fitted, {r.fit.prefill_holdout_median_abs_rel_err}"
-             f" held back ({'superlinear' if r.fit.superlinear else 'linear'})"),
-        ]  # fmt: skip
+            (
+                "prefill fit",
+                "none"
+                if r.fit is None
+                else f"median |error| {r.fit.prefill_fit_median_abs_rel_err} fitted, "
+                f"{r.fit.prefill_holdout_median_abs_rel_err}"
+                f" held back ({'superlinear' if r.fit.superlinear else 'linear'})",
+            ),
+        ]
     elif isinstance(r, ArmsResult):
         rows.append(("rounds", f"{r.rounds}, in the orders {'; '.join(', '.join(o) for o in r.order)}"))
         for arm in r.arms:
@@ -264,11 +290,18 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             p50 = "—" if lt.p50_s is None else f"{lt.p50_s:.3f} s [{lt.p50_lo_s:.3f}, {lt.p50_hi_s:.3f}]"
             src = ", ".join(f"{k} {100 * v:.1f} %" for k, v in arm.hit_rate_by_source.items()) or "not counted"
             runs = ", ".join(f"r{x.round} {x.status}" for x in arm.runs)
-            rows.append((f"arm {arm.arm} ({arm.offload_engine}, {arm.tier} tier)",
-                         f"later-turn TTFT p50 {p50}, p95 {lt.p95_s} s (n={lt.n}); prompt tokens by source: {src}; "
-                         + ("" if arm.offload.cross_replica_loads is None else
-                            f"blocks loaded that another replica stored: {arm.offload.cross_replica_loads:.0f}; ")
-                         + f"failed {_causes(arm.failed)}; runs {runs}"))  # fmt: skip
+            rows.append(
+                (
+                    f"arm {arm.arm} ({arm.offload_engine}, {arm.tier} tier)",
+                    f"later-turn TTFT p50 {p50}, p95 {lt.p95_s} s (n={lt.n}); prompt tokens by source: {src}; "
+                    + (
+                        ""
+                        if arm.offload.cross_replica_loads is None
+                        else f"blocks loaded that another replica stored: {arm.offload.cross_replica_loads:.0f}; "
+                    )
+                    + f"failed {_causes(arm.failed)}; runs {runs}",
+                )
+            )
         for v in r.verdicts:
             rows.append((f"verdict {v.arm} against none", v.why))
     else:
@@ -304,7 +337,7 @@ def _slug(title: str) -> str:
 def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dict[str, Any]]:
     """The HTML text, and what went into it (plots drawn, seconds)."""
     t0 = time.perf_counter()
-    from kvtier.report import plots  # matplotlib is imported inside each plot
+    from kvtier.report import plots, plots_serving  # matplotlib is imported inside each plot
 
     have_mpl = True
     try:
@@ -332,8 +365,10 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         parts.append(f"<h2>{TITLES[kind]}</h2>")
         if kind == "replay" and len({(it.replay.dataset.path, it.replay.dataset.format) for it in group}) > 1:
             used = ", ".join(f"{it.label}: {it.replay.dataset.path}" for it in group)
-            parts.append(f"<p><b>Note:</b> these replays used different datasets ({html.escape(used)}): their "
-                         "figures describe different work.</p>")  # fmt: skip
+            parts.append(
+                f"<p><b>Note:</b> these replays used different datasets ({html.escape(used)}): their "
+                "figures describe different work.</p>"
+            )
         if len(group) > 1:
             found = [s for it in group[1:] for s in sentences(group[0], it)]
             parts.append("<h3>What differs</h3>")
@@ -344,9 +379,15 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         parts.append(_status_table(group))
         if group[0].figures:
             parts.append(_table(group))
-        makers = {"bench": plots.BENCH_PLOTS, "replay": plots.REPLAY_PLOTS, "sweep": SWEEP_PLOTS,
-                  "launch": plots.LAUNCH_PLOTS, "ladder": plots.LADDER_PLOTS, "arms": plots.ARMS_PLOTS,
-                  **PLAN_PLOTS}.get(kind, ())  # fmt: skip
+        makers = {
+            "bench": plots.BENCH_PLOTS,
+            "replay": plots.REPLAY_PLOTS,
+            "sweep": SWEEP_PLOTS,
+            "launch": plots_serving.LAUNCH_PLOTS,
+            "ladder": plots_serving.LADDER_PLOTS,
+            "arms": plots_serving.ARMS_PLOTS,
+            **PLAN_PLOTS,
+        }.get(kind, ())
         if makers and not have_mpl:
             parts.append("<p>Plots need matplotlib: <code>pip install 'kvtier[plot]'</code>.</p>")
             continue
@@ -379,8 +420,12 @@ def write_report(
     from kvtier.results.io import write_text_atomic
 
     write_text_atomic(out, text, "--html")
-    return {**info, "results": [it.label for it in items], "seconds": round(time.perf_counter() - t0, 3),
-            "bytes": len(text.encode())}  # fmt: skip
+    return {
+        **info,
+        "results": [it.label for it in items],
+        "seconds": round(time.perf_counter() - t0, 3),
+        "bytes": len(text.encode()),
+    }
 
 
 __all__ = ["write_report", "build", "load_all"]

@@ -120,8 +120,9 @@ def _nines_axis(ax: Any) -> None:
 
 def tier_latency(items: Sequence[Loaded]) -> Plot | None:
     """Per tier and direction: total, device and host latency at p50..p99.99 (the tails on a log axis)."""
-    panels = sorted({(t, op) for it in items for t, ts in it.bench.tiers.items() for op in ("read", "write")
-                     if getattr(ts, op).ops})  # fmt: skip
+    panels = sorted(
+        {(t, op) for it in items for t, ts in it.bench.tiers.items() for op in ("read", "write") if getattr(ts, op).ops}
+    )
     if not panels:
         return None
     plt = _plt()
@@ -146,8 +147,11 @@ def tier_latency(items: Sequence[Loaded]) -> Plot | None:
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("ms")
     axes[0][0].legend(fontsize=7)
-    return ("Tier latency by percentile", "How slow is each tier in its tail, and is it the device (dashed) or "
-            "kvtier's host work (dotted)?", _png(fig))  # fmt: skip
+    return (
+        "Tier latency by percentile",
+        "How slow is each tier in its tail, and is it the device (dashed) or kvtier's host work (dotted)?",
+        _png(fig),
+    )
 
 
 def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
@@ -159,14 +163,22 @@ def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
     for i, it in enumerate(items):
         tl = it.bench.throughput_timeline
         if tl:
-            a.plot([p.timestamp for p in tl], [p.throughput_tokens_per_sec for p in tl], ".-", color=f"C{i}",
-                   label=it.label)  # fmt: skip
+            a.plot(
+                [p.timestamp for p in tl],
+                [p.throughput_tokens_per_sec for p in tl],
+                ".-",
+                color=f"C{i}",
+                label=it.label,
+            )
         dev = it.bench.device
         caps = {k: v.capacity_bytes for k, v in it.bench.tier_usage_at_end.items()}
         if dev is not None and dev.timeline:
             for j, tier in enumerate(sorted(caps)):
-                pts = [(p["t_s"], (p.get("tier_used_bytes") or {}).get(tier)) for p in dev.timeline
-                       if isinstance(p.get("t_s"), (int, float))]  # fmt: skip
+                pts = [
+                    (p["t_s"], (p.get("tier_used_bytes") or {}).get(tier))
+                    for p in dev.timeline
+                    if isinstance(p.get("t_s"), (int, float))
+                ]
                 pts = [(t, u / caps[tier]) for t, u in pts if u is not None and caps[tier]]
                 if pts:
                     b.plot(*zip(*pts), ["-", "--", ":"][j % 3], color=f"C{i}", label=f"{it.label} {tier}")
@@ -181,8 +193,11 @@ def throughput_and_fill(items: Sequence[Loaded]) -> Plot | None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    return ("Throughput and tier fill over time", "Did the run reach a steady state, and when did each tier fill "
-            "and start demoting?", _png(fig))  # fmt: skip
+    return (
+        "Throughput and tier fill over time",
+        "Did the run reach a steady state, and when did each tier fill and start demoting?",
+        _png(fig),
+    )
 
 
 def device_timeline(items: Sequence[Loaded]) -> Plot | None:
@@ -211,8 +226,11 @@ def device_timeline(items: Sequence[Loaded]) -> Plot | None:
         ax.set_xlabel("time since the load began, s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return ("The storage device over time", "Was the device busy, and did it move what kvtier asked (or someone "
-            "else's traffic too)?", _png(fig))  # fmt: skip
+    return (
+        "The storage device over time",
+        "Was the device busy, and did it move what kvtier asked (or someone else's traffic too)?",
+        _png(fig),
+    )
 
 
 def qos(items: Sequence[Loaded]) -> Plot | None:
@@ -236,8 +254,14 @@ def qos(items: Sequence[Loaded]) -> Plot | None:
     for k, c in enumerate(classes):  # each class's target over its own bars: from its first to its last
         q = next((q for _, cc, q in rows if cc == c), None)
         if q is not None:
-            ax.hlines(q.sla.target_p95_ms, k - width / 2, k + (len(items) - 0.5) * width, colors="k",
-                      linestyles="--", label=None if labelled else "target p95")  # fmt: skip
+            ax.hlines(
+                q.sla.target_p95_ms,
+                k - width / 2,
+                k + (len(items) - 0.5) * width,
+                colors="k",
+                linestyles="--",
+                label=None if labelled else "target p95",
+            )
             labelled = True
     ax.set_xticks([k + (len(items) - 1) * width / 2 for k in range(len(classes))])
     ax.set_xticklabels(classes)
@@ -280,8 +304,7 @@ def read_amplification(items: Sequence[Loaded]) -> Plot | None:
     ax.bar([k for k, _ in vals], [v for _, v in vals], color=[f"C{i}" for i in range(len(vals))])
     ax.set_ylabel("KV bytes read / new context bytes")
     ax.grid(axis="y", alpha=0.3)
-    return ("Read amplification", "How many bytes of cached KV did each new token of context cost to read?",
-            _png(fig))  # fmt: skip
+    return ("Read amplification", "How many bytes of cached KV did each new token of context cost to read?", _png(fig))
 
 
 def _cdf(ax: Any, values: np.ndarray, color: str, label: str, style: str = "-") -> None:
@@ -314,8 +337,12 @@ def ttft_cdf(items: Sequence[Loaded]) -> Plot | None:
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(NullLocator())
     _label(ax, "TTFT, s", "fraction of requests")
-    return ("TTFT distribution", "How long until the first token, for first turns (solid) and later turns "
-            "(dashed), where cached context should pay off?", _png(fig))  # fmt: skip
+    return (
+        "TTFT distribution",
+        "How long until the first token, for first turns (solid) and later turns "
+        "(dashed), where cached context should pay off?",
+        _png(fig),
+    )
 
 
 def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
@@ -343,8 +370,11 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
     ax.set_ylim(bottom=0)
     ax.xaxis.get_major_locator().set_params(integer=True)
     _label(ax, "turn", "TTFT, s")
-    return ("TTFT by turn", "Does TTFT grow as conversations get longer (no reuse), or stay flat (the cache "
-            "serves the history)?", _png(fig))  # fmt: skip
+    return (
+        "TTFT by turn",
+        "Does TTFT grow as conversations get longer (no reuse), or stay flat (the cache serves the history)?",
+        _png(fig),
+    )
 
 
 PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "send")
@@ -379,8 +409,11 @@ def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
         ax.set_title(f"{it.label} (% of prompt tokens from a cache)", fontsize=9)
         ax.xaxis.get_major_locator().set_params(integer=True)
         _label(ax, "turn", "mean TTFT, ms")
-    return ("Where TTFT went, by turn", "Did the offload tier cut later turns' TTFT, and where did the rest go "
-            "(queue, fetch, recompute)?", _png(fig))  # fmt: skip
+    return (
+        "Where TTFT went, by turn",
+        "Did the offload tier cut later turns' TTFT, and where did the rest go (queue, fetch, recompute)?",
+        _png(fig),
+    )
 
 
 def tpot(items: Sequence[Loaded]) -> Plot | None:
@@ -397,8 +430,11 @@ def tpot(items: Sequence[Loaded]) -> Plot | None:
 
 
 def hit_rates(items: Sequence[Loaded]) -> Plot | None:
-    series = (("prefix_cache_hit_rate_series", "-", "GPU prefix"), ("external_prefix_cache_hit_rate_series", "--",
-              "external"), ("lmcache_lookup_hit_rate_series", ":", "LMCache lookup"))  # fmt: skip
+    series = (
+        ("prefix_cache_hit_rate_series", "-", "GPU prefix"),
+        ("external_prefix_cache_hit_rate_series", "--", "external"),
+        ("lmcache_lookup_hit_rate_series", ":", "LMCache lookup"),
+    )
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     drawn = False
@@ -440,9 +476,13 @@ def working_set(items: Sequence[Loaded]) -> Plot | None:
     for i, (it, ro) in enumerate(have):
         ws = ro.working_set
         byte = ws[0].get("bytes") is not None
-        ax.plot([p["requests"] for p in ws], [(p["bytes"] or 0) / 2**30 if byte else p["tokens"] for p in ws],
-                color=f"C{i}", label=f"{it.label}: history {ro.history_reuse_fraction or 0:.0%}, cross-session "
-                f"{ro.cross_session_reuse_fraction or 0:.0%}, new {ro.new_fraction or 0:.0%}")  # fmt: skip
+        ax.plot(
+            [p["requests"] for p in ws],
+            [(p["bytes"] or 0) / 2**30 if byte else p["tokens"] for p in ws],
+            color=f"C{i}",
+            label=f"{it.label}: history {ro.history_reuse_fraction or 0:.0%}, cross-session "
+            f"{ro.cross_session_reuse_fraction or 0:.0%}, new {ro.new_fraction or 0:.0%}",
+        )
     _label(ax, "requests sent (dataset order)", "distinct KV, GiB" if byte else "distinct tokens")
     return (
         "The dataset's reuse opportunity",
@@ -452,140 +492,21 @@ def working_set(items: Sequence[Loaded]) -> Plot | None:
     )
 
 
-def storm_timeline(items: Sequence[Loaded]) -> Plot | None:
-    """A launch's miss storms (``--fault``): the offload hit rate and TTFT p95 over the run, the kill and the
-    zero-hit window marked."""
-    have = [it for it in items if getattr(it.result, "faults", None)]
-    if not have:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2 * len(have), figsize=(12 * len(have), 3.6), squeeze=False)
-    for k, it in enumerate(have):
-        hit, lat = axes[0][2 * k], axes[0][2 * k + 1]
-        for f in it.launch.faults or []:
-            pts = f.timeline
-            if not pts:
-                continue
-            xs = [p.t for p in pts]
-            hit.plot(xs, [(p.offload_hit_rate or 0) * 100 for p in pts], "b-", label=f"{it.label}: offload hit")
-            lat.plot(xs, [p.ttft_s_p95 or 0 for p in pts], "r-", label=f"{it.label}: TTFT p95")
-            t0 = f.timeline_start_unix_s if f.timeline_start_unix_s is not None else f.down_unix_s - f.at_s
-            down = f.down_unix_s - t0  # the kill, in the timeline's seconds
-            for ax in (hit, lat):
-                ax.axvline(down, color="k", ls="--", lw=1)
-                if f.zero_hit_s is not None:
-                    ax.axvspan(down, down + f.zero_hit_s, color="grey", alpha=0.2,
-                               label="zero-hit window" if ax is hit else None)  # fmt: skip
-        _label(hit, "seconds into the replay", "prompt tokens from offload, %")
-        _label(lat, "seconds into the replay", "TTFT p95 in the bin, s")
-    return ("Miss storm", "When the shared tier restarts empty, how long until it serves again, and what does TTFT "
-            "do meanwhile?", _png(fig))  # fmt: skip
-
-
-def ladder_png(results: Sequence[tuple[str, Any]]) -> bytes | None:
-    """TTFT against context per source (``kvtier ladder``), log-log: the verified points' median per cell with
-    their min-max spread, one panel per new-token count, the fitted model drawn through each source."""
-    have = [(label, r) for label, r in results if any(c.verified for c in r.cells)]
-    if not have:
-        return None
-    plt = _plt()
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    news = sorted({c.new_tokens for _, r in have for c in r.cells})
-    fig, axes = plt.subplots(1, len(news), figsize=(6 * len(news), 4.2), squeeze=False)
-    for j, n in enumerate(news):
-        ax = axes[0][j]
-        for i, (label, r) in enumerate(have):
-            sources = sorted({c.source for c in r.cells}, key=lambda x: (x != "cold", x != "gpu", x))
-            for k, src in enumerate(sources):
-                cells = sorted((c for c in r.cells if c.source == src and c.new_tokens == n and c.verified),
-                               key=lambda c: c.context_tokens)  # fmt: skip
-                if not cells:
-                    continue
-                xs = [c.context_tokens for c in cells]
-                ys = [c.ttft_s_median for c in cells]
-                err = [[m - (c.ttft_s_min or m) for c, m in zip(cells, ys)],
-                       [(c.ttft_s_max or m) - m for c, m in zip(cells, ys)]]  # fmt: skip
-                color = f"C{(i * 4 + k) % 10}"
-                name = f"{label}: {src}" if len(have) > 1 else src
-                ax.errorbar(xs, ys, yerr=err, marker="o", ls="none", capsize=3, color=color, label=name)
-                if r.fit is not None:
-                    t = r.fit.timing
-                    grid = np.geomspace(min(xs), max(xs), 40)
-                    if src == "cold":
-                        pred = [t.prefill.seconds(x + n) for x in grid]
-                    elif src == "gpu":
-                        pred = [t.prefill.seconds(n, x) for x in grid]
-                    else:
-                        f = t.fetch_for(src)
-                        pred = [t.prefill.seconds(n, x) + f.seconds(x) for x in grid] if f else []
-                    if pred:
-                        ax.plot(grid, pred, "-", color=color, alpha=0.6, lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")  # text.parse_math is off: log axes' default labels are mathtext
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(plain)
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_title(f"{n:,} new tokens on the prefix", fontsize=10)
-        _label(ax, "cached prefix (context), tokens", "TTFT, s (median, min-max; line: the fit)")
-    return _png(fig)
-
-
-def ladder_curves(items: Sequence[Loaded]) -> Plot | None:
-    png = ladder_png([(it.label, it.result) for it in items])
-    if png is None:
-        return None
-    return ("The tier ladder", "What does the same prefix cost to serve from the GPU, from each offload tier, or "
-            "recomputed, as the context grows?", png)  # fmt: skip
-
-
-LADDER_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (ladder_curves,)
-
-
-def arms_png(results: Sequence[tuple[str, Any]]) -> bytes | None:
-    """Later-turn TTFT p50 and p95 per arm (``kvtier launch --arms``), with their 95 % bootstrap intervals, and
-    the prompt tokens by source beside them."""
-    have = [(label, r) for label, r in results if any(s.later_ttft.n for s in r.arms)]
-    if not have:
-        return None
-    plt = _plt()
-    fig, (lat, src) = plt.subplots(1, 2, figsize=(12, 4.2))
-    names = [f"{label}: {s.arm}" if len(have) > 1 else s.arm for label, r in have for s in r.arms]
-    arms = [s for _, r in have for s in r.arms]
-    xs = np.arange(len(arms))
-    for k, (q, off) in enumerate((("p50", -0.18), ("p95", 0.18))):
-        ys = [getattr(s.later_ttft, f"{q}_s") or 0.0 for s in arms]
-        lo = [y - (getattr(s.later_ttft, f"{q}_lo_s") or y) for s, y in zip(arms, ys, strict=True)]
-        hi = [(getattr(s.later_ttft, f"{q}_hi_s") or y) - y for s, y in zip(arms, ys, strict=True)]
-        lat.bar(xs + off, ys, width=0.34, yerr=[lo, hi], capsize=4, color=f"C{k}", label=f"later-turn TTFT {q}")
-    lat.set_xticks(xs, names, rotation=15)
-    _label(lat, "arm", "TTFT, s (95 % bootstrap interval)")
-    bottom = np.zeros(len(arms))
-    for k, key in enumerate(("local_cache_hit", "external_kv_transfer", "local_compute")):
-        share = np.array([100 * s.hit_rate_by_source.get(key, 0.0) for s in arms])
-        src.bar(xs, share, bottom=bottom, color=f"C{k + 2}", label=key.replace("_", " "))
-        bottom += share
-    src.set_xticks(xs, names, rotation=15)
-    _label(src, "arm", "prompt tokens by source (vLLM's counters), %")
-    return _png(fig)
-
-
-def arms_bars(items: Sequence[Loaded]) -> Plot | None:
-    png = arms_png([(it.label, it.result) for it in items])
-    if png is None:
-        return None
-    return ("Offload engines side by side", "Does offloading pay on later turns, and where did their prompt tokens "
-            "come from?", png)  # fmt: skip
-
-
-ARMS_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (arms_bars,)
 BENCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
-    tier_latency, throughput_and_fill, device_timeline, qos, autoscaler, read_amplification,
-)  # fmt: skip
+    tier_latency,
+    throughput_and_fill,
+    device_timeline,
+    qos,
+    autoscaler,
+    read_amplification,
+)
 REPLAY_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (
-    ttft_cdf, ttft_by_turn, ttft_parts, tpot, hit_rates, sessions, working_set,
-)  # fmt: skip
-LAUNCH_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (storm_timeline,)
-
+    ttft_cdf,
+    ttft_by_turn,
+    ttft_parts,
+    tpot,
+    hit_rates,
+    sessions,
+    working_set,
+)
 __all__ = ["BENCH_PLOTS", "REPLAY_PLOTS", "Plot"]

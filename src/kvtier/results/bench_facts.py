@@ -152,7 +152,7 @@ class DeviceStats(Section):
 
 
 class IOTraceStats(Section):
-    """--io-trace-log: the trace file this run wrote instead of moving bytes (telemetry/iotrace.py)."""
+    """--io-trace-log: the trace file this run wrote instead of moving bytes (tracefile.py)."""
 
     path: str
     rows: int

@@ -419,12 +419,28 @@ class PlanViewsResult(Envelope):
 
 
 PlanResult = (
-    PlanBytesResult | PlanBreakevenResult | PlanGateResult | PlanCapacityResult | PlanFetchResult | PlanValueResult
-    | PlanRetentionResult | PlanRecommendResult | PlanViewsResult
-)  # fmt: skip
+    PlanBytesResult
+    | PlanBreakevenResult
+    | PlanGateResult
+    | PlanCapacityResult
+    | PlanFetchResult
+    | PlanValueResult
+    | PlanRetentionResult
+    | PlanRecommendResult
+    | PlanViewsResult
+)
 PLAN_RESULTS: dict[str, type[PlanResult]] = {
     str(m.model_fields["benchmark"].default): m
-    for m in (PlanBytesResult, PlanBreakevenResult, PlanGateResult, PlanCapacityResult, PlanFetchResult,
-              PlanValueResult, PlanRetentionResult, PlanRecommendResult, PlanViewsResult)
-}  # fmt: skip
+    for m in (
+        PlanBytesResult,
+        PlanBreakevenResult,
+        PlanGateResult,
+        PlanCapacityResult,
+        PlanFetchResult,
+        PlanValueResult,
+        PlanRetentionResult,
+        PlanRecommendResult,
+        PlanViewsResult,
+    )
+}
 """Each plan result's model by its ``benchmark`` (what ``results.load`` dispatches on)."""

@@ -64,8 +64,9 @@ def _record(path: Path, n: int, raw: dict[str, Any]) -> RequestRecord:
     """A parsed line validated: the TTFT decomposition by its one schema first (results/replay.py), then the types."""
     parts = (raw.get("prompt_sources"), raw.get("server_ttft_parts"), raw.get("server_ttft_s"))
     if any(p is not None for p in parts) and (problem := decomposition_problem(*parts)) is not None:
-        raise DatasetError(f"{path}:{n}: the TTFT decomposition (prompt_sources, server_ttft_parts, server_ttft_s): "
-                           f"{problem}")  # fmt: skip
+        raise DatasetError(
+            f"{path}:{n}: the TTFT decomposition (prompt_sources, server_ttft_parts, server_ttft_s): {problem}"
+        )
     try:
         return RequestRecord.model_validate(raw)
     except ValidationError as e:

@@ -77,11 +77,18 @@ def decomposition_problem(tokens: Any, seconds: Any, total: Any) -> str | None:
     """What is wrong with a TTFT decomposition's three fields, or None: at most MAX_SOURCES sources named like
     tiers, each a count up to 2^40; only the known parts, each a finite number of seconds in [0, 1e9); a finite,
     non-negative total. The one schema of the client that receives it and the tools that read it back."""
-    if not isinstance(tokens, dict) or len(tokens) > MAX_SOURCES or not all(
-        isinstance(k, str) and SOURCE_NAME.fullmatch(k) and isinstance(v, int) and not isinstance(v, bool)
-        and 0 <= v <= MAX_SOURCE_TOKENS
-        for k, v in tokens.items()
-    ):  # fmt: skip
+    if (
+        not isinstance(tokens, dict)
+        or len(tokens) > MAX_SOURCES
+        or not all(
+            isinstance(k, str)
+            and SOURCE_NAME.fullmatch(k)
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and 0 <= v <= MAX_SOURCE_TOKENS
+            for k, v in tokens.items()
+        )
+    ):
         return f"tokens is not at most {MAX_SOURCES} sources named like tiers, each a count up to 2^40"
     if not isinstance(seconds, dict) or not all(k in DECOMPOSITION_PARTS and _seconds(v) for k, v in seconds.items()):
         return (

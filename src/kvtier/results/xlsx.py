@@ -85,8 +85,10 @@ def reference_sheets(r: BenchResult) -> tuple[Rows, Rows, list[tuple[Any, ...]]]
     for part, label in (("", "Total"), ("device", "Device"), ("host", "Host")):
         for op in ("read", "write"):
             prefix = f"storage_{op}_{part}".rstrip("_")
-            metrics += [(f"Storage Tier {op.capitalize()} {label} {lab} (ms)", cs.percentile_ms(prefix, p))
-                        for p, lab in _PCT_LABELS]  # fmt: skip
+            metrics += [
+                (f"Storage Tier {op.capitalize()} {label} {lab} (ms)", cs.percentile_ms(prefix, p))
+                for p, lab in _PCT_LABELS
+            ]
     metrics += [
         ("Cache Hit Rate", cs.cache_hit_rate),
         ("Read/Write Ratio", cs.read_write_ratio),
@@ -108,11 +110,17 @@ def reference_sheets(r: BenchResult) -> tuple[Rows, Rows, list[tuple[Any, ...]]]
     throughput = c.performance_profile == "throughput"
     na = "N/A (throughput mode)"
     qos = [
-        (level, q.total_requests, q.latency_ms.p95, q.latency_ms.p99, na if throughput else q.sla.met,
-         na if throughput else q.sla.compliance)
+        (
+            level,
+            q.total_requests,
+            q.latency_ms.p95,
+            q.latency_ms.p99,
+            na if throughput else q.sla.met,
+            na if throughput else q.sla.compliance,
+        )
         for level, q in s.qos_metrics.items()
         if not q.no_data
-    ]  # fmt: skip
+    ]
     return params, metrics, qos
 
 
@@ -200,8 +208,16 @@ def write_xlsx(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     return p
 
 
-DEVICE_COLUMNS = ("read_bytes", "write_bytes", "read_ios", "write_ios", "read_await_ms", "write_await_ms",
-                  "utilization", "avg_queue_depth")  # fmt: skip
+DEVICE_COLUMNS = (
+    "read_bytes",
+    "write_bytes",
+    "read_ios",
+    "write_ios",
+    "read_await_ms",
+    "write_await_ms",
+    "utilization",
+    "avg_queue_depth",
+)
 
 
 def _device_timeline_sheet(wb: Any, timeline: list[dict[str, Any]], bold: Any) -> None:

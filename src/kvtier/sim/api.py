@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvtier.sim.decomposition import add_send
 from kvtier.sim.metrics import CONTENT_TYPE, exposition
 from kvtier.sim.requests import (
     BODY_TIMEOUT,
@@ -32,7 +33,7 @@ from kvtier.sim.requests import (
     parse_completion,
     read_json,
 )
-from kvtier.sim.server import SimEngine, add_send
+from kvtier.sim.server import SimEngine
 
 WORDS = (
     "the",

@@ -173,10 +173,16 @@ class VllmMetrics:
         self.cache_config = Gauge(
             "vllm:cache_config_info",
             "the modelled GPU's KV cache geometry, under vLLM's labels",
-            [*names, "block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_bytes_per_token",
-             "enable_prefix_caching"],
+            [
+                *names,
+                "block_size",
+                "num_gpu_blocks",
+                "kv_cache_size_tokens",
+                "kv_bytes_per_token",
+                "enable_prefix_caching",
+            ],
             registry=r,
-        )  # fmt: skip
+        )
         self.timing = Gauge(
             "kvtier_sim:timing_info",
             "where the latency model's figures come from: assumed (a preset) or measured (a ladder calibration)",

@@ -264,15 +264,24 @@ class _Measured:
         return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
 
 
-def offload_tiers(cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTierFlags | None = None,
-                  connections: int = 1) -> list[Backend]:  # fmt: skip
+def offload_tiers(
+    cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTierFlags | None = None, connections: int = 1
+) -> list[Backend]:
     """The offload tier's waterfall (the tier table's ``offload_plan``), built. A chunk is one page of the CPU
     tier: no waste."""
-    return open_tiers(offload_plan(
-        cfg.kind, page_bytes=cfg.chunk_tokens * kv_bytes_per_token, cpu_bytes=int(cfg.cpu_offload_gb * GiB),
-        staging_bytes=int(cfg.staging_gb * GiB), nvme_dir=cfg.nvme_dir, nvme_bytes=int(cfg.nvme_offload_gb * GiB),
-        direct_io=cfg.direct_io, remote=remote, connections=connections,
-    ))  # fmt: skip
+    return open_tiers(
+        offload_plan(
+            cfg.kind,
+            page_bytes=cfg.chunk_tokens * kv_bytes_per_token,
+            cpu_bytes=int(cfg.cpu_offload_gb * GiB),
+            staging_bytes=int(cfg.staging_gb * GiB),
+            nvme_dir=cfg.nvme_dir,
+            nvme_bytes=int(cfg.nvme_offload_gb * GiB),
+            direct_io=cfg.direct_io,
+            remote=remote,
+            connections=connections,
+        )
+    )
 
 
 class Offload(_Measured):

@@ -65,8 +65,9 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
     if cfg.calibration:
         both = [f"--{n.replace('_', '-')}" for n in TIMED_FIELDS if getattr(cfg, n) is not None]
         if both:
-            raise ConfigError(f"--calibration: {', '.join(both)} would override the measured figures; give one or "
-                              "the other")  # fmt: skip
+            raise ConfigError(
+                f"--calibration: {', '.join(both)} would override the measured figures; give one or the other"
+            )
         measured, timing = calibration_values(cfg.calibration)
         pr.update(measured)
     model = resolve_model(cfg.model or pr["model"], build_catalog())

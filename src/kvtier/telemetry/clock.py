@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -44,4 +45,25 @@ class ManualClock:
 
 MONOTONIC = MonotonicClock()
 
-__all__ = ["Clock", "MonotonicClock", "ManualClock", "MONOTONIC"]
+
+@dataclass(slots=True)
+class IOTiming:
+    """Time of one tier operation, integer nanoseconds (the engine measures it; the recorder keeps it).
+
+    device_ns: time inside the calls that move the bytes (write+fsync, pread, memory copy);
+    host_ns: everything else the operation did (open, header, bookkeeping, page-cache advice).
+    """
+
+    host_ns: int = 0
+    device_ns: int = 0
+
+    @property
+    def total_ns(self) -> int:
+        return self.host_ns + self.device_ns
+
+    def add(self, other: IOTiming) -> None:
+        self.host_ns += other.host_ns
+        self.device_ns += other.device_ns
+
+
+__all__ = ["Clock", "IOTiming", "MonotonicClock", "ManualClock", "MONOTONIC"]

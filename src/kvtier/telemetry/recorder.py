@@ -12,9 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvtier.engine.backend import IOTiming
 from kvtier.errors import TierUnavailable
-from kvtier.telemetry.clock import MONOTONIC, Clock
+from kvtier.telemetry.clock import MONOTONIC, Clock, IOTiming
 
 
 class OpSample(NamedTuple):

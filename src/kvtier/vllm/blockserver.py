@@ -132,8 +132,11 @@ class BlockServer:
             sock.unlink(missing_ok=True)
             raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
         self._http.daemon_threads = True
-        for target, name in ((self._accept_loop, "accept"), (self._action_loop, "actions"),
-                             (self._http.serve_forever, "http")):  # fmt: skip
+        for target, name in (
+            (self._accept_loop, "accept"),
+            (self._action_loop, "actions"),
+            (self._http.serve_forever, "http"),
+        ):
             t = threading.Thread(target=target, name=f"kvtier-blocks-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -230,9 +233,13 @@ class BlockServer:
                 for t in self.index.tiers:
                     self.metrics.capacity.labels(t.name).set(t.slots)
                     self.metrics.info.labels(t.name, t.source).set(1)
-                log.info("kvtier block server: %s (blocks of %d bytes per worker, %d tokens, world size %d)",
-                         ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers), g.block_bytes,
-                         g.block_tokens, g.world_size)  # fmt: skip
+                log.info(
+                    "kvtier block server: %s (blocks of %d bytes per worker, %d tokens, world size %d)",
+                    ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers),
+                    g.block_bytes,
+                    g.block_tokens,
+                    g.world_size,
+                )
             elif g != self.geometry:
                 raise ValueError(
                     f"hello: this server serves blocks of {self.geometry.block_bytes} bytes per worker, "
@@ -337,8 +344,14 @@ class BlockServer:
         for t, n in evicted.items():
             self.metrics.evicted.labels(t).inc(n)
         self.metrics.rejected.inc(rejected)
-        return {"store": plan.keys_to_store, "placed": [plan.placed[k] for k in plan.keys_to_store],
-                "evicted": gone, "demoted": demoted, "evicted_by": evicted, "rejected": rejected}  # fmt: skip
+        return {
+            "store": plan.keys_to_store,
+            "placed": [plan.placed[k] for k in plan.keys_to_store],
+            "evicted": gone,
+            "demoted": demoted,
+            "evicted_by": evicted,
+            "rejected": rejected,
+        }
 
     def _complete(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
         assert self.index is not None
@@ -376,9 +389,16 @@ class BlockServer:
             return {"usage": {n: [h, s] for n, (h, s) in self.index.usage().items()}}
 
     _CONTROL: dict[str, Callable[[BlockServer, Lease, list[str], dict[str, Any]], dict[str, Any]]] = {
-        "lookup": _lookup, "pin": _pin, "unpin": _unpin, "touch": _touch, "plan": _plan, "complete": _complete,
-        "forget": _forget, "reset": _reset, "usage": _usage,
-    }  # fmt: skip
+        "lookup": _lookup,
+        "pin": _pin,
+        "unpin": _unpin,
+        "touch": _touch,
+        "plan": _plan,
+        "complete": _complete,
+        "forget": _forget,
+        "reset": _reset,
+        "usage": _usage,
+    }
 
     def _settle(self, keys: list[str], lease: Lease | None) -> None:
         """Pending bookkeeping of ``keys`` is over (lock held)."""
@@ -559,8 +579,12 @@ def serve(settings: VllmOffloadSettings, socket_path: str, host: str, port: int,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        print(f"kvtier cache-server: {settings.offload} tier for vLLM replicas on {socket_path} "
-              f"(health/metrics http://{host}:{bound})", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"kvtier cache-server: {settings.offload} tier for vLLM replicas on {socket_path} "
+            f"(health/metrics http://{host}:{bound})",
+            file=sys.stderr,
+            flush=True,
+        )
         if port_file:
             from kvtier.results.io import write_text_atomic
 

@@ -140,7 +140,7 @@ class ServerIndex(Generic[K]):
 
     def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
         try:
-            (status, tier), = self._call({"op": "lookup", "keys": [self.key_of(key)]})["found"]  # fmt: skip
+            ((status, tier),) = self._call({"op": "lookup", "keys": [self.key_of(key)]})["found"]
         except ServerDown:
             return "miss"
         if tier is not None:
@@ -238,8 +238,9 @@ class ServerIndex(Generic[K]):
 class ServerBlockWorker(BlockWorker):
     """A worker whose tiers are the shared server's: puts and gets through one shared page per I/O thread."""
 
-    def __init__(self, path: str, layout: BlockLayout, key_of: Callable[[Any], str], hello: dict[str, Any],
-                 io_threads: int = 4) -> None:  # fmt: skip
+    def __init__(
+        self, path: str, layout: BlockLayout, key_of: Callable[[Any], str], hello: dict[str, Any], io_threads: int = 4
+    ) -> None:
         self.path = path
         self.hello = {"op": "hello", "role": "data", **hello}
         self._links: list[_Link] = []

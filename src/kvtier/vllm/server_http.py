@@ -17,31 +17,38 @@ class ServerMetrics:
         r = self.registry = CollectorRegistry()
         p = "kvtier_block_server_"
         tier = ["tier"]
-        self.clients = Gauge(p + "clients", "connections, by kind (control: a manager; data: a worker's I/O thread)",
-                             ["kind"], registry=r)  # fmt: skip
+        self.clients = Gauge(
+            p + "clients",
+            "connections, by kind (control: a manager; data: a worker's I/O thread)",
+            ["kind"],
+            registry=r,
+        )
         self.lookups = Counter(p + "lookups", "block lookups", registry=r)
-        self.lookup_hits = Counter(p + "lookup_hits", "block lookups that found the block (stored or being stored)",
-                                   registry=r)  # fmt: skip
+        self.lookup_hits = Counter(
+            p + "lookup_hits", "block lookups that found the block (stored or being stored)", registry=r
+        )
         self.placed = Counter(p + "stored_blocks", "blocks placed, by tier", tier, registry=r)
         self.demoted = Counter(p + "demoted_blocks", "blocks demoted, by the tier they left", tier, registry=r)
         self.evicted = Counter(p + "evicted_blocks", "blocks dropped to make room, by tier", tier, registry=r)
         self.rejected = Counter(p + "rejected_blocks", "blocks offered that no tier had room for", registry=r)
         self.loaded = Counter(p + "loaded_shards", "block shards read into a worker's page, by tier", tier, registry=r)
-        self.cross = Counter(p + "cross_replica_loads",
-                             "blocks loaded by an engine other than the one that stored them", registry=r)  # fmt: skip
+        self.cross = Counter(
+            p + "cross_replica_loads", "blocks loaded by an engine other than the one that stored them", registry=r
+        )
         self.load_bytes = Counter(p + "load_bytes", "bytes read from the tiers for loads", registry=r)
         self.load_seconds = Counter(p + "load_seconds", "seconds spent in tier reads for loads", registry=r)
         self.store_bytes = Counter(p + "store_bytes", "bytes written to the tiers for stores", registry=r)
         self.store_seconds = Counter(p + "store_seconds", "seconds spent in tier writes for stores", registry=r)
         self.failed_loads = Counter(p + "failed_loads", "shard reads that failed or found nothing", registry=r)
-        self.failed_stores = Counter(p + "failed_stores", "shard writes that failed (the block is dropped)",
-                                     registry=r)  # fmt: skip
-        self.abandoned = Counter(p + "abandoned_blocks", "pending blocks dropped because their writer disconnected",
-                                 registry=r)  # fmt: skip
+        self.failed_stores = Counter(p + "failed_stores", "shard writes that failed (the block is dropped)", registry=r)
+        self.abandoned = Counter(
+            p + "abandoned_blocks", "pending blocks dropped because their writer disconnected", registry=r
+        )
         self.held = Gauge(p + "tier_blocks", "blocks each tier holds (stored and being stored)", tier, registry=r)
         self.capacity = Gauge(p + "tier_capacity_blocks", "blocks each tier can hold", tier, registry=r)
-        self.info = Gauge(p + "info", "the tiers, fastest first, with vLLM's by-source label", ["tier", "source"],
-                          registry=r)  # fmt: skip
+        self.info = Gauge(
+            p + "info", "the tiers, fastest first, with vLLM's by-source label", ["tier", "source"], registry=r
+        )
 
 
 def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
@@ -50,9 +57,15 @@ def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
-                body = json.dumps({"status": "ok", "server": "kvtier cache-server", "serve": "vllm",
-                                   "socket": server.path, "geometry": None if server.geometry is None
-                                   else server.geometry.__dict__}).encode()  # fmt: skip
+                body = json.dumps(
+                    {
+                        "status": "ok",
+                        "server": "kvtier cache-server",
+                        "serve": "vllm",
+                        "socket": server.path,
+                        "geometry": None if server.geometry is None else server.geometry.__dict__,
+                    }
+                ).encode()
                 kind = "application/json"
             elif self.path == "/metrics":
                 server.refresh_gauges()

@@ -21,9 +21,17 @@ from kvtier.tiers import KINDS, TierSpec, offload_plan
 from kvtier.units import GiB
 
 VLLM_KEYS = frozenset(
-    {"spec_name", "spec_module_path", "blocks_per_chunk", "block_size", "offload_prompt_only",
-     "self_describing_kv_events", "canonical_layout", "kv_load_failure_policy"}
-)  # fmt: skip
+    {
+        "spec_name",
+        "spec_module_path",
+        "blocks_per_chunk",
+        "block_size",
+        "offload_prompt_only",
+        "self_describing_kv_events",
+        "canonical_layout",
+        "kv_load_failure_policy",
+    }
+)
 """Keys of kv_connector_extra_config that vLLM's offloading connector reads itself."""
 
 
@@ -34,20 +42,24 @@ class VllmOffloadSettings(OffloadTierConfig):
     offload: OffloadKind = flag(
         "cpu", "cpu (CPU RAM), or a CPU staging tier in front of nvme files (nvme_dir), redis (redis_url) or s3"
     )
-    io_threads: int = flag(4, "threads per worker moving blocks between the engine's KV cache and the tiers",
-                           ge=1, le=64)  # fmt: skip
+    io_threads: int = flag(
+        4, "threads per worker moving blocks between the engine's KV cache and the tiers", ge=1, le=64
+    )
     cache_server: str | None = flag(
-        None, "Unix socket of a shared kvtier cache-server --serve vllm: its tiers and index instead of this "
+        None,
+        "Unix socket of a shared kvtier cache-server --serve vllm: its tiers and index instead of this "
         "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _server_owns_the_tiers(self) -> VllmOffloadSettings:
         if self.cache_server is not None:
             own = sorted(self.model_fields_set - {"cache_server", "io_threads"})
             if own:
-                raise ValueError(f"{', '.join(own)}: set on the cache server (kvtier cache-server --serve vllm), "
-                                 "not here, when cache_server is given")  # fmt: skip
+                raise ValueError(
+                    f"{', '.join(own)}: set on the cache server (kvtier cache-server --serve vllm), "
+                    "not here, when cache_server is given"
+                )
         return self
 
     @classmethod
@@ -75,11 +87,16 @@ class VllmOffloadSettings(OffloadTierConfig):
         """One worker's tiers (its share of each capacity); a CPU page is one block."""
         share = max(1, world_size)
         return offload_plan(
-            self.offload, page_bytes=block_bytes, cpu_bytes=int(self.cpu_offload_gb * GiB) // share,
-            staging_bytes=int(self.staging_gb * GiB) // share, nvme_dir=self.nvme_dir,
-            nvme_bytes=int(self.nvme_offload_gb * GiB) // share, direct_io=self.direct_io, remote=self,
+            self.offload,
+            page_bytes=block_bytes,
+            cpu_bytes=int(self.cpu_offload_gb * GiB) // share,
+            staging_bytes=int(self.staging_gb * GiB) // share,
+            nvme_dir=self.nvme_dir,
+            nvme_bytes=int(self.nvme_offload_gb * GiB) // share,
+            direct_io=self.direct_io,
+            remote=self,
             connections=self.io_threads,
-        )  # fmt: skip
+        )
 
     def slots(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, int, str]]:
         """(tier, blocks it holds, by-source label) per tier, fastest first: the scheduler-side index's sizes,

@@ -131,16 +131,24 @@ def _scope(config: OffloadingConfig, rank: int) -> KeyScope:
     p = config.parallel
     layout = f"vllm:{config.kv_cache_layout or 'default'}:tp{p.tp_size}:pp{p.pp_size}:pcp{p.pcp_size}:dcp{p.dcp_size}"
     return KeyScope(
-        model_name=config.model.name, kv_dtype=str(config.model.dtype), attention_layout=layout,
-        world_size=max(1, p.world_size), kv_rank=rank, chunk_size=config.groups[0].tokens_per_block,
-    )  # fmt: skip
+        model_name=config.model.name,
+        kv_dtype=str(config.model.dtype),
+        attention_layout=layout,
+        world_size=max(1, p.world_size),
+        kv_rank=rank,
+        chunk_size=config.groups[0].tokens_per_block,
+    )
 
 
 def _hello(config: OffloadingConfig) -> dict[str, Any]:
     """What an engine tells a shared cache server about itself: its identity and block geometry."""
-    return {"engine": config.engine_id, "block_bytes": config.worker_kv_bytes_per_block,
-            "block_tokens": config.groups[0].tokens_per_block, "world_size": max(1, config.parallel.world_size),
-            "rank": config.parallel.rank}  # fmt: skip
+    return {
+        "engine": config.engine_id,
+        "block_bytes": config.worker_kv_bytes_per_block,
+        "block_tokens": config.groups[0].tokens_per_block,
+        "world_size": max(1, config.parallel.world_size),
+        "rank": config.parallel.rank,
+    }
 
 
 def _shared_key(config: OffloadingConfig) -> Any:
@@ -151,16 +159,21 @@ def _shared_key(config: OffloadingConfig) -> Any:
 
 
 class KvtierManager(OffloadingManager):
-    def __init__(self, settings: VllmOffloadSettings, block_bytes: int, world_size: int, block_tokens: int,
-                 index: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, settings: VllmOffloadSettings, block_bytes: int, world_size: int, block_tokens: int, index: Any = None
+    ) -> None:
         self.settings = settings
         self.block_tokens = block_tokens
         # the engine's own index (BlockIndex), or a shared cache server's (client.ServerIndex: the same calls)
         self.index: Any = index if index is not None else BlockIndex(settings.slots(block_bytes, world_size))
         self._hit_tokens: dict[str, int] = {}
         self._reported: dict[str, dict[str, int]] = {}
-        self._worker_counts: dict[str, dict[str, int]] = {M_LOADED_BLOCKS: {}, M_FAILED_LOADS: {},
-                                                          M_FAILED_STORES: {}, M_MOVES: {}}  # fmt: skip
+        self._worker_counts: dict[str, dict[str, int]] = {
+            M_LOADED_BLOCKS: {},
+            M_FAILED_LOADS: {},
+            M_FAILED_STORES: {},
+            M_MOVES: {},
+        }
         log.info(
             "kvtier offload tiers%s: %s (blocks of %d bytes per worker)",
             f" on cache server {settings.cache_server}" if settings.cache_server else "",
@@ -196,9 +209,10 @@ class KvtierManager(OffloadingManager):
         if plan is None:
             return None
         return PrepareStoreOutput(
-            keys_to_store=list(plan.keys_to_store), store_spec=KvtierLoadStoreSpec(list(plan.keys_to_store), plan),
+            keys_to_store=list(plan.keys_to_store),
+            store_spec=KvtierLoadStoreSpec(list(plan.keys_to_store), plan),
             evicted_keys=list(plan.evicted),
-        )  # fmt: skip
+        )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         self.index.complete_store(keys, success)
@@ -213,8 +227,12 @@ class KvtierManager(OffloadingManager):
         """The workers' counts of one step (``loaded:TIER``, ``failed_loads``, ...), for the next stats."""
         for name, n in counts.items():
             what, _, tier = name.partition(":")
-            metric = {"loaded": M_LOADED_BLOCKS, "failed_loads": M_FAILED_LOADS, "failed_stores": M_FAILED_STORES,
-                      "moves": M_MOVES}.get(what)  # fmt: skip
+            metric = {
+                "loaded": M_LOADED_BLOCKS,
+                "failed_loads": M_FAILED_LOADS,
+                "failed_stores": M_FAILED_STORES,
+                "moves": M_MOVES,
+            }.get(what)
             if metric is not None:
                 d = self._worker_counts[metric]
                 d[tier] = d.get(tier, 0) + n
@@ -222,10 +240,15 @@ class KvtierManager(OffloadingManager):
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
         c = self.index.counters
-        for name, now in ((M_HIT_TOKENS, self._hit_tokens), (M_STORED_BLOCKS, c.placed),
-                          (M_DEMOTED_BLOCKS, c.demoted), (M_EVICTED_BLOCKS, c.evicted),
-                          (M_REJECTED_BLOCKS, {"": c.rejected}), *self._worker_counts.items(),
-                          (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)})):  # fmt: skip
+        for name, now in (
+            (M_HIT_TOKENS, self._hit_tokens),
+            (M_STORED_BLOCKS, c.placed),
+            (M_DEMOTED_BLOCKS, c.demoted),
+            (M_EVICTED_BLOCKS, c.evicted),
+            (M_REJECTED_BLOCKS, {"": c.rejected}),
+            *self._worker_counts.items(),
+            (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
+        ):
             before = self._reported.setdefault(name, {})
             for tier, n in now.items():
                 if n != before.get(tier, 0):
@@ -243,18 +266,30 @@ class KvtierWorker(OffloadingWorker):
         layout = BlockLayout.from_canonical(kv_caches)
         cfg = spec.config
         if layout.nbytes != cfg.worker_kv_bytes_per_block:
-            log.warning("kvtier: a block is %d bytes in the KV tensors, vLLM says %d per worker",
-                        layout.nbytes, cfg.worker_kv_bytes_per_block)  # fmt: skip
+            log.warning(
+                "kvtier: a block is %d bytes in the KV tensors, vLLM says %d per worker",
+                layout.nbytes,
+                cfg.worker_kv_bytes_per_block,
+            )
         if spec.settings.cache_server:
-            self.io: BlockWorker = ServerBlockWorker(spec.settings.cache_server, layout, _shared_key(cfg),
-                                                     {**_hello(cfg), "block_bytes": layout.nbytes},
-                                                     spec.settings.io_threads)  # fmt: skip
+            self.io: BlockWorker = ServerBlockWorker(
+                spec.settings.cache_server,
+                layout,
+                _shared_key(cfg),
+                {**_hello(cfg), "block_bytes": layout.nbytes},
+                spec.settings.io_threads,
+            )
         else:
             scope = _scope(cfg, cfg.parallel.rank)
             tiers = open_tiers(spec.settings.plan(layout.nbytes, cfg.parallel.world_size))
             self.io = BlockWorker(tiers, layout, lambda k: scope.key(bytes(k)), spec.settings.io_threads)
-        log.info("kvtier offload worker rank %d: tiers %s, %d-byte blocks, %d I/O threads",
-                 cfg.parallel.rank, ", ".join(self.io.tier_names), layout.nbytes, spec.settings.io_threads)  # fmt: skip
+        log.info(
+            "kvtier offload worker rank %d: tiers %s, %d-byte blocks, %d I/O threads",
+            cfg.parallel.rank,
+            ", ".join(self.io.tier_names),
+            layout.nbytes,
+            spec.settings.io_threads,
+        )
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         assert isinstance(dst_spec, KvtierLoadStoreSpec) and dst_spec.plan is not None
@@ -283,7 +318,7 @@ class KvtierOffloadingSpec(OffloadingSpec):
         return {
             M_HIT_TOKENS: OffloadingCounterMetadata(
                 "Prompt tokens loaded from kvtier's offload tiers, by tier (the scheduler's planned tier)", tier
-            ),  # fmt: skip
+            ),
             M_STORED_BLOCKS: OffloadingCounterMetadata("Blocks placed in kvtier's offload tiers, by tier", tier),
             M_DEMOTED_BLOCKS: OffloadingCounterMetadata("Blocks demoted to the next tier, by the tier they left", tier),
             M_EVICTED_BLOCKS: OffloadingCounterMetadata("Blocks dropped from the bottom tier", tier),
@@ -293,18 +328,18 @@ class KvtierOffloadingSpec(OffloadingSpec):
             M_INFO: OffloadingGaugeMetadata(
                 "kvtier's offload tiers, fastest first, and the source label vLLM's by-source counters give their hits",
                 ("tier", "source"),
-            ),  # fmt: skip
+            ),
             M_LOADED_BLOCKS: OffloadingCounterMetadata(
                 "Block shards the workers loaded, by the tier that served them", tier
-            ),  # fmt: skip
+            ),
             M_FAILED_LOADS: OffloadingCounterMetadata(
                 "Block shards whose load failed: reported to vLLM as failed blocks (recomputed), never as data"
-            ),  # fmt: skip
+            ),
             M_FAILED_STORES: OffloadingCounterMetadata("Block shards whose store failed (a later load of them fails)"),
             M_MOVES: OffloadingCounterMetadata("Demotions the workers carried out"),
             M_SERVER_ERRORS: OffloadingCounterMetadata(
                 "Scheduler calls a shared kvtier cache-server did not answer (taken as misses, stores not offered)"
-            ),  # fmt: skip
+            ),
         }
 
     def __init__(self, config: OffloadingConfig) -> None:
@@ -319,8 +354,13 @@ class KvtierOffloadingSpec(OffloadingSpec):
             index = None
             if self.settings.cache_server:
                 index = ServerIndex(self.settings.cache_server, _shared_key(c), _hello(c))
-            self._manager = KvtierManager(self.settings, c.worker_kv_bytes_per_block, max(1, c.parallel.world_size),
-                                          c.groups[0].tokens_per_block, index)  # fmt: skip
+            self._manager = KvtierManager(
+                self.settings,
+                c.worker_kv_bytes_per_block,
+                max(1, c.parallel.world_size),
+                c.groups[0].tokens_per_block,
+                index,
+            )
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -351,8 +391,9 @@ class KvtierOffloadingConnector(OffloadingConnector):
         if not counts and not lost:
             return meta
         base = meta if meta is not None else OffloadingWorkerMetadata()
-        return KvtierWorkerMetadata(completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats,
-                                    counts=counts, lost_keys=lost)  # fmt: skip
+        return KvtierWorkerMetadata(
+            completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats, counts=counts, lost_keys=lost
+        )
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta

@@ -20,21 +20,35 @@ class Format:
 
 
 FORMATS = {
-    "mooncake": Format("mooncake", "a Mooncake trace (arrival times and prefix-block hash_ids)",
-                       "kvtier bench --trace-path and kvtier plan retention --trace read it"),
-    "azure": Format("azure", "an Azure LLM inference trace (CSV with ContextTokens)",
-                    "kvtier bench --trace-path reads it"),
-    "burstgpt": Format("burstgpt", "a BurstGPT trace (CSV with Request tokens)",
-                       "kvtier bench --trace-path (or --use-burst-trace) reads it"),
-    "sharegpt": Format("sharegpt", "a ShareGPT dataset (a JSON list of conversations)",
-                       "kvtier replay --dataset and kvtier bench --dataset-path read it"),
+    "mooncake": Format(
+        "mooncake",
+        "a Mooncake trace (arrival times and prefix-block hash_ids)",
+        "kvtier bench --trace-path and kvtier plan retention --trace read it",
+    ),
+    "azure": Format(
+        "azure", "an Azure LLM inference trace (CSV with ContextTokens)", "kvtier bench --trace-path reads it"
+    ),
+    "burstgpt": Format(
+        "burstgpt",
+        "a BurstGPT trace (CSV with Request tokens)",
+        "kvtier bench --trace-path (or --use-burst-trace) reads it",
+    ),
+    "sharegpt": Format(
+        "sharegpt",
+        "a ShareGPT dataset (a JSON list of conversations)",
+        "kvtier replay --dataset and kvtier bench --dataset-path read it",
+    ),
     "tau2": Format("tau2", "a tau2-bench results file (simulations)", "kvtier replay --dataset reads it"),
     "sessions": Format("sessions", "kvtier's own session JSONL (turns)", "kvtier replay --dataset reads it"),
-    "agentic-traces": Format("agentic-traces", "an agentic traces file (JSONL of input and output_length)",
-                             "kvtier replay --dataset reads it"),
-    "agent-trace": Format("agent-trace", "an LMCache agent trace (JSONL of input and timestamp)",
-                          "kvtier replay --dataset reads it"),
-}  # fmt: skip
+    "agentic-traces": Format(
+        "agentic-traces",
+        "an agentic traces file (JSONL of input and output_length)",
+        "kvtier replay --dataset reads it",
+    ),
+    "agent-trace": Format(
+        "agent-trace", "an LMCache agent trace (JSONL of input and timestamp)", "kvtier replay --dataset reads it"
+    ),
+}
 
 FIRST_LINE_BYTES = 16 * 1024 * 1024
 """The most of a file's first line read to tell its format (an agent trace's first record can be megabytes)."""

@@ -13,10 +13,10 @@ from kvtier.bench.runner import RunOutcome
 from kvtier.bench.service import CUT
 from kvtier.bench.setup import build_components, derive
 from kvtier.config.bench import BenchConfig
-from kvtier.engine.backend import IOTiming
 from kvtier.results import load
 from kvtier.results.envelope import Status, StopCode, StopReason
 from kvtier.results.io import write_json
+from kvtier.telemetry.clock import IOTiming
 from kvtier.telemetry.recorder import Recorder, RequestRecord
 
 MS = 1_000_000

@@ -7,7 +7,7 @@ import pytest
 from kvtier.plan.views import _by_turn, _predict, bandwidth_fetch, ladder_prefill, preset_prefill, write_storage_trace
 from kvtier.results.ladder import DecodeModel, PrefillModel, Timing
 from kvtier.results.records import RequestRecord
-from kvtier.telemetry.iotrace import read_trace
+from kvtier.tracefile import read_trace
 
 
 def row(t: float, session: str, turn: int, gpu: int, cpu: int, recomputed: int, ttft: float = 0.1, **more):

@@ -35,6 +35,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from kvtier.config.iotrace import MAX_TRACE_ROWS
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.results.io import open_fresh
 from kvtier.tiers import TIER_LABELS  # the reference's Tier-<n> labels, by tier kind
@@ -263,12 +264,6 @@ def _checked(text: str, column: str, kind: type) -> Any:
         return kind(text)
     except (ValueError, OverflowError):
         raise ValueError(f"{column} {text[:40]!r} is not {'an integer' if kind is int else 'a number'}") from None
-
-
-MAX_TRACE_ROWS = 50_000_000
-"""Rows read at most by default (``--max-rows``): reading peaks at about 63 bytes a row (34 in the columns, the
-rest while sorting by time; benchmarks/hostile_inputs.py), plus each distinct key once, so about 3 GB at 50 M
-rows; a longer trace is refused at the first row past it, naming the flag."""
 
 
 def read_trace(path: str, max_bad_rows: int = 0, max_rows: int = MAX_TRACE_ROWS) -> IOTrace:
