@@ -138,17 +138,21 @@ def main() -> None:
     cli = root / "cli"
     add_argument = {f.name: f.read_text().count(".add_argument(") for f in sorted(cli.glob("*.py"))}
     print("add_argument calls in cli/: " + ", ".join(f"{k} {v}" for k, v in add_argument.items() if v))
-    plan_rows = (cli / "plan.py").read_text().count("    Sub(")
-    plan_envelopes = len(
-        re.findall(r"^class Plan\w+Result\(Envelope\)", (root / "results" / "plan.py").read_text(), re.M)
+    plan_cli = "".join(f.read_text() for f in sorted(cli.glob("plan*.py")))
+    # the answering subcommands: the table's rows, or (an older checkout) its parsers but sweep's
+    plan_rows = plan_cli.count("    Sub(") or max(0, len(re.findall(r"\.add_parser\(\s*\"(?!plan\b)", plan_cli)) - 1)
+    results_plan = root / "results" / "plan.py"
+    envelopes = (
+        re.findall(r"^class Plan\w+Result\(Envelope\)", results_plan.read_text(), re.M) if results_plan.exists() else []
     )
+    plan_envelopes = len(envelopes)
     fmt_skip = sum(f.read_text().count("fmt: skip") for f in root.rglob("*.py"))
     print(f"plan answers: {plan_rows}, with a result envelope: {plan_envelopes}; '# fmt: skip' in src: {fmt_skip}")
     print(
         f"architecture modules_over_600={len(over)} longest_function={funcs[0][0]} "
         f"package_cycles={len(cyc_all)} file_cycles={len(file_cycles)} report_importers={len(others)} "
         f"result_key_subscripts={subscripts} cli_add_argument={sum(add_argument.values())} "
-        f"plan_add_argument={add_argument.get('plan.py', 0)} "
+        f"plan_add_argument={sum(v for k, v in add_argument.items() if k.startswith('plan'))} "
         f"plan_answers_without_envelope={max(0, plan_rows - plan_envelopes)} fmt_skip={fmt_skip}"
     )
 
