@@ -152,7 +152,16 @@ def test_a_prompt_replica_a_computed_is_served_on_replica_b_from_the_shared_file
         assert text == answers[words[0]]  # B, which never saw the prompt, answers with the KV A computed
         # B's own counters: over the connector, from the tier the server said, not from B's own cache
         assert delta(before_b, after_b, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == cached
-        assert delta(before_b, after_b, "vllm:prompt_tokens_cached_by_source_total", source=source) == cached
+        # what the server says it read, by tier, beside B's labels: a failure names which of the two moved
+        seen = {
+            t: delta(before_srv, after_srv, "kvtier_block_server_loaded_shards_total", tier=t)
+            for t in ("cpu", "storage")
+        }
+        labels = {
+            s: delta(before_b, after_b, "vllm:prompt_tokens_cached_by_source_total", source=s) for s in ("host", "disk")
+        }
+        held = {t: after_srv.get("kvtier_block_server_tier_blocks", tier=t) for t in ("cpu", "storage")}
+        assert labels[source] == cached, f"{source}: B labelled {labels}, the server read {seen} blocks, holds {held}"
         assert delta(before_b, after_b, "vllm:prefix_cache_hits_total") == 0
         tier = "storage" if source == "disk" else "cpu"
         assert delta(before_b, after_b, "kvtier:offload_loaded_blocks_total", tier=tier) == cached // BLOCK
