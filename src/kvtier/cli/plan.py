@@ -424,8 +424,7 @@ def run_answer(args: argparse.Namespace) -> int:
     r = answer(cfg)  # type: ignore[arg-type]
     shown = sub.show(cfg, r)
     plot = getattr(cfg, "plot", None)
-    if plot:
-        _plot(plot, r)
+    plotted = _plot(plot, r) if plot else False
     if cfg.output:
         from kvtier.results.io import write_json
 
@@ -438,7 +437,8 @@ def run_answer(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     c = Console(width=None if sys.stdout.isatty() else 160)  # no terminal: do not squeeze tables to 80
-    for line in shown.lines + ([f"plot: {plot}"] if plot else []) + ([f"result: {cfg.output}"] if cfg.output else []):
+    drew = [f"plot: {plot}" if plotted else f"plot: nothing to draw, {plot} not written"] if plot else []
+    for line in shown.lines + drew + ([f"result: {cfg.output}"] if cfg.output else []):
         c.print(Text(line), highlight=False)  # model names come from files: never markup
     if shown.table is not None:
         c.print(shown.table)
@@ -457,7 +457,8 @@ def _spec_note(cfg: Any) -> str | None:
     return f"kvtier plan: warning: --model {m}: {SPEC_GEOMETRY[m]}" if m in SPEC_GEOMETRY else None
 
 
-def _plot(path: str, r: Any) -> None:
+def _plot(path: str, r: Any) -> bool:
+    """Draw the answer's figure to ``path``; False when it has nothing to draw (a sweep with no measured point)."""
     from kvtier.report.plan import breakeven_png, recommend_png, retention_png
     from kvtier.results.io import write_bytes_atomic
 
@@ -468,8 +469,10 @@ def _plot(path: str, r: Any) -> None:
         png = retention_png(r)
     elif isinstance(r, Recommendation):
         png = recommend_png([("", r)])
-    if png is not None:
-        write_bytes_atomic(path, png, "--plot")
+    if png is None:
+        return False
+    write_bytes_atomic(path, png, "--plot")
+    return True
 
 
 def run_sweep_cmd(args: argparse.Namespace) -> int:
