@@ -98,7 +98,7 @@ def test_a_crafted_requests_line_costs_linear_time(tmp_path):
     p.write_text(good + evil)
     # read left to right, then refused by its line: not a record (the time: benchmarks/hostile_inputs.py; the old
     # regex took over 30 s)
-    with pytest.raises(DatasetError, match=r":2: status: Input should be 'ok', 'error' or 'cut'"):
+    with pytest.raises(DatasetError, match=r":2: status: Input should be 'ok', 'error', 'timeout' or 'cut'"):
         ReplayRecords.read(p)
     p.write_text(good)
     r = ReplayRecords.read(p)
@@ -147,3 +147,25 @@ def test_where_ttft_went_is_said_from_the_decomposition():
     assert "later turns (2 requests): prompt tokens 80% cpu, 20% recomputed; TTFT 10.0 ms" in said
     assert "fetch 4.0, recompute 2.0" in said and "within 5 % in 100% of requests" in said
     assert ttft_sentence(SimpleNamespace(ttft_decomposition=None)) is None
+
+
+def test_every_record_the_client_writes_reads_back_validated(tmp_path: Path):
+    """#43 item 4: the one reader refuses what is not a record, so it must accept all the client writes: every key of
+    ``ReplayRecord`` (the optional ones too) and every status the client sets (results/records.py's model)."""
+    from kvtier.results.records import RequestRecord, read_records
+    from kvtier.results.replay import ReplayRecord
+
+    assert set(ReplayRecord.__annotations__) == set(RequestRecord.model_fields)
+    lines = []
+    for status in ("ok", "error", "timeout", "cut"):
+        r = _record(1, status, 0.2, 0.5, 4, 100.0, rank=1, first_event_s=0.19, sim_timing="measured",
+                    transit_s={"to_server": 0.001}, decomposition_dropped=None,
+                    prompt_sources={"gpu": 6, "recomputed": 4}, server_ttft_parts={"queue": 0.01},
+                    server_ttft_s=0.01)  # fmt: skip
+        lines.append(json.dumps(r))
+    p = tmp_path / "requests.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    got = read_records(p)
+    assert [r.status for _, r in got] == ["ok", "error", "timeout", "cut"] and got[0][1].rank == 1
+    cols = ReplayRecords.read(p)
+    assert cols is not None and cols.ok.tolist() == [True, False, False, False]

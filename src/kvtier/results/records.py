@@ -29,7 +29,7 @@ class RequestRecord(BaseModel):
     """One line of requests.jsonl (docs/metrics.md "requests.jsonl"), read back."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    status: Literal["ok", "error", "cut"]
+    status: Literal["ok", "error", "timeout", "cut"]
     user: str = ""
     session: str = ""
     turn: int = Field(0, ge=0, le=MAX_TURN)
