@@ -52,13 +52,20 @@ class Shared:
             return parse_snapshot(r.read().decode())
 
     def wait_stored(self, blocks: int, timeout_s: float = 60.0) -> None:
-        """Until the server has taken ``blocks`` blocks in all (the engines store after they compute)."""
+        """Until the server has placed ``blocks`` blocks in all (the engines store after they compute) and none is
+        still pending (placed, its store not yet reported complete: a lookup of one answers pending, and vLLM
+        then defers the request and labels part of its hit external_unspecified)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if (self.server_metrics().get("kvtier_block_server_stored_blocks_total") or 0) >= blocks:
+            m = self.server_metrics()
+            placed, pending = (
+                m.get("kvtier_block_server_stored_blocks_total") or 0,
+                m.get("kvtier_block_server_pending_blocks"),
+            )
+            if placed >= blocks and pending == 0:
                 return
             time.sleep(0.1)
-        raise AssertionError(f"the server did not take {blocks} blocks within {timeout_s} s")
+        raise AssertionError(f"the server did not take {blocks} blocks (and complete them) within {timeout_s} s")
 
     def restart_server(self) -> None:
         self.server = subprocess.Popen(self.server_argv, stderr=open(self.dir / "server.log", "ab"))

@@ -551,9 +551,10 @@ class BlockServer:
         if self.index is None:
             return
         with self._lock:
-            usage = self.index.usage()
+            usage, pending = self.index.usage(), self.index.pending
         for name, (held, _) in usage.items():
             self.metrics.held.labels(name).set(held)
+        self.metrics.pending.set(pending)
 
 
 def shard_key(key: str, rank: int) -> str:

@@ -90,6 +90,11 @@ class BlockIndex(Generic[K]):
         """tier -> (blocks held, slots)."""
         return {t.name: (t.held, t.slots) for t in self.tiers}
 
+    @property
+    def pending(self) -> int:
+        """Blocks a plan placed whose store has not completed (a lookup of one answers ``pending``)."""
+        return len(self._pending)
+
     def touch(self, keys: Iterable[K]) -> None:
         for k in keys:
             i = self._where.get(k)

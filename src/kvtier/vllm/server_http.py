@@ -45,6 +45,11 @@ class ServerMetrics:
             p + "abandoned_blocks", "pending blocks dropped because their writer disconnected", registry=r
         )
         self.held = Gauge(p + "tier_blocks", "blocks each tier holds (stored and being stored)", tier, registry=r)
+        self.pending = Gauge(
+            p + "pending_blocks",
+            "blocks placed whose store the engine has not reported complete (a lookup of one answers pending)",
+            registry=r,
+        )
         self.capacity = Gauge(p + "tier_capacity_blocks", "blocks each tier can hold", tier, registry=r)
         self.info = Gauge(
             p + "info", "the tiers, fastest first, with vLLM's by-source label", ["tier", "source"], registry=r
