@@ -90,8 +90,9 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
         srv.stop()
         # the worker's file tier kept the run-folder rules: one folder, its lock released with the engine, so it is
         # stale and removable (kvtier launch does this after its teardown: remove_replica_runs)
-        from kvtier.engine.runs import find_stale_runs, remove_stale_run
+        from kvtier.engine.runs import find_stale_runs, remove_stale_run, wait_runs_released
 
+        assert wait_runs_released(nvme, timeout_s=60) == 0  # a killed worker releases its lock when it is gone
         runs = find_stale_runs(nvme)
         assert len(runs) == 1 and all(not remove_stale_run(r.path) for r in runs)
         assert not any(nvme.iterdir())

@@ -194,6 +194,23 @@ def find_stale_runs(base: str | os.PathLike[str]) -> list[StaleRun]:
     return out
 
 
+def wait_runs_released(base: str | os.PathLike[str], timeout_s: float = 15.0) -> int:
+    """Wait (bounded) until every run folder in ``base`` is stale: a process stopped with SIGKILL holds its folder's
+    lock until the kernel has finished it, which on a busy host can be after its parent saw it go. Returns how many
+    were still held at the deadline (0: all released)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            held = sum(1 for e in os.scandir(base) if e.name.startswith(RUN_DIR_PREFIX)) - len(find_stale_runs(base))
+        except OSError:
+            return 0
+        if held <= 0 or time.monotonic() >= deadline:
+            return max(0, held)
+        time.sleep(0.1)
+
+
 def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
     """Remove a stale run folder's own files and, if then empty, the folder. The folder is opened once (never
     through a symlink), its marker is proven and locked through that descriptor, and every unlink goes through
@@ -238,6 +255,7 @@ def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
 
 
 __all__ = [
+    "wait_runs_released",
     "RUN_DIR_PREFIX",
     "MARKER",
     "DIR_FLAGS",

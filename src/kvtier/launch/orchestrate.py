@@ -467,8 +467,11 @@ def remove_replica_runs(nvme_dir: Path, rec: LaunchRecord) -> None:
     """The file tiers kvtier's spec opened inside the replicas (one run folder per vLLM worker): a worker stopped
     by its engine's shutdown has no chance to remove its files, so once every replica is gone their run folders
     are stale (their locks free) and are removed here, through the run-folder rules (engine/runs.py)."""
-    from kvtier.engine.runs import find_stale_runs, remove_stale_run
+    from kvtier.engine.runs import find_stale_runs, remove_stale_run, wait_runs_released
 
+    held = wait_runs_released(nvme_dir)  # a killed worker's lock goes with its last exit, not its parent's
+    if held:
+        rec.event(f"{held} run folder(s) under {nvme_dir} still locked after the replicas stopped: left in place")
     for run in find_stale_runs(nvme_dir):
         problems = remove_stale_run(run.path)
         rec.event(

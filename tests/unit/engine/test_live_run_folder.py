@@ -152,3 +152,21 @@ def test_a_bench_run_in_such_a_folder_carries_the_coded_warning(tmp_path: Path, 
     (w,) = [w for w in r["warnings"] if w["code"] == "cache-dir-exposed"]
     assert w["path"] == str(open_cache)  # (a 0.5 s run may complete nothing on a loaded host: the status is not
     # the point here, and failed once when another bench shared the machine)
+
+
+def test_a_run_folder_is_waited_for_until_its_holder_lets_go(tmp_path: Path):
+    """A worker stopped by SIGKILL holds its run folder's lock until it is gone, which on a busy host is after its
+    parent saw it go: ``wait_runs_released`` waits (bounded) for the lock, and says how many are still held."""
+    import os
+    import threading
+
+    from kvtier.engine.runs import create_marker, find_stale_runs, make_run_dir, wait_runs_released
+
+    base_fd, run_fd = make_run_dir(tmp_path, "kvtier-run-held")
+    lock = create_marker(run_fd)
+    assert wait_runs_released(tmp_path, timeout_s=0.3) == 1 and find_stale_runs(tmp_path) == []
+    t = threading.Timer(0.3, lambda: [os.close(fd) for fd in (lock, run_fd, base_fd)])
+    t.start()
+    assert wait_runs_released(tmp_path, timeout_s=10) == 0
+    t.join()
+    assert len(find_stale_runs(tmp_path)) == 1
