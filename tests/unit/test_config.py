@@ -149,3 +149,19 @@ def test_launch_owns_the_replay_urls_and_output():
     with pytest.raises(ConfigError, match="--base-url is set by kvtier launch"):
         build = {"tier": "cpu", "engine": "sim", "output": "o", "replay": {"model": "m", "base_url": "http://x"}}
         validate_config(LaunchConfig, build)
+
+
+def test_a_positional_field_is_a_bare_argument_both_ways():
+    """kvtier report's RESULT... is a field of its config (positional=True): parsed as bare arguments, and
+    config_argv puts its values after the options."""
+    import argparse
+
+    from kvtier.cli.args import add_config_arguments, config_from_args
+    from kvtier.config.base import config_argv
+    from kvtier.config.report import ReportConfig
+
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, ReportConfig)
+    cfg = config_from_args(p.parse_args(["a.json", "b", "--html", "r.html"]), ReportConfig)
+    assert cfg.results == ["a.json", "b"] and cfg.html == "r.html"
+    assert config_argv(cfg) == ["--html", "r.html", "a.json", "b"]

@@ -42,8 +42,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
         if name in skip or extra.get("cli") is False:
             continue
         tp = _unwrap_optional(info.annotation)
-        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
         help_text = (info.description or "").replace("%", "%%")  # argparse formats help with %
+        if extra.get("positional"):  # a bare argument (kvtier report RESULT...): a list takes one or more
+            many = get_origin(tp) is list
+            meta = extra.get("metavar", name.upper())
+            parser.add_argument(name, nargs="+" if many else None, metavar=meta, help=help_text)
+            continue
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
         if tp is bool:
             kw["action"] = "store_true"
         elif get_origin(tp) is Literal:

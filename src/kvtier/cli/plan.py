@@ -41,7 +41,7 @@ from kvtier.results.plan import (
     ValueReport,
     ViewsReport,
 )
-from kvtier.units import fmt_bandwidth, fmt_seconds
+from kvtier.units import GiB, fmt_bandwidth, fmt_seconds
 
 
 @dataclass
@@ -167,8 +167,8 @@ def show_capacity(cfg: CapacityConfig, r: CapacityReport) -> Shown:
     ]
     if r.tokens is not None:
         lines.append(
-            f"{r.tokens.tokens:,} tokens: {r.tokens.kv_bytes / 2**30:,.2f} GiB of KV, "
-            f"{r.tokens.with_headroom_bytes / 2**30:,.2f} GiB with {cfg.headroom:.0%} eviction headroom"
+            f"{r.tokens.tokens:,} tokens: {r.tokens.kv_bytes / GiB:,.2f} GiB of KV, "
+            f"{r.tokens.with_headroom_bytes / GiB:,.2f} GiB with {cfg.headroom:.0%} eviction headroom"
         )
     for name, tier in r.tiers.items():
         lines.append(

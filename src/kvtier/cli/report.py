@@ -17,7 +17,6 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
         description="kvtier report RESULT... --html out.html: bench results, replay folders or summary.json, MPI "
         "aggregates, MLPerf run summaries and launch.json files, side by side; plots need matplotlib (the plot extra)",
     )
-    p.add_argument("results", nargs="+", help=ReportConfig.model_fields["results"].description)
     add_config_arguments(p, ReportConfig)
     p.set_defaults(func=run_report)
     c = sub.add_parser(
@@ -27,7 +26,6 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
         description="kvtier compare A B ...: each argument one condition, or its trials joined by commas "
         "(a1.json,a2.json): the median over trials and its noise (coefficient of variation) beside each ratio",
     )
-    c.add_argument("conditions", nargs="+", help=CompareConfig.model_fields["conditions"].description)
     add_config_arguments(c, CompareConfig)
     c.set_defaults(func=run_compare)
 

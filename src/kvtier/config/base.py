@@ -30,13 +30,15 @@ def flag(
     group: str | None = None,
     cli: bool = True,
     metavar: str | None = None,
+    positional: bool = False,
     **constraints: Any,
 ) -> Any:
     """A config field that is also a command-line flag.
 
     ``help`` becomes the field's description and the flag's ``--help`` line; ``aliases`` are
     extra flag spellings (e.g. ``--num_users``); ``group`` names the help section; ``cli=False``
-    keeps a field out of the parser (set by code or YAML only). ``constraints`` go to pydantic
+    keeps a field out of the parser (set by code or YAML only); ``positional=True`` makes it a bare argument
+    (a list: one or more). ``constraints`` go to pydantic
     (``ge``, ``gt``, ``le``, ``min_length``, ``default_factory``...)."""
     extra: dict[str, Any] = {"cli": cli}
     if aliases:
@@ -45,6 +47,8 @@ def flag(
         extra["group"] = group
     if metavar:
         extra["metavar"] = metavar
+    if positional:
+        extra["positional"] = True
     return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
@@ -159,9 +163,13 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def config_argv(config: BaseModel) -> list[str]:
     """The command-line arguments that re-create ``config`` (fields that differ from their default)."""
     out: list[str] = []
+    tail: list[str] = []  # positional fields' values, after the options
     for name, value in config.model_dump(mode="json", exclude_defaults=True).items():
         info = type(config).model_fields[name]
         if field_extra(info).get("cli") is False:
+            continue
+        if field_extra(info).get("positional"):
+            tail += [str(v) for v in value] if isinstance(value, list) else [str(value)]
             continue
         opt = flag_name(name)
         if isinstance(value, bool):
@@ -172,7 +180,7 @@ def config_argv(config: BaseModel) -> list[str]:
                 out += [opt, str(v)]
         elif value is not None:
             out += [opt, str(value)]
-    return out
+    return out + tail
 
 
 __all__ = [

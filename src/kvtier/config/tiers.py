@@ -11,7 +11,7 @@ from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag
 from kvtier.engine.backend import MAX_TTL_S
-from kvtier.tiers import OFFLOAD_KINDS, TIER_KINDS
+from kvtier.tiers import KINDS, OFFLOAD_KINDS, TIER_KINDS
 from kvtier.units import GiB
 
 REMOTE = "remote tiers"
@@ -84,8 +84,6 @@ class RemoteTierFlags(StrictModel):
 
     def remote_capacity_bytes(self, kind: str) -> int:
         """The capacity of the remote tier ``kind``, bytes (its field is the tier table's ``capacity_field``)."""
-        from kvtier.tiers import KINDS
-
         return int(getattr(self, KINDS[kind].capacity_field) * GiB)
 
     @field_validator("redis_url")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.config.base import config_argv
 from kvtier.costs import min_context_for_fetch
 from kvtier.report.figures import HIGHER, LOWER, Figure, Loaded
 from kvtier.report.plots import Plot, _label, _plt, _png
@@ -244,8 +245,7 @@ def plan_figures(r: Any) -> list[Figure]:
 
 def plan_status_rows(r: Any) -> list[tuple[str, Any]]:
     """The question asked (the flags given, as the command line spells them) and the answer in a line."""
-    given = r.config.model_dump(mode="json", exclude_defaults=True)
-    flags = " ".join(f"--{k.rstrip('_').replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in given.items())
+    flags = " ".join(config_argv(r.config))
     rows: list[tuple[str, Any]] = [("asked", f"{r.benchmark} {flags}".strip())]
     a, b = r.answer, r.benchmark.removeprefix("kvtier plan ")
     if b == "gate" and hasattr(a, "cases"):

@@ -26,7 +26,6 @@ from kvtier.results.ladder import Timing
 from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload, offload_tiers
 from kvtier.sim.server import SimEngine, SimSettings
-from kvtier.tiers import KINDS, is_remote
 from kvtier.unixsock import claim
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
@@ -124,8 +123,6 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
                 + (f"; {problems[0]}" if problems else ""),
                 file=sys.stderr,
             )
-    if is_remote(kind) and not KINDS[kind].configured(tier):
-        raise ConfigError(f"--offload {kind}: {KINDS[kind].needs}")
     cfg = OffloadConfig(
         kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, chunk_tokens, tier.direct_io
     )
