@@ -57,6 +57,9 @@ def test_datasize_from_the_request_stream(tmp_path: Path):
 @pytest.mark.slow
 @NEEDS_MPI[0]
 @NEEDS_MPI[1]
+# serial: two ranks share a 6 s window; beside the other workers' load (a real vLLM, MPI runs) a rank once finished
+# no request in it (CI, stop 53: 2 requests cut at the end, verdict failed); alone it finishes 9-18 per rank
+@pytest.mark.serial
 def test_open_run_two_processes_one_workload_one_trial(tmp_path: Path):
     res = tmp_path / "res"
     p = mlperf(
