@@ -11,8 +11,17 @@
    checked against the noise, with its verdict from kvikio's own account (``outcome()``: used, evidence,
    bytes per backend).
 
+3. ``--gpu-native`` (engine/device.py, #45): entries stamped in device memory (only each 4 KiB block's 8-byte
+   stamp rewritten per chunk) at what rate, and checked against the noise; then a GPU tier entry of 256 MiB
+   demoted to the file tier and read back into device memory, once through the O_DIRECT tier (the pinned host
+   buffer) and once, with kvikio, through the GDS tier (cuFile from the device buffer), each checked byte for
+   byte, with the bytes per path the store counted and kvikio's verdict.
+
 Without torch, a CUDA device or kvikio, each part says why it was skipped; nothing here needs a GPU to run.
-Last line: ``gpu_check gpu_write_ratio=… gpu_read_ratio=… gds=… gds_tier=…`` (``skipped`` where its part was).
+``--dry-run-on-cpu`` runs part 3 on torch CPU tensors standing in for device memory, to check the script
+before a GPU host's minutes are spent (its figures are not a GPU's, and the last line says so).
+Last line: ``gpu_check gpu_write_ratio=… gpu_read_ratio=… gds=… gds_tier=… native_stamp_gbps=…
+native_demote_gbps=… native_demote_gds_gbps=… native_verified=… device=…`` (``skipped`` where its part was).
 """
 
 from __future__ import annotations
@@ -132,11 +141,97 @@ def gds_tier_check(directory: str, size: int) -> str:
     return ("used" if out["used"] else "not-used") if same else "corrupt"
 
 
+def native_check(directory: str, size: int, device: str, with_gds: bool) -> dict[str, str]:
+    """--gpu-native: the stamp rate on the device, then GPU tier -> file -> device through the O_DIRECT tier
+    and (``with_gds``) the GDS tier, each verified; the figures for the last line."""
+    from kvtier.engine.device import DeviceMemory, DeviceNoise
+    from kvtier.engine.file import FileTier
+    from kvtier.engine.gpu import GpuTier
+    from kvtier.engine.noise import NoiseBuffer
+    from kvtier.engine.store_api import StoreConfig
+    from kvtier.engine.tiered import TieredStore
+
+    dm = DeviceMemory(device)
+    noise = NoiseBuffer(256 * MiB, seed=1)
+    dn = DeviceNoise(noise, dm)
+    chunk = 64 * MiB
+    rates = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _c in dn.chunks("stamp", size, chunk):
+            pass
+        rates.append(size / (time.perf_counter() - t) / 1e9)
+    host = aligned_buffer(chunk)
+    made = []
+    for c in dn.chunks("check", chunk, chunk):
+        dm.to_host(host[: len(c)], c)
+        made.append(bytes(host[: len(c)]))
+    stamped_ok = noise.verify("check", b"".join(made)) is None
+    print(f"gpu-native: entries stamped in device memory at {statistics.median(rates):.1f} GB/s (8 bytes of each "
+          f"4 KiB block rewritten per chunk), data {'intact' if stamped_ok else 'DIFFERS'}", flush=True)  # fmt: skip
+    out = {"native_stamp_gbps": f"{statistics.median(rates):.1f}", "native_demote_gbps": "skipped",
+           "native_demote_gds_gbps": "skipped"}  # fmt: skip
+    verified = stamped_ok
+    kinds = [("O_DIRECT file tier (pinned host buffer)", "native_demote_gbps", False)]
+    if with_gds:
+        kinds.append(("GDS file tier (cuFile from the device buffer)", "native_demote_gds_gbps", True))
+    for label, field, gds in kinds:
+        sub = Path(directory) / ("gds" if gds else "posix")
+        sub.mkdir()
+        if gds:
+            from kvtier.engine.gds import GdsFileTier
+
+            ft: FileTier = GdsFileTier(str(sub), 4 * size, memory=dm, native=True)
+        else:
+            ft = FileTier(str(sub), 4 * size)
+        dm.paths.reset()
+        store = TieredStore([GpuTier(2 * size, memory=dm, native=True), ft], StoreConfig(), device=dm)
+        buf = aligned_buffer(chunk)
+        try:
+            store.put("e", lambda: dn.chunks("e", size, chunk), size, buf)
+            t = time.perf_counter()
+            moved = store.move("e", "storage", buf)
+            demote = time.perf_counter() - t
+            t = time.perf_counter()
+            r = store.get("e", buf)
+            read = time.perf_counter() - t
+            got = []
+            for c in ft.export("e", buf, IOTiming()):
+                if isinstance(c, memoryview):
+                    got.append(bytes(c))
+                else:
+                    dm.to_host(host[: len(c)], c)
+                    got.append(bytes(host[: len(c)]))
+            ok = moved and r.hit and noise.verify("e", b"".join(got)) is None
+            verified = verified and ok
+            paths = dm.paths.section()
+            verdict, prefix = "", ""
+            if gds:
+                o = ft.outcome()  # type: ignore[attr-defined]
+                verdict = f"; kvikio: used={o['used']} ({o['reason']})"
+                prefix = "" if o["used"] else "compat:"  # kvikio moved the bytes by POSIX: not a GDS figure
+            out[field] = f"{prefix}{size / demote / 1e9:.2f}" if ok else "corrupt"
+            print(f"gpu-native: {size // MiB} MiB GPU tier -> {label}: {size / demote / 1e9:.2f} GB/s, read back "
+                  f"into device memory {size / read / 1e9:.2f} GB/s, data {'intact' if ok else 'DIFFERS'}; "
+                  f"paths {paths['write'].get('storage')} / {paths['read'].get('storage')}{verdict}",
+                  flush=True)  # fmt: skip
+        finally:
+            store.close()
+    out["native_verified"] = "yes" if verified else "NO"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="a directory on the NVMe under test (default: a temporary one)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dry-run-on-cpu", action="store_true", help="part 3 on torch CPU tensors (checks the script)")
     a = ap.parse_args()
+    if a.dry_run_on_cpu:
+        with tempfile.TemporaryDirectory(dir=a.dir, prefix="kvtier-gpu-check-") as d:
+            n = native_check(d, 64 * MiB, "cpu", with_gds=False)
+        print("gpu_check " + " ".join(f"{k}={v}" for k, v in n.items()) + " device=cpu-stand-in-not-a-gpu-figure")
+        return
     ok, why = gpu_available()
     w = r = "skipped"
     if ok:
@@ -148,19 +243,30 @@ def main() -> None:
     gds_ok, gds_why = probe_gds()
     print(f"kvtier's GDS probe: {'usable' if gds_ok else 'not usable'} ({gds_why})", flush=True)
     gds = tier = "skipped"
+    have_kvikio = False
     try:
         import cupy  # noqa: F401
         import kvikio  # noqa: F401
     except ImportError as e:
         print(f"GDS check: skipped ({e.name} is not installed: pip install 'kvtier[gds]' cupy)", flush=True)
     else:
+        have_kvikio = True
         if ok:
             with tempfile.TemporaryDirectory(dir=a.dir, prefix="kvtier-gpu-check-") as d:
                 gds = gds_check(d, 256 * MiB)
                 tier = gds_tier_check(d, 256 * MiB)
         else:
             print("GDS check: skipped (no CUDA device)", flush=True)
-    print(f"gpu_check gpu_write_ratio={w} gpu_read_ratio={r} gds={gds} gds_tier={tier}")
+    native = {"native_stamp_gbps": "skipped", "native_demote_gbps": "skipped", "native_demote_gds_gbps": "skipped",
+              "native_verified": "skipped"}  # fmt: skip
+    if ok:
+        with tempfile.TemporaryDirectory(dir=a.dir, prefix="kvtier-gpu-check-") as d:
+            native = native_check(d, 256 * MiB, "cuda:0", with_gds=have_kvikio)
+    else:
+        print(f"gpu-native: skipped ({why})", flush=True)
+    rest = " ".join(f"{k}={v}" for k, v in native.items())
+    dev = why.replace(" ", "_") if ok else "none"
+    print(f"gpu_check gpu_write_ratio={w} gpu_read_ratio={r} gds={gds} gds_tier={tier} {rest} device={dev}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from kvtier.errors import ConfigError, StorageError, UnusableDirectory
 
 if TYPE_CHECKING:
     from kvtier.engine.backend import Backend
+    from kvtier.engine.device import DeviceMemory
     from kvtier.engine.null import NullTier
 
 
@@ -57,6 +58,7 @@ class TierSpec:
     remote: RemoteFlags | None = None  # redis, s3: the flags that name the server
     connections: int = 1  # redis, s3: the connection pool
     scope: str = ""  # redis, s3 in a shared namespace: hashed into every key (model, dtype, layout; KeyScope.tag)
+    device: DeviceMemory | None = None  # gpu, storage with gds: --gpu-native's device memory (engine/device.py)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,13 @@ class TierKind:
 def _gpu(spec: TierSpec) -> Backend:
     from kvtier.engine.gpu import GpuTier
 
-    return GpuTier(spec.capacity_bytes, spec.name or "gpu", memory_fraction=spec.memory_fraction)
+    return GpuTier(
+        spec.capacity_bytes,
+        spec.name or "gpu",
+        memory_fraction=spec.memory_fraction,
+        memory=spec.device,
+        native=spec.device is not None,
+    )
 
 
 def _page(spec: TierSpec) -> int:
@@ -113,15 +121,15 @@ def _cpu_entry(spec: TierSpec) -> Callable[[int], int]:
 def _storage(spec: TierSpec) -> Backend:
     from kvtier.engine.file import FileTier
 
-    cls: type[FileTier] = FileTier
+    assert spec.directory is not None, "a storage tier needs its directory"
+    args = (spec.directory, spec.capacity_bytes, spec.direct_io)
+    name = spec.name or "storage"
     if spec.gds:
         from kvtier.engine.gds import GdsFileTier
 
-        cls = GdsFileTier
-    assert spec.directory is not None, "a storage tier needs its directory"
-    return cls(
-        spec.directory, spec.capacity_bytes, spec.direct_io, name=spec.name or "storage", keep_files=spec.keep_files
-    )
+        native = spec.device is not None
+        return GdsFileTier(*args, name=name, keep_files=spec.keep_files, memory=spec.device, native=native)
+    return FileTier(*args, name=name, keep_files=spec.keep_files)
 
 
 def _storage_entry(spec: TierSpec) -> Callable[[int], int]:

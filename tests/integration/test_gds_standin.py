@@ -1,8 +1,9 @@
 """--gds without a device: a stand-in kvikio and a stand-in device memory check what the GDS tier hands
 kvikio, and that the result says ``used: true`` only when kvikio's account says cuFile moved the payload.
 
-The stand-in kvikio behaves as the real one routes buffers: a device buffer goes to its Gds backend, host
-memory (a memoryview, bytes, a numpy array) to POSIX, and in compatibility mode everything goes to POSIX.
+The stand-in kvikio behaves as the real one routes buffers: a device buffer (the stand-in DeviceArray, or a torch
+tensor of --gpu-native's stand-in device) goes to its Gds backend, host memory (a memoryview, bytes, a numpy
+array) to POSIX, and in compatibility mode everything goes to POSIX.
 It moves real bytes to and from the real file, so the round trip is checked against the noise."""
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ class StandInStaging:
         self.to_host_bytes += len(dst)
 
 
+def device_memory(buf: Any) -> bool:
+    """What kvikio treats as device memory (``__cuda_array_interface__``): the stand-in DeviceArray, and the torch
+    tensors --gpu-native's stand-in device (engine/device.py on the CPU) hands out."""
+    return isinstance(buf, DeviceArray) or type(buf).__module__.startswith("torch")
+
+
+def host_array(buf: Any) -> np.ndarray:
+    """The bytes behind a buffer of either kind, to move to and from the real file."""
+    if isinstance(buf, DeviceArray):
+        return buf.mem
+    if type(buf).__module__.startswith("torch"):
+        return buf.numpy()  # a CPU tensor shares its memory
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
 def fake_kvikio(compat: bool, statistics: bool = True) -> types.ModuleType:
     moved: dict[str, int] = {"Gds": 0, "Posix": 0}
 
@@ -67,16 +83,16 @@ def fake_kvikio(compat: bool, statistics: bool = True) -> types.ModuleType:
             self.fd = os.open(path, os.O_RDWR if "+" in flags or "w" in flags else os.O_RDONLY)
 
         def _backend(self, buf: Any) -> str:
-            return "Posix" if compat or not isinstance(buf, DeviceArray) else "Gds"
+            return "Posix" if compat or not device_memory(buf) else "Gds"
 
         def pwrite(self, buf: Any, size: int | None = None, file_offset: int = 0) -> Done:
-            mem = buf.mem if isinstance(buf, DeviceArray) else np.frombuffer(buf, dtype=np.uint8)
+            mem = host_array(buf)
             n = os.pwrite(self.fd, memoryview(mem)[: size or len(mem)], file_offset)
             moved[self._backend(buf)] += n
             return Done(n)
 
         def pread(self, buf: Any, size: int | None = None, file_offset: int = 0) -> Done:
-            mem = buf.mem if isinstance(buf, DeviceArray) else np.frombuffer(buf, dtype=np.uint8)
+            mem = host_array(buf)
             n = os.preadv(self.fd, [memoryview(mem)[: size or len(mem)]], file_offset)
             moved[self._backend(buf)] += n
             return Done(n)
@@ -189,3 +205,71 @@ def test_bench_says_when_kvikio_fell_back_to_posix(stand_in, tmp_path, monkeypat
     g = result.storage.gds
     assert g is not None and g.used is False and g.posix_bytes and not g.gds_bytes
     assert any(w.code == "gds-off" and "POSIX" in w.message for w in result.warnings)
+
+
+def test_gpu_native_hands_cufile_the_device_memory_both_ways(stand_in, cache_dir, noise):
+    """--gpu-native with GDS (#45 item 2): a GPU tier's entry demoted to the file goes to kvikio as the device
+    buffer it is (no staging copy, nothing bounced through the host), and a read has cuFile fill a device buffer
+    that lands device to device; kvikio's account says Gds for all of it. torch CPU tensors are the device."""
+    pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh test installs its CPU build)")
+    from kvtier.engine.device import DeviceMemory, DeviceNoise, DevicePaths
+    from kvtier.engine.gpu import GpuTier
+    from kvtier.engine.store_api import StoreConfig
+    from kvtier.engine.tiered import TieredStore
+
+    kv = stand_in()
+    mib = 1 << 20
+    dm = DeviceMemory("cpu")
+    dn = DeviceNoise(noise, dm)
+    ft = gds.GdsFileTier(cache_dir, 1 << 30, memory=dm, native=True)
+    store = TieredStore([GpuTier(5 * mib, memory=dm, native=True), ft], StoreConfig(), device=dm)
+    buf, n = aligned_buffer(mib), 2 * mib
+    for k in "abcd":
+        store.put(k, lambda k=k: dn.chunks(k, n, mib), n, buf)
+    on_file = [k for k in "abcd" if store.location(k) == "storage"]
+    assert on_file
+    p, out = dm.paths, ft.outcome()
+    assert p.get("write", "storage", DevicePaths.FROM_DEVICE) == len(on_file) * n
+    assert p.get("write", "storage", DevicePaths.BOUNCED) == 0
+    assert out["device_bytes"] == len(on_file) * n and out["staged_bytes"] == 0  # no copy through staging
+    assert kv.moved["Gds"] == len(on_file) * n and kv.moved["Posix"] == 0
+    r = store.get(on_file[0], buf)
+    assert r.hit and r.tier == "storage" and r.timing.device_ns > 0
+    # the payload's first block comes with the header (its checksum is checked on the host); the rest is the
+    # device buffer cuFile filled, landing device to device
+    assert p.get("read", "storage", DevicePaths.HOST_TO_DEVICE) == 4096
+    assert p.get("read", "storage", DevicePaths.DEVICE_TO_DEVICE) == n - 4096
+    last = n - 4096 - mib  # the chunks: the first block, then 1 MiB, then the rest (the last to land)
+    assert noise.verify(on_file[0], bytes(dm.landing(mib)[:last].numpy()), first_block=(n - last) // 4096) is None
+    got = b"".join(
+        bytes(c.numpy()) if hasattr(c, "numpy") else bytes(c) for c in ft.export(on_file[0], buf, IOTiming())
+    )
+    assert noise.verify(on_file[0], got) is None  # every block on the file as made on the device
+    out = ft.outcome()
+    assert out["used"] is True and kv.moved["Posix"] == 0 and out["gds_bytes"] == kv.moved["Gds"]
+    store.close()
+
+
+def test_bench_gpu_native_with_gds_moves_the_payload_by_cufile_from_device_memory(stand_in, tmp_path, monkeypatch):
+    """kvtier bench --gpu-native --gds on, the stand-in device and kvikio: the GPU tier demotes to the GDS file
+    tier with nothing bounced through the host, and storage.gds and storage.gpu_native agree on the bytes."""
+    pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh test installs its CPU build)")
+    from kvtier.bench import run, setup
+    from kvtier.engine.device import DeviceMemory, DevicePaths
+    from kvtier.results.envelope import Status
+
+    kv = stand_in()
+    monkeypatch.setattr(setup, "native_memory", lambda: DeviceMemory("cpu"))
+    cfg = tiny_bench_config(tmp_path, storage_capacity_gb=0.05, gds="on", gpu_native=True, gpu_mem_gb=0.01)
+    result = run(cfg, handle_signals=False)
+    assert result.status == Status.complete, result.stop_reason
+    g, native = result.storage.gds, result.storage.gpu_native
+    assert g is not None and native is not None and g.used is True and kv.moved["Posix"] == 0
+    to_file = native.paths["write"]["storage"]
+    assert to_file.get(DevicePaths.FROM_DEVICE, 0) > 0 and DevicePaths.BOUNCED not in to_file
+    landed = native.paths["read"].get("storage", {})
+    # cuFile moved what went to the file from device memory and what it read into device memory (the paths count
+    # the load's completed operations; the tier also counts set-up and those cut at the end), and the first block
+    # of each read (staged: its checksum is checked on the host)
+    assert g.device_bytes >= to_file[DevicePaths.FROM_DEVICE] + landed.get(DevicePaths.DEVICE_TO_DEVICE, 0) > 0
+    assert g.gds_bytes == g.device_bytes + g.staged_bytes

@@ -9,6 +9,7 @@ from typing import Any
 from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.setup import Components
+from kvtier.engine.device import DeviceNoise
 from kvtier.results.bench import OPS
 from kvtier.telemetry.host import peak_rss_bytes
 from kvtier.telemetry.recorder import Recorder
@@ -52,6 +53,8 @@ def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, li
 def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
     cpu_cap = int(plan.config.cpu_mem_gb * GiB)
     writers = comp.noise.writer_buffer_bytes  # the writers' buffers, filled as far as their largest chunk
+    if comp.device is not None:  # --gpu-native: the pinned host buffers device chunks bounce through
+        writers += comp.device.bounce_bytes
     bound = comp.noise.nbytes + plan.io_slots * plan.io_chunk_bytes + writers + cpu_cap + PROCESS_BASE_BYTES
     peak = peak_rss_bytes()
     return {
@@ -75,6 +78,20 @@ def gds_section(comp: Components) -> dict[str, Any] | None:
     return {**comp.gds, **outcome()} if comp.gds["used"] and outcome is not None else dict(comp.gds)
 
 
+def gpu_native_section(comp: Components) -> dict[str, Any] | None:
+    """storage.gpu_native: the device the entries were made in and read back into, and each byte's path."""
+    dm, source = comp.device, comp.source
+    if dm is None or not isinstance(source, DeviceNoise):
+        return None
+    return {
+        "device": dm.name,
+        "stand_in": dm.stand_in,
+        "pinned_bounce": dm.pinned,
+        "source": source.describe(),
+        "paths": dm.paths.section(),
+    }
+
+
 def storage_section(comp: Components) -> dict[str, Any]:
     ft = comp.file_tier
     return {
@@ -88,6 +105,7 @@ def storage_section(comp: Components) -> dict[str, Any]:
         "gds": gds_section(comp),
         "remote_tiers": {t.name: getattr(t, "server", {}) for t in comp.remote},
         "payload": comp.noise.describe(),
+        "gpu_native": gpu_native_section(comp),
     }
 
 

@@ -94,7 +94,7 @@ class BenchRunner:
         self.users = w.users
         self.service = RequestService(
             comp.store,
-            comp.noise,
+            comp.source,
             plan.io_chunk_bytes,
             plan.entry_bytes,
             ServiceSettings(
@@ -318,7 +318,7 @@ class BenchRunner:
         """Write entries (and delete evicted ones) before the load, outside the statistics; their
         cost goes to setup_stats[name]."""
         buf = aligned_buffer(self.plan.io_chunk_bytes)
-        store, noise, chunk = self.c.store, self.c.noise, self.plan.io_chunk_bytes
+        store, noise, chunk = self.c.store, self.c.source, self.plan.io_chunk_bytes
         sink = store.sink
         store.sink = NullSink()
         t0, nbytes_total, n = self.clock.now_ns(), 0, 0
@@ -362,6 +362,8 @@ class BenchRunner:
         rag = self.plan.workload.rag
         if rag is not None:
             self._fill("rag_ingest", rag.ingest_steps())
+        if self.c.device is not None:  # the paths count the load's bytes, as the statistics do (set-up is apart)
+            self.c.device.paths.reset()
 
     # -- the run ---------------------------------------------------------------------------
     def run(

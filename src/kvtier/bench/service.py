@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvtier.engine.noise import NoiseBuffer
+from kvtier.engine.noise import EntrySource
 from kvtier.engine.tiered import GetResult, TieredStore
 from kvtier.errors import Cancelled, StorageError, TierFullError
 from kvtier.telemetry.clock import Clock
@@ -96,7 +96,7 @@ class RequestService:
     def __init__(
         self,
         store: TieredStore,
-        noise: NoiseBuffer,
+        noise: EntrySource,
         io_chunk_bytes: int,
         entry_bytes: Callable[[int], int],
         settings: ServiceSettings,

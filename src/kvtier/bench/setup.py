@@ -26,9 +26,10 @@ from kvtier.bench.tier_setup import build_tiers, gds_for
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend
+from kvtier.engine.device import DeviceMemory, DeviceNoise, native_memory
 from kvtier.engine.file import FileTier
 from kvtier.engine.memory import host_floor
-from kvtier.engine.noise import NoiseBuffer
+from kvtier.engine.noise import EntrySource, NoiseBuffer
 from kvtier.engine.runs import find_stale_runs, remove_stale_run, system_directory
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError
@@ -84,6 +85,13 @@ class Components:
     io_trace_stats: dict[str, Any] | None = None  # the writer's figures once closed
     gds: dict[str, Any] = field(default_factory=dict)  # storage.gds: --gds requested, used, why
     remote: list[Backend] = field(default_factory=list)  # the Redis/S3 tiers (their servers, their cleanup)
+    device: DeviceMemory | None = None  # --gpu-native: the device memory entries are made in and land in
+    entries: EntrySource | None = None  # where requests' entries come from: --gpu-native's DeviceNoise, else noise
+
+    @property
+    def source(self) -> EntrySource:
+        """What a request's write takes its entry's chunks from."""
+        return self.entries if self.entries is not None else self.noise
 
     @property
     def trace_mode(self) -> bool:
@@ -357,6 +365,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     """The tiers, the store, the noise buffer and the cache directory of a derived run."""
     cfg = plan.config
     warnings: list[ResultWarning] = []
+    device = native_memory() if cfg.gpu_native else None  # refused without a device, before anything is made
     owns = cfg.cache_dir is None
     cache_dir = cfg.cache_dir or tempfile.mkdtemp(prefix="kvtier-cache-")
     if not owns and not os.path.lexists(cache_dir):  # created, as the reference does
@@ -370,7 +379,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
     try:
         order = parse_tier_order(cfg.tier_order, cfg.configured_tiers())
         gds = gds_for(cfg, warnings)
-        backends, file_tier = build_tiers(plan, cache_dir, warnings, order, gds)
+        backends, file_tier = build_tiers(plan, cache_dir, warnings, order, gds, device)
         ev = cfg.tuning.eviction
         try:
             store = TieredStore(
@@ -387,6 +396,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
                 ),
                 sink,
                 stop,
+                device,
             )
         except ValueError as e:  # the engine names no flag: say which ones size the tiers
             for b in backends:
@@ -441,9 +451,10 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         "on" if file_tier.direct else "off",
         cache_dir,
     )
+    noise = NoiseBuffer(cfg.noise_mb * MiB, plan.seed, cfg.payload)
     return Components(
         store,
-        NoiseBuffer(cfg.noise_mb * MiB, plan.seed, cfg.payload),
+        noise,
         file_tier,
         cache_dir,
         owns,
@@ -454,6 +465,8 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
         io_trace,
         gds=gds,
         remote=[b for b in backends if is_remote(b.name)] if not cfg.io_trace_log else [],
+        device=device,
+        entries=DeviceNoise(noise, device) if device is not None else None,
     )
 
 

@@ -18,14 +18,16 @@ from kvtier.units import GiB, MiB
 
 if TYPE_CHECKING:
     from kvtier.bench.plan import Plan
+    from kvtier.engine.device import DeviceMemory
 
 
-def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:
+def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning], device: DeviceMemory | None = None) -> Backend:
     """The GPU tier: --gpu-mem-gb x --num-gpus, within what gpu_backend lets this process use of
-    the device (memory_fraction, less free_memory_threshold kept free); capped with a warning."""
+    the device (memory_fraction, less free_memory_threshold kept free); capped with a warning. ``device``:
+    --gpu-native's device memory (the tier then hands out views of its memory to reads)."""
     gb = cfg.tuning.gpu_backend
     asked = int(cfg.gpu_mem_gb * cfg.num_gpus * GiB)
-    total = gpu_memory_bytes(0)
+    total = device.total_bytes() if device is not None else gpu_memory_bytes(0)
     usable = int(total * min(gb.memory_fraction, 1.0 - gb.free_memory_threshold))
     if asked > usable:
         warnings.append(
@@ -40,7 +42,7 @@ def _gpu_tier(cfg: BenchConfig, warnings: list[ResultWarning]) -> Backend:
                 device_bytes=total,
             )
         )
-    return open_tier("gpu", TierSpec(min(asked, usable), memory_fraction=gb.memory_fraction))
+    return open_tier("gpu", TierSpec(min(asked, usable), memory_fraction=gb.memory_fraction, device=device))
 
 
 def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Backend]:
@@ -123,7 +125,12 @@ def exposure_warning(file_tier: FileTier, warnings: list[ResultWarning]) -> None
 
 
 def build_tiers(
-    plan: Plan, cache_dir: str, warnings: list[ResultWarning], order: list[str], gds: dict[str, Any]
+    plan: Plan,
+    cache_dir: str,
+    warnings: list[ResultWarning],
+    order: list[str],
+    gds: dict[str, Any],
+    device: DeviceMemory | None = None,
 ) -> tuple[list[Backend], FileTier]:
     cfg = plan.config
     if cfg.io_trace_log:  # a real file tier sizes the stand-in (its directory's free space, its entry sizes)
@@ -135,13 +142,16 @@ def build_tiers(
     try:
         for name in order:
             if name != "gpu":
-                built[name] = tier = open_tier(name, _spec(plan, name, cache_dir, bool(gds["used"])))
+                spec = _spec(plan, name, cache_dir, bool(gds["used"]))
+                if name == "storage" and spec.gds:
+                    spec = replace(spec, device=device)  # --gpu-native: GPU <-> file through cuFile, no staging
+                built[name] = tier = open_tier(name, spec)
                 if is_remote(name):
                     remote_warnings(tier, warnings)
                 continue
-            ok, why = gpu_available()
+            ok, why = (True, "") if device is not None else gpu_available()
             if ok:
-                built[name] = _gpu_tier(cfg, warnings)
+                built[name] = _gpu_tier(cfg, warnings, device)
             else:
                 warnings.append(
                     warning(

@@ -474,6 +474,13 @@ class BenchConfig(RemoteTierFlags):
         "on (error if not), off; the choice is recorded in storage.gds",
         group=REMOTE,
     )
+    gpu_native: bool = flag(
+        False,
+        "KV made in and read back into GPU memory (needs torch and a CUDA device): entries stamped on the device, "
+        "the GPU tier device to device, GPU -> file through cuFile where --gds is used (else one pinned host "
+        "buffer), reads landing in device memory; each byte's path in storage.gpu_native",
+        group=ADDITIONS,
+    )
     io_chunk_mb: int = flag(64, "bytes per I/O call and per-worker buffer, MiB", group=ADDITIONS, ge=1, le=4096)
     io_buffer_budget_mb: int = flag(
         1024,
@@ -569,6 +576,15 @@ class BenchConfig(RemoteTierFlags):
         for flag_, value, limit in checks:
             if value > limit:
                 raise ValueError(f"{flag_} {value:g} exceeds validation_limits ({limit:g})")
+        if self.gpu_native and self.io_trace_log:
+            raise ValueError(
+                "--gpu-native with --io-trace-log: trace mode moves no bytes, so there is none to make on the GPU"
+            )
+        if self.gpu_native and self.shared_namespace is not None:
+            raise ValueError(  # another writer's entry is read through read_shared into host memory only
+                f"--gpu-native with --remote-namespace {self.remote_namespace}: not supported (a cross-writer hit "
+                "is read into host memory, not device memory)"
+            )
         if self.s3_cold_threshold is not None and not self.s3_bucket:
             raise ValueError("--s3-cold-threshold needs the S3 tier (--s3-bucket)")
         try:

@@ -191,6 +191,10 @@ class FileTier:
     def _get(self, fd: int, name: str, views: list[memoryview], offset: int) -> int:
         return os.preadv(fd, views, offset)
 
+    def _crc(self, first: memoryview | None, nbytes: int) -> int:
+        """The header's checksum of the payload's first bytes (GdsFileTier: of a device chunk too)."""
+        return sample_crc(first, nbytes)
+
     # -- Backend ---------------------------------------------------------------------------
     def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
@@ -207,7 +211,7 @@ class FileTier:
                 os.posix_fallocate(fd, 0, size)
             it = iter(chunks)
             first = next(it, None)
-            _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key), sample_crc(first, nbytes))
+            _HEADER.pack_into(hdr, 0, MAGIC, FORMAT_VERSION, ALIGN, nbytes, key_digest(key), self._crc(first, nbytes))
             t = time.perf_counter_ns()
             self._put(fd, name, [hdr] if first is None else [hdr, first], 0)
             off = ALIGN + (len(first) if first is not None else 0)

@@ -26,11 +26,17 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from kvtier.engine.file import FileTier
+from kvtier.engine.backend import ALIGN, aligned_buffer, check_cancel, round_up
+from kvtier.engine.device import is_device, to_host
+from kvtier.engine.file import SAMPLE_BYTES, FileTier, sample_crc
 from kvtier.engine.gpu import gpu_available
+from kvtier.errors import StorageError
 from kvtier.telemetry.clock import IOTiming
+
+if TYPE_CHECKING:
+    from kvtier.engine.device import DeviceMemory
 
 GdsMode = Literal["auto", "on", "off"]
 
@@ -87,33 +93,12 @@ class Staging(Protocol):
     def to_host(self, dst: memoryview, src: Any) -> None: ...
 
 
-class TorchStaging:
-    """Staging buffers as torch CUDA tensors (uint8); kvikio reads them through ``__cuda_array_interface__``."""
-
-    def __init__(self, device: int = 0) -> None:
-        import torch
-
-        self._torch = torch
-        self._device = torch.device("cuda", device)
-
-    def buffer(self, nbytes: int) -> Any:
-        return self._torch.empty(nbytes, dtype=self._torch.uint8, device=self._device)
-
-    def slice(self, buf: Any, nbytes: int) -> Any:
-        return buf[:nbytes]
-
-    def to_device(self, dst: Any, src: memoryview) -> None:
-        dst.copy_(self._torch.frombuffer(src, dtype=self._torch.uint8))
-        self._torch.cuda.synchronize(self._device)
-
-    def to_host(self, dst: memoryview, src: Any) -> None:
-        self._torch.frombuffer(dst, dtype=self._torch.uint8).copy_(src)
-        self._torch.cuda.synchronize(self._device)
-
-
 def new_staging() -> Staging:
-    """The staging the tier uses (a test puts a stand-in here where no device exists)."""
-    return TorchStaging()
+    """The staging the tier uses without ``--gpu-native``: device memory on CUDA device 0 (engine/device.py; a
+    test puts a stand-in here where no device exists)."""
+    from kvtier.engine.device import DeviceMemory
+
+    return DeviceMemory("cuda:0")
 
 
 class _Thread(threading.local):
@@ -125,20 +110,24 @@ class _Thread(threading.local):
         self.path: str | None = None
         self.mode = ""
         self.registered = False
+        self.sample: memoryview | None = None  # the payload's first bytes of a device chunk, for the header's crc
 
 
 class GdsFileTier(FileTier):
     """The file tier with its payload moved between a per-thread device buffer and the file by cuFile."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    takes_device = True  # TieredStore: a --gpu-native device chunk goes to cuFile as it is (no staging copy)
+
+    def __init__(self, *args: Any, memory: DeviceMemory | None = None, native: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._kv = _kvikio()
-        self._staging = new_staging()
+        self._staging: Staging = memory if memory is not None else new_staging()
+        self.native = native  # --gpu-native: reads yield the device buffer cuFile filled (no copy to the host)
         self._tls = _Thread()
         self._open_lock = threading.Lock()
         self._open: list[_Thread] = []  # every thread's state, so close() can close their files
         self._monitor = self._kv.SummaryMonitor() if hasattr(self._kv, "SummaryMonitor") else None
-        self._moved = {"gds_bytes": 0, "posix_bytes": 0, "staged_bytes": 0}
+        self._moved = {"staged_bytes": 0, "device_bytes": 0}
         self._count_lock = threading.Lock()
 
     # -- per-thread state ---------------------------------------------------------------------
@@ -185,15 +174,20 @@ class GdsFileTier(FileTier):
         if not views:
             return
         f = self._cufile(name, "r+")
-        staged = 0
+        staged = direct = 0
         for v in views:
-            dev = self._device(len(v))
-            self._staged(self._staging.to_device, dev, v)
-            f.pwrite(dev, len(v), offset).get()
+            if is_device(v):  # --gpu-native: the KV is in device memory already
+                f.pwrite(v, len(v), offset).get()
+                direct += len(v)
+            else:
+                dev = self._device(len(v))
+                self._staged(self._staging.to_device, dev, v)
+                f.pwrite(dev, len(v), offset).get()
+                staged += len(v)
             offset += len(v)
-            staged += len(v)
         with self._count_lock:
             self._moved["staged_bytes"] += staged
+            self._moved["device_bytes"] += direct
 
     def _get(self, fd: int, name: str, views: list[memoryview], offset: int) -> int:
         got = 0
@@ -230,23 +224,85 @@ class GdsFileTier(FileTier):
         self._restate(timing)
         return timing
 
+    def _crc(self, first: Any, nbytes: int) -> int:
+        if first is None or not is_device(first):
+            return super()._crc(first, nbytes)
+        head = self._header_sample()
+        n = min(SAMPLE_BYTES, nbytes, len(first))
+        to_host(head[:n], first[:n])
+        return sample_crc(head[:n], nbytes)
+
+    def _header_sample(self) -> memoryview:
+        st = self._state()
+        if st.sample is None:
+            st.sample = aligned_buffer(SAMPLE_BYTES)
+        return st.sample
+
     def export(
         self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None = None
-    ) -> Iterator[memoryview]:
+    ) -> Iterator[Any]:
         self._tls.staging_ns = 0
         try:
-            for chunk in super().export(key, buf, timing, cancel):
+            chunks = (
+                self._export_device(key, buf, timing, cancel)
+                if self.native
+                else super().export(key, buf, timing, cancel)
+            )
+            for chunk in chunks:
                 self._restate(timing)
                 yield chunk
         finally:
             self._restate(timing)
 
+    def _export_device(
+        self, key: str, buf: memoryview, timing: IOTiming, cancel: threading.Event | None
+    ) -> Iterator[Any]:
+        """--gpu-native: the header and the payload's first block (its checksum) by the usual path, then the
+        payload by cuFile into this thread's device buffer, yielded as it is (the reader lands it on the device)."""
+        t0 = time.perf_counter_ns()
+        dev0 = timing.device_ns
+        try:
+            fd, nbytes, got = self._open_checked(key, timing, buf[:SAMPLE_BYTES])
+        except OSError as e:
+            raise StorageError(f"{self.name} tier: read of {key!r} failed: {e.strerror}") from e
+        try:
+            padded, step = round_up(nbytes), len(buf) - len(buf) % ALIGN
+            name = self.name_for(key)
+            yield buf[:got]
+            off = got
+            while off < padded:
+                check_cancel(cancel, f"{self.name} read", off)
+                n = min(step, padded - off)
+                dev = self._device(n)
+                f = self._cufile(name, "r")
+                t = time.perf_counter_ns()
+                r = int(f.pread(dev, n, ALIGN + off).get())
+                timing.device_ns += time.perf_counter_ns() - t
+                if r <= 0:
+                    raise StorageError(f"{self.name} tier: short read of {key!r} at {off}")
+                with self._count_lock:
+                    self._moved["device_bytes"] += r
+                off += r
+                yield self._staging.slice(dev, r)
+        except OSError as e:
+            raise StorageError(f"{self.name} tier: read of {key!r} failed: {e.strerror}") from e
+        finally:
+            os.close(fd)
+            timing.host_ns += time.perf_counter_ns() - t0 - (timing.device_ns - dev0)
+
     # -- what happened -------------------------------------------------------------------------
     def outcome(self) -> dict[str, Any]:
-        """{used, evidence, reason, gds_bytes, posix_bytes, staged_bytes}: whether cuFile moved the payload,
-        by kvikio's account. ``gds_bytes``/``posix_bytes`` are kvikio's per-backend totals (null without its
-        statistics); ``staged_bytes`` the payload this tier moved through its device buffers (writes and reads)."""
-        out: dict[str, Any] = {"staged_bytes": self._moved["staged_bytes"], "gds_bytes": None, "posix_bytes": None}
+        """{used, evidence, reason, gds_bytes, posix_bytes, staged_bytes, device_bytes}: whether cuFile moved the
+        payload, by kvikio's account. ``gds_bytes``/``posix_bytes`` are kvikio's per-backend totals (null without
+        its statistics); ``staged_bytes`` the payload this tier copied through its staging buffers (host <->
+        device, writes and reads), ``device_bytes`` what it moved between the file and device memory with no
+        copy (--gpu-native: the writer's device chunks, and reads yielded as the device buffer cuFile filled)."""
+        out: dict[str, Any] = {
+            "staged_bytes": self._moved["staged_bytes"],
+            "device_bytes": self._moved["device_bytes"],
+            "gds_bytes": None,
+            "posix_bytes": None,
+        }
         if self._monitor is not None:
             by = self._monitor.get().by_backend
             gds = sum(int(v["bytes_transferred"]) for k, v in by.items() if k.lower() in ("gds", "cufile"))
@@ -265,7 +321,7 @@ class GdsFileTier(FileTier):
         out["evidence"] = "kvikio compatibility mode (this kvikio keeps no per-operation statistics)"
         if compat:
             out.update(used=False, reason="kvikio runs in compatibility mode: POSIX I/O through a bounce buffer")
-        elif not self._moved["staged_bytes"]:
+        elif not self._moved["staged_bytes"] and not self._moved["device_bytes"]:
             out.update(used=False, reason="no payload moved through kvikio")
         else:
             out.update(used=True, reason="device buffers through kvikio with its compatibility mode off")
@@ -280,4 +336,4 @@ class GdsFileTier(FileTier):
         super().close()
 
 
-__all__ = ["GdsFileTier", "probe_gds", "gds_choice", "GdsMode", "Staging", "TorchStaging", "new_staging"]
+__all__ = ["GdsFileTier", "probe_gds", "gds_choice", "GdsMode", "Staging", "new_staging"]

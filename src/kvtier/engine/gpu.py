@@ -3,28 +3,42 @@
 Without a device the tier is not offered: ``gpu_available()`` says why, and the benchmark turns
 ``--gpu-mem-gb > 0`` into a warning that the tier is off (the reference's default is 16 GB, so an
 MLPerf command line must still run on a host without a GPU). Data is copied host->device from the
-caller's aligned chunks; reads copy device->host into the caller's reused buffer; timings wrap the
-copies with a device synchronize so they measure the transfer, not its launch.
+caller's aligned chunks (device->device from the device chunks of ``--gpu-native``, engine/device.py);
+reads copy device->host into the caller's reused buffer (with ``--gpu-native`` they hand out views of the
+tier's memory and the read lands in device memory); timings wrap the copies with a device synchronize so
+they measure the transfer, not its launch.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvtier.engine.backend import check_cancel, round_up
+from kvtier.engine.backend import ALIGN, check_cancel, round_up
 from kvtier.errors import EntryNotFound, TierFullError, UnsupportedError
 from kvtier.telemetry.clock import IOTiming
+
+if TYPE_CHECKING:
+    from kvtier.engine.device import Chunk, DeviceMemory
+
+
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+"""Where a GPU driver shows itself (NVIDIA, ROCm, WSL): with none of them torch cannot find a device, and
+importing torch only to hear so costs 1.6 s (measured here) in every command that asks."""
 
 
 def gpu_available() -> tuple[bool, str]:
     """(True, device name) when a CUDA device is usable through torch, else (False, reason)."""
-    try:
-        import torch
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         return False, "torch is not installed (pip install 'kvtier[gpu]')"
+    if not any(os.path.exists(p) for p in GPU_DEVICE_NODES):
+        return False, f"torch found no CUDA device (no GPU driver: none of {', '.join(GPU_DEVICE_NODES)})"
+    import torch
+
     try:
         if not torch.cuda.is_available():
             return False, "torch found no CUDA device"
@@ -41,19 +55,37 @@ def gpu_memory_bytes(device: int = 0) -> int:
 
 
 class GpuTier:
-    """KV entries in CUDA device memory, through torch. ``memory_fraction`` caps what torch's
-    allocator may take of the device for this process (``gpu_backend.memory_fraction``)."""
+    """KV entries in device memory, through torch (``engine/device.py`` ``DeviceMemory``: a CUDA device, or the
+    CPU as a stand-in in tests). ``memory_fraction`` caps what torch's allocator may take of the device for this
+    process (``gpu_backend.memory_fraction``).
 
-    def __init__(self, capacity_bytes: int, name: str = "gpu", device: int = 0, memory_fraction: float = 1.0) -> None:
-        ok, why = gpu_available()
-        if not ok:
-            raise UnsupportedError(f"GPU tier: {why}")
-        import torch
+    It takes chunks of either kind: host memory is copied host to device, device memory (``--gpu-native``)
+    device to device. ``native``: its export yields views of its own memory (the consumer, the next tier or a
+    read landing in device memory, does the copy) instead of copying device to host through the caller's buffer."""
 
-        self._torch = torch
-        self._device = torch.device("cuda", device)
-        if memory_fraction < 1.0:
-            torch.cuda.set_per_process_memory_fraction(memory_fraction, device)
+    takes_device = True  # TieredStore: device chunks come as they are
+    in_memory = True  # a read landing in device memory from here is this tier's own read (device time)
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        name: str = "gpu",
+        device: int = 0,
+        memory_fraction: float = 1.0,
+        memory: DeviceMemory | None = None,
+        native: bool = False,
+    ) -> None:
+        if memory is None:
+            ok, why = gpu_available()
+            if not ok:
+                raise UnsupportedError(f"GPU tier: {why}")
+            from kvtier.engine.device import DeviceMemory
+
+            memory = DeviceMemory(f"cuda:{device}")
+        if memory.cuda and memory_fraction < 1.0:
+            memory._torch.cuda.set_per_process_memory_fraction(memory_fraction, memory.device)
+        self.memory = memory
+        self.native = native
         self.name = name
         self.capacity_bytes = capacity_bytes
         self._entries: dict[str, Any] = {}
@@ -62,38 +94,41 @@ class GpuTier:
     def stored_size(self, nbytes: int) -> int:
         return round_up(nbytes)
 
-    def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
-        torch = self._torch
+    def write(self, key: str, chunks: Iterable[Chunk], nbytes: int) -> IOTiming:
+        from kvtier.engine.device import copy_chunk
+
         t0 = time.perf_counter_ns()
         try:
-            dev = torch.empty(round_up(nbytes), dtype=torch.uint8, device=self._device)
+            dev = self.memory.buffer(round_up(nbytes))
         except RuntimeError as e:  # CUDA out of memory
             raise TierFullError(f"gpu tier: cannot allocate {nbytes} bytes: {e}") from e
         t1 = time.perf_counter_ns()
         off = 0
         for c in chunks:
-            src = torch.frombuffer(c, dtype=torch.uint8)
-            dev[off : off + src.numel()].copy_(src, non_blocking=False)
-            off += src.numel()
-        torch.cuda.synchronize(self._device)
+            n = len(c)
+            copy_chunk(dev[off : off + n], c)
+            off += n
+        self.memory.sync()
         t2 = time.perf_counter_ns()
         with self._lock:
             self._entries[key] = dev
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
-    def export(self, key: str, buf: memoryview, timing: IOTiming) -> Iterator[memoryview]:
-        torch = self._torch
+    def export(self, key: str, buf: memoryview, timing: IOTiming) -> Iterator[Chunk]:
+        from kvtier.engine.device import to_host
+
         with self._lock:
             dev = self._entries.get(key)
         if dev is None:
             raise EntryNotFound(f"gpu tier: {key!r} not stored")
-        host = torch.frombuffer(buf, dtype=torch.uint8)
-        step = host.numel()
+        step = len(buf) - len(buf) % ALIGN
         for off in range(0, dev.numel(), step):
             n = min(step, dev.numel() - off)
+            if self.native:  # a view of our memory: whoever takes it copies it
+                yield dev[off : off + n]
+                continue
             t = time.perf_counter_ns()
-            host[:n].copy_(dev[off : off + n])
-            torch.cuda.synchronize(self._device)
+            to_host(buf[:n], dev[off : off + n])
             timing.device_ns += time.perf_counter_ns() - t
             yield buf[:n]
 
@@ -114,4 +149,5 @@ class GpuTier:
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
-        self._torch.cuda.empty_cache()
+        if self.memory.cuda:
+            self.memory._torch.cuda.empty_cache()

@@ -25,7 +25,7 @@ import mmap
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from kvtier.engine.backend import ALIGN, HUGE_PAGE, advise_huge_pages, check_can
 from kvtier.errors import EntryNotFound, HostMemoryShort, TierFullError
 from kvtier.telemetry.clock import IOTiming
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
+
+if TYPE_CHECKING:
+    from kvtier.engine.device import Chunk
 
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python <3.13 lacks the name
 DEFAULT_PAGE_BYTES = ALIGN
@@ -65,6 +68,9 @@ def page_size(capacity_bytes: int, wanted: int) -> int:
 
 class MemoryTier:
     """KV entries in host RAM, in fixed-size pages."""
+
+    takes_device = True  # TieredStore: a --gpu-native device chunk is copied straight into the pages
+    in_memory = True  # a read landing in device memory from here is this tier's own read (device time)
 
     def __init__(
         self,
@@ -117,7 +123,7 @@ class MemoryTier:
             left -= n
         return out
 
-    def write(self, key: str, chunks: Iterable[memoryview], nbytes: int) -> IOTiming:
+    def write(self, key: str, chunks: Iterable[Chunk], nbytes: int) -> IOTiming:
         t0 = time.perf_counter_ns()
         padded = round_up(nbytes)
         need = self.stored_size(nbytes) // self.page_bytes
@@ -167,15 +173,22 @@ class MemoryTier:
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
     @staticmethod
-    def _scatter(chunks: Iterable[memoryview], views: list[np.ndarray]) -> None:
-        """Copy the chunks, in order, across the page views."""
+    def _scatter(chunks: Iterable[Chunk], views: list[np.ndarray]) -> None:
+        """Copy the chunks, in order, across the page views (a device chunk of ``--gpu-native`` device to host,
+        straight into the pages: engine/device.py)."""
+        from kvtier.engine.device import is_device, to_host
+
         k, at = 0, 0
         for c in chunks:
-            src = np.frombuffer(c, dtype=np.uint8)
+            device = is_device(c)
+            src = c if device else np.frombuffer(c, dtype=np.uint8)
             pos = 0
             while pos < len(src) and k < len(views):
                 n = min(len(src) - pos, len(views[k]) - at)
-                np.copyto(views[k][at : at + n], src[pos : pos + n])
+                if device:
+                    to_host(views[k][at : at + n].data, src[pos : pos + n])
+                else:
+                    np.copyto(views[k][at : at + n], src[pos : pos + n])
                 pos += n
                 at += n
                 if at == len(views[k]):

@@ -37,9 +37,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,42 @@ PIECE = 1 << 19  # the copy and stamp run in pieces of this, so the stamp finds 
 _BLOCKS_PER_PIECE = PIECE // BLOCK
 _IDX = np.arange(_BLOCKS_PER_PIECE, dtype=np.uint64)
 Payload = Literal["unique", "realistic"]
+
+
+P = TypeVar("P")
+
+
+class WriterPool(Generic[P]):
+    """Writer buffers not in use, by size, and where along the noise (``span`` bytes) the next new one starts, so
+    the writers' buffers tile the noise; ``made`` counts those made (the most writes ever in flight at once)."""
+
+    def __init__(self, span: int, make: Callable[[int, int], P]) -> None:
+        self.span, self._make = span, make
+        self._lock = threading.Lock()
+        self._free: dict[int, list[P]] = {}
+        self._next_base = 0
+        self.made = 0
+
+    def borrow(self, size: int) -> P:
+        """A free buffer of ``size`` bytes, or a new one at the next base along the noise."""
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+            base = self._next_base
+            self._next_base = (base + size) % self.span
+            self.made += 1
+        return self._make(size, base)
+
+    def give_back(self, size: int, p: P) -> None:
+        with self._lock:
+            self._free.setdefault(size, []).append(p)
+
+
+class EntrySource(Protocol):
+    """Where a write takes its entry's chunks from: the noise (host memory), or --gpu-native's DeviceNoise."""
+
+    def chunks(self, key: str, nbytes: int, chunk_bytes: int | None = None) -> Iterable[Any]: ...
 
 
 class PayloadSample:
@@ -68,30 +104,46 @@ class PayloadSample:
         self._head = bytearray()
 
     def add(self, key: str, first_block: int, span: memoryview, key_hash: int) -> None:
-        """``span`` written (whole blocks from entry block ``first_block``), taken as pieces of PIECE bytes:
-        about one piece in PIECES_PER_SAMPLE gives one block (chosen by key and index, so a rewrite of the key
-        samples the same block); plain integer work per piece, a hash only for the chosen ones."""
+        """``span`` written (whole blocks from entry block ``first_block``): its head (while the compression
+        sample is short) and the blocks ``picks`` chooses."""
+        if self.head_missing():
+            self.add_head(span)
+        for b in self.picks(first_block, len(span) // BLOCK, key_hash):
+            self.record(key, first_block + b, span[b * BLOCK : (b + 1) * BLOCK])
+
+    def head_missing(self) -> int:
+        """Bytes the compression sample still wants (0 once it has COMPRESS_BYTES)."""
         with self._lock:
-            if len(self._head) < self.COMPRESS_BYTES:
-                self._head += span[: self.COMPRESS_BYTES - len(self._head)]
+            return max(0, self.COMPRESS_BYTES - len(self._head))
+
+    def add_head(self, data: memoryview | bytes) -> None:
+        with self._lock:
+            self._head += data[: self.COMPRESS_BYTES - len(self._head)]
+
+    def picks(self, first_block: int, nblocks: int, key_hash: int) -> Iterator[int]:
+        """Of ``nblocks`` written from entry block ``first_block``, taken as pieces of PIECE bytes, the blocks
+        (relative to the span) sampled: about one piece in PIECES_PER_SAMPLE gives one, chosen by key and index
+        (a rewrite of the key samples the same block); plain integer work per piece."""
         per = PIECE // BLOCK
-        nblocks = len(span) // BLOCK
         for start in range(0, nblocks, per):
             x = (((key_hash ^ (first_block + start)) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32  # mixed
             if x % self.PIECES_PER_SAMPLE:
                 continue
-            b = start + (x >> 8) % min(per, nblocks - start)
-            d = hashlib.blake2b(span[b * BLOCK : (b + 1) * BLOCK], digest_size=8).digest()
-            with self._lock:
-                if len(self._digests) >= self.MAX_DIGESTS:
-                    return
-                seen = self._digests.get(d)
-                if seen is None:
-                    self._digests[d] = (key, first_block + b)
-                    self.sampled += 1
-                elif seen != (key, first_block + b):
-                    self.sampled += 1
-                    self.repeats += 1
+            yield start + (x >> 8) % min(per, nblocks - start)
+
+    def record(self, key: str, block: int, data: memoryview | bytes) -> None:
+        """One sampled 4 KiB block (entry block ``block`` of ``key``): hashed, counted, a repeat caught."""
+        d = hashlib.blake2b(data, digest_size=8).digest()
+        with self._lock:
+            if len(self._digests) >= self.MAX_DIGESTS:
+                return
+            seen = self._digests.get(d)
+            if seen is None:
+                self._digests[d] = (key, block)
+                self.sampled += 1
+            elif seen != (key, block):
+                self.sampled += 1
+                self.repeats += 1
 
     def section(self) -> dict[str, Any]:
         """``{blocks_sampled, distinct_blocks, distinct_fraction, compress_codec, compress_sample_bytes,
@@ -133,9 +185,7 @@ class NoiseBuffer:
         self._tls = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._free: dict[int, list[_Primed]] = {}  # writer buffers not in use, by size
-        self._next_base = 0
-        self.writer_buffers = 0  # writer buffers made (the most writes that were ever in flight at once)
+        self._writers: WriterPool[_Primed] = WriterPool(self.nbytes, lambda size, base: _Primed(self, size, base))
         self.writer_buffer_bytes = 0  # of which filled with noise (each is filled as far as its largest chunk)
         self.bytes_in_place = 0  # entry bytes handed out from writer buffers, stamps rewritten in place
         self.bytes_copied = 0  # entry bytes copied from the noise (fill: the CPU tier; out=: the caller's buffer)
@@ -169,7 +219,7 @@ class NoiseBuffer:
             counts = {
                 "bytes_stamped_in_place": self.bytes_in_place,
                 "bytes_copied": self.bytes_copied,
-                "writer_buffers": self.writer_buffers,
+                "writer_buffers": self._writers.made,
                 "writer_buffer_bytes": self.writer_buffer_bytes,
             }
         return {
@@ -187,21 +237,6 @@ class NoiseBuffer:
         with self._pool_lock:
             self.bytes_in_place += in_place
             self.bytes_copied += copied
-
-    def _borrow(self, size: int) -> _Primed:
-        """A writer buffer of ``size`` bytes from the pool, or a new one at the next base along the noise."""
-        with self._pool_lock:
-            free = self._free.get(size)
-            if free:
-                return free.pop()
-            base = self._next_base
-            self._next_base = (base + size) % self.nbytes
-            self.writer_buffers += 1
-        return _Primed(self, size, base)
-
-    def _give_back(self, p: _Primed) -> None:
-        with self._pool_lock:
-            self._free.setdefault(len(p.view), []).append(p)
 
     def key_hash(self, key: str) -> int:
         """The key's stamp, salted by the seed: 64 bits."""
@@ -319,7 +354,7 @@ class NoiseChunks:
     def _in_place(self) -> Iterator[memoryview]:
         """Chunks of ``limit`` bytes from a borrowed writer buffer: only the stamps change between chunks."""
         noise, h = self.noise, self.noise.key_hash(self.key)
-        p = noise._borrow(self.limit)
+        p = noise._writers.borrow(self.limit)
         try:
             block, remaining = 0, self.padded
             while remaining > 0:
@@ -331,7 +366,7 @@ class NoiseChunks:
                 remaining -= n
                 yield view
         finally:
-            noise._give_back(p)  # the consumer is done with every chunk (or has dropped the iteration)
+            noise._writers.give_back(self.limit, p)  # the consumer is done with every chunk (or dropped the iteration)
 
     def _copied(self) -> Iterator[memoryview]:
         """Chunks of ``limit`` bytes, each copied into the caller's buffer. With a buffer of at least two

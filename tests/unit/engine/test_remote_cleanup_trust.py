@@ -150,7 +150,11 @@ def test_ctrl_c_ends_a_bench_on_a_hung_redis_at_once(tmp_path):
     try:
         p = subprocess.Popen(_bench_argv(srv, tmp_path, "--duration", "60"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
-        time.sleep(4)  # the load has begun; its writes to Redis hang
+        deadline = time.monotonic() + 30  # until the load has begun: a write to Redis hangs (a fixed 4 s was once
+        while srv.stalls == 0 and time.monotonic() < deadline and p.poll() is None:  # too short beside other tests)
+            time.sleep(0.1)
+        assert srv.stalls, "the bench never wrote to Redis"
+        time.sleep(0.5)
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
