@@ -48,7 +48,8 @@ its request queue and cache methods wrapped from outside (its logic untouched). 
 ``reference_parity_load submitted_over_offered_min=<kvtier's lowest submitted/offered>
 deviation_where_reference_keeps_up=<max |kvtier/reference - 1| of submitted/offered where the reference submits
 >= 0.95 of its own offer; none where it never does> reads_per_s_deviation=<max |kvtier/reference - 1| of reads per
-second that found their entry> <per workload>`` (aims: >= 0.95, <= 0.10, <= 0.15).
+second that found their entry> reads_per_s_deviation_where_reference_keeps_up=<the same where the reference keeps
+up> <per workload>`` (aims: >= 0.95, <= 0.10, <= 0.15).
 
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
@@ -516,13 +517,17 @@ def aims_line(aims: list[tuple[str, float, float, float]]) -> str:
     second (not reads in flight, which grow with how long a read takes) within 15 %."""
     kept = [abs(k / r - 1) for _, k, r, _ in aims if r >= 0.95]
     reads = [abs(x - 1) for *_, x in aims if x == x]
+    # the same reads-per-second figure only where the reference keeps up with its own offer: where it falls
+    # behind, kvtier reading more per second is kvtier keeping up, not a deviation to remove
+    reads_kept = [abs(x - 1) for _, _, r, x in aims if x == x and r >= 0.95]
     per = " ".join(f"{m}:kvtier={k:.3f},reference={r:.3f},reads_ratio={x:.3f}" for m, k, r, x in aims)
     kept_s = f"{max(kept):.3f}" if kept else "none"
     reads_s = f"{max(reads):.3f}" if reads else "nan"
+    reads_kept_s = f"{max(reads_kept):.3f}" if reads_kept else "none"
     lowest = min(k for _, k, _, _ in aims)
     return (
         f"reference_parity_load submitted_over_offered_min={lowest:.3f} deviation_where_reference_keeps_up={kept_s} "
-        f"reads_per_s_deviation={reads_s} {per}"
+        f"reads_per_s_deviation={reads_s} reads_per_s_deviation_where_reference_keeps_up={reads_kept_s} {per}"
     )
 
 
