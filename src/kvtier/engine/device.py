@@ -12,7 +12,7 @@ entries in host memory measures an offload path no server takes. With ``--gpu-na
 * **Tiers take device chunks.** The GPU tier copies them device to device; the CPU tier copies them straight
   into its own pages (device to host, one copy: the work a CPU offload does); the GDS file tier hands them to
   kvikio's ``CuFile`` as they are (no staging copy). A tier that needs host memory for its I/O (the O_DIRECT
-  file tier, Redis, S3) gets them through one pinned host buffer per thread (``Bounce``).
+  file tier, Redis, S3) gets them through one pinned host buffer per thread (``Feed``, ``DeviceMemory.bounce``).
 * **Reads land in device memory.** A request's read drains the tier's export into a per-thread device buffer
   (``DeviceMemory.land``): device to device from the GPU tier (which exports views of its own memory) and from
   the GDS file tier (cuFile fills a device buffer), host to device from the others. Promotion into the GPU
