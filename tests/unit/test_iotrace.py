@@ -283,7 +283,10 @@ def test_a_fio_job_larger_than_the_targets_free_space_is_scaled_down_or_refused(
     rows = [("Write", "k0", huge * MiB, "Tier-2"), ("Read", "k0", huge * MiB, "Tier-2")]
     t = read_trace(str(_trace(tmp_path, rows)))
     text, f = distil(t, TraceFioConfig(trace=t.path, output="j.fio", directory=str(tmp_path)))
-    assert f["size_bytes"] <= 0.9 * free and f["size_note"] and "scaled down" in f["size_note"]
+    assert f["size_note"] and "scaled down" in f["size_note"]
+    # the free space distil saw (other tests running beside this one move it between two readings)
+    seen = int(re.search(r"of the (\d+) bytes free", f["size_note"]).group(1))
+    assert abs(seen - free) < free * 0.05 and f["size_bytes"] == int(seen * 0.9) // MiB * MiB < huge * MiB
     assert f"; {f['size_note']}" in text
     with pytest.raises(ConfigError, match="--size-gb .* exceed"):
         distil(t, TraceFioConfig(trace=t.path, output="j.fio", directory=str(tmp_path), size_gb=free * 2 / 2**30))
