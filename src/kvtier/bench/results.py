@@ -209,6 +209,7 @@ def cache_stats(
         "entries_dropped_unreadable": rec.counters.get("entries_dropped_unreadable", 0),
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
         "fragmented_fallthroughs": rec.counters.get("fragmented_fallthroughs", 0),
+        "reserve_waits_expired": rec.counters.get("reserve_waits_expired", 0),
         "remote_own_hits": rec.counters.get("remote_own_hits", 0),
         "remote_cross_writer_hits": rec.counters.get("remote_cross_writer_hits", 0),
         "remote_foreign_entries": rec.counters.get("remote_foreign_entries", 0),

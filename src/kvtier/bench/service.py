@@ -66,6 +66,7 @@ class _Tally:
     decode_ns: int | None = None  # the decode phase's reads (None: the request had no decode phase)
     dropped: int = 0  # stores no tier could take (the request went on without caching them)
     alloc_wait_ns: int = 0  # time waiting for an allocation slot (--max-concurrent-allocs), outside storage time
+    held: list[str] = field(default_factory=list)  # entries this request holds in use until its reads are done
     counts: dict[str, int] = field(default_factory=dict)
     tier_ns: dict[str, int] = field(default_factory=dict)  # the request's own operations' time, by tier
 
@@ -118,8 +119,9 @@ class RequestService:
         self.hard_stop = hard_stop  # also cuts simulated generation short
 
     # -- one operation each ------------------------------------------------------------------
-    def _put(self, t: _Tally, key: str, tokens: int, buf: memoryview) -> int:
-        """Write one KV object for this request; returns its storage time, counts its bytes."""
+    def _put(self, t: _Tally, key: str, tokens: int, buf: memoryview, hold: bool = False) -> int:
+        """Write one KV object for this request; returns its storage time, counts its bytes. With ``hold``
+        the entry is in use (not evicted) until the request ends: its decode reads find it where it went."""
         if self.stop.is_set():
             raise _Cut
         nbytes = self.entry_bytes(tokens)
@@ -137,7 +139,7 @@ class RequestService:
         try:
             # the entry's bytes come from a writer buffer of the noise's, only its stamps rewritten per chunk
             # (engine/noise.py): each write is unique on disk; buf serves the demotions this write causes
-            res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf)
+            res = self.store.put(key, lambda: noise.chunks(key, nbytes, chunk), nbytes, buf, hold=hold)
         except TierFullError as e:
             cause = e.__cause__
             if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -152,6 +154,8 @@ class RequestService:
         finally:
             if slots is not None:
                 slots.release()
+        if res.held:
+            t.held.append(key)
         if not res.deduplicated:  # a concurrent writer of the same key wrote it, not us
             t.bytes_written += nbytes
             t.tokens_written += tokens
@@ -205,14 +209,19 @@ class RequestService:
                 recompute.append(ref)
         for ref in recompute:
             t.count(f"restores_{ref.kind}")
+        decodes = self._decodes(req)
         for ref in (*recompute, *req.writes):
-            ns = self._put(t, ref.key, ref.tokens, buf)
+            ns = self._put(t, ref.key, ref.tokens, buf, hold=decodes and ref.key == req.decode_key)
             t.storage_ns += ns
             t.prefill_ns += ns
 
+    def _decodes(self, req: Request) -> bool:
+        """Whether the request re-reads its decode entry after the prefill."""
+        return req.decode_key is not None and req.phase == "prefill_decode" and not self.settings.prefill_only
+
     def _decode(self, t: _Tally, req: Request, buf: memoryview) -> None:
         s = self.settings
-        if req.decode_key is None or req.phase != "prefill_decode" or s.prefill_only:
+        if not self._decodes(req) or req.decode_key is None:  # (the second test narrows the type)
             return
         decode = KVRef(req.decode_key, req.decode_tokens, "decode")
         t.decode_ns = 0
@@ -226,7 +235,7 @@ class RequestService:
             t.misses += 1
             t.count("lookup_decode_misses")
             if not s.decode_only:
-                t.storage_ns += self._put(t, req.decode_key, req.decode_tokens, buf)
+                t.storage_ns += self._put(t, req.decode_key, req.decode_tokens, buf, hold=True)
 
     # -- a whole request ---------------------------------------------------------------------
     def serve(self, req: Request, submit_ns: int, buf: memoryview) -> Served:
@@ -248,6 +257,8 @@ class RequestService:
         except StorageError as e:
             ok, err = False, f"storage_error: {e}"
         finally:
+            for key in t.held:  # its reads are done (or cut): the entries may be evicted again
+                self.store.release(key)
             for name, n in t.counts.items():
                 self._count(name, n)
         storage_done = clock.now_ns()

@@ -114,6 +114,7 @@ class PutResult:
     tier: str | None
     timing: IOTiming
     deduplicated: bool = False  # another thread was writing the same key; no bytes were written
+    held: bool = False  # put with hold=True and committed: not evictable until release(key)
 
 
 @dataclass

@@ -17,8 +17,12 @@
 * Promotion (``promotion="on-read"``): a hit below the top tier is moved to the top tier with the
   read that serves the request, as production engines do. Demotion and promotion are one copy
   routine (``_copy``), so both make room the same way and book their I/O the same way.
-* Room held only by writes in flight (nothing evictable) is waited for on a condition variable
-  that every release of space or of a victim notifies, up to ``reserve_wait_s``.
+* An entry written with ``put(..., hold=True)`` is *in use* until ``release(key)``: it stays out of its
+  tier's eviction order (as an engine never evicts the blocks of a sequence it is running), so the
+  request that wrote it reads it back where it was written. Released, it is the most recently used.
+* Room held only by writes in flight or entries in use (nothing evictable) is waited for on a condition
+  variable that every release of space, of a victim or of an entry in use notifies, up to
+  ``reserve_wait_s``; then the entry tries the next tier (counted as ``reserve_waits_expired``).
 * An entry whose read fails (deleted, truncated or corrupt on the medium) is dropped: the read
   raises, and later lookups miss instead of failing again.
 
@@ -116,9 +120,13 @@ class TieredStore:
         """Per tier: bytes used (the tier's stored sizes), capacity, entries; a paged tier adds its page and
         the part of the used pages no entry fills."""
         with self._lock:
+            held = [0] * len(self._tiers)
+            for e in self._entries.values():
+                if e.tier >= 0:
+                    held[e.tier] += 1
             out = {
-                t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": len(t.policy)}
-                for t in self._tiers
+                t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": held[i]}
+                for i, t in enumerate(self._tiers)
             }
         for t in self._tiers:
             waste = getattr(t.backend, "waste_bytes", None)
@@ -201,10 +209,10 @@ class TieredStore:
             self._space.notify_all()
 
     def _unpin(self, e: _Entry, i: int) -> None:
-        """A move of ``e`` did not happen: it stays in tier i, evictable again."""
+        """A move of ``e`` did not happen: it stays in tier i, evictable again (unless in use)."""
         with self._lock:
             e.moving = False
-            if e.tier == i and self._entries.get(e.key) is e:
+            if e.tier == i and self._entries.get(e.key) is e and not e.in_use:
                 self._tiers[i].policy.insert(e.key)
             self._space.notify_all()
 
@@ -234,10 +242,13 @@ class TieredStore:
                     victims = self._pick_victims(t, lambda freed: t.used - freed + size <= thr, limit - evicted)
                     if victims:
                         break
-                    # Nothing evictable: the room is held by writes in flight or entries being moved.
+                    # Nothing evictable: the room is held by writes in flight, entries being moved or in use.
                     now = time.monotonic()
                     deadline = deadline if deadline is not None else now + self.config.reserve_wait_s
-                    if now >= deadline or (self.cancel is not None and self.cancel.is_set()):
+                    if self.cancel is not None and self.cancel.is_set():
+                        return False
+                    if now >= deadline:
+                        self.sink.count("reserve_waits_expired")
                         return False
                     self._space.wait(min(0.1, deadline - now))  # short bound: the cancel event is polled
             for e in victims:
@@ -350,26 +361,30 @@ class TieredStore:
         with self._lock:
             src.used -= e.size
             e.tier, e.size, e.moving = j, size, False
-            dst.policy.insert(e.key)
+            if not e.in_use:
+                dst.policy.insert(e.key)
             self._space.notify_all()
         self._done(src.backend.name, "read", read_cause, e.key, e.nbytes, read_t)
         self._done(dst.backend.name, "write", write_cause, e.key, e.nbytes, write_t)
         return read_t
 
-    def _commit(self, e: _Entry, i: int, size: int) -> None:
-        """A written entry joins tier i (its ``size`` bytes already reserved and written) — unless a
-        concurrent put of the same key committed first: then theirs is kept and ours given back."""
+    def _commit(self, e: _Entry, i: int, size: int, hold: bool = False) -> bool:
+        """A written entry joins tier i (its ``size`` bytes already reserved and written), in use when
+        ``hold`` — unless a concurrent put of the same key committed first: then theirs is kept, ours
+        given back, and False returned."""
         t = self._tiers[i]
         with self._lock:
             previous = self._entries.get(e.key)
             if previous is None:
-                e.tier, e.size = i, size
+                e.tier, e.size, e.in_use = i, size, hold
                 self._entries[e.key] = e
-                t.policy.insert(e.key)
+                if not hold:
+                    t.policy.insert(e.key)
                 self._space.notify_all()
         if previous is not None:
             t.backend.delete(e.key)
             self._release(i, size)
+        return previous is None
 
     def _host_short(self, t: _Tier) -> bool:
         """A RAM tier stopped growing (the host ran short of memory): the store takes its new size; entries over
@@ -384,8 +399,9 @@ class TieredStore:
         return True
 
     # -- public operations -------------------------------------------------------------------
-    def put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
-        """Store an entry (replacing any entry under the same key) in the fastest tier with room.
+    def put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview, hold: bool = False) -> PutResult:
+        """Store an entry (replacing any entry under the same key) in the fastest tier with room; with
+        ``hold`` it is in use (never a victim) until ``release(key)`` (``PutResult.held`` says it is).
 
         ``source()`` returns the entry's aligned chunks; it may be called once per tier tried.
         ``buf`` is the caller's reusable aligned buffer, used by demotions this write causes.
@@ -402,12 +418,12 @@ class TieredStore:
             self.sink.count("deduplicated_writes")
             return PutResult(self.location(key), IOTiming(), deduplicated=True)
         try:
-            return self._put(key, source, nbytes, buf)
+            return self._put(key, source, nbytes, buf, hold)
         finally:
             with self._lock:
                 self._writing.pop(key).set()
 
-    def _put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview) -> PutResult:
+    def _put(self, key: str, source: ChunkSource, nbytes: int, buf: memoryview, hold: bool) -> PutResult:
         self.delete(key)
         e = _Entry(key, nbytes)
         last_error: StorageError | None = None
@@ -440,9 +456,9 @@ class TieredStore:
                 if isinstance(exc, TierFullError):
                     continue  # the medium is full (ENOSPC): try the next tier
                 raise
-            self._commit(e, i, size)
+            held = self._commit(e, i, size, hold) and hold
             self._done(t.backend.name, "write", "request", key, nbytes, timing)
-            return PutResult(t.backend.name, timing)
+            return PutResult(t.backend.name, timing, held=held)
         if last_error is not None:
             raise last_error
         raise TierFullError(f"no tier can hold {key!r} ({nbytes} bytes)")
@@ -526,6 +542,18 @@ class TieredStore:
             return None
         self.sink.count("promotions")
         return GetResult(True, self._tiers[i].backend.name, e.nbytes, read_t)
+
+    def release(self, key: str) -> None:
+        """The request that put ``key`` with ``hold`` is done with it: it becomes evictable, the most
+        recently used of its tier. A key no longer held (deleted, replaced) is ignored."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or not e.in_use:
+                return
+            e.in_use = False
+            if e.tier >= 0 and not e.moving:
+                self._tiers[e.tier].policy.insert(key)
+            self._space.notify_all()
 
     # -- explicit placement (kvtier trace replay: the recorded trace decides, not the waterfall) ----
     def _index(self, tier: str) -> int:

@@ -150,3 +150,45 @@ def test_other_full_tiers_do_not_stop_the_run(noise, cause):
     served = svc.serve(req(writes=(KVRef("w", 10, "context"),)), 0, aligned_buffer(1 << 20))
     # no tier took the store: dropped, not failed (the request completes; a later read misses)
     assert not served.device_full and served.record.ok and served.record.stores_dropped == 1
+
+
+class WatchedReads(MemoryTier):
+    """A real tier that notes, at each read, which keys its store may evict (set ``store`` after making it)."""
+
+    store: TieredStore | None = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: list[tuple[str, list[str]]] = []
+
+    def read(self, key, buf, cancel=None):
+        assert self.store is not None
+        self.seen.append((key, self.store.eviction_order(self.name)))
+        return super().read(key, buf, cancel)
+
+
+@pytest.mark.parametrize("cut_after", [None, 2])
+def test_a_requests_own_entry_is_in_use_until_its_decode_reads_end(noise, cut_after):
+    """From its write to the end of its decode reads (or the cut that ends them) the request's entry is out of
+    the eviction order, so writes beside it cannot demote it under its reads; then it is the most recent."""
+    tier = WatchedReads(64 * 1024 * ALIGN, "cpu")
+    svc, store, *_ = make(noise, tiers=[tier])
+    tier.store = store
+    buf = aligned_buffer(1 << 20)
+    store.put("older", lambda: noise.chunks("older", 10 * BPT, 1 << 20), 10 * BPT, buf)
+    if cut_after is not None:  # the run ends during the decode reads
+
+        class Stopping(list):
+            def append(self, x):
+                super().append(x)
+                if len(self) == cut_after:
+                    svc.stop.set()
+
+        tier.seen = Stopping()
+    r = req(writes=(KVRef("t2", 100, "context"),), decode_key="t2", decode_tokens=100)
+    x = svc.serve(r, 0, buf).record
+    decode_reads = [order for key, order in tier.seen if key == "t2"]
+    assert len(decode_reads) == (3 if cut_after is None else cut_after)
+    assert all("t2" not in order and "older" in order for order in decode_reads)
+    assert x.ok == (cut_after is None)
+    assert store.eviction_order("cpu") == ["older", "t2"]  # released, cut or not

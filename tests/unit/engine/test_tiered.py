@@ -268,3 +268,70 @@ def test_filler_stays_until_its_room_is_needed_and_is_never_demoted(noise, buf):
     assert rec.counters.get("demotions", 0) == 0 and rec.counters.get("evictions_bottom", 0) == 0
     assert s.filler_entries() == 1
     s.check_accounting()
+
+
+def held_put(store, noise, key, n, buf):
+    return store.put(key, lambda: noise.chunks(key, n, 1 << 20), n, buf, hold=True)
+
+
+def test_an_entry_in_use_is_never_a_victim_and_released_it_is_the_most_recent(noise, buf):
+    """A request's entry held in use (its decode reads to come) stays where it was written while later writes
+    demote the other entries; released, it is evictable again, the most recently used of its tier."""
+    s, rec = two_tier(StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0, reserve_wait_s=0))
+    for k in "ab":
+        put(s, noise, k, 2 * KB4, buf)
+    assert held_put(s, noise, "mine", 2 * KB4, buf).held
+    assert s.eviction_order("cpu") == ["a", "b"]  # in use: not in the eviction order
+    assert s.usage()["cpu"]["entries"] == 3  # but counted in its tier
+    for k in "cdefgh":  # four times the room that is left: everything else goes down, "mine" stays
+        put(s, noise, k, 2 * KB4, buf)
+    assert s.location("mine") == "cpu" and s.location("a") == "storage"
+    assert s.get("mine", buf).tier == "cpu"
+    s.release("mine")
+    assert s.eviction_order("cpu")[-1] == "mine"
+    s.release("mine")  # a second release, or one of a key no longer held, changes nothing
+    s.release("absent")
+    assert s.eviction_order("cpu").count("mine") == 1
+    s.check_accounting()
+
+
+def test_a_writer_that_finds_the_room_in_use_waits_then_takes_the_next_tier(noise, buf):
+    """All of the top tier in use: a write waits up to reserve_wait_s for a release, then goes one tier down
+    (counted as reserve_waits_expired); a release within the wait lets it in."""
+    s, rec = two_tier(StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0, reserve_wait_s=0.2), top=4)
+    for k in ("u1", "u2"):
+        assert held_put(s, noise, k, 2 * KB4, buf).held
+    assert put(s, noise, "late", 2 * KB4, buf).tier == "storage"
+    assert rec.counters["reserve_waits_expired"] == 1
+    s = TieredStore(
+        [MemoryTier(4 * KB4, "cpu"), MemoryTier(20 * KB4, "storage")],
+        StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0, reserve_wait_s=30),
+        rec := Recorder(),
+    )
+    for k in ("u1", "u2"):
+        held_put(s, noise, k, 2 * KB4, buf)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(put(s, noise, "late", 2 * KB4, aligned_buffer(KB4))))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and not got  # waiting: nothing in the tier may be evicted
+    s.release("u1")
+    t.join(10)
+    assert not t.is_alive() and got[0].tier == "cpu"
+    assert s.location("u1") == "storage" and s.location("u2") == "cpu"  # the released one made the room
+    assert "reserve_waits_expired" not in rec.counters
+    s.check_accounting()
+
+
+def test_a_promoted_entry_in_use_stays_out_of_the_eviction_order(noise, buf):
+    s, _ = two_tier(StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0, promotion="on-read"), top=4)
+    for k in ("a", "b"):
+        put(s, noise, k, 2 * KB4, buf)
+    held_put(s, noise, "mine", 2 * KB4, buf)  # demotes "a"
+    s.move("mine", "storage", buf)  # not a victim, but a recorded move may still take it down
+    assert s.location("mine") == "storage" and "mine" not in s.eviction_order("storage")
+    assert s.get("mine", buf).hit  # promoted back on read
+    assert s.location("mine") == "cpu" and "mine" not in s.eviction_order("cpu")
+    s.release("mine")
+    assert s.eviction_order("cpu")[-1] == "mine"
+    s.check_accounting()
