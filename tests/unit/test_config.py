@@ -46,6 +46,7 @@ def test_partial_yaml_merges_over_defaults(tmp_path):
     "text,needle",
     [
         ("eviction:\n  target_usage_ratio: 1.5\n", "eviction.target_usage_ratio"),
+        ("eviction:\n  reserve_wait_s: -1\n", "eviction.reserve_wait_s"),
         ("bogus: 1\n", "bogus: unknown key"),
         ("qos_profiles:\n  urgent:\n    priority: 4\n", "qos_profiles.urgent"),
         ("user_templates:\n  chatbot:\n    context_range: [10, 5]\n", "user_templates.chatbot.context_range"),

@@ -121,6 +121,22 @@ def test_gpu_backend_keys_bound_the_gpu_tier(tmp_path):
         comp.close()
 
 
+def test_eviction_keys_reach_the_store_with_kvtiers_wait_beside_them(tmp_path):
+    text = "eviction: {target_usage_ratio: 0.7, max_recursion_depth: 3, max_evictions_min: 7, reserve_wait_s: 2.5}"
+    comp = build_components(plan(tmp_path, text), Recorder())
+    try:
+        cfg = comp.store.config
+        assert (cfg.target_usage_ratio, cfg.max_recursion, cfg.max_evictions_min) == (0.7, 3, 7)
+        assert cfg.reserve_wait_s == 2.5
+    finally:
+        comp.close()
+    comp = build_components(plan(tmp_path, ""), Recorder())
+    try:
+        assert comp.store.config.reserve_wait_s == 10.0  # kvtier's default (the engine's own is 1 s)
+    finally:
+        comp.close()
+
+
 def test_workload_keys(tmp_path):
     text = (
         "decode: {batch_size: 8}\n"

@@ -391,6 +391,7 @@ def build_components(plan: Plan, sink: EventSink) -> Components:
                     promotion=cfg.promotion,
                     max_evictions_hard_cap=ev.max_evictions_hard_cap,
                     max_evictions_min=ev.max_evictions_min,
+                    reserve_wait_s=ev.reserve_wait_s,
                     tier_eviction_caps={"gpu": cfg.tuning.gpu_backend.max_eviction_attempts},
                     tier_target_ratios={"storage": cfg.s3_cold_threshold} if cfg.s3_cold_threshold else {},
                 ),

@@ -121,13 +121,16 @@ class QoSDistribution(_Strict):
 class Eviction(_Strict):
     """The waterfall's room-making rules (engine/tiered.py). One reservation evicts at most
     min(max_evictions_hard_cap, max(max_evictions_min, entries in the tier + 100)) victims, as the
-    reference bounds one ensure-space call; past that the entry tries the next tier."""
+    reference bounds one ensure-space call; past that the entry tries the next tier. ``reserve_wait_s`` is
+    kvtier's: how long a write waits when all of a tier's room is held by writes in flight or entries in use
+    (a request's own entry until its decode reads end) before it takes the next tier."""
 
     target_usage_ratio: float = Field(0.8, gt=0, le=1)
     large_entry_limit_ratio: float = Field(0.95, gt=0, le=1)
     max_recursion_depth: int = Field(10, ge=1)
     max_evictions_hard_cap: int = Field(5000, ge=1)
     max_evictions_min: int = Field(1000, ge=1)
+    reserve_wait_s: float = Field(10.0, ge=0)
 
 
 class Decode(_Strict):
