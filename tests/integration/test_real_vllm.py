@@ -133,6 +133,7 @@ def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: S
     assert r["status"] == "error" and r["cause"] == "context-length" and r["http_status"] == 400
 
 
+@pytest.mark.serial  # beside other workers' load its decode fit once came out 0 (CI clone, 2026-12-03)
 def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(real_vllm: Server, tmp_path):
     """kvtier ladder against the CPU build: cold and GPU points, each verified by vLLM's own prefix-cache counters;
     no offload tier (the CPU build has none, and the ladder says so rather than assume one)."""
@@ -157,4 +158,5 @@ def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(rea
     assert med[("gpu", 8192, 16)] < med[("cold", 8192, 16)] / 3  # a hit skips most of the prefill
     f = r["fit"]
     assert f is not None and f["timing"]["source"] == "measured" and f["timing"]["fetch"] == []
-    assert f["prefill_fit_median_abs_rel_err"] < 0.25 and f["timing"]["decode"]["tpot_s"] > 0
+    assert f["prefill_fit_median_abs_rel_err"] < 0.25
+    assert f["timing"]["decode"]["tpot_s"] > 0, (r["tpot"], f["timing"]["figures"])

@@ -65,7 +65,11 @@ def test_the_fit_under_noise_stays_close_and_unverified_points_are_left_out() ->
     assert f.prefill_fit_median_abs_rel_err is not None and f.prefill_fit_median_abs_rel_err < 0.05
     assert f.timing.prefill.s_per_token == pytest.approx(TRUE.s_per_token, rel=0.15)
     assert all(r.measured_s != 99.0 for r in f.residuals)
-    assert f.timing.decode.tpot_s == 0.0 and "not measured" in f.timing.figures["decode"]
+    assert f.timing.decode.tpot_s == 0.0 and "no TPOT sweep" in f.timing.figures["decode"]
+    bursts = [TpotPoint(running=m, tpot_s=None, requests=3 * m, failed=0, bursty=3 * m) for m in (1, 2)]
+    f = fit_ladder(pts, bursts, ["cpu"], None, "x.json")
+    assert f is not None and f.timing.decode.tpot_s == 0.0
+    assert "every stream of the TPOT sweep (9) came in bursts" in f.timing.figures["decode"]
 
 
 def test_too_few_points_give_no_fit_and_coefficients_stay_non_negative() -> None:

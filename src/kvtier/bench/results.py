@@ -210,6 +210,7 @@ def cache_stats(
         "deduplicated_writes": rec.counters.get("deduplicated_writes", 0),
         "fragmented_fallthroughs": rec.counters.get("fragmented_fallthroughs", 0),
         "reserve_waits_expired": rec.counters.get("reserve_waits_expired", 0),
+        "reserve_wait_total_s": round(rec.counters.get("reserve_wait_ns", 0) / 1e9, 3),
         "remote_own_hits": rec.counters.get("remote_own_hits", 0),
         "remote_cross_writer_hits": rec.counters.get("remote_cross_writer_hits", 0),
         "remote_foreign_entries": rec.counters.get("remote_foreign_entries", 0),

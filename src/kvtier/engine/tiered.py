@@ -229,32 +229,40 @@ class TieredStore:
         limit: int | None = None
         evicted = 0
         deadline: float | None = None
-        for _ in range(self.config.reserve_rounds):
-            with self._lock:
-                while True:
-                    if t.used + size <= thr:
-                        t.used += size
-                        return True
-                    if limit is None:
-                        limit = self.config.eviction_limit(len(t.policy), t.backend.name)
-                    if evicted >= limit:
-                        return False
-                    victims = self._pick_victims(t, lambda freed: t.used - freed + size <= thr, limit - evicted)
-                    if victims:
-                        break
-                    # Nothing evictable: the room is held by writes in flight, entries being moved or in use.
-                    now = time.monotonic()
-                    deadline = deadline if deadline is not None else now + self.config.reserve_wait_s
-                    if self.cancel is not None and self.cancel.is_set():
-                        return False
-                    if now >= deadline:
-                        self.sink.count("reserve_waits_expired")
-                        return False
-                    self._space.wait(min(0.1, deadline - now))  # short bound: the cancel event is polled
-            for e in victims:
-                self._evict(e, i, depth, buf)
-            evicted += len(victims)
-        return False
+        waited, expired = 0.0, False  # told to the sink after the store lock is let go
+        try:
+            for _ in range(self.config.reserve_rounds):
+                with self._lock:
+                    while True:
+                        if t.used + size <= thr:
+                            t.used += size
+                            return True
+                        if limit is None:
+                            limit = self.config.eviction_limit(len(t.policy), t.backend.name)
+                        if evicted >= limit:
+                            return False
+                        victims = self._pick_victims(t, lambda freed: t.used - freed + size <= thr, limit - evicted)
+                        if victims:
+                            break
+                        # Nothing evictable: the room is held by writes in flight, entries being moved or in use.
+                        now = time.monotonic()
+                        deadline = deadline if deadline is not None else now + self.config.reserve_wait_s
+                        if self.cancel is not None and self.cancel.is_set():
+                            return False
+                        if now >= deadline:
+                            expired = True
+                            return False
+                        self._space.wait(min(0.1, deadline - now))  # short bound: the cancel event is polled
+                        waited += time.monotonic() - now
+                for e in victims:
+                    self._evict(e, i, depth, buf)
+                evicted += len(victims)
+            return False
+        finally:
+            if waited:
+                self.sink.count("reserve_wait_ns", int(waited * 1e9))
+            if expired:
+                self.sink.count("reserve_waits_expired")
 
     def _cancellable(self, chunks: Iterable[memoryview], what: str) -> Iterable[memoryview]:
         """Pass chunks through, raising Cancelled between chunks once the cancel event is set; a source

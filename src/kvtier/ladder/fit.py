@@ -167,7 +167,14 @@ def fit_ladder(
         range=rng,
         figures={
             "prefill": f"fitted to {len(train)} verified cold and GPU points",
-            "decode": f"fitted to {len(tv)} TPOT-sweep levels" if tv else "not measured (no TPOT sweep): 0",
+            "decode": f"fitted to {len(tv)} TPOT-sweep levels"
+            if tv
+            else (
+                f"not measured: every stream of the TPOT sweep ({sum(t.requests for t in tpot)}) came in bursts or "
+                "failed: 0"
+                if tpot
+                else "not measured (no TPOT sweep): 0"
+            ),
             "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier",
         },
     )

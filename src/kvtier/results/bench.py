@@ -142,6 +142,7 @@ class _CacheStatsFixed(Section):
     deduplicated_writes: int
     fragmented_fallthroughs: int = 0
     reserve_waits_expired: int = 0  # reservations whose tier's room stayed held (writes in flight, entries in use)
+    reserve_wait_total_s: float = 0.0  # time writes and moves spent waiting for such room, summed over threads
     remote_own_hits: int = 0  # --remote-namespace shared: reads the shared tier served from this run's entries
     remote_cross_writer_hits: int = 0  # ... from entries another rank or an earlier run wrote
     remote_foreign_entries: int = 0  # ... misses: what was there was not the entry its key names (size, parts, expiry)
