@@ -209,21 +209,22 @@ class RequestService:
                 recompute.append(ref)
         for ref in recompute:
             t.count(f"restores_{ref.kind}")
-        decodes = self._decodes(req)
+        decode_key = self._decode_key(req)
         for ref in (*recompute, *req.writes):
-            ns = self._put(t, ref.key, ref.tokens, buf, hold=decodes and ref.key == req.decode_key)
+            ns = self._put(t, ref.key, ref.tokens, buf, hold=ref.key == decode_key)
             t.storage_ns += ns
             t.prefill_ns += ns
 
-    def _decodes(self, req: Request) -> bool:
-        """Whether the request re-reads its decode entry after the prefill."""
-        return req.decode_key is not None and req.phase == "prefill_decode" and not self.settings.prefill_only
+    def _decode_key(self, req: Request) -> str | None:
+        """The entry the request re-reads after its prefill (None: it has no decode phase)."""
+        return req.decode_key if req.phase == "prefill_decode" and not self.settings.prefill_only else None
 
     def _decode(self, t: _Tally, req: Request, buf: memoryview) -> None:
         s = self.settings
-        if not self._decodes(req) or req.decode_key is None:  # (the second test narrows the type)
+        key = self._decode_key(req)
+        if key is None:
             return
-        decode = KVRef(req.decode_key, req.decode_tokens, "decode")
+        decode = KVRef(key, req.decode_tokens, "decode")
         t.decode_ns = 0
         for i in range(1 + math.ceil(req.generate_tokens / s.decode_batch)):
             r = self._lookup(t, decode, buf)
@@ -235,7 +236,7 @@ class RequestService:
             t.misses += 1
             t.count("lookup_decode_misses")
             if not s.decode_only:
-                t.storage_ns += self._put(t, req.decode_key, req.decode_tokens, buf, hold=True)
+                t.storage_ns += self._put(t, key, req.decode_tokens, buf, hold=True)
 
     # -- a whole request ---------------------------------------------------------------------
     def serve(self, req: Request, submit_ns: int, buf: memoryview) -> Served:

@@ -81,6 +81,7 @@ class TieredStore:
             raise ValueError("no tier has a capacity > 0")
         self._entries: dict[str, _Entry] = {}
         self._writing: dict[str, threading.Event] = {}  # keys whose put is in flight
+        self._in_use: set[_Entry] = set()  # put with hold and not yet released: in no tier's policy
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # notified when room or a victim may have appeared
 
@@ -120,10 +121,9 @@ class TieredStore:
         """Per tier: bytes used (the tier's stored sizes), capacity, entries; a paged tier adds its page and
         the part of the used pages no entry fills."""
         with self._lock:
-            held = [0] * len(self._tiers)
-            for e in self._entries.values():
-                if e.tier >= 0:
-                    held[e.tier] += 1
+            held = [len(t.policy) for t in self._tiers]  # the evictable entries, and those in use (few)
+            for e in self._in_use:
+                held[e.tier] += 1
             out = {
                 t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": held[i]}
                 for i, t in enumerate(self._tiers)
@@ -194,6 +194,7 @@ class TieredStore:
                 if self._entries.get(e.key) is e:
                     del self._entries[e.key]
                 t.policy.remove(e.key)
+                self._in_use.discard(e)
                 e.tier, e.size, e.moving = -1, 0, False
                 self._space.notify_all()
 
@@ -212,7 +213,7 @@ class TieredStore:
         """A move of ``e`` did not happen: it stays in tier i, evictable again (unless in use)."""
         with self._lock:
             e.moving = False
-            if e.tier == i and self._entries.get(e.key) is e and not e.in_use:
+            if e.tier == i and self._entries.get(e.key) is e and e not in self._in_use:
                 self._tiers[i].policy.insert(e.key)
             self._space.notify_all()
 
@@ -369,7 +370,7 @@ class TieredStore:
         with self._lock:
             src.used -= e.size
             e.tier, e.size, e.moving = j, size, False
-            if not e.in_use:
+            if e not in self._in_use:
                 dst.policy.insert(e.key)
             self._space.notify_all()
         self._done(src.backend.name, "read", read_cause, e.key, e.nbytes, read_t)
@@ -384,9 +385,11 @@ class TieredStore:
         with self._lock:
             previous = self._entries.get(e.key)
             if previous is None:
-                e.tier, e.size, e.in_use = i, size, hold
+                e.tier, e.size = i, size
                 self._entries[e.key] = e
-                if not hold:
+                if hold:
+                    self._in_use.add(e)
+                else:
                     t.policy.insert(e.key)
                 self._space.notify_all()
         if previous is not None:
@@ -556,10 +559,10 @@ class TieredStore:
         recently used of its tier. A key no longer held (deleted, replaced) is ignored."""
         with self._lock:
             e = self._entries.get(key)
-            if e is None or not e.in_use:
+            if e is None or e not in self._in_use:
                 return
-            e.in_use = False
-            if e.tier >= 0 and not e.moving:
+            self._in_use.discard(e)
+            if not e.moving:
                 self._tiers[e.tier].policy.insert(key)
             self._space.notify_all()
 

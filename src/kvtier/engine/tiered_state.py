@@ -12,7 +12,7 @@ from kvtier.engine.store_api import (
 
 
 class _Entry:
-    __slots__ = ("key", "nbytes", "tier", "size", "moving", "lock", "filler", "in_use")
+    __slots__ = ("key", "nbytes", "tier", "size", "moving", "lock", "filler")
 
     def __init__(self, key: str, nbytes: int, filler: bool = False) -> None:
         self.key = key
@@ -21,7 +21,6 @@ class _Entry:
         self.tier = -1  # index into the store's tiers; -1 while not stored
         self.size = 0  # bytes it occupies in its tier
         self.moving = False  # chosen for demotion, promotion or deletion (then not in its tier's policy)
-        self.in_use = False  # held by the request that wrote it until it lets go (then not in its tier's policy)
         self.lock = threading.Lock()
 
 

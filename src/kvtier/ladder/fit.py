@@ -153,6 +153,13 @@ def fit_ladder(
         t0, t1 = (float(v) for v in nonneg_relative_lstsq(xt, yt))
         decode = DecodeModel(tpot_s=t0, s_per_extra_seq=t1)
         tpot_err = _median_abs([(decode.at(t.running) - (t.tpot_s or 0)) / (t.tpot_s or 1) for t in tv])
+    if tv:
+        decode_figure = f"fitted to {len(tv)} TPOT-sweep levels"
+    elif tpot:
+        streams = sum(t.requests for t in tpot)
+        decode_figure = f"not measured: every stream of the TPOT sweep ({streams}) came in bursts or failed: 0"
+    else:
+        decode_figure = "not measured (no TPOT sweep): 0"
     rng = MeasuredRange(
         max_prompt_tokens=max(p.prompt_tokens or 0 for p in ok),
         max_cached_tokens=max(p.cached_tokens or 0 for p in ok),
@@ -167,14 +174,7 @@ def fit_ladder(
         range=rng,
         figures={
             "prefill": f"fitted to {len(train)} verified cold and GPU points",
-            "decode": f"fitted to {len(tv)} TPOT-sweep levels"
-            if tv
-            else (
-                f"not measured: every stream of the TPOT sweep ({sum(t.requests for t in tpot)}) came in bursts or "
-                "failed: 0"
-                if tpot
-                else "not measured (no TPOT sweep): 0"
-            ),
+            "decode": decode_figure,
             "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier",
         },
     )
