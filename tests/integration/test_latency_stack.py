@@ -33,6 +33,7 @@ def traceable() -> None:
         pytest.skip(f"bpftrace cannot trace here: {why}")
 
 
+@pytest.mark.serial  # under extra load beside CI (2026-12-03) bpftrace printed no histograms for its 4 s run
 def test_a_bench_run_records_the_block_layer_and_its_own_system_calls(tmp_path: Path, traceable: None):
     cfg = tmp_path / "small.yaml"
     cfg.write_text(SMALL)
