@@ -133,7 +133,7 @@ def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: S
     assert r["status"] == "error" and r["cause"] == "context-length" and r["http_status"] == 400
 
 
-@pytest.mark.serial  # beside other workers' load its decode fit once came out 0 (CI clone, 2026-12-03)
+@pytest.mark.serial  # its TPOT sweep decodes 64 tokens a stream: with 8, every stream of a sweep came in one burst 1 run in 11
 def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(real_vllm: Server, tmp_path):
     """kvtier ladder against the CPU build: cold and GPU points, each verified by vLLM's own prefix-cache counters;
     no offload tier (the CPU build has none, and the ladder says so rather than assume one)."""
@@ -141,7 +141,7 @@ def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(rea
     p = subprocess.run(
         [*kvtier_cmd(), "ladder", "--base-url", real_vllm.url + "/v1", "--model", "tiny", "--tokenizer",
          f"hf:{real_vllm.model_dir}", "--contexts", "256,2048,8192", "--new-tokens", "16,512", "--repeats", "2",
-         "--tpot-concurrency", "1,2", "--tpot-tokens", "8", "--output", str(out), "--quiet"],
+         "--tpot-concurrency", "1,2", "--tpot-tokens", "64", "--output", str(out), "--quiet"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
