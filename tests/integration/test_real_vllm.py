@@ -133,7 +133,7 @@ def test_a_prompt_over_the_model_length_is_a_context_length_failure(real_vllm: S
     assert r["status"] == "error" and r["cause"] == "context-length" and r["http_status"] == 400
 
 
-@pytest.mark.serial  # its TPOT sweep decodes 64 tokens a stream: with 8, every stream of a sweep came in one burst 1 run in 11
+@pytest.mark.serial  # 64 tokens a TPOT stream: with 8, every stream of a sweep came in one burst in 1 run of 11
 def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(real_vllm: Server, tmp_path):
     """kvtier ladder against the CPU build: cold and GPU points, each verified by vLLM's own prefix-cache counters;
     no offload tier (the CPU build has none, and the ladder says so rather than assume one)."""
