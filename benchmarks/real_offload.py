@@ -11,9 +11,18 @@ other's. ``none`` recomputes what vLLM's own cache lost; ``kvtier:cpu`` loads it
 (``--max-tokens-cap``): TTFT is the figure.
 
 Printed: the launch's per-arm lines (later-turn TTFT p50 with its 95 % interval, p95, hit rates by source, failures)
-and verdicts, then, last: ``real_offload external_hit_tokens=… later_ttft_p50_none=… later_ttft_p50_cpu=…
+and verdicts, then ``real_offload external_hit_tokens=… later_ttft_p50_none=… later_ttft_p50_cpu=…
 later_ttft_p50_nvme=…`` — external_hit_tokens is what vLLM's own ``prompt_tokens_by_source{external_kv_transfer}``
 counted over the CPU and NVMe arms (cpu+nvme).
+
+``--per-request`` (#53): each kvtier arm's replay joined to its engine's own request log (kvtier launch passes it),
+then, last: ``request_truth joined=… sources_exact=… external_match=… closure=… load_io_ratio=… queue_vs_vllm=…
+prefill_vs_vllm=…`` over the CPU and NVMe arms — the share of ok requests joined to their engine record; the share of
+those whose prompt by source sums exactly to their prompt tokens; the arms whose records' planned offload tokens equal
+vLLM's ``external_prefix_cache_hits`` delta exactly (of 2); the share of requests whose parts and transits are within
+5 % of the client's TTFT (by construction on one clock: a check of the stamps); the records' tier read time over the
+tiers' own counter; and the mean queue + lookup + fetch, and the mean recompute, over vLLM's own histograms of the same
+run (``request_queue_time``, ``request_prefill_time``): the independent check of the engine stamps.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ def main() -> None:
     ap.add_argument("--staging-gb", type=float, default=0.005, help="the NVMe tier's CPU staging")
     ap.add_argument("--l2-gb", type=float, default=4.0, help="the NVMe tier")
     ap.add_argument("--nvme-dir", type=Path, default=None, help="default: a folder under the work folder")
+    ap.add_argument("--per-request", action="store_true", help="print the per-request truth of the kvtier arms, last")
     a = ap.parse_args()
     work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-real-offload-"))
     data = trace_folder(a.traces, 2, work)
@@ -43,6 +53,47 @@ def main() -> None:
     p50 = {k: later_p50(v) for k, v in by.items()}
     print(f"real_offload external_hit_tokens={ext:.0f} later_ttft_p50_none={p50['none']} "
           f"later_ttft_p50_cpu={p50['kvtier:cpu']} later_ttft_p50_nvme={p50['kvtier:nvme']}")  # fmt: skip
+    if a.per_request:
+        request_truth(sorted((out / "arms").glob("kvtier-*")))
+
+
+def request_truth(folders: list[Path]) -> None:
+    """The per-request join of each kvtier arm (its replay's summary and records), pooled; printed last."""
+    import json
+
+    ok = joined = exact = closed = with_parts = matches = 0
+    io_ours = io_counter = queue = vq = pre = vp = 0.0
+    for f in folders:
+        s = json.loads((f / "replay" / "summary.json").read_text())["summary"]
+        j, d = s.get("engine_join"), s.get("ttft_decomposition") or {}
+        if not j:
+            raise SystemExit(f"{f}: no engine_join in its replay summary (the replicas' request logs)")
+        ok += j["requests_ok"]
+        joined += j["joined_ok"]
+        matches += bool(j["external_match"])
+        io_ours += sum(j["load_io_s"].values())
+        io_counter += j["load_io_s_counter"] or 0.0
+        n = d.get("requests") or 0
+        with_parts += n
+        closed += round((d.get("closure_within_5pct") or 0.0) * n)
+        for mine, theirs in (("queue_s_mean", "vllm_queue_s_mean"), ("recompute_s_mean", "vllm_prefill_s_mean")):
+            if j[mine] is not None and j[theirs] is not None:
+                if mine.startswith("queue"):
+                    queue, vq = queue + j[mine] * n, vq + j[theirs] * n
+                else:
+                    pre, vp = pre + j[mine] * n, vp + j[theirs] * n
+        for line in (f / "replay" / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r["status"] == "ok" and r.get("decomposition") == "measured-in-engine":
+                exact += sum(r["prompt_sources"].values()) == r["prompt_tokens"]
+
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:.4f}" if y else "nan"
+
+    print(f"request_truth joined={ratio(joined, ok)} sources_exact={ratio(exact, joined)} "
+          f"external_match={matches}/{len(folders)} closure={ratio(closed, with_parts)} "
+          f"load_io_ratio={ratio(io_ours, io_counter)} queue_vs_vllm={ratio(queue, vq)} "
+          f"prefill_vs_vllm={ratio(pre, vp)}")  # fmt: skip
 
 
 if __name__ == "__main__":

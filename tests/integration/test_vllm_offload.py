@@ -36,6 +36,8 @@ class Offloading:
     log: Path
     nvme: Path
     rnd: random.Random
+    model: Path
+    request_log: Path  # the engine's own per-request log (kvtier/vllm/reqlog.py)
 
     def metrics(self) -> Snapshot:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
@@ -76,8 +78,9 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
     nvme = d / "nvme"
     nvme.mkdir()
     block_bytes = BLOCK * Geometry().kv_bytes_per_token
+    request_log = d / "engine-requests.jsonl"
     settings = {"offload": "nvme", "staging_gb": 24 * block_bytes / 2**30, "nvme_dir": str(nvme),
-                "nvme_offload_gb": 0.25}  # fmt: skip
+                "nvme_offload_gb": 0.25, "request_log": str(request_log)}  # fmt: skip
     (port,) = free_ports(1)
     extra = ["--kv-transfer-config", kv_transfer_arg(settings)]
     srv = cpu_engine.start(str(ENGINE_PYTHON), str(model), port, d, KV_TOKENS * Geometry().kv_bytes_per_token,
@@ -85,7 +88,7 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
                            env={"PYTHONPATH": engine_pythonpath(str(d / "pylib"))})  # fmt: skip
     try:
         srv.wait_healthy(STARTUP_S)
-        yield Offloading(srv.url, srv.log, nvme, random.Random(11))
+        yield Offloading(srv.url, srv.log, nvme, random.Random(11), model, request_log)
     finally:
         srv.stop()
         # the worker's file tier kept the run-folder rules: one folder, its lock released with the engine, so it is
@@ -145,3 +148,42 @@ def test_a_prefix_whose_files_are_gone_is_recomputed_never_served(offloading: Of
     after = o.metrics()
     assert usage["prompt_tokens_details"]["cached_tokens"] >= cold["prompt_tokens"] - BLOCK
     assert delta(before, after, "kvtier:offload_failed_loads_total") == 0
+
+
+def test_each_replayed_request_says_where_its_prompt_came_from_and_where_its_ttft_went(
+    offloading: Offloading, tmp_path: Path
+):
+    """kvtier replay --engine-log against the engine's own request log: every ok request is joined to its engine
+    record, its prompt by source sums to its prompt tokens, the records add up exactly to vLLM's own counter of
+    external hits and to kvtier's tiers' read time, and the parts come from the engine's stamps."""
+    from kvtier import replay
+    from kvtier.config import ReplayConfig
+    from kvtier.results.records import read_records
+    from tests.integration.test_real_vllm import MINISWE
+
+    o = offloading
+    out = tmp_path / "out"
+    cfg = ReplayConfig(base_url=o.url + "/v1", model="tiny", dataset=str(MINISWE), tokenizer=f"hf:{o.model}",
+                       concurrency=2, gap_scale=0, max_requests=16, max_tokens_cap=4, skip_too_long=True,
+                       engine_log=[str(o.request_log)], output=str(out), progress="none",
+                       scrape_interval=1.0)  # fmt: skip
+    result = replay.run(cfg, handle_signals=False)
+    s = result.summary
+    j = s.engine_join
+    assert j is not None and s.requests_ok > 0
+    assert (j.joined_ok, j.unjoined, j.log_dropped) == (s.requests_ok, {}, {})
+    # two agent runs outgrow the engine's 8,192-token cache: prefixes come back from kvtier's tiers
+    assert j.external_tokens > 0 and j.external_match, (j.external_tokens, j.external_hits_counter)
+    assert j.load_io_ratio == pytest.approx(1.0, abs=0.01)  # per request, the reads add up to the tiers' counter
+    records = [r for _, r in read_records(out / "requests.jsonl") if r.ok]
+    for r in records:
+        assert r.decomposition == "measured-in-engine" and r.engine is not None
+        assert r.request_id and r.engine.id.startswith(f"chatcmpl-{r.request_id}-")
+        assert sum((r.prompt_sources or {}).values()) == r.prompt_tokens
+        assert set(r.prompt_sources or {}) <= {"gpu", "cpu", "storage", "recomputed"}
+    with_parts = [r for r in records if r.server_ttft_parts is not None]
+    assert len(with_parts) == len(records) - sum(j.parts_dropped.values()) > 0
+    for r in with_parts:
+        assert r.transit_s is not None and min(r.transit_s.values()) >= 0
+        assert r.server_ttft_s + sum(r.transit_s.values()) == pytest.approx(r.ttft_s, abs=1e-5)
+    assert s.ttft_decomposition is not None and s.ttft_decomposition.requests == len(with_parts)

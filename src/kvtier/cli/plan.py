@@ -228,6 +228,13 @@ def show_value(cfg: ValueConfig, r: ValueReport) -> Shown:
     lines = [
         f"{i.name}: {_dash(i.value, 'g')} {i.unit} ({i.source}{'; ' + i.note if i.note else ''})" for i in r.inputs
     ]
+    if r.decomposition == "measured-in-engine":
+        lines.append("each request's prompt by tier and its fetch and recompute: measured in the engine (--engine-log)")
+    for c in r.ladder_check:
+        ladder = "no curve" if c.ladder_s is None else f"{c.ladder_s:.4f} s"
+        err = "" if c.error is None else f" ({c.error:+.1%})"
+        lines.append(f"ladder check ({r.ladder}) {c.part}: measured {c.measured_s:.4f} s over {c.requests} requests, "
+                     f"the ladder's curves {ladder}{err}")  # fmt: skip
     return Shown(lines, t)
 
 

@@ -94,6 +94,15 @@ class ReplayConfig(StrictModel):
     )
     rate_window: float = flag(300.0, "seconds of the rolling hit-rate window", gt=0)
     metrics_url: list[str] = flag([], "server root to scrape (default: the base URL's root)")
+    engine_log: list[str] = flag(
+        [],
+        "a vLLM engine's own per-request log (kvtier's offload spec with request_log set; kvtier launch passes its "
+        "replicas'): each request joined to its engine record gets its prompt by tier and its TTFT by part, "
+        "measured in the engine",
+    )
+    engine_log_wait: float = flag(
+        10.0, "seconds to wait after the last request for the engines to write its record", ge=0, le=600
+    )
 
     @field_validator("base_url", "metrics_url")
     @classmethod

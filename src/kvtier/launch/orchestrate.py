@@ -30,7 +30,7 @@ from kvtier.launch.devices import Inventory, child_env, cpu_inventory, discover,
 from kvtier.launch.engines import engine_python
 from kvtier.launch.faults import Fault, FaultInjector, outcomes, parse_faults
 from kvtier.launch.procs import NO_TELEMETRY, HealthWatch, Supervisor, free_ports
-from kvtier.launch.profiles import load_profiles, pick, resolve
+from kvtier.launch.profiles import load_profiles, pick, request_log_path, resolve
 from kvtier.launch.resolved import LaunchPlan, kvtier_argv, show_command
 from kvtier.launch.running import (
     HOST,
@@ -252,6 +252,8 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
         }
         if "tokenizer" not in cfg.replay.model_fields_set:  # the served model's own tokenizer counts the prompts
             replay_update["tokenizer"] = f"hf:{model_dir}"
+    if cfg.engine == "vllm" and offload in KVTIER_SPEC_ENGINES:  # each replica's own per-request record, joined
+        replay_update["engine_log"] = [request_log_path(str(out), i) for i in range(cfg.replicas)]
     sidecar, replicas = resolve(profile, values, replica_ports, replica_devices)
     if sidecar is not None:
         sizes = sizes_given(sidecar.argv, sizes)  # what the sidecar was really given is what launch.json says
@@ -356,6 +358,9 @@ def execute(lp: LaunchPlan) -> LaunchResult:
     cfg = lp.config
     if cfg.build == "cpu":
         make_cpu_model(lp)  # before the replay is prepared: it counts with the model's tokenizer
+    for path in lp.replay.engine_log:  # each replica's engine appends to its own (made here, so the replay sees it)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     replay_plan = prepare(lp.replay)  # the dataset is checked before any process starts (errors name file:line)
     remove_stale_sockdirs()
     lp.out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ PLACEHOLDERS = (
     "kvtier_pythonpath",
     "staging_gb",
     "staging_bytes",
+    "request_log",
 )
 NUMERIC = frozenset(
     {
@@ -256,6 +257,11 @@ class ProcPlan:
     devices: tuple[str, ...] = ()
 
 
+def request_log_path(workdir: str, replica: int) -> str:
+    """Where replica ``replica``'s engine writes its per-request log (kvtier's offload spec, ``request_log``)."""
+    return str(Path(workdir) / f"replica{replica}.engine-requests.jsonl")
+
+
 def resolve(
     profile: Profile,
     values: Mapping[str, str],
@@ -267,9 +273,6 @@ def resolve(
     base = dict(values)
     if profile.sim_model:
         base["sim_model"] = profile.sim_model
-    if profile.kv_transfer_config is not None:
-        ktc = _fill_tree(profile.kv_transfer_config, base)  # ports are numbers in the connector's JSON
-        base["kv_transfer_config"] = json.dumps(ktc, separators=(",", ":"))
     sidecar = None
     if profile.sidecar is not None:
         s = profile.sidecar
@@ -284,6 +287,10 @@ def resolve(
     replicas = []
     for i, port in enumerate(replica_ports):
         v = dict(base, port=str(port), replica=str(i), replica_id=f"{values['host']}:{port}")
+        v["request_log"] = request_log_path(values.get("workdir", ""), i)
+        if profile.kv_transfer_config is not None:  # per replica: its own request log
+            ktc = _fill_tree(profile.kv_transfer_config, v)  # ports are numbers in the connector's JSON
+            v["kv_transfer_config"] = json.dumps(ktc, separators=(",", ":"))
         r = profile.replica
         devices, dev_env, dev_unset = replica_devices[i] if replica_devices else ([], {}, [])
         replicas.append(
@@ -301,4 +308,14 @@ def resolve(
     return sidecar, replicas
 
 
-__all__ = ["Profile", "ProcessSpec", "ProcPlan", "load_profiles", "pick", "resolve", "fill", "PLACEHOLDERS"]
+__all__ = [
+    "Profile",
+    "ProcessSpec",
+    "ProcPlan",
+    "load_profiles",
+    "pick",
+    "resolve",
+    "fill",
+    "PLACEHOLDERS",
+    "request_log_path",
+]

@@ -104,9 +104,12 @@ def fetch_answer(cfg: FetchConfig) -> reports.FetchReport:
 
 
 def value_answer(cfg: ValueConfig) -> Any:
-    from kvtier.plan.value import ladder_value_report, value_report
+    from kvtier.plan.value import engine_measured, ladder_check, ladder_value_report, value_report
 
     store_gb = named_numbers(cfg.store_gb, "--store-gb")
+    if cfg.ladder and engine_measured(cfg.from_):  # measured per request: the ladder's curves beside, as a check
+        measured = value_report(cfg.from_, None, cfg.gpu_cost, cfg.store_cost, store_gb)
+        return measured.model_copy(update={"ladder": cfg.ladder, "ladder_check": ladder_check(cfg.from_, cfg.ladder)})
     if cfg.ladder:
         return ladder_value_report(cfg.from_, cfg.ladder, cfg.gpu_cost, cfg.store_cost, store_gb)
     fetch_bw: dict[str, float] = {}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import DatasetError
-from kvtier.results.plan import Input, TierValue, ValueReport
+from kvtier.results.plan import Input, LadderCheckRow, TierValue, ValueReport
 from kvtier.results.records import RequestRecord, read_records
 from kvtier.results.replay import ReplayResult, offload_sources
 
@@ -64,6 +64,15 @@ def gpu_value(gpu_cost: float | None, saved_s_per_hour: float | None) -> float |
     return gpu_cost * saved_s_per_hour / 3600.0
 
 
+def fetch_shares(r: RequestRecord, served_by: dict[str, int]) -> dict[str, float]:
+    """How a request's fetch divides among the tiers that served it: by each tier's own read time where the engine
+    measured it (``engine.load_io_s``), else by the tokens each served."""
+    io = {k: v for k, v in (r.engine.load_io_s if r.engine else {}).items() if k in served_by and v > 0}
+    weights: dict[str, float] = io if io else {k: float(v) for k, v in served_by.items()}
+    total = sum(weights.values())
+    return {k: v / total for k, v in weights.items()} if total else {}
+
+
 def decomposed_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
     """The ok records of a replay folder that carry the sim's TTFT decomposition, and the replay's result."""
     from kvtier.results import load
@@ -79,7 +88,8 @@ def decomposed_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]
     if not rows:
         raise DatasetError(
             f"{path}: no ok request carries the server's TTFT decomposition (a replay against kvtier sim has it; "
-            "a real vLLM does not send it)"
+            "against a real vLLM, kvtier's offload spec with request_log and kvtier replay --engine-log, which "
+            "kvtier launch passes, measure it in the engine; else --ladder prices the cached tokens)"
         )
     return rows, result
 
@@ -120,6 +130,8 @@ def value_report(
     hits: dict[str, int] = {}
     prompt = recomputed = 0
     fetch_s = recompute_s = 0.0
+    fetch_by_tier: dict[str, float] = {}
+    measured_in_engine = 0
     for r in rows:
         src = r.prompt_sources or {}
         parts = r.server_ttft_parts or {}
@@ -127,9 +139,13 @@ def value_report(
         recomputed += src.get("recomputed", 0)
         fetch_s += parts.get("fetch", 0.0)
         recompute_s += parts.get("recompute", 0.0)
-        for k, v in offload_sources(src).items():
+        served_by = offload_sources(src)
+        for k, v in served_by.items():
             tokens[k] = tokens.get(k, 0) + v
             hits[k] = hits.get(k, 0) + 1
+        for k, share in fetch_shares(r, served_by).items():
+            fetch_by_tier[k] = fetch_by_tier.get(k, 0.0) + parts.get("fetch", 0.0) * share
+        measured_in_engine += r.decomposition == "measured-in-engine"
     if not tokens:
         raise DatasetError(no_offload_hits(folder, len(rows), prompt, recomputed))
     inputs: list[Input] = []
@@ -143,7 +159,6 @@ def value_report(
     else:
         rate = None
         inputs.append(Input(name="prefill rate", value=None, unit="tokens/s", source="absent"))
-    served = sum(tokens.values())
     if fetch_bw:
         inputs.append(
             Input(
@@ -155,7 +170,12 @@ def value_report(
             )
         )
     else:
-        note = "the replay's fetch seconds, split among the tiers by the tokens each served"
+        note = (
+            "each hit's wait for its loads, measured in the engine (admitted -> loaded), split among its tiers by "
+            "their reads' own time"
+            if measured_in_engine
+            else "the replay's fetch seconds, each request's split among its tiers by the tokens each served"
+        )
         inputs.append(Input(name="fetch", value=round(fetch_s, 6), unit="s in all", source="measured", note=note))
     inputs.append(Input(name="GPU cost", value=gpu_cost, unit="$/GPU-hour", source="given" if gpu_cost else "absent"))
     inputs.append(
@@ -169,7 +189,7 @@ def value_report(
         if fetch_bw and tier in fetch_bw and kv_bytes_per_token:
             fetch = per_hour * kv_bytes_per_token / fetch_bw[tier]
         elif not fetch_bw:
-            fetch = fetch_s * (n / served) * hour if served else 0.0
+            fetch = fetch_by_tier.get(tier, 0.0) * hour
         else:
             fetch = None
         saved = avoided - fetch if avoided is not None and fetch is not None else None
@@ -193,8 +213,68 @@ def value_report(
             )
         )
     return ValueReport(
-        source=str(folder), requests=len(rows), wall_s=round(wall, 3), prompt_tokens=prompt, inputs=inputs, tiers=out
+        source=str(folder),
+        requests=len(rows),
+        wall_s=round(wall, 3),
+        prompt_tokens=prompt,
+        inputs=inputs,
+        tiers=out,
+        decomposition="measured-in-engine" if measured_in_engine == len(rows) else "sim",
     )
+
+
+def engine_measured(replay: str | Path) -> bool:
+    """Whether a replay's ok requests carry parts measured in the engine (``--engine-log``), not the sim's."""
+    try:
+        rows, _ = decomposed_records(Path(replay))
+    except DatasetError:
+        return False
+    return all(r.decomposition == "measured-in-engine" for r in rows)
+
+
+def ladder_check(replay: str | Path, ladder: str | Path) -> list[LadderCheckRow]:
+    """The engine-measured fetch (per tier) and recompute of a replay's requests beside what the ladder's curves
+    predict for the same requests (their tokens by source): the ladder's error on this replay."""
+    from kvtier.results.ladder import load_fitted
+
+    rows, _ = decomposed_records(Path(replay))
+    _, fit = load_fitted(str(ladder), "--ladder")
+    timing = fit.timing
+    measured: dict[str, float] = {}
+    predicted: dict[str, float | None] = {}
+    count: dict[str, int] = {}
+    for r in rows:
+        src = r.prompt_sources or {}
+        parts = r.server_ttft_parts or {}
+        served_by = offload_sources(src)
+        new = src.get("recomputed", 0)
+        items: list[tuple[str, float, float | None]] = [
+            ("recompute", parts.get("recompute", 0.0), timing.prefill.compute_s(new, sum(src.values()) - new))
+        ]
+        for tier, share in fetch_shares(r, served_by).items():
+            model = timing.fetch_for(tier)
+            items.append(
+                (f"fetch:{tier}", parts.get("fetch", 0.0) * share, model.seconds(served_by[tier]) if model else None)
+            )
+        for part, m, p in items:
+            measured[part] = measured.get(part, 0.0) + m
+            count[part] = count.get(part, 0) + 1
+            before = predicted.get(part, 0.0)
+            predicted[part] = None if p is None or before is None else before + p
+    out = []
+    for part in sorted(measured):
+        m, p = measured[part], predicted[part]
+        err = None if p is None or m <= 0 else round((p - m) / m, 6)
+        out.append(
+            LadderCheckRow(
+                part=part,
+                requests=count[part],
+                measured_s=round(m, 6),
+                ladder_s=None if p is None else round(p, 6),
+                error=err,
+            )
+        )
+    return out
 
 
 def usage_records(folder: Path) -> tuple[list[RequestRecord], ReplayResult]:
@@ -310,6 +390,8 @@ __all__ = [
     "Input",
     "value_report",
     "ladder_value_report",
+    "ladder_check",
+    "engine_measured",
     "usage_records",
     "economics",
     "gpu_value",

@@ -15,9 +15,11 @@ time from an injected clock — so its accounting (TTFT, gaps, e2e) is unit-test
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -44,6 +46,13 @@ class ClientConfig:
     history: str = "recorded"  # recorded | runtime
     cache_salt: str | None = None
     tools: list[dict[str, Any]] | None = None
+    # each request's X-Request-Id is this prefix and a number: vLLM makes its engine request id of it, so the engine's
+    # own per-request record (kvtier/vllm/reqlog.py) joins this run's (kvtier/replay/engine_join.py)
+    request_id_prefix: str = field(default_factory=lambda: f"kvt-{secrets.token_hex(4)}-")
+    _ids: Iterator[int] = field(default_factory=itertools.count, repr=False)
+
+    def next_request_id(self) -> str:
+        return f"{self.request_id_prefix}{next(self._ids)}"
 
 
 def event_loop_kind(requested: str = "auto") -> str:
@@ -313,17 +322,18 @@ async def stream_request(
     if cfg.tools:
         body["tools"] = cfg.tools
     rec = new_record(user, turn_index, max_tokens)
+    rid = rec["request_id"] = cfg.next_request_id()
 
     def now_s() -> float:  # the one clock read per network chunk
         return clock.now_ns() / 1e9
 
     t0 = now_s()
     rec["start_unix_s"] = (wall or time.time)()
+    rec["start_mono_s"] = round(t0, 7)
     sr = StreamRecorder(rec, t0)
+    headers = {"x-user-id": user.user_id, "x-request-id": rid}
     try:
-        async with session.post(
-            cfg.base_url.rstrip("/") + "/chat/completions", json=body, headers={"x-user-id": user.user_id}
-        ) as r:
+        async with session.post(cfg.base_url.rstrip("/") + "/chat/completions", json=body, headers=headers) as r:
             rec["http_status"] = r.status
             rec["replica"] = r.headers.get("x-kvtier-replica") or r.headers.get("x-kvtier-upstream")
             if r.status != 200:

@@ -79,6 +79,9 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     if cfg.missing():
         raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
     cfg, loaded, users, tokenizer, floor = load_users(cfg)
+    for path in cfg.engine_log:  # the engine writes it from its start: one missing now is a wrong path
+        if not Path(path).is_file():
+            raise ConfigError(f"--engine-log: {path}: not a file (an engine started with request_log writes it)")
     if cfg.output:  # an unwritable result folder fails now, not after the run
         try:
             Path(cfg.output).mkdir(parents=True, exist_ok=True)
@@ -358,9 +361,15 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 loop.remove_signal_handler(signal.SIGTERM)
     wall = (clock.now_ns() - t0) / 1e9
     hw = hardware.stop()
+    joined = None
+    if cfg.engine_log:
+        from kvtier.replay import engine_join
+
+        log = await asyncio.to_thread(engine_join.collect, records, cfg.engine_log, cfg.engine_log_wait)
+        joined = engine_join.join(records, log)
     result = build_result(
         plan,
-        RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw),
+        RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw, joined),
         records,
         [sc.summary() for sc in scrapers],
     )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config.replay import ReplayConfig
 from kvtier.replay.client import Bounds
+from kvtier.replay.engine_join import engine_checks, join_warnings
 from kvtier.replay.summary import summarize
 from kvtier.results.envelope import (
     ResultWarning,
@@ -24,7 +25,7 @@ from kvtier.results.envelope import (
     warning,
 )
 from kvtier.results.outcome import Failure, judge
-from kvtier.results.replay import ReplayRecord, ReplayResult, ScrapeSummary
+from kvtier.results.replay import EngineJoin, ReplayRecord, ReplayResult, ScrapeSummary
 
 if TYPE_CHECKING:
     from kvtier.replay.plan import ReplayPlan
@@ -44,6 +45,7 @@ class RunFacts:
     bounds: Bounds
     wall_s: float
     hardware: Any  # the HardwareSampler's samples
+    engine_join: EngineJoin | None = None  # --engine-log: the engine's records joined to these (replay/engine_join.py)
 
 
 def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
@@ -187,6 +189,9 @@ def build_result(
             )
         )
     warnings += timing_warnings(records)
+    if run.engine_join is not None:
+        summary["engine_join"] = joined = engine_checks(run.engine_join, records, metrics)
+        warnings += join_warnings(joined)
     summary["offload_degradation"] = degraded = offload_degradation(metrics, summary["requests_ok"])
     warnings += degradation_warnings(degraded)
     dropped = [r["decomposition_dropped"] for r in records if r.get("decomposition_dropped")]

@@ -62,6 +62,7 @@ BY_LABEL = {  # series read by one label: whole-run deltas per label value
     "prompt_tokens_by_source": ("vllm:prompt_tokens_by_source_total", "source"),
     "prompt_tokens_cached_by_source": ("vllm:prompt_tokens_cached_by_source_total", "source"),
     "kvtier_offload_loaded_blocks": ("kvtier:offload_loaded_blocks_total", "tier"),
+    "kvtier_offload_load_io_s": ("kvtier:offload_load_io_seconds_total", "tier"),
 }
 HISTS = {
     "prefill_time_s": "vllm:request_prefill_time_seconds",

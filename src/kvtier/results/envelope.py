@@ -139,6 +139,8 @@ class WarningCode(enum.StrEnum):
     decomposition_dropped = "decomposition-dropped"  # replay: a server's TTFT decomposition failed its schema/bounds
     sim_timing_assumed = "sim-timing-assumed"  # replay: the sim's latency model is a preset's assumed figures
     sim_timing_extrapolated = "sim-timing-extrapolated"  # replay: requests timed outside the calibration's range
+    engine_join_incomplete = "engine-join-incomplete"  # replay --engine-log: ok requests the engine's log lacks
+    engine_counts_differ = "engine-counts-differ"  # replay --engine-log: the records do not add up to the counters
     gds_off = (
         "gds-off"  # --gds auto found no cuFile path (the file tier used O_DIRECT), or kvikio moved the bytes by POSIX
     )

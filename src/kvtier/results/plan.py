@@ -209,6 +209,17 @@ class TierValue(Section):
     breakeven_hit_rate: float | None
 
 
+class LadderCheckRow(Section):
+    """One part of the requests' TTFT, measured in the engine beside what a ladder's curves predict for the same
+    requests: their difference is the ladder's error on this replay."""
+
+    part: str  # fetch:<tier> (that tier's share of the requests' fetch) or recompute (the prefill of what no tier held)
+    requests: int
+    measured_s: float
+    ladder_s: float | None  # None: the ladder has no curve for it (a tier it did not measure)
+    error: float | None  # (ladder - measured) / measured
+
+
 class ValueReport(Section):
     source: str
     requests: int  # ok requests with the decomposition
@@ -216,6 +227,9 @@ class ValueReport(Section):
     prompt_tokens: int
     inputs: list[Input]
     tiers: list[TierValue]
+    decomposition: str = "sim"  # where the requests' parts came from: the sim's responses, or measured-in-engine
+    ladder: str | None = None  # --ladder beside an engine-measured replay
+    ladder_check: list[LadderCheckRow] = []
 
 
 # -- retention (plan/retention.py) ---------------------------------------------------------------------------------

@@ -25,6 +25,19 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 """The longest line of a requests.jsonl a tool reads (a record of 100k generated tokens is ~2 MB)."""
 
 
+class EngineFacts(BaseModel):
+    """What the engine's own record adds to a request it was joined to (kvtier/replay/engine_join.py)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    id: str  # the engine's request id
+    load_wall_s: float | None = Field(None, ge=0)  # the workers' first load submitted to the last done
+    load_io_s: dict[str, float] = Field(default_factory=dict)  # the tiers' own read time, by tier
+    load_bytes: dict[str, int] = Field(default_factory=dict)
+    failed_tokens: int = Field(0, ge=0)  # tokens whose load failed (recomputed)
+    stored_bytes: dict[str, int] = Field(default_factory=dict)  # stores started for the request, by tier
+    preemptions: int = Field(0, ge=0)
+
+
 class RequestRecord(BaseModel):
     """One line of requests.jsonl (docs/metrics.md "requests.jsonl"), read back."""
 
@@ -54,6 +67,10 @@ class RequestRecord(BaseModel):
     decomposition_dropped: str | None = None
     sim_timing: str | None = None
     rank: int | None = None
+    request_id: str | None = None
+    start_mono_s: float | None = None
+    decomposition: Literal["measured-in-engine"] | None = None
+    engine: EngineFacts | None = None
 
     @property
     def ok(self) -> bool:

@@ -50,6 +50,11 @@ class ReplayRecord(TypedDict):
     decomposition_dropped: NotRequired[str]  # why the server's decomposition was not believed (its schema, its bounds)
     sim_timing: NotRequired[str | None]  # the sim's kvtier.timing: assumed | measured | extrapolated (docs/serving.md)
     rank: NotRequired[int]  # the MPI rank that sent it (replay/mpi.py)
+    request_id: NotRequired[str]  # the X-Request-Id sent (vLLM names the engine's request after it)
+    start_mono_s: NotRequired[float]  # the client's start on the host's monotonic clock (the join's transits)
+    # where the decomposition came from: the sim's response (absent), or the engine's own record joined to this one
+    decomposition: NotRequired[str]  # measured-in-engine
+    engine: NotRequired[dict[str, Any]]  # the engine record's loads and stores (kvtier/replay/engine_join.py)
 
 
 DECOMPOSITION_PARTS = frozenset(("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "send"))
@@ -173,6 +178,36 @@ class OffloadDegradation(Section):
     decode_dependency: bool | None  # loaded past DECODE_DEPENDENCY_FACTOR x served (None: not measurable)
 
 
+class EngineJoin(Section):
+    """The replay's requests joined to the engine's own records of them (``--engine-log``; docs/metrics.md):
+    how many joined, what did not and why, and the join held against the engine's counters over the run."""
+
+    logs: list[str]
+    engine_segments: int  # engine starts the logs hold (a header each)
+    clean_shutdowns: int  # of those, ended with a footer (its counts of dropped records)
+    engine_records: int
+    engine_only: int  # engine records no request of this replay names (its warm-up, another client)
+    log_dropped: dict[str, int]  # records the engines dropped, by cause (queue, cap, write-error, closed)
+    requests_ok: int
+    joined_ok: int
+    joined_share: float | None  # joined_ok / requests_ok
+    unjoined: dict[str, int]  # ok requests with no engine record, by cause
+    parts_dropped: dict[str, int]  # joined ok requests with prompt sources but no TTFT parts, by cause
+    external_tokens: int  # Σ over every joined request (any status) of the tokens its load planned from kvtier's tiers
+    external_tokens_failed: int  # of those, tokens whose blocks failed to load (recomputed)
+    external_hits_counter: float | None = None  # vLLM's external_prefix_cache_hits delta over the run
+    external_match: bool | None = None  # the two equal
+    load_io_s: dict[str, float]  # Σ the tiers' own read time of the joined requests' loads, by tier
+    load_io_s_counter: float | None = None  # kvtier:offload_load_io_seconds delta over the run (all tiers)
+    load_io_ratio: float | None = None  # Σ load_io_s / the counter
+    load_bytes: dict[str, int]
+    load_wall_s: float  # Σ the loads' wall time (the workers' first submit to last done, per request)
+    queue_s_mean: float | None = None  # mean of queue + lookup + fetch over requests with parts
+    vllm_queue_s_mean: float | None = None  # vLLM's request_queue_time mean over the run (queued -> scheduled)
+    recompute_s_mean: float | None = None
+    vllm_prefill_s_mean: float | None = None  # vLLM's request_prefill_time mean (scheduled -> first token)
+
+
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
@@ -191,6 +226,7 @@ class ReplaySummary(Section):
     requests_by_replica: dict[str, int]
     ttft_decomposition: TtftDecomposition | None = None  # None only in results written before it was recorded
     offload_degradation: OffloadDegradation | None = None  # None: no scraped server counts any of it
+    engine_join: EngineJoin | None = None  # --engine-log: the engine's own records joined
 
 
 class RatePoint(Section):
@@ -236,6 +272,7 @@ class ScrapeSummary(Section):
     prompt_tokens_cached_by_source: dict[str, float] | None = None
     # kvtier's vLLM backend: block shards loaded per tier, failed loads (recomputed) and failed stores
     kvtier_offload_loaded_blocks: dict[str, float] | None = None
+    kvtier_offload_load_io_s: dict[str, float] | None = None  # the tiers' own read time of the blocks loaded, by tier
     kvtier_offload_failed_loads: float | None = None
     kvtier_offload_failed_stores: float | None = None
     kvtier_offload_server_errors: float | None = None  # scheduler calls a shared kvtier cache-server did not answer

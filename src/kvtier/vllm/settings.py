@@ -2,8 +2,9 @@
 
 The keys are ``kvtier sim``'s offload flags with underscores (``offload``, ``cpu_offload_gb``, ``nvme_dir``,
 ``nvme_offload_gb``, ``staging_gb``, ``direct_io``, the remote tiers' ``redis_url``, ``s3_bucket``, ...), plus
-``io_threads``. vLLM's own keys of the offloading connector pass through; any other key is an error that names
-it, so a misspelt size never silently becomes the default. No vLLM import here (tested without the engine).
+``io_threads`` and the per-request log (``request_log``, ``request_log_mb``). vLLM's own keys of the offloading
+connector pass through; any other key is an error that names it, so a misspelt size never silently becomes the
+default. No vLLM import here (tested without the engine).
 """
 
 from __future__ import annotations
@@ -51,10 +52,17 @@ class VllmOffloadSettings(OffloadTierConfig):
         "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
     )
 
+    request_log: str | None = flag(
+        None,
+        "file the engine appends one JSON line per request to (kvtier/vllm/reqlog.py: its prompt by tier, its loads "
+        "and stores, its stamps); kvtier replay --engine-log joins it to the replay's requests (off by default)",
+    )
+    request_log_mb: float = flag(256.0, "size cap of request_log, MB (records past it are dropped and counted)", gt=0)
+
     @model_validator(mode="after")
     def _server_owns_the_tiers(self) -> VllmOffloadSettings:
         if self.cache_server is not None:
-            own = sorted(self.model_fields_set - {"cache_server", "io_threads"})
+            own = sorted(self.model_fields_set - {"cache_server", "io_threads", "request_log", "request_log_mb"})
             if own:
                 raise ValueError(
                     f"{', '.join(own)}: set on the cache server (kvtier cache-server --serve vllm), "

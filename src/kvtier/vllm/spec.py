@@ -28,11 +28,15 @@ shared by every replica pointed at it: the manager asks it instead of its own in
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
+    OffloadingWorkerMetadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 from vllm.v1.kv_offload.base import (
@@ -60,8 +64,9 @@ from kvtier.keys import KeyScope
 from kvtier.tiers import open_tiers
 from kvtier.vllm.client import ServerBlockWorker, ServerIndex
 from kvtier.vllm.index import BlockIndex, StorePlan
+from kvtier.vllm.reqlog import RequestLog
 from kvtier.vllm.settings import VllmOffloadSettings
-from kvtier.vllm.worker import BlockLayout, BlockWorker
+from kvtier.vllm.worker import BlockLayout, BlockWorker, RequestIO
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -78,35 +83,54 @@ M_FAILED_LOADS = "kvtier:offload_failed_loads"
 M_FAILED_STORES = "kvtier:offload_failed_stores"
 M_MOVES = "kvtier:offload_worker_moves"
 M_SERVER_ERRORS = "kvtier:offload_server_errors"
+M_LOAD_IO_SECONDS = "kvtier:offload_load_io_seconds"
+
+
+@dataclass
+class KvtierConnectorMetadata(OffloadingConnectorMetadata):
+    """vLLM's scheduler-to-worker metadata of a step, numbered: the workers echo the number back with the step's
+    output, so the request log knows which step's output reached the scheduler (async scheduling included)."""
+
+    step: int = 0
 
 
 @dataclass
 class KvtierWorkerMetadata(OffloadingWorkerMetadata):
     """vLLM's worker-to-scheduler metadata, plus the workers' own counts (kvtier/vllm/worker.py ``Counts``): what
-    each tier really served and what failed, summed over the workers of a step."""
+    each tier really served and what failed, summed over the workers of a step; with the request log on, the
+    step it answers and each request's finished loads (``RequestIO``)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     lost_keys: list[bytes] = field(default_factory=list)  # blocks a worker could not load: the index forgets them
+    step: int | None = None
+    request_io: dict[str, RequestIO] = field(default_factory=dict)
 
     def aggregate(self, other: Any) -> Any:
         base = super().aggregate(other)
         merged = dict(self.counts)
         for k, v in getattr(other, "counts", {}).items():
             merged[k] = merged.get(k, 0) + v
+        io = dict(self.request_io)
+        for rid, got in getattr(other, "request_io", {}).items():
+            io[rid] = io[rid].merge(got) if rid in io else got
         return KvtierWorkerMetadata(
             completed_jobs=base.completed_jobs,
             transfer_stats=base.transfer_stats,
             counts=merged,
             lost_keys=[*self.lost_keys, *getattr(other, "lost_keys", [])],
+            step=self.step if self.step is not None else getattr(other, "step", None),
+            request_io=io,
         )
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
-    """The keys of a load, or a store's plan (its keys in the order of vLLM's source blocks, and the actions)."""
+    """The keys of a load, or a store's plan (its keys in the order of vLLM's source blocks, and the actions); the
+    request it is for (the workers tag its loads with it for the request log)."""
 
-    def __init__(self, keys: list[OffloadKey], plan: StorePlan[OffloadKey] | None = None) -> None:
+    def __init__(self, keys: list[OffloadKey], plan: StorePlan[OffloadKey] | None = None, req_id: str = "") -> None:
         self.keys = keys
         self.plan = plan
+        self.req_id = req_id
 
     def __repr__(self) -> str:
         return f"KvtierLoadStoreSpec({len(self.keys)} blocks{', plan' if self.plan else ''})"
@@ -160,12 +184,33 @@ def _shared_key(config: OffloadingConfig) -> Any:
 
 class KvtierManager(OffloadingManager):
     def __init__(
-        self, settings: VllmOffloadSettings, block_bytes: int, world_size: int, block_tokens: int, index: Any = None
+        self,
+        settings: VllmOffloadSettings,
+        block_bytes: int,
+        world_size: int,
+        block_tokens: int,
+        index: Any = None,
+        engine: str = "",
     ) -> None:
         self.settings = settings
         self.block_tokens = block_tokens
         # the engine's own index (BlockIndex), or a shared cache server's (client.ServerIndex: the same calls)
         self.index: Any = index if index is not None else BlockIndex(settings.slots(block_bytes, world_size))
+        # a hit's source in the request log: the tier's name, on a shared cache server prefixed "shared-"
+        self._prefix = "shared-" if settings.cache_server else ""
+        self.requests: RequestLog | None = None
+        if settings.request_log:
+            header = {
+                "engine": engine,
+                "block_tokens": block_tokens,
+                "block_bytes": block_bytes * world_size,
+                "world_size": world_size,
+                "tiers": [{"name": self._prefix + t.name, "source": t.source} for t in self.index.tiers],
+                "cache_server": settings.cache_server,
+            }
+            cap = int(settings.request_log_mb * 1024 * 1024)
+            self.requests = RequestLog(settings.request_log, cap, header, block_tokens, block_bytes * world_size)
+        self._load_tiers: dict[str, dict[OffloadKey, str]] = {}  # the blocks of each admitted load, by request
         self._hit_tokens: dict[str, int] = {}
         self._reported: dict[str, dict[str, int]] = {}
         self._worker_counts: dict[str, dict[str, int]] = {
@@ -173,6 +218,7 @@ class KvtierManager(OffloadingManager):
             M_FAILED_LOADS: {},
             M_FAILED_STORES: {},
             M_MOVES: {},
+            M_LOAD_IO_SECONDS: {},
         }
         log.info(
             "kvtier offload tiers%s: %s (blocks of %d bytes per worker)",
@@ -191,12 +237,21 @@ class KvtierManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
+        tiers: dict[OffloadKey, str] = {}
         for k in keys:
             t = self.index.tier_of(k)
             if t is not None:
                 self._hit_tokens[t.name] = self._hit_tokens.get(t.name, 0) + self.block_tokens
+                tiers[k] = self._prefix + t.name
         self.index.pin(keys)
-        return KvtierLoadStoreSpec(keys)
+        if self.requests is not None:
+            self._load_tiers[req_context.req_id] = tiers
+            self.requests.load_planned(req_context.req_id)
+        return KvtierLoadStoreSpec(keys, req_id=req_context.req_id)
+
+    def take_load_tiers(self, req_id: str) -> dict[OffloadKey, str]:
+        """The tier of each block of the load just prepared for ``req_id`` (the request log's split of its hit)."""
+        return self._load_tiers.pop(req_id, {})
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.index.touch(keys)
@@ -208,6 +263,12 @@ class KvtierManager(OffloadingManager):
         plan = self.index.plan_store(keys)
         if plan is None:
             return None
+        if self.requests is not None and plan.keys_to_store:
+            by_tier: dict[str, int] = {}
+            for i in plan.placed.values():
+                name = self._prefix + self.index.tiers[i].name
+                by_tier[name] = by_tier.get(name, 0) + 1
+            self.requests.stores_planned(req_context.req_id, by_tier)
         return PrepareStoreOutput(
             keys_to_store=list(plan.keys_to_store),
             store_spec=KvtierLoadStoreSpec(list(plan.keys_to_store), plan),
@@ -220,8 +281,18 @@ class KvtierManager(OffloadingManager):
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """vLLM issues nothing more for the request: its record is complete (its last stores were started)."""
+        if self.requests is not None:
+            self._load_tiers.pop(req_context.req_id, None)
+            self.requests.closed(req_context.req_id)
+
     def reset_cache(self) -> None:
         self.index.clear()
+
+    def shutdown(self) -> None:
+        if self.requests is not None:
+            self.requests.close()
 
     def add_worker_counts(self, counts: dict[str, int]) -> None:
         """The workers' counts of one step (``loaded:TIER``, ``failed_loads``, ...), for the next stats."""
@@ -232,6 +303,7 @@ class KvtierManager(OffloadingManager):
                 "failed_loads": M_FAILED_LOADS,
                 "failed_stores": M_FAILED_STORES,
                 "moves": M_MOVES,
+                "load_ns": M_LOAD_IO_SECONDS,
             }.get(what)
             if metric is not None:
                 d = self._worker_counts[metric]
@@ -250,9 +322,10 @@ class KvtierManager(OffloadingManager):
             (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
         ):
             before = self._reported.setdefault(name, {})
+            scale = 1e-9 if name == M_LOAD_IO_SECONDS else 1  # kept in ns, exported in seconds
             for tier, n in now.items():
                 if n != before.get(tier, 0):
-                    stats.increase_counter(name, n - before.get(tier, 0), (tier,) if tier else ())
+                    stats.increase_counter(name, (n - before.get(tier, 0)) * scale, (tier,) if tier else ())
                     before[tier] = n
         for tier, (held, slots) in self.index.usage().items():
             stats.set_gauge(M_HELD_BLOCKS, held, (tier,))
@@ -283,6 +356,7 @@ class KvtierWorker(OffloadingWorker):
             scope = _scope(cfg, cfg.parallel.rank)
             tiers = open_tiers(spec.settings.plan(layout.nbytes, cfg.parallel.world_size))
             self.io = BlockWorker(tiers, layout, lambda k: scope.key(bytes(k)), spec.settings.io_threads)
+        self.tag_loads = bool(spec.settings.request_log)  # each load's timing by request, for the request log
         log.info(
             "kvtier offload worker rank %d: tiers %s, %d-byte blocks, %d I/O threads",
             cfg.parallel.rank,
@@ -298,7 +372,8 @@ class KvtierWorker(OffloadingWorker):
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         assert isinstance(src_spec, KvtierLoadStoreSpec)
-        self.io.submit_load(job_id, src_spec.keys, [int(b) for b in dst_spec.block_ids])
+        tag = src_spec.req_id if self.tag_loads else None
+        self.io.submit_load(job_id, src_spec.keys, [int(b) for b in dst_spec.block_ids], tag)
         return True
 
     def get_finished(self) -> list[TransferResult]:
@@ -340,6 +415,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
             M_SERVER_ERRORS: OffloadingCounterMetadata(
                 "Scheduler calls a shared kvtier cache-server did not answer (taken as misses, stores not offered)"
             ),
+            M_LOAD_IO_SECONDS: OffloadingCounterMetadata(
+                "Seconds the tiers spent reading the block shards the workers loaded (each read's own time), by tier",
+                tier,
+            ),
         }
 
     def __init__(self, config: OffloadingConfig) -> None:
@@ -360,6 +439,7 @@ class KvtierOffloadingSpec(OffloadingSpec):
                 max(1, c.parallel.world_size),
                 c.groups[0].tokens_per_block,
                 index,
+                str(c.engine_id),
             )
         return self._manager
 
@@ -371,12 +451,28 @@ class KvtierOffloadingSpec(OffloadingSpec):
 
 class KvtierOffloadingConnector(OffloadingConnector):
     """vLLM's offloading connector, with failed loads reported as failed blocks instead of stopping the engine,
-    and the workers' counts carried to the scheduler (so they reach the engine's /metrics)."""
+    and the workers' counts carried to the scheduler (so they reach the engine's /metrics). With ``request_log``
+    set, its scheduler side stamps every request for the manager's request log (kvtier/vllm/reqlog.py): when the
+    scheduler got it, the lookup that admitted it, the admission's split (vLLM's own prefix-cache hit, the loaded
+    tokens by tier), each step that scheduled it, and the step whose output held its first token."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tracked: dict[str, Any] = {}  # requests the log follows: vLLM's Request, for its computed tokens
+        self._step = 0  # steps built (KvtierConnectorMetadata.step)
 
     def _kvtier_worker(self) -> KvtierWorker | None:
         w = getattr(self.connector_worker, "worker", None)
         return w if isinstance(w, KvtierWorker) else None
 
+    def _requests(self) -> tuple[KvtierManager, RequestLog] | None:
+        """The scheduler side's manager and its request log, when the log is on."""
+        manager = getattr(self.connector_scheduler, "manager", None)
+        if isinstance(manager, KvtierManager) and manager.requests is not None:
+            return manager, manager.requests
+        return None
+
+    # -- worker side --------------------------------------------------------------------------------------
     def get_block_ids_with_load_errors(self) -> set[int]:
         w = self._kvtier_worker()
         return w.io.take_load_errors() if w is not None else set()
@@ -388,13 +484,21 @@ class KvtierOffloadingConnector(OffloadingConnector):
             return meta
         lost = [bytes(k) for k in w.io.take_lost_keys()]
         counts = w.io.counters.take()
-        if not counts and not lost:
+        io = w.io.take_request_io() if w.tag_loads else {}
+        if not counts and not lost and not w.tag_loads:
             return meta
         base = meta if meta is not None else OffloadingWorkerMetadata()
+        step = getattr(getattr(self, "_connector_metadata", None), "step", None)
         return KvtierWorkerMetadata(
-            completed_jobs=base.completed_jobs, transfer_stats=base.transfer_stats, counts=counts, lost_keys=lost
+            completed_jobs=base.completed_jobs,
+            transfer_stats=base.transfer_stats,
+            counts=counts,
+            lost_keys=lost,
+            step=step,
+            request_io=io,
         )
 
+    # -- scheduler side -------------------------------------------------------------------------------------
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
         manager = getattr(self.connector_scheduler, "manager", None)
@@ -402,7 +506,89 @@ class KvtierOffloadingConnector(OffloadingConnector):
             manager.add_worker_counts(meta.counts)
             if meta.lost_keys:
                 manager.index.forget(OffloadKey(k) for k in meta.lost_keys)
+            if manager.requests is not None:
+                manager.requests.loads_done(meta.request_io)
+                manager.requests.step_done(meta.step)
         super().update_connector_output(connector_output)
 
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
+        r = self._requests()
+        if r is not None:
+            self._tracked[request.request_id] = request
+            r[1].seen(request.request_id, int(request.num_prompt_tokens), getattr(request, "arrival_time", None))
 
-__all__ = ["KvtierOffloadingSpec", "KvtierOffloadingConnector", "KvtierManager", "KvtierWorker", "KvtierWorkerMetadata"]
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        started = time.monotonic()
+        out = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        r = self._requests()
+        if r is not None:
+            r[1].lookup(request.request_id, started)
+        return out
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        r = self._requests()
+        if r is None:
+            return
+        manager, reqlog = r
+        # the load's token ranges: vLLM keeps them on its per-request state (no public accessor in 0.32)
+        status = self.connector_scheduler._req_status.get(request.request_id)
+        local = status.num_locally_computed_tokens if status is not None else 0
+        stats = getattr(request, "prefill_stats", None)
+        if stats is not None and request.num_preemptions <= 0:
+            local = int(stats.num_local_cached_tokens)  # what vLLM counts as its prefix cache's hit
+        by_tier: dict[str, int] = {}
+        if num_external_tokens:
+            tiers = manager.take_load_tiers(request.request_id)
+            lo_all, hi_all = local, local + num_external_tokens
+            for lo, hi, key in status.load_key_ranges if status is not None else ():
+                lo, hi = max(lo, lo_all), min(hi, hi_all)
+                if hi > lo:
+                    name = tiers.get(key, "external_unspecified")
+                    by_tier[name] = by_tier.get(name, 0) + hi - lo
+            left = num_external_tokens - sum(by_tier.values())
+            if left:  # tokens no loaded block covers: vLLM's external_unspecified
+                by_tier["external_unspecified"] = by_tier.get("external_unspecified", 0) + left
+        reqlog.admitted(request.request_id, local, num_external_tokens, by_tier, int(request.num_preemptions))
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        r = self._requests()
+        if r is None:
+            return meta
+        self._step += 1
+        step = self._step
+        scheduled = {
+            rid: (int(self._tracked[rid].num_computed_tokens), int(n))
+            for rid, n in scheduler_output.num_scheduled_tokens.items()
+            if rid in self._tracked
+        }
+        r[1].scheduled(step, scheduled)
+        return KvtierConnectorMetadata(
+            load_jobs=meta.load_jobs, store_jobs=meta.store_jobs, jobs_to_flush=meta.jobs_to_flush, step=step
+        )
+
+    def _finished(self, request: Any) -> None:
+        r = self._requests()
+        if r is not None:
+            self._tracked.pop(request.request_id, None)
+            r[1].finished(request.request_id, getattr(request.status, "name", str(request.status)))
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> Any:
+        self._finished(request)
+        return super().request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> Any:
+        self._finished(request)
+        return super().request_finished_all_groups(request, block_ids)
+
+
+__all__ = [
+    "KvtierOffloadingSpec",
+    "KvtierOffloadingConnector",
+    "KvtierManager",
+    "KvtierWorker",
+    "KvtierWorkerMetadata",
+    "KvtierConnectorMetadata",
+]

@@ -28,8 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,6 +92,57 @@ class Result:
     seconds: float | None
 
 
+class Loaded(NamedTuple):
+    """One block's load: where it came from, its bytes (0: failed) and the tier's own time for the read (ns)."""
+
+    key: Any
+    block_id: int
+    nbytes: int
+    tier: str = ""
+    io_ns: int = 0
+
+
+@dataclass
+class RequestIO:
+    """One request's loads on one worker (its ``tag``, vLLM's request id), for the per-request record
+    (kvtier/vllm/reqlog.py): when the first was submitted and the last finished (``time.monotonic``: the host's
+    CLOCK_MONOTONIC, the clock of vLLM's scheduler and of kvtier replay), and by tier the blocks and bytes loaded
+    and the tier's own read time; blocks that failed (vLLM recomputes them)."""
+
+    submitted_s: float | None = None
+    done_s: float | None = None
+    blocks: dict[str, int] = field(default_factory=dict)
+    nbytes: dict[str, int] = field(default_factory=dict)
+    io_s: dict[str, float] = field(default_factory=dict)
+    failed_blocks: int = 0
+
+    def add(self, got: Sequence[Loaded], submitted_s: float, done_s: float) -> None:
+        self.submitted_s = submitted_s if self.submitted_s is None else min(self.submitted_s, submitted_s)
+        self.done_s = done_s if self.done_s is None else max(self.done_s, done_s)
+        for g in got:
+            if not g.nbytes:
+                self.failed_blocks += 1
+                continue
+            self.blocks[g.tier] = self.blocks.get(g.tier, 0) + 1
+            self.nbytes[g.tier] = self.nbytes.get(g.tier, 0) + g.nbytes
+            self.io_s[g.tier] = self.io_s.get(g.tier, 0.0) + g.io_ns / 1e9
+
+    def merge(self, other: RequestIO) -> RequestIO:
+        """Two reports of one request (two workers of a step, or two steps) as one."""
+        out = RequestIO(self.submitted_s, self.done_s, dict(self.blocks), dict(self.nbytes), dict(self.io_s))
+        out.failed_blocks = self.failed_blocks + other.failed_blocks
+        if other.submitted_s is not None:
+            out.submitted_s = other.submitted_s if out.submitted_s is None else min(out.submitted_s, other.submitted_s)
+        if other.done_s is not None:
+            out.done_s = other.done_s if out.done_s is None else max(out.done_s, other.done_s)
+        for mine, theirs in ((out.blocks, other.blocks), (out.nbytes, other.nbytes)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        for k, s in other.io_s.items():
+            out.io_s[k] = out.io_s.get(k, 0.0) + s
+        return out
+
+
 class Counts:
     """What a worker did, by name (``loaded:TIER``, ``stored:TIER``, ``failed_loads``, ``failed_stores``, ``moves``,
     ``failed_moves``): the running totals, and the part not yet taken (sent to the scheduler, which puts them on
@@ -144,6 +195,7 @@ class BlockWorker:
         self._load_errors: set[int] = set()  # engine block ids whose load failed, for vLLM
         self._lost_keys: list[Any] = []  # their offload keys, for the scheduler's index
         self._inflight: set[int] = set()  # jobs submitted and not finished
+        self._request_io: dict[str, RequestIO] = {}  # by the loads' tag (vLLM's request id), until taken
         self._cv = threading.Condition()
         self._closed = False
         self._store_thread = threading.Thread(target=self._store_loop, name="kvtier-vllm-store", daemon=True)
@@ -225,8 +277,10 @@ class BlockWorker:
         return n
 
     # -- loads: in parallel -----------------------------------------------------------------------
-    def submit_load(self, job_id: int, keys: Sequence[Any], block_ids: Sequence[int]) -> None:
-        t0 = time.perf_counter()
+    def submit_load(self, job_id: int, keys: Sequence[Any], block_ids: Sequence[int], tag: str | None = None) -> None:
+        """Load ``keys`` into the engine's blocks ``block_ids``, in parallel; ``tag`` (vLLM's request id) gathers
+        the job's timing and bytes by tier for that request's record (``take_request_io``)."""
+        t0 = time.monotonic()
         with self._cv:
             self._inflight.add(job_id)
         if len(keys) != len(block_ids):
@@ -234,51 +288,72 @@ class BlockWorker:
                 self._load_errors.update(block_ids)
                 self._lost_keys.extend(keys)
             self.counters.add("failed_loads", len(block_ids), f"load: {len(keys)} keys for {len(block_ids)} blocks")
+            self._account(tag, [Loaded(k, b, 0) for k, b in zip(keys, block_ids, strict=False)], t0)
             self._finish(Result(job_id, True, None, None))
             return
         futures = [self._pool.submit(self._load, k, b) for k, b in zip(keys, block_ids, strict=True)]
         pending = [len(futures)]
         lock = threading.Lock()
-        got: list[tuple[Any, int, int]] = []  # (key, block id, bytes loaded; 0 = failed)
+        got: list[Loaded] = []
 
-        def one_done(f: Future[tuple[Any, int, int]]) -> None:
-            got.append(f.result())
+        def one_done(f: Future[Loaded]) -> None:
             with lock:
+                got.append(f.result())
                 pending[0] -= 1
                 last = pending[0] == 0
             if last:
-                failed = [(k, b) for k, b, n in got if n == 0]
+                failed = [g for g in got if g.nbytes == 0]
                 if failed:
                     with self._cv:
-                        self._load_errors.update(b for _, b in failed)
-                        self._lost_keys.extend(k for k, _ in failed)
-                total = sum(n for _, _, n in got)
-                self._finish(Result(job_id, True, total if not failed else None, time.perf_counter() - t0))
+                        self._load_errors.update(g.block_id for g in failed)
+                        self._lost_keys.extend(g.key for g in failed)
+                done = self._account(tag, got, t0)
+                total = sum(g.nbytes for g in got)
+                self._finish(Result(job_id, True, total if not failed else None, done - t0))
 
         if not futures:
+            self._account(tag, [], t0)
             self._finish(Result(job_id, True, 0, 0.0))
         for f in futures:
             f.add_done_callback(one_done)
 
-    def _load(self, key: Any, block_id: int) -> tuple[Any, int, int]:
+    def _account(self, tag: str | None, got: Sequence[Loaded], submitted_s: float) -> float:
+        """A finished load job into its request's tally (when tagged); returns the time it finished."""
+        done = time.monotonic()
+        if tag is not None:
+            with self._cv:
+                self._request_io.setdefault(tag, RequestIO()).add(got, submitted_s, done)
+        for g in got:
+            if g.nbytes:
+                self.counters.add(f"load_ns:{g.tier}", g.io_ns)
+        return done
+
+    def take_request_io(self) -> dict[str, RequestIO]:
+        """The loads finished since the last call, by request (the connector sends them to the scheduler)."""
+        with self._cv:
+            out, self._request_io = self._request_io, {}
+            return out
+
+    def _load(self, key: Any, block_id: int) -> Loaded:
         buf, host, _ = self._buffers()
         skey = self.key_of(key)
         try:
             r = self.store.get(skey, buf)
         except StorageError as e:
             self.counters.add("failed_loads", 1, f"load: {e}")
-            return key, block_id, 0
+            return Loaded(key, block_id, 0)
         except Exception as e:
             log.exception("kvtier load of block %d failed", block_id)
             self.counters.add("failed_loads", 1, f"load: {e}")
-            return key, block_id, 0
+            return Loaded(key, block_id, 0)
         if not r.hit or r.nbytes != self.layout.nbytes:
             why = "block not held" if not r.hit else f"{r.nbytes} bytes, expected {self.layout.nbytes}"
             self.counters.add("failed_loads", 1, f"load: {why}")
-            return key, block_id, 0
+            return Loaded(key, block_id, 0)
         self.layout.scatter(block_id, host)
-        self.counters.add(f"loaded:{r.tier or '?'}")
-        return key, block_id, r.nbytes
+        tier = r.tier or "?"
+        self.counters.add(f"loaded:{tier}")
+        return Loaded(key, block_id, r.nbytes, tier, r.timing.total_ns)
 
     # -- completion ---------------------------------------------------------------------------------
     def _finish(self, r: Result) -> None:
@@ -346,4 +421,4 @@ def pin_host_buffer(buf: memoryview) -> None:
         log.warning("kvtier: could not pin a %d-byte host buffer (%s); device copies stay pageable", len(buf), e)
 
 
-__all__ = ["BlockLayout", "BlockWorker", "Counts", "Result", "pin_host_buffer"]
+__all__ = ["BlockLayout", "BlockWorker", "Counts", "Loaded", "RequestIO", "Result", "pin_host_buffer"]

@@ -258,6 +258,8 @@ def test_the_cpu_builds_offload_tiers_are_kvtiers_spec_inside_vllm(tmp_path: Pat
     else:
         assert (extra["staging_gb"], extra["nvme_offload_gb"], extra["nvme_dir"]) == (0.25, 2, str(tmp_path / "nvme"))
     assert lp.policies()["kv_load_failure_policy"] == "recompute" and lp.policies()["eviction_policy"] == "lru"
+    assert extra["request_log"] == str(tmp_path / "out" / "replica0.engine-requests.jsonl")
+    assert lp.replay.engine_log == [extra["request_log"]]
 
 
 @pytest.mark.parametrize("tier", ["cpu", "nvme"])
@@ -323,10 +325,16 @@ def test_kvtier_shared_runs_one_cache_server_every_replicas_spec_names(tmp_path:
     suffix = "shared" if build == "cpu" else "kvtier-shared"
     assert lp.profile_name == f"vllm-{build}-{tier}-{suffix}" and lp.sidecar is not None
     sock = str(lp.sockdir / "cache.sock")
+    logs = []
     for r in lp.replicas:
         extra = json.loads(r.argv[r.argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+        logs.append(extra.pop("request_log"))
         assert extra == {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.vllm.spec",
                          "cache_server": sock}  # fmt: skip
+    # each replica its own per-request log, and the replay joins them all
+    out = tmp_path / "out"
+    assert logs == [str(out / "replica0.engine-requests.jsonl"), str(out / "replica1.engine-requests.jsonl")]
+    assert lp.replay.engine_log == logs
     argv = lp.sidecar.argv
     assert argv[:4] == ["kvtier", "cache-server", "--serve", "vllm"]
     import argparse

@@ -98,3 +98,49 @@ def test_a_replay_no_offload_tier_served_is_refused_with_the_reason(
     with pytest.raises(DatasetError, match="no offload tier served any of the 1 ok requests") as e:
         value_report(Path("replay"))
     assert says in str(e.value)
+
+
+def _engine_rows() -> list[RequestRecord]:
+    """Two requests measured in the engine: each hit's fetch split among its tiers by their reads' own time."""
+    eng = {"id": "e", "load_io_s": {"cpu": 0.01, "storage": 0.03}}
+    return [
+        RequestRecord(status="ok", prompt_sources={"cpu": 500, "storage": 500, "recomputed": 1000},
+                      server_ttft_parts={"fetch": 0.4, "recompute": 1.0}, decomposition="measured-in-engine",
+                      engine=eng),
+        RequestRecord(status="ok", prompt_sources={"cpu": 1000, "gpu": 1000}, server_ttft_parts={"fetch": 0.1},
+                      decomposition="measured-in-engine", engine={"id": "f", "load_io_s": {"cpu": 0.02}}),
+    ]  # fmt: skip
+
+
+def test_an_engine_measured_replay_charges_each_tier_its_own_measured_loads(monkeypatch: pytest.MonkeyPatch):
+    """#53 item 3: a hit's fetch is what the engine measured for it, divided among its tiers by their reads' time
+    (not by tokens): the storage tier's reads took 3x the CPU's in the first request, so it bears 3/4 of its 0.4 s."""
+    rows = _engine_rows()
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    r = value_report(Path("replay"))
+    assert r.decomposition == "measured-in-engine"
+    by = {t.tier: t for t in r.tiers}
+    assert by["storage"].fetch_s_per_hour == pytest.approx(0.3) and by["cpu"].fetch_s_per_hour == pytest.approx(0.2)
+    assert "measured in the engine" in next(i.note for i in r.inputs if i.name == "fetch")
+
+
+def test_a_ladder_beside_an_engine_measured_replay_is_its_error_on_it(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """#53 item 3: with --ladder, the measured fetch per tier and recompute beside the ladder's curves for the same
+    requests; a tier the ladder has no curve for says so."""
+    from kvtier.plan.value import ladder_check
+    from kvtier.results.ladder import FetchModel, PrefillModel
+
+    rows = _engine_rows()
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    timing = SimpleNamespace(
+        prefill=PrefillModel(overhead_s=0.5, s_per_token=0.001),  # compute only: 1,000 new tokens -> 1 s
+        fetch_for=lambda t: FetchModel(tier="cpu", overhead_s=0.0, s_per_token=0.0001) if t == "cpu" else None,
+    )
+    monkeypatch.setattr("kvtier.results.ladder.load_fitted", lambda path, flag: (None, SimpleNamespace(timing=timing)))
+    check = {c.part: c for c in ladder_check(Path("replay"), tmp_path / "ladder.json")}
+    assert check["recompute"].measured_s == pytest.approx(1.0) and check["recompute"].ladder_s == pytest.approx(1.0)
+    assert check["recompute"].error == pytest.approx(0.0)
+    cpu = check["fetch:cpu"]  # measured 0.1 + 0.1; predicted 500 x 1e-4 + 1000 x 1e-4
+    assert (cpu.requests, cpu.measured_s, cpu.ladder_s) == (2, pytest.approx(0.2), pytest.approx(0.15))
+    assert cpu.error == pytest.approx(-0.25)
+    assert check["fetch:storage"].ladder_s is None and check["fetch:storage"].error is None

@@ -1,0 +1,186 @@
+"""The engine's request log read back (kvtier/vllm/reqlog.py writes it inside vLLM): the one reader of that file
+kind, for ``kvtier replay --engine-log`` and ``kvtier launch``, which join it to the replay's requests
+(kvtier/replay/engine_join.py).
+
+A file holds one segment per engine start: a header, the request lines, and a footer when the engine shut down
+cleanly (its counts of records written and dropped by cause). Every line is validated; a line that is not the
+schema's is an error naming file:line, except a last line without its newline (the engine is still writing it),
+which is left for the next read. Lines are read bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvtier.errors import DatasetError
+
+MAX_LINE_BYTES = 1024 * 1024
+"""The longest line of an engine request log a reader takes (a record is ~1 KB)."""
+
+ENGINE_ID = re.compile(r"(?:chatcmpl-|cmpl-)?(?P<ext>.+)-[0-9a-f]{8}")
+"""vLLM's OpenAI server makes a request's engine id from the X-Request-Id it was sent: the API's prefix, the id,
+and 8 random hex digits (vLLM 0.32 ``InputProcessor.assign_request_id``)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class EngineLoad(_Strict):
+    jobs: int = Field(ge=0)  # load jobs the scheduler made for the request
+    blocks: dict[str, int]  # block shards loaded, by tier (summed over the engine's workers)
+    bytes: dict[str, int]
+    io_s: dict[str, float]  # the tiers' own read time, summed over the blocks
+    failed_blocks: int = Field(ge=0)
+
+
+class EngineStores(_Strict):
+    blocks: dict[str, int]  # blocks whose store the request started, by the tier the index placed them in
+    bytes: dict[str, int]
+
+
+class EngineStamps(_Strict):
+    """time.monotonic() seconds in the engine (the host's CLOCK_MONOTONIC); null where the request never got there."""
+
+    arrived: float
+    lookup: float | None
+    admitted: float | None
+    loaded: float | None
+    prefill: float | None
+    first_token: float | None
+    load_submitted: float | None
+    load_done: float | None
+
+
+class EngineRequest(_Strict):
+    """One request as vLLM's scheduler saw it, with kvtier's offload tiers (docs/metrics.md "engine request log")."""
+
+    kind: Literal["request"]
+    id: str = Field(max_length=512)
+    status: str
+    prompt_tokens: int = Field(ge=0)
+    tokens: dict[str, int]  # gpu, each tier, recomputed: sums to prompt_tokens
+    external_tokens: int = Field(ge=0)  # what vLLM's external_prefix_cache_hits counted for it
+    failed_tokens: int = Field(ge=0)  # of those, tokens whose blocks failed to load (recomputed)
+    preemptions: int = Field(ge=0)
+    preempted_before_first_token: bool
+    load: EngineLoad
+    stores: EngineStores
+    mono_s: EngineStamps
+    arrival_unix_s: float | None  # vLLM's own arrival stamp (its API server, wall clock)
+    wall_minus_mono_s: float
+
+    @property
+    def external_id(self) -> str | None:
+        """The X-Request-Id the client sent, from the engine's id (None: not one of that form)."""
+        m = ENGINE_ID.fullmatch(self.id)
+        return m.group("ext") if m else None
+
+    @property
+    def tier_tokens(self) -> dict[str, int]:
+        """The prompt tokens each offload tier served (failed loads already moved to recomputed)."""
+        return {k: v for k, v in self.tokens.items() if k not in ("gpu", "recomputed")}
+
+
+class EngineTier(_Strict):
+    name: str
+    source: str
+
+
+class EngineHeader(_Strict):
+    kind: Literal["header"]
+    schema_: str = Field(alias="schema")
+    engine: str
+    block_tokens: int
+    block_bytes: int
+    world_size: int
+    tiers: list[EngineTier]
+    cache_server: str | None
+    cap_bytes: int
+    pid: int
+    wall_minus_mono_s: float
+
+
+class EngineFooter(_Strict):
+    kind: Literal["footer"]
+    records: int
+    dropped: dict[str, int]
+    in_flight_at_close: int
+
+
+@dataclass
+class EngineLog:
+    """Every segment of one or more log files: the headers, the requests, and the footers of the clean shutdowns."""
+
+    paths: list[str] = field(default_factory=list)
+    headers: list[EngineHeader] = field(default_factory=list)
+    requests: list[EngineRequest] = field(default_factory=list)
+    footers: list[EngineFooter] = field(default_factory=list)
+    partial_lines: int = 0  # a last line still being written
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Records the engines dropped, by cause, as their footers say."""
+        out: dict[str, int] = {}
+        for f in self.footers:
+            for k, n in f.dropped.items():
+                out[k] = out.get(k, 0) + n
+        return out
+
+
+_KINDS: dict[str, type[BaseModel]] = {"header": EngineHeader, "request": EngineRequest, "footer": EngineFooter}
+
+
+def read_engine_log(paths: list[str] | list[Path]) -> EngineLog:
+    """The records of the engine request logs ``paths``, validated (module docstring)."""
+    out = EngineLog(paths=[str(p) for p in paths])
+    for p in paths:
+        path = Path(p)
+        try:
+            with path.open("rb") as f:
+                for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+                    if len(raw) > MAX_LINE_BYTES:
+                        raise DatasetError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} bytes")
+                    if not raw.endswith(b"\n"):
+                        out.partial_lines += 1  # the engine is writing it
+                        break
+                    if raw.strip():
+                        _add(out, path, n, raw)
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read the engine request log: {e.strerror}") from e
+    return out
+
+
+def _add(out: EngineLog, path: Path, n: int, raw: bytes) -> None:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DatasetError(f"{path}:{n}: not valid JSON") from None
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise DatasetError(f"{path}:{n}: not an engine request log line (kind header, request or footer)")
+    try:
+        rec = model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise DatasetError(f"{path}:{n}: {where}: {err['msg']}") from None
+    if isinstance(rec, EngineHeader):
+        out.headers.append(rec)
+    elif isinstance(rec, EngineRequest):
+        if sum(rec.tokens.values()) != rec.prompt_tokens or any(v < 0 for v in rec.tokens.values()):
+            raise DatasetError(f"{path}:{n}: tokens {rec.tokens} do not sum to prompt_tokens {rec.prompt_tokens}")
+        out.requests.append(rec)
+    else:
+        assert isinstance(rec, EngineFooter)
+        out.footers.append(rec)
+
+
+__all__ = ["EngineLog", "EngineRequest", "EngineHeader", "EngineFooter", "read_engine_log", "ENGINE_ID"]
