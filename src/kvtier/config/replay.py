@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from kvtier.config.base import StrictModel, flag, max_failure_rate_flag
 
@@ -46,6 +46,23 @@ class ReplayConfig(StrictModel):
     )
     shared_prefix: int = flag(0, "--synthetic: tokens of a system prompt every session shares", ge=0, le=10_000_000)
     synthetic_seed: int = flag(0, "--synthetic: seed of the words")
+    target_hit_rate: float | None = flag(
+        None,
+        "--synthetic: each request a shared document of R x --isl tokens (one of --working-set's) then its own "
+        "tokens, so R of its prompt can be served from cache; the server is primed, the rate its counters give is "
+        "checked before measuring, and a run that drifts from it is not complete",
+        ge=0,
+        le=0.98,
+    )
+    working_set: int = flag(
+        0,
+        "--target-hit-rate: tokens the caches take in between two uses of a document (documents x --isl: each "
+        "request's own tokens are cached too); sized above the GPU cache and within a tier, the hits come from that "
+        "tier; 0: one document per virtual user",
+        ge=0,
+        le=10_000_000_000,
+    )
+    hit_rate_tolerance: float = flag(0.02, "--target-hit-rate: how far the counters' rate may be from it", gt=0, le=0.5)
     min_chunk_rounds: int = flag(
         5, "sessions of fewer turns than this give no user (the KV offload methodology's 5; 0 = any)", ge=0
     )
@@ -111,6 +128,20 @@ class ReplayConfig(StrictModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
         return v
+
+    @model_validator(mode="after")
+    def _hit_rate_needs_synthetic(self) -> ReplayConfig:
+        if self.target_hit_rate is not None and not self.synthetic:
+            raise ValueError("--target-hit-rate: controls --synthetic sessions (give --synthetic)")
+        if self.working_set and self.target_hit_rate is None:
+            raise ValueError("--working-set: sizes the documents of --target-hit-rate (give it)")
+        if self.target_hit_rate is not None and self.concurrency < self.users:
+            raise ValueError(
+                f"--target-hit-rate: --concurrency {self.concurrency} below --users {self.users}: a virtual user sends "
+                "its turns one after another, so the documents come round in the order of turns only with every "
+                "user in flight (give --concurrency >= --users)"
+            )
+        return self
 
     def missing(self) -> list[str]:
         """Flags a run needs that are not set."""

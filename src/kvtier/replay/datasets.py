@@ -422,6 +422,7 @@ class LoadedDataset:
     format: str  # the format read (the last file's, for a folder)
     warnings: list[ResultWarning]
     notes: list[str] = field(default_factory=list)  # how each file's variant was read (agent traces)
+    hit_plan: Any = None  # --target-hit-rate: the documents the requests share (replay/hitrate.py HitPlan)
 
 
 def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:

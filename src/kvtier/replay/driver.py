@@ -51,9 +51,16 @@ def load_users(cfg: ReplayConfig) -> tuple[ReplayConfig, LoadedDataset, list[Vir
             cfg = cfg.model_copy(update={"num_rounds": cfg.turns})
         elif cfg.num_rounds > cfg.turns:
             raise ConfigError(f"--num-rounds {cfg.num_rounds} exceeds --turns {cfg.turns}: no virtual user")
-        loaded = synthetic_dataset(
-            cfg.users, cfg.turns, cfg.isl, cfg.osl, cfg.shared_prefix, tokenizer, cfg.synthetic_seed
-        )
+        if cfg.target_hit_rate is not None:
+            from kvtier.replay.hitrate import controlled_dataset
+
+            if cfg.shared_prefix:
+                raise ConfigError("--target-hit-rate: the shared documents are the prefix (leave --shared-prefix 0)")
+            loaded = controlled_dataset(cfg, tokenizer)
+        else:
+            loaded = synthetic_dataset(
+                cfg.users, cfg.turns, cfg.isl, cfg.osl, cfg.shared_prefix, tokenizer, cfg.synthetic_seed
+            )
     else:
         assert cfg.dataset is not None  # missing() said so otherwise
         loaded = load_sessions(cfg.dataset, cfg.dataset_format, tokenizer.count)
@@ -296,7 +303,15 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     started = utc_now()
     server = await _probe(cfg)
     users, fit_warnings, skipped = fit_check(plan, server["max_model_len"])
-    if not users:
+    urls = (cfg.metrics_url or [cfg.server_root]) if plan.scrape else []
+    control = None
+    if plan.dataset.hit_plan is not None:  # prime the server and check its rate before any request is measured
+        from kvtier.replay.hitrate import prime_and_check
+
+        control = await prime_and_check(cfg, plan.dataset.hit_plan, urls)
+        if not control.check_ok:
+            users = []  # nothing is measured: the result says why (stop code hit-rate-off-target)
+    if not users and control is None:
         raise DatasetError(
             f"{cfg.dataset}: --skip-too-long: every virtual user's first prompt exceeds the server's max_model_len "
             f"{server['max_model_len']}: nothing to send"
@@ -309,7 +324,6 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     if handle_signals and threading.current_thread() is threading.main_thread():
         loop.add_signal_handler(signal.SIGINT, stop.by, StopCode.interrupted)
         loop.add_signal_handler(signal.SIGTERM, stop.by, StopCode.terminated)
-    urls = (cfg.metrics_url or [cfg.server_root]) if plan.scrape else []
     scrapers = [Scraper(u, cfg.scrape_interval, cfg.rate_window) for u in urls]
     scrape_stop = asyncio.Event()
     ready = [asyncio.Event() for _ in scrapers]
@@ -369,7 +383,9 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
         joined = engine_join.join(records, log)
     result = build_result(
         plan,
-        RunFacts(started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw, joined),
+        RunFacts(
+            started, server, len(users), fit_warnings, achieved, failure, stop.code, bounds, wall, hw, joined, control
+        ),
         records,
         [sc.summary() for sc in scrapers],
     )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.config.replay import ReplayConfig
 from kvtier.replay.client import Bounds
 from kvtier.replay.engine_join import engine_checks, join_warnings
+from kvtier.replay.hitrate import hit_rate_verdict, measured_rate
 from kvtier.replay.summary import summarize
 from kvtier.results.envelope import (
     ResultWarning,
@@ -25,7 +26,7 @@ from kvtier.results.envelope import (
     warning,
 )
 from kvtier.results.outcome import Failure, judge
-from kvtier.results.replay import EngineJoin, ReplayRecord, ReplayResult, ScrapeSummary
+from kvtier.results.replay import EngineJoin, HitRateControl, ReplayRecord, ReplayResult, ScrapeSummary
 
 if TYPE_CHECKING:
     from kvtier.replay.plan import ReplayPlan
@@ -46,6 +47,7 @@ class RunFacts:
     wall_s: float
     hardware: Any  # the HardwareSampler's samples
     engine_join: EngineJoin | None = None  # --engine-log: the engine's records joined to these (replay/engine_join.py)
+    hit_control: HitRateControl | None = None  # --target-hit-rate: the priming's check (replay/hitrate.py)
 
 
 def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
@@ -75,6 +77,8 @@ def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
     return out
 
 
+NOT_PAYING_WARN = 0.05
+"""Warn when more than this share of the requests an offload tier served fetched for longer than the recompute."""
 DEGRADED_WARN = 0.05
 """Warn when more than this share of ok requests recomputed what an offload tier held (gate, failed or bypassed)."""
 DECODE_DEPENDENCY_FACTOR = 1.5
@@ -167,6 +171,10 @@ def build_result(
     summary = summarize(records, run.virtual_users, cfg.num_rounds, run.wall_s)
     warnings = list(plan.warnings) + run.fit_warnings
     status, reason = verdict(cfg, summary, run.failure, run.signal_code, run.bounds)
+    if run.hit_control is not None:
+        control = run.hit_control if not run.hit_control.check_ok else measured_rate(run.hit_control, metrics)
+        summary["hit_rate_control"] = control
+        status, reason = hit_rate_verdict(control, status, reason)
     failures = {c: Failure.model_validate(f) for c, f in summary["failures"].items()}
     status, reason, failed = judge(status, reason, summary["requests_ok"], failures, cfg.max_failure_rate)
     warnings += failed
@@ -194,6 +202,20 @@ def build_result(
         warnings += join_warnings(joined)
     summary["offload_degradation"] = degraded = offload_degradation(metrics, summary["requests_ok"])
     warnings += degradation_warnings(degraded)
+    d = summary["ttft_decomposition"]
+    if d["hits_not_paying"] > NOT_PAYING_WARN * d["offload_hits"]:
+        warnings.append(
+            warning(
+                WarningCode.offload_hits_not_paying,
+                f"{d['hits_not_paying']} of {d['offload_hits']} requests an offload tier served waited longer for "
+                f"their fetch than recomputing those tokens would have taken at this replay's prefill rate "
+                f"({d['prefill_tokens_per_s']:,.0f} tokens/s): for them the tier cost TTFT (kvtier plan value --from "
+                "prices it per tier)",
+                requests=d["hits_not_paying"],
+                offload_hits=d["offload_hits"],
+                prefill_tokens_per_s=d["prefill_tokens_per_s"],
+            )
+        )
     dropped = [r["decomposition_dropped"] for r in records if r.get("decomposition_dropped")]
     if dropped:
         warnings.append(

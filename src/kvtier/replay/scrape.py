@@ -227,6 +227,8 @@ class Scraper:
             out[name + "_series"] = series
             if name == "external_prefix_cache_hit_rate":
                 out["external_prefix_cache_queries"], out["external_prefix_cache_hits"] = Q, H
+            elif name == "prefix_cache_hit_rate":
+                out["prefix_cache_queries"], out["prefix_cache_hits"] = Q, H
         for key, name in OFFLOAD_COUNTERS.items():
             out[key] = self._delta(s[0][1].get(name), s[-1][1].get(name))
         for key, name in OFFLOAD_TRANSFER.items():  # these appear with their first count: absent at the start is 0

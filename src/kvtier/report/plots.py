@@ -381,7 +381,8 @@ PARTS = ("receive", "queue", "lookup", "fetch", "recompute", "first_decode", "se
 
 
 def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
-    """Per turn, the server's mean TTFT stacked by part (the sim's decomposition), beside the client's TTFT;
+    """Per turn, the server's mean TTFT stacked by part (the sim's decomposition, or one measured in a real engine:
+    replay --engine-log), beside the client's TTFT;
     one panel per result that has it, and the prompt's share from cache above each bar."""
     have = [(it, d) for it in items if (d := it.replay.summary.ttft_decomposition) is not None and d.requests]
     if not have:

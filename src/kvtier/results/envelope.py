@@ -57,6 +57,8 @@ class StopCode(enum.StrEnum):
     budget = "budget"  # plan sweep: its --budget ran out before every trial ran
     server_unavailable = "server-unavailable"  # ladder: the server stopped answering
     answered = "answered"  # plan: the planner answered the question its flags asked
+    hit_rate_off_target = "hit-rate-off-target"  # replay --target-hit-rate: the primed server's rate was not it
+    hit_rate_drifted = "hit-rate-drifted"  # replay --target-hit-rate: the measured run's rate left the tolerance
 
 
 class Section(BaseModel):
@@ -139,6 +141,7 @@ class WarningCode(enum.StrEnum):
     decomposition_dropped = "decomposition-dropped"  # replay: a server's TTFT decomposition failed its schema/bounds
     sim_timing_assumed = "sim-timing-assumed"  # replay: the sim's latency model is a preset's assumed figures
     sim_timing_extrapolated = "sim-timing-extrapolated"  # replay: requests timed outside the calibration's range
+    offload_hits_not_paying = "offload-hits-not-paying"  # replay: hits whose fetch took longer than the recompute
     engine_join_incomplete = "engine-join-incomplete"  # replay --engine-log: ok requests the engine's log lacks
     engine_counts_differ = "engine-counts-differ"  # replay --engine-log: the records do not add up to the counters
     gds_off = (

@@ -150,7 +150,10 @@ class TurnDecomposition(Section):
 class TtftDecomposition(Section):
     """Where TTFT went, by turn, and whether the parts close on the measured TTFT (docs/metrics.md)."""
 
-    requests: int  # ok requests with the decomposition (0: the server sends none, e.g. a real vLLM)
+    requests: int  # ok requests with the decomposition (0: none: a real vLLM without --engine-log)
+    offload_hits: int = 0  # of those, requests an offload tier served
+    hits_not_paying: int = 0  # of those, fetch longer than recomputing the tier's tokens at prefill_tokens_per_s
+    prefill_tokens_per_s: float | None = None  # Σ recomputed tokens / Σ recompute seconds over the same requests
     dropped: int = 0  # requests whose server sent one that failed its schema or bounds (not counted above)
     closure_within_5pct: float | None  # the share whose parts (the server's, and both transits where measured) sum
     # within 5 % of the client's TTFT
@@ -208,6 +211,29 @@ class EngineJoin(Section):
     vllm_prefill_s_mean: float | None = None  # vLLM's request_prefill_time mean (scheduled -> first token)
 
 
+class HitRateControl(Section):
+    """``--target-hit-rate``: the requests' shape, the primed server's rate over the check, and the measured run's
+    (docs/metrics.md): the rate is the server's counters' (prefix-cache + connector hits) / prompt tokens queried."""
+
+    target: float
+    tolerance: float
+    documents: int
+    prefix_tokens: int  # of each request: its shared document
+    own_tokens: int  # of each request: its own
+    working_set_tokens: int
+    primed: int  # requests of the priming pass (every document once)
+    checked: int  # requests of the check pass
+    check_rate: float | None
+    check_local_rate: float | None = None  # the prefix cache's share
+    check_external_rate: float | None = None  # the connector's (an offload tier's) share
+    check_ok: bool
+    problem: str = ""
+    rate: float | None = None  # over the measured run
+    local_rate: float | None = None
+    external_rate: float | None = None
+    within: bool | None = None  # the measured rate within the tolerance (None: no counters)
+
+
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
@@ -227,6 +253,7 @@ class ReplaySummary(Section):
     ttft_decomposition: TtftDecomposition | None = None  # None only in results written before it was recorded
     offload_degradation: OffloadDegradation | None = None  # None: no scraped server counts any of it
     engine_join: EngineJoin | None = None  # --engine-log: the engine's own records joined
+    hit_rate_control: HitRateControl | None = None  # --target-hit-rate
 
 
 class RatePoint(Section):
@@ -251,6 +278,8 @@ class ScrapeSummary(Section):
     lmcache_lookup_hit_rate_series: list[RatePoint] | None = None
     external_prefix_cache_queries: float | None = None
     external_prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
     # the offload tier's own counters (LMCache MP names), whole-run deltas; gauges as the most seen
     lmcache_lookup_requested_tokens: float | None = None
     lmcache_lookup_hit_tokens: float | None = None

@@ -235,3 +235,16 @@ def test_a_line_that_is_not_the_schema_names_file_and_line(tmp_path: Path):
         read_engine_log([path])
     with pytest.raises(DatasetError, match="cannot read"):
         read_engine_log([tmp_path / "missing.jsonl"])
+
+
+def test_a_hit_whose_fetch_outlasts_the_recompute_it_saved_is_counted():
+    """The replay's own prefill rate (Σ recomputed tokens / Σ recompute seconds: 200 / 2 s) prices what each hit saved:
+    100 tokens from cpu save 1 s against a 0.5 s fetch (paid); 10 tokens save 0.1 s against 0.5 s (did not)."""
+    from kvtier.replay.summary import hits_that_did_not_pay
+
+    rows = [
+        {"prompt_sources": {"cpu": 100, "recomputed": 100}, "server_ttft_parts": {"fetch": 0.5, "recompute": 1.0}},
+        {"prompt_sources": {"cpu": 10, "recomputed": 100}, "server_ttft_parts": {"fetch": 0.5, "recompute": 1.0}},
+        {"prompt_sources": {"gpu": 10, "recomputed": 0}, "server_ttft_parts": {"fetch": 0.0, "recompute": 0.0}},
+    ]
+    assert hits_that_did_not_pay(rows) == (2, 1, 100.0)  # type: ignore[arg-type]
