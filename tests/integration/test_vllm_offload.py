@@ -159,20 +159,19 @@ def test_each_replayed_request_says_where_its_prompt_came_from_and_where_its_ttf
     from kvtier import replay
     from kvtier.config import ReplayConfig
     from kvtier.results.records import read_records
-    from tests.integration.test_real_vllm import MINISWE
 
     o = offloading
     out = tmp_path / "out"
-    cfg = ReplayConfig(base_url=o.url + "/v1", model="tiny", dataset=str(MINISWE), tokenizer=f"hf:{o.model}",
-                       concurrency=2, gap_scale=0, max_requests=16, max_tokens_cap=4, skip_too_long=True,
-                       engine_log=[str(o.request_log)], output=str(out), progress="none",
-                       scrape_interval=1.0)  # fmt: skip
+    # two conversations growing 1,200 tokens a turn side by side: past the third turn their histories outgrow the
+    # engine's 8,192-token cache, so earlier turns' blocks come back from kvtier's tiers
+    cfg = ReplayConfig(base_url=o.url + "/v1", model="tiny", synthetic=True, users=2, turns=4, isl=1200, osl=4,
+                       tokenizer=f"hf:{o.model}", concurrency=2, engine_log=[str(o.request_log)], output=str(out),
+                       progress="none", scrape_interval=1.0, synthetic_seed=53)  # fmt: skip
     result = replay.run(cfg, handle_signals=False)
     s = result.summary
     j = s.engine_join
     assert j is not None and s.requests_ok > 0
     assert (j.joined_ok, j.unjoined, j.log_dropped) == (s.requests_ok, {}, {})
-    # two agent runs outgrow the engine's 8,192-token cache: prefixes come back from kvtier's tiers
     assert j.external_tokens > 0 and j.external_match, (j.external_tokens, j.external_hits_counter)
     assert j.load_io_ratio == pytest.approx(1.0, abs=0.01)  # per request, the reads add up to the tiers' counter
     records = [r for _, r in read_records(out / "requests.jsonl") if r.ok]
@@ -187,3 +186,23 @@ def test_each_replayed_request_says_where_its_prompt_came_from_and_where_its_ttf
         assert r.transit_s is not None and min(r.transit_s.values()) >= 0
         assert r.server_ttft_s + sum(r.transit_s.values()) == pytest.approx(r.ttft_s, abs=1e-5)
     assert s.ttft_decomposition is not None and s.ttft_decomposition.requests == len(with_parts)
+
+
+def test_the_ladder_verifies_each_point_by_its_requests_own_engine_record(offloading: Offloading, tmp_path: Path):
+    """kvtier ladder --engine-log: a point is verified by its request's record from inside the engine (its prompt by
+    source), not by the counters' delta between two scrapes, which any other request in flight would disturb."""
+    from kvtier import ladder
+    from kvtier.config.ladder import LadderConfig
+
+    o = offloading
+    cfg = LadderConfig(base_url=o.url + "/v1", model="tiny", tokenizer=f"hf:{o.model}", contexts=[1024],
+                       new_tokens=[16], repeats=1, sources=["cold", "gpu", "disk"], tpot_concurrency=[1],
+                       tpot_tokens=8, engine_log=[str(o.request_log)], output=str(tmp_path / "ladder.json"),
+                       quiet=True)  # fmt: skip
+    r = ladder.run(cfg, handle_signals=False)
+    by = {p.source: p for p in r.points}
+    assert set(by) == {"cold", "gpu", "disk"}  # the ladder names tiers by vLLM's by-source labels (storage: disk)
+    for src, p in by.items():
+        assert p.shown.basis == "engine" and p.verified, (src, p.why, p.shown)
+    assert by["disk"].shown.tiers.get("disk", 0) >= 896  # all but the prefix's last block, from the files
+    assert by["gpu"].shown.gpu_hit_tokens >= 896 and by["cold"].cached_tokens == 0

@@ -74,6 +74,11 @@ class LadderConfig(StrictModel):
     max_requests: int = flag(0, "send at most this many requests, floods included (0: no bound)", ge=0, group=BOUNDS)
     request_timeout: float = flag(600.0, "seconds one request may take", gt=0, group=BOUNDS)
     max_failure_rate: float = max_failure_rate_flag(BOUNDS)
+    engine_log: list[str] = flag(
+        [],
+        "the server's own per-request log (kvtier's vLLM offload spec, request_log): each point verified by its "
+        "request's record (its prompt by source, from inside the engine) instead of the counters' deltas",
+    )
     output: str = flag("ladder.json", "the result file")
     plot: str | None = flag(None, "also draw TTFT against context per source (log-log, with the spread) to this PNG")
     quiet: bool = flag(False, "no line per measured point on stderr")

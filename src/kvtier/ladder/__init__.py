@@ -21,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +43,9 @@ def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | Non
 
     check_output_path("--output", cfg.output)
     check_output_path("--plot", cfg.plot)
+    for path in cfg.engine_log:  # the engine writes it from its start: one missing now is a wrong path
+        if not Path(path).is_file():
+            raise ConfigError(f"--engine-log: {path}: not a file (an engine started with request_log writes it)")
     if progress is None and not cfg.quiet:
         progress = _print_point
     result = asyncio.run(_run(cfg, handle_signals, progress))
@@ -104,6 +108,10 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
                 t0 + cfg.duration if cfg.duration else None,
                 cfg.max_requests,
             )
+            if cfg.engine_log:
+                from kvtier.results.engine_log import EngineLogTail
+
+                sess.engine_log = EngineLogTail(cfg.engine_log)
             await sess.probe()
             largest_new = max(cfg.new_tokens)
             if server.max_model_len is None and cfg.contexts is None:

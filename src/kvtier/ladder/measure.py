@@ -30,6 +30,7 @@ from kvtier.modelmaker import WORDS
 from kvtier.replay.client import ClientConfig, stream_request
 from kvtier.replay.datasets import VirtualUser
 from kvtier.replay.scrape import scrape_snapshot as scrape
+from kvtier.results.engine_log import EngineLogTail
 from kvtier.results.ladder import LadderPoint, Shown, TpotPoint
 from kvtier.tokenizer import Tokenizer
 
@@ -38,6 +39,8 @@ CHUNK_TOKENS = 256
 FLOOD_MARGIN = 1.25
 """A flood is this many times the tokens it must push past, so LRU order and partial blocks cannot leave the prefix."""
 PROBE_WORDS = (64, 512)
+ENGINE_RECORD_WAIT_S = 10.0
+"""How long a point waits for its request's record in the engine's log (written a step or two after its reply)."""
 
 
 class Prompter:
@@ -84,16 +87,26 @@ def first_token_s(rec: dict[str, Any]) -> float | None:
 
 
 def verify(
-    source: str, context: int, prompt_tokens: int | None, r: Reading | None, usage_cached: int | None, s: Server
+    source: str,
+    context: int,
+    prompt_tokens: int | None,
+    r: Reading | None,
+    usage_cached: int | None,
+    s: Server,
+    engine: bool = False,
 ) -> tuple[bool, str | None, Shown, int | None]:
     """Whether the counters show the intended source; returns (verified, why not, what they showed, cached tokens).
 
     cold: fewer cached tokens than one block (or 2 % of the prompt); gpu: the GPU's hits cover the prefix (at least
     half of it and all but one block of 80 % of it) and no offload tier served any; a tier: that tier served the
-    prefix (the same bound, one 256-token chunk instead of a block) and more than the GPU and every other tier."""
+    prefix (the same bound, one 256-token chunk instead of a block) and more than the GPU and every other tier.
+    ``engine``: ``r`` is the request's own record from inside the engine (--engine-log), not two scrapes' delta:
+    it holds this request alone, so the reading is not disturbed by any other request in flight."""
     block = s.block_tokens or 16
     tiers = dict(r.tiers) if r is not None else {}
     basis = "counters" if r is not None and r.gpu is not None else ("usage" if usage_cached is not None else "none")
+    if engine and r is not None:
+        basis = "engine"
     shown = Shown(
         gpu_hit_tokens=r.gpu if r else None,
         external_hit_tokens=r.external if r else None,
@@ -105,10 +118,12 @@ def verify(
         return False, "the response had no usage.prompt_tokens", shown, None
     if basis == "none":
         return False, "neither counters nor usage.cached_tokens: nothing shows where the prompt came from", shown, None
-    gpu = (r.gpu or 0) if basis == "counters" and r is not None else None
+    gpu = (r.gpu or 0) if basis in ("counters", "engine") and r is not None else None
     ext = (r.external or 0) if r is not None and r.external is not None else 0
     cached = (gpu or 0) + ext if gpu is not None else usage_cached
-    said = f"counters: gpu {gpu}, external {ext}" + "".join(f", {t} {n}" for t, n in tiers.items())
+    said = f"{'the engine record' if engine else 'counters'}: gpu {gpu}, external {ext}" + "".join(
+        f", {t} {n}" for t, n in tiers.items()
+    )
     if basis == "usage":
         said = f"usage.cached_tokens {usage_cached}"
     cached_n = cached or 0
@@ -125,7 +140,7 @@ def verify(
             return True, None, shown, cached
         return False, f"wanted >= {need:.0f} GPU-hit tokens and no offload ({said})", shown, cached
     tier = next((t for t in s.tiers if t.name == source), None)
-    if tier is None or tier.counter is None or basis != "counters":
+    if tier is None or (basis == "counters" and tier.counter is None) or basis not in ("counters", "engine"):
         return False, f"the server exposes no counter of the tokens tier {source} served ({said})", shown, cached
     got = tiers.get(source, 0)
     need = max(0.5 * context, 0.8 * context - max(block, CHUNK_TOKENS))
@@ -193,6 +208,7 @@ class Session:
     lost: bool = False  # a request could not reach the server: nothing more is sent
     failures: list[tuple[str, str, int | None]] = field(default_factory=list)
     user: VirtualUser = field(default_factory=lambda: VirtualUser("ladder", "ladder", 0, ()))
+    engine_log: EngineLogTail | None = None  # --engine-log: each point verified by its own record
 
     def bounded(self) -> str | None:
         """Why no further request may be sent (None: it may)."""
@@ -253,9 +269,16 @@ class Session:
         reading = self.server.reading(before, after)
         ttft = first_token_s(rec)
         ok = rec["status"] == "ok" and ttft is not None
-        if ok:
+        own = await self.engine_record(rec.get("request_id")) if ok and self.engine_log is not None else None
+        why: str | None
+        if ok and self.engine_log is not None and own is None:
+            verified, cached = False, None
+            why = f"no record of request {rec.get('request_id')} in the engine log within {ENGINE_RECORD_WAIT_S:g} s"
+            shown = Shown(gpu_hit_tokens=None, external_hit_tokens=None, usage_cached_tokens=None, basis="none")
+        elif ok:
+            got = own or reading
             verified, why, shown, cached = verify(
-                source, context, rec["prompt_tokens"], reading, rec["cached_tokens"], self.server
+                source, context, rec["prompt_tokens"], got, rec["cached_tokens"], self.server, own is not None
             )
         else:
             why = (
@@ -285,6 +308,25 @@ class Session:
             status="ok" if ok else "error",
             cause=None if ok else rec["cause"] or "error",
         )
+
+    async def engine_record(self, request_id: str | None) -> Reading | None:
+        """The request's own record from the engine's log, as a reading (None: not written within the wait)."""
+        if request_id is None or self.engine_log is None:
+            return None
+        deadline = time.monotonic() + ENGINE_RECORD_WAIT_S
+        while True:
+            self.engine_log.poll()
+            e = self.engine_log.by_id.pop(request_id, None)
+            if e is not None:  # the tiers by the names the ladder found them under: vLLM's by-source labels
+                known = {t.name for t in self.server.tiers}
+                tiers: dict[str, int] = {}
+                for name, n in e.tier_tokens.items():
+                    label = name if name in known else self.engine_log.sources.get(name, name)
+                    tiers[label] = tiers.get(label, 0) + n
+                return Reading(gpu=e.tokens.get("gpu", 0), external=e.external_tokens, tiers=tiers)
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
 
     async def flood(self, tokens: int, concurrency: int) -> int:
         """Send unique prompts totalling ``tokens`` (each at most what the server takes), ``concurrency`` at once;

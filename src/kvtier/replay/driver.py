@@ -379,7 +379,8 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     if cfg.engine_log:
         from kvtier.replay import engine_join
 
-        log = await asyncio.to_thread(engine_join.collect, records, cfg.engine_log, cfg.engine_log_wait)
+        wait = 0.0 if stop.code is not None else cfg.engine_log_wait  # stopped: the records are as they are
+        log = await asyncio.to_thread(engine_join.collect, records, cfg.engine_log, wait)
         joined = engine_join.join(records, log)
     result = build_result(
         plan,

@@ -123,7 +123,7 @@ def join(records: list[ReplayRecord], log: EngineLog) -> EngineJoin:
             continue
         e = mine[0]
         # every request the engine admitted counts toward its counters, whatever the client made of it
-        external += sum(e.tier_tokens.values())
+        external += e.external_tokens
         failed += e.failed_tokens
         for k, v in e.load.io_s.items():
             load_io[k] = load_io.get(k, 0.0) + v
@@ -170,7 +170,7 @@ def join(records: list[ReplayRecord], log: EngineLog) -> EngineJoin:
         joined_share=round(joined_ok / ok, 6) if ok else None,
         unjoined=dict(unjoined),
         parts_dropped=dict(dropped),
-        external_tokens=external + failed,
+        external_tokens=external,
         external_tokens_failed=failed,
         load_io_s=load_io,
         load_bytes=load_bytes,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.config.replay import ReplayConfig
-from kvtier.errors import KvtierError
+from kvtier.errors import ConfigError, KvtierError
 from kvtier.mpi import RunEnvironment
 from kvtier.replay.driver import execute, prepare, write_outputs
 from kvtier.replay.plan import ReplayPlan
@@ -46,6 +46,8 @@ def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) 
     plan: ReplayPlan | None = None
     problem = None
     try:
+        if cfg.target_hit_rate is not None:  # one priming and one check of the server's counters: one process
+            raise ConfigError("--target-hit-rate: a replay of one process (not under mpirun, nor --num-clients)")
         plan = prepare(cfg)
     except KvtierError as e:
         problem = f"rank {r.rank} ({r.host}): {e}"
@@ -97,6 +99,17 @@ def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) 
     warnings = [w for w in warnings if w.code not in again]
     summary["offload_degradation"] = degraded = offload_degradation(result.server_metrics, summary["requests_ok"])
     warnings += degradation_warnings(degraded)
+    if cfg.engine_log:  # every rank joined its own records; the engines' logs joined again over the union
+        from kvtier.replay.engine_join import engine_checks, join, join_warnings
+        from kvtier.results.engine_log import read_engine_log
+
+        warnings = [
+            w for w in warnings if w.code not in (WarningCode.engine_join_incomplete, WarningCode.engine_counts_differ)
+        ]
+        summary["engine_join"] = joined = engine_checks(
+            join(union, read_engine_log(cfg.engine_log)), union, result.server_metrics
+        )
+        warnings += join_warnings(joined)
     partial = bool(lost) or any(c["status"] == "partial" for c in got.values())
     stop = result.stop_reason
     if stop.code == StopCode.too_many_failures:  # rank 0's own verdict: decided again over the union

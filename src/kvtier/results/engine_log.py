@@ -134,6 +134,40 @@ class EngineLog:
         return out
 
 
+class EngineLogTail:
+    """The request records of growing engine logs, read a little at a time: each ``poll`` takes the complete lines
+    written since the last, validated as ``read_engine_log`` does (kvtier ladder waits on each point's record)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = [Path(p) for p in paths]
+        self._at = [0] * len(self.paths)
+        self._lines = [0] * len(self.paths)
+        self.by_id: dict[str, EngineRequest] = {}
+        self.sources: dict[str, str] = {}  # a tier's name -> the by-source label vLLM's counters give its hits
+
+    def poll(self) -> None:
+        for i, path in enumerate(self.paths):
+            got = EngineLog()
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._at[i])
+                    while True:
+                        raw = f.readline(MAX_LINE_BYTES + 1)
+                        if not raw.endswith(b"\n"):  # none, or one the engine is writing: read it next time
+                            break
+                        self._at[i] += len(raw)
+                        self._lines[i] += 1
+                        if raw.strip():
+                            _add(got, path, self._lines[i], raw)
+            except OSError as e:
+                raise DatasetError(f"{path}: cannot read the engine request log: {e.strerror}") from e
+            for h in got.headers:
+                self.sources.update((t.name, t.source) for t in h.tiers)
+            for r in got.requests:
+                if r.external_id is not None:
+                    self.by_id[r.external_id] = r
+
+
 _KINDS: dict[str, type[BaseModel]] = {"header": EngineHeader, "request": EngineRequest, "footer": EngineFooter}
 
 
@@ -183,4 +217,12 @@ def _add(out: EngineLog, path: Path, n: int, raw: bytes) -> None:
         out.footers.append(rec)
 
 
-__all__ = ["EngineLog", "EngineRequest", "EngineHeader", "EngineFooter", "read_engine_log", "ENGINE_ID"]
+__all__ = [
+    "EngineLogTail",
+    "EngineLog",
+    "EngineRequest",
+    "EngineHeader",
+    "EngineFooter",
+    "read_engine_log",
+    "ENGINE_ID",
+]

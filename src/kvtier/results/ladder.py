@@ -130,7 +130,7 @@ class Shown(Section):
     external_hit_tokens: int | None
     tiers: dict[str, int] = Field(default_factory=dict)
     usage_cached_tokens: int | None
-    basis: Literal["counters", "usage", "none"]
+    basis: Literal["counters", "usage", "engine", "none"]  # engine: the request's own record (--engine-log)
 
 
 class LadderPoint(Section):

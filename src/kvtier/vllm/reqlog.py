@@ -62,6 +62,7 @@ class Trace:
     gpu_tokens: int = 0  # vLLM's prefix cache (first admission)
     external_tokens: int = 0  # loaded by the connector (first admission)
     tier_tokens: dict[str, int] = field(default_factory=dict)  # the external tokens by the tier of each block
+    key_tiers: dict[Any, str] = field(default_factory=dict)  # the tier each loaded block was planned from
     loads_planned: int = 0  # load jobs the scheduler made for it
     loaded_s: float | None = None  # the scheduler learnt its (first admission's) loads were done
     io: RequestIO = field(default_factory=RequestIO)
@@ -86,8 +87,10 @@ class RequestLog:
         block_bytes: int,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        tier_prefix: str = "",
     ) -> None:
         self.path = path
+        self.tier_prefix = tier_prefix  # "shared-" on a shared cache server: the workers name its tiers plainly
         self.cap_bytes = cap_bytes
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes  # one block across every worker of the engine
@@ -118,7 +121,13 @@ class RequestLog:
             t.lookup_s = started_s  # the last lookup before the admission is the one that admitted it
 
     def admitted(
-        self, req_id: str, gpu_tokens: int, external_tokens: int, tier_tokens: Mapping[str, int], preemptions: int
+        self,
+        req_id: str,
+        gpu_tokens: int,
+        external_tokens: int,
+        tier_tokens: Mapping[str, int],
+        preemptions: int,
+        key_tiers: Mapping[Any, str] | None = None,
     ) -> None:
         """Blocks allocated for the request: its first admission's split is the record's, as vLLM counts it (a
         request readmitted after a preemption is counted by vLLM as preempted, not again; a request whose load
@@ -137,6 +146,7 @@ class RequestLog:
         t.gpu_tokens = gpu_tokens
         t.external_tokens = external_tokens
         t.tier_tokens = dict(tier_tokens)
+        t.key_tiers = dict(key_tiers or {})
         if t.lookup_s is None:
             t.lookup_s = t.admitted_s
 
@@ -181,6 +191,8 @@ class RequestLog:
             t = self._live.get(rid)
             if t is None:
                 continue
+            if self.tier_prefix:
+                got = got.renamed(self.tier_prefix)
             t.io = t.io.merge(got)
             if t.loaded_s is None and not t.preemptions:
                 t.loaded_s = now
@@ -202,14 +214,17 @@ class RequestLog:
 
     def record(self, t: Trace) -> dict[str, Any]:
         """A trace as its line (docs/metrics.md "the engine's request log")."""
-        failed_tokens = min(t.io.failed_blocks * self.block_tokens, sum(t.tier_tokens.values()))
         tokens = {"gpu": t.gpu_tokens, **t.tier_tokens}
-        if failed_tokens:  # blocks the tiers could not give back: vLLM recomputed them
-            left = failed_tokens
-            for k in sorted(t.tier_tokens, key=lambda k: -t.tier_tokens[k]):
-                take = min(left, tokens[k])
-                tokens[k] -= take
-                left -= take
+        failed_tokens = 0
+        for key in set(t.io.failed_keys):  # blocks the tiers could not give back: vLLM recomputed them
+            tier = t.key_tiers.get(key)
+            if tier not in t.tier_tokens:  # not planned from a known tier: taken from the one that served most
+                tier = max(t.tier_tokens, key=lambda k: tokens[k], default=None)
+            if tier is None:
+                break
+            take = min(self.block_tokens, tokens[tier])
+            tokens[tier] -= take
+            failed_tokens += take
         tokens["recomputed"] = t.prompt_tokens - sum(tokens.values())
         stamps = {
             "arrived": t.arrived_s,

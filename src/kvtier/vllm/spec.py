@@ -209,7 +209,9 @@ class KvtierManager(OffloadingManager):
                 "cache_server": settings.cache_server,
             }
             cap = int(settings.request_log_mb * 1024 * 1024)
-            self.requests = RequestLog(settings.request_log, cap, header, block_tokens, block_bytes * world_size)
+            self.requests = RequestLog(
+                settings.request_log, cap, header, block_tokens, block_bytes * world_size, tier_prefix=self._prefix
+            )
         self._load_tiers: dict[str, dict[OffloadKey, str]] = {}  # the blocks of each admitted load, by request
         self._hit_tokens: dict[str, int] = {}
         self._reported: dict[str, dict[str, int]] = {}
@@ -539,6 +541,7 @@ class KvtierOffloadingConnector(OffloadingConnector):
         if stats is not None and request.num_preemptions <= 0:
             local = int(stats.num_local_cached_tokens)  # what vLLM counts as its prefix cache's hit
         by_tier: dict[str, int] = {}
+        tiers: dict[OffloadKey, str] = {}
         if num_external_tokens:
             tiers = manager.take_load_tiers(request.request_id)
             lo_all, hi_all = local, local + num_external_tokens
@@ -550,7 +553,7 @@ class KvtierOffloadingConnector(OffloadingConnector):
             left = num_external_tokens - sum(by_tier.values())
             if left:  # tokens no loaded block covers: vLLM's external_unspecified
                 by_tier["external_unspecified"] = by_tier.get("external_unspecified", 0) + left
-        reqlog.admitted(request.request_id, local, num_external_tokens, by_tier, int(request.num_preemptions))
+        reqlog.admitted(request.request_id, local, num_external_tokens, by_tier, int(request.num_preemptions), tiers)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)

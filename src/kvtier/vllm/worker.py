@@ -107,30 +107,43 @@ class RequestIO:
     """One request's loads on one worker (its ``tag``, vLLM's request id), for the per-request record
     (kvtier/vllm/reqlog.py): when the first was submitted and the last finished (``time.monotonic``: the host's
     CLOCK_MONOTONIC, the clock of vLLM's scheduler and of kvtier replay), and by tier the blocks and bytes loaded
-    and the tier's own read time; blocks that failed (vLLM recomputes them)."""
+    and the tier's own read time; the blocks that failed (vLLM recomputes them; a block's shards fail on every worker,
+    so a block counts once)."""
 
     submitted_s: float | None = None
     done_s: float | None = None
     blocks: dict[str, int] = field(default_factory=dict)
     nbytes: dict[str, int] = field(default_factory=dict)
     io_s: dict[str, float] = field(default_factory=dict)
-    failed_blocks: int = 0
+    failed_keys: list[Any] = field(default_factory=list)  # blocks whose load failed (vLLM recomputes them)
+
+    @property
+    def failed_blocks(self) -> int:
+        return len(set(self.failed_keys))
 
     def add(self, got: Sequence[Loaded], submitted_s: float, done_s: float) -> None:
         self.submitted_s = submitted_s if self.submitted_s is None else min(self.submitted_s, submitted_s)
         self.done_s = done_s if self.done_s is None else max(self.done_s, done_s)
         for g in got:
             if not g.nbytes:
-                self.failed_blocks += 1
+                self.failed_keys.append(g.key)
                 continue
             self.blocks[g.tier] = self.blocks.get(g.tier, 0) + 1
             self.nbytes[g.tier] = self.nbytes.get(g.tier, 0) + g.nbytes
             self.io_s[g.tier] = self.io_s.get(g.tier, 0.0) + g.io_ns / 1e9
 
+    def renamed(self, prefix: str) -> RequestIO:
+        """The same with every tier's name prefixed (a shared cache server's tiers in the request log)."""
+        out = RequestIO(self.submitted_s, self.done_s, failed_keys=list(self.failed_keys))
+        out.blocks = {prefix + k: v for k, v in self.blocks.items()}
+        out.nbytes = {prefix + k: v for k, v in self.nbytes.items()}
+        out.io_s = {prefix + k: v for k, v in self.io_s.items()}
+        return out
+
     def merge(self, other: RequestIO) -> RequestIO:
         """Two reports of one request (two workers of a step, or two steps) as one."""
         out = RequestIO(self.submitted_s, self.done_s, dict(self.blocks), dict(self.nbytes), dict(self.io_s))
-        out.failed_blocks = self.failed_blocks + other.failed_blocks
+        out.failed_keys = [*self.failed_keys, *other.failed_keys]
         if other.submitted_s is not None:
             out.submitted_s = other.submitted_s if out.submitted_s is None else min(out.submitted_s, other.submitted_s)
         if other.done_s is not None:

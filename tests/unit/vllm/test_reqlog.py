@@ -94,6 +94,24 @@ def test_a_failed_block_moves_its_tokens_to_recomputed_and_is_counted(tmp_path: 
     assert r.tokens == {"gpu": 32, "cpu": 32, "recomputed": 36} and r.external_tokens == 48
 
 
+def test_a_failed_block_is_taken_from_the_tier_it_was_planned_from(tmp_path: Path):
+    clock = Clock()
+    log = _log(tmp_path / "r.jsonl", clock)
+    rid = "chatcmpl-kvt-1-2-0123abcd"
+    log.seen(rid, 100, None)
+    plan = {b"k0": "cpu", b"k1": "cpu", b"k2": "storage"}
+    log.admitted(rid, 32, 48, {"cpu": 32, "storage": 16}, preemptions=0, key_tiers=plan)
+    io = RequestIO()
+    got = [Loaded(b"k0", 0, 4096, "cpu", 1000), Loaded(b"k1", 1, 4096, "cpu", 1000), Loaded(b"k2", 2, 0)]
+    io.add(got, 100.0, 100.01)
+    log.loads_done({rid: io.merge(io)})  # two workers: each failed its shard of the same block
+    log.closed(rid)
+    log.close()
+    (r,) = read_engine_log([tmp_path / "r.jsonl"]).requests
+    assert r.tokens == {"gpu": 32, "cpu": 32, "storage": 0, "recomputed": 36}
+    assert (r.failed_tokens, r.load.failed_blocks, r.load.blocks) == (16, 1, {"cpu": 4})
+
+
 def test_a_preemption_before_the_first_token_is_said_and_the_first_admission_kept(tmp_path: Path):
     clock = Clock()
     log = _log(tmp_path / "r.jsonl", clock)
