@@ -79,9 +79,10 @@ class Shared:
         raise AssertionError("the cache server did not come back")
 
 
-def ask(url: str, words: list[str]) -> tuple[dict, str]:
+def ask(url: str, words: list[str], request_id: str | None = None) -> tuple[dict, str]:
     body = json.dumps({"model": "tiny", "prompt": " ".join(words), "max_tokens": 1, "temperature": 0}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+    req = urllib.request.Request(url + "/v1/completions", body, headers)
     with urllib.request.urlopen(req, timeout=300) as r:
         j = json.loads(r.read())
     return j["usage"], j["choices"][0]["text"]
@@ -115,10 +116,12 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     s.restart_server()
     cores = cpu_inventory(None).devices
     extra = ["--kv-transfer-config", kv_transfer_arg({"cache_server": str(sock)})]
+    # B also writes its per-request log (kvtier/vllm/reqlog.py): its hits from the shared server, by tier
+    extra_b = ["--kv-transfer-config", kv_transfer_arg({"cache_server": str(sock), "request_log": str(d / "b.jsonl")})]
     env = {"PYTHONPATH": engine_pythonpath(str(d / "pylib"))}
     kv = KV_TOKENS * Geometry().kv_bytes_per_token
     a = cpu_engine.start(str(ENGINE_PYTHON), str(model), pa, d, kv, MAX_LEN, cores, name="a", extra=extra, env=env)
-    b = cpu_engine.start(str(ENGINE_PYTHON), str(model), pb, d, kv, MAX_LEN, cores, name="b", extra=extra, env=env)
+    b = cpu_engine.start(str(ENGINE_PYTHON), str(model), pb, d, kv, MAX_LEN, cores, name="b", extra=extra_b, env=env)
     try:
         a.wait_healthy(STARTUP_S)
         b.wait_healthy(STARTUP_S)
@@ -152,7 +155,7 @@ def test_a_prompt_replica_a_computed_is_served_on_replica_b_from_the_shared_file
         s.wait_stored(stored)
     for words, source in ((first, "disk"), (third, "host")):
         before_b, before_srv = metrics(s.b), s.server_metrics()
-        usage, text = ask(s.b, words)
+        usage, text = ask(s.b, words, request_id=f"shared-{source}")
         after_b, after_srv = metrics(s.b), s.server_metrics()
         cached = usage["prompt_tokens_details"]["cached_tokens"]
         assert cached == usage["prompt_tokens"] // BLOCK * BLOCK  # every whole block came from the shared tier
@@ -174,6 +177,16 @@ def test_a_prompt_replica_a_computed_is_served_on_replica_b_from_the_shared_file
         assert delta(before_b, after_b, "kvtier:offload_loaded_blocks_total", tier=tier) == cached // BLOCK
         # the server's: loaded by an engine other than the one that stored them
         assert delta(before_srv, after_srv, "kvtier_block_server_cross_replica_loads_total") == cached // BLOCK
+        # B's own record of the request: its prompt from the shared server's tier, by name
+        from kvtier.results.engine_log import EngineLogTail
+
+        log = EngineLogTail([str(s.dir / "b.jsonl")])
+        deadline = time.monotonic() + 30
+        while f"shared-{source}" not in log.by_id and time.monotonic() < deadline:
+            time.sleep(0.1)
+            log.poll()
+        rec = log.by_id[f"shared-{source}"]
+        assert rec.tier_tokens == {f"shared-{tier}": cached} and rec.load.blocks == {f"shared-{tier}": cached // BLOCK}
     assert s.server_metrics().get("kvtier_block_server_failed_loads_total") == 0
 
 

@@ -23,9 +23,9 @@ from kvtier.errors import DatasetError
 MAX_LINE_BYTES = 1024 * 1024
 """The longest line of an engine request log a reader takes (a record is ~1 KB)."""
 
-ENGINE_ID = re.compile(r"(?:chatcmpl-|cmpl-)?(?P<ext>.+)-[0-9a-f]{8}")
-"""vLLM's OpenAI server makes a request's engine id from the X-Request-Id it was sent: the API's prefix, the id,
-and 8 random hex digits (vLLM 0.32 ``InputProcessor.assign_request_id``)."""
+ENGINE_ID = re.compile(r"chatcmpl-(?P<chat>.+)-[0-9a-f]{8}|cmpl-(?P<cmpl>.+)-\d+-[0-9a-f]{8}|(?P<other>.+)-[0-9a-f]{8}")
+"""vLLM's OpenAI server makes a request's engine id from the X-Request-Id it was sent: the API's prefix, the id (and,
+for /v1/completions, the prompt's index), then 8 random hex digits (vLLM 0.32 ``InputProcessor.assign_request_id``)."""
 
 
 class _Strict(BaseModel):
@@ -80,7 +80,7 @@ class EngineRequest(_Strict):
     def external_id(self) -> str | None:
         """The X-Request-Id the client sent, from the engine's id (None: not one of that form)."""
         m = ENGINE_ID.fullmatch(self.id)
-        return m.group("ext") if m else None
+        return (m.group("chat") or m.group("cmpl") or m.group("other")) if m else None
 
     @property
     def tier_tokens(self) -> dict[str, int]:

@@ -248,3 +248,16 @@ def test_a_hit_whose_fetch_outlasts_the_recompute_it_saved_is_counted():
         {"prompt_sources": {"gpu": 10, "recomputed": 0}, "server_ttft_parts": {"fetch": 0.0, "recompute": 0.0}},
     ]
     assert hits_that_did_not_pay(rows) == (2, 1, 100.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "engine_id,sent",
+    [("chatcmpl-kvt-ab12-17-1a2b3c4d", "kvt-ab12-17"), ("cmpl-kvt-ab12-17-0-1a2b3c4d", "kvt-ab12-17"),
+     ("chatcmpl-x-0-0123abcd", "x-0"), ("no-random-suffix", None)],
+)  # fmt: skip
+def test_the_id_the_client_sent_is_read_back_from_vllms_engine_id(engine_id: str, sent: str | None):
+    """vLLM 0.32 names a chat request chatcmpl-<X-Request-Id>-<8 hex>, a completion cmpl-<X-Request-Id>-<prompt index>-
+    <8 hex>."""
+    from kvtier.results.engine_log import EngineRequest
+
+    assert EngineRequest.model_validate(engine_rec("x") | {"id": engine_id}).external_id == sent
