@@ -372,7 +372,8 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
 def test_restarting_the_cache_sidecar_mid_replay_measures_the_miss_storm(tmp_path: Path):
     # One replica, an 8B model's KV in 0.5 GB of GPU (3.8k tokens: a few prompts), so later turns are served by the
     # sidecar's CPU tier; it is killed 6 s in and comes back empty. Enough conversations that the dataset
-    # outlasts --duration (the fault must land mid-replay), and 24 s after the fault for the hit rate to return.
+    # outlasts --duration (the fault must land mid-replay), and 39 s after the fault for the hit rate to return (it
+    # returned 11.5 s after it alone here; beside the suite's other workers once not within 24 s: a CI failure).
     data = conversations(tmp_path / "data", users=60, max_tokens=48)
     out = tmp_path / "run"
     p = launch(
