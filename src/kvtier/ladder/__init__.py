@@ -21,12 +21,12 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvtier.errors import ConfigError
+from kvtier.results.engine_log import check_engine_logs
 from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
 from kvtier.results.ladder import CellStats, LadderPoint, LadderResult, ServerFacts
 from kvtier.results.outcome import judge, tally
@@ -43,9 +43,7 @@ def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | Non
 
     check_output_path("--output", cfg.output)
     check_output_path("--plot", cfg.plot)
-    for path in cfg.engine_log:  # the engine writes it from its start: one missing now is a wrong path
-        if not Path(path).is_file():
-            raise ConfigError(f"--engine-log: {path}: not a file (an engine started with request_log writes it)")
+    check_engine_logs(cfg.engine_log)
     if progress is None and not cfg.quiet:
         progress = _print_point
     result = asyncio.run(_run(cfg, handle_signals, progress))

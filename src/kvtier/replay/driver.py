@@ -23,6 +23,7 @@ from kvtier.replay.client import Bounds
 from kvtier.replay.datasets import LoadedDataset, VirtualUser, load_sessions, tool_schemas, virtual_users
 from kvtier.replay.plan import ReplayPlan
 from kvtier.replay.results import RunFacts, build_result
+from kvtier.results.engine_log import check_engine_logs
 from kvtier.results.envelope import (
     ResultWarning,
     StopCode,
@@ -86,9 +87,7 @@ def prepare(cfg: ReplayConfig) -> ReplayPlan:
     if cfg.missing():
         raise ConfigError("\n".join(f"{m}: required" for m in cfg.missing()))
     cfg, loaded, users, tokenizer, floor = load_users(cfg)
-    for path in cfg.engine_log:  # the engine writes it from its start: one missing now is a wrong path
-        if not Path(path).is_file():
-            raise ConfigError(f"--engine-log: {path}: not a file (an engine started with request_log writes it)")
+    check_engine_logs(cfg.engine_log)
     if cfg.output:  # an unwritable result folder fails now, not after the run
         try:
             Path(cfg.output).mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.results.engine_log import EngineLog, EngineRequest, read_engine_log
+from kvtier.results.engine_log import EngineLog, EngineLogTail, EngineRequest
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.results.replay import EngineJoin, ReplayRecord, ScrapeSummary
 
@@ -189,9 +189,10 @@ def collect(
     writes a request's record after its last store was started, a step or two after the reply ended)."""
     want = {r.get("request_id") for r in records if r["status"] == "ok" and r.get("request_id")}
     deadline = clock() + wait_s
+    tail = EngineLogTail(paths)  # each pass reads only what the engines wrote since the last
     while True:
-        log = read_engine_log(paths)
-        if want <= {e.external_id for e in log.requests} or clock() >= deadline:
+        log = tail.poll()
+        if want <= tail.by_id.keys() or clock() >= deadline:
             return log
         sleep(0.2)
 

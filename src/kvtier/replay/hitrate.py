@@ -127,15 +127,11 @@ async def prime_and_check(cfg: ReplayConfig, plan: HitPlan, metrics_urls: list[s
         after = [await scrape_snapshot(s, u) for u in metrics_urls]
     rate = local = ext = None
     pairs = [(a, b) for a, b in zip(before, after, strict=True) if a is not None and b is not None]
-    if pairs and not errors:
-        sums = [0.0, 0.0, 0.0]
-        for a, b in pairs:
-            q = (b.get(QUERIES) or 0.0) - (a.get(QUERIES) or 0.0)
-            _, lh, eh = rate_of(a, b)
-            sums = [sums[0] + q, sums[1] + lh, sums[2] + eh]
-        if sums[0] > 0:
-            rate = round((sums[1] + sums[2]) / sums[0], 6)
-            local, ext = round(sums[1] / sums[0], 6), round(sums[2] / sums[0], 6)
+    queried = sum((b.get(QUERIES) or 0.0) - (a.get(QUERIES) or 0.0) for a, b in pairs)
+    if pairs and not errors and queried > 0:
+        hits = [rate_of(a, b)[1:] for a, b in pairs]
+        local, ext = (round(sum(h[k] for h in hits) / queried, 6) for k in (0, 1))
+        rate = round(local + ext, 6)
     target = cfg.target_hit_rate or 0.0
     ok = rate is not None and abs(rate - target) <= cfg.hit_rate_tolerance
     if errors:

@@ -135,37 +135,46 @@ class EngineLog:
 
 
 class EngineLogTail:
-    """The request records of growing engine logs, read a little at a time: each ``poll`` takes the complete lines
-    written since the last, validated as ``read_engine_log`` does (kvtier ladder waits on each point's record)."""
+    """Engine request logs read as they grow: each ``poll`` adds the complete lines written since the last to ``log``
+    (validated; file:line in every error), the requests by the id the client sent to ``by_id``, and each tier's
+    by-source label to ``sources``. A last line without its newline is the engine's still being written: read next
+    time. The one reader of the file kind: ``read_engine_log`` is a single poll."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str] | list[Path]) -> None:
         self.paths = [Path(p) for p in paths]
-        self._at = [0] * len(self.paths)
-        self._lines = [0] * len(self.paths)
+        self.log = EngineLog(paths=[str(p) for p in paths])
         self.by_id: dict[str, EngineRequest] = {}
         self.sources: dict[str, str] = {}  # a tier's name -> the by-source label vLLM's counters give its hits
+        self._at = [0] * len(self.paths)
+        self._lines = [0] * len(self.paths)
 
-    def poll(self) -> None:
+    def poll(self) -> EngineLog:
+        log = self.log
+        log.partial_lines = 0
+        before = (len(log.headers), len(log.requests))
         for i, path in enumerate(self.paths):
-            got = EngineLog()
             try:
                 with path.open("rb") as f:
                     f.seek(self._at[i])
-                    while True:
-                        raw = f.readline(MAX_LINE_BYTES + 1)
-                        if not raw.endswith(b"\n"):  # none, or one the engine is writing: read it next time
+                    while raw := f.readline(MAX_LINE_BYTES + 1):
+                        n = self._lines[i] + 1
+                        if len(raw) > MAX_LINE_BYTES:
+                            raise DatasetError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} bytes")
+                        if not raw.endswith(b"\n"):
+                            log.partial_lines += 1
                             break
                         self._at[i] += len(raw)
-                        self._lines[i] += 1
+                        self._lines[i] = n
                         if raw.strip():
-                            _add(got, path, self._lines[i], raw)
+                            _add(log, path, n, raw)
             except OSError as e:
                 raise DatasetError(f"{path}: cannot read the engine request log: {e.strerror}") from e
-            for h in got.headers:
-                self.sources.update((t.name, t.source) for t in h.tiers)
-            for r in got.requests:
-                if r.external_id is not None:
-                    self.by_id[r.external_id] = r
+        for h in log.headers[before[0] :]:
+            self.sources.update((t.name, t.source) for t in h.tiers)
+        for r in log.requests[before[1] :]:
+            if (ext := r.external_id) is not None:
+                self.by_id[ext] = r
+        return log
 
 
 _KINDS: dict[str, type[BaseModel]] = {"header": EngineHeader, "request": EngineRequest, "footer": EngineFooter}
@@ -173,22 +182,16 @@ _KINDS: dict[str, type[BaseModel]] = {"header": EngineHeader, "request": EngineR
 
 def read_engine_log(paths: list[str] | list[Path]) -> EngineLog:
     """The records of the engine request logs ``paths``, validated (module docstring)."""
-    out = EngineLog(paths=[str(p) for p in paths])
-    for p in paths:
-        path = Path(p)
-        try:
-            with path.open("rb") as f:
-                for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
-                    if len(raw) > MAX_LINE_BYTES:
-                        raise DatasetError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} bytes")
-                    if not raw.endswith(b"\n"):
-                        out.partial_lines += 1  # the engine is writing it
-                        break
-                    if raw.strip():
-                        _add(out, path, n, raw)
-        except OSError as e:
-            raise DatasetError(f"{path}: cannot read the engine request log: {e.strerror}") from e
-    return out
+    return EngineLogTail(paths).poll()
+
+
+def check_engine_logs(paths: list[str]) -> None:
+    """``--engine-log`` before a run: the engine writes its log from its start, so one missing now is a wrong path."""
+    from kvtier.errors import ConfigError
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise ConfigError(f"--engine-log: {path}: not a file (an engine started with request_log writes it)")
 
 
 def _add(out: EngineLog, path: Path, n: int, raw: bytes) -> None:
@@ -224,5 +227,6 @@ __all__ = [
     "EngineHeader",
     "EngineFooter",
     "read_engine_log",
+    "check_engine_logs",
     "ENGINE_ID",
 ]
