@@ -1,22 +1,28 @@
-"""The tier kinds, in one table: what each kind is called, its label in an I/O trace, the flag that places
-it, how much of the bytes asked for it really holds, the size an entry takes in it, and how it is built.
+"""The tier kinds, in one table. Each kind is declared once, in its row: what it is called (its one name;
+``offload_name`` where a flag keeps another spelling), its label in an I/O trace and the tier ``kvtier trace
+replay`` runs it on, the flag that places it, whether its flags configure it, the spec its flags build (for
+``kvtier bench``'s waterfall and for an offload tier alike), how much of the bytes asked for it really holds and
+takes of the host's RAM, the size an entry takes in it, how it is built, whether it may be an offload tier on
+its own or behind a CPU staging tier, and the label vLLM's by-source counters give a hit from it.
 
 Every command builds its tiers here (``open_tier``): ``kvtier bench`` its waterfall, the sim's in-process
-offload tier and ``kvtier cache-server`` their staging and offload tiers, ``kvtier trace replay`` and the
-bench's trace mode their stand-ins (``stand_in``: a NullTier with the kind's capacity and entry sizes, so
-the waterfall decides as it would on the real tier), ``kvtier clean --remote`` the remote tiers it empties.
-The table's order is the default waterfall, fastest first. A new kind is a row here and its own module in
-``engine/``; the engine modules are imported only when a tier of theirs is built.
+offload tier and ``kvtier cache-server`` their staging and offload tiers, kvtier's vLLM spec its workers' tiers,
+``kvtier trace replay`` and the bench's trace mode their stand-ins (``stand_in``: a NullTier with the kind's
+capacity and entry sizes, so the waterfall decides as it would on the real tier), ``kvtier clean --remote`` the
+remote tiers it empties. The table's order is the default waterfall, fastest first. A new kind is a row here,
+its own module in ``engine/`` and its flags in config/tiers.py ``TierFlags``; the engine modules are imported
+only when a tier of theirs is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kvtier.engine.backend import ALIGN, round_up
 from kvtier.errors import ConfigError, StorageError, UnusableDirectory
+from kvtier.units import GiB
 
 if TYPE_CHECKING:
     from kvtier.engine.backend import Backend
@@ -48,7 +54,7 @@ class TierSpec:
 
     capacity_bytes: int
     name: str | None = None  # the tier's own name, when not its kind's
-    page_bytes: int = ALIGN  # cpu: the page asked for (engine/memory.py page_size decides)
+    page_bytes: int = ALIGN  # a paged memory tier (cpu): the page asked for (engine/memory.py page_size decides)
     host_reserved_bytes: int = 0  # cpu: the process's own buffers, which the host keeps beside the tier's floor
     directory: str | None = None  # storage: the folder its run directory goes in
     direct_io: Literal["auto", "on", "off"] = "auto"
@@ -62,6 +68,24 @@ class TierSpec:
 
 
 @dataclass(frozen=True)
+class Ask:
+    """What a command knows beyond its flags when it asks a kind for its spec (``TierKind.spec``)."""
+
+    offload: bool = False  # an offload tier (the sim's, the cache server's, a vLLM worker's), not kvtier bench's
+    page_bytes: int = ALIGN  # one stored unit: a bench CPU page, a sim chunk, a vLLM block
+    share: int = 1  # an offload tier's workers (vLLM's world size): each builds this share of the capacity
+    host_reserved_bytes: int = 0  # kvtier bench: its I/O buffers, touched as the run goes
+    directory: str = ""  # kvtier bench: --cache-dir
+    gds: bool = False  # kvtier bench: --gds resolved to on
+    connections: int = 1  # a remote tier's connection pool
+    scope: str = ""  # a shared remote namespace's key scope
+
+
+def _no_spec(flags: Any, ask: Ask) -> TierSpec:
+    raise ConfigError("this tier kind is built by its command, not from flags")
+
+
+@dataclass(frozen=True)
 class TierKind:
     name: str
     trace_number: int  # its label in an I/O trace: Tier-<n> (the reference's numbering, 0 fastest)
@@ -69,17 +93,28 @@ class TierKind:
     make: Callable[[TierSpec], Backend]
     capacity: Callable[[TierSpec], int] = lambda spec: spec.capacity_bytes  # what it holds of the bytes asked
     entry_size: Callable[[TierSpec], Callable[[int], int]] = lambda spec: round_up  # an entry's stored bytes
+    configured: Callable[[Any], bool] = lambda flags: False  # do the flags put it in kvtier bench's waterfall?
+    spec: Callable[[Any, Ask], TierSpec] = _no_spec  # what the flags ask of it (ConfigError: what is missing)
+    host_bytes: Callable[[TierSpec], int] = lambda spec: 0  # the host RAM it may take
+    offload: Literal["", "alone", "staged"] = ""  # an offload tier on its own, or behind a CPU staging tier
+    offload_name: str = ""  # its --offload choice, where that flag keeps another spelling (storage: nvme)
+    offload_flag: str = ""  # as an offload tier, the flag that names where it lives (default: --offload CHOICE)
+    replay_as: str = ""  # the tier kvtier trace replay runs its rows on ("": none, the run is replayed instead)
+    vllm_source: str = ""  # the label vLLM's prompt_tokens_cached_by_source gives a hit from it
     # a remote kind (a server behind the flags of config/tiers.py RemoteTierFlags):
     remote: bool = False
-    configured: Callable[[RemoteFlags], bool] = lambda flags: False  # do the flags name its server?
     needs: str = ""  # the flags that configure it, as an error says them
     capacity_field: str = ""  # the RemoteTierFlags field holding its capacity in GiB
     entries: str = "entries"  # what its server holds (kvtier clean --remote: "removed 3 keys")
-    vllm_source: str = ""  # the label vLLM's prompt_tokens_cached_by_source gives a hit from it
 
     @property
     def trace_label(self) -> str:
         return f"Tier-{self.trace_number}"
+
+    @property
+    def choice(self) -> str:
+        """Its name as --offload takes it."""
+        return self.offload_name or self.name
 
 
 def _gpu(spec: TierSpec) -> Backend:
@@ -100,6 +135,18 @@ def _page(spec: TierSpec) -> int:
     return page_size(spec.capacity_bytes, spec.page_bytes)
 
 
+def paged_capacity(spec: TierSpec) -> int:
+    """A paged memory tier's capacity: whole pages."""
+    page = _page(spec)
+    return spec.capacity_bytes // page * page
+
+
+def paged_entry(spec: TierSpec) -> Callable[[int], int]:
+    """A paged memory tier's entry: whole pages."""
+    page = _page(spec)
+    return lambda n: -(-round_up(n) // page) * page
+
+
 def _cpu(spec: TierSpec) -> Backend:
     from kvtier.engine.memory import MemoryTier
 
@@ -108,14 +155,13 @@ def _cpu(spec: TierSpec) -> Backend:
     )
 
 
-def _cpu_capacity(spec: TierSpec) -> int:
-    page = _page(spec)
-    return spec.capacity_bytes // page * page  # whole pages
+def _cpu_spec(f: Any, ask: Ask) -> TierSpec:
+    gb = f.cpu_offload_gb if ask.offload else f.cpu_mem_gb
+    return TierSpec(int(gb * GiB) // ask.share, page_bytes=ask.page_bytes, host_reserved_bytes=ask.host_reserved_bytes)
 
 
-def _cpu_entry(spec: TierSpec) -> Callable[[int], int]:
-    page = _page(spec)
-    return lambda n: -(-round_up(n) // page) * page
+def _gpu_spec(f: Any, ask: Ask) -> TierSpec:
+    return TierSpec(int(f.gpu_mem_gb * f.num_gpus * GiB))
 
 
 def _storage(spec: TierSpec) -> Backend:
@@ -132,8 +178,28 @@ def _storage(spec: TierSpec) -> Backend:
     return FileTier(*args, name=name, keep_files=spec.keep_files)
 
 
+def _storage_spec(f: Any, ask: Ask) -> TierSpec:
+    if not ask.offload:
+        return TierSpec(
+            int(f.storage_capacity_gb * GiB),
+            directory=ask.directory,
+            direct_io=f.direct_io,
+            keep_files=f.keep_cache,
+            gds=ask.gds,
+        )
+    if not f.nvme_dir:
+        raise ConfigError("--offload nvme: give --nvme-dir")
+    return TierSpec(int(f.nvme_offload_gb * GiB) // ask.share, directory=f.nvme_dir, direct_io=f.direct_io)
+
+
 def _storage_entry(spec: TierSpec) -> Callable[[int], int]:
     return lambda n: ALIGN + round_up(n)  # one header block, then the padded payload (engine/file.py)
+
+
+def _remote_spec(f: Any, ask: Ask, kind: str) -> TierSpec:
+    if not KINDS[kind].configured(f):
+        raise ConfigError(f"--offload {kind}: {KINDS[kind].needs}")
+    return TierSpec(f.remote_capacity_bytes(kind), remote=f, connections=ask.connections, scope=ask.scope)
 
 
 def _redis(spec: TierSpec) -> Backend:
@@ -175,32 +241,72 @@ def _s3(spec: TierSpec) -> Backend:
 KINDS: dict[str, TierKind] = {
     k.name: k
     for k in (
-        TierKind("gpu", 0, "--gpu-mem-gb", _gpu, vllm_source="gpu"),
-        TierKind("cpu", 1, "--cpu-mem-gb", _cpu, _cpu_capacity, _cpu_entry, vllm_source="host"),
+        TierKind(
+            "gpu",
+            0,
+            "--gpu-mem-gb",
+            _gpu,
+            configured=lambda f: f.gpu_mem_gb > 0,
+            spec=_gpu_spec,
+            replay_as="cpu",
+            vllm_source="gpu",
+        ),
+        TierKind(
+            "cpu",
+            1,
+            "--cpu-mem-gb",
+            _cpu,
+            paged_capacity,
+            paged_entry,
+            configured=lambda f: f.cpu_mem_gb > 0,
+            spec=_cpu_spec,
+            host_bytes=lambda spec: spec.capacity_bytes,
+            offload="alone",
+            offload_flag="cpu_offload_gb",
+            replay_as="cpu",
+            vllm_source="host",
+        ),
         TierKind(
             "redis",
             3,
             "--redis-url",
             _redis,
-            remote=True,
             configured=lambda f: bool(f.redis_url),
+            spec=lambda f, ask: _remote_spec(f, ask, "redis"),
+            offload="staged",
+            vllm_source="external_unspecified",
+            remote=True,
             needs="give --redis-url and --redis-mem-gb",
             capacity_field="redis_mem_gb",
             entries="keys",
-            vllm_source="external_unspecified",
         ),
-        TierKind("storage", 2, "--cache-dir", _storage, entry_size=_storage_entry, vllm_source="disk"),
+        TierKind(
+            "storage",
+            2,
+            "--cache-dir",
+            _storage,
+            entry_size=_storage_entry,
+            configured=lambda f: True,
+            spec=_storage_spec,
+            offload="staged",
+            offload_name="nvme",
+            offload_flag="--nvme-dir",
+            replay_as="storage",
+            vllm_source="disk",
+        ),
         TierKind(
             "s3",
             4,
             "--s3-endpoint/--s3-bucket",
             _s3,
-            remote=True,
             configured=lambda f: bool(f.s3_bucket),
+            spec=lambda f, ask: _remote_spec(f, ask, "s3"),
+            offload="staged",
+            vllm_source="external_unspecified",
+            remote=True,
             needs="give --s3-bucket (and --s3-endpoint for a server other than AWS)",
             capacity_field="s3_capacity_gb",
             entries="objects",
-            vllm_source="external_unspecified",
         ),
     )
 }
@@ -210,9 +316,10 @@ TIER_KINDS = tuple(KINDS)
 TIER_LABELS = {k.name: k.trace_label for k in KINDS.values()}
 REMOTE_KINDS = tuple(k.name for k in KINDS.values() if k.remote)
 """The kinds behind a server (what the remote flags configure, what kvtier clean --remote empties)."""
-OFFLOAD_KINDS = ("cpu", "nvme", *REMOTE_KINDS)
-"""What an offload tier (the sim's, the cache server's, kvtier's vLLM spec) may be: CPU RAM, or a CPU staging tier in
-front of NVMe files or a remote kind (``offload_plan``)."""
+OFFLOAD_KINDS = tuple(k.choice for k in KINDS.values() if k.offload)
+"""What an offload tier (the sim's, the cache server's, kvtier's vLLM spec) may be: a kind on its own (CPU RAM),
+or a kind behind a CPU staging tier (NVMe files, a remote store) (``offload_plan``)."""
+BY_CHOICE = {k.choice: k for k in KINDS.values()}
 
 
 def is_remote(kind: str) -> bool:
@@ -230,6 +337,11 @@ def configured_remote(flags: RemoteFlags) -> list[str]:
     return [k for k in REMOTE_KINDS if KINDS[k].configured(flags)]
 
 
+def configured_kinds(flags: Any) -> list[str]:
+    """The kinds kvtier bench's flags put in its waterfall, in the table's order."""
+    return [k.name for k in KINDS.values() if k.configured(flags)]
+
+
 def open_tier(kind: str, spec: TierSpec, flag: str | None = None) -> Backend:
     """Build a tier of ``kind``. What stops it becomes a ConfigError naming the flag to fix: ``flag`` (the
     caller's own name for where the tier lives, e.g. ``--nvme-dir``) or the kind's."""
@@ -242,35 +354,22 @@ def open_tier(kind: str, spec: TierSpec, flag: str | None = None) -> Backend:
         raise ConfigError(f"{flag or k.flag}: {e}") from e
 
 
-def offload_plan(
-    kind: str,
-    *,
-    page_bytes: int,
-    cpu_bytes: int,
-    staging_bytes: int,
-    nvme_dir: str | None,
-    nvme_bytes: int,
-    direct_io: Literal["auto", "on", "off"] = "auto",
-    remote: RemoteFlags | None = None,
-    connections: int = 1,
-) -> list[tuple[str, TierSpec, str]]:
-    """An offload tier's waterfall, fastest first, as (kind, spec, flag) rows — not yet built: CPU RAM (``cpu``),
-    or a CPU staging tier in front of the files (``nvme``) or a remote server (``redis``, ``s3``). ``page_bytes``
-    is one stored unit (a sim chunk, a vLLM block), so the CPU tiers waste nothing. The sim and kvtier cache-server
-    build it (``open_tier``); the vLLM offloading backend (kvtier/vllm) sizes its scheduler-side index from the same
-    rows (``KINDS[kind].capacity`` and ``entry_size``) and builds the tiers in its workers."""
-    if kind == "cpu":
-        return [("cpu", TierSpec(cpu_bytes, page_bytes=page_bytes), "cpu_offload_gb")]
-    staging = ("cpu", TierSpec(staging_bytes, page_bytes=page_bytes), "staging_gb")
-    if kind == "nvme":
-        if not nvme_dir:
-            raise ConfigError("--offload nvme: give --nvme-dir")
-        return [staging, ("storage", TierSpec(nvme_bytes, directory=nvme_dir, direct_io=direct_io), "--nvme-dir")]
-    if is_remote(kind) and remote is not None:
-        if not KINDS[kind].configured(remote):
-            raise ConfigError(f"--offload {kind}: {KINDS[kind].needs}")
-        return [staging, (kind, remote_spec(kind, remote, connections), f"--offload {kind}")]
-    raise ConfigError(f"--offload: expected {', '.join(OFFLOAD_KINDS)}, got {kind!r}")
+def offload_plan(choice: str, flags: Any, ask: Ask) -> list[tuple[str, TierSpec, str]]:
+    """An offload tier's waterfall, fastest first, as (kind, spec, flag) rows — not yet built: a kind that serves
+    alone (CPU RAM), or a CPU staging tier (``--staging-gb``) in front of one that is staged (NVMe files, a remote
+    server). ``ask.page_bytes`` is one stored unit (a sim chunk, a vLLM block), so the paged tiers waste nothing.
+    The sim and kvtier cache-server build it (``open_tier``); the vLLM offloading backend (kvtier/vllm) sizes its
+    scheduler-side index from the same rows (``KINDS[kind].capacity`` and ``entry_size``) and builds the tiers in
+    its workers."""
+    k = BY_CHOICE.get(choice)
+    if k is None or not k.offload:
+        raise ConfigError(f"--offload: expected {', '.join(OFFLOAD_KINDS)}, got {choice!r}")
+    ask = Ask(**{**ask.__dict__, "offload": True})
+    row = (k.name, k.spec(flags, ask), k.offload_flag or f"--offload {choice}")
+    if k.offload == "alone":
+        return [row]
+    staging = TierSpec(int(flags.staging_gb * GiB) // ask.share, page_bytes=ask.page_bytes)
+    return [("cpu", staging, "staging_gb"), row]
 
 
 def open_tiers(plan: list[tuple[str, TierSpec, str]]) -> list[Backend]:
@@ -301,8 +400,13 @@ def stand_in(kind: str, spec: TierSpec, entry_size: Callable[[int], int] | None 
 
 
 __all__ = [
+    "Ask",
+    "BY_CHOICE",
     "KINDS",
     "OFFLOAD_KINDS",
+    "configured_kinds",
+    "paged_capacity",
+    "paged_entry",
     "REMOTE_KINDS",
     "configured_remote",
     "is_remote",

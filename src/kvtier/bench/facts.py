@@ -9,6 +9,7 @@ from typing import Any
 from kvtier.bench.plan import Plan
 from kvtier.bench.runner import RunOutcome
 from kvtier.bench.setup import Components
+from kvtier.bench.tier_setup import host_tier_bytes
 from kvtier.engine.device import DeviceNoise
 from kvtier.results.bench import OPS
 from kvtier.telemetry.host import peak_rss_bytes
@@ -51,7 +52,7 @@ def process_io_section(run: RunOutcome, disk: tuple[dict[str, int], dict[str, li
 
 
 def memory_section(plan: Plan, comp: Components) -> dict[str, Any]:
-    cpu_cap = int(plan.config.cpu_mem_gb * GiB)
+    cpu_cap = host_tier_bytes(plan)[0] if not plan.config.io_trace_log else int(plan.config.cpu_mem_gb * GiB)
     writers = comp.noise.writer_buffer_bytes  # the writers' buffers, filled as far as their largest chunk
     if comp.device is not None:  # --gpu-native: the pinned host buffers device chunks bounce through
         writers += comp.device.bounce_bytes

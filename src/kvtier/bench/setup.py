@@ -22,7 +22,7 @@ from typing import Any
 
 from kvtier.bench.autoscale import Autoscaler
 from kvtier.bench.plan import Plan, Workload
-from kvtier.bench.tier_setup import build_tiers, gds_for
+from kvtier.bench.tier_setup import build_tiers, gds_for, host_tier_bytes
 from kvtier.config.bench import BenchConfig
 from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend
@@ -248,7 +248,6 @@ def derive(cfg: BenchConfig) -> Plan:
     validation = load_trace(cfg.validation_trace) if cfg.validation_trace else None
     seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little")
     slots, chunk = io_slots(cfg)
-    cpu_tier = 0 if cfg.io_trace_log else int(cfg.cpu_mem_gb * GiB)  # trace mode: the CPU tier holds no bytes
     buffers = cfg.noise_mb * MiB + slots * chunk
     avail = mem_available_bytes()
     if avail and buffers > avail:
@@ -257,13 +256,14 @@ def derive(cfg: BenchConfig) -> Plan:
             f"{buffers / GiB:.1f} GiB but only {avail / GiB:.1f} GiB of memory is available; lower them"
         )
     plan = Plan(cfg, model, seed, slots, chunk, derive_workload(cfg, model, seed, trace, dataset))
+    cpu_tier, flags = host_tier_bytes(plan)  # the memory tiers that take host RAM
     if avail and cpu_tier + buffers > avail:
         # The tier's pages are taken as entries arrive (engine/memory.py): the size is a bound, not a claim.
         floor = host_floor(mem_total_bytes()) + buffers  # what engine/memory.py keeps for the host
         plan.warnings.append(
             warning(
                 WarningCode.cpu_tier_exceeds_host,
-                f"--cpu-mem-gb {cfg.cpu_mem_gb:g}: the CPU tier and the I/O buffers ({(cpu_tier + buffers) / GiB:.1f}"
+                f"{', '.join(flags)}: the memory tiers and the I/O buffers ({(cpu_tier + buffers) / GiB:.1f}"
                 f" GiB) are more than the {avail / GiB:.1f} GiB available now; the tier takes its pages as entries "
                 f"arrive and stops growing if the host would keep less than {floor / GiB:.1f} GiB "
                 "(host-memory-short)",

@@ -13,7 +13,7 @@ from kvtier.engine.file import FileTier
 from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.errors import ConfigError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
-from kvtier.tiers import TierSpec, is_remote, open_tier, remote_spec, stand_in
+from kvtier.tiers import KINDS, Ask, TierSpec, is_remote, open_tier, stand_in
 from kvtier.units import GiB, MiB
 
 if TYPE_CHECKING:
@@ -56,23 +56,31 @@ def _trace_tiers(plan: Plan, file_tier: FileTier, order: list[str]) -> list[Back
 
 
 def _spec(plan: Plan, name: str, cache_dir: str, gds: bool = False) -> TierSpec:
-    """What the flags ask of tier ``name`` (the GPU tier's cap against the device is _gpu_tier's)."""
+    """What the flags ask of tier ``name``: its kind's own spec (kvtier/tiers.py), given what the bench knows
+    besides (the GPU tier's cap against the device is _gpu_tier's)."""
     cfg = plan.config
-    if name == "gpu":
-        return TierSpec(int(cfg.gpu_mem_gb * cfg.num_gpus * GiB))
-    if name == "cpu":
-        buffers = plan.io_slots * plan.io_chunk_bytes + cfg.noise_mb * 2**20  # touched as the run goes: kept for them
-        return TierSpec(int(cfg.cpu_mem_gb * GiB), page_bytes=cpu_page_bytes(plan), host_reserved_bytes=buffers)
-    if name == "storage":
-        return TierSpec(
-            int(cfg.storage_capacity_gb * GiB),
-            directory=cache_dir,
-            direct_io=cfg.direct_io,
-            keep_files=cfg.keep_cache,
-            gds=gds,
-        )
-    scope = f"{plan.workload.scope.tag()}/{cfg.kv_layout}"  # a shared namespace's keys name model and layout
-    return remote_spec(name, cfg, plan.io_slots, scope)
+    ask = Ask(
+        page_bytes=cpu_page_bytes(plan),
+        host_reserved_bytes=plan.io_slots * plan.io_chunk_bytes + cfg.noise_mb * MiB,  # touched as the run goes
+        directory=cache_dir,
+        gds=gds,
+        connections=plan.io_slots,
+        scope=f"{plan.workload.scope.tag()}/{cfg.kv_layout}",  # a shared namespace's keys name model and layout
+    )
+    return KINDS[name].spec(cfg, ask)
+
+
+def host_tier_bytes(plan: Plan) -> tuple[int, list[str]]:
+    """The host RAM the configured tiers may take (each kind's ``host_bytes``), and their flags; 0 in trace
+    mode, whose tiers hold no bytes."""
+    if plan.config.io_trace_log:
+        return 0, []
+    total, flags = 0, list[str]()
+    for name in plan.config.configured_tiers():
+        k = KINDS[name]
+        if not k.remote and name != "gpu" and (n := k.host_bytes(_spec(plan, name, ""))):
+            total, flags = total + n, [*flags, k.flag]
+    return total, flags
 
 
 def remote_warnings(tier: Backend, warnings: list[ResultWarning]) -> None:

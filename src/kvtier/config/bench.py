@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kvtier.config.base import StrictModel as _Strict
 from kvtier.config.base import deep_merge, flag, load_yaml, max_failure_rate_flag, validate_config
-from kvtier.config.tiers import REMOTE, RemoteTierFlags, parse_tier_order
+from kvtier.config.tiers import REMOTE, TierFlags, parse_tier_order
 from kvtier.errors import ConfigError
 
 QoSClass = Literal["interactive", "responsive", "batch"]
@@ -317,7 +317,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 ADDITIONS = "kvtier additions"
 
 
-class BenchConfig(RemoteTierFlags):
+class BenchConfig(TierFlags):
     """Every input of one ``kvtier bench`` run. Field names are the flag names with underscores;
     descriptions are the ``--help`` text."""
 
@@ -598,7 +598,6 @@ class BenchConfig(RemoteTierFlags):
 
     def configured_tiers(self) -> list[str]:
         """The tiers the flags ask for (the GPU tier even where no device will be found)."""
-        from kvtier.tiers import KINDS
+        from kvtier.tiers import configured_kinds
 
-        local = {"gpu": self.gpu_mem_gb > 0, "cpu": self.cpu_mem_gb > 0, "storage": True}
-        return [k.name for k in KINDS.values() if (k.configured(self) if k.remote else local[k.name])]
+        return configured_kinds(self)

@@ -9,13 +9,13 @@ from pydantic import model_validator
 
 from kvtier.config.base import flag
 from kvtier.config.replay import EventLoopKind
-from kvtier.config.tiers import OffloadKind, RemoteTierFlags, SimOffloadKind
+from kvtier.config.tiers import OffloadKind, SimOffloadKind, TierFlags
 
 DEFAULT_PRESET = "h100-llama3.1-8b"
 OFFLOAD = "offload tier"
 
 
-class OffloadTierConfig(RemoteTierFlags):
+class OffloadTierConfig(TierFlags):
     """The real offload tier behind a sim replica or a cache server (kvtier's engine): CPU RAM, NVMe
     files, or a remote store (Redis/Valkey with --redis-url, S3 with --s3-bucket) behind a CPU staging tier."""
 

@@ -118,6 +118,13 @@ class RemoteTierFlags(StrictModel):
         return self
 
 
+class TierFlags(RemoteTierFlags):
+    """Every tier kind's own flags, for every command that builds tiers: ``kvtier bench``'s waterfall, the offload
+    tier of ``kvtier sim`` and ``kvtier cache-server``, and kvtier's vLLM spec (its kv_connector_extra_config). A
+    new kind's flags go here (its row in kvtier/tiers.py reads them); the CPU, GPU and storage tiers keep their
+    MLPerf and offload spellings in each command's config."""
+
+
 def parse_tier_order(order: str | None, configured: list[str]) -> list[str]:
     """The waterfall's order, fastest first: ``order`` ("gpu,cpu,redis,storage,s3") checked against the
     tiers the flags configure, or the default order of those. Raises ValueError naming the problem."""
@@ -139,4 +146,4 @@ def parse_tier_order(order: str | None, configured: list[str]) -> list[str]:
     return names
 
 
-__all__ = ["RemoteTierFlags", "parse_tier_order", "TIER_KINDS", "DEFAULT_TIER_ORDER", "REMOTE"]
+__all__ = ["RemoteTierFlags", "TierFlags", "parse_tier_order", "TIER_KINDS", "DEFAULT_TIER_ORDER", "REMOTE"]

@@ -95,19 +95,20 @@ class MemoryTier:
         pages = max(capacity_bytes, 0) // self.page_bytes
         self.capacity_bytes = pages * self.page_bytes
         self.configured_bytes = self.capacity_bytes
-        self._arena = (
-            mmap.mmap(-1, self.capacity_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
-            if self.capacity_bytes
-            else None
-        )
-        if self._arena is not None:
-            advise_huge_pages(self._arena)
+        self._arena = self._map(self.capacity_bytes) if self.capacity_bytes else None
         self._np = np.frombuffer(self._arena, dtype=np.uint8) if self._arena is not None else np.empty(0, np.uint8)
         self._free: list[int] = list(range(pages - 1, -1, -1))  # a stack: pop() gives the lowest page first
         self._index: dict[str, tuple[list[int], int]] = {}  # key -> (its pages, in order; its bytes)
         self._used_pages = 0
         self._payload = 0  # bytes of the entries themselves (padded to 4 KiB): used pages minus this is waste
         self._lock = threading.Lock()
+
+    def _map(self, nbytes: int) -> mmap.mmap:
+        """The arena: anonymous host memory, reserved as address space only (a paged tier on another mapping,
+        engine/cxl.py, maps its device or file here instead)."""
+        arena = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        advise_huge_pages(arena)
+        return arena
 
     def stored_size(self, nbytes: int) -> int:
         """What an entry of ``nbytes`` takes: whole pages (the capacity the store accounts in)."""
@@ -129,14 +130,14 @@ class MemoryTier:
         need = self.stored_size(nbytes) // self.page_bytes
         with self._lock:
             if key in self._index:
-                raise ValueError(f"cpu tier: {key!r} already stored")
+                raise ValueError(f"{self.name} tier: {key!r} already stored")
             if need > len(self._free):
                 if self.host_short is not None:  # a store that reserved under the old size meets the new one
                     raise HostMemoryShort(
                         f"{self.name} tier: stopped growing at {self.capacity_bytes / 2**30:.2f} GiB (the host ran "
                         f"short): {need} pages needed, {len(self._free)} free"
                     )
-                raise TierFullError(f"cpu tier: {need} pages needed, {len(self._free)} free")
+                raise TierFullError(f"{self.name} tier: {need} pages needed, {len(self._free)} free")
             pages = [self._free.pop() for _ in range(need)]
             fresh = sum(1 for i in pages if i >= self._high_water)
             if fresh:
@@ -199,7 +200,7 @@ class MemoryTier:
             try:
                 return self._index[key]
             except KeyError:
-                raise EntryNotFound(f"cpu tier: {key!r} not stored") from None
+                raise EntryNotFound(f"{self.name} tier: {key!r} not stored") from None
 
     def read(self, key: str, buf: memoryview, cancel: threading.Event | None = None) -> IOTiming:
         """Gather the entry's pages through ``buf`` (its bytes pass through in ``len(buf)`` pieces)."""
@@ -214,7 +215,7 @@ class MemoryTier:
             pos = 0
             while pos < len(v):
                 if at == 0:
-                    check_cancel(cancel, "cpu read", done)
+                    check_cancel(cancel, f"{self.name} read", done)
                 n = min(len(v) - pos, step - at)
                 np.copyto(dst[at : at + n], v[pos : pos + n])
                 pos += n
@@ -230,7 +231,7 @@ class MemoryTier:
         # this read is inside the consumer's timed write. The store holds the entry lock meanwhile.
         pages, nbytes = self._lookup(key)
         if self._arena is None:  # a zero-capacity tier stores nothing, so _lookup already raised
-            raise EntryNotFound(f"cpu tier: {key!r} not stored")
+            raise EntryNotFound(f"{self.name} tier: {key!r} not stored")
         step = max(ALIGN, len(buf) - len(buf) % ALIGN)  # the caller's I/O size: cancellation granularity
         for v in self._views(pages, round_up(nbytes)):
             view = memoryview(v.data)

@@ -48,16 +48,17 @@ from kvtier.telemetry.clock import MONOTONIC
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
 from kvtier.telemetry.recorder import Recorder, RequestRecord
+from kvtier.tiers import KINDS
 from kvtier.tracefile import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.units import GiB
 
-TIER_OF = {0: "cpu", 1: "cpu", 2: "storage"}  # Tier-N -> the replay's tier
+TIER_OF = {k.trace_number: k.replay_as for k in KINDS.values() if k.replay_as}  # Tier-N -> the replay's tier
 
 
 def peak_bytes(trace: IOTrace) -> dict[int, int]:
     """Per Tier-N: the most bytes the trace held there at once (Evict moves out; bottom deletes unseen)."""
     where: dict[int, tuple[int, int]] = {}
-    live = {0: 0, 1: 0, 2: 0}
+    live = dict.fromkeys(TIER_OF, 0)
     peak = dict(live)
     for op, size, tier, key in zip(trace.op.tolist(), trace.size.tolist(), trace.tier.tolist(), trace.key.tolist()):
         if op != 1:
@@ -233,9 +234,9 @@ def sizing(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[float, float, str]:
     peaks = peak_bytes(trace)
     slack = cfg.workers * int(trace.size.max())
     target = 0.95
-    cpu_need = peaks.get(0, 0) + peaks.get(1, 0)
+    cpu_need = sum(b for t, b in peaks.items() if TIER_OF.get(t) == "cpu")  # every memory tier's rows
     cpu_gb = cfg.cpu_mem_gb or (round((cpu_need + slack) / target / GiB + 0.001, 3) if cpu_need else 0.0)
-    st_need = peaks.get(2, 0)
+    st_need = sum(b for t, b in peaks.items() if TIER_OF.get(t) == "storage")
     st_gb = cfg.storage_capacity_gb or (round((st_need + slack) / target / GiB + 0.01, 3) if st_need else 0.01)
 
     def why(gb: float, given: float, flag: str, need: int, tiers: str) -> str:
@@ -248,9 +249,12 @@ def sizing(cfg: TraceReplayConfig, trace: IOTrace) -> tuple[float, float, str]:
             f"the largest object {int(trace.size.max()) / GiB:.3f} GiB, at {target:.0%} fill)"
         )
 
+    def labels(tier: str) -> str:
+        return "Tier-" + "/".join(str(t) for t in sorted(TIER_OF) if TIER_OF[t] == tier)
+
     said = (
-        f"CPU tier {why(cpu_gb, cfg.cpu_mem_gb, 'cpu-mem-gb', cpu_need, 'Tier-0/1')}, storage tier "
-        f"{why(st_gb, cfg.storage_capacity_gb, 'storage-capacity-gb', st_need, 'Tier-2')}"
+        f"CPU tier {why(cpu_gb, cfg.cpu_mem_gb, 'cpu-mem-gb', cpu_need, labels('cpu'))}, storage tier "
+        f"{why(st_gb, cfg.storage_capacity_gb, 'storage-capacity-gb', st_need, labels('storage'))}"
     )
     return cpu_gb, st_gb, said
 
@@ -307,7 +311,7 @@ def run(cfg: TraceReplayConfig, *, handle_signals: bool = False) -> BenchResult:
     if remote:  # a trace of a run with Redis/S3 tiers: their rows have no tier here to run on
         names = ", ".join(f"Tier-{t} ({TIER_BY_NUMBER.get(t, '?')})" for t in remote)
         raise DatasetError(
-            f"{cfg.trace}: rows on {names}: kvtier trace replay replays the GPU, CPU and storage tiers only; "
+            f"{cfg.trace}: rows on {names}: kvtier trace replay replays the local tiers only; "
             "replay the run itself with kvtier bench --redis-url/--s3-bucket instead"
         )
     bench_cfg, notes = _bench_config(cfg, trace)

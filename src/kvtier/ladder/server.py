@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kvtier.replay.scrape import Snapshot
 from kvtier.results.ladder import TierFacts
+from kvtier.tiers import KINDS
 
 GPU_HITS = "vllm:prefix_cache_hits_total"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
@@ -31,6 +32,8 @@ LMCACHE_TIERS = {"l1": "lmcache_mp_lookup_hit_l1_tokens_total", "l2": "lmcache_m
 CACHE_CONFIG = "vllm:cache_config_info"
 KVTIER_INFO = "kvtier:offload_info"  # kvtier's vLLM backend (kvtier/vllm): its tiers, fastest first, and their source
 KVTIER_CAPACITY = "kvtier:offload_tier_capacity_blocks"
+LOCAL_SOURCES = frozenset(k.vllm_source for k in KINDS.values() if k.offload and not k.remote)
+"""The by-source labels of kvtier's local offload tiers inside vLLM (the tier table's)."""
 STORES_PENDING = "kvtier_sim:offload_stores_pending"
 
 
@@ -125,7 +128,7 @@ def describe(max_len: int | None, snap: Snapshot | None) -> Server:
         )
         for lab in snap.labels_of(KVTIER_INFO):  # kvtier's tiers inside vLLM: hits counted by vLLM's by-source
             source = lab.get("source", "")
-            if source in ("host", "disk") and source not in {t.name for t in tiers}:
+            if source in LOCAL_SOURCES and source not in {t.name for t in tiers}:
                 cap = snap.get(KVTIER_CAPACITY, tier=lab.get("tier", ""))
                 tokens = int(cap) * block if cap and block else None
                 tiers.append(TierFacts(name=source, capacity_tokens=tokens, counter=VLLM_BY_SOURCE))

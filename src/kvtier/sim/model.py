@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from kvtier.costs import should_fetch
 from kvtier.engine.backend import Backend, aligned_buffer
@@ -34,11 +34,10 @@ from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError, TierFullError
 from kvtier.keys import KeyScope, prefix_chunk_hashes
 from kvtier.telemetry.recorder import Recorder
-from kvtier.tiers import is_remote, offload_plan, open_tiers
-from kvtier.units import GiB
+from kvtier.tiers import Ask, is_remote, offload_plan, open_tiers
 
 if TYPE_CHECKING:
-    from kvtier.config.tiers import RemoteTierFlags
+    from kvtier.config.sim import OffloadTierConfig
 
 BLOCK_TOKENS = 16
 
@@ -155,13 +154,9 @@ class GpuPrefixCache:
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    kind: str  # none | cpu | nvme | redis | s3
-    cpu_offload_gb: float = 4.0
-    nvme_dir: str | None = None
-    nvme_offload_gb: float = 8.0
-    staging_gb: float = 0.5
+    kind: str  # an --offload choice (kvtier/tiers.py OFFLOAD_KINDS), or remote
     chunk_tokens: int = 256
-    direct_io: Literal["auto", "on", "off"] = "auto"
+    tier: OffloadTierConfig | None = None  # the tier's flags (None: their defaults)
 
 
 class _Measured:
@@ -264,23 +259,14 @@ class _Measured:
         return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch
 
 
-def offload_tiers(
-    cfg: OffloadConfig, kv_bytes_per_token: int, remote: RemoteTierFlags | None = None, connections: int = 1
-) -> list[Backend]:
-    """The offload tier's waterfall (the tier table's ``offload_plan``), built. A chunk is one page of the CPU
-    tier: no waste."""
+def offload_tiers(cfg: OffloadConfig, kv_bytes_per_token: int, connections: int = 1) -> list[Backend]:
+    """The offload tier's waterfall (the tier table's ``offload_plan``), built. A chunk is one page of the paged
+    tiers: no waste."""
+    from kvtier.config.sim import OffloadTierConfig
+
+    flags = cfg.tier or OffloadTierConfig()
     return open_tiers(
-        offload_plan(
-            cfg.kind,
-            page_bytes=cfg.chunk_tokens * kv_bytes_per_token,
-            cpu_bytes=int(cfg.cpu_offload_gb * GiB),
-            staging_bytes=int(cfg.staging_gb * GiB),
-            nvme_dir=cfg.nvme_dir,
-            nvme_bytes=int(cfg.nvme_offload_gb * GiB),
-            direct_io=cfg.direct_io,
-            remote=remote,
-            connections=connections,
-        )
+        offload_plan(cfg.kind, flags, Ask(page_bytes=cfg.chunk_tokens * kv_bytes_per_token, connections=connections))
     )
 
 
@@ -434,11 +420,12 @@ class Offload(_Measured):
 
     def usage(self) -> dict[str, Any] | None:
         u = self.store.usage()
+        l1 = self.store.tier_names[0]  # the memory tier in front (CPU RAM, or a CXL tier alone)
         ctr = self.recorder.counters
         return {
-            "cpu_used_bytes": u.get("cpu", {}).get("used_bytes", 0),
-            "cpu_capacity_bytes": u.get("cpu", {}).get("capacity_bytes", 0),
-            "l2_used_bytes": sum(v["used_bytes"] for k, v in u.items() if k != "cpu"),  # NVMe, Redis or S3
+            "cpu_used_bytes": u.get(l1, {}).get("used_bytes", 0),
+            "cpu_capacity_bytes": u.get(l1, {}).get("capacity_bytes", 0),
+            "l2_used_bytes": sum(v["used_bytes"] for k, v in u.items() if k != l1),  # NVMe, Redis or S3
             "evicted_chunks": ctr.get("demotions", 0) + ctr.get("evictions_bottom", 0),
         }
 

@@ -123,10 +123,8 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
                 + (f"; {problems[0]}" if problems else ""),
                 file=sys.stderr,
             )
-    cfg = OffloadConfig(
-        kind, tier.cpu_offload_gb, tier.nvme_dir, tier.nvme_offload_gb, tier.staging_gb, chunk_tokens, tier.direct_io
-    )
-    tiers = offload_tiers(cfg, model.kv_bytes_per_token, tier, REMOTE_CONNECTIONS)
+    cfg = OffloadConfig(kind, chunk_tokens, tier)
+    tiers = offload_tiers(cfg, model.kv_bytes_per_token, REMOTE_CONNECTIONS)
     return Offload(cfg, scope_for(model, chunk_tokens), model.kv_bytes_per_token, seed, tiers)
 
 

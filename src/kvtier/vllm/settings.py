@@ -18,8 +18,7 @@ from kvtier.config.base import flag
 from kvtier.config.sim import OffloadTierConfig
 from kvtier.config.tiers import OffloadKind
 from kvtier.errors import ConfigError
-from kvtier.tiers import KINDS, TierSpec, offload_plan
-from kvtier.units import GiB
+from kvtier.tiers import KINDS, Ask, TierSpec, offload_plan
 
 VLLM_KEYS = frozenset(
     {
@@ -93,17 +92,8 @@ class VllmOffloadSettings(OffloadTierConfig):
 
     def plan(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, TierSpec, str]]:
         """One worker's tiers (its share of each capacity); a CPU page is one block."""
-        share = max(1, world_size)
         return offload_plan(
-            self.offload,
-            page_bytes=block_bytes,
-            cpu_bytes=int(self.cpu_offload_gb * GiB) // share,
-            staging_bytes=int(self.staging_gb * GiB) // share,
-            nvme_dir=self.nvme_dir,
-            nvme_bytes=int(self.nvme_offload_gb * GiB) // share,
-            direct_io=self.direct_io,
-            remote=self,
-            connections=self.io_threads,
+            self.offload, self, Ask(page_bytes=block_bytes, share=max(1, world_size), connections=self.io_threads)
         )
 
     def slots(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, int, str]]:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from kvtier.config.sim import OffloadTierConfig
 from kvtier.keys import KeyScope
 from kvtier.sim.model import Offload, OffloadConfig
 
 
 def make(tmp_path) -> Offload:
-    return Offload(OffloadConfig("cpu", cpu_offload_gb=0.05), KeyScope("tiny"), kv_bytes_per_token=1024, seed=1)
+    return Offload(
+        OffloadConfig("cpu", tier=OffloadTierConfig(cpu_offload_gb=0.05)),
+        KeyScope("tiny"),
+        kv_bytes_per_token=1024,
+        seed=1,
+    )
 
 
 def test_store_lookup_load_round_trip(tmp_path):
