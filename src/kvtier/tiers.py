@@ -54,9 +54,9 @@ class TierSpec:
 
     capacity_bytes: int
     name: str | None = None  # the tier's own name, when not its kind's
-    page_bytes: int = ALIGN  # a paged memory tier (cpu): the page asked for (engine/memory.py page_size decides)
+    page_bytes: int = ALIGN  # a paged memory tier (cpu, cxl): the page asked for (engine/memory.py page_size decides)
     host_reserved_bytes: int = 0  # cpu: the process's own buffers, which the host keeps beside the tier's floor
-    directory: str | None = None  # storage: the folder its run directory goes in
+    directory: str | None = None  # storage: the folder its run directory goes in; cxl: its DAX device or folder
     direct_io: Literal["auto", "on", "off"] = "auto"
     keep_files: bool = False
     gds: bool = False  # storage: its payload through cuFile (engine/gds.py)
@@ -164,6 +164,25 @@ def _gpu_spec(f: Any, ask: Ask) -> TierSpec:
     return TierSpec(int(f.gpu_mem_gb * f.num_gpus * GiB))
 
 
+def _cxl(spec: TierSpec) -> Backend:
+    from kvtier.engine.cxl import CxlTier
+
+    assert spec.directory is not None, "a cxl tier needs its device or folder"
+    return CxlTier(spec.capacity_bytes, spec.directory, spec.name or "cxl", spec.page_bytes)
+
+
+def _cxl_spec(f: Any, ask: Ask) -> TierSpec:
+    if not f.cxl_path:
+        raise ConfigError("--offload cxl: give --cxl-path and --cxl-mem-gb")
+    return TierSpec(int(f.cxl_mem_gb * GiB) // ask.share, page_bytes=ask.page_bytes, directory=f.cxl_path)
+
+
+def _cxl_host(spec: TierSpec) -> int:
+    from kvtier.engine.cxl import host_bytes
+
+    return host_bytes(spec)
+
+
 def _storage(spec: TierSpec) -> Backend:
     from kvtier.engine.file import FileTier
 
@@ -267,6 +286,20 @@ KINDS: dict[str, TierKind] = {
             vllm_source="host",
         ),
         TierKind(
+            "cxl",
+            5,
+            "--cxl-path",
+            _cxl,
+            paged_capacity,
+            paged_entry,
+            configured=lambda f: bool(f.cxl_path),
+            spec=_cxl_spec,
+            host_bytes=_cxl_host,
+            offload="alone",
+            replay_as="cpu",
+            vllm_source="host",  # vLLM has no label of its own for CXL memory: a hit from it counts as host
+        ),
+        TierKind(
             "redis",
             3,
             "--redis-url",
@@ -310,7 +343,8 @@ KINDS: dict[str, TierKind] = {
         ),
     )
 }
-"""Every kind, in the default waterfall order: Redis between CPU RAM and the file tier, S3 below it (cold)."""
+"""Every kind, in the default waterfall order: CXL memory behind CPU RAM, Redis between them and the file tier, S3
+below it (cold)."""
 
 TIER_KINDS = tuple(KINDS)
 TIER_LABELS = {k.name: k.trace_label for k in KINDS.values()}

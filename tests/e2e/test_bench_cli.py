@@ -359,6 +359,22 @@ def test_a_cpu_tier_larger_than_the_host_starts_and_takes_pages_as_entries_arriv
     assert r["tiers"]["cpu"]["write"]["bytes"] > 0
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm tmpfs to stand in for CXL memory")
+def test_a_cxl_tier_on_dev_shm_sits_behind_cpu_ram_in_the_waterfall(tmp_path, cache_dir, small_workload):
+    """#54 item 2: --cxl-path/--cxl-mem-gb put the CXL tier between CPU RAM and the file tier; demotions from RAM
+    land in it, and its pages are counted and reported as any tier's."""
+    out = tmp_path / "r.json"
+    args = ["--model", "tiny-1b", "--num-users", "4", "--duration", "4", "--gpu-mem-gb", "0", "--seed", "3"]
+    args += ["--cpu-mem-gb", "0.01", "--cxl-path", "/dev/shm", "--cxl-mem-gb", "0.5", "--generation-mode", "none"]
+    p = bench([*args, "--config", small_workload, "--cache-dir", str(cache_dir), "--output", str(out)], tmp_path)
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(out.read_text())
+    assert list(r["tiers"]) == ["cpu", "cxl", "storage"]
+    assert r["tiers"]["cxl"]["write"]["bytes"] > 0
+    usage = r["tier_usage_at_end"]["cxl"]
+    assert 2**28 < usage["capacity_bytes"] <= 2**29 and usage["capacity_bytes"] % usage["page_bytes"] == 0
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         kvtier_cmd() + ["bench", "--progress", "plain", "--progress-interval", "1"] + args,

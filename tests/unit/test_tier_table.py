@@ -42,7 +42,7 @@ def test_the_remote_kinds_are_named_only_by_the_tier_table_their_flags_and_their
 
 
 def test_the_table_says_which_kinds_are_remote_and_what_configures_them():
-    assert REMOTE_KINDS == ("redis", "s3") and OFFLOAD_KINDS == ("cpu", "redis", "nvme", "s3")
+    assert REMOTE_KINDS == ("redis", "s3") and OFFLOAD_KINDS == ("cpu", "cxl", "redis", "nvme", "s3")
     assert is_remote("s3") and not is_remote("storage") and not is_remote("nvme")
     flags = RemoteTierFlags(redis_url="redis://127.0.0.1:1/0", redis_mem_gb=2, s3_bucket="kv-cache", s3_capacity_gb=3)
     assert configured_remote(flags) == ["redis", "s3"] and configured_remote(RemoteTierFlags()) == []
@@ -55,12 +55,12 @@ def test_the_table_says_which_kinds_are_remote_and_what_configures_them():
 def test_an_offload_of_a_remote_kind_its_flags_do_not_configure_says_what_it_needs():
     with pytest.raises(ConfigError, match="--offload s3: give --s3-bucket"):
         offload_plan("s3", OffloadTierConfig(), Ask(page_bytes=4096))
-    with pytest.raises(ConfigError, match="expected cpu, redis, nvme, s3"):
+    with pytest.raises(ConfigError, match="expected cpu, cxl, redis, nvme, s3"):
         offload_plan("tape", OffloadTierConfig(), Ask(page_bytes=4096))
 
 
 def test_the_offload_choices_come_from_the_table():
-    with pytest.raises(ValueError, match="'cpu', 'redis', 'nvme' or 's3'"):
+    with pytest.raises(ValueError, match="'cpu', 'cxl', 'redis', 'nvme' or 's3'"):
         CacheServerConfig(socket="/tmp/x.sock", offload="tape")
     assert SimConfig(offload="remote", cache_server="/tmp/x.sock").offload == "remote"
 
@@ -76,6 +76,7 @@ def test_every_kind_local_or_remote_is_one_row_that_every_chain_asks():
     assert rows == {
         "gpu": ("", "gpu", "cpu", "gpu", "Tier-0"),
         "cpu": ("alone", "cpu", "cpu", "host", "Tier-1"),
+        "cxl": ("alone", "cxl", "cpu", "host", "Tier-5"),
         "redis": ("staged", "redis", "", "external_unspecified", "Tier-3"),
         "storage": ("staged", "nvme", "storage", "disk", "Tier-2"),
         "s3": ("staged", "s3", "", "external_unspecified", "Tier-4"),

@@ -17,9 +17,9 @@ SIZES = [1, ALIGN - 1, ALIGN, 3_000_001, 37 * 1024**2 + 5]
 
 def test_the_table_is_the_one_list_of_kinds():
     assert TABLE_ALIGN == ALIGN
-    assert tuple(KINDS) == DEFAULT_TIER_ORDER == ("gpu", "cpu", "redis", "storage", "s3")
+    assert tuple(KINDS) == DEFAULT_TIER_ORDER == ("gpu", "cpu", "cxl", "redis", "storage", "s3")
     assert TIER_LABELS == {k: f"Tier-{v.trace_number}" for k, v in KINDS.items()}
-    assert sorted(TIER_BY_NUMBER) == [0, 1, 2, 3, 4] and TIER_BY_NUMBER[2] == "storage"
+    assert sorted(TIER_BY_NUMBER) == [0, 1, 2, 3, 4, 5] and TIER_BY_NUMBER[2] == "storage"
 
 
 @pytest.mark.parametrize("page", [ALIGN, 2 * 1024**2, 5 * 1024**2 + 123])

@@ -15,6 +15,7 @@ from kvtier.tiers import KINDS, OFFLOAD_KINDS, TIER_KINDS
 from kvtier.units import GiB
 
 REMOTE = "remote tiers"
+CXL = "CXL / DAX memory tier"
 DEFAULT_TIER_ORDER = TIER_KINDS  # the tier table's order (kvtier/tiers.py): Redis between CPU RAM and files, S3 last
 
 
@@ -123,6 +124,22 @@ class TierFlags(RemoteTierFlags):
     tier of ``kvtier sim`` and ``kvtier cache-server``, and kvtier's vLLM spec (its kv_connector_extra_config). A
     new kind's flags go here (its row in kvtier/tiers.py reads them); the CPU, GPU and storage tiers keep their
     MLPerf and offload spellings in each command's config."""
+
+    cxl_path: str | None = flag(
+        None,
+        "CXL / persistent-memory tier: a DAX device (/dev/daxN.M) or a folder on a memory-backed filesystem (a DAX "
+        "mount, or a tmpfs: /dev/shm, or one bound to a CXL memory node with mpol=bind:N); an arena of --cxl-mem-gb "
+        "is mapped there in fixed pages (--offload cxl: the offload tier)",
+        group=CXL,
+        metavar="PATH",
+    )
+    cxl_mem_gb: float = flag(0, "CXL tier capacity, GB (claimed whole at start)", group=CXL, ge=0)
+
+    @model_validator(mode="after")
+    def _cxl_consistent(self) -> Any:
+        if bool(self.cxl_path) != (self.cxl_mem_gb > 0):
+            raise ValueError("--cxl-path and --cxl-mem-gb > 0 go together (the CXL tier's place and capacity)")
+        return self
 
 
 def parse_tier_order(order: str | None, configured: list[str]) -> list[str]:

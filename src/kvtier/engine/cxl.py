@@ -1,0 +1,167 @@
+"""A memory tier on another mapping: CXL memory, persistent memory, any DAX mapping (``--cxl-path``).
+
+The tier is the CPU tier's arena of fixed pages (engine/memory.py), mapped from somewhere else:
+
+- a device-DAX character device (``/dev/daxN.M``: a CXL expander or a PMem region in devdax mode) — the device's
+  memory itself, mapped shared, locked against a second process (``flock``);
+- a folder on a memory-backed filesystem: a filesystem mounted with ``-o dax`` (fsdax on PMem or CXL), or a tmpfs
+  (``/dev/shm``; or one bound to a CPU-less CXL memory node, ``mount -t tmpfs -o mpol=bind:N,size=… tmpfs DIR``).
+  The tier creates its own file there (0600, never through a link), unlinks it at once (a killed run leaves
+  nothing behind), allocates it whole up front (``posix_fallocate``: a later write can never meet a full
+  filesystem as a SIGBUS) and maps it shared.
+
+Unlike the CPU tier, the arena is claimed whole when the tier starts, so the tier never stops growing: on a tmpfs
+the start checks that the host keeps its floor (engine/memory.py ``host_floor``) after the claim, and refuses with
+the figures when it would not. A folder on a disk filesystem is refused: its mapping would be the page cache in
+front of a disk, a different tier with a different cost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtier.engine.backend import HUGE_PAGE, advise_huge_pages
+from kvtier.engine.memory import DEFAULT_PAGE_BYTES, MemoryTier, host_floor
+from kvtier.errors import StorageError, UnusableDirectory
+from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
+
+if TYPE_CHECKING:
+    from kvtier.tiers import TierSpec
+
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
+"""Filesystems whose files are host RAM (a tmpfs may be bound to a CXL memory node: see the module's text)."""
+
+
+def mount_of(path: str) -> tuple[str, str, frozenset[str]]:
+    """The mount holding ``path``: (mount point, filesystem type, mount options), from /proc/self/mountinfo."""
+    real = os.path.realpath(path)
+    best = ("/", "", frozenset[str]())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 3:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+            options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
+            best = (point, tail[0], options)
+    return best
+
+
+def backing(path: str) -> str:
+    """What ``path`` maps: ``devdax`` (a DAX device), ``fsdax`` (a folder on a DAX mount), ``host`` (a folder on
+    host RAM: tmpfs, ramfs, hugetlbfs); raises UnusableDirectory for anything else, saying what to give."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise UnusableDirectory(f"{path}: {e.strerror}") from None
+    if stat.S_ISCHR(st.st_mode):
+        return "devdax"
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnusableDirectory(f"{path}: give a DAX device (/dev/daxN.M) or a folder on a memory-backed filesystem")
+    point, fstype, options = mount_of(path)
+    if "dax" in options or any(o.startswith("dax=") and o != "dax=never" for o in options):
+        return "fsdax"
+    if fstype in MEMORY_FILESYSTEMS:
+        return "host"
+    raise UnusableDirectory(
+        f"{path}: on {fstype or 'an unknown filesystem'} ({point}), which is not memory: mapped there, the tier "
+        "would be the page cache in front of a disk. Give a DAX device (/dev/daxN.M), a folder on a DAX mount "
+        "(-o dax), or a tmpfs (/dev/shm, or one bound to the CXL node: mount -t tmpfs -o mpol=bind:N)"
+    )
+
+
+def host_bytes(spec: TierSpec) -> int:
+    """The host RAM a tier of ``spec`` takes: all of it on a tmpfs, none on DAX memory (0 when the path is not
+    usable: the tier's own start says why)."""
+    try:
+        return spec.capacity_bytes if spec.directory and backing(spec.directory) == "host" else 0
+    except UnusableDirectory:
+        return 0
+
+
+def _device_bytes(st: os.stat_result) -> int:
+    """A character device's size from sysfs (a DAX device's region), or 0 when unknown."""
+    try:
+        return int(Path(f"/sys/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/size").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+class CxlTier(MemoryTier):
+    """KV entries in fixed pages of a DAX device's or a memory-backed file's mapping."""
+
+    def __init__(self, capacity_bytes: int, path: str, name: str = "cxl", page_bytes: int = DEFAULT_PAGE_BYTES):
+        self.path = path
+        self.backing = backing(path)
+        self._fd = -1
+        super().__init__(capacity_bytes, name, page_bytes, host_floor_bytes=0)
+
+    def _map(self, nbytes: int) -> mmap.mmap:
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+        if self.backing == "devdax":
+            self._fd = os.open(self.path, flags)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._close_fd()
+                raise UnusableDirectory(f"{self.path}: in use by another process (one tier per DAX device)") from None
+            size = _device_bytes(os.fstat(self._fd))
+            if size and nbytes > size:
+                self._close_fd()
+                raise StorageError(f"{self.path}: {nbytes / 2**30:.2f} GiB asked, the device has {size / 2**30:.2f}")
+            return self._mapped(nbytes)
+        if self.backing == "host":
+            self._check_host(nbytes)
+        fd, name = tempfile.mkstemp(prefix="kvtier-cxl-", dir=self.path)  # 0600, O_EXCL: never through a link
+        os.unlink(name)
+        self._fd = fd
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            self._close_fd()
+            raise StorageError(f"{self.path}: cannot claim {nbytes / 2**30:.2f} GiB: {e.strerror}") from None
+        return self._mapped(nbytes)
+
+    def _mapped(self, nbytes: int) -> mmap.mmap:
+        try:
+            arena = mmap.mmap(self._fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            self._close_fd()
+            raise StorageError(f"{self.path}: cannot map {nbytes / 2**30:.2f} GiB: {e.strerror}") from None
+        if nbytes >= HUGE_PAGE:
+            advise_huge_pages(arena)
+        return arena
+
+    def _check_host(self, nbytes: int) -> None:
+        avail, floor = mem_available_bytes(), host_floor(mem_total_bytes())
+        if avail and avail - nbytes < floor:
+            raise StorageError(
+                f"{self.path}: a {nbytes / 2**30:.2f} GiB tier on host RAM would leave {(avail - nbytes) / 2**30:.2f}"
+                f" GiB of the {avail / 2**30:.2f} GiB available; the host keeps {floor / 2**30:.2f} GiB"
+            )
+
+    def _host_short(self, fresh_bytes: int) -> int | None:
+        return None  # the arena was claimed whole at start: taking its pages takes nothing more from the host
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self) -> None:
+        super().close()
+        self._close_fd()
+
+
+__all__ = ["CxlTier", "backing", "host_bytes", "mount_of"]
