@@ -7,7 +7,13 @@ outside ``results/`` (``r["summary"]``-style reads of a result that has a typed 
 
 ``--src DIR`` measures another checkout (a before/after pair in one run). Last line:
 ``architecture modules_over_600=… longest_function=… package_cycles=… file_cycles=… report_importers=…
-result_key_subscripts=… cli_add_argument=… plan_add_argument=… plan_answers_without_envelope=… fmt_skip=…``.
+result_key_subscripts=… cli_add_argument=… plan_add_argument=… plan_answers_without_envelope=… fmt_skip=…``, then
+(#54, "one of each"), last: ``one_of_each tier_kind_files=… popen_sites=… mpirun_builders=… mlperf_key_subscripts=…
+duplicate_class_names=… report_runner_imports=… src_lines=…`` — the source files that name the newest tier kind (CXL:
+its quoted name, its flags, its class), the calls that start a child process (``subprocess.Popen``/``run``), the
+places an ``mpirun`` command line is built (its ``-np``), string-key reads (``x["key"]``, ``x.get("key")``) in
+``mlperf/``, top-level class names defined twice, imports of a runner package (anything but results/, config/ and the
+ground floor) by ``report/``, and the lines of ``src/kvtier``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,46 @@ def result_key_reads(tree: ast.AST) -> int:
         ):
             n += 1
     return n
+
+
+NEWEST_KIND = ('"cxl"', "'cxl'", "cxl_path", "cxl_mem_gb", "CxlTier")
+RUNNERS = frozenset({"bench", "launch", "mlperf", "replay", "sim", "ladder", "plan", "iotrace", "vllm", "cli"})
+
+
+def one_of_each(root: Path) -> dict[str, int]:
+    """#54's figures: how many places do what one place should."""
+    kind_files = popen = mpirun = mlperf_keys = runner_imports = src_lines = 0
+    classes: collections.Counter[str] = collections.Counter()
+    for f in sorted(root.rglob("*.py")):
+        text = f.read_text()
+        src_lines += text.count("\n")
+        rel = f.relative_to(root)
+        kind_files += any(k in text for k in NEWEST_KIND)
+        tree = ast.parse(text)
+        classes.update(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Name) and owner.id == "subprocess" and node.func.attr in ("Popen", "run"):
+                    popen += 1
+                if rel.parts[0] == "mlperf" and node.func.attr == "get" and node.args:
+                    mlperf_keys += isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+            if isinstance(node, ast.Constant) and node.value == "-np":
+                mpirun += 1
+            if rel.parts[0] == "mlperf" and isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+                mlperf_keys += isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)
+            if rel.parts[0] == "report" and isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                runner_imports += sum(1 for n in names if n.startswith("kvtier.") and n.split(".")[1] in RUNNERS)
+    return {
+        "tier_kind_files": kind_files,
+        "popen_sites": popen,
+        "mpirun_builders": mpirun,
+        "mlperf_key_subscripts": mlperf_keys,
+        "duplicate_class_names": sum(1 for n in classes.values() if n > 1),
+        "report_runner_imports": runner_imports,
+        "src_lines": src_lines,
+    }
 
 
 def package_of(root: Path, f: Path) -> str:
@@ -155,6 +201,7 @@ def main() -> None:
         f"plan_add_argument={sum(v for k, v in add_argument.items() if k.startswith('plan'))} "
         f"plan_answers_without_envelope={max(0, plan_rows - plan_envelopes)} fmt_skip={fmt_skip}"
     )
+    print("one_of_each " + " ".join(f"{k}={v}" for k, v in one_of_each(root).items()))
 
 
 if __name__ == "__main__":

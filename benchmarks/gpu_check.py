@@ -38,8 +38,8 @@ from _common import REPO
 
 sys.path.insert(0, str(REPO / "src"))
 from kvtier.engine.backend import aligned_buffer
+from kvtier.engine.device import gpu_available
 from kvtier.engine.gds import probe_gds
-from kvtier.engine.gpu import gpu_available
 from kvtier.telemetry.clock import IOTiming
 
 MiB = 1 << 20

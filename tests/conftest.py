@@ -124,7 +124,8 @@ TINY_TEMPLATES = {
 
 def tiny_bench_config(d: Path, **overrides: Any):  # type: ignore[no-untyped-def]
     """A short bench run's config (tiny model, chatbot users, file tier in ``d``), with ``overrides``."""
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
 
     fields: dict[str, Any] = {
         "model": "tiny-1b",
@@ -149,7 +150,8 @@ def tiny_bench_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     """A real, short bench run in this process (tiny model, CPU + file tiers): a typed BenchResult
     and the JSON file it wrote, shared by the tests that read results."""
     from kvtier.bench import run
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
 
     d = tmp_path_factory.mktemp("tiny-bench")
     (d / "cache").mkdir()

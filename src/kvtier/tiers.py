@@ -180,7 +180,7 @@ def _cxl_spec(f: Any, ask: Ask) -> TierSpec:
 def _cxl_host(spec: TierSpec) -> int:
     from kvtier.engine.cxl import host_bytes
 
-    return host_bytes(spec)
+    return host_bytes(spec.directory, spec.capacity_bytes)
 
 
 def _storage(spec: TierSpec) -> Backend:

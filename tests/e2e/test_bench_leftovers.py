@@ -172,7 +172,8 @@ def test_keep_stale_only_warns_and_kvtier_clean_removes(tmp_path: Path):
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("chattr") is None, reason="needs root and chattr")
 def test_a_folder_that_cannot_be_cleaned_still_gives_a_result(tmp_path: Path):
     from kvtier.bench import run
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvtier.bench import run
-from kvtier.config.bench import BenchConfig, Tuning
+from kvtier.config.bench import BenchConfig
 from kvtier.config.iotrace import TraceFioConfig, TraceReplayConfig, TraceStatsConfig
+from kvtier.config.tuning import Tuning
 from kvtier.errors import DatasetError
 from kvtier.tracefile import read_trace
 from tests.conftest import REPO, TINY_TEMPLATES, kvtier_cmd

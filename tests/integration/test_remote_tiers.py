@@ -128,7 +128,8 @@ def test_redis_refusing_for_memory_is_a_full_tier_and_the_entry_falls_through(no
 @NEEDS_REDIS
 def test_redis_killed_mid_run_stops_the_bench_as_partial(tmp_path):
     from kvtier.bench import run
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
     from kvtier.results.envelope import Status, StopCode
 
     with redis_server() as srv:
@@ -169,7 +170,8 @@ def test_bench_with_redis_and_s3_tiers_end_to_end(rserver, s3, tmp_path):
     import boto3
 
     from kvtier.bench import run
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
     from kvtier.plan.measured import read_costs
     from kvtier.results.envelope import Status
 
@@ -363,7 +365,8 @@ def test_s3_cleanup_behind_an_endpoint_that_ignores_prefix_deletes_only_ours(s3,
 
 
 def _shared_cfg(tmp_path, name: str, **remote: object):  # type: ignore[no-untyped-def]
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
 
     return BenchConfig(
         model="tiny-1b", num_users=3, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from kvtier.bench import run
-from kvtier.config.bench import BenchConfig, Tuning
+from kvtier.config.bench import BenchConfig
+from kvtier.config.tuning import Tuning
 from tests.conftest import TINY_TEMPLATES, kvtier_cmd, replay_summary
 from tests.integration.test_launch import conversations
 from tests.integration.test_sim import start_sim, stop_sim

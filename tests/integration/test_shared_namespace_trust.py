@@ -162,7 +162,8 @@ def test_s3_checks_size_and_expiry_before_reading_a_byte(s3, noise):
 
 
 def _shared_cfg(tmp_path, model: str, name: str, url: str):  # type: ignore[no-untyped-def]
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
 
     return BenchConfig(
         model=model, num_users=2, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,

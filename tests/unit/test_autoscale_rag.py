@@ -3,14 +3,14 @@
 import numpy as np
 
 from kvtier.bench.autoscale import Autoscaler, StorageSample
-from kvtier.config.bench import AutoscalerTuning, SaturationDetection, Tuning
-from kvtier.telemetry.recorder import RequestRecord
+from kvtier.config.tuning import AutoscalerTuning, SaturationDetection, Tuning
+from kvtier.telemetry.recorder import BenchRequest
 from kvtier.workload.rag import RagCorpus, RagSettings, chunk_tokens_for, is_large_model
 
 
-def rec(service_ms: float, qos: str = "batch", tokens: int = 100) -> RequestRecord:
+def rec(service_ms: float, qos: str = "batch", tokens: int = 100) -> BenchRequest:
     svc = int(service_ms * 1e6)
-    return RequestRecord(0, qos, "prefill_decode", 10, tokens, 0, 0, svc, svc, 0, 0, 0, 0, 0, 0, 0, 0, 0, True, "")
+    return BenchRequest(0, qos, "prefill_decode", 10, tokens, 0, 0, svc, svc, 0, 0, 0, 0, 0, 0, 0, 0, 0, True, "")
 
 
 def scaler(mode: str, **kw) -> Autoscaler:

@@ -5,7 +5,8 @@ import pytest
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config import CacheServerConfig, LaunchConfig, ReplayConfig, SimConfig
 from kvtier.config.base import config_argv, field_extra, flag_name, validate_config
-from kvtier.config.bench import BenchConfig, Tuning, load_tuning
+from kvtier.config.bench import BenchConfig
+from kvtier.config.tuning import Tuning, load_tuning
 from kvtier.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 
 import itertools
 
-from kvtier.config.bench import Tuning
+from kvtier.config.tuning import Tuning
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.layout import segment_chunks, system_prompt_key

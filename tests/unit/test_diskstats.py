@@ -98,7 +98,8 @@ def test_a_real_run_sees_at_least_its_own_bytes_on_the_device(tmp_path: Path):
     if not devices:
         pytest.skip(f"no block device under {tmp_path}: {how}")
     from kvtier.bench import run
-    from kvtier.config.bench import BenchConfig, Tuning
+    from kvtier.config.bench import BenchConfig
+    from kvtier.config.tuning import Tuning
     from tests.conftest import TINY_TEMPLATES
 
     cache = tmp_path / "cache"

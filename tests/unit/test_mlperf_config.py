@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from kvtier.bench.setup import build_components, derive
-from kvtier.config.bench import BenchConfig, Tuning, load_tuning
+from kvtier.config.bench import BenchConfig
+from kvtier.config.tuning import Tuning, load_tuning
 from kvtier.telemetry.recorder import Recorder
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "mlperf_config.yaml"

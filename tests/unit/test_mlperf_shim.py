@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvtier.config.bench import Tuning, load_tuning
+from kvtier.config.tuning import Tuning, load_tuning
 from kvtier.engine.runs import system_directory
 from kvtier.mlperf import wrapper
 from kvtier.mlperf.shim import write_shim

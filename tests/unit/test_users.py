@@ -3,7 +3,7 @@ from collections import Counter
 
 import numpy as np
 
-from kvtier.config.bench import QoSDistribution, Tuning
+from kvtier.config.tuning import QoSDistribution, Tuning
 from kvtier.keys import KeyScope
 from kvtier.workload.conversations import ConversationManager, ConversationSettings, conversation_requests
 from kvtier.workload.users import PREFILL_ONLY_CONTEXT_TOKENS, draw_qos, draws, make_users

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.config.bench import AutoscalerTuning, QoSClass, QoSProfile, SaturationDetection
+from kvtier.config.tuning import AutoscalerTuning, QoSClass, QoSProfile, SaturationDetection
 from kvtier.stats import percentile
-from kvtier.telemetry.recorder import RequestRecord
+from kvtier.telemetry.recorder import BenchRequest
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Autoscaler:
 
     REFERENCE_USER_CAP = 500
 
-    def saturation(self, window: Sequence[RequestRecord], storage: StorageSample | None = None) -> float | None:
+    def saturation(self, window: Sequence[BenchRequest], storage: StorageSample | None = None) -> float | None:
         ratios: list[float] = []
         for cls, prof in self.qos_profiles.items():
             svc = [r.storage_done_ns - r.submit_ns for r in window if r.ok and r.qos == cls]
@@ -160,7 +160,7 @@ class Autoscaler:
         self,
         t_s: float,
         window_s: float,
-        window: Sequence[RequestRecord],
+        window: Sequence[BenchRequest],
         users: int,
         storage: StorageSample | None = None,
     ) -> tuple[str, int]:

@@ -38,7 +38,7 @@ from kvtier.results.bench import OPS, TIER_NAMES, BenchResult, pct_key
 from kvtier.results.envelope import collect_host, iso, utc_now
 from kvtier.results.outcome import Failure, judge, tally
 from kvtier.stats import PERCENTILE_NAMES, Summary, empty_summary, summarize_ns_as_ms
-from kvtier.telemetry.recorder import OpSample, Recorder, RequestRecord
+from kvtier.telemetry.recorder import BenchRequest, OpSample, Recorder
 from kvtier.units import GiB
 
 
@@ -54,13 +54,13 @@ def _gb(n: float) -> float:
 class _Requests:
     """The run's request records, split once."""
 
-    all: list[RequestRecord]
-    ok: list[RequestRecord]
-    failed: list[RequestRecord]
-    cut: list[RequestRecord]
+    all: list[BenchRequest]
+    ok: list[BenchRequest]
+    failed: list[BenchRequest]
+    cut: list[BenchRequest]
 
     @classmethod
-    def of(cls, records: Sequence[RequestRecord]) -> _Requests:
+    def of(cls, records: Sequence[BenchRequest]) -> _Requests:
         recs = list(records)
         return cls(
             recs,

@@ -30,7 +30,7 @@ from kvtier.engine.noise import EntrySource
 from kvtier.engine.tiered import GetResult, TieredStore
 from kvtier.errors import Cancelled, StorageError, TierFullError
 from kvtier.telemetry.clock import Clock
-from kvtier.telemetry.recorder import RequestRecord
+from kvtier.telemetry.recorder import BenchRequest
 from kvtier.workload.layout import KVRef
 from kvtier.workload.users import Request
 
@@ -79,7 +79,7 @@ class _Tally:
 
 
 class Served(NamedTuple):
-    record: RequestRecord
+    record: BenchRequest
     device_full: bool  # the storage device ran out of space (ENOSPC/EDQUOT): the run should stop
 
 
@@ -269,7 +269,7 @@ class RequestService:
                 ok, err = False, CUT
             gen_ns = clock.now_ns() - storage_done
         end = clock.now_ns()
-        record = RequestRecord(
+        record = BenchRequest(
             user=req.user_id,
             qos=req.qos,
             phase=req.phase,

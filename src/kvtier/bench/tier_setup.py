@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config.bench import BenchConfig
 from kvtier.engine.backend import Backend
+from kvtier.engine.device import gpu_available, gpu_memory_bytes
 from kvtier.engine.file import FileTier
-from kvtier.engine.gpu import gpu_available, gpu_memory_bytes
 from kvtier.errors import ConfigError
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
 from kvtier.tiers import KINDS, Ask, TierSpec, is_remote, open_tier, stand_in

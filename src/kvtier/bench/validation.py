@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.stats import percentile
-from kvtier.telemetry.recorder import RequestRecord
+from kvtier.telemetry.recorder import BenchRequest
 from kvtier.workload.traces import Trace
 
 
@@ -61,7 +61,7 @@ def compare(run: np.ndarray, trace: np.ndarray) -> dict[str, Any]:
     }
 
 
-def validation_section(trace: Trace, path: str, requests: list[RequestRecord]) -> dict[str, Any]:
+def validation_section(trace: Trace, path: str, requests: list[BenchRequest]) -> dict[str, Any]:
     ok = [r for r in requests if r.ok]
     submits = np.sort(np.array([r.submit_ns for r in ok], dtype=np.float64)) / 1e9
     arrivals = np.sort(np.array([r.arrival_s for r in trace.requests], dtype=np.float64))

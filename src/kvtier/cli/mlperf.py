@@ -64,14 +64,14 @@ def run_shim(a: argparse.Namespace) -> int:
 
 
 def run_compare(a: argparse.Namespace) -> int:
-    from kvtier.mlperf.compare import compare, load_summary, render
+    from kvtier.results.published import compare, load_summary, render
 
     cfg = config_from_args(a, MlperfCompareConfig, summary=a.summary)
     result = compare(load_summary(cfg.summary))
     for line in render(result):
         print(line)
     if cfg.json_output:
-        write_text_atomic(cfg.json_output, json.dumps(result, indent=2), "--json")
+        write_text_atomic(cfg.json_output, json.dumps(result.model_dump(mode="json"), indent=2), "--json")
     return 0
 
 

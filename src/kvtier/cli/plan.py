@@ -45,7 +45,7 @@ from kvtier.units import GiB, fmt_bandwidth, fmt_seconds
 
 
 @dataclass
-class Shown:
+class Screen:
     """What the terminal shows of an answer: lines, then a table, then lines after it (and stderr notes)."""
 
     lines: list[str] = field(default_factory=list)
@@ -79,14 +79,14 @@ def _yes(v: bool | None) -> str:
     return "—" if v is None else ("yes" if v else "no")
 
 
-# -- printers: (config, answer) -> Shown -----------------------------------------------------------------------
-def show_bytes(cfg: BytesConfig, r: BytesReport | CatalogReport) -> Shown:
+# -- printers: (config, answer) -> Screen -----------------------------------------------------------------------
+def show_bytes(cfg: BytesConfig, r: BytesReport | CatalogReport) -> Screen:
     if isinstance(r, CatalogReport):
         t = _table("KV bytes per token (catalog)", list(CatalogRow.model_fields))
         for row in r.models:
             t.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in row.model_dump().values()])
-        return Shown(table=t)
-    return Shown(
+        return Screen(table=t)
+    return Screen(
         [
             f"{r.model} ({r.attention}, {r.dtype}, TP {cfg.tp}): {r.kv_bytes_per_token:,.0f} B/token "
             f"({r.kv_kib_per_token:,.2f} KiB); {r.gib_per_million_tokens:.2f} GiB per million tokens"
@@ -94,7 +94,7 @@ def show_bytes(cfg: BytesConfig, r: BytesReport | CatalogReport) -> Shown:
     )
 
 
-def show_breakeven(cfg: BreakevenConfig, r: BreakevenReport) -> Shown:
+def show_breakeven(cfg: BreakevenConfig, r: BreakevenReport) -> Screen:
     comp, rec = r.compression, r.recompute_s
     t = _table(
         f"{r.model}, {r.context_tokens:,} tokens of context",
@@ -124,10 +124,10 @@ def show_breakeven(cfg: BreakevenConfig, r: BreakevenReport) -> Shown:
         f"at {comp:g}× compression {fmt_bandwidth(r.breakeven_compressed_bytes_per_s)}",
     ]
     notes = [f"note ({L.net_bw}, {L.rtt}): {L.breakeven_exact_note}" for L in r.links if L.breakeven_exact_note]
-    return Shown(lines, t, notes=notes)
+    return Screen(lines, t, notes=notes)
 
 
-def show_gate(cfg: GateConfig, r: GateReport | LadderGateReport) -> Shown:
+def show_gate(cfg: GateConfig, r: GateReport | LadderGateReport) -> Screen:
     if isinstance(r, GateReport):
         t = _table(
             f"fetch gate: {r.model}, {r.context_tokens:,} tokens, prefill {r.prefill_tokens_per_s:,.0f} tok/s",
@@ -135,7 +135,7 @@ def show_gate(cfg: GateConfig, r: GateReport | LadderGateReport) -> Shown:
         )
         for row in r.cases:
             t.add_row(row.case, f"{row.fetch_s:.4f}", f"{row.recompute_s:.4f}", row.verdict)
-        return Shown(table=t)
+        return Screen(table=t)
     t = _table(
         f"fetch gate from the measured ladder {cfg.from_} ({r.timing_source})",
         ["tier", "context", "new", "fetch (s)", "recompute (s)", "verdict", "measured faster", "agrees"],
@@ -157,10 +157,10 @@ def show_gate(cfg: GateConfig, r: GateReport | LadderGateReport) -> Shown:
         for b in r.breakeven
     ]
     lines.append(f"check: the gate agrees with the measured faster source on {r.agreed} of {r.checked} cells")
-    return Shown(lines, t, exit=0 if r.agreed == r.checked else 1)
+    return Screen(lines, t, exit=0 if r.agreed == r.checked else 1)
 
 
-def show_capacity(cfg: CapacityConfig, r: CapacityReport) -> Shown:
+def show_capacity(cfg: CapacityConfig, r: CapacityReport) -> Screen:
     lines = [
         f"{r.model}: {r.kv_bytes_per_token:,.0f} B/token; one million cached tokens = "
         f"{r.gib_per_million_tokens:.2f} GiB"
@@ -175,10 +175,10 @@ def show_capacity(cfg: CapacityConfig, r: CapacityReport) -> Shown:
             f"tier {name} ({tier.capacity_bytes / 1e9:g} GB at {cfg.target_usage:.0%}): {tier.tokens:,} "
             f"tokens = {tier.users:,} users of {cfg.tokens_per_user:,} tokens"
         )
-    return Shown(lines)
+    return Screen(lines)
 
 
-def show_fetch(cfg: FetchConfig, r: FetchReport) -> Shown:
+def show_fetch(cfg: FetchConfig, r: FetchReport) -> Screen:
     t = _table(
         f"measured fetch vs recompute ({r.source.file}, model {r.model}, {cfg.prefill_tps:,.0f} tok/s)",
         ["tier", "context", "fetch mean", "fetch p95", "recompute", "verdict", "note"],
@@ -193,10 +193,10 @@ def show_fetch(cfg: FetchConfig, r: FetchReport) -> Shown:
             row.verdict,
             "extrapolated" if row.extrapolated else "",
         )
-    return Shown(["fetch cost = measured end-to-end read latency of the tier, scaled by bytes; verdict on p95"], t)
+    return Screen(["fetch cost = measured end-to-end read latency of the tier, scaled by bytes; verdict on p95"], t)
 
 
-def show_value(cfg: ValueConfig, r: ValueReport) -> Shown:
+def show_value(cfg: ValueConfig, r: ValueReport) -> Screen:
     t = _table(
         f"does the tier pay? ({r.source}: {r.requests} requests, {r.wall_s:g} s, {r.prompt_tokens:,} prompt tokens)",
         [
@@ -233,9 +233,11 @@ def show_value(cfg: ValueConfig, r: ValueReport) -> Shown:
     for c in r.ladder_check:
         ladder = "no curve" if c.ladder_s is None else f"{c.ladder_s:.4f} s"
         err = "" if c.error is None else f" ({c.error:+.1%})"
-        lines.append(f"ladder check ({r.ladder}) {c.part}: measured {c.measured_s:.4f} s over {c.requests} requests, "
-                     f"the ladder's curves {ladder}{err}")  # fmt: skip
-    return Shown(lines, t)
+        lines.append(
+            f"ladder check ({r.ladder}) {c.part}: measured {c.measured_s:.4f} s over {c.requests} requests, "
+            f"the ladder's curves {ladder}{err}"
+        )
+    return Screen(lines, t)
 
 
 def _h_bytes(n: float) -> str:
@@ -244,7 +246,7 @@ def _h_bytes(n: float) -> str:
     return human_bytes(n)
 
 
-def show_retention(cfg: RetentionConfig, r: RetentionReport) -> Shown:
+def show_retention(cfg: RetentionConfig, r: RetentionReport) -> Screen:
     bpt, u = r.kv_bytes_per_token, r.unit
 
     def size(tokens: float) -> str:
@@ -289,10 +291,10 @@ def show_retention(cfg: RetentionConfig, r: RetentionReport) -> Shown:
             f"{c.hit_fraction:.1%}",
             _dash(c.reuse_hit_fraction, ".1%"),
         )
-    return Shown(lines, table)
+    return Screen(lines, table)
 
 
-def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Shown:
+def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Screen:
     def iv(i: Any, f: str = ".3f") -> str:
         if i.mean is None:
             return "—"
@@ -323,10 +325,10 @@ def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Shown:
         for k in r.knees
         if k.points >= 2
     ]
-    return Shown(lines, t, after=[f"recommend: {pick.sentence}" for pick in r.picks])
+    return Screen(lines, t, after=[f"recommend: {pick.sentence}" for pick in r.picks])
 
 
-def show_views(cfg: ViewsConfig, r: ViewsReport) -> Shown:
+def show_views(cfg: ViewsConfig, r: ViewsReport) -> Screen:
     def ms(x: float | None) -> str:
         return "—" if x is None else f"{x * 1e3:,.2f}"
 
@@ -367,7 +369,7 @@ def show_views(cfg: ViewsConfig, r: ViewsReport) -> Shown:
     ]
     lines += [f"finding: {f}" for f in r.findings]
     b, c = _dash(r.median_abs_ttft_error, ".0%"), _dash(r.median_abs_storage_ttft_error, ".0%")
-    return Shown(lines, t, after=[f"median |error| by turn: (b) {b}, (c) {c}"])
+    return Screen(lines, t, after=[f"median |error| by turn: (b) {b}, (c) {c}"])
 
 
 # -- the table ---------------------------------------------------------------------------------------------------
@@ -376,7 +378,7 @@ class Sub:
     name: str
     help: str
     config: type[PlanOutputFlags]
-    show: Callable[[Any, Any], Shown]
+    show: Callable[[Any, Any], Screen]
 
 
 SUBCOMMANDS = (

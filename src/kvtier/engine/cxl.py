@@ -24,15 +24,11 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kvtier.engine.backend import HUGE_PAGE, advise_huge_pages
 from kvtier.engine.memory import DEFAULT_PAGE_BYTES, MemoryTier, host_floor
 from kvtier.errors import StorageError, UnusableDirectory
 from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
-
-if TYPE_CHECKING:
-    from kvtier.tiers import TierSpec
 
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
 """Filesystems whose files are host RAM (a tmpfs may be bound to a CXL memory node: see the module's text)."""
@@ -81,11 +77,11 @@ def backing(path: str) -> str:
     )
 
 
-def host_bytes(spec: TierSpec) -> int:
-    """The host RAM a tier of ``spec`` takes: all of it on a tmpfs, none on DAX memory (0 when the path is not
-    usable: the tier's own start says why)."""
+def host_bytes(path: str | None, nbytes: int) -> int:
+    """The host RAM a tier of ``nbytes`` at ``path`` takes: all of it on a tmpfs, none on DAX memory (0 when the path
+    is not usable: the tier's own start says why)."""
     try:
-        return spec.capacity_bytes if spec.directory and backing(spec.directory) == "host" else 0
+        return nbytes if path and backing(path) == "host" else 0
     except UnusableDirectory:
         return 0
 

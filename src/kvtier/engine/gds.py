@@ -29,9 +29,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kvtier.engine.backend import ALIGN, aligned_buffer, check_cancel, round_up
-from kvtier.engine.device import is_device, to_host
+from kvtier.engine.device import gpu_available, is_device, to_host
 from kvtier.engine.file import SAMPLE_BYTES, FileTier, sample_crc
-from kvtier.engine.gpu import gpu_available
 from kvtier.errors import StorageError
 from kvtier.telemetry.clock import IOTiming
 

@@ -11,47 +11,18 @@ they measure the transfer, not its launch.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kvtier.engine.backend import ALIGN, check_cancel, round_up
+from kvtier.engine.device import gpu_available
 from kvtier.errors import EntryNotFound, TierFullError, UnsupportedError
 from kvtier.telemetry.clock import IOTiming
 
 if TYPE_CHECKING:
     from kvtier.engine.device import Chunk, DeviceMemory
-
-
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-"""Where a GPU driver shows itself (NVIDIA, ROCm, WSL): with none of them torch cannot find a device, and
-importing torch only to hear so costs 1.6 s (measured here) in every command that asks."""
-
-
-def gpu_available() -> tuple[bool, str]:
-    """(True, device name) when a CUDA device is usable through torch, else (False, reason)."""
-    if importlib.util.find_spec("torch") is None:
-        return False, "torch is not installed (pip install 'kvtier[gpu]')"
-    if not any(os.path.exists(p) for p in GPU_DEVICE_NODES):
-        return False, f"torch found no CUDA device (no GPU driver: none of {', '.join(GPU_DEVICE_NODES)})"
-    import torch
-
-    try:
-        if not torch.cuda.is_available():
-            return False, "torch found no CUDA device"
-        return True, torch.cuda.get_device_name(0)
-    except Exception as e:  # noqa: BLE001 - CUDA driver errors surface as assorted exception types
-        return False, f"CUDA is not usable: {e}"
-
-
-def gpu_memory_bytes(device: int = 0) -> int:
-    """Total memory of CUDA device ``device`` (call only when gpu_available())."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(device).total_memory)
 
 
 class GpuTier:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 from kvtier.engine.backend import Backend
 from kvtier.engine.device import Chunk, DeviceMemory, DevicePaths, Feed
@@ -51,12 +50,12 @@ from kvtier.engine.store_api import (
     PutResult,
     StoreConfig,
 )
-from kvtier.engine.tiered_state import _Entry, _Tier
+from kvtier.engine.tiered_state import StoreViews, _Entry, _Tier
 from kvtier.errors import Cancelled, EntryNotFound, ForeignEntry, HostMemoryShort, StorageError, TierFullError
 from kvtier.telemetry.clock import IOTiming
 
 
-class TieredStore:
+class TieredStore(StoreViews):
     """A KV store over an ordered list of tiers (index 0 = fastest)."""
 
     def __init__(
@@ -84,83 +83,6 @@ class TieredStore:
         self._in_use: set[_Entry] = set()  # put with hold and not yet released: in no tier's policy
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # notified when room or a victim may have appeared
-
-    # -- introspection -----------------------------------------------------------------------
-    def filler_bytes(self) -> int:
-        """Logical bytes of the filler entries (preconditioning data) still stored."""
-        with self._lock:
-            return sum(e.nbytes for e in self._entries.values() if e.filler and e.tier >= 0)
-
-    def filler_entries(self) -> int:
-        with self._lock:
-            return sum(1 for e in self._entries.values() if e.filler and e.tier >= 0)
-
-    def largest_entry_bytes(self) -> int:
-        """The largest entry (logical bytes) some tier may hold: its stored size within that tier's limit."""
-        best = 0
-        for t in self._tiers:
-            if t.max_entry >= t.backend.stored_size(0):
-                # stored_size is padding + header: the payload that fits is the limit less the overhead
-                best = max(best, t.max_entry - t.backend.stored_size(0))
-        return best
-
-    def host_short(self) -> dict[str, dict[str, Any]]:
-        """Per RAM tier that stopped growing because the host ran short of memory: when, and at what size."""
-        out = {}
-        for t in self._tiers:
-            record = getattr(t.backend, "host_short", None)
-            if record:
-                out[t.backend.name] = dict(record)
-        return out
-
-    @property
-    def tier_names(self) -> list[str]:
-        return [t.backend.name for t in self._tiers]
-
-    def usage(self) -> dict[str, dict[str, int]]:
-        """Per tier: bytes used (the tier's stored sizes), capacity, entries; a paged tier adds its page and
-        the part of the used pages no entry fills."""
-        with self._lock:
-            held = [len(t.policy) for t in self._tiers]  # the evictable entries, and those in use (few)
-            for e in self._in_use:
-                held[e.tier] += 1
-            out = {
-                t.backend.name: {"used_bytes": t.used, "capacity_bytes": t.capacity, "entries": held[i]}
-                for i, t in enumerate(self._tiers)
-            }
-        for t in self._tiers:
-            waste = getattr(t.backend, "waste_bytes", None)
-            if waste is not None:
-                out[t.backend.name].update(page_bytes=getattr(t.backend, "page_bytes", 0), waste_bytes=waste())
-        return out
-
-    def location(self, key: str) -> str | None:
-        with self._lock:
-            e = self._entries.get(key)
-            return self._tiers[e.tier].backend.name if e is not None and e.tier >= 0 else None
-
-    def eviction_order(self, tier: str) -> list[str]:
-        """The tier's evictable keys, next victim first."""
-        with self._lock:
-            for t in self._tiers:
-                if t.backend.name == tier:
-                    return list(t.policy.victims())
-        raise KeyError(tier)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    def check_accounting(self) -> None:
-        """Raise StorageError if accounting differs from what the tiers hold (call when quiescent)."""
-        with self._lock:
-            for i, t in enumerate(self._tiers):
-                expect = sum(e.size for e in self._entries.values() if e.tier == i)
-                real = t.backend.stored_bytes()
-                if not (t.used == expect == real) or t.used > t.capacity:
-                    raise StorageError(
-                        f"{t.backend.name}: used={t.used} entries={expect} medium={real} capacity={t.capacity}"
-                    )
 
     # -- victims and removal (each in one place) ---------------------------------------------
     def _pick_victims(self, t: _Tier, enough: Callable[[int], bool], most: int) -> list[_Entry]:

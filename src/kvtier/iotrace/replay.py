@@ -47,7 +47,7 @@ from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, u
 from kvtier.telemetry.clock import MONOTONIC
 from kvtier.telemetry.diskstats import DeviceSampler, devices_under
 from kvtier.telemetry.host import proc_io
-from kvtier.telemetry.recorder import Recorder, RequestRecord
+from kvtier.telemetry.recorder import BenchRequest, Recorder
 from kvtier.tiers import KINDS
 from kvtier.tracefile import TIER_BY_NUMBER, IOTrace, read_trace
 from kvtier.units import GiB
@@ -148,7 +148,7 @@ class _Replayer:
         tokens = size // self.per_token if self.per_token else 0
         wrote, read = (size if op == 1 and ok else 0), (size if op == 0 and ok and hit else 0)
         self.rec.request(
-            RequestRecord(
+            BenchRequest(
                 user=worker,
                 qos="trace",
                 phase="prefill" if op == 1 else "decode",

@@ -33,7 +33,7 @@ from kvtier.results.outcome import judge, tally
 
 if TYPE_CHECKING:
     from kvtier.config.ladder import LadderConfig
-    from kvtier.ladder.measure import Progress, Session
+    from kvtier.ladder.measure import LadderSession, Progress
 
 
 def run(cfg: LadderConfig, handle_signals: bool = True, progress: Progress | None = None) -> LadderResult:
@@ -65,7 +65,7 @@ def _print_point(p: LadderPoint) -> None:
 async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | None) -> LadderResult:
     import aiohttp
 
-    from kvtier.ladder.measure import Prompter, Session, default_contexts
+    from kvtier.ladder.measure import LadderSession, Prompter, default_contexts
     from kvtier.ladder.server import describe
     from kvtier.replay.client import ClientConfig
     from kvtier.replay.driver import server_identity
@@ -90,7 +90,7 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
             identity = await server_identity(http, cfg.base_url.rstrip("/"), cfg.model)
             server = describe(identity["max_model_len"], await scrape_snapshot(http, cfg.metrics_root()))
             prompter = Prompter(rng, f"{int(time.time() * 1000) % 10**9:x}", tokenizer)
-            sess = Session(
+            sess = LadderSession(
                 http,
                 ClientConfig(
                     cfg.base_url,
@@ -141,7 +141,7 @@ class _Plan:
 
 
 async def _measure(
-    cfg: LadderConfig, sess: Session, contexts: list[int], progress: Progress | None
+    cfg: LadderConfig, sess: LadderSession, contexts: list[int], progress: Progress | None
 ) -> tuple[list[LadderPoint], str | None, _Plan]:
     from kvtier.ladder.measure import CHUNK_TOKENS, flood_sizes
 
@@ -239,7 +239,7 @@ def _result(
     points: list[LadderPoint],
     tpot: list[Any],
     plan: _Plan,
-    sess: Session,
+    sess: LadderSession,
     stop_code: str | None,
     started: Any,
     wall_s: float,

@@ -193,7 +193,7 @@ def flood_sizes(
 
 
 @dataclass
-class Session:
+class LadderSession:
     """The open connection to the server and what every request needs."""
 
     http: aiohttp.ClientSession
@@ -389,4 +389,4 @@ class Session:
 
 Progress = Callable[[LadderPoint], None]
 
-__all__ = ["Prompter", "Session", "verify", "default_contexts", "flood_sizes", "Progress"]
+__all__ = ["Prompter", "LadderSession", "verify", "default_contexts", "flood_sizes", "Progress"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from kvtier.config.launch import LaunchConfig, parse_arms
 from kvtier.errors import KvtierError
-from kvtier.results.arms import ArmRun, ArmsResult, ArmStats, Offload, Spread, Verdict
+from kvtier.results.arms import ArmOffload, ArmRun, ArmsResult, ArmStats, Spread, Verdict
 from kvtier.results.envelope import Status, StopCode, StopReason, collect_host, iso, utc_now
 from kvtier.results.io import write_json
 
@@ -131,7 +131,7 @@ def reduce_arm(
         tokens_by_source={k: round(v) for k, v in sorted(by_source.items())},
         hit_rate_by_source={k: round(v / source_total, 6) for k, v in sorted(by_source.items()) if source_total},
         cached_by_source={k: round(v) for k, v in sorted(cached.items()) if v},
-        offload=Offload(
+        offload=ArmOffload(
             load_bytes=load_b,
             load_s=load_s,
             store_bytes=off.get("kv_offload_store_bytes"),

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from kvtier.config.bench import Tuning
+from kvtier.config.tuning import Tuning
 from kvtier.modelspec import BUILTIN_MODELS
 from kvtier.results.io import atomic_file
 

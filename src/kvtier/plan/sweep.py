@@ -315,11 +315,11 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
     err = None if status is not None else f"kvtier replay exited with status {rc} and no result; log {rel}/replay.log"
     t = SweepTrial(**base, status=status or "failed", reused=False, wall_s=round(time.monotonic() - t0, 3), error=err)
     if interrupted:  # the replay, stopped by SIGTERM, wrote what it had: the trial is kept as its result says
-        raise Interrupted(t)
+        raise SweepInterrupted(t)
     return t
 
 
-class Interrupted(KeyboardInterrupt):
+class SweepInterrupted(KeyboardInterrupt):
     """Ctrl+C during a trial; ``trial`` is what that trial left."""
 
     def __init__(self, trial: SweepTrial) -> None:
@@ -400,7 +400,7 @@ def run_sweep(g: SweepGrid, out: Path, say: Callable[[str], None] = lambda s: No
             )
             write_json(result(final=False), out / "sweep.json")
     except KeyboardInterrupt as e:
-        if isinstance(e, Interrupted):
+        if isinstance(e, SweepInterrupted):
             done.append(e.trial)
         stop = StopReason(code=StopCode.interrupted, message="interrupted: the trials not run are listed as not-run")
     final = result(final=True)

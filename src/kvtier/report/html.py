@@ -77,9 +77,9 @@ ul.findings li { margin: 0.2em 0; }
 
 def _published(options: dict[str, Any]) -> str:
     """The run beside the published MLPerf v3.0 KV rows (``kvtier mlperf compare``), or why not."""
-    from kvtier.mlperf.compare import RUN_KEYS, compare, render
+    from kvtier.results.published import comparable, compare, render
 
-    ok = {o: s for o, s in (options or {}).items() if all(isinstance(s.get(k), (int, float)) for k in RUN_KEYS)}
+    ok = comparable(options or {})
     if not ok:
         return "no option with the figures the published rows have"
     return "\n".join(render(compare(ok)))

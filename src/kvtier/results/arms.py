@@ -51,7 +51,7 @@ class Spread(Section):
     p95_hi_s: float | None
 
 
-class Offload(Section):
+class ArmOffload(Section):
     load_bytes: float | None = None
     load_s: float | None = None
     store_bytes: float | None = None
@@ -74,7 +74,7 @@ class ArmStats(Section):
     tokens_by_source: dict[str, float]
     hit_rate_by_source: dict[str, float]  # tokens by source over prompt tokens
     cached_by_source: dict[str, float]
-    offload: Offload
+    offload: ArmOffload
     failed: dict[str, int]
 
 
@@ -96,4 +96,4 @@ class ArmsResult(Envelope):
     config: LaunchConfig
 
 
-__all__ = ["ArmRun", "ArmStats", "ArmsResult", "Offload", "Spread", "Verdict"]
+__all__ = ["ArmRun", "ArmStats", "ArmsResult", "ArmOffload", "Spread", "Verdict"]

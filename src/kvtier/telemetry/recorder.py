@@ -24,7 +24,7 @@ class OpSample(NamedTuple):
     cause: str  # request | demotion | promotion
 
 
-class RequestRecord(NamedTuple):
+class BenchRequest(NamedTuple):
     """One finished request; times in ns on the recorder's clock."""
 
     user: int
@@ -69,7 +69,7 @@ class Recorder:
     error_messages: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     cancelled: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
-    requests: list[RequestRecord] = field(default_factory=list)
+    requests: list[BenchRequest] = field(default_factory=list)
     clock: Clock = MONOTONIC
     unavailable: str | None = None  # the first "server unreachable" error of a remote tier (the run stops)
     ok_requests: int = 0  # records with ok
@@ -101,7 +101,7 @@ class Recorder:
         with self._lock:
             return sum(self.errors.values()), (self.error_messages[-1] if self.error_messages else "")
 
-    def request(self, rec: RequestRecord) -> None:
+    def request(self, rec: BenchRequest) -> None:
         with self._lock:
             self.requests.append(rec)
             if rec.ok:

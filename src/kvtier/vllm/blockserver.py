@@ -58,13 +58,13 @@ PUT_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
-class Geometry:
+class BlockGeometry:
     block_bytes: int  # one worker's share of a block
     block_tokens: int
     world_size: int
 
     @classmethod
-    def of(cls, msg: dict[str, Any]) -> Geometry:
+    def of(cls, msg: dict[str, Any]) -> BlockGeometry:
         try:
             g = cls(int(msg["block_bytes"]), int(msg["block_tokens"]), int(msg["world_size"]))
         except (KeyError, TypeError, ValueError):
@@ -91,7 +91,7 @@ class BlockServer:
         self.path = socket_path
         self.host, self.port = host, port
         self.metrics = ServerMetrics()
-        self.geometry: Geometry | None = None
+        self.geometry: BlockGeometry | None = None
         self.index: BlockIndex[str] | None = None
         self.store: TieredStore | None = None
         self._names: list[str] = []
@@ -194,7 +194,7 @@ class BlockServer:
                 return
             kind = str(hello.get("role"))
             try:
-                geometry = self._join(Geometry.of(hello))
+                geometry = self._join(BlockGeometry.of(hello))
             except ValueError as e:
                 c.send({"ok": False, "error": str(e)})
                 return
@@ -221,7 +221,7 @@ class BlockServer:
             self._conns.discard(c)
             c.close()
 
-    def _join(self, g: Geometry) -> Geometry:
+    def _join(self, g: BlockGeometry) -> BlockGeometry:
         """The first hello fixes the geometry and opens the tiers; later ones must match it."""
         with self._lock:
             if self.geometry is None:
@@ -472,7 +472,7 @@ class BlockServer:
         return b
 
     # -- data -----------------------------------------------------------------------------------
-    def _data(self, c: Conn, engine: str, hello: dict[str, Any], fd: int, g: Geometry) -> None:
+    def _data(self, c: Conn, engine: str, hello: dict[str, Any], fd: int, g: BlockGeometry) -> None:
         assert self.store is not None and self.index is not None
         rank = hello.get("rank")
         padded = round_up(g.block_bytes)
@@ -501,7 +501,7 @@ class BlockServer:
             view.release()
             page.close()
 
-    def _put(self, key: str, rank: int, view: memoryview, g: Geometry, padded: int) -> dict[str, Any]:
+    def _put(self, key: str, rank: int, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
         assert self.store is not None
         with self._cv:
             tier, seq = self._placed.get(key), self._plan_seq.get(key)
@@ -524,7 +524,7 @@ class BlockServer:
         self.metrics.store_seconds.inc(dt)
         return {"ok": True, "tier": name, "seconds": dt}
 
-    def _get(self, key: str, rank: int, engine: str, view: memoryview, g: Geometry, padded: int) -> dict[str, Any]:
+    def _get(self, key: str, rank: int, engine: str, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
         assert self.store is not None
         t0 = time.perf_counter()
         try:
@@ -595,4 +595,4 @@ def serve(settings: VllmOffloadSettings, socket_path: str, host: str, port: int,
         server.close()
 
 
-__all__ = ["BlockServer", "Geometry", "serve", "shard_key"]
+__all__ = ["BlockServer", "BlockGeometry", "serve", "shard_key"]

@@ -28,7 +28,7 @@ from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
 from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect
-from kvtier.vllm.worker import BlockLayout, BlockWorker, Loaded, pin_host_buffer
+from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -295,22 +295,22 @@ class ServerBlockWorker(BlockWorker):
         self.counters.add(f"stored:{r.get('tier', '?')}")
         return self.layout.nbytes
 
-    def _load(self, key: Any, block_id: int) -> Loaded:
+    def _load(self, key: Any, block_id: int) -> BlockLoad:
         link, _, host = self._link()
         t0 = time.perf_counter_ns()
         try:
             r = link.call({"op": "get", "key": self.key_of(key)})
         except ServerDown as e:
             self.counters.add("failed_loads", 1, f"load: {e}")
-            return Loaded(key, block_id, 0)
+            return BlockLoad(key, block_id, 0)
         io_ns = time.perf_counter_ns() - t0  # the server's read and the round trip: this worker's wait for the block
         if not r.get("hit") or r.get("n") != self.layout.nbytes:
             self.counters.add("failed_loads", 1, f"load: {r.get('why') or 'wrong size'}")
-            return Loaded(key, block_id, 0)
+            return BlockLoad(key, block_id, 0)
         self.layout.scatter(block_id, host)
         tier = str(r.get("tier") or "?")
         self.counters.add(f"loaded:{tier}")
-        return Loaded(key, block_id, self.layout.nbytes, tier, io_ns)
+        return BlockLoad(key, block_id, self.layout.nbytes, tier, io_ns)
 
     def usage(self) -> dict[str, dict[str, int]]:
         return {}

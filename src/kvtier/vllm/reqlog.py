@@ -47,7 +47,7 @@ MAX_PENDING = 4096
 
 
 @dataclass
-class Trace:
+class Stamps:
     """One engine request while the scheduler has it (all stamps ``time.monotonic()`` seconds)."""
 
     req_id: str
@@ -96,7 +96,7 @@ class RequestLog:
         self.block_bytes = block_bytes  # one block across every worker of the engine
         self.clock = clock
         self.wall = wall
-        self._live: dict[str, Trace] = {}
+        self._live: dict[str, Stamps] = {}
         self._by_step: dict[int, list[str]] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._cv = threading.Condition()
@@ -113,7 +113,7 @@ class RequestLog:
     # -- stamps (the scheduler's thread) ----------------------------------------------------------------
     def seen(self, req_id: str, prompt_tokens: int, arrival_unix_s: float | None) -> None:
         now = self.clock()
-        self._live[req_id] = Trace(req_id, prompt_tokens, now, arrival_unix_s, self.wall() - now)
+        self._live[req_id] = Stamps(req_id, prompt_tokens, now, arrival_unix_s, self.wall() - now)
 
     def lookup(self, req_id: str, started_s: float) -> None:
         t = self._live.get(req_id)
@@ -212,7 +212,7 @@ class RequestLog:
             waiting.remove(req_id)
         self._enqueue(self.record(t))
 
-    def record(self, t: Trace) -> dict[str, Any]:
+    def record(self, t: Stamps) -> dict[str, Any]:
         """A trace as its line (docs/metrics.md "the engine's request log")."""
         tokens = {"gpu": t.gpu_tokens, **t.tier_tokens}
         failed_tokens = 0
@@ -330,4 +330,4 @@ def _open_log(path: str) -> int:
     return fd
 
 
-__all__ = ["RequestLog", "Trace", "SCHEMA", "MAX_PENDING"]
+__all__ = ["RequestLog", "Stamps", "SCHEMA", "MAX_PENDING"]

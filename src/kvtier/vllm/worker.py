@@ -92,7 +92,7 @@ class Result:
     seconds: float | None
 
 
-class Loaded(NamedTuple):
+class BlockLoad(NamedTuple):
     """One block's load: where it came from, its bytes (0: failed) and the tier's own time for the read (ns)."""
 
     key: Any
@@ -121,7 +121,7 @@ class RequestIO:
     def failed_blocks(self) -> int:
         return len(set(self.failed_keys))
 
-    def add(self, got: Sequence[Loaded], submitted_s: float, done_s: float) -> None:
+    def add(self, got: Sequence[BlockLoad], submitted_s: float, done_s: float) -> None:
         self.submitted_s = submitted_s if self.submitted_s is None else min(self.submitted_s, submitted_s)
         self.done_s = done_s if self.done_s is None else max(self.done_s, done_s)
         for g in got:
@@ -301,15 +301,15 @@ class BlockWorker:
                 self._load_errors.update(block_ids)
                 self._lost_keys.extend(keys)
             self.counters.add("failed_loads", len(block_ids), f"load: {len(keys)} keys for {len(block_ids)} blocks")
-            self._account(tag, [Loaded(k, b, 0) for k, b in zip(keys, block_ids, strict=False)], t0)
+            self._account(tag, [BlockLoad(k, b, 0) for k, b in zip(keys, block_ids, strict=False)], t0)
             self._finish(Result(job_id, True, None, None))
             return
         futures = [self._pool.submit(self._load, k, b) for k, b in zip(keys, block_ids, strict=True)]
         pending = [len(futures)]
         lock = threading.Lock()
-        got: list[Loaded] = []
+        got: list[BlockLoad] = []
 
-        def one_done(f: Future[Loaded]) -> None:
+        def one_done(f: Future[BlockLoad]) -> None:
             with lock:
                 got.append(f.result())
                 pending[0] -= 1
@@ -330,7 +330,7 @@ class BlockWorker:
         for f in futures:
             f.add_done_callback(one_done)
 
-    def _account(self, tag: str | None, got: Sequence[Loaded], submitted_s: float) -> float:
+    def _account(self, tag: str | None, got: Sequence[BlockLoad], submitted_s: float) -> float:
         """A finished load job into its request's tally (when tagged); returns the time it finished."""
         done = time.monotonic()
         if tag is not None:
@@ -347,26 +347,26 @@ class BlockWorker:
             out, self._request_io = self._request_io, {}
             return out
 
-    def _load(self, key: Any, block_id: int) -> Loaded:
+    def _load(self, key: Any, block_id: int) -> BlockLoad:
         buf, host, _ = self._buffers()
         skey = self.key_of(key)
         try:
             r = self.store.get(skey, buf)
         except StorageError as e:
             self.counters.add("failed_loads", 1, f"load: {e}")
-            return Loaded(key, block_id, 0)
+            return BlockLoad(key, block_id, 0)
         except Exception as e:
             log.exception("kvtier load of block %d failed", block_id)
             self.counters.add("failed_loads", 1, f"load: {e}")
-            return Loaded(key, block_id, 0)
+            return BlockLoad(key, block_id, 0)
         if not r.hit or r.nbytes != self.layout.nbytes:
             why = "block not held" if not r.hit else f"{r.nbytes} bytes, expected {self.layout.nbytes}"
             self.counters.add("failed_loads", 1, f"load: {why}")
-            return Loaded(key, block_id, 0)
+            return BlockLoad(key, block_id, 0)
         self.layout.scatter(block_id, host)
         tier = r.tier or "?"
         self.counters.add(f"loaded:{tier}")
-        return Loaded(key, block_id, r.nbytes, tier, r.timing.total_ns)
+        return BlockLoad(key, block_id, r.nbytes, tier, r.timing.total_ns)
 
     # -- completion ---------------------------------------------------------------------------------
     def _finish(self, r: Result) -> None:
@@ -434,4 +434,4 @@ def pin_host_buffer(buf: memoryview) -> None:
         log.warning("kvtier: could not pin a %d-byte host buffer (%s); device copies stay pageable", len(buf), e)
 
 
-__all__ = ["BlockLayout", "BlockWorker", "Counts", "Loaded", "RequestIO", "Result", "pin_host_buffer"]
+__all__ = ["BlockLayout", "BlockWorker", "Counts", "BlockLoad", "RequestIO", "Result", "pin_host_buffer"]

@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from kvtier.config.bench import QoSClass, QoSDistribution, Tuning
+from kvtier.config.tuning import QoSClass, QoSDistribution, Tuning
 from kvtier.workload.layout import KVRef
 
 PREFILL_ONLY_CONTEXT_TOKENS = 10_000

@@ -17,7 +17,7 @@ from kvtier.results import load
 from kvtier.results.envelope import Status, StopCode, StopReason
 from kvtier.results.io import write_json
 from kvtier.telemetry.clock import IOTiming
-from kvtier.telemetry.recorder import Recorder, RequestRecord
+from kvtier.telemetry.recorder import BenchRequest, Recorder
 
 MS = 1_000_000
 
@@ -35,7 +35,7 @@ def record(
     misses=1,
     error="",
 ):
-    return RequestRecord(
+    return BenchRequest(
         user=0,
         qos=qos,
         phase="prefill_decode",

@@ -210,12 +210,12 @@ def test_scattered_free_pages_take_a_write_without_a_fallthrough(noise):
 def test_failed_requests_do_not_count_toward_max_requests():
     """#29's trap: completed_requests() counted failed requests, so --max-requests ended a run early when
     requests failed. It counts the requests that did their work; the failed ones stay recorded."""
-    from kvtier.telemetry.recorder import RequestRecord
+    from kvtier.telemetry.recorder import BenchRequest
 
     rec = Recorder()
     base = dict(user=0, qos="interactive", phase="prefill", context_tokens=1, generate_tokens=0, submit_ns=0,
                 start_ns=0, storage_done_ns=0, end_ns=1, storage_ns=0, generation_ns=0, bytes_read=0,
                 bytes_written=0, decode_bytes_read=0, tokens_read=0, tokens_written=0, hits=0, misses=0)  # fmt: skip
     for ok in (False, True, False, False, True):
-        rec.request(RequestRecord(**base, ok=ok, error="" if ok else "EIO"))  # type: ignore[arg-type]
+        rec.request(BenchRequest(**base, ok=ok, error="" if ok else "EIO"))  # type: ignore[arg-type]
     assert rec.completed_requests() == 2 and len(rec.requests) == 5

@@ -13,7 +13,7 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.results.engine_log import read_engine_log
 from kvtier.vllm.reqlog import RequestLog
-from kvtier.vllm.worker import Loaded, RequestIO
+from kvtier.vllm.worker import BlockLoad, RequestIO
 
 
 class Clock:
@@ -45,7 +45,7 @@ def _one_request(log: RequestLog, clock: Clock, rid: str, *, failed_blocks: int 
     log.admitted(rid, 32, 48, {"cpu": 48}, preemptions=0)
     log.load_planned(rid)
     io = RequestIO()
-    io.add([Loaded(b"k", i, 4096 if i >= failed_blocks else 0, "cpu", 1_000_000) for i in range(3)], 100.031, 100.04)
+    io.add([BlockLoad(b"k", i, 4096 if i >= failed_blocks else 0, "cpu", 1_000_000) for i in range(3)], 100.031, 100.04)
     clock.t = 100.05
     log.loads_done({rid: io})
     clock.t = 100.06
@@ -102,7 +102,7 @@ def test_a_failed_block_is_taken_from_the_tier_it_was_planned_from(tmp_path: Pat
     plan = {b"k0": "cpu", b"k1": "cpu", b"k2": "storage"}
     log.admitted(rid, 32, 48, {"cpu": 32, "storage": 16}, preemptions=0, key_tiers=plan)
     io = RequestIO()
-    got = [Loaded(b"k0", 0, 4096, "cpu", 1000), Loaded(b"k1", 1, 4096, "cpu", 1000), Loaded(b"k2", 2, 0)]
+    got = [BlockLoad(b"k0", 0, 4096, "cpu", 1000), BlockLoad(b"k1", 1, 4096, "cpu", 1000), BlockLoad(b"k2", 2, 0)]
     io.add(got, 100.0, 100.01)
     log.loads_done({rid: io.merge(io)})  # two workers: each failed its shard of the same block
     log.closed(rid)
