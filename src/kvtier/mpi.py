@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kvtier.errors import KvtierError, UnsupportedError
+from kvtier.errors import ConfigError, KvtierError, UnsupportedError
 
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS")
 TAG_READY, TAG_GO, TAG_RESULT, TAG_SEED = 11, 12, 13, 14
@@ -279,7 +279,28 @@ def require_mpi(what: str) -> str:
     return mpirun
 
 
+def mpirun_argv(command: Sequence[str], ranks: int, *, hosts: Sequence[str] = (), mpirun: str = "mpirun") -> list[str]:
+    """The one ``mpirun`` command line (Open MPI) kvtier starts ranks with: ``--allow-run-as-root`` as root; every
+    rank on this host (``--oversubscribe``: more ranks than cores is a load test's choice) or ``ranks`` spread evenly
+    over ``hosts`` (``--host h:n,…``, ConfigError when they do not divide); ``--enable-recovery``, so a rank that
+    dies does not take the others down (they finish and rank 0 reports it lost). A command of ``kvtier …`` runs
+    with this interpreter, as this installation. ``command`` alone when one rank on no named host."""
+    import sys
+
+    argv = [sys.executable, "-m", "kvtier", *command[1:]] if command and command[0] == "kvtier" else list(command)
+    if ranks <= 1 and not hosts:
+        return argv
+    placement = ["--oversubscribe"]
+    if hosts:
+        if ranks % len(hosts):
+            raise ConfigError(f"{ranks} ranks do not divide over {len(hosts)} hosts")
+        placement = ["--host", ",".join(f"{h}:{ranks // len(hosts)}" for h in hosts)]
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun, *root, *placement, "--enable-recovery", "-np", str(ranks), *argv]
+
+
 __all__ = [
+    "mpirun_argv",
     "require_mpi",
     "Rank",
     "RunEnvironment",

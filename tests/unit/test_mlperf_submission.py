@@ -58,7 +58,7 @@ def test_a_multi_rank_run_without_mpi4py_or_mpirun_stops_before_starting_any_ran
     import sys
 
     from kvtier.errors import UnsupportedError
-    from kvtier.mlperf.run import mpi_prefix, run
+    from kvtier.mlperf.run import bench_argv, run
 
     (tmp_path / "mpirun").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "mpirun").chmod(0o755)
@@ -70,7 +70,7 @@ def test_a_multi_rank_run_without_mpi4py_or_mpirun_stops_before_starting_any_ran
     ):
         run(cfg)
     assert not (tmp_path / "r").exists()  # nothing started, nothing written
-    assert mpi_prefix(MlperfConfig(num_processes=1)) == []  # one instance needs neither
+    assert bench_argv(MlperfConfig(num_processes=1), ["kvtier", "bench"])[1:] == ["-m", "kvtier", "bench"]  # no mpirun
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     with pytest.raises(UnsupportedError, match="mpirun \\(Open MPI\\) is not installed"):
-        mpi_prefix(cfg)
+        bench_argv(cfg, ["kvtier", "bench"])

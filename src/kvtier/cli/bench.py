@@ -103,29 +103,14 @@ def launch_clients(cfg: BenchConfig, output: str) -> int:
 
     from kvtier.config.base import config_argv
     from kvtier.errors import KvtierError
-    from kvtier.mpi import require_mpi
+    from kvtier.mpi import mpirun_argv, require_mpi
     from kvtier.results import load
     from kvtier.results.aggregate import BenchAggregate
     from kvtier.results.envelope import exit_code
 
     n = cfg.num_clients
-    mpirun = require_mpi(f"--num-clients {n}")
-    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     rank = cfg.model_copy(update={"num_clients": 1, "output": output})
-    # --enable-recovery: a rank that dies does not take the others down (they finish; rank 0 reports it lost)
-    cmd = [
-        mpirun,
-        *root,
-        "--oversubscribe",
-        "--enable-recovery",
-        "-np",
-        str(n),
-        sys.executable,
-        "-m",
-        "kvtier",
-        "bench",
-        *config_argv(rank),
-    ]
+    cmd = mpirun_argv(["kvtier", "bench", *config_argv(rank)], n, mpirun=require_mpi(f"--num-clients {n}"))
     print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
     t0 = time.time()
     rc = subprocess.run(cmd, check=False).returncode

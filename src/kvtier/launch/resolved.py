@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from kvtier.launch.caddy import lb_policy, routing_tier
 from kvtier.launch.devices import VISIBLE, Inventory
 from kvtier.launch.engines import EngineCheck
 from kvtier.launch.profiles import ProcPlan, Profile
+from kvtier.mpi import mpirun_argv
 from kvtier.results.envelope import (
     ResultWarning,
 )
@@ -114,11 +114,7 @@ class LaunchPlan:
     def client_argv(self) -> list[str]:
         """The replay as launch runs it: in this process, or under mpirun with ``--client-ranks`` N."""
         n = self.config.client_ranks
-        if n <= 1:
-            return self.replay_argv
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        mpi = ["mpirun", *root, "--oversubscribe", "--enable-recovery", "-np", str(n)]
-        return [*mpi, *kvtier_argv(self.replay_argv)]
+        return mpirun_argv(self.replay_argv, n) if n > 1 else self.replay_argv
 
     def lines(self) -> list[str]:
         """The commands one per line, as --dry-run prints them."""

@@ -17,7 +17,6 @@ kvtier's figures: per trial the pooled percentiles of the MPI aggregate, the spr
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import statistics
@@ -31,7 +30,7 @@ from typing import Any
 from kvtier.config.bench import BenchConfig
 from kvtier.config.mlperf import MlperfConfig
 from kvtier.errors import ConfigError, DatasetError
-from kvtier.mpi import require_mpi
+from kvtier.mpi import mpirun_argv, require_mpi
 from kvtier.results import load
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import BenchResult
@@ -170,19 +169,16 @@ def datasize(cfg: MlperfConfig) -> dict[str, Any]:
 
 
 # -- run ----------------------------------------------------------------------------------------
-def mpi_prefix(cfg: MlperfConfig) -> list[str]:
+def bench_argv(cfg: MlperfConfig, command: list[str]) -> list[str]:
+    """``command`` (``kvtier bench …``) on --num-processes ranks over --hosts (mpi.py ``mpirun_argv``), mpirun and
+    mpi4py checked first; the command alone for one instance on no named host."""
     hosts = [h.strip() for h in (cfg.hosts or "").split(",") if h.strip()]
-    if cfg.num_processes == 1 and not hosts:
-        return []
-    mpirun = require_mpi(f"--num-processes {cfg.num_processes}")
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    placement = ["--oversubscribe"]
-    if hosts:
-        if cfg.num_processes % len(hosts):
-            raise ConfigError(f"--num-processes {cfg.num_processes} does not divide over {len(hosts)} hosts")
-        per = cfg.num_processes // len(hosts)
-        placement = ["--host", ",".join(f"{h}:{per}" for h in hosts)]
-    return [mpirun, *root, *placement, "--enable-recovery", "-np", str(cfg.num_processes)]
+    n = cfg.num_processes
+    mpirun = require_mpi(f"--num-processes {n}") if n > 1 or hosts else "mpirun"
+    try:
+        return mpirun_argv(command, n, hosts=hosts, mpirun=mpirun)
+    except ConfigError as e:
+        raise ConfigError(f"--num-processes {n}, --hosts {cfg.hosts}: {e}") from None
 
 
 @dataclass
@@ -494,7 +490,7 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
         raise ConfigError("--cache-dir and --results-dir: required for kvtier mlperf run")
     eff = effective(cfg)
     chosen = options(cfg)
-    prefix = mpi_prefix(cfg)
+    bench_argv(cfg, ["kvtier", "bench"])  # mpirun and mpi4py checked (and --hosts) before anything is written
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     started = utc_now()
@@ -510,7 +506,7 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
             bc = bench_config(cfg, option, eff, str(out))
             from kvtier.config.base import config_argv
 
-            cmd = [*prefix, sys.executable, "-m", "kvtier", "bench", *config_argv(bc)]
+            cmd = bench_argv(cfg, ["kvtier", "bench", *config_argv(bc)])
             print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff['trials']}: {' '.join(cmd)}", file=sys.stderr)
             t0 = time.monotonic()
             proc = subprocess.Popen(cmd)

@@ -18,7 +18,6 @@ from typing import Any
 from aiohttp import web
 
 from kvtier.sim.decomposition import add_send
-from kvtier.sim.metrics import CONTENT_TYPE, exposition
 from kvtier.sim.requests import (
     BODY_TIMEOUT,
     MAX_BODY_BYTES,
@@ -34,6 +33,7 @@ from kvtier.sim.requests import (
     read_json,
 )
 from kvtier.sim.server import SimEngine
+from kvtier.telemetry.prometheus import CONTENT_TYPE, exposition
 
 WORDS = (
     "the",

@@ -23,8 +23,9 @@ from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from kvtier.sim.metrics import CONTENT_TYPE, CacheMetrics, exposition
+from kvtier.sim.metrics import CacheMetrics
 from kvtier.sim.model import Offload
+from kvtier.telemetry.prometheus import CONTENT_TYPE, exposition
 
 MAX_KEYS = 8192
 """Keys one data request may name (2M tokens of 256-token chunks)."""

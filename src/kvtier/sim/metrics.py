@@ -1,17 +1,14 @@
 """The Prometheus series the simulator and the cache server expose, under vLLM's and LMCache's names.
 
-Each server owns its own registry (no process-wide state): ``exposition`` writes it in the plain
-text format, leaving out prometheus_client's ``*_created`` series, which vLLM and LMCache do not
-expose — scrapers should see the same names from kvtier as from the real servers.
+Each server owns its own registry (no process-wide state), written by telemetry/prometheus.py ``exposition``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LAT_BUCKETS = (
     0.001,
@@ -34,24 +31,6 @@ LAT_BUCKETS = (
     40.0,
     80.0,
 )
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class _WithoutCreated:
-    """A registry view that drops the ``_created`` samples of counters and histograms."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        for m in self.registry.collect():
-            m.samples = [s for s in m.samples if not s.name.endswith("_created")]
-            yield m
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    """The registry in the Prometheus plain text format (0.0.4), without ``*_created`` series."""
-    return generate_latest(_WithoutCreated(registry))  # type: ignore[arg-type,unused-ignore]  # duck-typed collector
 
 
 class OffloadView(Protocol):
@@ -216,4 +195,4 @@ class CacheMetrics:
         self.lmcache = LMCacheGauges(r)
 
 
-__all__ = ["VllmMetrics", "CacheMetrics", "LMCacheGauges", "exposition", "LAT_BUCKETS", "CONTENT_TYPE"]
+__all__ = ["VllmMetrics", "CacheMetrics", "LMCacheGauges", "LAT_BUCKETS"]

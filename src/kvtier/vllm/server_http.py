@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kvtier.sim.metrics import CONTENT_TYPE, exposition
+from kvtier.telemetry.prometheus import CONTENT_TYPE, exposition
 
 
 class ServerMetrics:

