@@ -10,7 +10,6 @@ happens.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -23,24 +22,32 @@ from kvtier.errors import KvtierError
 from kvtier.results.arms import ArmOffload, ArmRun, ArmsResult, ArmStats, Spread, Verdict
 from kvtier.results.envelope import Status, StopCode, StopReason, collect_host, iso, utc_now
 from kvtier.results.io import write_json
+from kvtier.results.records import RequestRecord, read_records
+from kvtier.results.replay import ScrapeSummary, server_metrics_of
 
 BOOTSTRAP = 2000
 SEED = 20261202
 
 
-def later(r: dict[str, Any]) -> bool:
+def later(r: RequestRecord) -> bool:
     """A request whose prompt extends an earlier one of its session (a later turn, or an agent run's later step)."""
-    return bool(r.get("turn") or r.get("session_turn"))
+    return bool(r.turn or r.session_turn)
 
 
-def turn_of(r: dict[str, Any]) -> int:
-    return int(r.get("turn") or r.get("session_turn") or 0)
+def turn_of(r: RequestRecord) -> int:
+    return r.turn or r.session_turn
 
 
-def records(folder: Path) -> list[dict[str, Any]]:
-    """A launch folder's replay records (none when its replay never ran)."""
+def records(folder: Path) -> list[RequestRecord]:
+    """A launch folder's replay records, read by results/records.py (none when its replay never ran)."""
     rj = folder / "replay" / "requests.jsonl"
-    return [json.loads(x) for x in rj.read_text().splitlines() if x.strip()] if rj.is_file() else []
+    return [r for _, r in read_records(rj)] if rj.is_file() else []
+
+
+def server_metrics(folder: Path) -> list[ScrapeSummary]:
+    """The servers' counters in a launch folder's replay summary, read by results/replay.py (none without one)."""
+    sj = folder / "replay" / "summary.json"
+    return server_metrics_of(sj) if sj.is_file() else []
 
 
 def spread(xs: list[float], rng: np.random.Generator) -> Spread:
@@ -66,6 +73,16 @@ def spread(xs: list[float], rng: np.random.Generator) -> Spread:
     )
 
 
+OFFLOAD_COUNTERS = (
+    "kv_offload_load_bytes",
+    "kv_offload_load_time_s",
+    "kv_offload_store_bytes",
+    "kv_offload_store_time_s",
+    "kvtier_offload_failed_loads",
+    "kvtier_shared_cross_replica_loads",
+)
+
+
 def _add(total: dict[str, float], part: dict[str, float] | None) -> None:
     for k, v in (part or {}).items():
         total[k] = total.get(k, 0.0) + float(v)
@@ -81,41 +98,31 @@ def reduce_arm(
     rng: np.random.Generator,
 ) -> ArmStats:
     """Pool an arm's runs: their requests.jsonl and the servers' counters in summary.json."""
-    recs: list[dict[str, Any]] = []
+    recs: list[RequestRecord] = []
     by_source: dict[str, float] = {}
     cached: dict[str, float] = {}
     off: dict[str, float] = {}
     failed: dict[str, int] = {}
     for folder in folders:
         recs += records(folder)
-        sj = folder / "replay" / "summary.json"
-        if not sj.is_file():
-            continue
-        s = json.loads(sj.read_text())
-        for m in s.get("server_metrics") or []:
-            _add(by_source, m.get("prompt_tokens_by_source"))
-            _add(cached, m.get("prompt_tokens_cached_by_source"))
-            for k in (
-                "kv_offload_load_bytes",
-                "kv_offload_load_time_s",
-                "kv_offload_store_bytes",
-                "kv_offload_store_time_s",
-                "kvtier_offload_failed_loads",
-                "kvtier_shared_cross_replica_loads",
-            ):
-                if m.get(k) is not None:
-                    off[k] = off.get(k, 0.0) + float(m[k])
-    ok = [r for r in recs if r.get("status") == "ok" and r.get("ttft_s") is not None]
+        for m in server_metrics(folder):
+            _add(by_source, m.prompt_tokens_by_source)
+            _add(cached, m.prompt_tokens_cached_by_source)
+            for k in OFFLOAD_COUNTERS:
+                v = getattr(m, k)
+                if v is not None:
+                    off[k] = off.get(k, 0.0) + float(v)
+    ok = [(r, r.ttft_s) for r in recs if r.ok and r.ttft_s is not None]
     for r in recs:
-        if r.get("status") not in ("ok", "cut") and r.get("cause"):
-            failed[r["cause"]] = failed.get(r["cause"], 0) + 1
-    later_ttft = [float(r["ttft_s"]) for r in ok if later(r)]
+        if r.status not in ("ok", "cut") and r.cause:
+            failed[r.cause] = failed.get(r.cause, 0) + 1
+    later_ttft = [t for r, t in ok if later(r)]
     by_turn: dict[str, list[float]] = {}
-    for r in ok:
+    for r, ttft in ok:
         if later(r):
             t = turn_of(r)
-            by_turn.setdefault(str(t) if t < 8 else "8+", []).append(float(r["ttft_s"]))
-    prompt = sum(int(r.get("prompt_tokens") or 0) for r in ok)
+            by_turn.setdefault(str(t) if t < 8 else "8+", []).append(ttft)
+    prompt = sum(r.prompt_tokens or 0 for r, _ in ok)
     source_total = sum(by_source.values())
     load_b, load_s = off.get("kv_offload_load_bytes"), off.get("kv_offload_load_time_s")
     return ArmStats(
@@ -125,7 +132,7 @@ def reduce_arm(
         profile=profile,
         runs=runs,
         later_ttft=spread(later_ttft, rng),
-        all_ttft=spread([float(r["ttft_s"]) for r in ok], rng),
+        all_ttft=spread([t for _, t in ok], rng),
         later_ttft_p50_by_turn_s={k: round(float(np.percentile(v, 50)), 6) for k, v in sorted(by_turn.items())},
         prompt_tokens=prompt,
         tokens_by_source={k: round(v) for k, v in sorted(by_source.items())},
@@ -249,17 +256,17 @@ def _one(run: Any, cfg: LaunchConfig, k: int, folder: Path, profiles: dict[str, 
     recs = records(folder)
     failed: dict[str, int] = {}
     for r in recs:
-        if r.get("status") not in ("ok", "cut"):
-            failed[r.get("cause") or "unknown"] = failed.get(r.get("cause") or "unknown", 0) + 1
+        if r.status not in ("ok", "cut"):
+            failed[r.cause or "unknown"] = failed.get(r.cause or "unknown", 0) + 1
     return ArmRun(
         round=k,
         folder=str(folder),
         status=status,
         stop=stop,
         requests=len(recs),
-        ok=sum(r.get("status") == "ok" for r in recs),
+        ok=sum(r.ok for r in recs),
         failed=failed,
-        cut=sum(r.get("status") == "cut" for r in recs),
+        cut=sum(r.status == "cut" for r in recs),
         error=error,
     )
 

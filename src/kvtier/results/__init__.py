@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import ValidationError
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from kvtier.results.replay import ReplayResult
     from kvtier.results.sweep import SweepResult
 
-    AnyResult = (
+    AnyResult: TypeAlias = (
         BenchResult
         | ReplayResult
         | LaunchResult
@@ -39,40 +40,31 @@ if TYPE_CHECKING:
     )
 
 
+MODELS = {
+    "kvtier bench": "bench:BenchResult",
+    "kvtier bench mpi": "aggregate:BenchAggregate",
+    "kvtier replay": "replay:ReplayResult",
+    "kvtier launch": "launch:LaunchResult",
+    "kvtier launch arms": "arms:ArmsResult",
+    "kvtier ladder": "ladder:LadderResult",
+    "kvtier plan sweep": "sweep:SweepResult",
+    "kvtier mlperf run": "mlperf:MlperfRunSummary",  # the MLPerf wrapper's own layout, not an envelope
+}
+"""The result union, discriminated by ``benchmark``: its model's module under results/ (imported when read); the
+plan answers (``kvtier plan NAME``) are results/plan.py's ``PLAN_RESULTS``."""
+
+
 def _model_for(benchmark: Any) -> Any:
-    if benchmark == "kvtier bench":
-        from kvtier.results.bench import BenchResult
-
-        return BenchResult
-    if benchmark == "kvtier replay":
-        from kvtier.results.replay import ReplayResult
-
-        return ReplayResult
-    if benchmark == "kvtier launch":
-        from kvtier.results.launch import LaunchResult
-
-        return LaunchResult
-    if benchmark == "kvtier plan sweep":
-        from kvtier.results.sweep import SweepResult
-
-        return SweepResult
-    if benchmark == "kvtier ladder":
-        from kvtier.results.ladder import LadderResult
-
-        return LadderResult
-    if benchmark == "kvtier launch arms":
-        from kvtier.results.arms import ArmsResult
-
-        return ArmsResult
-    if isinstance(benchmark, str) and benchmark.startswith("kvtier plan ") and benchmark != "kvtier plan sweep":
+    if not isinstance(benchmark, str):
+        return None
+    if benchmark.startswith("kvtier plan ") and benchmark not in MODELS:
         from kvtier.results.plan import PLAN_RESULTS
 
         return PLAN_RESULTS.get(benchmark)
-    if benchmark == "kvtier bench mpi":
-        from kvtier.results.aggregate import BenchAggregate
-
-        return BenchAggregate
-    return None
+    if benchmark not in MODELS:
+        return None
+    module, name = MODELS[benchmark].split(":")
+    return getattr(importlib.import_module(f"kvtier.results.{module}"), name)
 
 
 def _file(path: Path) -> Path:
@@ -106,18 +98,11 @@ def load(path: str | Path) -> AnyResult:
         raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{p}: not a kvtier result (expected a JSON object)")
-    if raw.get("benchmark") == "kvtier mlperf run":  # the wrapper's own layout, not an envelope
-        from kvtier.results.mlperf import MlperfRunSummary
-
-        try:
-            return MlperfRunSummary.model_validate(raw)
-        except ValidationError as e:
-            raise DatasetError(_errors(p, e)) from None
     model = _model_for(raw.get("benchmark"))
     if model is None:
         raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
     version = raw.get("result_schema_version")
-    if version != SCHEMA_VERSION:
+    if raw.get("benchmark") != "kvtier mlperf run" and version != SCHEMA_VERSION:
         raise DatasetError(
             f"{p}: result_schema_version: {version!r}; this kvtier reads version {SCHEMA_VERSION} "
             "(re-run with this kvtier to get a file it can read)"

@@ -5,14 +5,17 @@ Per-request records go to requests.jsonl beside it (one JSON object a line, writ
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from pydantic import model_validator
+from pydantic import TypeAdapter, ValidationError, model_validator
 
 from kvtier.config.replay import ReplayConfig
+from kvtier.errors import DatasetError
 from kvtier.results.bench import GpuTelemetry
 from kvtier.results.envelope import Distribution, Envelope, Section
 from kvtier.results.outcome import Failure
@@ -403,4 +406,29 @@ class ReplayResult(Envelope):
     hardware: Hardware | None = None  # None only in results written before it was recorded
 
 
-__all__ = ["ReuseOpportunity", "ReplayResult", "ReplaySummary", "ScrapeSummary", "Distribution", "DatasetInfo"]
+def server_metrics_of(path: Path) -> list[ScrapeSummary]:
+    """The scraped servers' counters of a replay's summary.json, typed, without validating the rest of the result
+    (kvtier launch --arms pools them over an arm's launches); a DatasetError names the file and the field."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"{path}: not a JSON replay summary ({e})") from None
+    section = raw.get("server_metrics") if isinstance(raw, dict) else None
+    try:
+        return TypeAdapter(list[ScrapeSummary]).validate_python(section or [])
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise DatasetError(f"{path}: server_metrics.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+__all__ = [
+    "server_metrics_of",
+    "ReuseOpportunity",
+    "ReplayResult",
+    "ReplaySummary",
+    "ScrapeSummary",
+    "Distribution",
+    "DatasetInfo",
+]

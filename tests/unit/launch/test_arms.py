@@ -45,7 +45,8 @@ def _run(folder: Path, ttfts: list[tuple[int, float]], by_source: dict[str, floa
             for t, x in ttfts]  # fmt: skip
     recs += [{"status": "error", "cause": "connection", "turn": 0, "session_turn": 1, "ttft_s": None}] * failed
     (folder / "replay" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    m = {"prompt_tokens_by_source": by_source, "prompt_tokens_cached_by_source": {"host": by_source.get("x", 0)},
+    m = {"url": "http://127.0.0.1:1", "samples": 3, "scrape_errors": 0,
+         "prompt_tokens_by_source": by_source, "prompt_tokens_cached_by_source": {"host": by_source.get("x", 0)},
          "kv_offload_load_bytes": 2e9, "kv_offload_load_time_s": 1.0}  # fmt: skip
     (folder / "replay" / "summary.json").write_text(json.dumps({"server_metrics": [m]}))
     return ArmRun(round=0, folder=str(folder), status="complete", stop="max-requests", requests=len(recs),
