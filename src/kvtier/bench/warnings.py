@@ -4,6 +4,8 @@ dropped, and doubts about the measurement itself. Every code is in docs/metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from kvtier.bench.facts import DEVICE_OTHER_TRAFFIC_WARN, gds_section
@@ -16,6 +18,199 @@ from kvtier.telemetry.recorder import Recorder
 from kvtier.units import GiB
 
 
+@dataclass(frozen=True)
+class Finished:
+    """What a rule reads of a finished run."""
+
+    plan: Plan
+    comp: Components
+    rec: Recorder
+    run: RunOutcome
+    tiers: dict[str, dict[str, Any]]
+    verdict: tuple[Status, StopReason, list[ResultWarning]]
+    dropped: dict[str, Any]
+
+
+Rule = Callable[[Finished], Iterable[ResultWarning]]
+
+
+def _rag(f: Finished) -> Iterable[ResultWarning]:
+    if f.plan.config.enable_rag:
+        yield warning(
+            WarningCode.rag_ingest_excluded,
+            "--enable-rag: the RAG corpus was ingested before the run; its writes are reported in "
+            "summary.rag_stats.ingest and excluded from the tier statistics",
+        )
+
+
+def _prepopulated(f: Finished) -> Iterable[ResultWarning]:
+    if n := f.run.prepopulated_entries:
+        yield warning(
+            WarningCode.prepopulation_excluded,
+            f"--decode-only: {n} entries were written before the run and are excluded from the statistics",
+            entries=n,
+        )
+
+
+def _precondition(f: Finished) -> Iterable[ResultWarning]:
+    pre: dict[str, Any] = dict(f.run.setup.get("precondition") or {})
+    if pre and not pre.get("completed"):
+        req, got = int(pre["requested_bytes"]), int(pre["written_bytes"])
+        errs = [str(e) for e in pre.get("errors") or []]
+        why = f": {errs[0]}" if errs else " (stopped)"
+        yield warning(
+            WarningCode.precondition_short,
+            f"--precondition wrote {got / GiB:.2f} of the {req / GiB:.2f} GB asked{why}; the device is less "
+            "conditioned than asked (setup.precondition)",
+            requested_bytes=req,
+            written_bytes=got,
+            shortfall_bytes=req - got,
+        )
+
+
+def _page_cache(f: Finished) -> Iterable[ResultWarning]:
+    written = f.tiers["storage"]["write"]["bytes"] if "storage" in f.tiers else 0
+    if not f.comp.file_tier.direct and written < 0.5 * mem_total_bytes():
+        yield warning(
+            WarningCode.working_set_fits_page_cache,
+            "working set fits in page cache and direct I/O is off: reads may be served from RAM (fadvise DONTNEED "
+            "is applied, but check process_io)",
+            storage_bytes_written=written,
+            mem_total_bytes=mem_total_bytes(),
+        )
+
+
+def _discard(f: Finished) -> Iterable[ResultWarning]:
+    folder = f.comp.file_tier.directory
+    if not f.comp.trace_mode and "discard" in mount_options(folder):
+        yield warning(
+            WarningCode.discard_mount,
+            f"{folder}: its filesystem is mounted with 'discard': every deleted entry reaches the drive as a trim at "
+            "once, which frees flash blocks and moves it away from the steady state a preconditioned drive is "
+            "measured in (mount without discard and run fstrim between runs)",
+            path=str(folder),
+        )
+
+
+def _gds(f: Finished) -> Iterable[ResultWarning]:
+    gds = gds_section(f.comp)
+    if gds is not None and f.comp.gds["used"] and not gds["used"]:
+        yield warning(
+            WarningCode.gds_off,
+            f"--gds {gds['requested']}: the file tier's payload did not go by GPUDirect Storage: {gds['reason']}",
+            reason=gds["reason"],
+        )
+
+
+def _foreign(f: Finished) -> Iterable[ResultWarning]:
+    if foreign := f.rec.counters.get("remote_foreign_entries", 0):
+        yield warning(
+            WarningCode.remote_foreign_entries,
+            f"{foreign} lookups in the shared namespace {f.plan.config.remote_namespace} found something that is not "
+            "the entry its key names (size, part count or expiry): counted as misses (foreign-entry), never read as "
+            "hits. Another writer with other settings, or a hostile one, shares the namespace",
+            remote_foreign_entries=foreign,
+        )
+
+
+def _host_short(f: Finished) -> Iterable[ResultWarning]:
+    for name, short in f.comp.store.host_short().items():
+        yield warning(
+            WarningCode.host_memory_short,
+            f"the {name} tier stopped growing at {short['capacity_bytes'] / GiB:.2f} of its "
+            f"{short['configured_bytes'] / GiB:.2f} GiB: the host had {short['host_available_bytes'] / GiB:.2f} GiB "
+            f"available and keeps {short['host_floor_bytes'] / GiB:.2f} GiB; entries made room within the smaller "
+            "tier from then on (its figures are those of a smaller tier than asked)",
+            tier=name,
+            **short,
+        )
+
+
+def _errors(f: Finished) -> Iterable[ResultWarning]:
+    if n := sum(f.rec.errors.values()):
+        yield warning(
+            WarningCode.errors_seen,
+            f"{n} tier operations failed; see 'errors.tier_operations'",
+            tier_operation_errors=n,
+        )
+
+
+def _failures(f: Finished) -> Iterable[ResultWarning]:
+    return f.verdict[2]  # the verdict's own: what failed, by cause
+
+
+def _requests_dropped(f: Finished) -> Iterable[ResultWarning]:
+    cfg, load = f.plan.config, dict[str, Any](f.run.load)
+    if not load.get("requests_dropped"):
+        return
+    ok = [r for r in f.rec.requests if r.ok]
+    storage_s = sum(r.storage_ns for r in ok) / 1e9
+    gen_s = sum(r.generation_ns for r in ok) / 1e9
+    if cfg.io_trace_log or gen_s > storage_s:  # the workers' time went to the modelled generation, not the device
+        busy = (
+            f"the workers spent {gen_s:,.1f} s in the modelled generation (--generation-mode {cfg.generation_mode}) "
+            f"against {storage_s:,.1f} s of storage I/O"
+            + (", none of it real (--io-trace-log)" if cfg.io_trace_log else "")
+            + ": the offered load was beyond what the run served (--generation-mode none, fewer --num-users, or "
+            "--arrival closed)"
+        )
+    else:
+        busy = (
+            "the offered load was beyond what the storage served (fewer --num-users, or --arrival closed, measure it "
+            "below saturation)"
+        )
+    yield warning(
+        WarningCode.requests_dropped,
+        f"{load['requests_dropped']} requests were dropped, not failed: under open arrival (the reference's) users "
+        f"keep offering requests whatever the device does, and a request that finds --max-queued "
+        f"{load['max_queued']} waiting is dropped with the KV it would have moved "
+        f"({load['requests_dropped_bytes'] / GiB:.2f} GB): {busy}",
+        requests_dropped=load["requests_dropped"],
+        requests_dropped_bytes=load["requests_dropped_bytes"],
+    )
+
+
+def _stores_dropped(f: Finished) -> Iterable[ResultWarning]:
+    d = f.dropped
+    if d["stores_dropped"]:
+        yield warning(
+            WarningCode.stores_dropped,
+            f"{d['stores_dropped']} stores ({d['stores_dropped_bytes'] / GiB:.2f} GB) were dropped: no tier could "
+            "take them (" + ", ".join(f"{c} {n}" for c, n in d["stores_dropped_by_cause"].items()) + "); their "
+            "requests completed and later reads of them missed (not failures)",
+            **d,
+        )
+
+
+def _not_complete(f: Finished) -> Iterable[ResultWarning]:
+    status, stop, _ = f.verdict
+    if status != Status.complete:
+        yield warning(
+            WarningCode.run_not_complete,
+            f"run is {status.value}: {stop.message}",
+            status=status.value,
+            stop_code=stop.code.value,
+        )
+
+
+RULES: tuple[Rule, ...] = (
+    _rag,
+    _prepopulated,
+    _precondition,
+    _page_cache,
+    _discard,
+    _gds,
+    _foreign,
+    _host_short,
+    _errors,
+    _failures,
+    _requests_dropped,
+    _stores_dropped,
+    _not_complete,
+)
+"""The rules over a finished run, in the order their warnings are listed."""
+
+
 def run_warnings(
     plan: Plan,
     comp: Components,
@@ -25,157 +220,9 @@ def run_warnings(
     verdict: tuple[Status, StopReason, list[ResultWarning]],
     dropped: dict[str, Any],
 ) -> list[ResultWarning]:
-    """Warnings the finished run implies (set-up warnings come first, from plan and components)."""
-    cfg = plan.config
-    out = [*plan.warnings, *comp.warnings]
-    if cfg.enable_rag:
-        out.append(
-            warning(
-                WarningCode.rag_ingest_excluded,
-                "--enable-rag: the RAG corpus was ingested before the "
-                "run; its writes are reported in summary.rag_stats.ingest and excluded from the tier "
-                "statistics",
-            )
-        )
-    if run.prepopulated_entries:
-        out.append(
-            warning(
-                WarningCode.prepopulation_excluded,
-                f"--decode-only: {run.prepopulated_entries} entries "
-                "were written before the run and are excluded from the statistics",
-                entries=run.prepopulated_entries,
-            )
-        )
-    pre: dict[str, Any] = dict(run.setup.get("precondition") or {})
-    if pre and not pre.get("completed"):
-        req, got = int(pre["requested_bytes"]), int(pre["written_bytes"])
-        errs = [str(e) for e in pre.get("errors") or []]
-        why = f": {errs[0]}" if errs else " (stopped)"
-        out.append(
-            warning(
-                WarningCode.precondition_short,
-                f"--precondition wrote {got / GiB:.2f} of the {req / GiB:.2f} GB asked{why}; the device is less "
-                "conditioned than asked (setup.precondition)",
-                requested_bytes=req,
-                written_bytes=got,
-                shortfall_bytes=req - got,
-            )
-        )
-    written = tiers["storage"]["write"]["bytes"] if "storage" in tiers else 0
-    if not comp.file_tier.direct and written < 0.5 * mem_total_bytes():
-        out.append(
-            warning(
-                WarningCode.working_set_fits_page_cache,
-                "working set fits in page cache and direct I/O "
-                "is off: reads may be served from RAM (fadvise DONTNEED is applied, but check process_io)",
-                storage_bytes_written=written,
-                mem_total_bytes=mem_total_bytes(),
-            )
-        )
-    if not comp.trace_mode and "discard" in mount_options(comp.file_tier.directory):
-        out.append(
-            warning(
-                WarningCode.discard_mount,
-                f"{comp.file_tier.directory}: its filesystem is mounted with 'discard': every deleted entry reaches "
-                "the drive as a trim at once, which frees flash blocks and moves it away from the steady state "
-                "a preconditioned drive is measured in (mount without discard and run fstrim between runs)",
-                path=str(comp.file_tier.directory),
-            )
-        )
-    gds = gds_section(comp)
-    if gds is not None and comp.gds["used"] and not gds["used"]:
-        out.append(
-            warning(
-                WarningCode.gds_off,
-                f"--gds {gds['requested']}: the file tier's payload did not go by GPUDirect Storage: {gds['reason']}",
-                reason=gds["reason"],
-            )
-        )
-    foreign = rec.counters.get("remote_foreign_entries", 0)
-    if foreign:
-        out.append(
-            warning(
-                WarningCode.remote_foreign_entries,
-                f"{foreign} lookups in the shared namespace {cfg.remote_namespace} found something that is not the "
-                "entry its key names (size, part count or expiry): counted as misses (foreign-entry), never read as "
-                "hits. Another writer with other settings, or a hostile one, shares the namespace",
-                remote_foreign_entries=foreign,
-            )
-        )
-    for name, short in comp.store.host_short().items():
-        out.append(
-            warning(
-                WarningCode.host_memory_short,
-                f"the {name} tier stopped growing at {short['capacity_bytes'] / 2**30:.2f} of its "
-                f"{short['configured_bytes'] / 2**30:.2f} GiB: the host had "
-                f"{short['host_available_bytes'] / 2**30:.2f} GiB available and keeps "
-                f"{short['host_floor_bytes'] / 2**30:.2f} GiB; entries made room within the smaller tier from then on "
-                "(its figures are those of a smaller tier than asked)",
-                tier=name,
-                **short,
-            )
-        )
-    n_tier = sum(rec.errors.values())
-    if n_tier:
-        out.append(
-            warning(
-                WarningCode.errors_seen,
-                f"{n_tier} tier operations failed; see 'errors.tier_operations'",
-                tier_operation_errors=n_tier,
-            )
-        )
-    status, stop, failed = verdict
-    out += failed
-    load: dict[str, Any] = dict(run.load)
-    if load.get("requests_dropped"):
-        ok = [r for r in rec.requests if r.ok]
-        storage_s = sum(r.storage_ns for r in ok) / 1e9
-        gen_s = sum(r.generation_ns for r in ok) / 1e9
-        if cfg.io_trace_log or gen_s > storage_s:  # the workers' time went to the modelled generation, not the device
-            busy = (
-                f"the workers spent {gen_s:,.1f} s in the modelled generation (--generation-mode "
-                f"{cfg.generation_mode}) against {storage_s:,.1f} s of storage I/O"
-                + (", none of it real (--io-trace-log)" if cfg.io_trace_log else "")
-                + ": the offered load was beyond what the run served (--generation-mode none, fewer "
-                "--num-users, or --arrival closed)"
-            )
-        else:
-            busy = (
-                "the offered load was beyond what the storage served (fewer --num-users, or --arrival closed, "
-                "measure it below saturation)"
-            )
-        out.append(
-            warning(
-                WarningCode.requests_dropped,
-                f"{load['requests_dropped']} requests were dropped, not failed: under open arrival (the "
-                "reference's) users keep offering requests whatever the device does, and a request that finds "
-                f"--max-queued {load['max_queued']} waiting is dropped with the KV it would have moved "
-                f"({load['requests_dropped_bytes'] / GiB:.2f} GB): {busy}",
-                requests_dropped=load["requests_dropped"],
-                requests_dropped_bytes=load["requests_dropped_bytes"],
-            )
-        )
-    if dropped["stores_dropped"]:
-        out.append(
-            warning(
-                WarningCode.stores_dropped,
-                f"{dropped['stores_dropped']} stores ({dropped['stores_dropped_bytes'] / GiB:.2f} GB) were dropped: no "
-                "tier could take them ("
-                + ", ".join(f"{c} {n}" for c, n in dropped["stores_dropped_by_cause"].items())
-                + "); their requests completed and later reads of them missed (not failures)",
-                **dropped,
-            )
-        )
-    if status != Status.complete:
-        out.append(
-            warning(
-                WarningCode.run_not_complete,
-                f"run is {status.value}: {stop.message}",
-                status=status.value,
-                stop_code=stop.code.value,
-            )
-        )
-    return out
+    """Warnings the finished run implies: the set-up's (from plan and components) first, then each rule's."""
+    f = Finished(plan, comp, rec, run, tiers, verdict, dropped)
+    return [*plan.warnings, *comp.warnings, *(w for rule in RULES for w in rule(f))]
 
 
 def measurement_warnings(
