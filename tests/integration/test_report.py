@@ -57,8 +57,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     summary = {
         "schema_version": "1.0", "benchmark": "kvtier mlperf run", "run_datetime": "2026-11-30T18:00:00+00:00",
         "mode": "closed", "interrupted": False, "total_ranks": 2, "trials_per_option": 3, "partial_failure": False,
-        "verdict": [], "options": {"1": {"aggregated_read_bandwidth_gbps": 1.5, "aggregated_write_bandwidth_gbps": 0.5,
-                                         "aggregated_storage_throughput_tokens_per_sec": 1234.0}},
+        "verdict": [], "options": {"1": {"option": 1, "aggregated_read_bandwidth_gbps": 1.5,
+                                         "aggregated_write_bandwidth_gbps": 0.5,
+                                         "aggregated_avg_throughput_tokens_per_sec": 2000.0,
+                                         "aggregated_storage_throughput_tokens_per_sec": 1234.0, "rank_count": 2,
+                                         "trial_count": 3}},
     }  # fmt: skip
     (d / "mlperf").mkdir()
     (d / "mlperf" / "kvcache_run_summary.json").write_text(json.dumps(summary))

@@ -7,9 +7,10 @@ import pytest
 
 from kvtier.config.mlperf import MlperfConfig
 from kvtier.mlperf.run import Instance, Trial, submission_line, summarize_option, verdict
+from kvtier.results.mlperf import OptionSummary
 
 
-def option(o: int, per_trial: list[list[Instance]]) -> dict:
+def option(o: int, per_trial: list[list[Instance]]) -> OptionSummary:
     from unittest import mock
 
     trials = [Trial(f"trial_{i}", 1.0, 0, [], None, []) for i in range(len(per_trial))]
@@ -24,9 +25,9 @@ def inst(read: float, tok: float, decode: float, req_p95: float | None) -> Insta
 def test_at_cpu_mem_0_decode_bytes_and_wall_clock_throughput_lead():
     s = option(1, [[inst(1.0, 100, 50.0, 900.0), inst(1.2, 120, 60.0, 1200.0)],
                    [inst(1.1, 110, 55.0, 1000.0), inst(1.1, 110, 55.0, 800.0)]])  # fmt: skip
-    k = s["kvtier"]
-    assert k["decode_bytes_read_gb"] == 110.0 and k["storage_read_p95_ms"] == 1200.0  # max over ranks and trials
-    assert k["read_bandwidth_gbps_per_rank"] == s["aggregated_read_bandwidth_gbps"] / 2
+    k = s.kvtier
+    assert k.decode_bytes_read_gb == 110.0 and k.storage_read_p95_ms == 1200.0  # max over ranks and trials
+    assert k.read_bandwidth_gbps_per_rank == s.aggregated_read_bandwidth_gbps / 2
     line = submission_line("1", s)
     assert line.startswith("Option 1 (Max Storage Stress, cpu-mem-gb 0): decode bytes read 110.0 GB, wall-clock")
     assert (

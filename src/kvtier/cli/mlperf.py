@@ -110,10 +110,10 @@ def run_mlperf(a: argparse.Namespace) -> int:
     summary = submission.run(cfg)
     for o, s in summary.options.items():
         print(
-            f"option {o}: read {s['aggregated_read_bandwidth_gbps']:.3f} GiB/s, write "
-            f"{s['aggregated_write_bandwidth_gbps']:.3f} GiB/s, storage throughput "
-            f"{s['aggregated_storage_throughput_tokens_per_sec']:.1f} tok/s, device read p95 "
-            f"{s['aggregated_device_read_p95_ms']} ms ({s['trial_count']} trials, {s['rank_count']} ranks)"
+            f"option {o}: read {s.aggregated_read_bandwidth_gbps:.3f} GiB/s, write "
+            f"{s.aggregated_write_bandwidth_gbps:.3f} GiB/s, storage throughput "
+            f"{s.aggregated_storage_throughput_tokens_per_sec:.1f} tok/s, device read p95 "
+            f"{s.aggregated_device_read_p95_ms} ms ({s.trial_count} trials, {s.rank_count} ranks)"
         )
     print(summary.system["submission_table_text"])
     for line in summary.verdict:

@@ -35,16 +35,24 @@ from kvtier.results import load
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.bench import BenchResult
 from kvtier.results.envelope import WarningCode, iso, utc_now
-from kvtier.results.mlperf import MlperfRunSummary
+from kvtier.results.mlperf import (
+    ClosedRules,
+    KvtierOptionFigures,
+    MlperfRunSummary,
+    MlperfWorkload,
+    OptionSummary,
+    TrialFigures,
+    TrialSpread,
+)
 from kvtier.telemetry.host import mem_total_bytes
 from kvtier.units import GiB
 
-WORKLOADS: dict[int, dict[str, Any]] = {
-    1: {"model": "llama3.1-8b", "num_users": 200, "cpu_mem_gb": 0, "max_concurrent_allocs": 16},
-    2: {"model": "llama3.1-8b", "num_users": 100, "cpu_mem_gb": 4, "max_concurrent_allocs": 16},
-    3: {"model": "llama3.1-70b-instruct", "num_users": 70, "cpu_mem_gb": 0, "max_concurrent_allocs": 4},
+WORKLOADS: dict[int, MlperfWorkload] = {
+    1: MlperfWorkload(model="llama3.1-8b", num_users=200, cpu_mem_gb=0, max_concurrent_allocs=16),
+    2: MlperfWorkload(model="llama3.1-8b", num_users=100, cpu_mem_gb=4, max_concurrent_allocs=16),
+    3: MlperfWorkload(model="llama3.1-70b-instruct", num_users=70, cpu_mem_gb=0, max_concurrent_allocs=4),
 }
-CLOSED = {"duration": 300, "trials": 3, "inter_option_delay": 20.0, "seed": 42}
+CLOSED = ClosedRules()
 CV_BOUND = 0.10  # coefficient of variation across trials above which the verdict flags a figure
 
 
@@ -70,29 +78,27 @@ def overrides(cfg: MlperfConfig) -> dict[str, Any]:
         "model": cfg.model,
         "config": cfg.config,
     }
-    return {k: v for k, v in given.items() if v is not None and CLOSED.get(k, object()) != v}
+    return {k: v for k, v in given.items() if v is not None and getattr(CLOSED, k, object()) != v}
 
 
-def effective(cfg: MlperfConfig) -> dict[str, Any]:
+def effective(cfg: MlperfConfig) -> ClosedRules:
     changed = overrides(cfg)
     if changed and not cfg.open:
         flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in changed.items())
         raise ConfigError(f"a CLOSED run takes no overrides ({flags}): drop them, or pass --open")
-    return {k: (getattr(cfg, k) if getattr(cfg, k) is not None else v) for k, v in CLOSED.items()}
+    given = {k: getattr(cfg, k) for k in ClosedRules.model_fields if getattr(cfg, k) is not None}
+    return CLOSED.model_copy(update=given)
 
 
-def bench_config(cfg: MlperfConfig, option: int, eff: dict[str, Any], out: str | None) -> BenchConfig:
-    w = dict(WORKLOADS[option])
-    if cfg.model:
-        w["model"] = cfg.model
-    if cfg.num_users:
-        w["num_users"] = cfg.num_users
+def bench_config(cfg: MlperfConfig, option: int, eff: ClosedRules, out: str | None) -> BenchConfig:
+    base = WORKLOADS[option]
+    w = base.model_copy(update={"model": cfg.model or base.model, "num_users": cfg.num_users or base.num_users})
     return BenchConfig(
-        **w,
-        duration=eff["duration"],
+        **w.model_dump(),
+        duration=eff.duration,
         gpu_mem_gb=0,
         generation_mode="none",
-        seed=eff["seed"],
+        seed=eff.seed,
         cache_dir=cfg.cache_dir,
         output=out,
         config=cfg.config,
@@ -119,7 +125,7 @@ def datasize(cfg: MlperfConfig) -> dict[str, Any]:
     from kvtier.bench.sources import user_requests
 
     eff = effective(cfg)
-    out: dict[str, Any] = {"num_processes": cfg.num_processes, "duration_s": eff["duration"], "options": {}}
+    out: dict[str, Any] = {"num_processes": cfg.num_processes, "duration_s": eff.duration, "options": {}}
     free = shutil.disk_usage(cfg.cache_dir).free if cfg.cache_dir and Path(cfg.cache_dir).is_dir() else None
     out["cache_dir_looked_at"] = str(Path(cfg.cache_dir).resolve()) if cfg.cache_dir else None
     host_mem = mem_total_bytes()
@@ -215,12 +221,12 @@ def _load_or_none(path: Path) -> object | None:
         return None
 
 
-def _spread(xs: list[float]) -> dict[str, float | None]:
+def _spread(xs: list[float]) -> TrialSpread:
     if not xs:
-        return {"median": None, "min": None, "max": None, "cv": None}
+        return TrialSpread()
     mean = statistics.fmean(xs)
     cv = statistics.pstdev(xs) / mean if len(xs) > 1 and mean else 0.0
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "cv": round(cv, 4)}
+    return TrialSpread(median=statistics.median(xs), min=min(xs), max=max(xs), cv=round(cv, 4))
 
 
 @dataclass(frozen=True)
@@ -275,7 +281,7 @@ def _instances(t: Trial) -> list[Instance]:
     return out
 
 
-def summarize_option(option: int, trials: list[Trial], n: int) -> dict[str, Any]:
+def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
     """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
     names = ("read", "write", "avg", "storage", "rp95", "wp95", "decode", "req95")
     per: dict[str, list[float]] = {k: [] for k in names}
@@ -300,47 +306,48 @@ def summarize_option(option: int, trials: list[Trial], n: int) -> dict[str, Any]
         if t.missing or any(s != "complete" for s in states) or t.returncode not in (0, None):
             partial.append(f"trial {i}")
     mean = statistics.fmean
-    return {
-        "option": option,
-        "aggregated_read_bandwidth_gbps": mean(per["read"]) if per["read"] else 0.0,
-        "aggregated_write_bandwidth_gbps": mean(per["write"]) if per["write"] else 0.0,
-        "aggregated_avg_throughput_tokens_per_sec": mean(per["avg"]) if per["avg"] else 0.0,
-        "aggregated_storage_throughput_tokens_per_sec": mean(per["storage"]) if per["storage"] else 0.0,
-        "aggregated_device_read_p95_ms": max(per["rp95"]) if per["rp95"] else None,
-        "aggregated_device_write_p95_ms": max(per["wp95"]) if per["wp95"] else None,
-        "rank_count": n,
-        "trial_count": len(trials),
-        "partial_failure": bool(missing or partial),
-        "missing_files": missing,
-        "kvtier": {
-            "partial_trials": partial,
-            # kvtier's figures beside the wrapper's: what the spec leads with at --cpu-mem-gb 0 (decode bytes,
-            # wall-clock throughput), the published "P95 read latency" (the highest instance's storage time per
-            # request, max over trials), and GiB/s per rank (rows of 1 and of 32 ranks side by side)
-            "decode_bytes_read_gb": mean(per["decode"]) if per["decode"] else 0.0,
-            "storage_read_p95_ms": max(per["req95"]) if per["req95"] else None,
-            "read_bandwidth_gbps_per_rank": (mean(per["read"]) / n) if per["read"] and n else 0.0,
-            "write_bandwidth_gbps_per_rank": (mean(per["write"]) / n) if per["write"] and n else 0.0,
-            "spread": {
+
+    def avg(k: str) -> float:
+        return mean(per[k]) if per[k] else 0.0
+
+    return OptionSummary(
+        option=option,
+        aggregated_read_bandwidth_gbps=avg("read"),
+        aggregated_write_bandwidth_gbps=avg("write"),
+        aggregated_avg_throughput_tokens_per_sec=avg("avg"),
+        aggregated_storage_throughput_tokens_per_sec=avg("storage"),
+        aggregated_device_read_p95_ms=max(per["rp95"]) if per["rp95"] else None,
+        aggregated_device_write_p95_ms=max(per["wp95"]) if per["wp95"] else None,
+        rank_count=n,
+        trial_count=len(trials),
+        partial_failure=bool(missing or partial),
+        missing_files=missing,
+        kvtier=KvtierOptionFigures(
+            partial_trials=partial,
+            decode_bytes_read_gb=avg("decode"),
+            storage_read_p95_ms=max(per["req95"]) if per["req95"] else None,
+            read_bandwidth_gbps_per_rank=avg("read") / n if n else 0.0,
+            write_bandwidth_gbps_per_rank=avg("write") / n if n else 0.0,
+            spread={
                 "read_bandwidth_gbps": _spread(per["read"]),
                 "write_bandwidth_gbps": _spread(per["write"]),
                 "storage_throughput_tokens_per_sec": _spread(per["storage"]),
                 "avg_throughput_tokens_per_sec": _spread(per["avg"]),
                 "decode_bytes_read_gb": _spread(per["decode"]),
             },
-            "trials": [
-                {
-                    "folder": t.folder,
-                    "seconds": t.seconds,
-                    "returncode": t.returncode,
-                    "pooled_storage_read_device_p95_ms": _pooled_device_p95(t, "read"),
-                    "pooled_storage_write_device_p95_ms": _pooled_device_p95(t, "write"),
-                    "pooled_end_to_end_p95_ms": _pooled_e2e_p95(t),
-                }
+            trials=[
+                TrialFigures(
+                    folder=t.folder,
+                    seconds=t.seconds,
+                    returncode=t.returncode,
+                    pooled_storage_read_device_p95_ms=_pooled_device_p95(t, "read"),
+                    pooled_storage_write_device_p95_ms=_pooled_device_p95(t, "write"),
+                    pooled_end_to_end_p95_ms=_pooled_e2e_p95(t),
+                )
                 for t in trials
             ],
-        },
-    }
+        ),
+    )
 
 
 def _pooled_device_p95(t: Trial, op: str) -> float | None:
@@ -360,18 +367,18 @@ def _pooled_e2e_p95(t: Trial) -> float | None:
     return t.results[0].summary.end_to_end_latency_ms.p95 if t.results else None
 
 
-def verdict(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], all_results: list[BenchResult]) -> list[str]:
+def verdict(cfg: MlperfConfig, opts: dict[str, OptionSummary], all_results: list[BenchResult]) -> list[str]:
     """Every submission rule the run broke (empty: none)."""
     broken = []
     changed = overrides(cfg)
     if changed:
         broken.append("open: CLOSED parameters changed: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
     for o, s in opts.items():
-        for trial in s["kvtier"]["partial_trials"]:
+        for trial in s.kvtier.partial_trials:
             broken.append(f"option {o}: {trial} partial (a rank lost, failed or stopped early)")
-        for name, sp in s["kvtier"]["spread"].items():
-            if sp["cv"] is not None and sp["cv"] > CV_BOUND:
-                broken.append(f"option {o}: {name} varies {sp['cv']:.1%} across trials (bound {CV_BOUND:.0%})")
+        for name, sp in s.kvtier.spread.items():
+            if sp.cv is not None and sp.cv > CV_BOUND:
+                broken.append(f"option {o}: {name} varies {sp.cv:.1%} across trials (bound {CV_BOUND:.0%})")
     absent = [o for o in WORKLOADS if str(o) not in opts]
     if not cfg.open and absent:
         broken.append(
@@ -421,40 +428,40 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:,.1f}"
 
 
-def submission_line(o: str, s: dict[str, Any]) -> str:
+def submission_line(o: str, s: OptionSummary) -> str:
     """One option of the submission text, led by the figure the spec says to use at its CPU tier (at --cpu-mem-gb 0
     storage throughput does not tell systems apart: decode bytes and wall-clock throughput do), with kvtier's
     truth beside the published columns: per rank, both device p95s, the median across trials."""
-    cpu = float(WORKLOADS[int(o)]["cpu_mem_gb"])
-    k = s["kvtier"]
-    sp = k["spread"]
-    decode, wall = k["decode_bytes_read_gb"], s["aggregated_avg_throughput_tokens_per_sec"]
-    storage = s["aggregated_storage_throughput_tokens_per_sec"]
+    cpu = float(WORKLOADS[int(o)].cpu_mem_gb)
+    k = s.kvtier
+    sp = k.spread
+    decode, wall = k.decode_bytes_read_gb, s.aggregated_avg_throughput_tokens_per_sec
+    storage = s.aggregated_storage_throughput_tokens_per_sec
     if cpu <= 0:
         lead = (
             f"decode bytes read {decode:,.1f} GB, wall-clock throughput {wall:,.1f} tok/s (storage throughput "
             f"{storage:,.1f} tok/s is not the figure at cpu-mem-gb 0)"
         )
-        median = ("decode bytes read", sp["decode_bytes_read_gb"]["median"])
+        median = ("decode bytes read", sp["decode_bytes_read_gb"].median)
     else:
         lead = (
             f"storage throughput {storage:,.1f} tok/s, decode bytes read {decode:,.1f} GB, wall-clock "
             f"throughput {wall:,.1f} tok/s"
         )
-        median = ("storage throughput", sp["storage_throughput_tokens_per_sec"]["median"])
-    n = max(int(s["rank_count"]), 1)
+        median = ("storage throughput", sp["storage_throughput_tokens_per_sec"].median)
+    n = max(s.rank_count, 1)
     return (
         f"Option {o} ({OPTION_NAMES.get(int(o), o)}, cpu-mem-gb {cpu:g}): {lead}; read "
-        f"{s['aggregated_read_bandwidth_gbps']:.3f} GiB/s ({k['read_bandwidth_gbps_per_rank']:.3f} per rank), write "
-        f"{s['aggregated_write_bandwidth_gbps']:.3f} GiB/s ({k['write_bandwidth_gbps_per_rank']:.3f} per rank); "
-        f"device p95 read {_ms(s.get('aggregated_device_read_p95_ms'))} ms, write "
-        f"{_ms(s.get('aggregated_device_write_p95_ms'))} ms; P95 read latency {_ms(k['storage_read_p95_ms'])} ms "
+        f"{s.aggregated_read_bandwidth_gbps:.3f} GiB/s ({k.read_bandwidth_gbps_per_rank:.3f} per rank), write "
+        f"{s.aggregated_write_bandwidth_gbps:.3f} GiB/s ({k.write_bandwidth_gbps_per_rank:.3f} per rank); "
+        f"device p95 read {_ms(s.aggregated_device_read_p95_ms)} ms, write "
+        f"{_ms(s.aggregated_device_write_p95_ms)} ms; P95 read latency {_ms(k.storage_read_p95_ms)} ms "
         f"(storage time per request, as published); median of the trials' {median[0]}: "
-        f"{'—' if median[1] is None else f'{median[1]:,.1f}'} ({s['trial_count']} trials, {n} ranks)"
+        f"{'—' if median[1] is None else f'{median[1]:,.1f}'} ({s.trial_count} trials, {n} ranks)"
     )
 
 
-def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: list[BenchResult]) -> dict[str, Any]:
+def system_section(cfg: MlperfConfig, opts: dict[str, OptionSummary], results: list[BenchResult]) -> dict[str, Any]:
     """What a submission records beside its figures: the drives under --cache-dir (sysfs: model, firmware, link),
     the peak device bandwidth the trials reached beside the links' theoretical one, the metric rule of each
     option by its CPU tier, and the submission table as text."""
@@ -479,7 +486,7 @@ def system_section(cfg: MlperfConfig, opts: dict[str, dict[str, Any]], results: 
         "peak_device_bytes_per_s": None if peak is None else round(peak, 1),
         "theoretical_link_bytes_per_s": None if theoretical is None else round(theoretical, 1),
         "peak_share_of_link": None if peak is None or not theoretical else round(peak / theoretical, 4),
-        "metric_rule": {o: metric_rule(float(WORKLOADS[int(o)]["cpu_mem_gb"])) for o in opts},
+        "metric_rule": {o: metric_rule(float(WORKLOADS[int(o)].cpu_mem_gb)) for o in opts},
         "submission_table_text": "\n".join(table),
     }
 
@@ -495,11 +502,11 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
     results_dir.mkdir(parents=True, exist_ok=True)
     started = utc_now()
     interrupted = False
-    per_option: dict[str, dict[str, Any]] = {}
+    per_option: dict[str, OptionSummary] = {}
     everything: list[BenchResult] = []
     for k, option in enumerate(chosen):
         trials = []
-        for trial in range(eff["trials"]):
+        for trial in range(eff.trials):
             folder = results_dir / f"option_{option}" / f"trial_{trial}"
             folder.mkdir(parents=True, exist_ok=True)
             out = folder / "result.json"
@@ -507,7 +514,7 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
             from kvtier.config.base import config_argv
 
             cmd = bench_argv(cfg, ["kvtier", "bench", *config_argv(bc)])
-            print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff['trials']}: {' '.join(cmd)}", file=sys.stderr)
+            print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff.trials}: {' '.join(cmd)}", file=sys.stderr)
             t0 = time.monotonic()
             proc = subprocess.Popen(cmd)
             try:
@@ -527,8 +534,8 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
         per_option[str(option)] = summarize_option(option, trials, cfg.num_processes)
         if interrupted:
             break
-        if k < len(chosen) - 1 and eff["inter_option_delay"] > 0:
-            time.sleep(eff["inter_option_delay"])
+        if k < len(chosen) - 1 and eff.inter_option_delay > 0:
+            time.sleep(eff.inter_option_delay)
     hosts = max(1, len([h for h in (cfg.hosts or "").split(",") if h.strip()]))
     summary = MlperfRunSummary(
         schema_version="1.0",
@@ -539,11 +546,11 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
         npernode=cfg.num_processes // hosts,
         host_count=hosts,
         total_ranks=cfg.num_processes,
-        trials_per_option=eff["trials"],
+        trials_per_option=eff.trials,
         effective=eff,
         overrides=overrides(cfg),
         options=per_option,
-        partial_failure=interrupted or any(o["partial_failure"] for o in per_option.values()),
+        partial_failure=interrupted or any(o.partial_failure for o in per_option.values()),
         verdict=verdict(cfg, per_option, everything),
         system=system_section(cfg, per_option, everything),
         config=cfg.model_dump(mode="json"),

@@ -178,18 +178,15 @@ def aggregate_figures(r: Any) -> list[Figure]:
 def mlperf_figures(r: Any) -> list[Figure]:
     out = []
     for o, s in (r.options or {}).items():
-        spread = (s.get("kvtier") or {}).get("spread") or {}
-        for name, sp in spread.items():
-            cv = sp.get("cv") if isinstance(sp, dict) else None
+        for name, sp in s.kvtier.spread.items():
+            cv = sp.cv
             out.append(
                 Figure(f"option {o} {name} spread across trials (CV %)", None if cv is None else cv * 100, "%", LOWER)
             )
         out += [
-            Figure(f"option {o} read GiB/s", s.get("aggregated_read_bandwidth_gbps"), "GiB/s", HIGHER),
-            Figure(f"option {o} write GiB/s", s.get("aggregated_write_bandwidth_gbps"), "GiB/s", HIGHER),
-            Figure(
-                f"option {o} storage tokens/s", s.get("aggregated_storage_throughput_tokens_per_sec"), "tok/s", HIGHER
-            ),
+            Figure(f"option {o} read GiB/s", s.aggregated_read_bandwidth_gbps, "GiB/s", HIGHER),
+            Figure(f"option {o} write GiB/s", s.aggregated_write_bandwidth_gbps, "GiB/s", HIGHER),
+            Figure(f"option {o} storage tokens/s", s.aggregated_storage_throughput_tokens_per_sec, "tok/s", HIGHER),
         ]
     return out
 

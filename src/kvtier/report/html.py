@@ -237,7 +237,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
             ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
             ("submission table", r.system.get("submission_table_text")),
-            ("beside the published v3.0 KV rows", _published(r.options)),
+            ("beside the published v3.0 KV rows", _published({o: s.model_dump() for o, s in r.options.items()})),
         ]
     elif isinstance(r, LaunchResult):
         rows += [

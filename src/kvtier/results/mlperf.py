@@ -47,9 +47,80 @@ def run_figures(instances: Sequence[BenchResult]) -> MLPerfFigures:
     )
 
 
+class MlperfWorkload(BaseModel):
+    """One MLPerf v3.0 KV cache option's fixed workload (the rules' table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    num_users: int
+    cpu_mem_gb: float
+    max_concurrent_allocs: int
+
+
+class ClosedRules(BaseModel):
+    """The run parameters a CLOSED submission fixes (an OPEN run may change them: ``effective`` holds what ran)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    duration: float = 300
+    trials: int = 3
+    inter_option_delay: float = 20.0
+    seed: int = 42
+
+
+class TrialSpread(BaseModel):
+    """A figure across an option's trials."""
+
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    cv: float | None = None  # coefficient of variation (population)
+
+
+class TrialFigures(BaseModel):
+    folder: str
+    seconds: float
+    returncode: int | None
+    pooled_storage_read_device_p95_ms: float | None = None
+    pooled_storage_write_device_p95_ms: float | None = None
+    pooled_end_to_end_p95_ms: float | None = None
+
+
+class KvtierOptionFigures(BaseModel):
+    """kvtier's figures beside the wrapper's: what the spec leads with at --cpu-mem-gb 0 (decode bytes), the
+    published "P95 read latency" (the highest instance's storage time per request, max over trials), GiB/s per
+    rank (rows of 1 and of 32 ranks side by side), the spread across trials, and each trial."""
+
+    model_config = ConfigDict(extra="allow")
+    partial_trials: list[str] = Field(default_factory=list)
+    decode_bytes_read_gb: float = 0.0
+    storage_read_p95_ms: float | None = None
+    read_bandwidth_gbps_per_rank: float = 0.0
+    write_bandwidth_gbps_per_rank: float = 0.0
+    spread: dict[str, TrialSpread] = Field(default_factory=dict)
+    trials: list[TrialFigures] = Field(default_factory=list)
+
+
+class OptionSummary(BaseModel):
+    """One option of the run summary: the wrapper's table under its own key names and formulas, and kvtier's."""
+
+    model_config = ConfigDict(extra="allow")
+    option: int
+    aggregated_read_bandwidth_gbps: float
+    aggregated_write_bandwidth_gbps: float
+    aggregated_avg_throughput_tokens_per_sec: float
+    aggregated_storage_throughput_tokens_per_sec: float
+    aggregated_device_read_p95_ms: float | None = None
+    aggregated_device_write_p95_ms: float | None = None
+    rank_count: int
+    trial_count: int
+    partial_failure: bool = False
+    missing_files: list[str] = Field(default_factory=list)
+    kvtier: KvtierOptionFigures = Field(default_factory=KvtierOptionFigures)
+
+
 class MlperfRunSummary(BaseModel):
     """``kvcache_run_summary.json`` of ``kvtier mlperf run``: built by mlperf/run.py as this model and read back by
-    ``results.load``. Its sections are typed; each option's table stays under the wrapper's own names (a dict), and
+    ``results.load``. Its sections are typed; each option's table keeps the wrapper's own names (``OptionSummary``), and
     keys a later kvtier adds are kept (extra allowed) so an older reader still opens the file."""
 
     model_config = ConfigDict(extra="allow")
@@ -60,16 +131,26 @@ class MlperfRunSummary(BaseModel):
     interrupted: bool
     total_ranks: int
     trials_per_option: int
-    options: dict[str, dict[str, Any]]  # the wrapper's per-option table under its own names, plus kvtier's figures
+    options: dict[str, OptionSummary]  # the wrapper's per-option table under its own names, plus kvtier's figures
     partial_failure: bool
     verdict: list[str]
     finished_at: str | None = None
     npernode: int | None = None
     host_count: int | None = None
-    effective: dict[str, Any] = Field(default_factory=dict)  # the workload parameters the run used (CLOSED's or given)
+    effective: ClosedRules = Field(default_factory=ClosedRules)  # the parameters the run used (CLOSED's or given)
     overrides: dict[str, Any] = Field(default_factory=dict)  # those an OPEN run changed
     system: dict[str, Any] = Field(default_factory=dict)  # drives, peak bandwidth, metric rules, the submission text
     config: dict[str, Any] = Field(default_factory=dict)  # kvtier mlperf's flags (MlperfConfig)
 
 
-__all__ = ["MLPerfFigures", "run_figures", "MlperfRunSummary"]
+__all__ = [
+    "ClosedRules",
+    "KvtierOptionFigures",
+    "MLPerfFigures",
+    "MlperfRunSummary",
+    "OptionSummary",
+    "TrialSpread",
+    "TrialFigures",
+    "MlperfWorkload",
+    "run_figures",
+]

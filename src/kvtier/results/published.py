@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvtier.errors import DatasetError
+from kvtier.results.mlperf import KvtierOptionFigures
 
 
 class _Fixed(BaseModel):
@@ -45,13 +46,6 @@ class PublishedRow(_Fixed):
 class Published(_Fixed):
     version: str
     rows: list[PublishedRow]
-
-
-class KvtierOptionFigures(BaseModel):
-    """The part of kvtier's own summary the comparison reads (the rest is kept, unread)."""
-
-    model_config = ConfigDict(extra="allow")
-    storage_read_p95_ms: float | None = None
 
 
 class RunOption(BaseModel):
