@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier.child import Child, start
 from kvtier.results.io import open_fresh
 
 S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "kvtier-test", "AWS_SECRET_ACCESS_KEY": "kvtier-test-secret"}
@@ -48,14 +49,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+def _stop(child: Child) -> None:
+    child.stop(grace_s=10)
 
 
 @contextmanager
@@ -73,7 +68,7 @@ def redis_server(
         args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--dir", str(work), "--logfile", str(log), "--maxmemory-policy", policy]
         args += ["--maxmemory", f"{maxmemory_mb}mb", *extra]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start(args, name="redis-server", stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -87,7 +82,7 @@ def redis_server(
             _stop(proc)
             continue
         try:
-            yield LocalServer(f"redis://127.0.0.1:{port}/0", port, proc, log)
+            yield LocalServer(f"redis://127.0.0.1:{port}/0", port, proc.popen, log)
         finally:
             _stop(proc)
             shutil.rmtree(work, ignore_errors=True)
@@ -101,10 +96,10 @@ def s3_server() -> Iterator[LocalServer]:
     work = Path(tempfile.mkdtemp(prefix="kvtier-s3-"))
     log = work / "moto.log"
     with open_fresh(log, "moto's log") as out:
-        proc = subprocess.Popen(
+        proc = start(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+            name="moto",
             stdout=out,
-            stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     port = 0
@@ -119,7 +114,7 @@ def s3_server() -> Iterator[LocalServer]:
         _stop(proc)
         raise RuntimeError(f"moto's S3 server did not start: {log.read_text(errors='replace')[-500:]}")
     try:
-        yield LocalServer(f"http://127.0.0.1:{port}", port, proc, log)
+        yield LocalServer(f"http://127.0.0.1:{port}", port, proc.popen, log)
     finally:
         _stop(proc)
         shutil.rmtree(work, ignore_errors=True)

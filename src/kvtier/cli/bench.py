@@ -98,9 +98,9 @@ def launch_clients(cfg: BenchConfig, output: str) -> int:
     re-made from the config (``config_argv``: one client each, the aggregate at ``output``). The exit status is the
     aggregate's, read back typed (mpirun --enable-recovery reports 0 whatever the ranks did)."""
     import os
-    import subprocess
     import time
 
+    from kvtier.child import start
     from kvtier.config.base import config_argv
     from kvtier.errors import KvtierError
     from kvtier.mpi import mpirun_argv, require_mpi
@@ -113,7 +113,8 @@ def launch_clients(cfg: BenchConfig, output: str) -> int:
     cmd = mpirun_argv(["kvtier", "bench", *config_argv(rank)], n, mpirun=require_mpi(f"--num-clients {n}"))
     print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
     t0 = time.time()
-    rc = subprocess.run(cmd, check=False).returncode
+    # in the terminal's group: Ctrl+C reaches the ranks, which write their partial results before the aggregate
+    rc = start(cmd, name="mpirun", stdout=None, group=False, die_with_parent=False).finish(cfg.mpi_timeout + 30)
     try:
         if os.path.getmtime(output) < t0:
             return rc or 1  # no aggregate from this run

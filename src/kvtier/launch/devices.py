@@ -15,10 +15,10 @@ inventories without a GPU.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kvtier.child import run
 from kvtier.errors import ConfigError, LaunchError
 
 Runner = Callable[[list[str]], str | None]
@@ -32,11 +32,8 @@ _ROCM_SMI = re.compile(r"^GPU\[(\d+)\]", re.MULTILINE)
 
 def run_quiet(argv: list[str]) -> str | None:
     """stdout of ``argv``, or None when it is not installed, fails or hangs (10 s)."""
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout if p.returncode == 0 else None
+    p = run(argv, timeout_s=10)
+    return p.stdout if p is not None and p.returncode == 0 else None
 
 
 def parse_list(text: str, where: str) -> list[str]:

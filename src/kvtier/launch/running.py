@@ -237,8 +237,7 @@ def remove_stale_sockdirs() -> None:
 def replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
     """``--client-ranks N``: mpirun -np N kvtier replay (replay/mpi.py), then rank 0's pooled summary,
     with what ran added as ``server.launch``."""
-    import subprocess
-
+    from kvtier.child import start
     from kvtier.results import load
     from kvtier.results.replay import ReplayResult
 
@@ -247,20 +246,11 @@ def replay_over_mpi(lp: LaunchPlan, folder: str) -> Any:
     summary = Path(folder) / "summary.json"
     summary.unlink(missing_ok=True)
     with open_append(lp.out / "logs" / "clients.log") as log:
-        p = subprocess.Popen(lp.client_argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            p.wait()
-        except KeyboardInterrupt:  # mpirun forwards SIGTERM to the ranks: they write their partial results
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=lp.replay.mpi_timeout + 30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            raise
+        clients = start(lp.client_argv, name="clients", stdout=log, group=False)
+        # Ctrl+C: mpirun forwards SIGTERM to the ranks, which write their partial results
+        rc = clients.finish(lp.replay.mpi_timeout + 30, sig=signal.SIGTERM)
     if not summary.exists():
-        raise LaunchError(
-            f"--client-ranks: the MPI replay wrote no summary (exit {p.returncode}); see logs/clients.log"
-        )
+        raise LaunchError(f"--client-ranks: the MPI replay wrote no summary (exit {rc}); see logs/clients.log")
     result = load(summary)
     assert isinstance(result, ReplayResult)
     result.server.launch = lp.identity(None)

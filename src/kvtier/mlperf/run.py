@@ -18,15 +18,14 @@ kvtier's figures: per trial the pooled percentiles of the MPI aggregate, the spr
 from __future__ import annotations
 
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtier.child import start
 from kvtier.config.bench import BenchConfig
 from kvtier.config.mlperf import MlperfConfig
 from kvtier.errors import ConfigError, DatasetError
@@ -516,16 +515,12 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
             cmd = bench_argv(cfg, ["kvtier", "bench", *config_argv(bc)])
             print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff.trials}: {' '.join(cmd)}", file=sys.stderr)
             t0 = time.monotonic()
-            proc = subprocess.Popen(cmd)
+            ranks = start(cmd, name="mpirun", stdout=None, group=False, die_with_parent=False)
             try:
-                rc: int | None = proc.wait()
-            except KeyboardInterrupt:  # the ranks got SIGINT too: let them write their partial results
+                rc: int | None = ranks.finish(cfg.mpi_timeout + 60)
+            except KeyboardInterrupt:  # the ranks got SIGINT too and had the time to write their partial results
                 interrupted = True
-                try:
-                    rc = proc.wait(timeout=cfg.mpi_timeout + 60)
-                except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                    proc.send_signal(signal.SIGKILL)
-                    rc = None
+                rc = ranks.poll()
             results, agg, missing = _instance_results(out, cfg.num_processes)
             everything += results
             trials.append(Trial(str(folder), round(time.monotonic() - t0, 3), rc, results, agg, missing))

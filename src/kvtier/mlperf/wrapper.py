@@ -35,7 +35,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from kvtier.child import start
 from kvtier.results.io import write_text_atomic
 
 BASE_SEED = 42
@@ -216,16 +216,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print(f"kvtier mlperf_wrapper rank {rank}: stopped before the run", file=sys.stderr)
             return 128 + stopping[0]
         print(f"kvtier mlperf_wrapper rank {rank}: seed {args.seed_base + rank}, cache {cache}", flush=True)
-        child = subprocess.Popen(cmd, env=bench_environment(env))
-        told = 0
-        while True:
-            try:
-                rc = child.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if len(stopping) > told:  # pass the launcher's stop on: the bench writes its partial result
-                    child.send_signal(stopping[told])
-                    told += 1
+        child = start(cmd, name="kvtier bench", stdout=None, env=bench_environment(env), group=False)
+        with child.forwarding(stopping):  # pass the launcher's stop on: the bench writes its partial result
+            for s in list(stopping):  # one that came between the start delay and the start
+                child.send(s)
+            rc = child.popen.wait()
         final, code = settle(staged, folder, stamp, rc)
         if final is None:
             print(f"kvtier mlperf_wrapper rank {rank}: kvtier bench exited {rc} without a result", file=sys.stderr)

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtier.child import run, start
+from kvtier.errors import LaunchError
+
 BLOCK_HISTOGRAMS = (
     "q2d_read_us",
     "q2d_write_us",
@@ -226,9 +229,9 @@ def _attach(cmd: list[str], attach_s: float) -> tuple[subprocess.Popen[str] | No
     running after a few seconds" missed the first writes of a run once: under load the probes attached later."""
     cmd = [*cmd[:-2], "-B", "line", *cmd[-2:]]  # its output line by line: the marker arrives when printed
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    except OSError as e:
-        return None, cmd, f"bpftrace could not start: {e.strerror or e}"
+        proc = start(cmd, name="bpftrace", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True).popen
+    except LaunchError as e:
+        return None, cmd, f"bpftrace could not start: {e}"
     assert proc.stdout is not None
     deadline = time.monotonic() + attach_s
     while time.monotonic() < deadline:
@@ -285,7 +288,8 @@ class BlockTracer:
         prefix = [exe]
         if os.geteuid() != 0:
             sudo = shutil.which("sudo")
-            if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True, check=False).returncode:
+            asked = run([sudo, "-n", "true"], timeout_s=10) if sudo is not None else None
+            if sudo is None or asked is None or asked.returncode:
                 return cls(devices, "bpftrace needs root (run as root, or with password-less sudo)")
             prefix = [sudo, "-n", exe]
         devs = dev_numbers(devices)
