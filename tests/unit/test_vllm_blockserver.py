@@ -211,10 +211,52 @@ def test_the_socket_is_this_users_only_and_health_names_it(server: BlockServer):
     assert body["socket"] == server.path and body["serve"] == "vllm"
     c = Conn(connect(server.path, 10).sock)
     assert c.call({"op": "hello", "role": "control", "engine": "A", **GEOMETRY})["tiers"]
-    with pytest.raises(Refused, match="unknown control op"):
+    with pytest.raises(Refused, match="control: unknown op 'drop-everything'"):
         c.call({"op": "drop-everything"})
     with pytest.raises(Refused, match="keys"):
         c.call({"op": "lookup", "keys": "not a list"})
+    # each operation is typed (vllm/messages.py): a field of the wrong type or one it does not have is refused,
+    # named, before any handler runs
+    with pytest.raises(Refused, match="complete.success: Input should be a valid boolean"):
+        c.call({"op": "complete", "keys": ["k"], "success": "yes"})
+    with pytest.raises(Refused, match="lookup.everything: Extra inputs are not permitted"):
+        c.call({"op": "lookup", "keys": ["k"], "everything": True})
+
+
+def test_a_reply_that_is_not_its_operations_is_the_servers_failure_never_a_number_for_the_engine(tmp_path: Path):
+    """The client checks every answer against its operation's model: a server that answers a lookup with a negative
+    tier index or a status word of its own is a failed call (counted), and the lookup a miss."""
+    import socket
+    import threading
+
+    from kvtier.vllm.protocol import Conn as Framed
+
+    path = str(tmp_path / "liar.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def liar() -> None:
+        s, _ = srv.accept()
+        c = Framed(s)
+        c.recv()
+        c.send({"ok": True, "tiers": [["cpu", 8, "host"]]})
+        c.recv()
+        c.send({"ok": True, "found": [["mine", -3]]})
+        try:
+            c.recv()
+        except ConnectionError:
+            pass
+        c.close()
+
+    t = threading.Thread(target=liar, daemon=True)
+    t.start()
+    idx = ServerIndex(path, key_of, {"engine": "A", **GEOMETRY})
+    try:
+        assert idx.lookup(b"k" * 8) == "miss" and idx.server_errors == 1
+    finally:
+        idx.close()
+        srv.close()
 
 
 def test_settings_with_a_cache_server_refuse_tier_sizes_of_their_own():

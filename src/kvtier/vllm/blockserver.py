@@ -41,13 +41,16 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from kvtier.engine.backend import aligned_buffer, round_up
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError
 from kvtier.tiers import open_tiers
 from kvtier.unixsock import claim
+from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
-from kvtier.vllm.protocol import MAX_KEYS, Conn
+from kvtier.vllm.protocol import Conn
 from kvtier.vllm.server_http import ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
 
@@ -64,14 +67,8 @@ class BlockGeometry:
     world_size: int
 
     @classmethod
-    def of(cls, msg: dict[str, Any]) -> BlockGeometry:
-        try:
-            g = cls(int(msg["block_bytes"]), int(msg["block_tokens"]), int(msg["world_size"]))
-        except (KeyError, TypeError, ValueError):
-            raise ValueError("hello: block_bytes, block_tokens and world_size are required integers") from None
-        if g.block_bytes <= 0 or g.block_tokens <= 0 or not 1 <= g.world_size <= 1024:
-            raise ValueError(f"hello: a geometry out of range ({g})")
-        return g
+    def of(cls, hello: m.Hello) -> BlockGeometry:
+        return cls(hello.block_bytes, hello.block_tokens, hello.world_size)
 
 
 @dataclass
@@ -188,24 +185,27 @@ class BlockServer:
         fds: list[int] = []
         kind = "?"
         try:
-            hello = c.recv(fds)
-            if not isinstance(hello, dict) or hello.get("op") != "hello":
+            msg = c.recv(fds)
+            if not isinstance(msg, dict) or msg.get("op") != "hello":
                 c.send({"ok": False, "error": "the first message must be a hello"})
                 return
-            kind = str(hello.get("role"))
             try:
+                hello = m.Hello.model_validate(msg)
                 geometry = self._join(BlockGeometry.of(hello))
+            except ValidationError as e:
+                c.send({"ok": False, "error": f"hello: {m.refusal(e)}"})
+                return
             except ValueError as e:
                 c.send({"ok": False, "error": str(e)})
                 return
-            engine = str(hello.get("engine") or "?")
+            kind, engine = hello.role, hello.engine
             self.metrics.clients.labels(kind).inc()
             try:
                 if kind == "control":
                     self._control(c, engine)
                 elif kind == "probe":  # a worker checking the geometry and learning the tiers before its first I/O
                     assert self.index is not None
-                    self._reply(c, {"tiers": [[t.name, t.slots, t.source] for t in self.index.tiers]})
+                    self._reply(c, self._tiers())
                 elif kind == "data" and len(fds) == 1:
                     self._data(c, engine, hello, fds[0], geometry)  # closed below with the rest
                 else:
@@ -249,69 +249,68 @@ class BlockServer:
                 )
             return self.geometry
 
-    def _reply(self, c: Conn, body: dict[str, Any]) -> None:
-        c.send({"ok": True, **body})
+    def _reply(self, c: Conn, body: BaseModel) -> None:
+        c.send(body.model_dump(mode="json"))
+
+    def _tiers(self) -> m.TiersReply:
+        assert self.index is not None
+        return m.TiersReply(tiers=[(t.name, t.slots, t.source) for t in self.index.tiers])
 
     # -- control --------------------------------------------------------------------------------
     def _control(self, c: Conn, engine: str) -> None:
         assert self.index is not None
         lease = Lease(engine)
-        self._reply(c, {"tiers": [[t.name, t.slots, t.source] for t in self.index.tiers]})
+        self._reply(c, self._tiers())
         try:
             while True:
-                msg = c.recv()
-                op = msg.get("op") if isinstance(msg, dict) else None
-                keys = msg.get("keys", []) if isinstance(msg, dict) else []
-                if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(isinstance(k, str) for k in keys):
-                    c.send({"ok": False, "error": f"'keys' must be a list of at most {MAX_KEYS} strings"})
+                try:
+                    req = m.CONTROL.validate_python(c.recv())
+                except ValidationError as e:
+                    c.send({"ok": False, "error": f"control: {m.refusal(e)}"})
                     continue
-                handler = self._CONTROL.get(str(op))
-                if handler is None:
-                    c.send({"ok": False, "error": f"unknown control op {op!r}"})
-                    continue
-                self._reply(c, handler(self, lease, keys, msg))
+                self._reply(c, self._CONTROL[type(req)](self, lease, req))
         finally:
             self._release(lease)
 
-    def _lookup(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _lookup(self, lease: Lease, req: m.Lookup) -> m.LookupReply:
         assert self.index is not None
         out = []
         with self._lock:
-            for k in keys:
+            for k in req.keys:
                 r = self.index.lookup(k)
                 t = self.index.tier_of(k)
-                out.append([r, None if t is None else self.index.tiers.index(t)])
-        self.metrics.lookups.inc(len(keys))
+                out.append((r, None if t is None else self.index.tiers.index(t)))
+        self.metrics.lookups.inc(len(req.keys))
         self.metrics.lookup_hits.inc(sum(1 for r, _ in out if r != "miss"))
-        return {"found": out}
+        return m.LookupReply(found=out)
 
-    def _pin(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _pin(self, lease: Lease, req: m.Pin) -> m.PinReply:
         assert self.index is not None
         with self._lock:
-            held = [k for k in keys if k in self.index]
+            held = [k for k in req.keys if k in self.index]
             self.index.pin(held)
             lease.pins.update(held)
-        return {"pinned": len(held)}
+        return m.PinReply(pinned=len(held))
 
-    def _unpin(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _unpin(self, lease: Lease, req: m.Unpin) -> m.Done:
         assert self.index is not None
         with self._lock:
-            mine = [k for k in keys if lease.pins[k] > 0]
+            mine = [k for k in req.keys if lease.pins[k] > 0]
             self.index.unpin(mine)
             lease.pins.subtract(mine)
             lease.pins = +lease.pins
-        return {}
+        return m.Done()
 
-    def _touch(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _touch(self, lease: Lease, req: m.Touch) -> m.Done:
         assert self.index is not None
         with self._lock:
-            self.index.touch(keys)
-        return {}
+            self.index.touch(req.keys)
+        return m.Done()
 
-    def _plan(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _plan(self, lease: Lease, req: m.Plan) -> m.PlanReply:
         assert self.index is not None
-        raw = msg.get("raw") or []
-        raw_of = dict(zip(keys, raw, strict=False)) if isinstance(raw, list) else {}
+        keys = req.keys
+        raw_of = dict(zip(keys, req.raw, strict=False))
         names = [t.name for t in self.index.tiers]
         with self._lock:
             rejected_before = self.index.counters.rejected
@@ -319,7 +318,7 @@ class BlockServer:
             rejected = self.index.counters.rejected - rejected_before
             if plan is None:
                 self.metrics.rejected.inc(rejected)
-                return {"none": True, "rejected": rejected}
+                return m.PlanReply(none=True, rejected=rejected)
             self._seq += 1
             seq = self._seq
             for k, i in plan.placed.items():
@@ -344,36 +343,36 @@ class BlockServer:
         for t, n in evicted.items():
             self.metrics.evicted.labels(t).inc(n)
         self.metrics.rejected.inc(rejected)
-        return {
-            "store": plan.keys_to_store,
-            "placed": [plan.placed[k] for k in plan.keys_to_store],
-            "evicted": gone,
-            "demoted": demoted,
-            "evicted_by": evicted,
-            "rejected": rejected,
-        }
+        return m.PlanReply(
+            store=plan.keys_to_store,
+            placed=[plan.placed[k] for k in plan.keys_to_store],
+            evicted=gone,
+            demoted=dict(demoted),
+            evicted_by=dict(evicted),
+            rejected=rejected,
+        )
 
-    def _complete(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _complete(self, lease: Lease, req: m.Complete) -> m.CompleteReply:
         assert self.index is not None
-        success = bool(msg.get("success", True))
+        success = req.success
         with self._lock:
-            mine = [k for k in keys if k in lease.pending]
+            mine = [k for k in req.keys if k in lease.pending]
             ok = [k for k in mine if success and k not in self._put_failed]
             bad = [k for k in mine if k not in ok]
             self.index.complete_store(ok, True)
             self.index.complete_store(bad, False)
             self._settle(mine, lease)
             self._drop_shards(bad)
-        return {"failed": len(bad)}
+        return m.CompleteReply(failed=len(bad))
 
-    def _forget(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _forget(self, lease: Lease, req: m.Forget) -> m.ForgetReply:
         assert self.index is not None
         with self._lock:
-            n = self.index.forget(keys)
-            self._drop_shards(keys)
-        return {"forgotten": n}
+            n = self.index.forget(req.keys)
+            self._drop_shards(req.keys)
+        return m.ForgetReply(forgotten=n)
 
-    def _reset(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _reset(self, lease: Lease, req: m.Reset) -> m.ResetReply:
         """vLLM's reset_prefix_cache: forget every block no one is loading or storing (other replicas' loads and
         stores in flight keep theirs)."""
         assert self.index is not None
@@ -381,23 +380,23 @@ class BlockServer:
             idle = [str(k) for t in self.index.tiers for k in list(t.lru)]
             self.index.forget(idle, lost=False)
             self._drop_shards(idle)
-        return {"dropped": len(idle)}
+        return m.ResetReply(dropped=len(idle))
 
-    def _usage(self, lease: Lease, keys: list[str], msg: dict[str, Any]) -> dict[str, Any]:
+    def _usage(self, lease: Lease, req: m.Usage) -> m.UsageReply:
         assert self.index is not None
         with self._lock:
-            return {"usage": {n: [h, s] for n, (h, s) in self.index.usage().items()}}
+            return m.UsageReply(usage=dict(self.index.usage()))
 
-    _CONTROL: dict[str, Callable[[BlockServer, Lease, list[str], dict[str, Any]], dict[str, Any]]] = {
-        "lookup": _lookup,
-        "pin": _pin,
-        "unpin": _unpin,
-        "touch": _touch,
-        "plan": _plan,
-        "complete": _complete,
-        "forget": _forget,
-        "reset": _reset,
-        "usage": _usage,
+    _CONTROL: dict[type, Callable[[BlockServer, Lease, Any], BaseModel]] = {
+        m.Lookup: _lookup,
+        m.Pin: _pin,
+        m.Unpin: _unpin,
+        m.Touch: _touch,
+        m.Plan: _plan,
+        m.Complete: _complete,
+        m.Forget: _forget,
+        m.Reset: _reset,
+        m.Usage: _usage,
     }
 
     def _settle(self, keys: list[str], lease: Lease | None) -> None:
@@ -472,11 +471,11 @@ class BlockServer:
         return b
 
     # -- data -----------------------------------------------------------------------------------
-    def _data(self, c: Conn, engine: str, hello: dict[str, Any], fd: int, g: BlockGeometry) -> None:
+    def _data(self, c: Conn, engine: str, hello: m.Hello, fd: int, g: BlockGeometry) -> None:
         assert self.store is not None and self.index is not None
-        rank = hello.get("rank")
+        rank = hello.rank
         padded = round_up(g.block_bytes)
-        if not isinstance(rank, int) or not 0 <= rank < g.world_size:
+        if rank is None or not 0 <= rank < g.world_size:
             c.send({"ok": False, "error": f"hello: rank must be an integer in [0, {g.world_size})"})
             return
         if os.fstat(fd).st_size < padded:
@@ -485,18 +484,17 @@ class BlockServer:
         page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         view = memoryview(page)
         try:
-            self._reply(c, {})
+            self._reply(c, m.Done())
             while True:
-                msg = c.recv()
-                op = msg.get("op") if isinstance(msg, dict) else None
-                key = msg.get("key") if isinstance(msg, dict) else None
-                if not isinstance(key, str) or op not in ("put", "get"):
-                    c.send({"ok": False, "error": "expected put or get of one key"})
+                try:
+                    req = m.DATA.validate_python(c.recv())
+                except ValidationError as e:
+                    c.send({"ok": False, "error": f"data: expected put or get of one key: {m.refusal(e)}"})
                     continue
-                if op == "put":
-                    c.send(self._put(key, rank, view, g, padded))
+                if isinstance(req, m.Put):
+                    c.send(self._put(req.key, rank, view, g, padded))
                 else:
-                    c.send(self._get(key, rank, engine, view, g, padded))
+                    c.send(self._get(req.key, rank, engine, view, g, padded))
         finally:
             view.release()
             page.close()
@@ -522,7 +520,7 @@ class BlockServer:
         dt = time.perf_counter() - t0
         self.metrics.store_bytes.inc(g.block_bytes)
         self.metrics.store_seconds.inc(dt)
-        return {"ok": True, "tier": name, "seconds": dt}
+        return m.PutReply(tier=name, seconds=dt).model_dump()
 
     def _get(self, key: str, rank: int, engine: str, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
         assert self.store is not None
@@ -531,12 +529,12 @@ class BlockServer:
             r = self.store.get(shard_key(key, rank), view[:padded])
         except StorageError as e:
             self.metrics.failed_loads.inc()
-            return {"ok": True, "hit": False, "why": str(e)[:300]}
+            return m.GetReply(hit=False, why=str(e)[:300]).model_dump()
         dt = time.perf_counter() - t0
         if not r.hit or r.nbytes != g.block_bytes:
             self.metrics.failed_loads.inc()
             why = "not held" if not r.hit else f"{r.nbytes} bytes, expected {g.block_bytes}"
-            return {"ok": True, "hit": False, "why": why}
+            return m.GetReply(hit=False, why=why).model_dump()
         self.metrics.loaded.labels(r.tier or "?").inc()
         self.metrics.load_bytes.inc(r.nbytes)
         self.metrics.load_seconds.inc(dt)
@@ -545,7 +543,7 @@ class BlockServer:
                 writer = self._writer.get(key)
             if writer is not None and writer != engine:
                 self.metrics.cross.inc()
-        return {"ok": True, "hit": True, "tier": r.tier, "n": r.nbytes, "seconds": dt}
+        return m.GetReply(hit=True, tier=r.tier, n=r.nbytes, seconds=dt).model_dump()
 
     def refresh_gauges(self) -> None:
         if self.index is None:

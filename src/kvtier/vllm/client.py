@@ -23,9 +23,11 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
+from kvtier.vllm import messages as m
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
 from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
@@ -44,30 +46,47 @@ class ServerDown(Exception):
     """The cache server did not answer (or refused): the caller degrades (a miss, no store, a failed load)."""
 
 
-class _Link:
-    """One connection that reconnects (hello again) after a failure, at most once per RECONNECT_S."""
+R = TypeVar("R", bound=BaseModel)
 
-    def __init__(self, path: str, hello: dict[str, Any], timeout_s: float, fds: Callable[[], list[int]] | None = None):
+
+class _Link:
+    """One connection that reconnects (hello again) after a failure, at most once per RECONNECT_S. Requests and
+    replies are vllm/messages.py's models: a reply that is not its operation's is the server's failure."""
+
+    def __init__(self, path: str, hello: m.Hello, timeout_s: float, fds: Callable[[], list[int]] | None = None):
         self.path, self.hello, self.timeout_s, self.fds = path, hello, timeout_s, fds
         self.conn: Conn | None = None
-        self.answer: dict[str, Any] = {}
         self._tried = 0.0
         self.errors = 0
         self.last_error = ""
 
-    def open(self) -> dict[str, Any]:
+    def open(self) -> m.TiersReply:
         c = connect(self.path, self.timeout_s)
         try:
-            self.answer = c.call(self.hello, self.fds() if self.fds else None)
+            answer = c.call(self.hello.model_dump(), self.fds() if self.fds else None)
+            tiers = m.TiersReply.model_validate(answer)
+        except ValidationError as e:
+            c.close()
+            raise ProtocolError(f"a hello answer that is not one: {m.refusal(e)}") from None
         except BaseException:
             c.close()
             raise
         self.conn = c
-        return self.answer
+        return tiers
 
-    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The answer to ``msg``. A connection the server closed (it restarted) is opened again at once and the
-        request sent once more; a server that does not answer is tried again only after RECONNECT_S."""
+    def call(self, msg: BaseModel, reply: type[R]) -> R:
+        """The answer to ``msg``, as ``reply``. A connection the server closed (it restarted) is opened again at once
+        and the request sent once more; a server that does not answer is tried again only after RECONNECT_S."""
+        try:
+            return reply.model_validate(self._call(msg.model_dump()))
+        except ValidationError as e:
+            self.errors += 1
+            self.last_error = (
+                f"kvtier cache-server {self.path}: a {msg.__class__.__name__.lower()} answer: " + m.refusal(e)
+            )
+            raise ServerDown(self.last_error) from None
+
+    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.conn is not None:
             try:
                 return self._send(msg)
@@ -119,13 +138,13 @@ class ServerIndex(Generic[K]):
 
     def __init__(self, path: str, key_of: Callable[[K], str], hello: dict[str, Any]) -> None:
         self.key_of = key_of
-        self._link = _Link(path, {"op": "hello", "role": "control", **hello}, CONTROL_TIMEOUT_S)
+        self._link = _Link(path, m.Hello(role="control", **hello), CONTROL_TIMEOUT_S)
         self._lock = threading.Lock()
         try:
             answer = self._link.open()
         except (OSError, ProtocolError, Refused) as e:
             raise ConfigError(f"kv_connector_extra_config.cache_server: {path}: {e}") from None
-        self.tiers = [TierSlots(str(n), int(s), str(src)) for n, s, src in answer["tiers"]]
+        self.tiers = [TierSlots(n, s, src) for n, s, src in answer.tiers]
         self.counters = IndexCounters()
         self._tier_of: dict[K, int] = {}
         self._usage: tuple[float, dict[str, tuple[int, int]]] = (0.0, {})
@@ -134,82 +153,92 @@ class ServerIndex(Generic[K]):
     def server_errors(self) -> int:
         return self._link.errors
 
-    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, msg: BaseModel, reply: type[R]) -> R:
         with self._lock:
-            return self._link.call(msg)
+            return self._link.call(msg, reply)
 
     def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
         try:
-            ((status, tier),) = self._call({"op": "lookup", "keys": [self.key_of(key)]})["found"]
+            found = self._call(m.Lookup(keys=[self.key_of(key)]), m.LookupReply).found
         except ServerDown:
             return "miss"
-        if tier is not None:
+        if len(found) != 1:
+            return "miss"
+        ((status, tier),) = found
+        if tier is not None and tier < len(self.tiers):
             if len(self._tier_of) > 65536:
                 self._tier_of.clear()
-            self._tier_of[key] = int(tier)
-        return "hit" if status == "hit" else "pending" if status == "pending" else "miss"
+            self._tier_of[key] = tier
+        return status
 
     def tier_of(self, key: K) -> TierSlots | None:
         i = self._tier_of.get(key)
         return None if i is None else self.tiers[i]
 
-    def _keys_op(self, op: str, keys: Iterable[K], **more: Any) -> dict[str, Any]:
+    def _keys_op(self, op: type[m.Pin | m.Unpin | m.Touch | m.Forget], keys: Iterable[K], reply: type[R]) -> R | None:
         ks = [self.key_of(k) for k in keys]
         if not ks:
-            return {}
+            return None
         try:
-            return self._call({"op": op, "keys": ks, **more})
+            return self._call(op(keys=ks), reply)
         except ServerDown:
-            return {}
+            return None
 
     def pin(self, keys: Iterable[K]) -> None:
-        self._keys_op("pin", keys)
+        self._keys_op(m.Pin, keys, m.PinReply)
 
     def unpin(self, keys: Iterable[K]) -> None:
-        self._keys_op("unpin", keys)
+        self._keys_op(m.Unpin, keys, m.Done)
 
     def touch(self, keys: Iterable[K]) -> None:
-        self._keys_op("touch", keys)
+        self._keys_op(m.Touch, keys, m.Done)
 
     def plan_store(self, keys: Iterable[K]) -> StorePlan[K] | None:
         offered = list(keys)
         by_key = {self.key_of(k): k for k in offered}
         raw = [bytes(k).hex() if isinstance(k, (bytes, bytearray)) else "" for k in by_key.values()]
         try:
-            r = self._call({"op": "plan", "keys": list(by_key), "raw": raw})
+            r = self._call(m.Plan(keys=list(by_key), raw=raw), m.PlanReply)
         except ServerDown:
             return None
         c = self.counters
-        c.rejected += int(r.get("rejected", 0))
-        for name, n in r.get("demoted", {}).items():
-            c.demoted[name] = c.demoted.get(name, 0) + int(n)
-        for name, n in r.get("evicted_by", {}).items():
-            c.evicted[name] = c.evicted.get(name, 0) + int(n)
-        if r.get("none"):
+        c.rejected += r.rejected
+        for name, n in r.demoted.items():
+            c.demoted[name] = c.demoted.get(name, 0) + n
+        for name, n in r.evicted_by.items():
+            c.evicted[name] = c.evicted.get(name, 0) + n
+        if r.none:
             return None
         plan: StorePlan[K] = StorePlan([], {}, [], [])
-        for skey, tier in zip(r["store"], r["placed"], strict=True):
-            k = by_key[skey]
+        for skey, tier in zip(r.store, r.placed, strict=True):
+            k = by_key.get(skey)
+            if k is None or tier >= len(self.tiers):  # not a key offered, or a tier it does not have: not stored
+                continue
             plan.keys_to_store.append(k)
-            plan.placed[k] = int(tier)
-            name = self.tiers[int(tier)].name
+            plan.placed[k] = tier
+            name = self.tiers[tier].name
             c.placed[name] = c.placed.get(name, 0) + 1
-        plan.evicted = [bytes.fromhex(h) for h in r.get("evicted", []) if h]  # type: ignore[misc]  # vLLM's keys
+        plan.evicted = [bytes.fromhex(h) for h in r.evicted if h]  # type: ignore[misc]  # vLLM's keys
         return plan
 
     def complete_store(self, keys: Iterable[K], success: bool = True) -> list[K]:
-        r = self._keys_op("complete", keys, success=success)
-        self.counters.failed_stores += int(r.get("failed", 0))
+        ks = [self.key_of(k) for k in keys]
+        if ks:
+            try:
+                self.counters.failed_stores += self._call(m.Complete(keys=ks, success=success), m.CompleteReply).failed
+            except ServerDown:
+                pass
         return []
 
     def forget(self, keys: Iterable[K]) -> int:
-        n = int(self._keys_op("forget", keys).get("forgotten", 0))
+        r = self._keys_op(m.Forget, keys, m.ForgetReply)
+        n = r.forgotten if r is not None else 0
         self.counters.lost += n
         return n
 
     def clear(self) -> list[K]:
         try:
-            self._call({"op": "reset"})
+            self._call(m.Reset(), m.ResetReply)
         except ServerDown:
             pass
         self._tier_of.clear()
@@ -220,8 +249,7 @@ class ServerIndex(Generic[K]):
         at, last = self._usage
         if time.monotonic() - at >= 1.0 or not last:
             try:
-                u = self._call({"op": "usage"})["usage"]
-                last = {str(n): (int(h), int(s)) for n, (h, s) in u.items()}
+                last = dict(self._call(m.Usage(), m.UsageReply).usage)
             except ServerDown:
                 last = last or {t.name: (0, t.slots) for t in self.tiers}
             self._usage = (time.monotonic(), last)
@@ -242,18 +270,18 @@ class ServerBlockWorker(BlockWorker):
         self, path: str, layout: BlockLayout, key_of: Callable[[Any], str], hello: dict[str, Any], io_threads: int = 4
     ) -> None:
         self.path = path
-        self.hello = {"op": "hello", "role": "data", **hello}
+        self.hello = m.Hello(role="data", **hello)
         self._links: list[_Link] = []
         self._pages: list[tuple[int, mmap.mmap]] = []
         self._links_lock = threading.Lock()
-        probe = _Link(path, {"op": "hello", "role": "probe", **hello}, CONTROL_TIMEOUT_S)
+        probe = _Link(path, m.Hello(role="probe", **hello), CONTROL_TIMEOUT_S)
         try:
             answer = probe.open()  # the geometry is checked now, not at the first store
         except (OSError, ProtocolError, Refused) as e:
             raise ConfigError(f"kv_connector_extra_config.cache_server: {path}: {e}") from None
         finally:
             probe.close()
-        self._start(layout, key_of, io_threads, [str(t[0]) for t in answer["tiers"]])
+        self._start(layout, key_of, io_threads, [t[0] for t in answer.tiers])
 
     def _link(self) -> tuple[_Link, memoryview, Any]:
         """This thread's (data link, its page, the page as a uint8 torch tensor)."""
@@ -288,27 +316,27 @@ class ServerBlockWorker(BlockWorker):
         link, _, host = self._link()
         self.layout.gather(block_id, host)
         try:
-            r = link.call({"op": "put", "key": self.key_of(key)})
+            r = link.call(m.Put(key=self.key_of(key)), m.PutReply)
         except ServerDown as e:
             self.counters.add("failed_stores", 1, f"store: {e}")
             return 0
-        self.counters.add(f"stored:{r.get('tier', '?')}")
+        self.counters.add(f"stored:{r.tier}")
         return self.layout.nbytes
 
     def _load(self, key: Any, block_id: int) -> BlockLoad:
         link, _, host = self._link()
         t0 = time.perf_counter_ns()
         try:
-            r = link.call({"op": "get", "key": self.key_of(key)})
+            r = link.call(m.Get(key=self.key_of(key)), m.GetReply)
         except ServerDown as e:
             self.counters.add("failed_loads", 1, f"load: {e}")
             return BlockLoad(key, block_id, 0)
         io_ns = time.perf_counter_ns() - t0  # the server's read and the round trip: this worker's wait for the block
-        if not r.get("hit") or r.get("n") != self.layout.nbytes:
-            self.counters.add("failed_loads", 1, f"load: {r.get('why') or 'wrong size'}")
+        if not r.hit or r.n != self.layout.nbytes:
+            self.counters.add("failed_loads", 1, f"load: {r.why or 'wrong size'}")
             return BlockLoad(key, block_id, 0)
         self.layout.scatter(block_id, host)
-        tier = str(r.get("tier") or "?")
+        tier = r.tier or "?"
         self.counters.add(f"loaded:{tier}")
         return BlockLoad(key, block_id, self.layout.nbytes, tier, io_ns)
 

@@ -1,0 +1,195 @@
+"""The cache server's wire messages (vllm/protocol.py carries them as framed JSON), one model per operation.
+
+Requests are discriminated by ``op``: the server validates each one before acting (a wrong field is a refusal naming
+it, never a KeyError in a handler), the client builds them typed. Replies are checked by the client the same way:
+counts are non-negative integers, statuses one of three words, so a confused or hostile server cannot hand the
+engine a negative count or a tier index it does not have.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from kvtier.vllm.protocol import MAX_KEYS
+
+Key = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+Keys = Annotated[list[Key], Field(max_length=MAX_KEYS)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Hello(_Message):
+    """The first message of every connection: its role, the engine's name and its block geometry."""
+
+    op: Literal["hello"] = "hello"
+    role: Literal["control", "probe", "data"]
+    engine: Annotated[str, StringConstraints(max_length=256)] = "?"
+    block_bytes: int = Field(gt=0)
+    block_tokens: int = Field(gt=0)
+    world_size: int = Field(gt=0, le=1024)
+    rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
+
+
+class Lookup(_Message):
+    op: Literal["lookup"] = "lookup"
+    keys: Keys
+
+
+class Pin(_Message):
+    op: Literal["pin"] = "pin"
+    keys: Keys
+
+
+class Unpin(_Message):
+    op: Literal["unpin"] = "unpin"
+    keys: Keys
+
+
+class Touch(_Message):
+    op: Literal["touch"] = "touch"
+    keys: Keys
+
+
+class Plan(_Message):
+    op: Literal["plan"] = "plan"
+    keys: Keys
+    raw: Annotated[list[Annotated[str, StringConstraints(max_length=1024)]], Field(max_length=MAX_KEYS)] = []
+
+
+class Complete(_Message):
+    op: Literal["complete"] = "complete"
+    keys: Keys
+    success: bool = True
+
+
+class Forget(_Message):
+    op: Literal["forget"] = "forget"
+    keys: Keys
+
+
+class Reset(_Message):
+    op: Literal["reset"] = "reset"
+
+
+class Usage(_Message):
+    op: Literal["usage"] = "usage"
+
+
+class Put(_Message):
+    op: Literal["put"] = "put"
+    key: Key
+
+
+class Get(_Message):
+    op: Literal["get"] = "get"
+    key: Key
+
+
+Control = Annotated[Lookup | Pin | Unpin | Touch | Plan | Complete | Forget | Reset | Usage, Field(discriminator="op")]
+Data = Annotated[Put | Get, Field(discriminator="op")]
+CONTROL: TypeAdapter[Control] = TypeAdapter(Control)
+DATA: TypeAdapter[Data] = TypeAdapter(Data)
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ok: Literal[True] = True
+
+
+class TiersReply(_Reply):
+    tiers: list[tuple[str, Count, str]] = []  # (name, blocks it holds, vLLM by-source label), fastest first
+
+
+class LookupReply(_Reply):
+    found: list[tuple[Literal["hit", "pending", "miss"], Count | None]]  # per key: status, tier index
+
+
+class PinReply(_Reply):
+    pinned: Count
+
+
+class Done(_Reply):
+    """unpin, touch: nothing to say."""
+
+
+class PlanReply(_Reply):
+    none: bool = False  # nothing to store (all held, pending or rejected)
+    rejected: Count = 0
+    store: list[str] = []
+    placed: list[Count] = []
+    evicted: list[str] = []  # the raw keys of blocks evicted for room
+    demoted: dict[str, Count] = {}
+    evicted_by: dict[str, Count] = {}
+
+
+class CompleteReply(_Reply):
+    failed: Count
+
+
+class ForgetReply(_Reply):
+    forgotten: Count
+
+
+class ResetReply(_Reply):
+    dropped: Count
+
+
+class UsageReply(_Reply):
+    usage: dict[str, tuple[Count, Count]]  # tier: (blocks held, slots)
+
+
+class PutReply(_Reply):
+    tier: str
+    seconds: float = Field(ge=0)
+
+
+class GetReply(_Reply):
+    hit: bool
+    tier: str | None = None
+    n: Count = 0
+    seconds: float = Field(0.0, ge=0)
+    why: str = ""
+
+
+def refusal(e: ValidationError) -> str:
+    """A request that is not one of the operations, as a sentence naming the field."""
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"])
+    if err["type"] == "union_tag_invalid":
+        return f"unknown op {err.get('input', {}).get('op') if isinstance(err.get('input'), dict) else '?'!r}"
+    return f"{where or 'message'}: {err['msg']}"
+
+
+__all__ = [
+    "CONTROL",
+    "DATA",
+    "Complete",
+    "CompleteReply",
+    "Done",
+    "Forget",
+    "ForgetReply",
+    "Get",
+    "GetReply",
+    "Hello",
+    "Lookup",
+    "LookupReply",
+    "Pin",
+    "PinReply",
+    "Plan",
+    "PlanReply",
+    "Put",
+    "PutReply",
+    "Reset",
+    "ResetReply",
+    "TiersReply",
+    "Touch",
+    "Unpin",
+    "Usage",
+    "UsageReply",
+    "refusal",
+]
