@@ -9,7 +9,7 @@ from turn to turn, which is what the methodology's shared sidecar is for:
 * ``none``: each replica's own GPU prefix cache (vLLM's), nothing offloaded;
 * ``kvtier``: kvtier's CPU tier inside each replica (``--l1-gb`` each) — a turn that lands on the other replica
   finds nothing there;
-* ``kvtier-shared``: one ``kvtier cache-server --serve vllm`` (``--l1-gb``) that both replicas' specs store to and
+* ``kvtier-shared``: one ``kvtier cache-server`` (``--l1-gb``) that both replicas' specs store to and
   load from — a turn that lands on the other replica loads what the first stored.
 
 Printed: the launch's per-arm lines and verdicts, then, last: ``shared_offload cross_replica_loads=…

@@ -511,7 +511,7 @@ def test_a_replica_that_fails_to_start_stops_the_run_and_the_sidecar(tmp_path: P
     prof = tmp_path / "p.yaml"
     prof.write_text(
         "broken:\n  engine: sim\n  build: nvidia\n  tier: cpu\n  sim_model: tiny-1b\n"
-        "  sidecar:\n    command: [kvtier, cache-server, --model, '{sim_model}', --cpu-offload-gb, '0.1', --socket,"
+        "  sidecar:\n    command: [kvtier, cache-server, --cpu-offload-gb, '0.1', --socket,"
         " '{sidecar_socket}', --port, '{sidecar_http_port}']\n    health: 'http://{host}:{sidecar_http_port}/health'\n"
         "  replica:\n    command: [kvtier, sim, --preset, no-such-preset, --port, '{port}']\n"
         "    health: 'http://{host}:{port}/health'\n"

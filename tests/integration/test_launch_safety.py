@@ -37,7 +37,7 @@ s:
   sim_model: tiny-1b
   sidecar_http_port: {port}
   sidecar:
-    command: [kvtier, cache-server, --model, "{{sim_model}}", --socket, "{{sidecar_socket}}", --port,
+    command: [kvtier, cache-server, --socket, "{{sidecar_socket}}", --port,
               "{{sidecar_http_port}}"]
     health: "http://{{host}}:{{sidecar_http_port}}/health"
   replica:

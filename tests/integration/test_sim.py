@@ -307,8 +307,7 @@ def start_cache_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str
     sock = tmp_path / "cache.sock"
     port_file = tmp_path / "cache.port"
     proc = subprocess.Popen(
-        kvtier_cmd()
-        + ["cache-server", "--model", "tiny-1b", "--socket", str(sock), "--port-file", str(port_file), *args],
+        kvtier_cmd() + ["cache-server", "--socket", str(sock), "--port-file", str(port_file), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -368,8 +367,12 @@ def test_two_replicas_share_one_cache_server(tmp_path: Path):
 
 
 def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
+    """The one cache server serves one geometry: the first replica's (here the test model's chunks); a replica of a
+    model with other KV bytes per chunk is refused at start, both geometries named."""
     cache, sock, _ = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
+    first = None
     try:
+        first = start_sim(tmp_path, "--offload", "remote", "--cache-server", str(sock), "--replica-id", "A")
         p = subprocess.run(
             kvtier_cmd()
             + [
@@ -391,11 +394,13 @@ def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
             text=True,
             timeout=60,
         )
-        assert p.returncode == 2 and "this replica needs" in p.stderr
+        assert p.returncode == 2 and "one cache server serves one model's replicas" in p.stderr
         p = subprocess.run(
             kvtier_cmd() + ["sim", "--port", "0", "--offload", "remote"], capture_output=True, text=True, timeout=60
         )
         assert p.returncode == 2 and "--cache-server" in p.stderr
     finally:
+        if first is not None:
+            stop_sim(first)
         cache.send_signal(signal.SIGTERM)
         cache.wait(timeout=20)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -149,8 +150,9 @@ def test_half_sent_requests_are_dropped_after_the_idle_timeout(tmp_path: Path):
 
 
 class HungCacheServer:
-    """A Unix-socket server that says hello (/v1/info) and then never answers a lookup, or (``lies``)
-    answers every lookup and load with a billion chunks found in one byte."""
+    """A Unix-socket server that speaks the cache server's protocol (vllm/protocol.py) as far as the hellos and then
+    never answers a request, or (``lies``) answers every lookup with more hits than keys and every get with a hit of
+    one byte."""
 
     def __init__(self, path: Path, lies: bool = False) -> None:
         self.path = path
@@ -170,38 +172,31 @@ class HungCacheServer:
             self.conns.append(c)
             threading.Thread(target=self._handle, args=(c,), daemon=True).start()
 
-    @staticmethod
-    def _read_request(f: Any) -> bytes | None:
-        """One HTTP/1.1 request from a connection's file; its request line, or None at EOF."""
-        line = f.readline()
-        if not line:
-            return None
-        length = 0
-        while (h := f.readline()) not in (b"\r\n", b"\n", b""):
-            if h.lower().startswith(b"content-length:"):
-                length = int(h.split(b":", 1)[1])
-        f.read(length)
-        return bytes(line)
+    def _handle(self, s: socket.socket) -> None:
+        from kvtier.vllm.protocol import Conn
 
-    def _handle(self, c: socket.socket) -> None:
+        c, fds = Conn(s), []
         try:
-            f = c.makefile("rb")
-            while (line := self._read_request(f)) is not None:
-                if b"/v1/info" in line:
-                    reply = {"chunk_tokens": 256, "kv_bytes_per_token": 24_576, "model": "tiny-1b"}
-                elif self.lies:
-                    reply = {"found": 10**9, "bytes": 1, "seconds": 0.0, "stored": 0}
-                else:
-                    return  # hold the connection, answer nothing
-                body = json.dumps(reply).encode()
-                c.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
-        except OSError:
+            c.recv(fds)  # the hello
+            c.send({"ok": True, "tiers": [["cpu", 1000, "host"]]})
+            while True:
+                msg = c.recv()
+                if not self.lies:
+                    continue  # hold the connection, answer nothing
+                keys = msg.get("keys") or []
+                replies = {
+                    "lookup": {"found": [["hit", 0]] * (len(keys) + 10**3)},
+                    "get": {"hit": True, "tier": "cpu", "n": 1, "seconds": 0.0},
+                    "plan": {"store": keys, "placed": [0] * len(keys)},
+                    "put": {"tier": "cpu", "seconds": 0.0},
+                    "complete": {"failed": 0},
+                }
+                c.send({"ok": True, **replies.get(msg.get("op"), {})})
+        except (OSError, ConnectionError):
             pass
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def close(self) -> None:
         self.sock.close()
@@ -220,46 +215,38 @@ def test_a_hung_cache_server_costs_a_timeout_not_the_request(tmp_path: Path):
         assert sim.metrics()["kvtier_sim:offload_errors"] >= 1
         with urllib.request.urlopen(sim.base + "/health", timeout=10) as h:
             health = json.loads(h.read())
-        assert h.status == 200 and health["status"] == "degraded" and "TimeoutError" in health["last_offload_error"]
+        assert h.status == 200 and health["status"] == "degraded" and "timed out" in health["last_offload_error"]
     finally:
         stop_sim(sim)
         hung.close()
 
 
 def test_the_cache_servers_data_api_is_not_on_tcp(tmp_path: Path):
+    from kvtier.vllm.protocol import Refused, connect
+
     cache, sock, cport = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
     try:
-        body = json.dumps({"keys": ["a"], "chunk_bytes": 256 * 131_072}).encode()
-        for path in ("/v1/store", "/v1/load", "/v1/lookup"):
+        body = json.dumps({"op": "lookup", "keys": ["a"]}).encode()
+        for path in ("/", "/v1/lookup", "/metrics"):
             req = urllib.request.Request(
                 f"http://127.0.0.1:{cport}{path}", data=body, headers={"Content-Type": "application/json"}
             )
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(req, timeout=10)
-            assert e.value.code in (404, 405), path
+            assert e.value.code in (404, 405, 501), path  # the HTTP port serves GET /health and /metrics only
         with urllib.request.urlopen(f"http://127.0.0.1:{cport}/health", timeout=10) as r:
             assert json.loads(r.read())["status"] == "ok"
         assert sock.stat().st_mode & 0o777 == 0o600  # only its owner may connect to the data API
-        # on the socket: too many keys in one request is refused
-        import http.client
-
-        class UnixHTTP(http.client.HTTPConnection):
-            def connect(self) -> None:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(str(sock))
-
-        conn = UnixHTTP("cache")
-        conn.request(
-            "POST",
-            "/v1/lookup",
-            json.dumps({"keys": [f"k{i}" for i in range(9000)]}),
-            {"Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
-        assert resp.status == 400 and b"at most" in resp.read()
+        # on the socket: too many keys in one request is refused, naming the field
+        c = connect(str(sock), 10)
+        hello = {"op": "hello", "role": "control", "engine": "t", "block_bytes": 4096, "block_tokens": 16}
+        c.call({**hello, "world_size": 1})
+        with pytest.raises(Refused, match="keys: List should have at most 16384 items"):
+            c.call({"op": "lookup", "keys": [f"k{i}" for i in range(20000)]})
+        c.close()
         # a second cache server refuses the live socket instead of unlinking it
         p = subprocess.run(
-            kvtier_cmd() + ["cache-server", "--model", "llama3.1-8b", "--socket", str(sock), "--port", "0"],
+            kvtier_cmd() + ["cache-server", "--socket", str(sock), "--port", "0"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -282,6 +269,7 @@ def test_cache_server_counts_are_clamped_to_the_prompt(tmp_path: Path):
         assert 0 <= r["kvtier"]["external_tokens"] <= usage["prompt_tokens"]
         m = sim.metrics()
         assert m["lmcache_mp_lookup_hit_tokens_total"] <= m["lmcache_mp_lookup_requested_tokens_total"]
+        assert r["kvtier"]["external_tokens"] == 0  # a hit of one byte is no chunk: nothing loaded
     finally:
         code, err = stop_sim(sim)
         liar.close()
@@ -294,10 +282,7 @@ def test_clients_dropping_mid_body_do_not_flood_the_cache_servers_log(tmp_path: 
         for _ in range(20):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(str(sock))
-            s.sendall(
-                b"POST /v1/store HTTP/1.1\r\nHost: c\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 100000\r\n\r\n" + b'{"keys": ['
-            )
+            s.sendall(b"\x00\x01\x86\xa0" + b'{"op": "hello", "role": ')  # a frame of 100,000 bytes, cut short
             s.close()
         with urllib.request.urlopen(f"http://127.0.0.1:{cport}/health", timeout=10) as r:
             assert json.loads(r.read())["status"] == "ok"

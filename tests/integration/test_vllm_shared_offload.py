@@ -1,4 +1,4 @@
-"""Two real vLLM replicas (the CPU build) sharing one set of kvtier tiers: ``kvtier cache-server --serve vllm`` as the
+"""Two real vLLM replicas (the CPU build) sharing one set of kvtier tiers: ``kvtier cache-server`` as the
 run's cache sidecar, every replica's kvtier offloading spec pointed at its socket (kvtier/vllm/blockserver.py).
 
 One server for the module, an NVMe tier behind a 24-block CPU staging tier, and two replicas with 8,192-token KV
@@ -109,7 +109,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     sock = sockdir / "cache.sock"
     block_bytes = BLOCK * Geometry().kv_bytes_per_token
     http, pa, pb = free_ports(3)
-    argv = [sys.executable, "-m", "kvtier", "cache-server", "--serve", "vllm", "--offload", "nvme",
+    argv = [sys.executable, "-m", "kvtier", "cache-server", "--offload", "nvme",
             "--staging-gb", str(STAGING_BLOCKS * block_bytes / 2**30), "--nvme-dir", str(nvme),
             "--nvme-offload-gb", "0.25", "--socket", str(sock), "--port", str(http)]  # fmt: skip
     s = Shared("", "", argv, f"http://127.0.0.1:{http}", None, d, random.Random(5))  # type: ignore[arg-type]

@@ -208,7 +208,7 @@ def test_the_socket_is_this_users_only_and_health_names_it(server: BlockServer):
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
         body = json.loads(r.read())
-    assert body["socket"] == server.path and body["serve"] == "vllm"
+    assert body["socket"] == server.path and body["server"] == "kvtier cache-server"
     c = Conn(connect(server.path, 10).sock)
     assert c.call({"op": "hello", "role": "control", "engine": "A", **GEOMETRY})["tiers"]
     with pytest.raises(Refused, match="control: unknown op 'drop-everything'"):

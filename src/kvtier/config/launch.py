@@ -118,7 +118,7 @@ class LaunchConfig(StrictModel):
         "--engine vllm --tier cpu|nvme: what moves the KV between vLLM and the tier: lmcache (its MP server as the "
         "sidecar), vllm-native (vLLM's own offloading: its CPU backend; for nvme its tiering spec, a CPU primary of "
         "--l1-gb and an fs tier in --nvme-dir), kvtier (kvtier's tiers inside each vLLM replica, kvtier/vllm), or "
-        "kvtier-shared (kvtier's spec in every replica, its tiers in one kvtier cache-server --serve vllm sidecar "
+        "kvtier-shared (kvtier's spec in every replica, its tiers in one kvtier cache-server sidecar "
         "they share: a block one replica stored is a hit on another); auto: kvtier on --build cpu, lmcache on GPU "
         "builds",
     )

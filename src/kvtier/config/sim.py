@@ -117,25 +117,18 @@ class SimConfig(OffloadTierConfig):
 
 
 class CacheServerConfig(OffloadTierConfig):
-    """Every input of ``kvtier cache-server``: one offload tier shared by sim replicas, or by real vLLM replicas
-    running kvtier's offloading spec (``--serve vllm``)."""
+    """Every input of ``kvtier cache-server`` (vllm/blockserver.py): one set of offload tiers shared by sim replicas
+    (``--offload remote --cache-server PATH``) and by vLLM replicas running kvtier's offloading spec
+    (kv_connector_extra_config ``cache_server``). The block geometry (bytes and tokens a block, the world size) comes
+    from the first replica's hello; a replica of another is refused."""
 
-    serve: Literal["sim", "vllm"] = flag(
-        "sim",
-        "who uses the tier: sim replicas (--offload remote; chunks of --model, no KV bytes cross), or vllm replicas "
-        "whose kvtier offloading spec names this socket (kv_connector_extra_config cache_server: the engines' blocks "
-        "move through pages both sides map; the block size comes from the engines, --model is not used)",
-    )
-    model: str = flag("llama3.1-8b", "catalog model whose KV bytes per token size the chunks (--serve sim)")
     offload: OffloadKind = flag(
         "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
     )
     socket: str = flag(..., "Unix socket path of the data API (replicas: --cache-server PATH)")
     host: str = flag("127.0.0.1", "address of /health and /metrics")
-    event_loop: EventLoopKind = flag("auto", "uvloop when installed (auto), or asyncio")
     port: int = flag(0, "TCP port of /health and /metrics (0 = any free port)", ge=0, le=65535)
     port_file: str | None = flag(None, "write the TCP port here once the server accepts requests")
-    seed: int = flag(0, "seed of the tier's data")
 
 
 def load_presets() -> dict[str, dict[str, Any]]:

@@ -308,7 +308,7 @@ class ScrapeSummary(Section):
     kvtier_offload_failed_loads: float | None = None
     kvtier_offload_failed_stores: float | None = None
     kvtier_offload_server_errors: float | None = None  # scheduler calls a shared kvtier cache-server did not answer
-    # a shared kvtier cache-server (--serve vllm): blocks loaded by a replica other than the one that stored them
+    # a shared kvtier cache-server (kvtier cache-server): blocks loaded by a replica other than the one that stored them
     kvtier_shared_cross_replica_loads: float | None = None
     # the sim's offload degradation (kvtier sim): fetch-gate recomputes, loads that came back short, bypassed lookups
     sim_fetch_gate_recomputes: float | None = None

@@ -7,8 +7,9 @@ Library use::
 
     serve(SimConfig(preset="h100-llama3.1-8b", offload="cpu", port=8000))  # until SIGINT/SIGTERM
 
-``start_sim`` (async) binds and returns the running server instead, for embedding and tests;
-``serve_cache`` / ``start_cache_server`` do the same for ``kvtier cache-server``.
+``start_sim`` (async) binds and returns the running server instead, for embedding and tests. Its offload tier is
+in process, or a shared ``kvtier cache-server`` (vllm/blockserver.py, the one cache server) reached by
+sim/remote.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvtier.config.sim import CacheServerConfig, SimConfig
-    from kvtier.sim.servers import RunningServer, RunningSim
+    from kvtier.config.sim import SimConfig
+    from kvtier.sim.servers import RunningSim
 
 
 def serve(config: SimConfig) -> None:
@@ -27,23 +28,10 @@ def serve(config: SimConfig) -> None:
     _serve(config)
 
 
-def serve_cache(config: CacheServerConfig) -> None:
-    """Run the cache server until SIGINT/SIGTERM."""
-    from kvtier.sim.servers import serve_cache as _serve_cache
-
-    _serve_cache(config)
-
-
 async def start_sim(config: SimConfig) -> RunningSim:
     from kvtier.sim.servers import start_sim as _start
 
     return await _start(config)
 
 
-async def start_cache_server(config: CacheServerConfig) -> RunningServer:
-    from kvtier.sim.servers import start_cache_server as _start
-
-    return await _start(config)
-
-
-__all__ = ["serve", "serve_cache", "start_sim", "start_cache_server"]
+__all__ = ["serve", "start_sim"]

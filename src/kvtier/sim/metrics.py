@@ -1,4 +1,5 @@
-"""The Prometheus series the simulator and the cache server expose, under vLLM's and LMCache's names.
+"""The Prometheus series the simulator exposes, under vLLM's and LMCache's names (the cache server's are
+vllm/server_http.py's).
 
 Each server owns its own registry (no process-wide state), written by telemetry/prometheus.py ``exposition``.
 """
@@ -182,17 +183,4 @@ class VllmMetrics:
         self.lmcache = LMCacheGauges(r, names, labels)
 
 
-class CacheMetrics:
-    """The cache server's view of the shared tier under LMCache MP names."""
-
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.req = Counter("lmcache_mp_lookup_requested_tokens", "tokens looked up", registry=r)
-        self.hit = Counter("lmcache_mp_lookup_hit_tokens", "tokens found", registry=r)
-        self.loaded = Counter("lmcache_mp_num_chunks_loaded", "chunks loaded", registry=r)
-        self.stored = Counter("lmcache_mp_num_chunks_stored", "chunks stored", registry=r)
-        self.clients = Gauge("kvtier_cache_server_requests_in_flight", "data requests being served", registry=r)
-        self.lmcache = LMCacheGauges(r)
-
-
-__all__ = ["VllmMetrics", "CacheMetrics", "LMCacheGauges", "LAT_BUCKETS"]
+__all__ = ["VllmMetrics", "LMCacheGauges", "LAT_BUCKETS"]

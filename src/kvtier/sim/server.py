@@ -26,18 +26,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.modelspec import ModelSpec
 from kvtier.sim.decomposition import first_info, tokens_by_source
 from kvtier.sim.metrics import VllmMetrics
-from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, RemoteOffload, block_hashes
+from kvtier.sim.model import BLOCK_TOKENS, GpuPrefixCache, Offload, block_hashes
 from kvtier.sim.requests import (
     BadRequest,
     Busy,
 )
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 from kvtier.units import GiB
+
+if TYPE_CHECKING:
+    from kvtier.sim.remote import RemoteOffload
 
 MAX_MODEL_LEN = 131072
 """The modelled model's own context limit, tokens (Llama 3.1's): a prompt + max_tokens past it is refused

@@ -1,8 +1,7 @@
-"""Run the simulated server and the cache server from their configs (the CLI is a thin shell over this).
+"""Run the simulated server from its config (the CLI is a thin shell over this).
 
-``start_sim(cfg)`` / ``start_cache_server(cfg)`` bind and return a running server (for tests and
-embedding: ``await server.close()`` stops it); ``serve`` / ``serve_cache`` run one until SIGINT or
-SIGTERM, announcing the bound port on stderr and in ``--port-file``.
+``start_sim(cfg)`` binds and returns a running server (for tests and embedding: ``await server.close()`` stops it);
+``serve`` runs one until SIGINT or SIGTERM, announcing the bound port on stderr and in ``--port-file``.
 """
 
 from __future__ import annotations
@@ -18,15 +17,15 @@ from typing import Any
 
 from aiohttp import web
 
-from kvtier.config.sim import CacheServerConfig, OffloadTierConfig, SimConfig, load_presets
+from kvtier.config.sim import OffloadTierConfig, SimConfig, load_presets
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.ladder import Timing
 from kvtier.sim.api import make_app
-from kvtier.sim.model import Offload, OffloadConfig, RemoteOffload, offload_tiers
+from kvtier.sim.model import Offload, OffloadConfig, offload_tiers
+from kvtier.sim.remote import RemoteOffload
 from kvtier.sim.server import SimEngine, SimSettings
-from kvtier.unixsock import claim
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
 """Latency-model fields a preset supplies and a flag overrides."""
@@ -166,7 +165,13 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
         if not cfg.cache_server:
             raise ConfigError("--offload remote: give --cache-server SOCKET (the Unix socket of kvtier cache-server)")
         offload = RemoteOffload(
-            cfg.cache_server, scope_for(settings.model), settings.model.kv_bytes_per_token, timeout_s=cfg.cache_timeout
+            cfg.cache_server,
+            scope_for(settings.model, cfg.offload_chunk_tokens),
+            settings.model.kv_bytes_per_token,
+            cfg.offload_chunk_tokens,
+            timeout_s=cfg.cache_timeout,
+            engine=cfg.replica_id or f"sim-{os.getpid()}",
+            seed=cfg.seed,
         )
         await offload.connect()
     elif cfg.offload != "none":
@@ -203,39 +208,6 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
     if not engine.replica_id:  # the default names the address, known only once bound
         engine.replica_id = f"{cfg.host}:{port}"
     return RunningSim(port, [runner], cleanup, engine)
-
-
-async def start_cache_server(cfg: CacheServerConfig) -> RunningServer:
-    """The shared offload tier on its Unix socket (data API) and a TCP port (/health, /metrics)."""
-    from kvtier.sim.cacheserver import make_cache_apps
-
-    model = resolve_model(cfg.model, build_catalog())
-    sock = Path(cfg.socket)
-    claim(sock)
-    offload = make_offload(cfg.offload, cfg, model, cfg.seed)
-
-    async def cleanup() -> None:
-        offload.close()
-        if sock.is_socket():
-            sock.unlink()
-
-    data, public = make_cache_apps(offload, str(sock))
-    runners = [web.AppRunner(data, access_log=None), web.AppRunner(public, access_log=None)]
-    try:
-        for r in runners:
-            await r.setup()
-        await web.UnixSite(runners[0], str(sock)).start()
-        os.chmod(sock, 0o600)  # the data API: only this user may connect (Linux checks write permission)
-        await web.TCPSite(runners[1], cfg.host, cfg.port).start()
-    except BaseException as e:
-        for r in runners:
-            await r.cleanup()
-        await cleanup()
-        if isinstance(e, OSError):
-            raise ConfigError(f"cache-server: cannot listen ({e})") from e
-        raise
-    port = runners[1].addresses[0][1]
-    return RunningServer(port, runners, cleanup)
 
 
 async def _until_signal(port_file: str | None, port: int) -> None:
@@ -292,23 +264,9 @@ def serve(cfg: SimConfig) -> None:
     _serve(lambda: start_sim(cfg), announce, cfg.port_file, cfg.event_loop)
 
 
-def serve_cache(cfg: CacheServerConfig) -> None:
-    """Run the cache server until SIGINT/SIGTERM."""
-
-    def announce(server: RunningServer) -> str:
-        return (
-            f"kvtier cache-server: {cfg.offload} tier for {cfg.model} on {cfg.socket} (health/metrics "
-            f"http://{cfg.host}:{server.port})"
-        )
-
-    _serve(lambda: start_cache_server(cfg), announce, cfg.port_file, cfg.event_loop)
-
-
 __all__ = [
     "serve",
-    "serve_cache",
     "start_sim",
-    "start_cache_server",
     "resolve_settings",
     "load_presets",
     "make_offload",

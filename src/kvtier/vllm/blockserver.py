@@ -1,10 +1,11 @@
-"""One set of kvtier tiers shared by every vLLM replica of a run: ``kvtier cache-server --serve vllm``.
+"""kvtier's one cache server (``kvtier cache-server``): one set of tiers shared by every replica of a run — vLLM
+replicas running kvtier's spec, and sim replicas (``--offload remote``, sim/remote.py).
 
 The per-replica backend (kvtier/vllm/spec.py alone) gives each engine its own tiers, so a conversation whose KV
 replica A stored is a miss on replica B. This server is the methodology's one cache sidecar per run (as an LMCache
 MP server is): it owns the tiers (the CPU arena; a CPU staging tier in front of NVMe files, Redis or S3) and the
-block index (kvtier/vllm/index.py's waterfall LRU), and every replica's spec talks to it (kvtier/vllm/client.py) —
-the scheduler's manager over one control connection, each worker I/O thread over a data connection of its own.
+block index (kvtier/vllm/index.py's waterfall LRU), and every replica talks to it (kvtier/vllm/client.py) — a
+manager over one control connection, each I/O thread over a data connection of its own (vllm/messages.py).
 
 * **Keys** are vLLM's block hashes in the writer's ``KeyScope`` (model, dtype, layout, parallelism, block size):
   replicas of one model meet under one key, another model never does. vLLM's default block hash (SHA-256 with a
@@ -27,10 +28,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from collections import Counter as Tally
@@ -95,6 +94,7 @@ class BlockServer:
         self._lock = threading.Lock()  # the index and the bookkeeping below
         self._cv = threading.Condition(self._lock)
         self._seq = 0  # plans made
+        self._l1_evicted = 0  # blocks demoted or evicted from the first tier (LMCache's l1_evicted_chunks)
         self._done = 0  # plans whose evictions and demotions have run
         self._actions: deque[tuple[int, list[tuple[str, str, int]]]] = deque()
         self._plan_seq: dict[str, int] = {}  # pending key -> the plan that placed it
@@ -213,7 +213,7 @@ class BlockServer:
             finally:
                 self.metrics.clients.labels(kind).dec()
         except (ConnectionError, OSError) as e:
-            if not self._closing and not isinstance(e, (BrokenPipeError, ConnectionResetError)):
+            if not self._closing and kind != "?" and not isinstance(e, (BrokenPipeError, ConnectionResetError)):
                 log.info("a %s connection ended: %s", kind, e)
         finally:
             for fd in fds:
@@ -282,6 +282,9 @@ class BlockServer:
                 out.append((r, None if t is None else self.index.tiers.index(t)))
         self.metrics.lookups.inc(len(req.keys))
         self.metrics.lookup_hits.inc(sum(1 for r, _ in out if r != "miss"))
+        assert self.geometry is not None
+        self.metrics.lm_req.inc(len(req.keys) * self.geometry.block_tokens)
+        self.metrics.lm_hit.inc(sum(1 for r, _ in out if r == "hit") * self.geometry.block_tokens)
         return m.LookupReply(found=out)
 
     def _pin(self, lease: Lease, req: m.Pin) -> m.PinReply:
@@ -307,7 +310,7 @@ class BlockServer:
             self.index.touch(req.keys)
         return m.Done()
 
-    def _plan(self, lease: Lease, req: m.Plan) -> m.PlanReply:
+    def _plan(self, lease: Lease, req: m.PlanStore) -> m.PlanReply:
         assert self.index is not None
         keys = req.keys
         raw_of = dict(zip(keys, req.raw, strict=False))
@@ -342,6 +345,7 @@ class BlockServer:
             self.metrics.demoted.labels(t).inc(n)
         for t, n in evicted.items():
             self.metrics.evicted.labels(t).inc(n)
+        self._l1_evicted += demoted.get(names[0], 0) + evicted.get(names[0], 0)
         self.metrics.rejected.inc(rejected)
         return m.PlanReply(
             store=plan.keys_to_store,
@@ -392,7 +396,7 @@ class BlockServer:
         m.Pin: _pin,
         m.Unpin: _unpin,
         m.Touch: _touch,
-        m.Plan: _plan,
+        m.PlanStore: _plan,
         m.Complete: _complete,
         m.Forget: _forget,
         m.Reset: _reset,
@@ -520,6 +524,8 @@ class BlockServer:
         dt = time.perf_counter() - t0
         self.metrics.store_bytes.inc(g.block_bytes)
         self.metrics.store_seconds.inc(dt)
+        if rank == 0:
+            self.metrics.lm_stored.inc()
         return m.PutReply(tier=name, seconds=dt).model_dump()
 
     def _get(self, key: str, rank: int, engine: str, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
@@ -539,6 +545,7 @@ class BlockServer:
         self.metrics.load_bytes.inc(r.nbytes)
         self.metrics.load_seconds.inc(dt)
         if rank == 0:
+            self.metrics.lm_loaded.inc()
             with self._lock:
                 writer = self._writer.get(key)
             if writer is not None and writer != engine:
@@ -553,6 +560,13 @@ class BlockServer:
         for name, (held, _) in usage.items():
             self.metrics.held.labels(name).set(held)
         self.metrics.pending.set(pending)
+        assert self.geometry is not None
+        block = self.geometry.block_bytes * self.geometry.world_size
+        (l1_held, l1_slots), *below = usage.values()
+        self.metrics.lm_l1.set(l1_held * block)
+        self.metrics.lm_l1_ratio.set(l1_held / l1_slots if l1_slots else 0.0)
+        self.metrics.lm_l2.set(sum(h for h, _ in below) * block)
+        self.metrics.lm_evicted.set(self._l1_evicted)
 
 
 def shard_key(key: str, rank: int) -> str:
@@ -569,28 +583,4 @@ def _peer_uid(s: socket.socket) -> int | None:
     return int(uid)
 
 
-def serve(settings: VllmOffloadSettings, socket_path: str, host: str, port: int, port_file: str | None) -> None:
-    """Run until SIGINT or SIGTERM (``kvtier cache-server --serve vllm``)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = BlockServer(settings, socket_path, host, port)
-    bound = server.start()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        print(
-            f"kvtier cache-server: {settings.offload} tier for vLLM replicas on {socket_path} "
-            f"(health/metrics http://{host}:{bound})",
-            file=sys.stderr,
-            flush=True,
-        )
-        if port_file:
-            from kvtier.results.io import write_text_atomic
-
-            write_text_atomic(port_file, f"{bound}\n", "--port-file")
-        stop.wait()
-    finally:
-        server.close()
-
-
-__all__ = ["BlockServer", "BlockGeometry", "serve", "shard_key"]
+__all__ = ["BlockServer", "BlockGeometry", "shard_key"]

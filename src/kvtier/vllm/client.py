@@ -1,4 +1,4 @@
-"""kvtier's vLLM backend talking to a shared ``kvtier cache-server --serve vllm`` (kvtier/vllm/blockserver.py).
+"""kvtier's vLLM backend talking to a shared ``kvtier cache-server`` (kvtier/vllm/blockserver.py).
 
 ``ServerIndex`` stands where the per-replica ``BlockIndex`` stands in the scheduler's manager (the same calls:
 lookup, pin, plan_store, complete_store, forget, usage), each a request on one control connection.
@@ -49,7 +49,7 @@ class ServerDown(Exception):
 R = TypeVar("R", bound=BaseModel)
 
 
-class _Link:
+class ServerLink:
     """One connection that reconnects (hello again) after a failure, at most once per RECONNECT_S. Requests and
     replies are vllm/messages.py's models: a reply that is not its operation's is the server's failure."""
 
@@ -138,7 +138,7 @@ class ServerIndex(Generic[K]):
 
     def __init__(self, path: str, key_of: Callable[[K], str], hello: dict[str, Any]) -> None:
         self.key_of = key_of
-        self._link = _Link(path, m.Hello(role="control", **hello), CONTROL_TIMEOUT_S)
+        self._link = ServerLink(path, m.Hello(role="control", **hello), CONTROL_TIMEOUT_S)
         self._lock = threading.Lock()
         try:
             answer = self._link.open()
@@ -198,7 +198,7 @@ class ServerIndex(Generic[K]):
         by_key = {self.key_of(k): k for k in offered}
         raw = [bytes(k).hex() if isinstance(k, (bytes, bytearray)) else "" for k in by_key.values()]
         try:
-            r = self._call(m.Plan(keys=list(by_key), raw=raw), m.PlanReply)
+            r = self._call(m.PlanStore(keys=list(by_key), raw=raw), m.PlanReply)
         except ServerDown:
             return None
         c = self.counters
@@ -271,10 +271,10 @@ class ServerBlockWorker(BlockWorker):
     ) -> None:
         self.path = path
         self.hello = m.Hello(role="data", **hello)
-        self._links: list[_Link] = []
+        self._links: list[ServerLink] = []
         self._pages: list[tuple[int, mmap.mmap]] = []
         self._links_lock = threading.Lock()
-        probe = _Link(path, m.Hello(role="probe", **hello), CONTROL_TIMEOUT_S)
+        probe = ServerLink(path, m.Hello(role="probe", **hello), CONTROL_TIMEOUT_S)
         try:
             answer = probe.open()  # the geometry is checked now, not at the first store
         except (OSError, ProtocolError, Refused) as e:
@@ -283,7 +283,7 @@ class ServerBlockWorker(BlockWorker):
             probe.close()
         self._start(layout, key_of, io_threads, [t[0] for t in answer.tiers])
 
-    def _link(self) -> tuple[_Link, memoryview, Any]:
+    def _link(self) -> tuple[ServerLink, memoryview, Any]:
         """This thread's (data link, its page, the page as a uint8 torch tensor)."""
         b = getattr(self._local, "link", None)
         if b is None:
@@ -297,7 +297,7 @@ class ServerBlockWorker(BlockWorker):
             if self.layout.on_device:
                 pin_host_buffer(view)  # device copies into the page are DMA
             host = torch.from_numpy(np.frombuffer(page, dtype=np.uint8))
-            link = _Link(self.path, self.hello, DATA_TIMEOUT_S, lambda: [fd])
+            link = ServerLink(self.path, self.hello, DATA_TIMEOUT_S, lambda: [fd])
             with self._links_lock:
                 self._links.append(link)
                 self._pages.append((fd, page))
@@ -360,4 +360,4 @@ class ServerBlockWorker(BlockWorker):
             self._pages.clear()
 
 
-__all__ = ["ServerIndex", "ServerBlockWorker", "ServerDown"]
+__all__ = ["ServerLink", "ServerIndex", "ServerBlockWorker", "ServerDown"]

@@ -55,7 +55,7 @@ class Touch(_Message):
     keys: Keys
 
 
-class Plan(_Message):
+class PlanStore(_Message):
     op: Literal["plan"] = "plan"
     keys: Keys
     raw: Annotated[list[Annotated[str, StringConstraints(max_length=1024)]], Field(max_length=MAX_KEYS)] = []
@@ -90,7 +90,9 @@ class Get(_Message):
     key: Key
 
 
-Control = Annotated[Lookup | Pin | Unpin | Touch | Plan | Complete | Forget | Reset | Usage, Field(discriminator="op")]
+Control = Annotated[
+    Lookup | Pin | Unpin | Touch | PlanStore | Complete | Forget | Reset | Usage, Field(discriminator="op")
+]
 Data = Annotated[Put | Get, Field(discriminator="op")]
 CONTROL: TypeAdapter[Control] = TypeAdapter(Control)
 DATA: TypeAdapter[Data] = TypeAdapter(Data)
@@ -180,7 +182,7 @@ __all__ = [
     "LookupReply",
     "Pin",
     "PinReply",
-    "Plan",
+    "PlanStore",
     "PlanReply",
     "Put",
     "PutReply",

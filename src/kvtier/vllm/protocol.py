@@ -1,4 +1,4 @@
-"""The wire between kvtier's vLLM backend and a shared ``kvtier cache-server --serve vllm`` (vllm/blockserver.py).
+"""The wire between kvtier's vLLM backend and a shared ``kvtier cache-server`` (vllm/blockserver.py).
 
 A Unix stream socket (a 0600 socket in the run's 0700 folder; the server also checks the peer's uid). Every message
 is one frame: a 4-byte big-endian length, then that many bytes of UTF-8 JSON. A data connection's first frame

@@ -54,6 +54,18 @@ class ServerMetrics:
         self.info = Gauge(
             p + "info", "the tiers, fastest first, with vLLM's by-source label", ["tier", "source"], registry=r
         )
+        # the same tiers under LMCache MP's names (facts.md): a scraper reads kvtier's cache server as it reads
+        # LMCache's (kvtier replay's offload counters; the first tier is L1, those below it L2)
+        self.lm_req = Counter("lmcache_mp_lookup_requested_tokens", "tokens looked up (blocks x tokens)", registry=r)
+        self.lm_hit = Counter("lmcache_mp_lookup_hit_tokens", "tokens found stored", registry=r)
+        self.lm_loaded = Counter("lmcache_mp_num_chunks_loaded", "blocks loaded (rank 0's shards)", registry=r)
+        self.lm_stored = Counter("lmcache_mp_num_chunks_stored", "blocks stored (rank 0's shards)", registry=r)
+        self.lm_l1 = Gauge("lmcache_mp_l1_memory_usage_bytes", "bytes the first tier holds", registry=r)
+        self.lm_l1_ratio = Gauge("lmcache_mp_l1_usage_ratio", "the first tier's usage ratio", registry=r)
+        self.lm_l2 = Gauge("lmcache_mp_l2_usage_bytes", "bytes the tiers below the first hold", registry=r)
+        self.lm_evicted = Gauge(
+            "lmcache_mp_l1_evicted_chunks", "blocks demoted or evicted from the first tier", registry=r
+        )
 
 
 def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
@@ -66,7 +78,6 @@ def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
                     {
                         "status": "ok",
                         "server": "kvtier cache-server",
-                        "serve": "vllm",
                         "socket": server.path,
                         "geometry": None if server.geometry is None else server.geometry.__dict__,
                     }

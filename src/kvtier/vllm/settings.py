@@ -47,7 +47,7 @@ class VllmOffloadSettings(OffloadTierConfig):
     )
     cache_server: str | None = flag(
         None,
-        "Unix socket of a shared kvtier cache-server --serve vllm: its tiers and index instead of this "
+        "Unix socket of a shared kvtier cache-server: its tiers and index instead of this "
         "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
     )
 
@@ -64,7 +64,7 @@ class VllmOffloadSettings(OffloadTierConfig):
             own = sorted(self.model_fields_set - {"cache_server", "io_threads", "request_log", "request_log_mb"})
             if own:
                 raise ValueError(
-                    f"{', '.join(own)}: set on the cache server (kvtier cache-server --serve vllm), "
+                    f"{', '.join(own)}: set on the cache server (kvtier cache-server), "
                     "not here, when cache_server is given"
                 )
         return self

@@ -20,7 +20,7 @@ and stores; a hit's source is the tier's (CPU RAM ``host``, NVMe ``disk``), so v
 adapts kvtier/vllm/worker.py's BlockWorker. The spec's own series (``kvtier:offload_*``, by tier) are
 emitted through vLLM's connector stats on the engine's /metrics.
 
-With ``cache_server`` (a socket of ``kvtier cache-server --serve vllm``) the index and the tiers are that server's,
+With ``cache_server`` (a socket of ``kvtier cache-server``) the index and the tiers are that server's,
 shared by every replica pointed at it: the manager asks it instead of its own index (kvtier/vllm/client.py
 ``ServerIndex``) and the workers move blocks through pages they share with it (``ServerBlockWorker``).
 """

@@ -306,7 +306,7 @@ def test_replicas_with_their_own_tiers_are_routed_sticky_and_a_shared_sidecar_le
 
 @pytest.mark.parametrize(("build", "tier"), [("cpu", "cpu"), ("cpu", "nvme"), ("nvidia", "nvme"), ("amd", "cpu")])
 def test_kvtier_shared_runs_one_cache_server_every_replicas_spec_names(tmp_path: Path, build: str, tier: str):
-    """--offload-engine kvtier-shared: one kvtier cache-server --serve vllm sidecar holding the tiers (sized by --l1-gb,
+    """--offload-engine kvtier-shared: one kvtier cache-server sidecar holding the tiers (sized by --l1-gb,
     or --staging-gb and --l2-gb for nvme); every replica's spec names only its socket, and its command parses into
     kvtier's own CacheServerConfig."""
     from kvtier.cli.args import add_config_arguments, config_from_args
@@ -336,13 +336,13 @@ def test_kvtier_shared_runs_one_cache_server_every_replicas_spec_names(tmp_path:
     assert logs == [str(out / "replica0.engine-requests.jsonl"), str(out / "replica1.engine-requests.jsonl")]
     assert lp.replay.engine_log == logs
     argv = lp.sidecar.argv
-    assert argv[:4] == ["kvtier", "cache-server", "--serve", "vllm"]
+    assert argv[:2] == ["kvtier", "cache-server"]
     import argparse
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, CacheServerConfig)
     server = config_from_args(parser.parse_args(argv[2:]), CacheServerConfig)
-    assert server.serve == "vllm" and server.socket == sock and server.offload == tier
+    assert server.socket == sock and server.offload == tier
     if tier == "cpu":
         assert server.cpu_offload_gb == 0.5
     else:
