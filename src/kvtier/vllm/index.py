@@ -16,7 +16,7 @@ on every worker's real tiers — evictions and demotions that make room before t
 says (kvtier/vllm/worker.py). A load reads a block wherever the worker's tiers hold it, so a demotion still
 queued when a load runs costs nothing but order.
 
-Pure Python, no vLLM import: tested on its own (tests/unit/test_vllm_index.py).
+Pure Python, no vLLM import: tested on its own (tests/unit/vllm/test_index.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from kvtier.config.bench import BenchConfig
 from kvtier.config.tuning import Tuning, load_tuning
 from kvtier.telemetry.recorder import Recorder
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "mlperf_config.yaml"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "mlperf_config.yaml"
 
 
 def leaves(d: Any, prefix: str = "") -> dict[str, Any]:

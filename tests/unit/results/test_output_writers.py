@@ -17,7 +17,7 @@ from kvtier.errors import KvtierError
 from kvtier.results.io import atomic_file, open_append, open_fresh, write_text_atomic
 from tests.conftest import kvtier_cmd
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "kvtier"
+SRC = Path(__file__).resolve().parents[3] / "src" / "kvtier"
 
 
 @pytest.fixture

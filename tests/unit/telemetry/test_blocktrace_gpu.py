@@ -16,7 +16,7 @@ import pytest
 from kvtier.telemetry.blocktrace import BlockTracer, dev_numbers, parse_histograms, program, summarize
 from kvtier.telemetry.gpu import GpuSampler
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def test_bpftrace_histograms_parse():

@@ -8,7 +8,7 @@ from kvtier.errors import DatasetError
 from kvtier.workload.traces import detect_format, load_trace
 from tests.conftest import SHARED_DATA
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures"
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
 AZURE = SHARED_DATA / "azure_llm_inference_2023" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = SHARED_DATA / "mooncake_fast25" / "conversation_trace.jsonl"
 needs_data = pytest.mark.skipif(not AZURE.exists(), reason="../shared/data not present")

@@ -19,7 +19,7 @@ from kvtier.engine.runs import system_directory
 from kvtier.mlperf import wrapper
 from kvtier.mlperf.shim import write_shim
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "mlperf_config.yaml"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mlperf_config.yaml"
 
 
 @pytest.fixture
