@@ -10,6 +10,37 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from kvtier.child import Child, start  # noqa: E402 - the checkout's kvtier, as the scripts run it
+
+
+def start_peer(
+    argv: list[str], name: str, log: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Child:
+    """A benchmark's peer (a sim, Caddy) through kvtier's one runner (kvtier/child.py): its own process group,
+    told SIGTERM if the benchmark dies, its output to ``log`` (appended) or nowhere; ``.stop()`` ends it and its
+    children."""
+    if log is None:
+        return start(argv, name=name, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
+    with open(log, "ab") as f:
+        return start(argv, name=name, stdout=f, env=env, cwd=cwd, log=log)
+
+
+def wait_port_file(path: Path, peer: Child, timeout_s: float = 60.0) -> int:
+    """The port ``peer`` writes to ``path`` once it listens (kvtier sim --port-file); SystemExit if it exits or
+    runs out of time first."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        if peer.poll() is not None:
+            raise SystemExit(f"{peer.name} exited with status {peer.poll()} before it listened")
+        time.sleep(0.05)
+    peer.stop()
+    raise SystemExit(f"{peer.name} did not listen within {timeout_s:.0f} s")
 
 
 def ensure_tool(name: str) -> str:

@@ -18,14 +18,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, ensure_tool
+from _common import REPO, ensure_tool, start_peer
 
 sys.path.insert(0, str(REPO / "src"))
 from kvtier.launch import cpu_engine
@@ -89,16 +88,14 @@ def run(variant: str, n: int, work: Path, engine_python: str) -> tuple[int, int,
         (d / "Caddyfile").write_text(text)
         home = d / "home"
         env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "c"), "XDG_DATA_HOME": str(home / "d")}
-        with open(d / "caddy.log", "wb") as log:
-            caddy = subprocess.Popen(["caddy", "run", "--config", str(d / "Caddyfile"), "--adapter", "caddyfile"],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        caddy = start_peer(["caddy", "run", "--config", str(d / "Caddyfile"), "--adapter", "caddyfile"], "caddy",
+                           log=d / "caddy.log", env=env)  # fmt: skip
         while not http_ok(f"http://127.0.0.1:{ports[2]}/health"):
             time.sleep(0.2)
         cut, sent = asyncio.run(_clients(ports[2], n, seed=len(variant)))
     finally:
         if caddy is not None:
-            caddy.terminate()
-            caddy.wait(timeout=30)
+            caddy.stop(grace_s=30)
         for s in srvs:
             s.stop()
     aborted = sum(

@@ -19,11 +19,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO
+from _common import REPO, start_peer, wait_port_file
 
 MINISWE = REPO.parent / "shared" / "data" / "lmcache_agent_trace" / "miniswe"
 MODEL = "gpt-oss-20b"  # 48 KiB/token: miniswe's prompts (up to 11k tokens) fit 0.5 GB of GPU KV, a few at a time
@@ -39,24 +38,19 @@ def run(cmd: list[str], timeout: float, what: str) -> subprocess.CompletedProces
 
 def replay_against_sim(out: Path, args: argparse.Namespace) -> None:
     port_file = out / "sim.port"
-    sim = subprocess.Popen(
+    sim = start_peer(
         KVTIER + ["sim", "--model", MODEL, "--gpu-kv-gb", "0.5", "--offload", "cpu", "--cpu-offload-gb", "2",
                   "--port", "0", "--port-file", str(port_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        "kvtier sim",
     )  # fmt: skip
     try:
-        for _ in range(600):
-            if port_file.exists() and port_file.read_text().strip():
-                break
-            time.sleep(0.05)
-        port = int(port_file.read_text())
+        port = wait_port_file(port_file, sim, 30)
         run(KVTIER + ["replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", MODEL, "--dataset",
                       str(MINISWE), "--concurrency", "4", "--num-rounds", "5", "--max-tokens-cap", "16",
                       "--skip-too-long", "--progress", "none", "--output", str(out / "replay")],
             600, "replay")  # fmt: skip
     finally:
-        sim.terminate()
-        sim.wait(timeout=30)
+        sim.stop(grace_s=30)
 
 
 def main() -> None:

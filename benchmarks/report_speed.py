@@ -30,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import start_peer, wait_port_file  # noqa: E402
 
 
 def kvtier(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -57,18 +59,17 @@ def replay_result(work: Path, n: int) -> Path:
 
     data = conversations(work / "data", users=8, turns=5, max_tokens=16)
     port_file = work / "port"
-    sim = subprocess.Popen([sys.executable, "-m", "kvtier", "sim", "--preset", "cpu-test", "--port", "0", "--port-file",
-                            str(port_file), "--offload", "cpu", "--cpu-offload-gb", "0.5"], cwd=REPO)  # fmt: skip
+    argv = [sys.executable, "-m", "kvtier", "sim", "--preset", "cpu-test", "--port", "0", "--port-file",
+            str(port_file), "--offload", "cpu", "--cpu-offload-gb", "0.5"]  # fmt: skip
+    sim = start_peer(argv, "kvtier sim", cwd=REPO)
     try:
-        while not (port_file.exists() and port_file.read_text().strip()):
-            time.sleep(0.05)
+        port = wait_port_file(port_file, sim)
         out = work / "replay"
-        kvtier("replay", "--base-url", f"http://127.0.0.1:{port_file.read_text().strip()}/v1", "--model", "tiny-1b",
+        kvtier("replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "tiny-1b",
                "--dataset", str(data), "--num-rounds", "5", "--concurrency", "4", "--gap-scale", "0",
                "--output", str(out), "--scrape-interval", "0.5")  # fmt: skip
     finally:
-        sim.terminate()
-        sim.wait(timeout=30)
+        sim.stop(grace_s=30)
     base = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     span = max(r["start_unix_s"] for r in base) - min(r["start_unix_s"] for r in base) + 1.0
     records = []

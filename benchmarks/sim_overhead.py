@@ -13,14 +13,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import start_peer, wait_port_file
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"], help="the server's loop")
     a = ap.parse_args()
     port_file = Path(tempfile.mkdtemp()) / "port"
-    proc = subprocess.Popen(
+    proc = start_peer(
         [
             sys.executable,
             *os.environ.get("SIMPROF", "").split(),
@@ -83,21 +84,16 @@ def main() -> None:
             "--port-file",
             str(port_file),
         ],
-        stderr=subprocess.DEVNULL,
+        "kvtier sim",
     )
     try:
-        for _ in range(200):
-            if port_file.exists() and port_file.read_text().strip():
-                break
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{int(port_file.read_text())}/v1/chat/completions"
+        url = f"http://127.0.0.1:{wait_port_file(port_file, proc, 10)}/v1/chat/completions"
         asyncio.run(load(url, 4, 10))  # warm up
         c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
         tokens = asyncio.run(load(url, a.streams, a.tokens))
         c1, t1 = cpu_seconds(proc.pid), time.perf_counter()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        proc.stop(grace_s=20)
     us = (c1 - c0) / tokens * 1e6
     print(
         f"{a.streams} streams x {a.tokens} tokens in {t1 - t0:.2f} s: {tokens / (t1 - t0):,.0f} tokens/s streamed, "

@@ -27,13 +27,14 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import start_peer, wait_port_file
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "lmcache_agent_trace" / "miniswe"
@@ -82,13 +83,9 @@ def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
     if mode == "s3":
         args += ["--s3-endpoint", a.servers["s3"], "--s3-bucket", "kvtier-threeway"]
         args += ["--s3-capacity-gb", str(a.offload_gb), "--staging-gb", str(a.staging_gb)]
-    sim = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    sim = start_peer(args, "kvtier sim")
     try:
-        for _ in range(300):
-            if port_file.exists() and port_file.read_text().strip():
-                break
-            time.sleep(0.05)
-        port = int(port_file.read_text())
+        port = wait_port_file(port_file, sim, 15)
         out = work / f"replay-{mode}"
         rp = subprocess.run(
             [
@@ -120,8 +117,7 @@ def run(mode: str, a: argparse.Namespace, work: Path) -> dict:
             raise SystemExit(f"replay against --offload {mode} failed:\n{rp.stderr[-3000:]}")
         m = metrics(port)
     finally:
-        sim.send_signal(signal.SIGTERM)
-        sim.wait(timeout=60)
+        sim.stop(grace_s=60)
     s = json.loads((out / "summary.json").read_text())["summary"]
     return {
         "ttft_p50_s": s["ttft_s"]["p50"],

@@ -43,9 +43,10 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO
+from _common import REPO, start_peer
 
 sys.path.insert(0, str(REPO / "src"))
+from kvtier.child import Child
 from kvtier.config.launch import CPU_BLOCK_TOKENS
 from kvtier.launch import cpu_engine
 from kvtier.launch.devices import cpu_inventory
@@ -87,9 +88,7 @@ def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurre
             "by_source": m.get("prompt_tokens_by_source") or {}}  # fmt: skip
 
 
-def start_sim(
-    a: argparse.Namespace, model_dir: Path, port: int, work: Path, calibration: Path | None = None
-) -> subprocess.Popen[bytes]:
+def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path, calibration: Path | None = None) -> Child:
     cmd = [sys.executable, "-m", "kvtier", "sim", "--model", SIM_MODEL, "--served-model-name", "tiny",
            "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
            "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}",
@@ -104,17 +103,16 @@ def start_sim(
         cmd += ["--prefill-tps", str(a.sim_prefill_tps), "--tpot-ms", str(a.sim_tpot_ms)]
     else:
         cmd += ["--calibration", str(calibration)]
-    log = (work / f"sim-{port}.log").open("wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return start_peer(cmd, "kvtier sim", log=work / f"sim-{port}.log")
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def wait_http(url: str, proc: Child, timeout: float = 60) -> None:
     import time
 
     t0 = time.monotonic()
     while not http_ok(url + "/health"):
         if proc.poll() is not None:
-            raise SystemExit(f"kvtier sim exited {proc.returncode}")
+            raise SystemExit(f"kvtier sim exited {proc.poll()}")
         if time.monotonic() - t0 > timeout:
             raise SystemExit("kvtier sim did not start")
         time.sleep(0.3)
@@ -166,8 +164,7 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
             got["sim"][conc] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
             got["sim"][conc]["ttft"] = turn_ttfts(work / f"sim-{conc}")
         finally:
-            sim.terminate()
-            sim.wait(timeout=30)
+            sim.stop(grace_s=30)
     for conc in a.concurrency:
         v, s_ = got["vllm"][conc], got["sim"][conc]
         for t in sorted(set(v["ttft"]) & set(s_["ttft"])):
@@ -279,8 +276,7 @@ def main() -> None:
             wait_http(f"http://127.0.0.1:{port}", sim)
             got["sim"] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
         finally:
-            sim.terminate()
-            sim.wait(timeout=30)
+            sim.stop(grace_s=30)
         for who, r in got.items():
             turns = " ".join(f"t{t}={c / p:.3f}" for t, (c, p) in sorted(r["per_turn"].items()) if p)
             print(f"concurrency {conc} {who:5s} {r['status']:8s} requests {r['requests']:3d} hit_rate "

@@ -132,6 +132,7 @@ def start(
     die_with_parent: bool = True,
     text: bool = False,
     log: Path | None = None,
+    cwd: Path | str | None = None,
 ) -> Child:
     """A long-running child (see the module's text); LaunchError naming the program when it cannot start."""
     args = list(argv)
@@ -146,6 +147,7 @@ def start(
             start_new_session=group,
             preexec_fn=_die_with_parent if die_with_parent else None,
             text=text,
+            cwd=cwd,
         )
     except OSError as e:
         raise LaunchError(f"{who}: cannot start {args[0]!r}: {e.strerror or e}") from e
