@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class Child:
         return self.popen.poll()
 
     def send(self, sig: int) -> None:
-        """``sig`` to the child's group (its own session) or to the child alone; nothing if it is gone."""
+        """``sig`` to the child's group (its own session) or to the child alone; nothing if it is gone. ``stop``
+        signals the group before it reaps the leader, while the group's id is surely still this child's."""
         try:
             if self.group:
                 os.killpg(self.popen.pid, sig)
@@ -66,12 +68,22 @@ class Child:
     def stop(self, grace_s: float = 15.0, sig: int = signal.SIGTERM) -> int | None:
         """``sig``, up to ``grace_s`` to exit, then SIGKILL (to the group, which may hold children even after the
         leader exited); the exit status, None if it would not die."""
-        if self.popen.poll() is None:
+        if self.popen.returncode is None:
             self.send(sig)
-            self.wait(grace_s)
-        if self.group or self.popen.poll() is None:
-            self.send(signal.SIGKILL)
+            deadline = time.monotonic() + grace_s
+            while not self._exited() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        self.send(signal.SIGKILL)  # the group may hold children even after the leader exited (not yet reaped here)
         return self.wait(5)
+
+    def _exited(self) -> bool:
+        """Whether the leader has exited, without reaping it (its pid, and so the group's, stays ours)."""
+        if self.popen.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
 
     def kill(self) -> None:
         """SIGKILL at once: a crash, not a shutdown."""
@@ -111,14 +123,24 @@ class Child:
                 signal.signal(s, h)
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when kvtier itself dies (even by SIGKILL), so nothing is orphaned."""
+def _prctl() -> Any:
+    """libc's prctl, resolved here in the parent: the forked child only calls it (an import or a library load in
+    the child could wait forever on a lock another thread of the parent held at fork time)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when kvtier itself dies (even by SIGKILL), so nothing is orphaned."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def start(

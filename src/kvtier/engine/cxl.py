@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -34,24 +35,48 @@ MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
 """Filesystems whose files are host RAM (a tmpfs may be bound to a CXL memory node: see the module's text)."""
 
 
-def mount_of(path: str) -> tuple[str, str, frozenset[str]]:
-    """The mount holding ``path``: (mount point, filesystem type, mount options), from /proc/self/mountinfo."""
-    real = os.path.realpath(path)
-    best = ("/", "", frozenset[str]())
+def _mounts() -> list[tuple[str, str, frozenset[str], str]]:
+    """/proc/self/mountinfo as (mount point, filesystem type, mount options, its device "major:minor")."""
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
-        return best
+        return []
+    out = []
     for line in lines:
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 6 or len(tail) < 3:
             continue
-        point = fields[4].replace("\\040", " ")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040, \011, \012, \134
+        out.append((point, tail[0], frozenset(fields[5].split(",")) | frozenset(tail[2].split(",")), fields[2]))
+    return out
+
+
+def mount_of(path: str) -> tuple[str, str, frozenset[str]]:
+    """The mount holding ``path``: (mount point, filesystem type, mount options), from /proc/self/mountinfo."""
+    real = os.path.realpath(path)
+    best = ("/", "", frozenset[str]())
+    for point, fstype, options, _ in _mounts():
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
-            options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
-            best = (point, tail[0], options)
+            best = (point, fstype, options)
     return best
+
+
+def _memory_mount(fstype: str, options: frozenset[str]) -> str | None:
+    """``fsdax`` or ``host`` for a mount that is memory, else None."""
+    if "dax" in options or any(o.startswith("dax=") and o != "dax=never" for o in options):
+        return "fsdax"
+    return "host" if fstype in MEMORY_FILESYSTEMS else None
+
+
+def _char_subsystem(st: os.stat_result) -> str:
+    """The kernel subsystem of a character device (``dax`` for a device-DAX node), from sysfs."""
+    try:
+        return os.path.basename(
+            os.path.realpath(f"/sys/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/subsystem")
+        )
+    except OSError:
+        return ""
 
 
 def backing(path: str) -> str:
@@ -62,14 +87,18 @@ def backing(path: str) -> str:
     except OSError as e:
         raise UnusableDirectory(f"{path}: {e.strerror}") from None
     if stat.S_ISCHR(st.st_mode):
+        subsystem = _char_subsystem(st)
+        if subsystem != "dax":
+            raise UnusableDirectory(
+                f"{path}: a character device that is not a DAX device (subsystem {subsystem or '?'})"
+            )
         return "devdax"
     if not stat.S_ISDIR(st.st_mode):
         raise UnusableDirectory(f"{path}: give a DAX device (/dev/daxN.M) or a folder on a memory-backed filesystem")
     point, fstype, options = mount_of(path)
-    if "dax" in options or any(o.startswith("dax=") and o != "dax=never" for o in options):
-        return "fsdax"
-    if fstype in MEMORY_FILESYSTEMS:
-        return "host"
+    kind = _memory_mount(fstype, options)
+    if kind is not None:
+        return kind
     raise UnusableDirectory(
         f"{path}: on {fstype or 'an unknown filesystem'} ({point}), which is not memory: mapped there, the tier "
         "would be the page cache in front of a disk. Give a DAX device (/dev/daxN.M), a folder on a DAX mount "
@@ -106,7 +135,15 @@ class CxlTier(MemoryTier):
     def _map(self, nbytes: int) -> mmap.mmap:
         flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
         if self.backing == "devdax":
-            self._fd = os.open(self.path, flags)
+            checked = os.stat(self.path)
+            try:
+                self._fd = os.open(self.path, flags)
+            except OSError as e:
+                raise UnusableDirectory(f"{self.path}: {e.strerror}") from None
+            opened = os.fstat(self._fd)
+            if not stat.S_ISCHR(opened.st_mode) or opened.st_rdev != checked.st_rdev:
+                self._close_fd()
+                raise UnusableDirectory(f"{self.path}: changed between its check and its opening")
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -122,6 +159,11 @@ class CxlTier(MemoryTier):
         fd, name = tempfile.mkstemp(prefix="kvtier-cxl-", dir=self.path)  # 0600, O_EXCL: never through a link
         os.unlink(name)
         self._fd = fd
+        dev = os.fstat(fd).st_dev  # the file's own filesystem, not the path's as read before: it must be memory
+        mount = next((m for m in _mounts() if m[3] == f"{os.major(dev)}:{os.minor(dev)}"), None)
+        if mount is None or _memory_mount(mount[1], mount[2]) is None:
+            self._close_fd()
+            raise UnusableDirectory(f"{self.path}: its file landed on {mount[1] if mount else 'an unknown'} filesystem")
         try:
             os.posix_fallocate(fd, 0, nbytes)
         except OSError as e:

@@ -96,6 +96,8 @@ def load(path: str | Path) -> AnyResult:
         raise DatasetError(f"{p}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DatasetError(f"{p}: JSON nested too deep to be a kvtier result") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{p}: not a kvtier result (expected a JSON object)")
     model = _model_for(raw.get("benchmark"))

@@ -52,9 +52,9 @@ class RunOption(BaseModel):
     """One option of a run summary, mlpstorage's or kvtier's: the figures compared (others are kept, unread)."""
 
     model_config = ConfigDict(extra="allow")
-    aggregated_storage_throughput_tokens_per_sec: float = Field(ge=0)
-    aggregated_read_bandwidth_gbps: float = Field(ge=0)
-    rank_count: float = Field(ge=0)
+    aggregated_storage_throughput_tokens_per_sec: float = Field(ge=0, allow_inf_nan=False)
+    aggregated_read_bandwidth_gbps: float = Field(ge=0, allow_inf_nan=False)
+    rank_count: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
     aggregated_write_bandwidth_gbps: float | None = None
     aggregated_device_read_p95_ms: float | None = None
     partial_failure: bool = False
@@ -117,7 +117,7 @@ def run_options(options: dict[str, object], where: str = "") -> dict[str, RunOpt
             raise DatasetError(f"{where}options.{o}: expected an object")
         for k in ("aggregated_storage_throughput_tokens_per_sec", "aggregated_read_bandwidth_gbps", "rank_count"):
             v = s.get(k)
-            if not _number(v) or v < 0:  # type: ignore[operator]  # a number, checked first
+            if not _number(v) or not 0 <= v < float("inf"):  # type: ignore[operator]  # a number, checked first
                 raise DatasetError(f"{where}options.{o}.{k}: expected a number >= 0, got {v!r}")
         try:
             out[str(o)] = RunOption.model_validate(s)
@@ -145,8 +145,8 @@ def load_summary(path: str | Path) -> dict[str, RunOption]:
         data = json.loads(p.read_text())
     except OSError as e:
         raise DatasetError(f"{p}: cannot read: {e.strerror}") from e
-    except ValueError as e:
-        raise DatasetError(f"{p}: not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:
+        raise DatasetError(f"{p}: not JSON, or nested too deep: {type(e).__name__}") from None
     options = data.get("options") if isinstance(data, dict) else None
     if not isinstance(options, dict) or not options:
         raise DatasetError(f"{p}: no 'options' (expected a kvcache_run_summary from mlpstorage or kvtier mlperf run)")

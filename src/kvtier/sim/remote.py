@@ -35,7 +35,7 @@ from kvtier.keys import KeyScope
 from kvtier.sim.model import OffloadConfig, _Measured
 from kvtier.vllm import messages as m
 from kvtier.vllm.client import ServerDown, ServerLink
-from kvtier.vllm.protocol import ProtocolError, Refused
+from kvtier.vllm.protocol import ProtocolError, Refused, sealed_page
 
 R = TypeVar("R", bound=BaseModel)
 DATA_LINKS = 4
@@ -108,8 +108,7 @@ class RemoteOffload(_Measured):
         self._control.open()
         padded = round_up(self.chunk_bytes)
         for _ in range(DATA_LINKS):
-            fd = os.memfd_create("kvtier-sim-page", os.MFD_CLOEXEC)
-            os.ftruncate(fd, padded)
+            fd = sealed_page("kvtier-sim-page", padded)
             link = ServerLink(self.socket_path, m.Hello(role="data", **self._hello), self.timeout_s, _descriptor(fd))
             page = _Page(link, fd, mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
             self._all.append(page)

@@ -29,7 +29,6 @@ import logging
 import mmap
 import os
 import socket
-import struct
 import threading
 import time
 from collections import Counter as Tally
@@ -49,7 +48,7 @@ from kvtier.tiers import open_tiers
 from kvtier.unixsock import claim
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
-from kvtier.vllm.protocol import Conn
+from kvtier.vllm.protocol import Conn, is_sealed, peer_uid
 from kvtier.vllm.server_http import ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
 
@@ -171,7 +170,7 @@ class BlockServer:
                 s, _ = self._listener.accept()
             except OSError:
                 return
-            uid = _peer_uid(s)
+            uid = peer_uid(s)
             if uid is not None and uid != os.getuid():
                 log.warning("refused a connection from uid %d", uid)
                 s.close()
@@ -225,10 +224,13 @@ class BlockServer:
         """The first hello fixes the geometry and opens the tiers; later ones must match it."""
         with self._lock:
             if self.geometry is None:
+                index: BlockIndex[str] = BlockIndex(
+                    self.settings.slots(g.block_bytes, g.world_size)
+                )  # refused before a tier opens
                 tiers = open_tiers(self.settings.plan(g.block_bytes, 1))
                 self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
                 self._names = [t.name for t in tiers]
-                self.index = BlockIndex(self.settings.slots(g.block_bytes, g.world_size))
+                self.index = index
                 self.geometry = g
                 for t in self.index.tiers:
                     self.metrics.capacity.labels(t.name).set(t.slots)
@@ -298,7 +300,8 @@ class BlockServer:
     def _unpin(self, lease: Lease, req: m.Unpin) -> m.Done:
         assert self.index is not None
         with self._lock:
-            mine = [k for k in req.keys if lease.pins[k] > 0]
+            asked = Tally(req.keys)  # a key named twice unpins at most what this connection pinned of it
+            mine = [k for k, n in asked.items() for _ in range(min(n, lease.pins[k]))]
             self.index.unpin(mine)
             lease.pins.subtract(mine)
             lease.pins = +lease.pins
@@ -485,6 +488,9 @@ class BlockServer:
         if os.fstat(fd).st_size < padded:
             c.send({"ok": False, "error": f"hello: the page is {os.fstat(fd).st_size} bytes; {padded} are needed"})
             return
+        if not is_sealed(fd):  # a page its sender could shrink later would be a SIGBUS here
+            c.send({"ok": False, "error": "hello: the page must be a memfd sealed against shrinking and growing"})
+            return
         page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         view = memoryview(page)
         try:
@@ -572,15 +578,6 @@ class BlockServer:
 def shard_key(key: str, rank: int) -> str:
     """The store's key of one worker's share of a block."""
     return f"{key}.r{rank}"
-
-
-def _peer_uid(s: socket.socket) -> int | None:
-    try:
-        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    _, uid, _ = struct.unpack("3i", creds)
-    return int(uid)
 
 
 __all__ = ["BlockServer", "BlockGeometry", "shard_key"]

@@ -29,7 +29,7 @@ from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
-from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect
+from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect, sealed_page
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
@@ -209,6 +209,9 @@ class ServerIndex(Generic[K]):
             c.evicted[name] = c.evicted.get(name, 0) + n
         if r.none:
             return None
+        if len(r.store) != len(r.placed):  # an answer that does not hold together: the server's failure
+            self._link.errors += 1
+            return None
         plan: StorePlan[K] = StorePlan([], {}, [], [])
         for skey, tier in zip(r.store, r.placed, strict=True):
             k = by_key.get(skey)
@@ -290,8 +293,7 @@ class ServerBlockWorker(BlockWorker):
             import torch
 
             padded = round_up(self.layout.nbytes)
-            fd = os.memfd_create("kvtier-vllm-page", os.MFD_CLOEXEC)
-            os.ftruncate(fd, padded)
+            fd = sealed_page("kvtier-vllm-page", padded)
             page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             view = memoryview(page)
             if self.layout.on_device:

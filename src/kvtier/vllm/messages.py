@@ -17,6 +17,7 @@ from kvtier.vllm.protocol import MAX_KEYS
 Key = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 Keys = Annotated[list[Key], Field(max_length=MAX_KEYS)]
 Count = Annotated[int, Field(ge=0)]
+TierName = Annotated[str, StringConstraints(max_length=64)]
 
 
 class _Message(BaseModel):
@@ -29,7 +30,7 @@ class Hello(_Message):
     op: Literal["hello"] = "hello"
     role: Literal["control", "probe", "data"]
     engine: Annotated[str, StringConstraints(max_length=256)] = "?"
-    block_bytes: int = Field(gt=0)
+    block_bytes: int = Field(gt=0, le=1 << 32)  # one worker's share of a block: at most 4 GiB
     block_tokens: int = Field(gt=0)
     world_size: int = Field(gt=0, le=1024)
     rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
@@ -104,7 +105,7 @@ class _Reply(BaseModel):
 
 
 class TiersReply(_Reply):
-    tiers: list[tuple[str, Count, str]] = []  # (name, blocks it holds, vLLM by-source label), fastest first
+    tiers: list[tuple[TierName, Count, TierName]] = []  # (name, blocks it holds, vLLM by-source label), fastest first
 
 
 class LookupReply(_Reply):
@@ -124,7 +125,7 @@ class PlanReply(_Reply):
     rejected: Count = 0
     store: list[str] = []
     placed: list[Count] = []
-    evicted: list[str] = []  # the raw keys of blocks evicted for room
+    evicted: list[Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{2})*$", max_length=1024)]] = []  # raw keys, hex
     demoted: dict[str, Count] = {}
     evicted_by: dict[str, Count] = {}
 
@@ -146,13 +147,13 @@ class UsageReply(_Reply):
 
 
 class PutReply(_Reply):
-    tier: str
+    tier: TierName
     seconds: float = Field(ge=0)
 
 
 class GetReply(_Reply):
     hit: bool
-    tier: str | None = None
+    tier: TierName | None = None
     n: Count = 0
     seconds: float = Field(0.0, ge=0)
     why: str = ""

@@ -15,7 +15,9 @@ Data (a worker's I/O thread): hello (+ the page's descriptor), put, get. Every a
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -73,8 +75,8 @@ class Conn:
         del self._buf[: HEADER.size + n]
         try:
             return json.loads(data)
-        except ValueError as e:
-            raise ProtocolError(f"a frame that is not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            raise ProtocolError(f"a frame that is not JSON, or nested too deep ({type(e).__name__})") from None
 
     def call(self, obj: Any, fds: list[int] | None = None) -> dict[str, Any]:
         """Send a request and return its answer; a refusal raises Refused with the server's sentence."""
@@ -97,7 +99,18 @@ class Refused(Exception):
     """The server answered with ok: false (the sentence is its reason)."""
 
 
+def peer_uid(s: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED), None where it cannot be read."""
+    try:
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return int(struct.unpack("3i", creds)[1])
+
+
 def connect(path: str, timeout_s: float) -> Conn:
+    """A connection to the cache server at ``path``, refused (Refused) unless the process listening there runs as
+    this user: a stranger's server at that path would read the pages and write the engine's KV cache."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
@@ -105,7 +118,47 @@ def connect(path: str, timeout_s: float) -> Conn:
     except OSError:
         s.close()
         raise
+    uid = peer_uid(s)
+    if uid != os.getuid():
+        s.close()
+        raise Refused(f"{path}: the server there runs as uid {uid}, not this user's ({os.getuid()}): not ours")
     return Conn(s)
 
 
-__all__ = ["Conn", "ProtocolError", "Refused", "connect", "MAX_FRAME", "MAX_KEYS", "VERSION"]
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def sealed_page(name: str, nbytes: int) -> int:
+    """A memfd of ``nbytes`` whose size neither side can change any more (a shrunk page would be a SIGBUS in the
+    other process): what a data connection's hello carries."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, nbytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def is_sealed(fd: int) -> bool:
+    """Whether a received page can no longer shrink or grow."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        return False
+    return seals & (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) == fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
+__all__ = [
+    "Conn",
+    "ProtocolError",
+    "Refused",
+    "connect",
+    "is_sealed",
+    "peer_uid",
+    "sealed_page",
+    "MAX_FRAME",
+    "MAX_KEYS",
+    "VERSION",
+]

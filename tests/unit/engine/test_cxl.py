@@ -79,9 +79,17 @@ def test_a_folder_on_a_disk_filesystem_a_plain_file_and_a_missing_path_are_refus
         open_tier("cxl", TierSpec(MiB, directory=str(tmp_path / "missing")))
 
 
-def test_a_character_device_is_mapped_shared_and_locked_to_one_tier():
-    """/dev/zero stands in for a device-DAX node (/dev/daxN.M): a character device mapped shared, held with an
-    exclusive lock, so a second tier (another rank, another run) on the same device is refused, not interleaved."""
+def test_a_character_device_that_is_not_dax_is_refused():
+    """/dev/zero (or /dev/mem, /dev/tty) is no DAX device: refused by its sysfs subsystem, not mapped."""
+    with pytest.raises(UnusableDirectory, match="/dev/zero: a character device that is not a DAX device .subsystem"):
+        CxlTier(8 * MiB, "/dev/zero", page_bytes=MiB)
+
+
+def test_a_dax_device_is_mapped_shared_and_locked_to_one_tier(monkeypatch):
+    """No device-DAX node exists here: /dev/zero stands in, its sysfs subsystem read as dax (the one mock), to check
+    the mapping is shared and held with an exclusive lock, so a second tier (another rank, another run) on the same
+    device is refused, not interleaved."""
+    monkeypatch.setattr(cxl, "_char_subsystem", lambda st: "dax")
     first = CxlTier(8 * MiB, "/dev/zero", page_bytes=MiB)
     try:
         assert first.backing == "devdax"
@@ -97,13 +105,24 @@ def test_a_character_device_is_mapped_shared_and_locked_to_one_tier():
     CxlTier(8 * MiB, "/dev/zero", page_bytes=MiB).close()  # the lock went with the first tier
 
 
+def test_a_folder_whose_name_hides_a_disk_mount_is_refused_by_the_files_own_filesystem(tmp_path, monkeypatch):
+    """The folder's filesystem is checked again on the file the tier created (its st_dev against mountinfo), so a
+    misread mount table (an escaped name) or a folder swapped after the check cannot put the tier on a disk."""
+    if mount_of(str(tmp_path))[1] in cxl.MEMORY_FILESYSTEMS:
+        pytest.skip(f"{tmp_path} is itself on memory here")
+    monkeypatch.setattr(cxl, "backing", lambda path: "host")  # as if the path check had been fooled
+    with pytest.raises(UnusableDirectory, match="its file landed on"):
+        CxlTier(MiB * 16, str(tmp_path), page_bytes=MiB)
+    assert not list(tmp_path.iterdir())
+
+
 def test_kvtier_bench_puts_the_cxl_tier_behind_cpu_ram_and_counts_its_host_ram():
     cfg = BenchConfig(cxl_path=SHM, cxl_mem_gb=1, cpu_mem_gb=2, gpu_mem_gb=0)
     assert cfg.configured_tiers() == ["cpu", "cxl", "storage"]
     spec = KINDS["cxl"].spec(cfg, Ask(page_bytes=MiB))
     assert (spec.capacity_bytes, spec.directory, spec.page_bytes) == (2**30, SHM, MiB)
     assert KINDS["cxl"].host_bytes(spec) == 2**30  # on a tmpfs it is the host's RAM; on a DAX device it is not
-    assert KINDS["cxl"].host_bytes(TierSpec(2**30, directory="/dev/zero")) == 0
+    assert KINDS["cxl"].host_bytes(TierSpec(2**30, directory="/nonexistent")) == 0
     assert KINDS["cxl"].trace_label == "Tier-5"
     with pytest.raises(ValueError, match="--cxl-path and --cxl-mem-gb > 0 go together"):
         BenchConfig(cxl_path=SHM)

@@ -22,7 +22,7 @@ from kvtier.replay.scrape import parse_snapshot
 from kvtier.vllm import client
 from kvtier.vllm.blockserver import BlockServer
 from kvtier.vllm.client import ServerIndex
-from kvtier.vllm.protocol import Conn, Refused, connect
+from kvtier.vllm.protocol import Conn, Refused, connect, sealed_page
 from kvtier.vllm.settings import VllmOffloadSettings
 
 BLOCK = 64 * 1024
@@ -37,9 +37,8 @@ class Page:
     """A worker I/O thread's side of a data connection: a memfd page the server maps, and put/get through it."""
 
     def __init__(self, path: str, engine: str, geometry: dict | None = None) -> None:
-        self.fd = os.memfd_create("test-page")
         self.size = round_up((geometry or GEOMETRY)["block_bytes"])
-        os.ftruncate(self.fd, self.size)
+        self.fd = sealed_page("test-page", self.size)
         self.mm = mmap.mmap(self.fd, self.size)
         self.conn = connect(path, 10)
         self.conn.call({"op": "hello", "role": "data", "engine": engine, "rank": 0, **(geometry or GEOMETRY)},
@@ -276,3 +275,118 @@ def test_a_closed_data_connection_leaves_no_descriptor_open(server: BlockServer)
     while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_page_its_sender_could_shrink_is_refused_and_a_sealed_one_cannot_shrink(server: BlockServer):
+    """A page the client could shrink after its hello would be a SIGBUS in the shared server (every replica's tiers
+    gone): the server takes only a memfd sealed against shrinking and growing."""
+    replica(server, "A")
+    fd = os.memfd_create("unsealed")
+    os.ftruncate(fd, round_up(BLOCK))
+    with pytest.raises(Refused, match="sealed against shrinking"):
+        connect(server.path, 10).call({"op": "hello", "role": "data", "engine": "C", "rank": 0, **GEOMETRY}, [fd])
+    os.close(fd)
+    sealed = sealed_page("sealed", round_up(BLOCK))
+    with pytest.raises(PermissionError):
+        os.ftruncate(sealed, 4096)
+    os.close(sealed)
+
+
+def test_a_client_refuses_a_server_of_another_user(tmp_path: Path):
+    """The cache server checks its client's uid; the client checks the server's, before its first byte: a stranger's
+    server at the socket path would read the engine's pages and write its KV cache."""
+    import socket
+    import subprocess
+    import sys
+
+    if os.getuid() != 0:
+        pytest.skip("starting a server as another user needs root")
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="kvtier-stranger-", dir="/tmp"))  # a folder the other user can bind in
+    folder.chmod(0o777)
+    path = folder / "stranger.sock"
+    code = (
+        "import os, socket, time; os.setgid(65534); os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
+        f"s.bind({str(path)!r}); s.listen(1); print('up', flush=True); time.sleep(30)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "up\n"
+        with pytest.raises(Refused, match="runs as uid 65534, not this user's"):
+            connect(str(path), 10)
+        with pytest.raises(ConfigError, match="not ours"):
+            ServerIndex(str(path), key_of, {"engine": "A", **GEOMETRY})
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    del socket
+
+
+def test_unpinning_a_key_twice_releases_only_this_connections_pins(server: BlockServer):
+    a, b = replica(server, "A"), replica(server, "B")
+    pa = Page(server.path, "A")
+    store(a, pa, [b"k" * 8])
+    a.pin([b"k" * 8])
+    b.pin([b"k" * 8])
+    b.unpin([b"k" * 8, b"k" * 8])  # B names it twice: only B's one pin goes
+    assert server.index is not None and server.index._pins.get(key_of(b"k" * 8)) == 1
+    pa.close()
+
+
+def test_a_reply_that_does_not_hold_together_is_the_servers_failure(tmp_path: Path):
+    """A plan whose stored and placed lists differ, an evicted key that is not hex, a frame nested past the parser:
+    each is a failed call (counted), never an exception in the engine's scheduler."""
+    import socket
+    import threading
+
+    from kvtier.vllm.protocol import Conn as Framed
+
+    path = str(tmp_path / "odd.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    answers = [b'{"ok": true, "store": ["a", "b"], "placed": [0]}', b'{"ok": true, "store": [], "placed": [],'
+               b' "evicted": ["zz"]}', b"[" * 100_000]  # fmt: skip
+
+    def odd() -> None:
+        s, _ = srv.accept()
+        c = Framed(s)
+        c.recv()
+        c.send({"ok": True, "tiers": [["cpu", 8, "host"]]})
+        for raw in answers:
+            try:
+                c.recv()
+            except ConnectionError:
+                return
+            s.sendall(len(raw).to_bytes(4, "big") + raw)
+        s.close()
+
+    threading.Thread(target=odd, daemon=True).start()
+    idx = ServerIndex(path, key_of, {"engine": "A", **GEOMETRY})
+    try:
+        assert idx.plan_store([b"a" * 8, b"b" * 8]) is None and idx.server_errors == 1
+        assert idx.plan_store([b"c" * 8]) is None and idx.server_errors == 2
+        assert idx.plan_store([b"d" * 8]) is None and idx.server_errors == 3
+    finally:
+        idx.close()
+        srv.close()
+
+
+def test_a_first_hello_no_tier_can_hold_is_refused_before_any_tier_opens(tmp_path: Path):
+    """A same-user client's hellos of a block no tier holds once opened (and leaked) the tiers each time: five such
+    hellos took 5 GiB of a CXL tier on /dev/shm. The index is sized first, and nothing opens when it refuses."""
+    s = BlockServer(VllmOffloadSettings(offload="cpu", cpu_offload_gb=8 * BLOCK / 2**30), str(tmp_path / "c.sock"))
+    s.start()
+    try:
+        for _ in range(3):
+            with pytest.raises(Refused):
+                connect(s.path, 10).call({"op": "hello", "role": "probe", "engine": "X", **GEOMETRY,
+                                          "block_bytes": 1 << 32})  # fmt: skip
+        assert s.store is None and s.geometry is None
+        replica(s, "A")  # a geometry the tiers hold is still welcome
+        assert s.store is not None
+    finally:
+        s.close()
