@@ -162,10 +162,12 @@ def test_each_replayed_request_says_where_its_prompt_came_from_and_where_its_ttf
 
     o = offloading
     out = tmp_path / "out"
-    # two conversations growing 1,200 tokens a turn side by side: past the third turn their histories outgrow the
-    # engine's 8,192-token cache, so earlier turns' blocks come back from kvtier's tiers
-    cfg = ReplayConfig(base_url=o.url + "/v1", model="tiny", synthetic=True, users=2, turns=4, isl=1200, osl=4,
-                       tokenizer=f"hf:{o.model}", concurrency=2, engine_log=[str(o.request_log)], output=str(out),
+    # three conversations growing 1,200 tokens a turn side by side: by their third turn their histories (10,800
+    # tokens) outgrow the engine's 8,192-token cache, so blocks stored turns earlier come back from kvtier's tiers.
+    # With two (7,200 tokens) only the last turn could hit, and under load its blocks' stores could still be in
+    # flight when it looked them up: a CI run once saw no external hit at all
+    cfg = ReplayConfig(base_url=o.url + "/v1", model="tiny", synthetic=True, users=3, turns=4, isl=1200, osl=4,
+                       tokenizer=f"hf:{o.model}", concurrency=3, engine_log=[str(o.request_log)], output=str(out),
                        progress="none", scrape_interval=1.0, synthetic_seed=53)  # fmt: skip
     result = replay.run(cfg, handle_signals=False)
     s = result.summary
