@@ -218,7 +218,7 @@ def _storage_entry(spec: TierSpec) -> Callable[[int], int]:
 def _remote_spec(f: Any, ask: Ask, kind: str) -> TierSpec:
     if not KINDS[kind].configured(f):
         raise ConfigError(f"--offload {kind}: {KINDS[kind].needs}")
-    return TierSpec(f.remote_capacity_bytes(kind), remote=f, connections=ask.connections, scope=ask.scope)
+    return remote_spec(kind, f, ask.connections, ask.scope)
 
 
 def _redis(spec: TierSpec) -> Backend:

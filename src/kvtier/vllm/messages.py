@@ -36,41 +36,40 @@ class Hello(_Message):
     rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
 
 
-class Lookup(_Message):
+class _OnKeys(_Message):
+    """A control request about some blocks, by key (each operation adds its ``op``)."""
+
+    keys: Keys
+
+
+class Lookup(_OnKeys):
     op: Literal["lookup"] = "lookup"
-    keys: Keys
 
 
-class Pin(_Message):
+class Pin(_OnKeys):
     op: Literal["pin"] = "pin"
-    keys: Keys
 
 
-class Unpin(_Message):
+class Unpin(_OnKeys):
     op: Literal["unpin"] = "unpin"
-    keys: Keys
 
 
-class Touch(_Message):
+class Touch(_OnKeys):
     op: Literal["touch"] = "touch"
-    keys: Keys
 
 
-class PlanStore(_Message):
+class PlanStore(_OnKeys):
     op: Literal["plan"] = "plan"
-    keys: Keys
     raw: Annotated[list[Annotated[str, StringConstraints(max_length=1024)]], Field(max_length=MAX_KEYS)] = []
 
 
-class Complete(_Message):
+class Complete(_OnKeys):
     op: Literal["complete"] = "complete"
-    keys: Keys
     success: bool = True
 
 
-class Forget(_Message):
+class Forget(_OnKeys):
     op: Literal["forget"] = "forget"
-    keys: Keys
 
 
 class Reset(_Message):
