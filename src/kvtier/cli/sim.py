@@ -7,6 +7,7 @@ import sys
 
 from kvtier.cli.args import add_config_arguments, config_from_args
 from kvtier.config.sim import CacheServerConfig, SimConfig
+from kvtier.errors import ConfigError
 
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse's private generic
@@ -42,15 +43,18 @@ def run_cache_server(args: argparse.Namespace) -> int:
     from kvtier.vllm.settings import VllmOffloadSettings
 
     cfg = config_from_args(args, CacheServerConfig)
+    listen, token = _listen_and_token(cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = BlockServer(VllmOffloadSettings.of_tier_config(cfg, cfg.offload), cfg.socket, cfg.host, cfg.port)
+    settings = VllmOffloadSettings.of_tier_config(cfg, cfg.offload)
+    server = BlockServer(settings, cfg.socket, cfg.host, cfg.port, listen, token)
     bound = server.start()
     stopping: list[int] = []  # the handlers only append: no lock is taken inside a signal handler
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
+        where = [*([cfg.socket] if cfg.socket else []), *([f"tcp port {server.listen_port}"] if listen else [])]
         print(
-            f"kvtier cache-server: {cfg.offload} tier on {cfg.socket} (health/metrics http://{cfg.host}:{bound})",
+            f"kvtier cache-server: {cfg.offload} tier on {' and '.join(where)} (health/metrics http://{cfg.host}:{bound})",
             file=sys.stderr,
             flush=True,
         )
@@ -61,3 +65,21 @@ def run_cache_server(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def _listen_and_token(cfg: CacheServerConfig) -> tuple[tuple[str, int] | None, bytes | None]:
+    """--listen as (host, port) and --token-file's token, each checked before anything starts."""
+    from kvtier.vllm.protocol import read_token, tcp_address
+
+    listen = None
+    if cfg.listen is not None:
+        try:
+            listen = tcp_address(f"tcp://{cfg.listen}", listen=True)
+        except ValueError:
+            raise ConfigError(f"--listen {cfg.listen!r}: HOST:PORT (an IPv6 host in brackets)") from None
+    if cfg.token_file is None:
+        return listen, None
+    try:
+        return listen, read_token(cfg.token_file, "--token-file")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

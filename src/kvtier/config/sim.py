@@ -100,7 +100,12 @@ class SimConfig(OffloadTierConfig):
         "offload tier: none; in-process cpu, nvme, redis (--redis-url) or s3 (--s3-bucket); or remote "
         "(a kvtier cache-server, --cache-server)",
     )
-    cache_server: str | None = flag(None, "Unix socket of a kvtier cache-server, for --offload remote")
+    cache_server: str | None = flag(
+        None, "a kvtier cache-server, its Unix socket or tcp://HOST:PORT, for --offload remote"
+    )
+    cache_server_token_file: str | None = flag(
+        None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// --cache-server"
+    )
     offload_chunk_tokens: int = flag(
         256,
         "tokens per entry of an in-process offload tier (cpu, nvme, redis, s3): LMCache's chunk is 256; kvtier's "
@@ -125,7 +130,15 @@ class CacheServerConfig(OffloadTierConfig):
     offload: OffloadKind = flag(
         "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
     )
-    socket: str = flag(..., "Unix socket path of the data API (replicas: --cache-server PATH)")
+    socket: str | None = flag(None, "Unix socket path of the data API (replicas: --cache-server PATH)")
+    listen: str | None = flag(
+        None,
+        "HOST:PORT of a TCP data API, for replicas on other hosts (replicas: --cache-server tcp://HOST:PORT); "
+        "needs --token-file",
+    )
+    token_file: str | None = flag(
+        None, "file (mode 0600, one line of at least 16 characters) holding the shared token TCP replicas must prove"
+    )
     host: str = flag("127.0.0.1", "address of /health and /metrics")
     port: int = flag(0, "TCP port of /health and /metrics (0 = any free port)", ge=0, le=65535)
     port_file: str | None = flag(None, "write the TCP port here once the server accepts requests")

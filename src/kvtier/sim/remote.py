@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,8 +34,8 @@ from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.sim.model import OffloadConfig, _Measured
 from kvtier.vllm import messages as m
-from kvtier.vllm.client import ServerDown, ServerLink
-from kvtier.vllm.protocol import ProtocolError, Refused, sealed_page
+from kvtier.vllm.client import ServerDown, ServerLink, data_page, page_fds
+from kvtier.vllm.protocol import ProtocolError, Refused
 
 R = TypeVar("R", bound=BaseModel)
 DATA_LINKS = 4
@@ -45,13 +45,8 @@ DATA_LINKS = 4
 @dataclass
 class _Page:
     link: ServerLink
-    fd: int
+    fd: int | None  # None over TCP: the page is this process's own, its bytes sent inline
     page: mmap.mmap
-
-
-def _descriptor(fd: int) -> Callable[[], list[int]]:
-    """What a data connection's hello sends again on every reconnect: its page's descriptor."""
-    return lambda: [fd]
 
 
 class RemoteOffload(_Measured):
@@ -66,8 +61,10 @@ class RemoteOffload(_Measured):
         timeout_s: float = 10.0,
         engine: str = "sim",
         seed: int = 0,
+        token: bytes | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.token = token
         self.scope = scope
         self.kvpt = kv_bytes_per_token
         self.cfg = OffloadConfig("remote", chunk_tokens=chunk_tokens)
@@ -104,13 +101,15 @@ class RemoteOffload(_Measured):
                 await asyncio.sleep(0.2)
 
     def _open(self) -> None:
-        self._control = ServerLink(self.socket_path, m.Hello(role="control", **self._hello), self.timeout_s)
+        hello = m.Hello(role="control", **self._hello)
+        self._control = ServerLink(self.socket_path, hello, self.timeout_s, token=self.token)
         self._control.open()
         padded = round_up(self.chunk_bytes)
         for _ in range(DATA_LINKS):
-            fd = sealed_page("kvtier-sim-page", padded)
-            link = ServerLink(self.socket_path, m.Hello(role="data", **self._hello), self.timeout_s, _descriptor(fd))
-            page = _Page(link, fd, mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+            fd, mapped = data_page("kvtier-sim-page", padded, self._control.inline)
+            hello = m.Hello(role="data", **self._hello)
+            link = ServerLink(self.socket_path, hello, self.timeout_s, None if fd is None else page_fds(fd), self.token)
+            page = _Page(link, fd, mapped)
             self._all.append(page)
             page.link.open()
             self._pages.put(page)
@@ -150,13 +149,14 @@ class RemoteOffload(_Measured):
     def _load(self, keys: list[str], deadline: float) -> tuple[int, int, list[str]]:
         found, nbytes, tiers = 0, 0, []
         page = self._pages.get()
+        view = memoryview(page.page)
         try:
             for k in keys:
                 if time.perf_counter() > deadline:
                     self._note_error(f"load: {len(keys) - found} chunks left at the {self.timeout_s:g} s deadline")
                     break
                 try:
-                    r = page.link.call(m.Get(key=k), m.GetReply)
+                    r = page.link.call(m.Get(key=k), m.GetReply, into=view[: self.chunk_bytes])
                 except ServerDown as e:
                     self._note_error(str(e))
                     break
@@ -167,6 +167,7 @@ class RemoteOffload(_Measured):
             else:
                 self._note_ok()
         finally:
+            view.release()
             self._pages.put(page)
         return found, nbytes, tiers
 
@@ -193,18 +194,18 @@ class RemoteOffload(_Measured):
         todo = [k for k in plan.store if k in offered]
         done: list[str] = []
         page = self._pages.get()
+        view = memoryview(page.page)
         try:
-            view = memoryview(page.page)
             for k in todo:
                 self.noise.chunks(k, self.chunk_bytes).fill(view[: round_up(self.chunk_bytes)])
                 try:
-                    page.link.call(m.Put(key=k), m.PutReply)
+                    page.link.call(m.Put(key=k), m.PutReply, payload=view[: self.chunk_bytes])
                 except ServerDown as e:
                     self._note_error(str(e))
                     break
                 done.append(k)
-            view.release()
         finally:
+            view.release()
             self._pages.put(page)
         if done:
             self._call(m.Complete(keys=done, success=True), m.CompleteReply)
@@ -234,7 +235,8 @@ class RemoteOffload(_Measured):
                 p.page.close()
             except BufferError:
                 pass
-            os.close(p.fd)
+            if p.fd is not None:
+                os.close(p.fd)
         self._all.clear()
         self._pages = queue.Queue()
 

@@ -26,6 +26,7 @@ from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, offload_tiers
 from kvtier.sim.remote import RemoteOffload
 from kvtier.sim.server import SimEngine, SimSettings
+from kvtier.vllm.protocol import read_token, tcp_address
 
 MODEL_FIELDS = ("gpu_kv_gb", "prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown")
 """Latency-model fields a preset supplies and a flag overrides."""
@@ -163,7 +164,15 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
     offload: Offload | RemoteOffload | None = None
     if cfg.offload == "remote":
         if not cfg.cache_server:
-            raise ConfigError("--offload remote: give --cache-server SOCKET (the Unix socket of kvtier cache-server)")
+            raise ConfigError("--offload remote: give --cache-server (kvtier cache-server's socket or tcp://HOST:PORT)")
+        token = None
+        if tcp_address(cfg.cache_server) is not None:
+            if not cfg.cache_server_token_file:
+                raise ConfigError("--cache-server: a tcp:// cache server needs --cache-server-token-file")
+            try:
+                token = read_token(cfg.cache_server_token_file, "--cache-server-token-file")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         offload = RemoteOffload(
             cfg.cache_server,
             scope_for(settings.model, cfg.offload_chunk_tokens),
@@ -172,6 +181,7 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
             timeout_s=cfg.cache_timeout,
             engine=cfg.replica_id or f"sim-{os.getpid()}",
             seed=cfg.seed,
+            token=token,
         )
         await offload.connect()
     elif cfg.offload != "none":

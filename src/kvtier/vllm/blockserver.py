@@ -11,7 +11,9 @@ manager over one control connection, each I/O thread over a data connection of i
   replicas of one model meet under one key, another model never does. vLLM's default block hash (SHA-256 with a
   fixed seed) is the same in every process, which is what makes a block stored by A findable by B.
 * **Bytes** move through a page both sides map (protocol.py): a put writes the tier from the worker's page, a get
-  reads into it; the socket carries only the request.
+  reads into it; the socket carries only the request. A replica on another host connects over TCP (``--listen``,
+  which needs ``--token-file``): it answers the server's challenge with the shared token, and a block's bytes
+  travel inline, into and out of a page of the server's own per connection.
 * **Order**: a plan's evictions and demotions run on one action thread, in plan order; a put waits until the
   plan that placed its block has made room, so the tiers hold what the index says (the per-replica worker's rule).
 * **Leases**: what a manager has pinned or has pending is released when its connection closes, so a replica that
@@ -20,11 +22,13 @@ manager over one control connection, each I/O thread over a data connection of i
   of another geometry is refused with both named.
 
 Health and metrics (``kvtier_block_server_*``; ``…_cross_replica_loads_total`` counts blocks loaded by an engine
-other than the one that stored them) are served on a TCP port of 127.0.0.1; the data and control API never is.
+other than the one that stored them) are served on a TCP port of ``--host`` (127.0.0.1 by default), apart from the
+data and control API.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import mmap
 import os
@@ -48,7 +52,7 @@ from kvtier.tiers import open_tiers
 from kvtier.unixsock import claim
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
-from kvtier.vllm.protocol import Conn, is_sealed, peer_uid
+from kvtier.vllm.protocol import MAX_HELLO, Conn, ProtocolError, challenge, is_sealed, peer_uid, proof
 from kvtier.vllm.server_http import ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
 
@@ -56,6 +60,8 @@ log = logging.getLogger("kvtier.vllm.server")
 
 PUT_WAIT_S = 60.0
 """Longest a put waits for its plan's evictions and demotions to run before it is refused."""
+HELLO_S = 10.0
+"""Longest a TCP peer may take to send its hello after the challenge."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,23 @@ class Lease:
 class BlockServer:
     """The shared tiers and index. ``start()`` listens; ``close()`` stops and releases the tiers."""
 
-    def __init__(self, settings: VllmOffloadSettings, socket_path: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        settings: VllmOffloadSettings,
+        socket_path: str | None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        listen: tuple[str, int] | None = None,
+        token: bytes | None = None,
+    ):
+        if socket_path is None and listen is None:
+            raise ConfigError("kvtier cache-server: give --socket (a Unix socket), --listen HOST:PORT (TCP), or both")
+        if listen is not None and token is None:
+            raise ConfigError(f"--listen {listen[0]}:{listen[1]}: a TCP listener needs --token-file (its shared token)")
         self.settings = settings
         self.path = socket_path
+        self.listen, self.token = listen, token
+        self.listen_port: int | None = None  # the bound TCP data port
         self.host, self.port = host, port
         self.metrics = ServerMetrics()
         self.geometry: BlockGeometry | None = None
@@ -104,50 +124,76 @@ class BlockServer:
         self._closing = False
         self._conns: set[Conn] = set()
         self._threads: list[threading.Thread] = []
-        self._listener: socket.socket | None = None
+        self._listeners: list[tuple[socket.socket, bool]] = []  # (listener, TCP)
         self._http: ThreadingHTTPServer | None = None
         self._local = threading.local()
 
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> int:
-        """Listen on the socket and the health port; returns the health port."""
-        sock = Path(self.path)
-        claim(sock)
-        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket is made 0600: only this user may connect
+        """Listen on the socket, the TCP data port and the health port; returns the health port."""
         try:
-            lst.bind(self.path)
-        finally:
-            os.umask(old)
-        lst.listen(128)
-        self._listener = lst
-        try:
-            self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
-        except OSError as e:
-            lst.close()
-            sock.unlink(missing_ok=True)
-            raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
+            if self.path is not None:
+                claim(Path(self.path))
+                lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._listeners.append((lst, False))
+                old = os.umask(0o177)  # the socket is made 0600: only this user may connect
+                try:
+                    lst.bind(self.path)
+                finally:
+                    os.umask(old)
+                lst.listen(128)
+            if self.listen is not None:
+                self._listeners.append((self._tcp_listener(*self.listen), True))
+            try:
+                self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
+            except OSError as e:
+                raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
+        except BaseException:
+            self._close_listeners()
+            raise
         self._http.daemon_threads = True
-        for target, name in (
-            (self._accept_loop, "accept"),
-            (self._action_loop, "actions"),
-            (self._http.serve_forever, "http"),
-        ):
-            t = threading.Thread(target=target, name=f"kvtier-blocks-{name}", daemon=True)
+        loops: list[tuple[Callable[..., None], tuple[Any, ...], str]] = [
+            (self._accept_loop, (lst, tcp), "accept-tcp" if tcp else "accept") for lst, tcp in self._listeners
+        ]
+        loops += [(self._action_loop, (), "actions"), (self._http.serve_forever, (), "http")]
+        for target, args, name in loops:
+            t = threading.Thread(target=target, args=args, name=f"kvtier-blocks-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         return int(self._http.server_address[1])
+
+    def _tcp_listener(self, host: str, port: int) -> socket.socket:
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            lst = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:
+            raise ConfigError(f"--listen {host}:{port}: {e}") from e
+        try:
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lst.bind((host, port))
+            lst.listen(128)
+        except OSError as e:
+            lst.close()
+            raise ConfigError(f"--listen {host}:{port}: cannot listen there: {e.strerror}") from e
+        self.listen_port = int(lst.getsockname()[1])
+        return lst
+
+    def _close_listeners(self) -> None:
+        for lst, _ in self._listeners:
+            try:
+                lst.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            lst.close()
+        if self.path is not None and any(not tcp for _, tcp in self._listeners):
+            Path(self.path).unlink(missing_ok=True)
+        self._listeners.clear()
 
     def close(self) -> None:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        if self._listener is not None:
-            try:
-                self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._listener.close()
+        self._close_listeners()
         for c in list(self._conns):
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)
@@ -158,33 +204,55 @@ class BlockServer:
             self._http.server_close()
         for t in self._threads:
             t.join(timeout=10)
-        Path(self.path).unlink(missing_ok=True)
         if self.store is not None:
             self.store.close()
 
     # -- connections --------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
+    def _accept_loop(self, listener: socket.socket, tcp: bool) -> None:
         while not self._closing:
             try:
-                s, _ = self._listener.accept()
+                s, _ = listener.accept()
             except OSError:
                 return
-            uid = peer_uid(s)
-            if uid is not None and uid != os.getuid():
-                log.warning("refused a connection from uid %d", uid)
-                s.close()
-                continue
-            t = threading.Thread(target=self._serve_conn, args=(s,), name="kvtier-blocks-conn", daemon=True)
+            if not tcp:
+                uid = peer_uid(s)
+                if uid is not None and uid != os.getuid():
+                    log.warning("refused a connection from uid %d", uid)
+                    s.close()
+                    continue
+            else:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t = threading.Thread(target=self._serve_conn, args=(s, tcp), name="kvtier-blocks-conn", daemon=True)
             t.start()
 
-    def _serve_conn(self, s: socket.socket) -> None:
-        c = Conn(s)
+    def _greet(self, c: Conn, fds: list[int]) -> dict[str, Any] | None:
+        """The connection's hello, as a dict; over TCP only after the peer proved it holds the token (a refusal is
+        answered, counted, and None returned)."""
+        if not c.inline:
+            return c.recv(fds, limit=MAX_HELLO)  # type: ignore[no-any-return]
+        assert self.token is not None
+        hi = challenge()
+        c.sock.settimeout(HELLO_S)
+        c.send(hi)
+        msg = c.recv(limit=MAX_HELLO)
+        c.sock.settimeout(None)
+        given = msg.get("proof") if isinstance(msg, dict) else None
+        if not isinstance(given, str) or not hmac.compare_digest(given, proof(self.token, hi["nonce"])):
+            self.metrics.refused.labels("token").inc()
+            log.warning("refused a TCP connection from %s: no valid token", c.sock.getpeername()[0])
+            c.send({"ok": False, "error": "hello: the shared token does not match (cache_server_token_file)"})
+            return None
+        return msg  # type: ignore[no-any-return]
+
+    def _serve_conn(self, s: socket.socket, tcp: bool = False) -> None:
+        c = Conn(s, inline=tcp)
         self._conns.add(c)
         fds: list[int] = []
         kind = "?"
         try:
-            msg = c.recv(fds)
+            msg = self._greet(c, fds)
+            if msg is None:
+                return
             if not isinstance(msg, dict) or msg.get("op") != "hello":
                 c.send({"ok": False, "error": "the first message must be a hello"})
                 return
@@ -205,8 +273,8 @@ class BlockServer:
                 elif kind == "probe":  # a worker checking the geometry and learning the tiers before its first I/O
                     assert self.index is not None
                     self._reply(c, self._tiers())
-                elif kind == "data" and len(fds) == 1:
-                    self._data(c, engine, hello, fds[0], geometry)  # closed below with the rest
+                elif kind == "data" and (len(fds) == 1 or c.inline):
+                    self._data(c, engine, hello, fds[0] if fds else None, geometry)  # closed below with the rest
                 else:
                     c.send({"ok": False, "error": "hello: role control, probe, or data with one page descriptor"})
             finally:
@@ -478,20 +546,26 @@ class BlockServer:
         return b
 
     # -- data -----------------------------------------------------------------------------------
-    def _data(self, c: Conn, engine: str, hello: m.Hello, fd: int, g: BlockGeometry) -> None:
+    def _data(self, c: Conn, engine: str, hello: m.Hello, fd: int | None, g: BlockGeometry) -> None:
+        """A worker's data connection: puts and gets of one block at a time through its page — the worker's own,
+        mapped here (a Unix socket), or this connection's, which the block's bytes are received into and sent from
+        (TCP)."""
         assert self.store is not None and self.index is not None
         rank = hello.rank
         padded = round_up(g.block_bytes)
         if rank is None or not 0 <= rank < g.world_size:
             c.send({"ok": False, "error": f"hello: rank must be an integer in [0, {g.world_size})"})
             return
-        if os.fstat(fd).st_size < padded:
+        if fd is None:
+            page = mmap.mmap(-1, padded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE)
+        elif os.fstat(fd).st_size < padded:
             c.send({"ok": False, "error": f"hello: the page is {os.fstat(fd).st_size} bytes; {padded} are needed"})
             return
-        if not is_sealed(fd):  # a page its sender could shrink later would be a SIGBUS here
+        elif not is_sealed(fd):  # a page its sender could shrink later would be a SIGBUS here
             c.send({"ok": False, "error": "hello: the page must be a memfd sealed against shrinking and growing"})
             return
-        page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         view = memoryview(page)
         try:
             self._reply(c, m.Done())
@@ -499,12 +573,19 @@ class BlockServer:
                 try:
                     req = m.DATA.validate_python(c.recv())
                 except ValidationError as e:
+                    if c.inline:  # a block's bytes may follow what could not be read: no way to stay in step
+                        raise ProtocolError(f"data: expected put or get of one key: {m.refusal(e)}") from None
                     c.send({"ok": False, "error": f"data: expected put or get of one key: {m.refusal(e)}"})
                     continue
                 if isinstance(req, m.Put):
+                    if c.inline:
+                        c.recv_bytes(view[: g.block_bytes])
                     c.send(self._put(req.key, rank, view, g, padded))
                 else:
-                    c.send(self._get(req.key, rank, engine, view, g, padded))
+                    reply = self._get(req.key, rank, engine, view, g, padded)
+                    c.send(reply)
+                    if c.inline and reply.get("hit"):
+                        c.send_bytes(view[: g.block_bytes])
         finally:
             view.release()
             page.close()

@@ -29,7 +29,7 @@ from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
-from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect, sealed_page
+from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect, sealed_page, tcp_address
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
@@ -51,19 +51,35 @@ R = TypeVar("R", bound=BaseModel)
 
 class ServerLink:
     """One connection that reconnects (hello again) after a failure, at most once per RECONNECT_S. Requests and
-    replies are vllm/messages.py's models: a reply that is not its operation's is the server's failure."""
+    replies are vllm/messages.py's models: a reply that is not its operation's is the server's failure. Over TCP
+    (``tcp://`` addresses) ``token`` answers the server's challenge and a block's bytes travel inline."""
 
-    def __init__(self, path: str, hello: m.Hello, timeout_s: float, fds: Callable[[], list[int]] | None = None):
-        self.path, self.hello, self.timeout_s, self.fds = path, hello, timeout_s, fds
+    def __init__(
+        self,
+        path: str,
+        hello: m.Hello,
+        timeout_s: float,
+        fds: Callable[[], list[int]] | None = None,
+        token: bytes | None = None,
+    ):
+        self.path, self.hello, self.timeout_s, self.fds, self.token = path, hello, timeout_s, fds, token
         self.conn: Conn | None = None
         self._tried = 0.0
         self.errors = 0
         self.last_error = ""
 
+    @property
+    def inline(self) -> bool:
+        """Whether blocks cross this link as bytes (TCP) rather than through a shared page."""
+        return tcp_address(self.path) is not None
+
     def open(self) -> m.TiersReply:
-        c = connect(self.path, self.timeout_s)
+        c = connect(self.path, self.timeout_s, self.token)
+        hello = self.hello.model_dump()
+        if c.proof is not None:
+            hello["proof"] = c.proof
         try:
-            answer = c.call(self.hello.model_dump(), self.fds() if self.fds else None)
+            answer = c.call(hello, None if c.inline or not self.fds else self.fds())
             tiers = m.TiersReply.model_validate(answer)
         except ValidationError as e:
             c.close()
@@ -74,11 +90,15 @@ class ServerLink:
         self.conn = c
         return tiers
 
-    def call(self, msg: BaseModel, reply: type[R]) -> R:
+    def call(
+        self, msg: BaseModel, reply: type[R], payload: memoryview | None = None, into: memoryview | None = None
+    ) -> R:
         """The answer to ``msg``, as ``reply``. A connection the server closed (it restarted) is opened again at once
-        and the request sent once more; a server that does not answer is tried again only after RECONNECT_S."""
+        and the request sent once more; a server that does not answer is tried again only after RECONNECT_S.
+        Inline (TCP): ``payload`` is a put's block, sent after the request; a get's hit of ``n`` bytes is read into
+        ``into`` (a hit larger than ``into`` is the server's failure, the connection dropped)."""
         try:
-            return reply.model_validate(self._call(msg.model_dump()))
+            return reply.model_validate(self._call(msg.model_dump(), payload, into))
         except ValidationError as e:
             self.errors += 1
             self.last_error = (
@@ -86,10 +106,12 @@ class ServerLink:
             )
             raise ServerDown(self.last_error) from None
 
-    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _call(
+        self, msg: dict[str, Any], payload: memoryview | None = None, into: memoryview | None = None
+    ) -> dict[str, Any]:
         if self.conn is not None:
             try:
-                return self._send(msg)
+                return self._send(msg, payload, into)
             except ConnectionError as e:
                 if isinstance(e, ProtocolError):
                     raise self._failed(e) from None
@@ -103,14 +125,21 @@ class ServerLink:
         except (OSError, ProtocolError, Refused) as e:
             raise self._failed(e) from None
         try:
-            return self._send(msg)
+            return self._send(msg, payload, into)
         except ConnectionError as e:
             raise self._failed(e) from None
 
-    def _send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _send(self, msg: dict[str, Any], payload: memoryview | None, into: memoryview | None) -> dict[str, Any]:
         assert self.conn is not None
+        c = self.conn
         try:
-            return self.conn.call(msg)
+            answer = c.call(msg, payload=payload if c.inline else None)
+            n = answer.get("n")
+            if c.inline and into is not None and answer.get("hit") is True and isinstance(n, int) and n > 0:
+                if n > len(into):  # the bytes that follow cannot be skipped safely: the connection is dropped
+                    raise ProtocolError(f"a block of {n} bytes announced; this page holds {len(into)}")
+                c.recv_bytes(into[:n])
+            return answer
         except Refused as e:
             self.errors += 1
             self.last_error = str(e)[:300]
@@ -136,9 +165,11 @@ class ServerLink:
 class ServerIndex(Generic[K]):
     """The scheduler's view of the shared index (``BlockIndex``'s calls). ``key_of`` scopes vLLM's keys."""
 
-    def __init__(self, path: str, key_of: Callable[[K], str], hello: dict[str, Any]) -> None:
+    def __init__(
+        self, path: str, key_of: Callable[[K], str], hello: dict[str, Any], token: bytes | None = None
+    ) -> None:
         self.key_of = key_of
-        self._link = ServerLink(path, m.Hello(role="control", **hello), CONTROL_TIMEOUT_S)
+        self._link = ServerLink(path, m.Hello(role="control", **hello), CONTROL_TIMEOUT_S, token=token)
         self._lock = threading.Lock()
         try:
             answer = self._link.open()
@@ -267,17 +298,24 @@ class ServerIndex(Generic[K]):
 
 
 class ServerBlockWorker(BlockWorker):
-    """A worker whose tiers are the shared server's: puts and gets through one shared page per I/O thread."""
+    """A worker whose tiers are the shared server's: puts and gets through one page per I/O thread, shared with the
+    server over a Unix socket, its bytes sent and received inline over TCP."""
 
     def __init__(
-        self, path: str, layout: BlockLayout, key_of: Callable[[Any], str], hello: dict[str, Any], io_threads: int = 4
+        self,
+        path: str,
+        layout: BlockLayout,
+        key_of: Callable[[Any], str],
+        hello: dict[str, Any],
+        io_threads: int = 4,
+        token: bytes | None = None,
     ) -> None:
-        self.path = path
+        self.path, self.token = path, token
         self.hello = m.Hello(role="data", **hello)
         self._links: list[ServerLink] = []
-        self._pages: list[tuple[int, mmap.mmap]] = []
+        self._pages: list[tuple[int | None, mmap.mmap]] = []
         self._links_lock = threading.Lock()
-        probe = ServerLink(path, m.Hello(role="probe", **hello), CONTROL_TIMEOUT_S)
+        probe = ServerLink(path, m.Hello(role="probe", **hello), CONTROL_TIMEOUT_S, token=token)
         try:
             answer = probe.open()  # the geometry is checked now, not at the first store
         except (OSError, ProtocolError, Refused) as e:
@@ -293,13 +331,12 @@ class ServerBlockWorker(BlockWorker):
             import torch
 
             padded = round_up(self.layout.nbytes)
-            fd = sealed_page("kvtier-vllm-page", padded)
-            page = mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            fd, page = data_page("kvtier-vllm-page", padded, tcp_address(self.path) is not None)
             view = memoryview(page)
             if self.layout.on_device:
                 pin_host_buffer(view)  # device copies into the page are DMA
             host = torch.from_numpy(np.frombuffer(page, dtype=np.uint8))
-            link = ServerLink(self.path, self.hello, DATA_TIMEOUT_S, lambda: [fd])
+            link = ServerLink(self.path, self.hello, DATA_TIMEOUT_S, None if fd is None else page_fds(fd), self.token)
             with self._links_lock:
                 self._links.append(link)
                 self._pages.append((fd, page))
@@ -315,10 +352,10 @@ class ServerBlockWorker(BlockWorker):
         return sum(f.result() for f in futures)
 
     def _put(self, key: Any, block_id: int) -> int:
-        link, _, host = self._link()
+        link, view, host = self._link()
         self.layout.gather(block_id, host)
         try:
-            r = link.call(m.Put(key=self.key_of(key)), m.PutReply)
+            r = link.call(m.Put(key=self.key_of(key)), m.PutReply, payload=view[: self.layout.nbytes])
         except ServerDown as e:
             self.counters.add("failed_stores", 1, f"store: {e}")
             return 0
@@ -326,10 +363,10 @@ class ServerBlockWorker(BlockWorker):
         return self.layout.nbytes
 
     def _load(self, key: Any, block_id: int) -> BlockLoad:
-        link, _, host = self._link()
+        link, view, host = self._link()
         t0 = time.perf_counter_ns()
         try:
-            r = link.call(m.Get(key=self.key_of(key)), m.GetReply)
+            r = link.call(m.Get(key=self.key_of(key)), m.GetReply, into=view[: self.layout.nbytes])
         except ServerDown as e:
             self.counters.add("failed_loads", 1, f"load: {e}")
             return BlockLoad(key, block_id, 0)
@@ -357,9 +394,24 @@ class ServerBlockWorker(BlockWorker):
                     page.close()
                 except BufferError:
                     pass  # a torch tensor still views it; the process's exit unmaps it
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             self._links.clear()
             self._pages.clear()
 
 
-__all__ = ["ServerLink", "ServerIndex", "ServerBlockWorker", "ServerDown"]
+def data_page(name: str, padded: int, inline: bool) -> tuple[int | None, mmap.mmap]:
+    """One I/O thread's page: a sealed memfd the server maps too (a Unix socket), or this process's own memory that
+    a block's bytes are sent from and received into (TCP)."""
+    if inline:
+        return None, mmap.mmap(-1, padded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE)
+    fd = sealed_page(name, padded)
+    return fd, mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def page_fds(fd: int) -> Callable[[], list[int]]:
+    """What a data connection's hello sends again on every reconnect: its page's descriptor."""
+    return lambda: [fd]
+
+
+__all__ = ["ServerLink", "ServerIndex", "ServerBlockWorker", "ServerDown", "data_page", "page_fds"]

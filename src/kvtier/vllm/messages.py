@@ -34,6 +34,7 @@ class Hello(_Message):
     block_tokens: int = Field(gt=0)
     world_size: int = Field(gt=0, le=1024)
     rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
+    proof: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None  # TCP: HMAC of the challenge
 
 
 class _OnKeys(_Message):

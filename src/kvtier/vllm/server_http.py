@@ -41,6 +41,9 @@ class ServerMetrics:
         self.store_seconds = Counter(p + "store_seconds", "seconds spent in tier writes for stores", registry=r)
         self.failed_loads = Counter(p + "failed_loads", "shard reads that failed or found nothing", registry=r)
         self.failed_stores = Counter(p + "failed_stores", "shard writes that failed (the block is dropped)", registry=r)
+        self.refused = Counter(
+            p + "refused_connections", "connections refused before their hello, by reason", ["reason"], registry=r
+        )
         self.abandoned = Counter(
             p + "abandoned_blocks", "pending blocks dropped because their writer disconnected", registry=r
         )

@@ -19,6 +19,7 @@ from kvtier.config.sim import OffloadTierConfig
 from kvtier.config.tiers import OffloadKind
 from kvtier.errors import ConfigError
 from kvtier.tiers import KINDS, Ask, TierSpec, offload_plan
+from kvtier.vllm.protocol import read_token, tcp_address
 
 VLLM_KEYS = frozenset(
     {
@@ -47,8 +48,11 @@ class VllmOffloadSettings(OffloadTierConfig):
     )
     cache_server: str | None = flag(
         None,
-        "Unix socket of a shared kvtier cache-server: its tiers and index instead of this "
+        "a shared kvtier cache-server, its Unix socket or tcp://HOST:PORT: its tiers and index instead of this "
         "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
+    )
+    cache_server_token_file: str | None = flag(
+        None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// cache_server"
     )
 
     request_log: str | None = flag(
@@ -61,13 +65,29 @@ class VllmOffloadSettings(OffloadTierConfig):
     @model_validator(mode="after")
     def _server_owns_the_tiers(self) -> VllmOffloadSettings:
         if self.cache_server is not None:
-            own = sorted(self.model_fields_set - {"cache_server", "io_threads", "request_log", "request_log_mb"})
+            try:
+                tcp = tcp_address(self.cache_server)
+            except ValueError as e:
+                raise ValueError(f"cache_server: {e}") from None
+            if tcp is not None and self.cache_server_token_file is None:
+                raise ValueError("cache_server: a tcp:// cache server needs cache_server_token_file (its shared token)")
+            mine = {"cache_server", "cache_server_token_file", "io_threads", "request_log", "request_log_mb"}
+            own = sorted(self.model_fields_set - mine)
             if own:
                 raise ValueError(
                     f"{', '.join(own)}: set on the cache server (kvtier cache-server), "
                     "not here, when cache_server is given"
                 )
         return self
+
+    def cache_server_token(self) -> bytes | None:
+        """The shared token of a tcp:// cache server (ConfigError naming the file when it is not a usable one)."""
+        if self.cache_server_token_file is None:
+            return None
+        try:
+            return read_token(self.cache_server_token_file, "kv_connector_extra_config.cache_server_token_file:")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     @classmethod
     def of_tier_config(cls, cfg: OffloadTierConfig, offload: str) -> VllmOffloadSettings:

@@ -353,6 +353,7 @@ class KvtierWorker(OffloadingWorker):
                 _shared_key(cfg),
                 {**_hello(cfg), "block_bytes": layout.nbytes},
                 spec.settings.io_threads,
+                spec.settings.cache_server_token(),
             )
         else:
             scope = _scope(cfg, cfg.parallel.rank)
@@ -434,7 +435,9 @@ class KvtierOffloadingSpec(OffloadingSpec):
             c = self.config
             index = None
             if self.settings.cache_server:
-                index = ServerIndex(self.settings.cache_server, _shared_key(c), _hello(c))
+                index = ServerIndex(
+                    self.settings.cache_server, _shared_key(c), _hello(c), self.settings.cache_server_token()
+                )
             self._manager = KvtierManager(
                 self.settings,
                 c.worker_kv_bytes_per_block,
