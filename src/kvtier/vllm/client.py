@@ -19,7 +19,8 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
@@ -29,7 +30,7 @@ from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
-from kvtier.vllm.protocol import Conn, ProtocolError, Refused, connect, sealed_page, tcp_address
+from kvtier.vllm.protocol import MAX_KEYS, Conn, ProtocolError, Refused, connect, sealed_page, tcp_address
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
@@ -39,6 +40,8 @@ K = TypeVar("K", bound=Hashable)
 RECONNECT_S = 1.0
 """Least time between two attempts to reach a server that went away."""
 CONTROL_TIMEOUT_S = 10.0
+AHEAD_S = 1.0
+"""How long a prefetched lookup answer is used (vLLM asks for the rest of a request's blocks in the same step)."""
 DATA_TIMEOUT_S = 60.0
 
 
@@ -151,6 +154,40 @@ class ServerLink:
                 raise
             raise self._failed(e) from None  # a timeout: the server may be busy; not sent again
 
+    def pipeline(self, msgs: Sequence[BaseModel], reply: type[R], into: memoryview, each: Callable[[R], None]) -> None:
+        """Inline (TCP): send ``msgs`` back to back, then read their answers in order, each hit's bytes into
+        ``into`` and ``each(answer)`` called before the next is read — one round trip for them all instead of one
+        each. A failure part-way drops the connection and raises ServerDown; the answers not yet read are lost."""
+        if self.conn is None:
+            now = time.monotonic()
+            if now - self._tried < RECONNECT_S:
+                raise ServerDown(self.last_error or "the cache server is not connected")
+            self._tried = now
+            try:
+                self.open()
+            except (OSError, ProtocolError, Refused) as e:
+                raise self._failed(e) from None
+        c = self.conn
+        assert c is not None and c.inline
+        try:
+            for msg in msgs:
+                c.send(msg.model_dump())
+            for _ in msgs:
+                answer = c.recv()
+                if not isinstance(answer, dict) or not answer.get("ok"):
+                    raise ProtocolError(f"a refused or malformed answer: {str(answer)[:200]}")
+                r = reply.model_validate(answer)
+                n = answer.get("n")
+                if answer.get("hit") is True and isinstance(n, int) and n > 0:
+                    if n > len(into):
+                        raise ProtocolError(f"a block of {n} bytes announced; this page holds {len(into)}")
+                    c.recv_bytes(into[:n])
+                each(r)
+        except (OSError, ValidationError) as e:
+            c.close()
+            self.conn = None
+            raise self._failed(e) from None
+
     def _failed(self, e: BaseException) -> ServerDown:
         self.errors += 1
         self.last_error = f"kvtier cache-server {self.path}: {e}"[:300]
@@ -178,6 +215,8 @@ class ServerIndex(Generic[K]):
         self.tiers = [TierSlots(n, s, src) for n, s, src in answer.tiers]
         self.counters = IndexCounters()
         self._tier_of: dict[K, int] = {}
+        self._ahead: dict[K, Literal["hit", "pending", "miss"]] = {}  # prefetched answers not yet asked for
+        self._ahead_at = 0.0
         self._usage: tuple[float, dict[str, tuple[int, int]]] = (0.0, {})
 
     @property
@@ -188,19 +227,40 @@ class ServerIndex(Generic[K]):
         with self._lock:
             return self._link.call(msg, reply)
 
-    def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
+    def lookup(self, key: K, following: Callable[[], Sequence[K]] | None = None) -> Literal["hit", "pending", "miss"]:
+        """One block's status. vLLM asks one block at a time, in order, until the first miss; ``following`` (this
+        block and the request's blocks after it) lets the first ask cover them all in one round trip, the
+        answers up to the first miss kept for the asks that follow: over a link with a round trip of r, a
+        prefix of n blocks is found in r instead of n × r."""
+        if time.monotonic() - self._ahead_at > AHEAD_S:
+            self._ahead.clear()
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            return ahead
+        keys = list(following())[:MAX_KEYS] if following is not None else []
+        if len(keys) < 2 or keys[0] != key:
+            return self.lookup_many([key])[0]
+        self._ahead.clear()
+        self._ahead_at = time.monotonic()
+        for k, status in zip(keys, self.lookup_many(keys), strict=True):
+            self._ahead[k] = status
+            if status == "miss":
+                break
+        return self._ahead.pop(key)
+
+    def lookup_many(self, keys: Sequence[K]) -> list[Literal["hit", "pending", "miss"]]:
         try:
-            found = self._call(m.Lookup(keys=[self.key_of(key)]), m.LookupReply).found
+            found = self._call(m.Lookup(keys=[self.key_of(k) for k in keys]), m.LookupReply).found
         except ServerDown:
-            return "miss"
-        if len(found) != 1:
-            return "miss"
-        ((status, tier),) = found
-        if tier is not None and tier < len(self.tiers):
-            if len(self._tier_of) > 65536:
-                self._tier_of.clear()
-            self._tier_of[key] = tier
-        return status
+            return ["miss"] * len(keys)
+        if len(found) != len(keys):
+            return ["miss"] * len(keys)
+        if len(self._tier_of) > 65536:
+            self._tier_of.clear()
+        for key, (_, tier) in zip(keys, found, strict=True):
+            if tier is not None and tier < len(self.tiers):
+                self._tier_of[key] = tier
+        return [status for status, _ in found]
 
     def tier_of(self, key: K) -> TierSlots | None:
         i = self._tier_of.get(key)
@@ -342,6 +402,40 @@ class ServerBlockWorker(BlockWorker):
                 self._pages.append((fd, page))
             b = self._local.link = (link, view, host)
         return b
+
+    def _load_tasks(self, pairs: list[tuple[Any, int]]) -> list[Future[list[BlockLoad]]]:
+        """Over TCP a job's blocks go in at most ``io_threads`` runs, each pipelined on its thread's connection
+        (one round trip a run); through a shared page, one block a task."""
+        if tcp_address(self.path) is None or len(pairs) < 2:
+            return super()._load_tasks(pairs)
+        runs = min(self.io_threads, len(pairs))
+        size = -(-len(pairs) // runs)
+        return [self._pool.submit(self._load_run, pairs[i : i + size]) for i in range(0, len(pairs), size)]
+
+    def _load_run(self, pairs: list[tuple[Any, int]]) -> list[BlockLoad]:
+        link, view, host = self._link()
+        got: list[BlockLoad] = []
+        t0 = time.perf_counter_ns()
+
+        def each(r: m.GetReply) -> None:
+            nonlocal t0
+            key, block_id = pairs[len(got)]
+            io_ns, t0 = time.perf_counter_ns() - t0, time.perf_counter_ns()
+            if not r.hit or r.n != self.layout.nbytes:
+                self.counters.add("failed_loads", 1, f"load: {r.why or 'wrong size'}")
+                got.append(BlockLoad(key, block_id, 0))
+                return
+            self.layout.scatter(block_id, host)
+            self.counters.add(f"loaded:{r.tier or '?'}")
+            got.append(BlockLoad(key, block_id, self.layout.nbytes, r.tier or "?", io_ns))
+
+        try:
+            link.pipeline([m.Get(key=self.key_of(k)) for k, _ in pairs], m.GetReply, view[: self.layout.nbytes], each)
+        except ServerDown as e:
+            left = pairs[len(got) :]
+            self.counters.add("failed_loads", len(left), f"load: {e}")
+            got.extend(BlockLoad(k, b, 0) for k, b in left)
+        return got
 
     def _run_store(self, block_ids: list[int], plan: Any) -> int:
         keys = plan.keys_to_store

@@ -182,6 +182,16 @@ def _shared_key(config: OffloadingConfig) -> Any:
     return lambda k: scope.key(bytes(k))
 
 
+def _following(req_context: ReqContext, key: OffloadKey) -> list[OffloadKey]:
+    """``key`` and the request's keys after it, in prompt order (vLLM records each key's end position on the
+    request's context; where it does not, ``key`` alone)."""
+    positions: dict[OffloadKey, int] = getattr(req_context, "_offload_key_positions", None) or {}
+    at = positions.get(key)
+    if at is None:
+        return [key]
+    return sorted((k for k, p in positions.items() if p >= at), key=positions.__getitem__)
+
+
 class KvtierManager(OffloadingManager):
     def __init__(
         self,
@@ -230,7 +240,10 @@ class KvtierManager(OffloadingManager):
         )
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        r = self.index.lookup(key)
+        if isinstance(self.index, ServerIndex):  # the server answers this block and the request's next in one trip
+            r = self.index.lookup(key, lambda: _following(req_context, key))
+        else:
+            r = self.index.lookup(key)
         return LookupResult.HIT if r == "hit" else LookupResult.HIT_PENDING if r == "pending" else LookupResult.MISS
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:

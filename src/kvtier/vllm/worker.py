@@ -202,6 +202,7 @@ class BlockWorker:
         self.counters = Counts()
         self._padded = round_up(layout.nbytes)
         self._local = threading.local()
+        self.io_threads = io_threads
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvtier-vllm-io")
         self._stores: collections.deque[tuple[int, list[int], Any]] = collections.deque()
         self._results: collections.deque[Result] = collections.deque()
@@ -304,14 +305,14 @@ class BlockWorker:
             self._account(tag, [BlockLoad(k, b, 0) for k, b in zip(keys, block_ids, strict=False)], t0)
             self._finish(Result(job_id, True, None, None))
             return
-        futures = [self._pool.submit(self._load, k, b) for k, b in zip(keys, block_ids, strict=True)]
+        futures = self._load_tasks(list(zip(keys, block_ids, strict=True)))
         pending = [len(futures)]
         lock = threading.Lock()
         got: list[BlockLoad] = []
 
-        def one_done(f: Future[BlockLoad]) -> None:
+        def one_done(f: Future[list[BlockLoad]]) -> None:
             with lock:
-                got.append(f.result())
+                got.extend(f.result())
                 pending[0] -= 1
                 last = pending[0] == 0
             if last:
@@ -329,6 +330,10 @@ class BlockWorker:
             self._finish(Result(job_id, True, 0, 0.0))
         for f in futures:
             f.add_done_callback(one_done)
+
+    def _load_tasks(self, pairs: list[tuple[Any, int]]) -> list[Future[list[BlockLoad]]]:
+        """The I/O pool's tasks of one load job: here one per block, in parallel."""
+        return [self._pool.submit(lambda k, b: [self._load(k, b)], k, b) for k, b in pairs]
 
     def _account(self, tag: str | None, got: Sequence[BlockLoad], submitted_s: float) -> float:
         """A finished load job into its request's tally (when tagged); returns the time it finished."""

@@ -168,3 +168,35 @@ def test_a_sim_replica_shares_the_server_over_tcp(server: BlockServer, tmp_path:
     found, (_, nbytes, n) = asyncio.run(run())
     assert found == 4 and n == 4 and nbytes == 4 * BLOCK
     assert metrics(server)["kvtier_block_server_cross_replica_loads_total"] == 4
+
+
+def test_a_prefix_is_looked_up_and_loaded_in_one_round_trip_each(server: BlockServer):
+    """vLLM asks the manager one block at a time: the first ask carries the request's blocks after it, and the
+    loads of a run of blocks are pipelined on one connection — over a link, one round trip instead of one a block."""
+    a = ServerIndex(address(server), key_of, {"engine": "A", **GEOMETRY}, TOKEN)
+    da = data_link(server, "A")
+    keys = [bytes([i]) * 8 for i in range(4)]
+    sent = {k: payload(i) for i, k in enumerate(keys)}
+    plan = a.plan_store(keys[:3])
+    assert plan is not None
+    for k in keys[:3]:
+        da.call(m.Put(key=key_of(k)), m.PutReply, payload=memoryview(sent[k]))
+    a.complete_store(keys[:3])
+    b = ServerIndex(address(server), key_of, {"engine": "B", **GEOMETRY}, TOKEN)
+    before = metrics(server)["kvtier_block_server_lookups_total"]
+    statuses = [b.lookup(k, lambda i=i: keys[i:]) for i, k in enumerate(keys)]
+    assert statuses == ["hit", "hit", "hit", "miss"]
+    assert metrics(server)["kvtier_block_server_lookups_total"] - before == 4  # one request named all four
+    assert b.lookup(keys[0]) == "hit"  # a later ask is a request of its own
+    db = data_link(server, "B")
+    page = memoryview(bytearray(BLOCK))
+    got: list[tuple[bool, bytes]] = []
+    db.pipeline([m.Get(key=key_of(k)) for k in keys], m.GetReply, page, lambda r: got.append((r.hit, bytes(page))))
+    assert [hit for hit, _ in got] == [True, True, True, False]
+    assert [data for _, data in got[:3]] == [sent[k] for k in keys[:3]]
+    # the connection is in step after the pipeline: a plain get still works
+    assert db.call(m.Get(key=key_of(keys[1])), m.GetReply, into=page).hit and bytes(page) == sent[keys[1]]
+    for x in (a, b):
+        x.close()
+    da.close()
+    db.close()

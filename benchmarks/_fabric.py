@@ -1,0 +1,422 @@
+"""A small real network on this machine, for a store on another "host": network namespaces joined by veth pairs,
+each link shaped by the kernel (``tc`` token bucket, ``tbf``), and added round-trip time from a relay process
+kvtier runs (this kernel has no ``netem``; the code under test never sleeps). Used by benchmarks/fabric.py and
+tests/integration/test_fabric.py. Needs root (``ip netns``); ``why_not()`` says why it cannot run.
+
+* **Names**: every namespace is ``kvf-<pid>-<host>`` and every interface ``kvf<pid>…``, ``<pid>`` the process
+  that built it; ``Fabric.remove_leftovers()`` deletes those of processes that are gone (a run killed before its
+  teardown), never another live run's.
+* **Addresses**: link i joins its two ends in 10.231.i.0/24 (.1 and .2). A host can also get a management link to
+  the root namespace (10.232.j.0/24: root .1, host .2), unshaped, for the driver's HTTP; nothing is routed
+  between links, and no address outside these namespaces is used.
+* **Teardown** (``close``, also run at exit and on SIGTERM/SIGINT by the caller's ``with``): every process still
+  in a namespace is killed, then the namespaces are deleted (their veth ends go with them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "kvf"
+FABRIC_NET = "10.231"
+MGMT_NET = "10.232"
+
+
+def why_not() -> str | None:
+    """Why this machine cannot build the testbed (None: it can)."""
+    if os.geteuid() != 0:
+        return "the fabric testbed needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"the fabric testbed needs {tool} (iproute2)"
+    probe = f"{PREFIX}-probe-{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"cannot create a network namespace here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    r = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip() or r.returncode}")
+    return r.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Link:
+    """A veth pair between two hosts: ``a``'s end and ``b``'s, each with its address; shaped per direction."""
+
+    index: int
+    a: str
+    b: str
+    dev_a: str
+    dev_b: str
+    rate_mbit: float | None = None
+
+    def addr(self, host: str) -> str:
+        return f"{FABRIC_NET}.{self.index}.{1 if host == self.a else 2}"
+
+
+@dataclass
+class Fabric:
+    hosts: list[str]
+    pid: int = field(default_factory=os.getpid)
+    links: list[Link] = field(default_factory=list)
+    mgmt: dict[str, str] = field(default_factory=dict)  # host -> its management address
+    _closed: bool = False
+
+    def ns(self, host: str) -> str:
+        return f"{PREFIX}-{self.pid}-{host}"
+
+    def __post_init__(self) -> None:
+        for h in self.hosts:
+            if not re.fullmatch(r"[a-z0-9]{1,8}", h):
+                raise ValueError(f"host name {h!r}: 1 to 8 lowercase letters or digits")
+
+    # -- build ---------------------------------------------------------------------------------
+    def __enter__(self) -> Fabric:
+        self.remove_leftovers()
+        try:
+            for h in self.hosts:
+                sh("ip", "netns", "add", self.ns(h))
+                self.run(h, "ip", "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, host: str, *argv: str, check: bool = True) -> str:
+        return sh("ip", "netns", "exec", self.ns(host), *argv, check=check)
+
+    def link(self, a: str, b: str, rate_mbit: float | None = None) -> Link:
+        i = len(self.links) + 1
+        ln = Link(i, a, b, f"{PREFIX}{self.pid}l{i}a", f"{PREFIX}{self.pid}l{i}b")
+        sh("ip", "link", "add", ln.dev_a, "netns", self.ns(a), "type", "veth", "peer", "name", ln.dev_b,
+           "netns", self.ns(b))  # fmt: skip
+        for host, dev in ((a, ln.dev_a), (b, ln.dev_b)):
+            self.run(host, "ip", "addr", "add", f"{ln.addr(host)}/24", "dev", dev)
+            self.run(host, "ip", "link", "set", dev, "up")
+        self.links.append(ln)
+        if rate_mbit is not None:
+            self.shape(ln, rate_mbit)
+        return ln
+
+    def management(self, host: str) -> str:
+        """An unshaped link from the root namespace to ``host``; returns the host's address on it."""
+        j = len(self.mgmt) + 1
+        root_dev, ns_dev = f"{PREFIX}{self.pid}m{j}r", f"{PREFIX}{self.pid}m{j}n"
+        sh("ip", "link", "add", root_dev, "type", "veth", "peer", "name", ns_dev, "netns", self.ns(host))
+        sh("ip", "addr", "add", f"{MGMT_NET}.{j}.1/24", "dev", root_dev)
+        sh("ip", "link", "set", root_dev, "up")
+        self.run(host, "ip", "addr", "add", f"{MGMT_NET}.{j}.2/24", "dev", ns_dev)
+        self.run(host, "ip", "link", "set", ns_dev, "up")
+        self.mgmt[host] = f"{MGMT_NET}.{j}.2"
+        return self.mgmt[host]
+
+    def shape(self, ln: Link, rate_mbit: float) -> None:
+        """Both directions of ``ln`` at ``rate_mbit`` (a token bucket on each end's egress). The bucket holds 4 ms
+        of the rate (at least 64 KiB: a GSO burst), the queue 100 ms of it (at least 256 KiB)."""
+        rate_bytes = rate_mbit * 1e6 / 8
+        burst = max(64 * 1024, int(rate_bytes * 0.004))
+        limit = max(256 * 1024, int(rate_bytes * 0.1))
+        for host, dev in ((ln.a, ln.dev_a), (ln.b, ln.dev_b)):
+            self.run(host, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                     "burst", str(burst), "limit", str(limit))  # fmt: skip
+        ln.rate_mbit = rate_mbit
+
+    def unshape(self, ln: Link) -> None:
+        for host, dev in ((ln.a, ln.dev_a), (ln.b, ln.dev_b)):
+            self.run(host, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+        ln.rate_mbit = None
+
+    def argv(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` run inside ``host`` (``ip netns exec`` execs it: the pid is the program's)."""
+        return ["ip", "netns", "exec", self.ns(host), *argv]
+
+    # -- teardown ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._remove(self.pid)
+
+    @staticmethod
+    def _remove(pid: int) -> None:
+        names = [n.split()[0] for n in sh("ip", "netns", "list", check=False).splitlines() if n.strip()]
+        mine = [n for n in names if n.startswith(f"{PREFIX}-{pid}-")]
+        for n in mine:  # a process left in a namespace keeps it (and its links) alive: kill it first
+            for p in sh("ip", "netns", "pids", n, check=False).split():
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for n in mine:
+            sh("ip", "netns", "del", n, check=False)
+        for line in sh("ip", "-o", "link", "show", check=False).splitlines():
+            m = re.match(rf"\d+: ({PREFIX}{pid}[lm]\d+[abrn])[@:]", line)
+            if m:
+                sh("ip", "link", "del", m.group(1), check=False)
+
+    @classmethod
+    def remove_leftovers(cls) -> list[int]:
+        """Remove the namespaces and links of runs whose process is gone; returns their pids."""
+        pids: set[int] = set()
+        for n in sh("ip", "netns", "list", check=False).splitlines():
+            m = re.match(rf"{PREFIX}-(\d+)-", n.strip())
+            if m:
+                pids.add(int(m.group(1)))
+        for line in sh("ip", "-o", "link", "show", check=False).splitlines():
+            m = re.match(rf"\d+: {PREFIX}(\d+)[lm]\d+", line)
+            if m:
+                pids.add(int(m.group(1)))
+        gone = sorted(p for p in pids if not _alive(p))
+        for p in gone:
+            cls._remove(p)
+        return gone
+
+
+# -- the delay relay ------------------------------------------------------------------------------
+class DelayRelay:
+    """A TCP relay that holds every chunk it forwards for ``one_way_s`` in each direction: ``2 × one_way_s`` of
+    added round trip, without capping throughput (the chunks queue, each released at its own time). Runs in the
+    process that starts it; ``benchmarks/_fabric.py relay`` runs one as a process inside a namespace. The delay can
+    be changed while it runs (``delay_file``: a number of ms of round trip, read every 0.2 s). Reports what it held:
+    ``held_s`` per direction, median, in its stats file."""
+
+    def __init__(self, listen: tuple[str, int], to: tuple[str, int], rtt_ms: float, delay_file: str | None = None):
+        self.listen, self.to = listen, to
+        self.one_way_s = rtt_ms / 2000.0
+        self.delay_file = delay_file
+        self.lst = socket.create_server(listen, reuse_port=False)
+        self.held: deque[float] = deque(maxlen=10000)
+        self.stop = threading.Event()
+
+    def serve(self) -> None:
+        if self.delay_file:
+            threading.Thread(target=self._watch, daemon=True).start()
+        while not self.stop.is_set():
+            try:
+                c, _ = self.lst.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(self.to, timeout=10)
+            except OSError:
+                c.close()
+                continue
+            u.settimeout(None)
+            for s in (c, u):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for src, dst in ((c, u), (u, c)):
+                q: deque[tuple[float, bytes]] = deque()
+                cv = threading.Condition()
+                threading.Thread(target=self._read, args=(src, q, cv), daemon=True).start()
+                threading.Thread(target=self._write, args=(dst, q, cv), daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.delay_file is not None
+        while not self.stop.is_set():
+            try:
+                self.one_way_s = float(Path(self.delay_file).read_text().strip()) / 2000.0
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+
+    def _read(self, src: socket.socket, q: deque[tuple[float, bytes]], cv: threading.Condition) -> None:
+        while True:
+            try:
+                data = src.recv(1 << 20)
+            except OSError:
+                data = b""
+            with cv:
+                q.append((time.monotonic() + self.one_way_s, data))
+                cv.notify()
+            if not data:
+                return
+
+    def _write(self, dst: socket.socket, q: deque[tuple[float, bytes]], cv: threading.Condition) -> None:
+        while True:
+            with cv:
+                while not q:
+                    cv.wait()
+                due, data = q.popleft()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            self.held.append(max(0.0, time.monotonic() - due + self.one_way_s))
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+def relay_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="_fabric.py relay", description="a TCP relay that adds round-trip time")
+    ap.add_argument("--listen", required=True, help="HOST:PORT")
+    ap.add_argument("--to", required=True, help="HOST:PORT")
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--delay-file", help="a file holding the round trip to add, ms (changed while running)")
+    a = ap.parse_args(argv)
+
+    def hp(s: str) -> tuple[str, int]:
+        h, _, p = s.rpartition(":")
+        return h, int(p)
+
+    r = DelayRelay(hp(a.listen), hp(a.to), a.rtt_ms, a.delay_file)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    print(f"relay {a.listen} -> {a.to}, +{a.rtt_ms} ms round trip", flush=True)
+    r.serve()
+    return 0
+
+
+def measure_rate(fab: Fabric, sender: str, receiver: str, addr: str, nbytes: int = 8 << 20) -> float:
+    """Mbit/s that one TCP stream moves from ``sender`` to ``receiver`` (listening on ``addr``) over the testbed:
+    the shaper's rate as TCP sees it."""
+    code_rx = (
+        "import socket,sys;s=socket.create_server((sys.argv[1],47000));print('ready',flush=True);c,_=s.accept();n=0\n"
+        "while True:\n d=c.recv(1<<20)\n if not d: break\n n+=len(d)\nc.sendall(b'x');print(n)"
+    )
+    code_tx = (
+        "import socket,sys,time;n=int(sys.argv[2]);c=socket.create_connection((sys.argv[1],47000));b=b'\\0'*(1<<20)\n"
+        "t=time.perf_counter();s=0\nwhile s<n: c.sendall(b[:min(len(b),n-s)]); s+=min(len(b),n-s)\n"
+        "c.shutdown(socket.SHUT_WR);c.recv(1);print(time.perf_counter()-t)"
+    )
+    rx = subprocess.Popen(fab.argv(receiver, [sys.executable, "-c", code_rx, addr]), stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout is not None
+        rx.stdout.readline()
+        out = subprocess.run(fab.argv(sender, [sys.executable, "-c", code_tx, addr, str(nbytes)]),
+                             capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+        seconds = float(out.stdout.strip())
+    finally:
+        rx.wait(timeout=60)
+    return nbytes * 8 / seconds / 1e6
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "relay":
+        sys.exit(relay_main(sys.argv[2:]))
+    print("usage: _fabric.py relay --listen HOST:PORT --to HOST:PORT [--rtt-ms MS] [--delay-file F]")
+    sys.exit(2)
+
+
+# -- a store on one host, two vLLM replicas on two others -----------------------------------------
+STORE_PORT, RELAY_PORT, METRICS_PORT, ENGINE_PORT = 7070, 7071, 9100, 8000
+
+
+@dataclass
+class World:
+    """The testbed of benchmarks/fabric.py: ``kvtier cache-server`` on host s (TCP, token), vLLM replicas on a and
+    b, each with its own link to s; b reaches the store through a delay relay on its own loopback, so b's link
+    has a rate (``shape``) and an added round trip (``set_rtt``). The driver (this process, in the root
+    namespace) reaches each host's HTTP ports over unshaped management links."""
+
+    fab: Fabric
+    work: Path
+    link_a: Link
+    link_b: Link
+    urls: dict[str, str]  # a, b: the engines' URLs; s: the cache server's /metrics root
+    delay_file: Path
+    procs: list[object] = field(default_factory=list)
+
+    def set_rtt(self, rtt_ms: float) -> None:
+        self.delay_file.write_text(f"{rtt_ms}\n")
+        time.sleep(0.5)  # the relay reads it every 0.2 s
+
+    def shape(self, rate_mbit: float | None) -> None:
+        if rate_mbit is None:
+            self.fab.unshape(self.link_b)
+        else:
+            self.fab.shape(self.link_b, rate_mbit)
+
+
+def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_tokens: int, max_len: int,
+                store_gb: float, startup_s: float = 900.0) -> World:  # fmt: skip
+    """Build the hosts and links, start the store, the relay and both replicas, and wait until all answer."""
+    from kvtier.launch import cpu_engine
+    from kvtier.launch.devices import cpu_inventory
+    from kvtier.launch.procs import Supervisor
+    from kvtier.launch.profiles import ProcPlan
+    from kvtier.modelmaker import Geometry
+    from kvtier.vllm import engine_pythonpath, kv_transfer_arg
+
+    link_a, link_b = fab.link("a", "s"), fab.link("b", "s")
+    mgmt = {h: fab.management(h) for h in ("s", "a", "b")}
+    secret = work / "secret"
+    secret.mkdir(mode=0o700, exist_ok=True)
+    token = secret / "token"
+    token.write_text(os.urandom(24).hex() + "\n")
+    token.chmod(0o600)
+    delay = work / "rtt_ms"
+    delay.write_text("0\n")
+    sup = Supervisor(work / "logs")
+    store = ProcPlan("store", fab.argv("s", [
+        sys.executable, "-m", "kvtier", "cache-server", "--offload", "cpu", "--cpu-offload-gb", str(store_gb),
+        "--listen", f"0.0.0.0:{STORE_PORT}", "--token-file", str(token), "--host", mgmt["s"],
+        "--port", str(METRICS_PORT)]), {}, f"http://{mgmt['s']}:{METRICS_PORT}/health", None, 60)  # fmt: skip
+    relay = ProcPlan("relay", fab.argv("b", [
+        sys.executable, str(Path(__file__)), "relay", "--listen", f"127.0.0.1:{RELAY_PORT}",
+        "--to", f"{link_b.addr('s')}:{STORE_PORT}", "--delay-file", str(delay)]), {}, "", None, 10)  # fmt: skip
+    kv_bytes = kv_tokens * Geometry().kv_bytes_per_token
+    cores = cpu_inventory(None).devices
+    env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
+    procs = [sup.start(store), sup.start(relay)]
+    sup.wait_healthy(procs[0], store.health, 60)
+    urls = {"s": f"http://{mgmt['s']}:{METRICS_PORT}"}
+    engines = []
+    for host, server in (("a", f"tcp://{link_a.addr('s')}:{STORE_PORT}"), ("b", f"tcp://127.0.0.1:{RELAY_PORT}")):
+        settings = {"cache_server": server, "cache_server_token_file": str(token),
+                    "request_log": str(work / f"{host}.requests.jsonl")}  # fmt: skip
+        plan = cpu_engine.replica_plan(engine_python, model_dir, "tiny", ENGINE_PORT, kv_bytes, max_len, cores,
+                                       name=f"vllm-{host}", extra=["--kv-transfer-config", kv_transfer_arg(settings)],
+                                       env=env)  # fmt: skip
+        argv = [mgmt[host] if a == "127.0.0.1" else a for a in plan.argv]  # --host: its management address
+        url = f"http://{mgmt[host]}:{ENGINE_PORT}"
+        plan = ProcPlan(plan.name, fab.argv(host, argv), plan.env, url + "/health", url + "/metrics",
+                        plan.startup_timeout_s, plan.unset, plan.devices)  # fmt: skip
+        engines.append((sup.start(plan), plan))
+        urls[host] = url
+    for proc, plan in engines:
+        sup.wait_healthy(proc, plan.health, startup_s)
+    w = World(fab, work, link_a, link_b, urls, delay)
+    w.procs = [sup]
+    return w
+
+
+def stop_world(w: World) -> None:
+    for sup in w.procs:
+        sup.stop_all()  # type: ignore[attr-defined]
