@@ -141,10 +141,13 @@ class Fabric:
 
     def shape(self, ln: Link, rate_mbit: float) -> None:
         """Both directions of ``ln`` at ``rate_mbit`` (a token bucket on each end's egress). The bucket holds 4 ms
-        of the rate (at least 64 KiB: a GSO burst), the queue 100 ms of it (at least 256 KiB)."""
+        of the rate (at least 64 KiB: a GSO burst). The queue holds 32 MiB: more than a fetch of the largest
+        context puts in flight, so the link queues rather than drops (a lossless fabric's behaviour; a drop at
+        the tail of a pipelined run would cost TCP a 200 ms retransmission timeout, which would be the testbed's,
+        not the store's)."""
         rate_bytes = rate_mbit * 1e6 / 8
         burst = max(64 * 1024, int(rate_bytes * 0.004))
-        limit = max(256 * 1024, int(rate_bytes * 0.1))
+        limit = 32 << 20
         for host, dev in ((ln.a, ln.dev_a), (ln.b, ln.dev_b)):
             self.run(host, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
                      "burst", str(burst), "limit", str(limit))  # fmt: skip
@@ -340,16 +343,16 @@ STORE_PORT, RELAY_PORT, METRICS_PORT, ENGINE_PORT = 7070, 7071, 9100, 8000
 
 @dataclass
 class World:
-    """The testbed of benchmarks/fabric.py: ``kvtier cache-server`` on host s (TCP, token), vLLM replicas on a and
-    b, each with its own link to s; b reaches the store through a delay relay on its own loopback, so b's link
-    has a rate (``shape``) and an added round trip (``set_rtt``). The driver (this process, in the root
-    namespace) reaches each host's HTTP ports over unshaped management links."""
+    """The testbed of benchmarks/fabric.py: ``kvtier cache-server`` on host s (TCP, token), vLLM replicas on the
+    other hosts (a, b, ...), each with its own link to s; b reaches the store through a delay relay on its own
+    loopback, so b's link has a rate (``shape``) and an added round trip (``set_rtt``), the others' only a rate.
+    The driver (this process, in the root namespace) reaches each host's HTTP ports over unshaped management
+    links."""
 
     fab: Fabric
     work: Path
-    link_a: Link
-    link_b: Link
-    urls: dict[str, str]  # a, b: the engines' URLs; s: the cache server's /metrics root
+    links: dict[str, Link]  # replica host -> its link to s
+    urls: dict[str, str]  # each replica: its engine's URL; s: the cache server's /metrics root
     delay_file: Path
     procs: list[object] = field(default_factory=list)
 
@@ -357,25 +360,32 @@ class World:
         self.delay_file.write_text(f"{rtt_ms}\n")
         time.sleep(0.5)  # the relay reads it every 0.2 s
 
-    def shape(self, rate_mbit: float | None) -> None:
+    def shape(self, rate_mbit: float | None, host: str = "b") -> None:
         if rate_mbit is None:
-            self.fab.unshape(self.link_b)
+            self.fab.unshape(self.links[host])
         else:
-            self.fab.shape(self.link_b, rate_mbit)
+            self.fab.shape(self.links[host], rate_mbit)
 
 
 def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_tokens: int, max_len: int,
-                store_gb: float, startup_s: float = 900.0) -> World:  # fmt: skip
-    """Build the hosts and links, start the store, the relay and both replicas, and wait until all answer."""
+                store_gb: float, startup_s: float = 900.0,
+                settings: dict[str, dict] | None = None) -> World:  # fmt: skip
+    """Build the hosts and links, start the store, the relay and the replicas (every host but s; ``settings``:
+    more kv_connector_extra_config per host), and wait until all answer.
+
+    On a machine of few cores the hosts would share them: an engine's compute threads then starve the store and
+    the relay (Python processes moving the bytes), and a fetch waits on the CPU, not on the link. So the engines
+    get every core but the last and the store and the relay the last (``taskset``), where there are two or more."""
     from kvtier.launch import cpu_engine
-    from kvtier.launch.devices import cpu_inventory
     from kvtier.launch.procs import Supervisor
     from kvtier.launch.profiles import ProcPlan
     from kvtier.modelmaker import Geometry
     from kvtier.vllm import engine_pythonpath, kv_transfer_arg
 
-    link_a, link_b = fab.link("a", "s"), fab.link("b", "s")
-    mgmt = {h: fab.management(h) for h in ("s", "a", "b")}
+    replicas = [h for h in fab.hosts if h != "s"]
+    links = {h: fab.link(h, "s") for h in replicas}
+    link_b = links["b"]
+    mgmt = {h: fab.management(h) for h in fab.hosts}
     secret = work / "secret"
     secret.mkdir(mode=0o700, exist_ok=True)
     token = secret / "token"
@@ -384,25 +394,29 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
     delay = work / "rtt_ms"
     delay.write_text("0\n")
     sup = Supervisor(work / "logs")
-    store = ProcPlan("store", fab.argv("s", [
+    ncpu = len(os.sched_getaffinity(0))
+    cores = sorted(os.sched_getaffinity(0))
+    engine_cores = [str(c) for c in cores[:-1]] if ncpu >= 2 else [str(c) for c in cores]
+    pin = ["taskset", "-c", str(cores[-1])] if ncpu >= 2 else []
+    store = ProcPlan("store", fab.argv("s", [*pin,
         sys.executable, "-m", "kvtier", "cache-server", "--offload", "cpu", "--cpu-offload-gb", str(store_gb),
         "--listen", f"0.0.0.0:{STORE_PORT}", "--token-file", str(token), "--host", mgmt["s"],
         "--port", str(METRICS_PORT)]), {}, f"http://{mgmt['s']}:{METRICS_PORT}/health", None, 60)  # fmt: skip
-    relay = ProcPlan("relay", fab.argv("b", [
+    relay = ProcPlan("relay", fab.argv("b", [*pin,
         sys.executable, str(Path(__file__)), "relay", "--listen", f"127.0.0.1:{RELAY_PORT}",
         "--to", f"{link_b.addr('s')}:{STORE_PORT}", "--delay-file", str(delay)]), {}, "", None, 10)  # fmt: skip
     kv_bytes = kv_tokens * Geometry().kv_bytes_per_token
-    cores = cpu_inventory(None).devices
     env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
     procs = [sup.start(store), sup.start(relay)]
     sup.wait_healthy(procs[0], store.health, 60)
     urls = {"s": f"http://{mgmt['s']}:{METRICS_PORT}"}
     engines = []
-    for host, server in (("a", f"tcp://{link_a.addr('s')}:{STORE_PORT}"), ("b", f"tcp://127.0.0.1:{RELAY_PORT}")):
-        settings = {"cache_server": server, "cache_server_token_file": str(token),
-                    "request_log": str(work / f"{host}.requests.jsonl")}  # fmt: skip
-        plan = cpu_engine.replica_plan(engine_python, model_dir, "tiny", ENGINE_PORT, kv_bytes, max_len, cores,
-                                       name=f"vllm-{host}", extra=["--kv-transfer-config", kv_transfer_arg(settings)],
+    for host in replicas:
+        server = f"tcp://127.0.0.1:{RELAY_PORT}" if host == "b" else f"tcp://{links[host].addr('s')}:{STORE_PORT}"
+        extra = {"cache_server": server, "cache_server_token_file": str(token),
+                 "request_log": str(work / f"{host}.requests.jsonl"), **(settings or {}).get(host, {})}  # fmt: skip
+        plan = cpu_engine.replica_plan(engine_python, model_dir, "tiny", ENGINE_PORT, kv_bytes, max_len, engine_cores,
+                                       name=f"vllm-{host}", extra=["--kv-transfer-config", kv_transfer_arg(extra)],
                                        env=env)  # fmt: skip
         argv = [mgmt[host] if a == "127.0.0.1" else a for a in plan.argv]  # --host: its management address
         url = f"http://{mgmt[host]}:{ENGINE_PORT}"
@@ -412,7 +426,7 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
         urls[host] = url
     for proc, plan in engines:
         sup.wait_healthy(proc, plan.health, startup_s)
-    w = World(fab, work, link_a, link_b, urls, delay)
+    w = World(fab, work, links, urls, delay)
     w.procs = [sup]
     return w
 

@@ -28,7 +28,6 @@ data and control API.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import mmap
 import os
@@ -40,7 +39,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -49,10 +47,10 @@ from kvtier.engine.backend import aligned_buffer, round_up
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError
 from kvtier.tiers import open_tiers
-from kvtier.unixsock import claim
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
-from kvtier.vllm.protocol import MAX_HELLO, Conn, ProtocolError, challenge, is_sealed, peer_uid, proof
+from kvtier.vllm.listen import Listeners
+from kvtier.vllm.protocol import Conn, ProtocolError, is_sealed
 from kvtier.vllm.server_http import ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
 
@@ -60,8 +58,6 @@ log = logging.getLogger("kvtier.vllm.server")
 
 PUT_WAIT_S = 60.0
 """Longest a put waits for its plan's evictions and demotions to run before it is refused."""
-HELLO_S = 10.0
-"""Longest a TCP peer may take to send its hello after the challenge."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +92,9 @@ class BlockServer:
         listen: tuple[str, int] | None = None,
         token: bytes | None = None,
     ):
-        if socket_path is None and listen is None:
-            raise ConfigError("kvtier cache-server: give --socket (a Unix socket), --listen HOST:PORT (TCP), or both")
-        if listen is not None and token is None:
-            raise ConfigError(f"--listen {listen[0]}:{listen[1]}: a TCP listener needs --token-file (its shared token)")
+        self.listeners = Listeners(socket_path, listen, token)
         self.settings = settings
         self.path = socket_path
-        self.listen, self.token = listen, token
-        self.listen_port: int | None = None  # the bound TCP data port
         self.host, self.port = host, port
         self.metrics = ServerMetrics()
         self.geometry: BlockGeometry | None = None
@@ -124,76 +115,38 @@ class BlockServer:
         self._closing = False
         self._conns: set[Conn] = set()
         self._threads: list[threading.Thread] = []
-        self._listeners: list[tuple[socket.socket, bool]] = []  # (listener, TCP)
         self._http: ThreadingHTTPServer | None = None
         self._local = threading.local()
 
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> int:
         """Listen on the socket, the TCP data port and the health port; returns the health port."""
+        self.listeners.open()
         try:
-            if self.path is not None:
-                claim(Path(self.path))
-                lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self._listeners.append((lst, False))
-                old = os.umask(0o177)  # the socket is made 0600: only this user may connect
-                try:
-                    lst.bind(self.path)
-                finally:
-                    os.umask(old)
-                lst.listen(128)
-            if self.listen is not None:
-                self._listeners.append((self._tcp_listener(*self.listen), True))
-            try:
-                self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
-            except OSError as e:
-                raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
-        except BaseException:
-            self._close_listeners()
-            raise
+            self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
+        except OSError as e:
+            self.listeners.close()
+            raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
         self._http.daemon_threads = True
-        loops: list[tuple[Callable[..., None], tuple[Any, ...], str]] = [
-            (self._accept_loop, (lst, tcp), "accept-tcp" if tcp else "accept") for lst, tcp in self._listeners
+        self._threads = [
+            *self.listeners.threads(self._serve_conn),
+            threading.Thread(target=self._action_loop, name="kvtier-blocks-actions", daemon=True),
+            threading.Thread(target=self._http.serve_forever, name="kvtier-blocks-http", daemon=True),
         ]
-        loops += [(self._action_loop, (), "actions"), (self._http.serve_forever, (), "http")]
-        for target, args, name in loops:
-            t = threading.Thread(target=target, args=args, name=f"kvtier-blocks-{name}", daemon=True)
+        for t in self._threads:
             t.start()
-            self._threads.append(t)
         return int(self._http.server_address[1])
 
-    def _tcp_listener(self, host: str, port: int) -> socket.socket:
-        try:
-            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-            lst = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as e:
-            raise ConfigError(f"--listen {host}:{port}: {e}") from e
-        try:
-            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lst.bind((host, port))
-            lst.listen(128)
-        except OSError as e:
-            lst.close()
-            raise ConfigError(f"--listen {host}:{port}: cannot listen there: {e.strerror}") from e
-        self.listen_port = int(lst.getsockname()[1])
-        return lst
-
-    def _close_listeners(self) -> None:
-        for lst, _ in self._listeners:
-            try:
-                lst.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            lst.close()
-        if self.path is not None and any(not tcp for _, tcp in self._listeners):
-            Path(self.path).unlink(missing_ok=True)
-        self._listeners.clear()
+    @property
+    def listen_port(self) -> int | None:
+        """The bound TCP data port (``--listen``), None without one."""
+        return self.listeners.tcp_port
 
     def close(self) -> None:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._close_listeners()
+        self.listeners.close()
         for c in list(self._conns):
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)
@@ -208,49 +161,13 @@ class BlockServer:
             self.store.close()
 
     # -- connections --------------------------------------------------------------------------
-    def _accept_loop(self, listener: socket.socket, tcp: bool) -> None:
-        while not self._closing:
-            try:
-                s, _ = listener.accept()
-            except OSError:
-                return
-            if not tcp:
-                uid = peer_uid(s)
-                if uid is not None and uid != os.getuid():
-                    log.warning("refused a connection from uid %d", uid)
-                    s.close()
-                    continue
-            else:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._serve_conn, args=(s, tcp), name="kvtier-blocks-conn", daemon=True)
-            t.start()
-
-    def _greet(self, c: Conn, fds: list[int]) -> dict[str, Any] | None:
-        """The connection's hello, as a dict; over TCP only after the peer proved it holds the token (a refusal is
-        answered, counted, and None returned)."""
-        if not c.inline:
-            return c.recv(fds, limit=MAX_HELLO)  # type: ignore[no-any-return]
-        assert self.token is not None
-        hi = challenge()
-        c.sock.settimeout(HELLO_S)
-        c.send(hi)
-        msg = c.recv(limit=MAX_HELLO)
-        c.sock.settimeout(None)
-        given = msg.get("proof") if isinstance(msg, dict) else None
-        if not isinstance(given, str) or not hmac.compare_digest(given, proof(self.token, hi["nonce"])):
-            self.metrics.refused.labels("token").inc()
-            log.warning("refused a TCP connection from %s: no valid token", c.sock.getpeername()[0])
-            c.send({"ok": False, "error": "hello: the shared token does not match (cache_server_token_file)"})
-            return None
-        return msg  # type: ignore[no-any-return]
-
     def _serve_conn(self, s: socket.socket, tcp: bool = False) -> None:
         c = Conn(s, inline=tcp)
         self._conns.add(c)
         fds: list[int] = []
         kind = "?"
         try:
-            msg = self._greet(c, fds)
+            msg = self.listeners.greet(c, fds, lambda why: self.metrics.refused.labels(why).inc())
             if msg is None:
                 return
             if not isinstance(msg, dict) or msg.get("op") != "hello":
@@ -338,6 +255,7 @@ class BlockServer:
                 except ValidationError as e:
                     c.send({"ok": False, "error": f"control: {m.refusal(e)}"})
                     continue
+                self.metrics.requests.labels(req.op).inc()
                 self._reply(c, self._CONTROL[type(req)](self, lease, req))
         finally:
             self._release(lease)
@@ -577,6 +495,7 @@ class BlockServer:
                         raise ProtocolError(f"data: expected put or get of one key: {m.refusal(e)}") from None
                     c.send({"ok": False, "error": f"data: expected put or get of one key: {m.refusal(e)}"})
                     continue
+                self.metrics.requests.labels(req.op).inc()
                 if isinstance(req, m.Put):
                     if c.inline:
                         c.recv_bytes(view[: g.block_bytes])

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from kvtier.engine.backend import round_up
 from kvtier.errors import ConfigError
 from kvtier.vllm import messages as m
+from kvtier.vllm.gate import LiveGate
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
 from kvtier.vllm.protocol import MAX_KEYS, Conn, ProtocolError, Refused, connect, sealed_page, tcp_address
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
@@ -67,6 +68,7 @@ class ServerLink:
     ):
         self.path, self.hello, self.timeout_s, self.fds, self.token = path, hello, timeout_s, fds, token
         self.conn: Conn | None = None
+        self._owed: list[tuple[type[BaseModel], Callable[[Any], None] | None]] = []  # posted, answer not yet read
         self._tried = 0.0
         self.errors = 0
         self.last_error = ""
@@ -77,6 +79,7 @@ class ServerLink:
         return tcp_address(self.path) is not None
 
     def open(self) -> m.TiersReply:
+        self._owed = []  # what a closed connection owed is not coming
         c = connect(self.path, self.timeout_s, self.token)
         hello = self.hello.model_dump()
         if c.proof is not None:
@@ -136,6 +139,7 @@ class ServerLink:
         assert self.conn is not None
         c = self.conn
         try:
+            self._drain()
             answer = c.call(msg, payload=payload if c.inline else None)
             n = answer.get("n")
             if c.inline and into is not None and answer.get("hit") is True and isinstance(n, int) and n > 0:
@@ -154,10 +158,8 @@ class ServerLink:
                 raise
             raise self._failed(e) from None  # a timeout: the server may be busy; not sent again
 
-    def pipeline(self, msgs: Sequence[BaseModel], reply: type[R], into: memoryview, each: Callable[[R], None]) -> None:
-        """Inline (TCP): send ``msgs`` back to back, then read their answers in order, each hit's bytes into
-        ``into`` and ``each(answer)`` called before the next is read — one round trip for them all instead of one
-        each. A failure part-way drops the connection and raises ServerDown; the answers not yet read are lost."""
+    def _connected(self) -> Conn:
+        """The open connection, or a new one (at most one attempt per RECONNECT_S); ServerDown otherwise."""
         if self.conn is None:
             now = time.monotonic()
             if now - self._tried < RECONNECT_S:
@@ -167,9 +169,58 @@ class ServerLink:
                 self.open()
             except (OSError, ProtocolError, Refused) as e:
                 raise self._failed(e) from None
-        c = self.conn
-        assert c is not None and c.inline
+        assert self.conn is not None
+        return self.conn
+
+    def post(self, msg: BaseModel, reply: type[R], on_reply: Callable[[R], None] | None = None) -> None:
+        """Send ``msg`` and go on: its answer is read before the next request's, or by ``settle`` (the server acts on
+        it when it arrives, in order with the rest). For what the caller need not wait for — a completed store, an
+        unpin — so a link's round trip leaves the engine's scheduling path. A failure raises ServerDown; an answer
+        read later that is a refusal or malformed is counted in ``errors``."""
+        c = self._connected()
         try:
+            self._drain()
+            c.send(msg.model_dump())
+        except OSError as e:
+            c.close()
+            self.conn, self._owed = None, []
+            raise self._failed(e) from None
+        self._owed.append((reply, on_reply))
+
+    def settle(self) -> None:
+        """Read every posted answer now."""
+        if self.conn is not None:
+            try:
+                self._drain()
+            except OSError as e:
+                self.conn.close()
+                self.conn = None
+                self._failed(e)
+
+    def _drain(self) -> None:
+        assert self.conn is not None
+        owed, self._owed = self._owed, []
+        for reply, on_reply in owed:
+            answer = self.conn.recv()
+            try:
+                if not isinstance(answer, dict) or not answer.get("ok"):
+                    raise ValueError(str(answer.get("error") if isinstance(answer, dict) else answer)[:300])
+                r = reply.model_validate(answer)
+            except (ValueError, ValidationError) as e:  # a refusal of something already done: counted, not raised
+                self.errors += 1
+                self.last_error = f"kvtier cache-server {self.path}: a posted request: {e}"[:300]
+                continue
+            if on_reply is not None:
+                on_reply(r)
+
+    def pipeline(self, msgs: Sequence[BaseModel], reply: type[R], into: memoryview, each: Callable[[R], None]) -> None:
+        """Inline (TCP): send ``msgs`` back to back, then read their answers in order, each hit's bytes into
+        ``into`` and ``each(answer)`` called before the next is read — one round trip for them all instead of one
+        each. A failure part-way drops the connection and raises ServerDown; the answers not yet read are lost."""
+        c = self._connected()
+        assert c.inline
+        try:
+            self._drain()
             for msg in msgs:
                 c.send(msg.model_dump())
             for _ in msgs:
@@ -197,6 +248,7 @@ class ServerLink:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        self._owed = []
 
 
 class ServerIndex(Generic[K]):
@@ -217,6 +269,7 @@ class ServerIndex(Generic[K]):
         self._tier_of: dict[K, int] = {}
         self._ahead: dict[K, Literal["hit", "pending", "miss"]] = {}  # prefetched answers not yet asked for
         self._ahead_at = 0.0
+        self.gate: LiveGate | None = None  # the live fetch gate (settings.gate), set by the manager
         self._usage: tuple[float, dict[str, tuple[int, int]]] = (0.0, {})
 
     @property
@@ -241,8 +294,14 @@ class ServerIndex(Generic[K]):
         if len(keys) < 2 or keys[0] != key:
             return self.lookup_many([key])[0]
         self._ahead.clear()
-        self._ahead_at = time.monotonic()
-        for k, status in zip(keys, self.lookup_many(keys), strict=True):
+        t0 = self._ahead_at = time.monotonic()
+        statuses = self.lookup_many(keys)
+        if self.gate is not None:
+            self.gate.rtt(time.monotonic() - t0)
+            run = next((i for i, st in enumerate(statuses) if st == "miss"), len(statuses))
+            if not self.gate.allow(run):  # fetching this run is slower than recomputing it: vLLM recomputes
+                statuses = ["miss"] * len(statuses)
+        for k, status in zip(keys, statuses, strict=True):
             self._ahead[k] = status
             if status == "miss":
                 break
@@ -266,7 +325,7 @@ class ServerIndex(Generic[K]):
         i = self._tier_of.get(key)
         return None if i is None else self.tiers[i]
 
-    def _keys_op(self, op: type[m.Pin | m.Unpin | m.Touch | m.Forget], keys: Iterable[K], reply: type[R]) -> R | None:
+    def _keys_op(self, op: type[m.Pin | m.Forget], keys: Iterable[K], reply: type[R]) -> R | None:
         ks = [self.key_of(k) for k in keys]
         if not ks:
             return None
@@ -275,14 +334,32 @@ class ServerIndex(Generic[K]):
         except ServerDown:
             return None
 
+    def _post(self, msg: BaseModel, reply: type[R], on_reply: Callable[[R], None] | None = None) -> None:
+        """Over TCP, a request the scheduler need not wait for is posted (its answer read with the next call's);
+        through a Unix socket, where a round trip is microseconds, it is a call."""
+        try:
+            with self._lock:
+                if self._link.inline:
+                    self._link.post(msg, reply, on_reply)
+                    return
+                r = self._link.call(msg, reply)
+        except ServerDown:
+            return
+        if on_reply is not None:
+            on_reply(r)
+
     def pin(self, keys: Iterable[K]) -> None:
         self._keys_op(m.Pin, keys, m.PinReply)
 
     def unpin(self, keys: Iterable[K]) -> None:
-        self._keys_op(m.Unpin, keys, m.Done)
+        ks = [self.key_of(k) for k in keys]
+        if ks:
+            self._post(m.Unpin(keys=ks), m.Done)
 
     def touch(self, keys: Iterable[K]) -> None:
-        self._keys_op(m.Touch, keys, m.Done)
+        ks = [self.key_of(k) for k in keys]
+        if ks:
+            self._post(m.Touch(keys=ks), m.Done)
 
     def plan_store(self, keys: Iterable[K]) -> StorePlan[K] | None:
         offered = list(keys)
@@ -318,11 +395,16 @@ class ServerIndex(Generic[K]):
     def complete_store(self, keys: Iterable[K], success: bool = True) -> list[K]:
         ks = [self.key_of(k) for k in keys]
         if ks:
-            try:
-                self.counters.failed_stores += self._call(m.Complete(keys=ks, success=success), m.CompleteReply).failed
-            except ServerDown:
-                pass
+            self._post(m.Complete(keys=ks, success=success), m.CompleteReply, self._count_failed)
         return []
+
+    def settle(self) -> None:
+        """Wait for the answers of what was posted: the server has acted on all of it."""
+        with self._lock:
+            self._link.settle()
+
+    def _count_failed(self, r: m.CompleteReply) -> None:
+        self.counters.failed_stores += r.failed
 
     def forget(self, keys: Iterable[K]) -> int:
         r = self._keys_op(m.Forget, keys, m.ForgetReply)

@@ -23,6 +23,7 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        self.requests = Counter(p + "requests", "requests served, by operation", ["op"], registry=r)
         self.lookups = Counter(p + "lookups", "block lookups", registry=r)
         self.lookup_hits = Counter(
             p + "lookup_hits", "block lookups that found the block (stored or being stored)", registry=r

@@ -51,6 +51,11 @@ class VllmOffloadSettings(OffloadTierConfig):
         "a shared kvtier cache-server, its Unix socket or tcp://HOST:PORT: its tiers and index instead of this "
         "engine's own (every replica pointed at it shares one offload tier; the tier settings are the server's)",
     )
+    gate: bool = flag(
+        False,
+        "with cache_server: answer miss for a prefix whose fetch this engine expects to take longer than "
+        "recomputing it (its measured round trip, load throughput and prefill rate; kvtier/vllm/gate.py)",
+    )
     cache_server_token_file: str | None = flag(
         None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// cache_server"
     )
@@ -71,7 +76,7 @@ class VllmOffloadSettings(OffloadTierConfig):
                 raise ValueError(f"cache_server: {e}") from None
             if tcp is not None and self.cache_server_token_file is None:
                 raise ValueError("cache_server: a tcp:// cache server needs cache_server_token_file (its shared token)")
-            mine = {"cache_server", "cache_server_token_file", "io_threads", "request_log", "request_log_mb"}
+            mine = {"cache_server", "cache_server_token_file", "gate", "io_threads", "request_log", "request_log_mb"}
             own = sorted(self.model_fields_set - mine)
             if own:
                 raise ValueError(

@@ -63,27 +63,31 @@ from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.tiers import open_tiers
 from kvtier.vllm.client import ServerBlockWorker, ServerIndex
+from kvtier.vllm.gate import LiveGate, following
 from kvtier.vllm.index import BlockIndex, StorePlan
 from kvtier.vllm.reqlog import RequestLog
+from kvtier.vllm.series import (
+    M_CAPACITY_BLOCKS,
+    M_DEMOTED_BLOCKS,
+    M_EVICTED_BLOCKS,
+    M_FAILED_LOADS,
+    M_FAILED_STORES,
+    M_GATE,
+    M_HELD_BLOCKS,
+    M_HIT_TOKENS,
+    M_INFO,
+    M_LOAD_IO_SECONDS,
+    M_LOADED_BLOCKS,
+    M_MOVES,
+    M_REJECTED_BLOCKS,
+    M_SERVER_ERRORS,
+    M_STORED_BLOCKS,
+    SERIES,
+)
 from kvtier.vllm.settings import VllmOffloadSettings
 from kvtier.vllm.worker import BlockLayout, BlockWorker, RequestIO
 
 log = logging.getLogger("kvtier.vllm")
-
-M_HIT_TOKENS = "kvtier:offload_hit_tokens"
-M_STORED_BLOCKS = "kvtier:offload_stored_blocks"
-M_DEMOTED_BLOCKS = "kvtier:offload_demoted_blocks"
-M_EVICTED_BLOCKS = "kvtier:offload_evicted_blocks"
-M_REJECTED_BLOCKS = "kvtier:offload_rejected_blocks"
-M_HELD_BLOCKS = "kvtier:offload_tier_blocks"
-M_CAPACITY_BLOCKS = "kvtier:offload_tier_capacity_blocks"
-M_INFO = "kvtier:offload_info"
-M_LOADED_BLOCKS = "kvtier:offload_loaded_blocks"
-M_FAILED_LOADS = "kvtier:offload_failed_loads"
-M_FAILED_STORES = "kvtier:offload_failed_stores"
-M_MOVES = "kvtier:offload_worker_moves"
-M_SERVER_ERRORS = "kvtier:offload_server_errors"
-M_LOAD_IO_SECONDS = "kvtier:offload_load_io_seconds"
 
 
 @dataclass
@@ -182,16 +186,6 @@ def _shared_key(config: OffloadingConfig) -> Any:
     return lambda k: scope.key(bytes(k))
 
 
-def _following(req_context: ReqContext, key: OffloadKey) -> list[OffloadKey]:
-    """``key`` and the request's keys after it, in prompt order (vLLM records each key's end position on the
-    request's context; where it does not, ``key`` alone)."""
-    positions: dict[OffloadKey, int] = getattr(req_context, "_offload_key_positions", None) or {}
-    at = positions.get(key)
-    if at is None:
-        return [key]
-    return sorted((k for k, p in positions.items() if p >= at), key=positions.__getitem__)
-
-
 class KvtierManager(OffloadingManager):
     def __init__(
         self,
@@ -208,6 +202,8 @@ class KvtierManager(OffloadingManager):
         self.index: Any = index if index is not None else BlockIndex(settings.slots(block_bytes, world_size))
         # a hit's source in the request log: the tier's name, on a shared cache server prefixed "shared-"
         self._prefix = "shared-" if settings.cache_server else ""
+        if isinstance(self.index, ServerIndex) and settings.gate:
+            self.index.gate = LiveGate(block_tokens, block_bytes * world_size)
         self.requests: RequestLog | None = None
         if settings.request_log:
             header = {
@@ -241,7 +237,7 @@ class KvtierManager(OffloadingManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if isinstance(self.index, ServerIndex):  # the server answers this block and the request's next in one trip
-            r = self.index.lookup(key, lambda: _following(req_context, key))
+            r = self.index.lookup(key, lambda: following(req_context, key))
         else:
             r = self.index.lookup(key)
         return LookupResult.HIT if r == "hit" else LookupResult.HIT_PENDING if r == "pending" else LookupResult.MISS
@@ -323,6 +319,9 @@ class KvtierManager(OffloadingManager):
             if metric is not None:
                 d = self._worker_counts[metric]
                 d[tier] = d.get(tier, 0) + n
+        gate = getattr(self.index, "gate", None)
+        if gate is not None and counts.get("load_job:bytes"):
+            gate.loaded(counts["load_job:bytes"], counts.get("load_job:ns", 0) / 1e9)
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
@@ -335,6 +334,7 @@ class KvtierManager(OffloadingManager):
             (M_REJECTED_BLOCKS, {"": c.rejected}),
             *self._worker_counts.items(),
             (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
+            (M_GATE, dict(self.index.gate.counts) if getattr(self.index, "gate", None) else {}),
         ):
             before = self._reported.setdefault(name, {})
             scale = 1e-9 if name == M_LOAD_IO_SECONDS else 1  # kept in ns, exported in seconds
@@ -405,37 +405,8 @@ class KvtierWorker(OffloadingWorker):
 class KvtierOffloadingSpec(OffloadingSpec):
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
-        tier = ("tier",)
-        return {
-            M_HIT_TOKENS: OffloadingCounterMetadata(
-                "Prompt tokens loaded from kvtier's offload tiers, by tier (the scheduler's planned tier)", tier
-            ),
-            M_STORED_BLOCKS: OffloadingCounterMetadata("Blocks placed in kvtier's offload tiers, by tier", tier),
-            M_DEMOTED_BLOCKS: OffloadingCounterMetadata("Blocks demoted to the next tier, by the tier they left", tier),
-            M_EVICTED_BLOCKS: OffloadingCounterMetadata("Blocks dropped from the bottom tier", tier),
-            M_REJECTED_BLOCKS: OffloadingCounterMetadata("Blocks offered for storing that no tier had room for"),
-            M_HELD_BLOCKS: OffloadingGaugeMetadata("Blocks each offload tier holds (stored and being stored)", tier),
-            M_CAPACITY_BLOCKS: OffloadingGaugeMetadata("Blocks each offload tier can hold", tier),
-            M_INFO: OffloadingGaugeMetadata(
-                "kvtier's offload tiers, fastest first, and the source label vLLM's by-source counters give their hits",
-                ("tier", "source"),
-            ),
-            M_LOADED_BLOCKS: OffloadingCounterMetadata(
-                "Block shards the workers loaded, by the tier that served them", tier
-            ),
-            M_FAILED_LOADS: OffloadingCounterMetadata(
-                "Block shards whose load failed: reported to vLLM as failed blocks (recomputed), never as data"
-            ),
-            M_FAILED_STORES: OffloadingCounterMetadata("Block shards whose store failed (a later load of them fails)"),
-            M_MOVES: OffloadingCounterMetadata("Demotions the workers carried out"),
-            M_SERVER_ERRORS: OffloadingCounterMetadata(
-                "Scheduler calls a shared kvtier cache-server did not answer (taken as misses, stores not offered)"
-            ),
-            M_LOAD_IO_SECONDS: OffloadingCounterMetadata(
-                "Seconds the tiers spent reading the block shards the workers loaded (each read's own time), by tier",
-                tier,
-            ),
-        }
+        kinds = {"counter": OffloadingCounterMetadata, "gauge": OffloadingGaugeMetadata}
+        return {name: kinds[kind](help_, labels) for name, (kind, help_, labels) in SERIES.items()}
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
@@ -520,6 +491,9 @@ class KvtierOffloadingConnector(OffloadingConnector):
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
         manager = getattr(self.connector_scheduler, "manager", None)
+        gate = getattr(getattr(manager, "index", None), "gate", None)
+        if gate is not None and getattr(self, "_step_at", None):
+            gate.prefilled(self._step_at[1], time.monotonic() - self._step_at[0])
         if isinstance(meta, KvtierWorkerMetadata) and isinstance(manager, KvtierManager):
             manager.add_worker_counts(meta.counts)
             if meta.lost_keys:
@@ -573,6 +547,7 @@ class KvtierOffloadingConnector(OffloadingConnector):
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)
+        self._step_at = (time.monotonic(), int(scheduler_output.total_num_scheduled_tokens))  # the live gate's
         r = self._requests()
         if r is None:
             return meta

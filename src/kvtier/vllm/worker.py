@@ -323,6 +323,8 @@ class BlockWorker:
                         self._lost_keys.extend(g.key for g in failed)
                 done = self._account(tag, got, t0)
                 total = sum(g.nbytes for g in got)
+                self.counters.add("load_job:bytes", total)  # the live gate's throughput (vllm/gate.py)
+                self.counters.add("load_job:ns", int((done - t0) * 1e9))
                 self._finish(Result(job_id, True, total if not failed else None, done - t0))
 
         if not futures:

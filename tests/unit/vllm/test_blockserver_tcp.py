@@ -61,7 +61,8 @@ def test_a_block_stored_over_tcp_by_one_replica_comes_back_byte_for_byte_on_anot
     sent = {k: payload(i) for i, k in enumerate(keys)}
     for k in keys:
         assert da.call(m.Put(key=key_of(k)), m.PutReply, payload=memoryview(sent[k])).tier == "cpu"
-    a.complete_store(keys)
+    a.complete_store(keys)  # posted: the scheduler does not wait for its answer
+    a.settle()
     page = memoryview(bytearray(BLOCK))
     for k in keys:
         assert b.lookup(k) == "hit"
@@ -182,6 +183,7 @@ def test_a_prefix_is_looked_up_and_loaded_in_one_round_trip_each(server: BlockSe
     for k in keys[:3]:
         da.call(m.Put(key=key_of(k)), m.PutReply, payload=memoryview(sent[k]))
     a.complete_store(keys[:3])
+    a.settle()
     b = ServerIndex(address(server), key_of, {"engine": "B", **GEOMETRY}, TOKEN)
     before = metrics(server)["kvtier_block_server_lookups_total"]
     statuses = [b.lookup(k, lambda i=i: keys[i:]) for i, k in enumerate(keys)]
@@ -200,3 +202,22 @@ def test_a_prefix_is_looked_up_and_loaded_in_one_round_trip_each(server: BlockSe
         x.close()
     da.close()
     db.close()
+
+
+def test_posted_requests_are_acted_on_in_order_and_a_refused_one_is_counted(server: BlockServer):
+    a = ServerIndex(address(server), key_of, {"engine": "A", **GEOMETRY}, TOKEN)
+    da = data_link(server, "A")
+    k = b"posted!!"
+    assert a.plan_store([k]) is not None
+    da.call(m.Put(key=key_of(k)), m.PutReply, payload=memoryview(payload(1)))
+    a.complete_store([k])  # posted
+    assert a.lookup(k) == "hit"  # the same connection: the server completed it before it answered the lookup
+    a.pin([k])
+    a.unpin([k])  # posted
+    before = a.server_errors
+    a._link.post(m.Unpin.model_construct(keys=["x" * 2000]), m.Done)  # over the limit: refused when it arrives
+    a.settle()
+    assert a.server_errors == before + 1 and "posted" in a._link.last_error
+    assert a.lookup(k) == "hit"  # the connection is in step after the refusal
+    a.close()
+    da.close()
