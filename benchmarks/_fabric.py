@@ -27,6 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PREFIX = "kvf"
 FABRIC_NET = "10.231"
@@ -354,11 +355,18 @@ class World:
     links: dict[str, Link]  # replica host -> its link to s
     urls: dict[str, str]  # each replica: its engine's URL; s: the cache server's /metrics root
     delay_file: Path
-    procs: list[object] = field(default_factory=list)
+    sup: Any = None  # the Supervisor of every process started (kvtier/launch/procs.py)
+    store: Any = None  # the cache server's Proc
 
     def set_rtt(self, rtt_ms: float) -> None:
         self.delay_file.write_text(f"{rtt_ms}\n")
         time.sleep(0.5)  # the relay reads it every 0.2 s
+
+    def restart_store(self) -> float:
+        """Kill the cache server at once (a crash: its tiers are gone) and start it again; returns the seconds
+        until it answered."""
+        self.store = self.sup.restart(self.store)
+        return float(self.sup.wait_healthy(self.store, self.store.plan.health, 60))
 
     def shape(self, rate_mbit: float | None, host: str = "b") -> None:
         if rate_mbit is None:
@@ -426,11 +434,8 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
         urls[host] = url
     for proc, plan in engines:
         sup.wait_healthy(proc, plan.health, startup_s)
-    w = World(fab, work, links, urls, delay)
-    w.procs = [sup]
-    return w
+    return World(fab, work, links, urls, delay, sup, procs[0])
 
 
 def stop_world(w: World) -> None:
-    for sup in w.procs:
-        sup.stop_all()  # type: ignore[attr-defined]
+    w.sup.stop_all()
