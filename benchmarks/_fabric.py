@@ -364,7 +364,8 @@ class World:
 
     def restart_store(self) -> float:
         """Kill the cache server at once (a crash: its tiers are gone) and start it again; returns the seconds
-        until it answered."""
+        until it answered. The new server dies with the thread that started it (kvtier/child.py's
+        PR_SET_PDEATHSIG): call this from a thread that lives until ``stop_world``."""
         self.store = self.sup.restart(self.store)
         return float(self.sup.wait_healthy(self.store, self.store.plan.health, 60))
 

@@ -58,9 +58,10 @@ def main() -> int:
     ap.add_argument("--restart-at", type=float, default=60.0, help="seconds into the replay")
     ap.add_argument("--storm", type=float, default=10.0, help="least seconds counted as the storm")
     ap.add_argument("--window", type=int, default=8, help="requests in the rolling store share")
-    ap.add_argument("--traces", type=int, default=4, help="LMCache miniswe agent runs replayed side by side")
+    ap.add_argument("--traces", type=int, default=8, help="LMCache miniswe agent runs replayed side by side")
     ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--kv-tokens", type=int, default=12288, help="b's own KV cache, tokens")
+    ap.add_argument("--max-len", type=int, default=30720, help="b's max_model_len (the runs' prompts grow to 26k)")
+    ap.add_argument("--kv-tokens", type=int, default=32768, help="b's own KV cache, tokens (at least --max-len)")
     ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
     ap.add_argument("--output", type=Path)
     a = ap.parse_args()
@@ -76,8 +77,9 @@ def main() -> int:
     data = trace_folder(None, a.traces, work)
     out = work / "replay"
     with Fabric(["s", "b"]) as fab:
-        w = start_world(fab, work, a.engine_python, model, a.kv_tokens, 10240, 1.0)
+        w = start_world(fab, work, a.engine_python, model, a.kv_tokens, a.max_len, 2.0)
         restarted: list[float] = []
+        ended = threading.Event()
         try:
             before = engine_counts(w.urls["b"])
             cmd = [sys.executable, "-m", "kvtier", "replay", "--base-url", w.urls["b"] + "/v1", "--model", "tiny",
@@ -88,17 +90,24 @@ def main() -> int:
             t0 = time.time()
 
             def crash() -> None:
-                time.sleep(a.restart_at)
+                if ended.wait(a.restart_at):
+                    return
                 restarted.append(time.time())
                 took = w.restart_store()
                 print(f"store restarted at {restarted[0] - t0:.1f} s of the replay (answering after {took:.2f} s)",
                       flush=True)  # fmt: skip
+                ended.wait()  # the new server dies with the thread that started it (PR_SET_PDEATHSIG): live on
 
             threading.Thread(target=crash, daemon=True).start()
             replay.wait(timeout=a.duration + 600)
             after = engine_counts(w.urls["b"])
+            with urllib.request.urlopen(w.urls["s"] + "/metrics", timeout=10) as r:
+                text = r.read().decode().splitlines()
+            served = [ln for ln in text if ln.startswith("kvtier_block_server_requests_total")]
+            print("the restarted store served: " + "; ".join(served), flush=True)
         finally:
             stop_world(w)
+            ended.set()
     if not restarted:
         print("fabric_storm: the replay ended before the restart", file=sys.stderr)
         return 1
