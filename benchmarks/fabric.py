@@ -146,11 +146,13 @@ def predicted(model_dir: str, cached: int, saved_s: float, rtt_s: float) -> floa
 def run_ladder(w: World, model_dir: str, contexts: list[int], repeats: int, out: Path, flood: int) -> Path:
     """kvtier ladder on b, its link unshaped and no RTT added: cold and GPU points (the prefill curve) and points
     served from the store (``host``: vLLM's label of the server's CPU tier, reached after a flood of ``flood``
-    tokens pushed the prefix out of b's own cache), whose fixed part is the fetch's cost beyond bytes."""
+    tokens pushed the prefix out of b's own cache; verified by b's own per-request record), whose fixed part is
+    the fetch's cost beyond bytes."""
     path = out / "ladder.json"
     cmd = [sys.executable, "-m", "kvtier", "ladder", "--base-url", w.urls["b"] + "/v1", "--model", "tiny",
            "--tokenizer", f"hf:{model_dir}", "--contexts", ",".join(map(str, contexts)), "--sources", "cold,gpu,host",
-           "--flood-tokens", f"host={flood}", "--repeats", str(repeats), "--quiet", "--output", str(path)]  # fmt: skip
+           "--flood-tokens", f"host={flood}", "--engine-log", str(w.work / "b.requests.jsonl"),
+           "--repeats", str(repeats), "--quiet", "--output", str(path)]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return path
 

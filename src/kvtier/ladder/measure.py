@@ -140,7 +140,11 @@ def verify(
             return True, None, shown, cached
         return False, f"wanted >= {need:.0f} GPU-hit tokens and no offload ({said})", shown, cached
     tier = next((t for t in s.tiers if t.name == source), None)
-    if tier is None or (basis == "counters" and tier.counter is None) or basis not in ("counters", "engine"):
+    if basis == "engine":  # the request's own record names its sources, whether or not a counter does
+        named = tier is not None or source in tiers
+    else:
+        named = tier is not None and basis == "counters" and tier.counter is not None
+    if not named:
         return False, f"the server exposes no counter of the tokens tier {source} served ({said})", shown, cached
     got = tiers.get(source, 0)
     need = max(0.5 * context, 0.8 * context - max(block, CHUNK_TOKENS))

@@ -167,3 +167,15 @@ def test_config_takes_comma_lists_and_names_bad_values() -> None:
     with pytest.raises(Exception, match="flood_tokens"):
         LadderConfig(base_url="http://x/v1", model="m", flood_tokens=["cpu"])
     _ = ConfigError
+
+
+def test_a_tier_no_counter_names_is_verified_by_the_requests_own_engine_record() -> None:
+    """A vLLM on a shared cache server exposes no per-tier counter the ladder knows, but its per-request record
+    (kvtier's spec, --engine-log) names the source of each token: that record verifies the point."""
+    s = _server()  # no tier discovered from the counters
+    record = Reading(0, 2048, {"host": 2048})
+    assert verify("host", 2048, 2073, record, 2048, s, engine=True)[0]
+    ok, why, _, _ = verify("host", 2048, 2073, record, 2048, s)  # the same numbers as a counter delta: no
+    assert not ok and why is not None and "no counter" in why
+    ok, why, _, _ = verify("disk", 2048, 2073, record, 2048, s, engine=True)  # a source the record does not name
+    assert not ok and why is not None and "no counter" in why
