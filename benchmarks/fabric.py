@@ -30,8 +30,10 @@ its path (``--round-trips``, kvtier's client: the lookup, the pin, the pipelined
 
 Printed: one line per point, then per (context, RTT) the two crossovers; last:
 ``fabric crossover_measured_mbps=… crossover_predicted_mbps=… worst_ratio=… points=…`` (each a list in the order
-of the (context, RTT) pairs; worst_ratio the largest of measured/predicted and predicted/measured over the pairs
-with a crossover in the swept range). ``--plot`` draws TTFT against rate per context (docs/plan.md).
+of the (context, RTT) pairs, ``none`` where the fetch never beat the recompute in the swept range, or no rate makes
+it pay; worst_ratio the largest of measured/predicted and predicted/measured over the pairs with both; one_sided
+the pairs with a crossover on one side only: a disagreement worst_ratio does not show). ``--plot`` draws TTFT
+against rate per context (docs/plan.md). ``--report DIR`` prints the report again from a run's folder.
 """
 
 from __future__ import annotations
@@ -173,7 +175,13 @@ def main() -> int:
     ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
     ap.add_argument("--output", type=Path, help="folder for the points, the ladder and the logs")
     ap.add_argument("--plot", type=Path, help="PNG: TTFT against link rate per context, the predicted boundary")
+    ap.add_argument("--report", type=Path, help="report again from an earlier run's --output folder, run nothing")
     a = ap.parse_args()
+    if a.report is not None:
+        points = [Point(**json.loads(x)) for x in (a.report / "points.jsonl").read_text().splitlines() if x.strip()]
+        return report(points, sorted({p.rate_mbit for p in points if p.rate_mbit is not None}),
+                      sorted({p.context for p in points}), sorted({p.rtt_ms for p in points}),
+                      a.report / "ladder.json", str(a.report / "tiny"), a.round_trips, a.plot)  # fmt: skip
     why = why_not()
     if why is not None:
         print(f"fabric: cannot run here: {why}", file=sys.stderr)
@@ -245,6 +253,7 @@ def report(points: list[Point], rates: list[float], contexts: list[int], rtts: l
     measured, predicted_, ratios, rows = [], [], [], []
     with_fixed: list[str] = []
     ratios_fixed: list[float] = []
+    disagree = 0  # pairs with a crossover on one side only (measured outside the sweep, or predicted none)
     host = next((f for f in fit.timing.fetch if f.tier == "host"), None)
     fixed = host.overhead_s if host is not None else None
     print(f"ladder fetch from the store (host), link unshaped: {host}")
@@ -272,6 +281,8 @@ def report(points: list[Point], rates: list[float], contexts: list[int], rtts: l
             with_fixed.append("none" if pr_fixed is None else f"{pr_fixed:.1f}")
             if m is not None and pr is not None:
                 ratios.append(max(m / pr, pr / m))
+            elif (m is None) != (pr is None):
+                disagree += 1
             if m is not None and pr_fixed is not None:
                 ratios_fixed.append(max(m / pr_fixed, pr_fixed / m))
             tax = f"{(statistics.median(rec) - base) * 1e3:+.0f} ms" if rec else "n/a"
@@ -288,7 +299,8 @@ def report(points: list[Point], rates: list[float], contexts: list[int], rtts: l
               f"{','.join(with_fixed)} Mbit/s, worst ratio {max(ratios_fixed):.3f}")  # fmt: skip
     worst = f"{max(ratios):.3f}" if ratios else "nan"
     print(f"fabric crossover_measured_mbps={','.join(measured)} crossover_predicted_mbps={','.join(predicted_)} "
-          f"worst_ratio={worst} points={len(points) - unverified} unverified={unverified}")  # fmt: skip
+          f"worst_ratio={worst} one_sided={disagree} points={len(points) - unverified} unverified={unverified}"
+          )  # fmt: skip
     return 0 if ratios and not math.isnan(max(ratios)) else 1
 
 
