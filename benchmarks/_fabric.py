@@ -3,9 +3,11 @@ each link shaped by the kernel (``tc`` token bucket, ``tbf``), and added round-t
 kvtier runs (this kernel has no ``netem``; the code under test never sleeps). Used by benchmarks/fabric.py and
 tests/integration/test_fabric.py. Needs root (``ip netns``); ``why_not()`` says why it cannot run.
 
-* **Names**: every namespace is ``kvf-<pid>-<host>`` and every interface ``kvf<pid>…``, ``<pid>`` the process
-  that built it; ``Fabric.remove_leftovers()`` deletes those of processes that are gone (a run killed before its
-  teardown), never another live run's.
+* **Names**: every namespace is ``kvf-<pid>-<tag>-<host>``, ``<pid>`` the process that built it and ``<tag>`` a
+  random one per testbed (a pid the system reuses never meets an old run's names); the veth ends are named
+  inside their namespaces, and the root namespace's ends of the management links ``kvf<pid>m…``, deleted
+  first if a dead run with that pid left one. ``Fabric.remove_leftovers()`` deletes the namespaces of processes
+  that are gone (a run killed before its teardown), never another live run's.
 * **Addresses**: link i joins its two ends in 10.231.i.0/24 (.1 and .2). A host can also get a management link to
   the root namespace (10.232.j.0/24: root .1, host .2), unshaped, for the driver's HTTP; nothing is routed
   between links, and no address outside these namespaces is used.
@@ -89,8 +91,10 @@ class Fabric:
     mgmt: dict[str, str] = field(default_factory=dict)  # host -> its management address
     _closed: bool = False
 
+    tag: str = field(default_factory=lambda: os.urandom(3).hex())
+
     def ns(self, host: str) -> str:
-        return f"{PREFIX}-{self.pid}-{host}"
+        return f"{PREFIX}-{self.pid}-{self.tag}-{host}"
 
     def __post_init__(self) -> None:
         for h in self.hosts:
@@ -132,6 +136,7 @@ class Fabric:
         """An unshaped link from the root namespace to ``host``; returns the host's address on it."""
         j = len(self.mgmt) + 1
         root_dev, ns_dev = f"{PREFIX}{self.pid}m{j}r", f"{PREFIX}{self.pid}m{j}n"
+        sh("ip", "link", "del", root_dev, check=False)  # a dead run's of the same pid (its namespace is gone)
         sh("ip", "link", "add", root_dev, "type", "veth", "peer", "name", ns_dev, "netns", self.ns(host))
         sh("ip", "addr", "add", f"{MGMT_NET}.{j}.1/24", "dev", root_dev)
         sh("ip", "link", "set", root_dev, "up")
@@ -168,12 +173,14 @@ class Fabric:
         if self._closed:
             return
         self._closed = True
-        self._remove(self.pid)
+        self._remove(self.pid, self.tag)
 
     @staticmethod
-    def _remove(pid: int) -> None:
+    def _remove(pid: int, tag: str = "") -> None:
+        """The namespaces of ``pid`` (of its testbed ``tag`` alone, when given), the processes in them first, and
+        then any root-side link of ``pid`` left behind."""
         names = [n.split()[0] for n in sh("ip", "netns", "list", check=False).splitlines() if n.strip()]
-        mine = [n for n in names if n.startswith(f"{PREFIX}-{pid}-")]
+        mine = [n for n in names if n.startswith(f"{PREFIX}-{pid}-{tag}")]
         for n in mine:  # a process left in a namespace keeps it (and its links) alive: kill it first
             for p in sh("ip", "netns", "pids", n, check=False).split():
                 try:
@@ -183,7 +190,7 @@ class Fabric:
         for n in mine:
             sh("ip", "netns", "del", n, check=False)
         for line in sh("ip", "-o", "link", "show", check=False).splitlines():
-            m = re.match(rf"\d+: ({PREFIX}{pid}[lm]\d+[abrn])[@:]", line)
+            m = re.match(rf"\d+: ({PREFIX}{pid}m\d+r)[@:]", line)
             if m:
                 sh("ip", "link", "del", m.group(1), check=False)
 
@@ -196,7 +203,7 @@ class Fabric:
             if m:
                 pids.add(int(m.group(1)))
         for line in sh("ip", "-o", "link", "show", check=False).splitlines():
-            m = re.match(rf"\d+: {PREFIX}(\d+)[lm]\d+", line)
+            m = re.match(rf"\d+: {PREFIX}(\d+)m\d+r", line)
             if m:
                 pids.add(int(m.group(1)))
         gone = sorted(p for p in pids if not _alive(p))
@@ -436,6 +443,23 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
     for proc, plan in engines:
         sup.wait_healthy(proc, plan.health, startup_s)
     return World(fab, work, links, urls, delay, sup, procs[0])
+
+
+def prepare(name: str, output: Path | None, engine_python: str) -> tuple[Path, str] | None:
+    """A fabric benchmark's start: None (the reason printed) where the testbed or the engine is missing; else its
+    work folder (``output`` or a fresh one) and ``kvtier model make``'s model made in it."""
+    import tempfile
+
+    why = why_not() or (None if Path(engine_python).exists() else
+                        f"no vLLM at {engine_python} (bash scripts/install-engines.sh cpu)")  # fmt: skip
+    if why is not None:
+        print(f"{name}: cannot run here: {why}", file=sys.stderr)
+        return None
+    from kvtier.modelmaker import Geometry, make_model
+
+    work = output or Path(tempfile.mkdtemp(prefix=f"kvtier-{name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    return work, str(make_model(work / "tiny", Geometry()))
 
 
 def stop_world(w: World) -> None:

@@ -45,14 +45,13 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fabric import Fabric, World, start_world, stop_world, why_not
+from _fabric import Fabric, World, prepare, start_world, stop_world
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 128  # vLLM's block on the CPU build: what the connector moves
@@ -182,21 +181,13 @@ def main() -> int:
         return report(points, sorted({p.rate_mbit for p in points if p.rate_mbit is not None}),
                       sorted({p.context for p in points}), sorted({p.rtt_ms for p in points}),
                       a.report / "ladder.json", str(a.report / "tiny"), a.round_trips, a.plot)  # fmt: skip
-    why = why_not()
-    if why is not None:
-        print(f"fabric: cannot run here: {why}", file=sys.stderr)
+    ready = prepare("fabric", a.output, a.engine_python)
+    if ready is None:
         return 2
-    if not Path(a.engine_python).exists():
-        print(f"fabric: no vLLM at {a.engine_python} (bash scripts/install-engines.sh cpu)", file=sys.stderr)
-        return 2
-    from kvtier.modelmaker import Geometry, make_model
-
+    work, model = ready
     contexts = [int(x) for x in a.contexts.split(",")]
     rates = sorted(float(x) for x in a.rates.split(","))
     rtts = [float(x) for x in a.rtts.split(",")]
-    work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-fabric-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = str(make_model(work / "tiny", Geometry()))
     max_len = max(contexts) + 1024
     points: list[Point] = []
     with Fabric(["s", "a", "b"]) as fab:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fabric import Fabric, start_world, stop_world, why_not
+from _fabric import Fabric, prepare, start_world, stop_world
 from fabric import BLOCK, REPO, Prompts, ask, server_counts, settle
 
 
@@ -47,15 +46,10 @@ def main() -> int:
     ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
     ap.add_argument("--output", type=Path)
     a = ap.parse_args()
-    why = why_not()
-    if why is not None:
-        print(f"fabric_gate: cannot run here: {why}", file=sys.stderr)
+    ready = prepare("fabric_gate", a.output, a.engine_python)
+    if ready is None:
         return 2
-    from kvtier.modelmaker import Geometry, make_model
-
-    work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-fabric-gate-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = str(make_model(work / "tiny", Geometry()))
+    work, model = ready
     max_len = a.context + 1024
     recompute: list[float] = []
     rounds: list[tuple[str, float, float, int, int]] = []  # phase, ttft b, ttft c, cached b, cached c

@@ -22,7 +22,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import trace_folder
-from _fabric import Fabric, start_world, stop_world, why_not
+from _fabric import Fabric, prepare, start_world, stop_world
 from fabric import REPO
 
 
@@ -65,15 +64,10 @@ def main() -> int:
     ap.add_argument("--engine-python", default=str(REPO / ".engines-cpu" / "bin" / "python"))
     ap.add_argument("--output", type=Path)
     a = ap.parse_args()
-    why = why_not()
-    if why is not None:
-        print(f"fabric_storm: cannot run here: {why}", file=sys.stderr)
+    ready = prepare("fabric_storm", a.output, a.engine_python)
+    if ready is None:
         return 2
-    from kvtier.modelmaker import Geometry, make_model
-
-    work = a.output or Path(tempfile.mkdtemp(prefix="kvtier-fabric-storm-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = str(make_model(work / "tiny", Geometry()))
+    work, model = ready
     data = trace_folder(None, a.traces, work)
     out = work / "replay"
     with Fabric(["s", "b"]) as fab:

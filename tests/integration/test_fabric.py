@@ -8,12 +8,10 @@ installed. Every namespace and link is the test's own, named for its process, an
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +19,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from _fabric import Fabric, World, measure_rate, sh, start_world, stop_world, why_not
-
-from kvtier.replay.scrape import Snapshot, parse_snapshot
 
 WHY = why_not()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=WHY or ""), pytest.mark.serial]
@@ -47,8 +43,15 @@ print(sorted(ts)[3] * 1e3)
 """
 
 
-def namespaces(pid: int) -> list[str]:
-    return [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith(f"kvf-{pid}-")]
+def namespaces(prefix: int | str) -> list[str]:
+    """The namespaces of a pid, or of one testbed (``kvf-<pid>-<tag>-``: another, the engine tests' module-scoped
+    one, may be up at the same time in this process)."""
+    start = f"kvf-{prefix}-" if isinstance(prefix, int) else prefix
+    return [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith(start)]
+
+
+def mine(f: Fabric) -> str:
+    return f"kvf-{f.pid}-{f.tag}-"
 
 
 def test_links_run_at_the_shaped_rate_the_relay_adds_its_round_trip_and_nothing_is_left(tmp_path: Path):
@@ -74,9 +77,8 @@ def test_links_run_at_the_shaped_rate_the_relay_adds_its_round_trip_and_nothing_
             relay.kill()
             echo.kill()
         assert 30 <= rtt < 60, rtt  # the relay's 30 ms and the links' own (tens of microseconds), never less
-        pid = f.pid
-        assert len(namespaces(pid)) == 2
-    assert namespaces(pid) == [] and f"kvf{pid}l" not in sh("ip", "-o", "link", "show")
+        assert len(namespaces(mine(f))) == 2
+    assert namespaces(mine(f)) == []
 
 
 def test_a_dead_runs_namespaces_are_removed_by_the_next_run_and_a_live_runs_are_not():
@@ -86,9 +88,27 @@ def test_a_dead_runs_namespaces_are_removed_by_the_next_run_and_a_live_runs_are_
     sh("ip", "netns", "add", f"kvf-{pid}-x")  # as a run killed before its teardown leaves it
     try:
         assert pid in Fabric.remove_leftovers()
-        assert namespaces(pid) == [] and len(namespaces(live.pid)) == 1
+        assert namespaces(pid) == [] and len(namespaces(mine(live))) == 1
     finally:
         live.close()
+
+
+def test_an_old_runs_namespace_under_this_pid_does_not_stop_a_new_testbed():
+    """The system reuses pids: a killed run's namespace may carry this process's pid. A testbed's names carry a
+    tag of their own, so it starts beside it (and leaves it to the run that finds its owner gone)."""
+    import os
+
+    stale = f"kvf-{os.getpid()}-s"  # the names an older layout, or a dead run of this pid, would have used
+    sh("ip", "netns", "add", stale)
+    try:
+        with Fabric(["s", "b"]) as f:
+            f.link("b", "s")
+            f.management("b")
+            assert len(namespaces(mine(f))) == 2 and f"kvf{f.pid}m1r" in sh("ip", "-o", "link", "show")
+        assert namespaces(mine(f)) == [] and stale in namespaces(os.getpid())
+        assert f"kvf{f.pid}m1r" not in sh("ip", "-o", "link", "show")
+    finally:
+        sh("ip", "netns", "del", stale)
 
 
 def test_the_cache_server_refuses_tcp_without_a_token_and_binds_only_inside_its_host(tmp_path: Path):
@@ -138,23 +158,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             stop_world(w)
 
 
-def ask(url: str, words: list[str], request_id: str) -> tuple[dict, str]:
-    body = json.dumps({"model": "tiny", "prompt": " ".join(words), "max_tokens": 1, "temperature": 0}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body,
-                                 {"Content-Type": "application/json", "X-Request-Id": request_id})  # fmt: skip
-    with urllib.request.urlopen(req, timeout=300) as r:
-        j = json.loads(r.read())
-    return j["usage"], j["choices"][0]["text"]
-
-
-def scrape(url: str) -> Snapshot:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return parse_snapshot(r.read().decode())
-
-
 @pytest.mark.slow
 @pytest.mark.engine
 def test_a_prefix_replica_a_computed_crosses_a_shaped_link_to_replica_b_with_the_same_answer(world: World):
+    from tests.integration.test_vllm_shared_offload import ask
+    from tests.integration.test_vllm_shared_offload import metrics as scrape
+
     rnd = random.Random(3)
     words = [f"w{rnd.randrange(100000)}" for _ in range(900)]
     usage, answer = ask(world.urls["a"], words, "fabric-a")

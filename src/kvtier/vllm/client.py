@@ -122,14 +122,8 @@ class ServerLink:
                 if isinstance(e, ProtocolError):
                     raise self._failed(e) from None
                 self._tried = 0.0  # closed under us: reconnect now, once
-        now = time.monotonic()
-        if now - self._tried < RECONNECT_S:
-            raise ServerDown(self.last_error or "the cache server is not connected")
-        self._tried = now
-        try:
-            self.open()
-        except (OSError, ProtocolError, Refused) as e:
-            raise self._failed(e) from None
+                self.conn = None
+        self._connected()
         try:
             return self._send(msg, payload, into)
         except ConnectionError as e:
