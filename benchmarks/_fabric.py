@@ -44,18 +44,22 @@ def why_not() -> str | None:
         if shutil.which(tool) is None:
             return f"the fabric testbed needs {tool} (iproute2)"
     probe = f"{PREFIX}-probe-{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"cannot create a network namespace here: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    try:
+        sh("ip", "netns", "add", probe)
+    except RuntimeError as e:
+        return f"cannot create a network namespace here: {e}"
+    sh("ip", "netns", "del", probe, check=False)
     return None
 
 
 def sh(*argv: str, check: bool = True) -> str:
-    r = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip() or r.returncode}")
-    return r.stdout
+    """A short ``ip``/``tc``/``ss`` command's output, through kvtier's one runner (kvtier/child.py)."""
+    from kvtier.child import run
+
+    r = run(argv, 60)
+    if check and (r is None or r.returncode != 0):
+        raise RuntimeError(f"{' '.join(argv)}: {'did not run' if r is None else r.stderr.strip() or r.returncode}")
+    return "" if r is None else r.stdout
 
 
 def _alive(pid: int) -> bool:
@@ -217,8 +221,8 @@ class DelayRelay:
     """A TCP relay that holds every chunk it forwards for ``one_way_s`` in each direction: ``2 × one_way_s`` of
     added round trip, without capping throughput (the chunks queue, each released at its own time). Runs in the
     process that starts it; ``benchmarks/_fabric.py relay`` runs one as a process inside a namespace. The delay can
-    be changed while it runs (``delay_file``: a number of ms of round trip, read every 0.2 s). Reports what it held:
-    ``held_s`` per direction, median, in its stats file."""
+    be changed while it runs (``delay_file``: a number of ms of round trip, read every 0.2 s). Reports what it
+    added: on SIGTERM it prints the median time its chunks were held, one way, to its log."""
 
     def __init__(self, listen: tuple[str, int], to: tuple[str, int], rtt_ms: float, delay_file: str | None = None):
         self.listen, self.to = listen, to
@@ -308,7 +312,17 @@ def relay_main(argv: list[str]) -> int:
         return h, int(p)
 
     r = DelayRelay(hp(a.listen), hp(a.to), a.rtt_ms, a.delay_file)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    def report(*_: object) -> None:
+        held = sorted(r.held)
+        if held:
+            print(f"relay: {len(held)} chunks forwarded, each held {held[len(held) // 2] * 1e3:.2f} ms one way at the "
+                  "median", flush=True)  # fmt: skip
+        else:
+            print("relay: nothing forwarded", flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, report)
     print(f"relay {a.listen} -> {a.to}, +{a.rtt_ms} ms round trip", flush=True)
     r.serve()
     return 0

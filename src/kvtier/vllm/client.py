@@ -135,11 +135,8 @@ class ServerLink:
         try:
             self._drain()
             answer = c.call(msg, payload=payload if c.inline else None)
-            n = answer.get("n")
-            if c.inline and into is not None and answer.get("hit") is True and isinstance(n, int) and n > 0:
-                if n > len(into):  # the bytes that follow cannot be skipped safely: the connection is dropped
-                    raise ProtocolError(f"a block of {n} bytes announced; this page holds {len(into)}")
-                c.recv_bytes(into[:n])
+            if c.inline and into is not None:
+                _read_block(c, answer, into)
             return answer
         except Refused as e:
             self.errors += 1
@@ -222,11 +219,7 @@ class ServerLink:
                 if not isinstance(answer, dict) or not answer.get("ok"):
                     raise ProtocolError(f"a refused or malformed answer: {str(answer)[:200]}")
                 r = reply.model_validate(answer)
-                n = answer.get("n")
-                if answer.get("hit") is True and isinstance(n, int) and n > 0:
-                    if n > len(into):
-                        raise ProtocolError(f"a block of {n} bytes announced; this page holds {len(into)}")
-                    c.recv_bytes(into[:n])
+                _read_block(c, answer, into)
                 each(r)
         except (OSError, ValidationError) as e:
             c.close()
@@ -568,6 +561,16 @@ class ServerBlockWorker(BlockWorker):
                     os.close(fd)
             self._links.clear()
             self._pages.clear()
+
+
+def _read_block(c: Conn, answer: dict[str, Any], into: memoryview) -> None:
+    """Inline (TCP): the bytes of a hit that follow its answer, into the page. More than the page holds cannot be
+    skipped safely: ProtocolError, and the caller drops the connection."""
+    n = answer.get("n")
+    if answer.get("hit") is True and isinstance(n, int) and n > 0:
+        if n > len(into):
+            raise ProtocolError(f"a block of {n} bytes announced; this page holds {len(into)}")
+        c.recv_bytes(into[:n])
 
 
 def data_page(name: str, padded: int, inline: bool) -> tuple[int | None, mmap.mmap]:

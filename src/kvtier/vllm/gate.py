@@ -37,7 +37,6 @@ WINDOW = 16
 MIN_STEP_TOKENS = 256
 PROBE_S = 5.0
 PROBE_EVERY = 8
-OUTCOMES = ("fetched", "gated", "probe", "learning")
 
 
 class LiveGate:
@@ -123,4 +122,4 @@ def following(req_context: Any, key: Any) -> list[Any]:
     return sorted((k for k, p in positions.items() if p >= at), key=positions.__getitem__)
 
 
-__all__ = ["LiveGate", "OUTCOMES", "PROBE_EVERY", "PROBE_S", "WINDOW", "following"]
+__all__ = ["LiveGate", "PROBE_EVERY", "PROBE_S", "WINDOW", "following"]
