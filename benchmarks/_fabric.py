@@ -361,15 +361,21 @@ if __name__ == "__main__":
 
 # -- a store on one host, two vLLM replicas on two others -----------------------------------------
 STORE_PORT, RELAY_PORT, METRICS_PORT, ENGINE_PORT = 7070, 7071, 9100, 8000
+S3_PORT, REDIS_PORT, MASTERS = 7072, 7000, 3  # a Redis Cluster's masters on REDIS_PORT + i, bus ports + 10000
+SERVICE = "10.233.0.1"
+"""The store host's own address (on its loopback), which every replica reaches over its own link to s: one address a
+Redis Cluster can announce for its masters, whichever replica asks (each link is its own /24)."""
+STORES = ("cache-server", "redis-cluster", "s3")
 
 
 @dataclass
 class World:
-    """The testbed of benchmarks/fabric.py: ``kvtier cache-server`` on host s (TCP, token), vLLM replicas on the
-    other hosts (a, b, ...), each with its own link to s; b reaches the store through a delay relay on its own
-    loopback, so b's link has a rate (``shape``) and an added round trip (``set_rtt``), the others' only a rate.
-    The driver (this process, in the root namespace) reaches each host's HTTP ports over unshaped management
-    links."""
+    """The testbed of benchmarks/fabric.py: a shared store on host s, vLLM replicas on the other hosts (a, b, ...),
+    each with its own link to s. The store (``kind``) is ``kvtier cache-server`` (TCP, token; b reaches it through
+    a delay relay on its own loopback, so b's link has a rate, ``shape``, and an added round trip, ``set_rtt``, the
+    others' only a rate), a Redis Cluster of three masters (a password; the engines' tiers in one shared
+    namespace) or an S3 server (moto's; one shared namespace in a bucket). The driver (this process, in the root
+    namespace) reaches each host's ports over unshaped management links (``mgmt``)."""
 
     fab: Fabric
     work: Path
@@ -377,7 +383,10 @@ class World:
     urls: dict[str, str]  # each replica: its engine's URL; s: the cache server's /metrics root
     delay_file: Path
     sup: Any = None  # the Supervisor of every process started (kvtier/launch/procs.py)
-    store: Any = None  # the cache server's Proc
+    store: Any = None  # the cache server's Proc (the first Redis master's, moto's)
+    kind: str = "cache-server"
+    mgmt: dict[str, str] = field(default_factory=dict)  # host -> its management address
+    secrets: dict[str, str] = field(default_factory=dict)  # the store's credentials, as the engines get them
 
     def set_rtt(self, rtt_ms: float) -> None:
         self.delay_file.write_text(f"{rtt_ms}\n")
@@ -399,9 +408,9 @@ class World:
 
 def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_tokens: int, max_len: int,
                 store_gb: float, startup_s: float = 900.0,
-                settings: dict[str, dict] | None = None) -> World:  # fmt: skip
-    """Build the hosts and links, start the store, the relay and the replicas (every host but s; ``settings``:
-    more kv_connector_extra_config per host), and wait until all answer.
+                settings: dict[str, dict] | None = None, kind: str = "cache-server") -> World:  # fmt: skip
+    """Build the hosts and links, start the store (``kind``, one of STORES), the relay and the replicas (every host
+    but s; ``settings``: more kv_connector_extra_config per host), and wait until all answer.
 
     On a machine of few cores the hosts would share them: an engine's compute threads then starve the store and
     the relay (Python processes moving the bytes), and a fetch waits on the CPU, not on the link. So the engines
@@ -437,14 +446,20 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
         "--to", f"{link_b.addr('s')}:{STORE_PORT}", "--delay-file", str(delay)]), {}, "", None, 10)  # fmt: skip
     kv_bytes = kv_tokens * Geometry().kv_bytes_per_token
     env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
-    procs = [sup.start(store), sup.start(relay)]
-    sup.wait_healthy(procs[0], store.health, 60)
     urls = {"s": f"http://{mgmt['s']}:{METRICS_PORT}"}
+    secrets: dict[str, str] = {}
+    if kind == "cache-server":
+        procs = [sup.start(store), sup.start(relay)]
+        sup.wait_healthy(procs[0], store.health, 60)
+    else:
+        procs, shared, secrets = _shared_store(fab, sup, kind, links, mgmt["s"], pin, store_gb, work)
+        env.update(secrets)
     engines = []
     for host in replicas:
         server = f"tcp://127.0.0.1:{RELAY_PORT}" if host == "b" else f"tcp://{links[host].addr('s')}:{STORE_PORT}"
-        extra = {"cache_server": server, "cache_server_token_file": str(token),
-                 "request_log": str(work / f"{host}.requests.jsonl"), **(settings or {}).get(host, {})}  # fmt: skip
+        where = {"cache_server": server, "cache_server_token_file": str(token)} if kind == "cache-server" else shared
+        extra = {**where, "request_log": str(work / f"{host}.requests.jsonl"),
+                 **(settings or {}).get(host, {})}  # fmt: skip
         plan = cpu_engine.replica_plan(engine_python, model_dir, "tiny", ENGINE_PORT, kv_bytes, max_len, engine_cores,
                                        name=f"vllm-{host}", extra=["--kv-transfer-config", kv_transfer_arg(extra)],
                                        env=env)  # fmt: skip
@@ -456,7 +471,68 @@ def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_
         urls[host] = url
     for proc, plan in engines:
         sup.wait_healthy(proc, plan.health, startup_s)
-    return World(fab, work, links, urls, delay, sup, procs[0])
+    return World(fab, work, links, urls, delay, sup, procs[0], kind, mgmt, secrets)
+
+
+def _shared_store(fab: Fabric, sup: Any, kind: str, links: dict[str, Link], at: str, pin: list[str],
+                  store_gb: float, work: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:  # fmt: skip
+    """A Redis Cluster or an S3 server on host s at SERVICE, routed to from every replica over its own link;
+    (its processes, the engines' kv_connector_extra_config for it, the credentials the engines get as env)."""
+    from kvtier.launch.profiles import ProcPlan
+    from kvtier.localservers import S3_TEST_CREDENTIALS, form_cluster
+
+    fab.run("s", "ip", "addr", "add", f"{SERVICE}/32", "dev", "lo")
+    for host, ln in links.items():
+        fab.run(host, "ip", "route", "add", f"{SERVICE}/32", "via", ln.addr("s"))
+    if kind == "s3":
+        plan = ProcPlan("moto", fab.argv("s", [*pin, sys.executable, "-m", "moto.server", "-H", "0.0.0.0",
+                                                "-p", str(S3_PORT)]), {}, "", None, 60)  # fmt: skip
+        procs = [sup.start(plan)]
+        _wait_port(at, S3_PORT)
+        import boto3
+
+        boto3.client("s3", endpoint_url=f"http://{at}:{S3_PORT}", region_name="us-east-1",
+                     aws_access_key_id=S3_TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=S3_TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]).create_bucket(
+            Bucket="kvtier-fabric")  # fmt: skip
+        extra = {"offload": "s3", "s3_endpoint": f"http://{SERVICE}:{S3_PORT}", "s3_bucket": "kvtier-fabric",
+                 "s3_capacity_gb": store_gb, "remote_namespace": "shared:fabric"}  # fmt: skip
+        return procs, extra, {**S3_TEST_CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1"}
+    if kind != "redis-cluster":
+        raise ValueError(f"store {kind!r}: expected one of {', '.join(STORES)}")
+    password = os.urandom(16).hex()
+    procs = []
+    for i in range(MASTERS):
+        d = work / f"redis-{i}"
+        d.mkdir(mode=0o700)
+        conf = d / "redis.conf"  # the password in a file of its own, never on a command line
+        conf.write_text(f"requirepass {password}\n")
+        conf.chmod(0o600)
+        port = REDIS_PORT + i
+        argv = [*pin, "redis-server", str(conf), "--port", str(port), "--bind", "0.0.0.0", "--save", "",
+                "--appendonly", "no", "--dir", str(d), "--cluster-enabled", "yes", "--cluster-config-file",
+                "nodes.conf", "--cluster-port", str(port + 10000), "--cluster-announce-ip", SERVICE,
+                "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"]  # fmt: skip
+        procs.append(sup.start(ProcPlan(f"redis-{i}", fab.argv("s", argv), {}, "", None, 30)))
+    for i in range(MASTERS):
+        _wait_port(at, REDIS_PORT + i)
+    form_cluster([f"redis://{at}:{REDIS_PORT + i}" for i in range(MASTERS)],
+                 [(SERVICE, REDIS_PORT + i, REDIS_PORT + i + 10000) for i in range(MASTERS)], password)  # fmt: skip
+    extra = {"offload": "redis", "redis_url": f"redis://{SERVICE}:{REDIS_PORT}", "redis_mem_gb": store_gb,
+             "remote_namespace": "shared:fabric"}  # fmt: skip
+    return procs, extra, {"KVTIER_REDIS_PASSWORD": password}
+
+
+def _wait_port(host: str, port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing answered at {host}:{port} within {timeout_s:g} s") from None
+            time.sleep(0.1)
 
 
 def prepare(name: str, output: Path | None, engine_python: str) -> tuple[Path, str] | None:

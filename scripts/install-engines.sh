@@ -89,6 +89,10 @@ if [ -n "$cpu" ]; then
       run "$venv/bin/python" -m pip uninstall -y -q "$pkg"
     fi
   done
+  # kvtier's S3 offload tier runs inside the engine (kvtier.vllm, offload s3): its one dependency vLLM lacks
+  if [ -n "$dry" ] || ! "$venv/bin/python" -c "import boto3" 2>/dev/null; then
+    run "$venv/bin/python" -m pip install -q "boto3>=1.34"
+  fi
   [ -n "$dry" ] && exit 0
   echo "installed into $venv; checking it:"
   check_kvtier
@@ -97,7 +101,7 @@ if [ -n "$cpu" ]; then
 fi
 [ -x "$venv/bin/python" ] || run "$py" -m venv "$venv"
 run "$venv/bin/python" -m pip install -q --upgrade pip
-run "$venv/bin/python" -m pip install "vllm==${VLLM_VERSION}" "lmcache==${LMCACHE_VERSION}"
+run "$venv/bin/python" -m pip install "vllm==${VLLM_VERSION}" "lmcache==${LMCACHE_VERSION}" "boto3>=1.34"
 [ -n "$dry" ] && exit 0
 echo "installed into $venv; checking the pair (PATH=$venv/bin:\$PATH):"
 check_kvtier

@@ -2,13 +2,18 @@
 speaks the protocol itself, engine/resp.py, so values go from and into the aligned buffers without
 a copy).
 
-An entry is stored as parts under ``kvtier:<run>:<digest>:<i>``, each at most ``part_bytes`` (the
+An entry is stored as parts under ``kvtier:<run>:{<digest>}:<i>``, each at most ``part_bytes`` (the
 aligned chunks the store passes, cut without copying), so no value comes near the server's
 ``proto-max-bulk-len`` and no single command holds the single-threaded server for long. A write
 pipelines one SET per part, chunk by chunk (a chunk may be a view of a reused buffer: its parts are
 on the server before the next chunk is pulled); a read pipelines GETs in groups that fit the
 caller's buffer and receives each value straight into it, so export yields aligned chunks the next
 tier can write with O_DIRECT. A part larger than the buffer is read in GETRANGE pieces.
+
+A Redis Cluster is found by itself (the seed URL's INFO says ``cluster_enabled:1``): the ``{digest}`` hash tag
+puts an entry's parts and description in one slot, so they travel as one pipeline to one master, while entries
+spread over every master's slots (engine/resp.py ``RespNodes`` routes each by the cluster's own slot map). A
+master lost is that master's operations failing (``TierUnavailable``, counted), never another master's bytes.
 
 Capacity is kvtier's: the store reserves before writing, as for every tier. The server's own
 ``maxmemory`` and policy are reported (bench warns when they can undercut the tier); a write the
@@ -30,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -43,7 +48,7 @@ from kvtier.engine.backend import (
     round_up,
     shared_digest,
 )
-from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespPool
+from kvtier.engine.resp import RespConnection, RespConnectionError, RespError, RespNodes, RespPool, key_slot
 from kvtier.errors import ConfigError, EntryNotFound, ForeignEntry, StorageError, TierFullError, TierUnavailable
 from kvtier.telemetry.clock import IOTiming
 
@@ -132,15 +137,26 @@ class RedisTier:
         self.prefix = (
             f"{KEY_PREFIX}:shared:{namespace}" if namespace else f"{KEY_PREFIX}:{self.writer.split('-', 1)[1]}"
         )
-        self._pool = RespPool(url, connections, _password(), timeout_s, os.environ.get(CA_ENV) or None)
+        self._nodes = RespNodes(url, connections, _password(), timeout_s, os.environ.get(CA_ENV) or None)
         self._index: dict[str, list[int]] = {}  # key -> the lengths of its parts
         self._lock = threading.Lock()
         self.cleanup_problems: list[str] = []
+        self.unreachable_masters: list[str] = []  # a cluster's masters that did not answer at start
         self._own = OwnKeys(f"{self.prefix}:")  # SCAN's answers filtered to what is really ours
         try:
             with self._conn() as c:
                 info = _info(c.call("INFO"))
                 keys = c.call("DBSIZE")
+            if info.get("cluster_enabled", "").strip() == "1":
+                db = urlsplit(url).path.strip("/")
+                if db not in ("", "0"):
+                    raise ConfigError(f"{name} tier: {url}: a Redis Cluster has database 0 only")
+                self._nodes.cluster()
+                sizes = self._each_node(lambda c: c.call("DBSIZE"))
+                keys = sum(n for n in sizes.values() if isinstance(n, int))
+                self.unreachable_masters = [u for u, n in sizes.items() if isinstance(n, Exception)]
+                if len(self.unreachable_masters) == len(sizes):
+                    raise RespConnectionError(f"no master of the cluster answers ({self.unreachable_masters})")
         except RespError as e:
             hint = f"; set {PASSWORD_ENV[0]}" if "NOAUTH" in str(e) or "WRONGPASS" in str(e) else ""
             raise StorageError(f"{self.name} tier: {url}: {e}{hint}") from e
@@ -152,7 +168,9 @@ class RedisTier:
             "keys_at_start": keys if isinstance(keys, int) and keys >= 0 else None,
             "tls": url.startswith("rediss://"),
             "part_bytes": self.part_bytes,
-            "connections": self._pool.size,
+            "connections": self._nodes.seed.size,
+            "cluster_masters": len(self._nodes.masters) if self._nodes.is_cluster else None,
+            "cluster_masters_unreachable": len(self.unreachable_masters) if self._nodes.is_cluster else None,
             "key_prefix": self.prefix,
             "namespace": f"shared:{namespace}" if namespace else "run",
             "ttl_s": ttl_s if namespace else None,
@@ -166,19 +184,42 @@ class RedisTier:
         return self._own.foreign
 
     @contextmanager
-    def _conn(self) -> Iterator[RespConnection]:
-        """A pooled connection; closed instead of returned when its stream may be out of step."""
-        c = self._pool.get()
+    def _conn(self, key: str | None = None, pool: RespPool | None = None) -> Iterator[RespConnection]:
+        """A pooled connection to the server holding ``key`` (a cluster's master for its slot), or to ``pool``;
+        closed instead of returned when its stream may be out of step."""
+        pool = pool or self._nodes.pool(key)
+        c = pool.get()
         broken = True
         try:
             yield c
             broken = False
         finally:
-            self._pool.put(c, broken)
+            pool.put(c, broken)
+
+    def _each_node(self, ask: Callable[[RespConnection], object]) -> dict[str, object]:
+        """``ask`` of every server holding keys (each master of a cluster), by its URL: its answer, or the
+        RespError/RespConnectionError it gave (a cluster's lost master does not stop the others' answers)."""
+        out: dict[str, object] = {}
+        for pool in self._nodes.pools():
+            try:
+                with self._conn(pool=pool) as c:
+                    out[pool.url] = ask(c)
+            except (RespError, RespConnectionError) as e:
+                out[pool.url] = e
+        return out
+
+    def _by_node(self, names: Iterable[str]) -> list[tuple[RespPool, list[str]]]:
+        """Key names grouped by the server holding them, each group in slot order (one slot's keys together)."""
+        groups: dict[int, tuple[RespPool, list[str]]] = {}
+        for k in sorted(names, key=key_slot) if self._nodes.is_cluster else names:
+            pool = self._nodes.pool(k)
+            groups.setdefault(id(pool), (pool, []))[1].append(k)
+        return list(groups.values())
 
     # -- naming ----------------------------------------------------------------------------
     def _base(self, key: str) -> str:
-        return f"{self.prefix}:{shared_digest(self.scope, key)}"
+        """An entry's key stem; the digest is its hash tag (a cluster keeps every part in one slot)."""
+        return f"{self.prefix}:{{{shared_digest(self.scope, key)}}}"
 
     def _part_keys(self, key: str, parts: int) -> list[str]:
         base = self._base(key)
@@ -186,7 +227,9 @@ class RedisTier:
 
     def _fail(self, what: str, e: Exception) -> StorageError:
         """A protocol-level failure as kvtier's: unreachable, full (OOM), or a plain failure."""
-        if isinstance(e, (RespConnectionError, OSError)):
+        if isinstance(e, (RespConnectionError, OSError)) or str(e).startswith(("MOVED", "ASK", "CLUSTERDOWN")):
+            self._nodes.stale()  # a master lost or slots moved: the cluster's map is read again
+        if isinstance(e, (RespConnectionError, OSError)) or str(e).startswith("CLUSTERDOWN"):
             return TierUnavailable(f"{self.name} tier: {what}: server unreachable ({e})")
         if isinstance(e, RespError) and str(e).startswith("OOM"):
             return TierFullError(f"{self.name} tier: {what}: the server is out of memory ({e})")
@@ -203,7 +246,7 @@ class RedisTier:
         base = self._base(key)
         device = 0
         try:
-            with self._conn() as c:
+            with self._conn(base) as c:
                 for chunk in chunks:
                     cmds: list[Sequence[str | memoryview]] = []
                     for off in range(0, len(chunk), step):
@@ -252,8 +295,9 @@ class RedisTier:
         t0 = time.perf_counter_ns()
         cap = _meta_limit(expect)
         try:
-            with self._conn() as c:
-                meta = c.call("GETRANGE", f"{self._base(key)}:m", 0, cap)  # at most cap + 1 bytes
+            base = self._base(key)
+            with self._conn(base) as c:
+                meta = c.call("GETRANGE", f"{base}:m", 0, cap)  # at most cap + 1 bytes
         except (RespError, RespConnectionError) as e:
             raise self._fail(f"lookup of {key!r}", e) from e
         if not isinstance(meta, bytes) or not meta:  # GETRANGE of a missing key is the empty string
@@ -276,12 +320,37 @@ class RedisTier:
         timing.host_ns = time.perf_counter_ns() - t0 - timing.device_ns
         return sum(lengths), timing, writer != self.writer
 
+    def present(self, keys: Sequence[str]) -> list[bool | None]:
+        """In a shared namespace, whether each entry is there (its description, written last, exists): one
+        pipelined EXISTS per master, the hint a scheduler asks before it plans a load (the load checks the entry
+        itself, ``read_shared``). None for a key whose master did not answer (a cluster that lost one still
+        answers for the others' slots); StorageError when no server answered. Outside a shared namespace: all
+        False."""
+        if not self.namespace:
+            return [False] * len(keys)
+        metas = [f"{self._base(k)}:m" for k in keys]
+        found: dict[str, bool | None] = {}
+        failed: list[Exception] = []
+        for pool, group in self._by_node(metas):
+            try:
+                with self._conn(pool=pool) as c:
+                    c.send([("EXISTS", m) for m in group])
+                    found.update((m, c.reply() == 1) for m in group)
+            except (RespError, RespConnectionError) as e:
+                failed.append(e)
+                found.update((m, None) for m in group)
+        if failed and all(v is None for v in found.values()):
+            raise self._fail("lookup", failed[0])
+        if failed:
+            self._nodes.stale()
+        return [found.get(m, False) for m in metas]
+
     def _forget_parts(self, key: str, parts: int) -> None:
         """Best effort: remove what a failed write may have left (close() sweeps the prefix again)."""
         if not parts:
             return
         try:
-            with self._conn() as c:
+            with self._conn(self._base(key)) as c:
                 c.call("UNLINK", *self._part_keys(key, parts))
         except (RespError, RespConnectionError):
             pass
@@ -310,7 +379,7 @@ class RedisTier:
         room = len(buf)
         i = done = 0
         try:
-            with self._conn() as c:
+            with self._conn(keys[0] if keys else None) as c:
                 while i < len(keys):
                     check_cancel(cancel, f"{self.name} read", done)
                     if lengths[i] > room:  # a part larger than the buffer: GETRANGE pieces of it
@@ -372,21 +441,30 @@ class RedisTier:
         with self._lock:
             entries = [(k, len(v)) for k, v in self._index.items()]
         names = [pk for k, parts in entries for pk in self._part_keys(k, parts)]
+        total = 0
         try:
-            with self._conn() as c:
-                c.send([("STRLEN", k) for k in names])
-                replies = [c.reply() for _ in names]
+            for pool, group in self._by_node(names):
+                with self._conn(pool=pool) as c:
+                    c.send([("STRLEN", k) for k in group])
+                    total += sum(r for r in (c.reply() for _ in group) if isinstance(r, int))
         except RespConnectionError as e:
             raise self._fail("STRLEN of our keys", e) from e
-        return sum(r for r in replies if isinstance(r, int))
+        return total
 
     def server_keys(self) -> list[str]:
-        """Every key on the server under this run's prefix (SCAN; for checks and cleanup). The server's
-        answer is not trusted: a key outside the prefix (a server that ignores MATCH) is left out and noted
-        (engine.backend.OwnKeys); a cursor that never returns to 0 ends after MAX_SCAN_CALLS calls."""
+        """Every key on the server (each master of a cluster) under this run's prefix (SCAN; for checks and
+        cleanup). The server's answer is not trusted: a key outside the prefix (a server that ignores MATCH) is
+        left out and noted (engine.backend.OwnKeys); a cursor that never returns to 0 ends after MAX_SCAN_CALLS
+        calls."""
+        out: list[str] = []
+        for pool in self._nodes.pools():
+            out += self._scan(pool)
+        return out
+
+    def _scan(self, pool: RespPool) -> list[str]:
         out: list[str] = []
         cursor = "0"
-        with self._conn() as c:
+        with self._conn(pool=pool) as c:
             for _ in range(MAX_SCAN_CALLS):
                 reply = c.call("SCAN", cursor, "MATCH", f"{self.prefix}:*", "COUNT", 1000)
                 if not (
@@ -401,18 +479,18 @@ class RedisTier:
                 out += self._own.keep(listed)
                 if cursor == "0":
                     return out
-        self.cleanup_problems.append(f"{self.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
+        self.cleanup_problems.append(f"{pool.url}: SCAN did not finish in {MAX_SCAN_CALLS} calls; stopped there")
         return out
 
     def stalled_operations(self, older_than_s: float) -> int:
         """Operations blocked on the server for more than ``older_than_s`` now (the bench's end-of-run check)."""
-        return self._pool.stalled(older_than_s)
+        return self._nodes.stalled(older_than_s)
 
     def abort(self) -> None:
         """The run was interrupted: fail the operations in flight now (their connections are shut down), and
         give the cleanup that follows a short deadline (ABORT_CLEANUP_TIMEOUT_S a call): a hung server must not
         hold the run's exit."""
-        self._pool.abort(ABORT_CLEANUP_TIMEOUT_S)
+        self._nodes.abort(ABORT_CLEANUP_TIMEOUT_S)
 
     def close(self) -> None:
         """Delete every key under this run's prefix (ours only) and drop the connections; a shared namespace
@@ -424,7 +502,7 @@ class RedisTier:
             if not self.namespace:
                 self.purge()
         finally:
-            self._pool.close()
+            self._nodes.close()
 
     def purge_preview(self) -> list[str]:
         """What ``purge`` would delete (``kvtier clean --remote --dry-run``)."""
@@ -433,21 +511,36 @@ class RedisTier:
     def purge(self) -> int:
         """Delete every key under this tier's prefix (the run's own, or the whole shared namespace: what
         ``kvtier clean --remote`` does), ours only whatever the server lists; the keys deleted. Problems go to
-        ``cleanup_problems``; nothing raises."""
-        keys: list[str] = []
-        try:
-            keys = self.server_keys()
-            with self._conn() as c:
-                for i in range(0, len(keys), 1000):
-                    c.call("UNLINK", *keys[i : i + 1000])
-        except (RespError, RespConnectionError) as e:
-            self.cleanup_problems.append(f"{self.url}: keys {self.prefix}:* not removed ({e})")
-            return 0
-        finally:
-            problem = self._own.problem(self.url, "SCAN MATCH", "MATCH")
-            if problem and problem not in self.cleanup_problems:
-                self.cleanup_problems.append(problem)
-        return len(keys)
+        ``cleanup_problems``; nothing raises. A cluster's masters are emptied one by one: one lost is noted, the
+        others are still emptied."""
+        removed = 0
+        cluster = self._nodes.is_cluster
+        for pool in self._nodes.pools():
+            try:
+                keys = self._scan(pool)
+                with self._conn(pool=pool) as c:
+                    for batch in _slot_batches(sorted(keys, key=key_slot) if cluster else keys, cluster):
+                        c.call("UNLINK", *batch)
+                removed += len(keys)
+            except (RespError, RespConnectionError) as e:
+                self.cleanup_problems.append(f"{pool.url}: keys {self.prefix}:* not removed ({e})")
+        problem = self._own.problem(self.url, "SCAN MATCH", "MATCH")
+        if problem and problem not in self.cleanup_problems:
+            self.cleanup_problems.append(problem)
+        return removed
+
+
+def _slot_batches(keys: list[str], cluster: bool, most: int = 1000) -> Iterator[list[str]]:
+    """``keys`` (in slot order) cut into UNLINK batches of at most ``most``; in a cluster, each of one slot (a
+    command's keys must share a slot there)."""
+    batch: list[str] = []
+    for k in keys:
+        if batch and (len(batch) >= most or (cluster and key_slot(k) != key_slot(batch[0]))):
+            yield batch
+            batch = []
+        batch.append(k)
+    if batch:
+        yield batch
 
 
 ABORT_CLEANUP_TIMEOUT_S = 1.0

@@ -8,6 +8,12 @@ a SET whose value is sent straight from the caller's (aligned, possibly reused) 
 
 Connections come from a bounded pool (one per I/O slot); a connection that saw any socket or
 protocol error is closed, never reused, so a half-read reply can never be taken for the next one.
+
+A Redis Cluster (``cluster_enabled:1`` in the seed's INFO) is served by ``RespNodes``: a pool per master, and
+the cluster's own slot map (``CLUSTER SLOTS``) picks a key's master by its hash slot (CRC16 of the key, or of
+its ``{hash tag}``, modulo 16384), as the cluster specification defines. A ``MOVED`` or ``ASK`` answer, or a
+master that cannot be reached, fails that operation (the caller counts it) and has the map read again before the
+next one: nothing is retried against a node the cluster did not name.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from ipaddress import ip_address
 from urllib.parse import unquote, urlsplit
 
 CRLF = b"\r\n"
@@ -48,6 +55,7 @@ def _arg(a: str | bytes | int) -> bytes:
 class RespConnection:
     def __init__(self, url: str, password: str | None, timeout_s: float, ca_file: str | None = None) -> None:
         parts = urlsplit(url)
+        self.peer = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
         try:
             if parts.scheme == "unix":
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,7 +68,7 @@ class RespConnection:
                     ctx = ssl.create_default_context(cafile=ca_file)
                     sock = ctx.wrap_socket(sock, server_hostname=parts.hostname)
         except OSError as e:
-            raise RespConnectionError(f"cannot connect to {parts.hostname or parts.path}: {e}") from e
+            raise RespConnectionError(f"cannot connect to {self.peer}: {e}") from e
         sock.settimeout(timeout_s)
         self.sock = sock
         self.op_timeout_s = timeout_s
@@ -117,13 +125,13 @@ class RespConnection:
                 self._arm()
                 self.sock.sendall(piece)
         except OSError as e:
-            raise RespConnectionError(f"send failed: {e}") from e
+            raise RespConnectionError(f"{self.peer}: send failed: {e}") from e
         finally:
             self.blocked_since = None
 
     # -- receiving ----------------------------------------------------------------------------
     def _timed_out(self) -> RespConnectionError:
-        return RespConnectionError(f"timed out: the operation took more than {self.op_timeout_s:g} s")
+        return RespConnectionError(f"{self.peer}: timed out: the operation took more than {self.op_timeout_s:g} s")
 
     def _fill(self) -> None:
         self._arm()
@@ -132,11 +140,11 @@ class RespConnection:
         except TimeoutError:
             raise self._timed_out() from None
         except OSError as e:
-            raise RespConnectionError(f"receive failed: {e}") from e
+            raise RespConnectionError(f"{self.peer}: receive failed: {e}") from e
         finally:
             self.blocked_since = None
         if not data:
-            raise RespConnectionError("the server closed the connection")
+            raise RespConnectionError(f"{self.peer}: the server closed the connection")
         if self._pos:
             del self._rbuf[: self._pos]
             self._pos = 0
@@ -180,11 +188,11 @@ class RespConnection:
             except TimeoutError:
                 raise self._timed_out() from None
             except OSError as e:
-                raise RespConnectionError(f"receive failed: {e}") from e
+                raise RespConnectionError(f"{self.peer}: receive failed: {e}") from e
             finally:
                 self.blocked_since = None
             if n == 0:
-                raise RespConnectionError("the server closed the connection")
+                raise RespConnectionError(f"{self.peer}: the server closed the connection")
             got += n
 
     def _crlf(self) -> None:
@@ -312,4 +320,157 @@ class RespPool:
                 return
 
 
-__all__ = ["RespConnection", "RespPool", "RespError", "RespConnectionError"]
+CLUSTER_SLOTS = 16384
+REFRESH_EVERY_S = 1.0
+"""A stale slot map is read again at most this often (a dead master must not turn every operation into a
+CLUSTER SLOTS call)."""
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        table.append(crc & 0xFFFF)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def key_slot(key: str | bytes) -> int:
+    """A key's hash slot in a Redis Cluster: CRC16 (XMODEM) of its hash tag (the text between the first ``{``
+    and the next ``}``, when not empty) or of the whole key, modulo 16384."""
+    k = key.encode() if isinstance(key, str) else key
+    start = k.find(b"{")
+    if start >= 0:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1 : end]
+    crc = 0
+    for b in k:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ b) & 0xFF]
+    return crc % CLUSTER_SLOTS
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class RespNodes:
+    """The servers behind one URL: a standalone server (one pool), or a Redis Cluster's masters (a pool each;
+    ``pool(key)`` picks the master serving the key's slot). ``cluster()`` switches to cluster routing from the
+    seed's ``CLUSTER SLOTS``."""
+
+    def __init__(self, url: str, size: int, password: str | None, timeout_s: float, ca_file: str | None) -> None:
+        self.url = url
+        self._args = (size, password, timeout_s, ca_file)
+        self.seed = RespPool(url, size, password, timeout_s, ca_file)
+        self.masters: dict[str, RespPool] = {}  # "host:port" -> its pool (a cluster's; empty when standalone)
+        self._slots: list[str | None] | None = None  # slot -> master address; None when standalone
+        self._lock = threading.Lock()
+        self._stale_since: float | None = None
+        self._last_refresh = 0.0
+        self.refreshes = 0  # slot map reads after the first (a MOVED, a master lost)
+
+    @property
+    def is_cluster(self) -> bool:
+        return self._slots is not None
+
+    def cluster(self) -> None:
+        """Route by the cluster's slot map from now on (RespError/RespConnectionError when it cannot be read)."""
+        self._read_map(self.seed)
+
+    def _node_url(self, host: str, port: int) -> str:
+        parts = urlsplit(self.url)
+        user = f"{parts.username}@" if parts.username else ""
+        shown = f"[{host}]" if ":" in host else host
+        return parts._replace(netloc=f"{user}{shown}:{port}", path="", query="", fragment="").geturl()
+
+    def _read_map(self, pool: RespPool) -> None:
+        c = pool.get()
+        broken = True
+        try:
+            reply = c.call("CLUSTER", "SLOTS")
+            broken = False
+        finally:
+            pool.put(c, broken)
+        seed_host = urlsplit(self.url).hostname or "127.0.0.1"
+        slots: list[str | None] = [None] * CLUSTER_SLOTS
+        addrs: set[str] = set()
+        for item in reply if isinstance(reply, list) else []:
+            if not (isinstance(item, list) and len(item) >= 3 and isinstance(item[2], list) and len(item[2]) >= 2):
+                raise RespConnectionError(f"protocol error: CLUSTER SLOTS answered {str(item)[:80]}")
+            lo, hi, (host_b, port, *_) = item[0], item[1], item[2]
+            if not (isinstance(lo, int) and isinstance(hi, int) and isinstance(port, int) and 0 <= lo <= hi):
+                raise RespConnectionError(f"protocol error: CLUSTER SLOTS answered {str(item)[:80]}")
+            host = host_b.decode(errors="replace") if isinstance(host_b, bytes) and host_b else seed_host
+            if _loopback(seed_host) and not _loopback(host):  # a loopback seed names loopback masters only
+                raise RespConnectionError(f"the cluster at {seed_host} names master {host}: refused (not loopback)")
+            addr = f"{host}:{port}"
+            addrs.add(addr)
+            for s in range(lo, min(hi, CLUSTER_SLOTS - 1) + 1):
+                slots[s] = addr
+        if not addrs:
+            raise RespConnectionError("CLUSTER SLOTS: the cluster serves no slot")
+        with self._lock:
+            old = self.masters
+            self.masters = {a: old.get(a) or RespPool(self._node_url(*_split(a)), *self._args) for a in addrs}
+            self._slots = slots
+            self._stale_since = None
+            self._last_refresh = time.monotonic()
+        for a, p in old.items():
+            if a not in self.masters:
+                p.close()
+
+    def stale(self) -> None:
+        """An answer says the map is out of date (MOVED, ASK, a master unreachable): read it again soon."""
+        if self._slots is not None and self._stale_since is None:
+            self._stale_since = time.monotonic()
+
+    def pool(self, key: str | None = None) -> RespPool:
+        """The pool for ``key``'s master (the seed's for a standalone server, or with no key)."""
+        if self._slots is None or key is None:
+            return self.seed
+        if self._stale_since is not None and time.monotonic() - self._last_refresh >= REFRESH_EVERY_S:
+            self._last_refresh = time.monotonic()
+            for p in [self.seed, *self.masters.values()]:
+                try:
+                    self._read_map(p)
+                    self.refreshes += 1
+                    break
+                except (RespError, RespConnectionError):
+                    continue
+        slot = key_slot(key)
+        addr = self._slots[slot]
+        pool = self.masters.get(addr) if addr else None
+        if pool is None:
+            raise RespConnectionError(f"hash slot {slot} has no master in the cluster's map")
+        return pool
+
+    def pools(self) -> list[RespPool]:
+        """Every server that holds keys: the cluster's masters, or the one server."""
+        return list(self.masters.values()) if self._slots is not None else [self.seed]
+
+    def stalled(self, older_than_s: float) -> int:
+        return sum(p.stalled(older_than_s) for p in {id(p): p for p in [self.seed, *self.masters.values()]}.values())
+
+    def abort(self, timeout_s: float) -> None:
+        for p in [self.seed, *self.masters.values()]:
+            p.abort(timeout_s)
+
+    def close(self) -> None:
+        for p in [self.seed, *self.masters.values()]:
+            p.close()
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+__all__ = ["RespConnection", "RespPool", "RespNodes", "RespError", "RespConnectionError", "key_slot"]

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from kvtier.engine.backend import (
@@ -120,8 +120,12 @@ class S3Tier:
             except exc.ClientError as e:
                 if _code(e) not in ("404", "NoSuchBucket", "NotFound"):
                     raise
-                self._client.create_bucket(Bucket=bucket)
-                created = True
+                try:
+                    self._client.create_bucket(Bucket=bucket)
+                    created = True
+                except exc.ClientError as e2:  # another writer (a replica starting beside this one) made it first
+                    if _code(e2) != "BucketAlreadyOwnedByYou":
+                        raise
         except Exception as e:
             raise self._fail(f"bucket {bucket!r} at {endpoint or 'AWS'}", e) from e
         self.server = {
@@ -234,6 +238,29 @@ class S3Tier:
         if not self.namespace:
             return {}
         return {"Metadata": {"kvtier-writer": self.writer, "kvtier-expires": f"{time.time() + self.ttl_s:.3f}"}}
+
+    def present(self, keys: Sequence[str]) -> list[bool | None]:
+        """In a shared namespace, whether each entry is there and not past its expiry (a HEAD each, in order,
+        stopping at the first absent one: a prefix is used up to its first miss); the hint a scheduler asks
+        before it plans a load (the load checks the object itself, ``read_shared``). Outside a shared namespace:
+        all False. StorageError when the server fails."""
+        out: list[bool | None] = [False] * len(keys)
+        if not self.namespace:
+            return out
+        for i, key in enumerate(keys):
+            try:
+                head = self._client.head_object(Bucket=self.bucket, Key=self._object(key))
+            except self._exc.ClientError as e:
+                if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                    break
+                raise self._fail(f"lookup of {key!r}", e) from e
+            except Exception as e:
+                raise self._fail(f"lookup of {key!r}", e) from e
+            expires = _number((head.get("Metadata") or {}).get("kvtier-expires"))
+            if expires is None or expires < time.time():
+                break
+            out[i] = True
+        return out
 
     def read_shared(
         self, key: str, buf: memoryview, expect: int, cancel: threading.Event | None = None

@@ -51,7 +51,8 @@ OFFLOAD_TRANSFER = {  # vLLM's offloading connector (any spec): whole-run deltas
     "kv_offload_store_time_s": "vllm:kv_offload_store_time_total",
     "kvtier_offload_failed_loads": "kvtier:offload_failed_loads_total",  # kvtier's vLLM backend (kvtier/vllm)
     "kvtier_offload_failed_stores": "kvtier:offload_failed_stores_total",
-    "kvtier_offload_server_errors": "kvtier:offload_server_errors_total",  # its shared cache server not answering
+    "kvtier_offload_server_errors": "kvtier:offload_server_errors_total",  # its shared store not answering
+    "kvtier_offload_shared_found_blocks": "kvtier:offload_shared_found_blocks_total",  # other replicas' blocks found
     # a shared kvtier cache-server (kvtier cache-server): blocks one replica loaded that another stored
     "kvtier_shared_cross_replica_loads": "kvtier_block_server_cross_replica_loads_total",
     "sim_fetch_gate_recomputes": "kvtier_sim:fetch_gate_recompute_total",  # the sim's own degradation counts

@@ -307,7 +307,8 @@ class ScrapeSummary(Section):
     kvtier_offload_load_io_s: dict[str, float] | None = None  # the tiers' own read time of the blocks loaded, by tier
     kvtier_offload_failed_loads: float | None = None
     kvtier_offload_failed_stores: float | None = None
-    kvtier_offload_server_errors: float | None = None  # scheduler calls a shared kvtier cache-server did not answer
+    kvtier_offload_server_errors: float | None = None  # scheduler calls a shared store did not answer
+    kvtier_offload_shared_found_blocks: float | None = None  # blocks a shared Redis/S3 namespace held for it (others')
     # a shared kvtier cache-server (kvtier cache-server): blocks loaded by a replica other than the one that stored them
     kvtier_shared_cross_replica_loads: float | None = None
     # the sim's offload degradation (kvtier sim): fetch-gate recomputes, loads that came back short, bypassed lookups

@@ -16,15 +16,22 @@ on every worker's real tiers — evictions and demotions that make room before t
 says (kvtier/vllm/worker.py). A load reads a block wherever the worker's tiers hold it, so a demotion still
 queued when a load runs costs nothing but order.
 
+``SharedIndex`` is the same index in front of a shared Redis/S3 namespace (``remote_namespace: shared:NAME``):
+a block this engine did not store may still be there, put by another replica, so a lookup that misses here
+asks the store (``present``: one round trip for the request's run of keys) and plans the load from the store.
+
 Pure Python, no vLLM import: tested on its own (tests/unit/vllm/test_index.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar, cast
+
+from kvtier.errors import StorageError
 
 K = TypeVar("K", bound=Hashable)
 
@@ -224,4 +231,57 @@ class BlockIndex(Generic[K]):
         return True
 
 
-__all__ = ["BlockIndex", "StorePlan", "TierSlots", "IndexCounters"]
+class SharedIndex(BlockIndex[K]):
+    """The index of an engine whose one offload tier is a shared namespace other replicas write too. What this
+    engine stored it answers itself; a miss asks ``present`` about the block and the request's following ones
+    at once (the answers serve the lookups that follow, until a key outside them is asked), and a block found
+    there is a hit served from the shared tier. A store that does not answer is a miss, counted
+    (``server_errors``), and is not asked again for ``BACKOFF_S``: a dead store must not stall every lookup. A
+    part of it that does not answer (``None`` for its keys: a cluster's lost master) is a miss for those keys,
+    counted, while the rest is used."""
+
+    BACKOFF_S = 5.0
+
+    def __init__(
+        self, tiers: Iterable[tuple[str, int, str]], present: Callable[[Sequence[K]], list[bool | None]]
+    ) -> None:
+        super().__init__(tiers)
+        self._present = present
+        self._found: dict[K, bool | None] = {}
+        self._down_until = 0.0
+        self.server_errors = 0
+        self.shared_found = 0  # blocks found in the namespace that this engine had not stored
+
+    def lookup(self, key: K, following: Callable[[], Sequence[K]] | None = None) -> Literal["hit", "pending", "miss"]:
+        r = super().lookup(key)
+        if r != "miss":
+            return r
+        if key not in self._found:
+            self._found = {}
+            if time.monotonic() < self._down_until:
+                return "miss"
+            batch = [key, *(k for k in (following() if following else ()) if k != key and k not in self)]
+            try:
+                answers = self._present(batch)
+            except (StorageError, OSError):
+                self.server_errors += 1
+                self._down_until = time.monotonic() + self.BACKOFF_S
+                return "miss"
+            self._found = dict(zip(batch, answers, strict=False))
+            if any(a is None for a in answers):
+                self.server_errors += 1
+        if self._found.get(key):
+            self.shared_found += 1
+            return "hit"
+        return "miss"
+
+    def tier_of(self, key: K) -> TierSlots | None:
+        t = super().tier_of(key)
+        return self.tiers[-1] if t is None and self._found.get(key) else t
+
+    def plan_store(self, keys: Iterable[K]) -> StorePlan[K] | None:
+        """As BlockIndex's, less the blocks just found in the namespace (another replica's, already there)."""
+        return super().plan_store(k for k in keys if not self._found.get(k))
+
+
+__all__ = ["BlockIndex", "SharedIndex", "StorePlan", "TierSlots", "IndexCounters"]

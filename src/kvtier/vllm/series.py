@@ -20,6 +20,7 @@ M_MOVES = "kvtier:offload_worker_moves"
 M_SERVER_ERRORS = "kvtier:offload_server_errors"
 M_LOAD_IO_SECONDS = "kvtier:offload_load_io_seconds"
 M_GATE = "kvtier:offload_gate_blocks"
+M_SHARED_FOUND = "kvtier:offload_shared_found_blocks"
 
 TIER = ("tier",)
 SERIES: dict[str, tuple[Literal["counter", "gauge"], str, tuple[str, ...]]] = {
@@ -49,13 +50,19 @@ SERIES: dict[str, tuple[Literal["counter", "gauge"], str, tuple[str, ...]]] = {
     M_MOVES: ("counter", "Demotions the workers carried out", ()),
     M_SERVER_ERRORS: (
         "counter",
-        "Scheduler calls a shared kvtier cache-server did not answer (taken as misses, stores not offered)",
+        "Scheduler calls a shared store did not answer (a kvtier cache-server, or a shared Redis/S3 namespace): taken "
+        "as misses, stores not offered",
         (),
     ),
     M_LOAD_IO_SECONDS: (
         "counter",
         "Seconds the tiers spent reading the block shards the workers loaded (each read's own time), by tier",
         TIER,
+    ),
+    M_SHARED_FOUND: (
+        "counter",
+        "Lookups of blocks this engine had not stored that a shared Redis/S3 namespace held (another replica's)",
+        (),
     ),
     M_GATE: (
         "counter",

@@ -2,14 +2,17 @@
 
 The keys are ``kvtier sim``'s offload flags with underscores (``offload``, ``cpu_offload_gb``, ``nvme_dir``,
 ``nvme_offload_gb``, ``staging_gb``, ``direct_io``, the remote tiers' ``redis_url``, ``s3_bucket``, ...), plus
-``io_threads`` and the per-request log (``request_log``, ``request_log_mb``). vLLM's own keys of the offloading
+``io_threads`` and the per-request log (``request_log``, ``request_log_mb``). With ``remote_namespace: shared:NAME``
+a Redis/S3 offload tier is one key space every replica writes and reads (no staging tier in front of it: a block is
+on the shared store when its store completes). vLLM's own keys of the offloading
 connector pass through; any other key is an error that names it, so a misspelt size never silently becomes the
 default. No vLLM import here (tested without the engine).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError, model_validator
@@ -18,7 +21,7 @@ from kvtier.config.base import flag
 from kvtier.config.sim import OffloadTierConfig
 from kvtier.config.tiers import OffloadKind
 from kvtier.errors import ConfigError
-from kvtier.tiers import KINDS, Ask, TierSpec, offload_plan
+from kvtier.tiers import KINDS, REMOTE_KINDS, Ask, TierSpec, is_remote, offload_plan, open_tier
 from kvtier.vllm.protocol import read_token, tcp_address
 
 VLLM_KEYS = frozenset(
@@ -34,6 +37,8 @@ VLLM_KEYS = frozenset(
     }
 )
 """Keys of kv_connector_extra_config that vLLM's offloading connector reads itself."""
+PRESENCE_TIMEOUT_S = 2.0
+"""The longest a scheduler's question to a shared namespace may take (it holds the engine's scheduling step)."""
 
 
 class VllmOffloadSettings(OffloadTierConfig):
@@ -66,6 +71,17 @@ class VllmOffloadSettings(OffloadTierConfig):
         "and stores, its stamps); kvtier replay --engine-log joins it to the replay's requests (off by default)",
     )
     request_log_mb: float = flag(256.0, "size cap of request_log, MB (records past it are dropped and counted)", gt=0)
+
+    @model_validator(mode="after")
+    def _own_namespace(self) -> VllmOffloadSettings:
+        """Replicas share a Redis/S3 namespace directly (each engine asks the store about blocks it did not store);
+        the other kinds have no shared key space."""
+        if self.remote_namespace != "run" and not is_remote(self.offload):
+            raise ValueError(
+                f"remote_namespace {self.remote_namespace}: needs offload {' or '.join(REMOTE_KINDS)} (a shared key "
+                f"space on the store), not {self.offload}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _server_owns_the_tiers(self) -> VllmOffloadSettings:
@@ -116,10 +132,22 @@ class VllmOffloadSettings(OffloadTierConfig):
             raise ConfigError("kv_connector_extra_config: " + "; ".join(problems)) from None
 
     def plan(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, TierSpec, str]]:
-        """One worker's tiers (its share of each capacity); a CPU page is one block."""
-        return offload_plan(
+        """One worker's tiers (its share of each capacity); a CPU page is one block. In a shared namespace the
+        store alone (a block staged in this engine's RAM would be invisible to the other replicas)."""
+        rows = offload_plan(
             self.offload, self, Ask(page_bytes=block_bytes, share=max(1, world_size), connections=self.io_threads)
         )
+        return rows[-1:] if self.shared_namespace else rows
+
+    def shared_presence(self, key_of: Callable[[Any], str]) -> Callable[[Sequence[Any]], list[bool | None]]:
+        """For the scheduler of an engine in a shared namespace: which of a run of blocks the store holds (one
+        connection to it, each call's deadline at most PRESENCE_TIMEOUT_S; engine/redis_tier.py, s3_tier.py
+        ``present``). ConfigError naming the setting when the store cannot be reached at start."""
+        kind, spec, where = self.plan(1)[-1]
+        remote = self.model_copy(update={"remote_timeout": min(self.remote_timeout, PRESENCE_TIMEOUT_S)})
+        tier = open_tier(kind, replace(spec, remote=remote, connections=1), where)
+        present = tier.present  # type: ignore[attr-defined]  # redis, s3
+        return lambda keys: present([key_of(k) for k in keys])
 
     def slots(self, block_bytes: int, world_size: int = 1) -> list[tuple[str, int, str]]:
         """(tier, blocks it holds, by-source label) per tier, fastest first: the scheduler-side index's sizes,

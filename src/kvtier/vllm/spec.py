@@ -64,7 +64,7 @@ from kvtier.keys import KeyScope
 from kvtier.tiers import open_tiers
 from kvtier.vllm.client import ServerBlockWorker, ServerIndex
 from kvtier.vllm.gate import LiveGate, following
-from kvtier.vllm.index import BlockIndex, StorePlan
+from kvtier.vllm.index import BlockIndex, SharedIndex, StorePlan
 from kvtier.vllm.reqlog import RequestLog
 from kvtier.vllm.series import (
     M_CAPACITY_BLOCKS,
@@ -81,6 +81,7 @@ from kvtier.vllm.series import (
     M_MOVES,
     M_REJECTED_BLOCKS,
     M_SERVER_ERRORS,
+    M_SHARED_FOUND,
     M_STORED_BLOCKS,
     SERIES,
 )
@@ -236,7 +237,7 @@ class KvtierManager(OffloadingManager):
         )
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if isinstance(self.index, ServerIndex):  # the server answers this block and the request's next in one trip
+        if isinstance(self.index, (ServerIndex, SharedIndex)):  # this block and the request's next, in one trip
             r = self.index.lookup(key, lambda: following(req_context, key))
         else:
             r = self.index.lookup(key)
@@ -334,6 +335,7 @@ class KvtierManager(OffloadingManager):
             (M_REJECTED_BLOCKS, {"": c.rejected}),
             *self._worker_counts.items(),
             (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
+            (M_SHARED_FOUND, {"": getattr(self.index, "shared_found", 0)}),
             (M_GATE, dict(self.index.gate.counts) if getattr(self.index, "gate", None) else {}),
         ):
             before = self._reported.setdefault(name, {})
@@ -417,11 +419,14 @@ class KvtierOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             c = self.config
-            index = None
+            index: Any = None
             if self.settings.cache_server:
                 index = ServerIndex(
                     self.settings.cache_server, _shared_key(c), _hello(c), self.settings.cache_server_token()
                 )
+            elif self.settings.shared_namespace:  # another replica's blocks are found by asking the store
+                slots = self.settings.slots(c.worker_kv_bytes_per_block, max(1, c.parallel.world_size))
+                index = SharedIndex(slots, self.settings.shared_presence(_shared_key(c)))
             self._manager = KvtierManager(
                 self.settings,
                 c.worker_kv_bytes_per_block,

@@ -107,3 +107,41 @@ def test_a_dribbling_server_cannot_stretch_an_operation_past_its_deadline():
         conn.close()
     finally:
         srv.close()
+
+
+def _slots(*ranges: tuple[int, int, bytes, int]) -> bytes:
+    out = b"*%d\r\n" % len(ranges)
+    for lo, hi, host, port in ranges:
+        out += b"*3\r\n:%d\r\n:%d\r\n*2\r\n$%d\r\n%s\r\n:%d\r\n" % (lo, hi, len(host), host, port)
+    return out
+
+
+def test_a_cluster_map_from_a_loopback_seed_may_not_send_keys_elsewhere():
+    """A loopback seed whose CLUSTER SLOTS names a master on another address is refused, not followed."""
+    from kvtier.engine.resp import RespNodes
+
+    srv = Hostile(_slots((0, 8191, b"127.0.0.1", 7000), (8192, 16383, b"10.1.2.3", 7001)))
+    nodes = RespNodes(f"redis://127.0.0.1:{srv.port}", 1, None, 5.0, None)
+    try:
+        with pytest.raises(RespConnectionError, match="names master 10.1.2.3: refused"):
+            nodes.cluster()
+        assert not nodes.is_cluster and nodes.pool("k") is nodes.seed  # nothing routed by the refused map
+    finally:
+        nodes.close()
+        srv.close()
+
+
+def test_a_cluster_map_routes_each_key_by_its_slot_and_an_empty_host_is_the_seeds():
+    from kvtier.engine.resp import RespNodes, key_slot
+
+    srv = Hostile(_slots((0, 8191, b"", 7000), (8192, 16383, b"127.0.0.1", 7001)))
+    nodes = RespNodes(f"redis://127.0.0.1:{srv.port}", 1, None, 5.0, None)
+    try:
+        nodes.cluster()
+        low = next(k for k in (f"k{i}" for i in range(100)) if key_slot(k) < 8192)
+        high = next(k for k in (f"k{i}" for i in range(100)) if key_slot(k) >= 8192)
+        assert nodes.pool(low).url == "redis://127.0.0.1:7000" and nodes.pool(high).url == "redis://127.0.0.1:7001"
+        assert nodes.pool("{x}a") is nodes.pool("{x}b")  # one hash tag, one slot, one master
+    finally:
+        nodes.close()
+        srv.close()

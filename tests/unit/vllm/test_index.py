@@ -115,3 +115,52 @@ def test_the_nvme_tier_is_a_cpu_staging_tier_in_front_of_the_files(tmp_path):
     cfg = kv_transfer_config({"offload": "cpu"})
     assert cfg["kv_connector"] == "KvtierOffloadingConnector" and cfg["kv_load_failure_policy"] == "recompute"
     assert cfg["kv_connector_extra_config"]["spec_module_path"] == "kvtier.vllm.spec"
+
+
+def test_a_shared_index_asks_the_store_once_per_run_of_keys_and_backs_off_when_it_fails():
+    from kvtier.errors import TierUnavailable
+    from kvtier.vllm.index import SharedIndex
+
+    held = {"a", "b"}  # what another replica put in the namespace
+    asked: list[list[str]] = []
+    down = False
+
+    def present(keys):  # type: ignore[no-untyped-def]
+        asked.append(list(keys))
+        if down:
+            raise TierUnavailable("redis tier: lookup: server unreachable")
+        return [k in held for k in keys]
+
+    ix: SharedIndex[str] = SharedIndex([("redis", 8, "external_unspecified")], present)
+    assert ix.lookup("a", lambda: ["a", "b", "c"]) == "hit"
+    assert ix.lookup("b") == "hit" and ix.lookup("c") == "miss"
+    assert asked == [["a", "b", "c"]]  # one question for the request's run
+    assert ix.tier_of("a") is not None and ix.tier_of("a").name == "redis"  # type: ignore[union-attr]
+    assert ix.shared_found == 2
+    plan = ix.plan_store(["b", "c"])  # another replica's block is not stored again
+    assert plan is not None and plan.keys_to_store == ["c"]
+    ix.complete_store(plan.keys_to_store)
+    assert ix.lookup("c") == "hit" and len(asked) == 1  # its own block: answered without asking
+    lost = {"p"}  # a part of the store that does not answer (a cluster's lost master): its keys are misses
+    orig = present
+
+    def partly(keys):  # type: ignore[no-untyped-def]
+        return [None if k in lost else a for k, a in zip(keys, orig(keys), strict=True)]
+
+    ix._present = partly
+    held |= {"o", "q"}
+    assert ix.lookup("o", lambda: ["o", "p", "q"]) == "hit" and ix.lookup("p") == "miss" and ix.lookup("q") == "hit"
+    assert ix.server_errors == 1 and len(asked) == 2  # counted once, and the rest of the store still used
+    ix._present = present
+    down = True
+    assert ix.lookup("x", lambda: ["x", "y"]) == "miss" and ix.server_errors == 2
+    assert ix.lookup("y") == "miss" and len(asked) == 3  # backing off: a dead store does not stall each lookup
+
+
+def test_a_shared_namespace_is_for_redis_or_s3_and_puts_blocks_straight_on_the_store():
+    s = VllmOffloadSettings.from_extra(
+        {"offload": "redis", "redis_url": "redis://127.0.0.1:1", "redis_mem_gb": 1, "remote_namespace": "shared:t"}
+    )
+    assert [kind for kind, _, _ in s.plan(4096)] == ["redis"]  # no staging tier the other replicas cannot see
+    with pytest.raises(ConfigError, match="remote_namespace shared:t: needs offload redis or s3"):
+        VllmOffloadSettings.from_extra({"offload": "cpu", "remote_namespace": "shared:t"})
