@@ -228,6 +228,7 @@ def show_value(cfg: ValueConfig, r: ValueReport) -> Screen:
     lines = [
         f"{i.name}: {_dash(i.value, 'g')} {i.unit} ({i.source}{'; ' + i.note if i.note else ''})" for i in r.inputs
     ]
+    lines += [f"{x.tier}: {x.in_time}" for x in r.tiers if x.in_time]
     if r.decomposition == "measured-in-engine":
         lines.append("each request's prompt by tier and its fetch and recompute: measured in the engine (--engine-log)")
     for c in r.ladder_check:

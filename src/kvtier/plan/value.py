@@ -56,6 +56,20 @@ def economics(hit_rate: float, value: float | None, cost: float | None) -> dict[
     }
 
 
+def in_time(hit_rate: float, avoided: float | None, fetch: float | None) -> str | None:
+    """Whether a tier's hits paid in time, in words, with its hit rate beside its fetch time (a high hit rate alone
+    reads as success): None where the prefill avoided or the fetch is not known."""
+    if avoided is None or fetch is None or avoided <= 0:
+        return None
+    ratio = fetch / avoided
+    if ratio > 1:
+        return (
+            f"hits, but the fleet got slower: it served {hit_rate:.1%} of the prompt tokens and fetching them took "
+            f"{ratio:.2f}x the prefill they replaced — without this tier TTFT would have been lower"
+        )
+    return f"pays in time: it served {hit_rate:.1%} of the prompt tokens, fetched in {ratio:.2f}x the prefill replaced"
+
+
 def gpu_value(gpu_cost: float | None, saved_s_per_hour: float | None) -> float | None:
     """$/hour of the GPU seconds a tier saves per hour, net of its fetches (``saved_s_per_hour`` = prefill avoided -
     fetch); None without a GPU cost or a saving."""
@@ -209,6 +223,7 @@ def value_report(
                 fetch_s_per_hour=None if fetch is None else round(fetch, 3),
                 gpu_s_saved_per_hour=None if saved is None else round(saved, 3),
                 latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
+                in_time=in_time(hit_rate, avoided, fetch),
                 **economics(hit_rate, value, cost),
             )
         )

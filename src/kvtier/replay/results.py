@@ -164,6 +164,37 @@ def degradation_warnings(d: dict[str, Any] | None) -> list[ResultWarning]:
     return out
 
 
+def not_paying_warnings(d: dict[str, Any]) -> list[ResultWarning]:
+    """``offload-hits-not-paying``: more than NOT_PAYING_WARN of the requests an offload tier served waited longer for
+    their fetch than recomputing its tokens, or the hits' fetches together took longer than the recompute they
+    replaced. Said as one pair — the hit rate and the fetch time — since a high hit rate alone reads as success."""
+    ratio = d.get("offload_fetch_over_recompute")
+    if not (d["hits_not_paying"] > NOT_PAYING_WARN * d["offload_hits"] or (ratio is not None and ratio > 1)):
+        return []
+    served = sum(v for k, v in (d.get("token_share") or {}).items() if k not in ("gpu", "recomputed"))
+    together = f"the offload tiers served {served:.1%} of the prompt tokens"
+    if ratio is not None:
+        slower = ratio > 1
+        together = (
+            f"{'hits, but the fleet got slower: ' if slower else ''}{together}, and fetching them took {ratio:.2f}x "
+            f"the time recomputing them would have{'' if slower else ' over all'}"
+        )
+    return [
+        warning(
+            WarningCode.offload_hits_not_paying,
+            f"{together}; {d['hits_not_paying']} of {d['offload_hits']} requests an offload tier served waited longer "
+            f"for their fetch than recomputing those tokens would have taken at this replay's prefill rate "
+            f"({d['prefill_tokens_per_s']:,.0f} tokens/s): for them the tier cost TTFT (kvtier plan value --from "
+            "prices it per tier)",
+            requests=d["hits_not_paying"],
+            offload_hits=d["offload_hits"],
+            prefill_tokens_per_s=d["prefill_tokens_per_s"],
+            offload_token_share=round(served, 6),
+            fetch_over_recompute=ratio,
+        )
+    ]
+
+
 def build_result(
     plan: ReplayPlan, run: RunFacts, records: list[ReplayRecord], metrics: list[ScrapeSummary]
 ) -> ReplayResult:
@@ -202,20 +233,7 @@ def build_result(
         warnings += join_warnings(joined)
     summary["offload_degradation"] = degraded = offload_degradation(metrics, summary["requests_ok"])
     warnings += degradation_warnings(degraded)
-    d = summary["ttft_decomposition"]
-    if d["hits_not_paying"] > NOT_PAYING_WARN * d["offload_hits"]:
-        warnings.append(
-            warning(
-                WarningCode.offload_hits_not_paying,
-                f"{d['hits_not_paying']} of {d['offload_hits']} requests an offload tier served waited longer for "
-                f"their fetch than recomputing those tokens would have taken at this replay's prefill rate "
-                f"({d['prefill_tokens_per_s']:,.0f} tokens/s): for them the tier cost TTFT (kvtier plan value --from "
-                "prices it per tier)",
-                requests=d["hits_not_paying"],
-                offload_hits=d["offload_hits"],
-                prefill_tokens_per_s=d["prefill_tokens_per_s"],
-            )
-        )
+    warnings += not_paying_warnings(summary["ttft_decomposition"])
     dropped = [r["decomposition_dropped"] for r in records if r.get("decomposition_dropped")]
     if dropped:
         warnings.append(

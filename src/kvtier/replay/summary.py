@@ -131,22 +131,29 @@ def _shares(tokens: dict[str, int]) -> dict[str, float]:
     return {k: round(v / total, 6) for k, v in sorted(tokens.items())} if total else {}
 
 
-def hits_that_did_not_pay(rows: list[ReplayRecord]) -> tuple[int, int, float | None]:
+def hits_that_did_not_pay(rows: list[ReplayRecord]) -> tuple[int, int, float | None, float | None]:
     """(requests an offload tier served, those whose fetch took longer than recomputing the tokens the tiers gave
-    would have at the replay's own prefill rate, that rate): Σ recomputed tokens / Σ recompute seconds over the
-    same requests (the GPU's wait included, as plan value measures it)."""
+    would have at the replay's own prefill rate, that rate, and over all those requests Σ fetch / Σ that recompute):
+    the rate is Σ recomputed tokens / Σ recompute seconds over the same requests (the GPU's wait included, as plan
+    value measures it). The last is the hits' time as one figure: above 1, the tiers' hits made TTFT worse than
+    having no tier."""
     recomputed = sum((r.get("prompt_sources") or {}).get("recomputed", 0) for r in rows)
     seconds = sum((r.get("server_ttft_parts") or {}).get("recompute", 0.0) for r in rows)
     rate = recomputed / seconds if recomputed and seconds > 0 else None
     hits = not_paying = 0
+    fetch = avoided = 0.0
     for r in rows:
         served = sum(offload_sources(r.get("prompt_sources") or {}).values())
         if not served:
             continue
         hits += 1
-        if rate is not None and (r.get("server_ttft_parts") or {}).get("fetch", 0.0) > served / rate:
-            not_paying += 1
-    return hits, not_paying, None if rate is None else round(rate, 1)
+        took = (r.get("server_ttft_parts") or {}).get("fetch", 0.0)
+        fetch += took
+        if rate is not None:
+            avoided += served / rate
+            not_paying += took > served / rate
+    ratio = round(fetch / avoided, 4) if avoided > 0 else None
+    return hits, not_paying, None if rate is None else round(rate, 1), ratio
 
 
 def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
@@ -195,12 +202,13 @@ def ttft_decomposition(ok: list[ReplayRecord]) -> dict[str, Any]:
                 "token_share": _shares(t_tokens),
             }
         )
-    hits, not_paying, rate = hits_that_did_not_pay(with_parts)
+    hits, not_paying, rate, fetch_over = hits_that_did_not_pay(with_parts)
     return {
         "requests": len(with_parts),
         "offload_hits": hits,
         "hits_not_paying": not_paying,
         "prefill_tokens_per_s": rate,
+        "offload_fetch_over_recompute": fetch_over,
         "closure_within_5pct": round(closed / len(with_parts), 6) if with_parts else None,
         "client_overhead_s_p50": round(float(np.median(overhead)), 6) if overhead else None,
         "closure_server_only_within_5pct": round(closed_server / len(with_parts), 6) if with_parts else None,

@@ -203,6 +203,7 @@ class TierValue(Section):
     fetch_s_per_hour: float | None
     gpu_s_saved_per_hour: float | None  # prefill avoided - fetch
     latency_saved_per_hit_s: float | None
+    in_time: str | None = None  # the hit rate and the fetch as one verdict ("hits, but the fleet got slower: ...")
     value_usd_per_hour: float | None  # gpu_cost x GPU seconds saved (prefill avoided - fetch)
     cost_usd_per_hour: float | None  # store_cost x GB / 730
     pays: bool | None

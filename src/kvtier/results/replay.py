@@ -157,6 +157,9 @@ class TtftDecomposition(Section):
     offload_hits: int = 0  # of those, requests an offload tier served
     hits_not_paying: int = 0  # of those, fetch longer than recomputing the tier's tokens at prefill_tokens_per_s
     prefill_tokens_per_s: float | None = None  # Σ recomputed tokens / Σ recompute seconds over the same requests
+    # Σ the hits' fetch seconds / Σ the seconds recomputing the tokens the tiers served would have taken (at that
+    # rate): above 1, the hits made TTFT worse than no tier ("hits, but the fleet got slower")
+    offload_fetch_over_recompute: float | None = None
     dropped: int = 0  # requests whose server sent one that failed its schema or bounds (not counted above)
     closure_within_5pct: float | None  # the share whose parts (the server's, and both transits where measured) sum
     # within 5 % of the client's TTFT

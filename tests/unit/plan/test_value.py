@@ -46,6 +46,10 @@ def test_a_tier_slower_than_recompute_loses_money_and_says_so(monkeypatch: pytes
     t = _report(monkeypatch, fetch_s=3.0, store_gb=0.01)
     assert t.gpu_s_saved_per_hour == pytest.approx(-2.0)
     assert t.value_usd_per_hour < 0 and t.pays is False and t.breakeven_hit_rate is None
+    # the hit rate and the fetch as one pair: a 50 % hit rate that made the fleet slower is said so
+    assert t.in_time is not None and t.in_time.startswith("hits, but the fleet got slower: it served 50.0% ")
+    assert "3.00x the prefill they replaced" in t.in_time
+    assert _report(monkeypatch, fetch_s=0.1, store_gb=0.01).in_time.startswith("pays in time")  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -247,7 +247,22 @@ def test_a_hit_whose_fetch_outlasts_the_recompute_it_saved_is_counted():
         {"prompt_sources": {"cpu": 10, "recomputed": 100}, "server_ttft_parts": {"fetch": 0.5, "recompute": 1.0}},
         {"prompt_sources": {"gpu": 10, "recomputed": 0}, "server_ttft_parts": {"fetch": 0.0, "recompute": 0.0}},
     ]
-    assert hits_that_did_not_pay(rows) == (2, 1, 100.0)  # type: ignore[arg-type]
+    # over both hits: 1.0 s of fetch against 1.1 s of recompute replaced
+    assert hits_that_did_not_pay(rows) == (2, 1, 100.0, 0.9091)  # type: ignore[arg-type]
+
+
+def test_hits_that_made_ttft_worse_are_said_as_one_pair_hit_rate_and_fetch():
+    """#55: a high hit rate alone reads as success; the warning puts the fetch beside it."""
+    from kvtier.replay.results import not_paying_warnings
+
+    share = {"gpu": 0.05, "cpu": 0.9, "recomputed": 0.05}
+    d = {"offload_hits": 10, "hits_not_paying": 9, "prefill_tokens_per_s": 1000.0,
+         "offload_fetch_over_recompute": 3.48, "token_share": share}  # fmt: skip
+    (w,) = not_paying_warnings(d)
+    assert w.message.startswith("hits, but the fleet got slower: the offload tiers served 90.0% of the prompt tokens")
+    assert "3.48x" in w.message and w.model_extra is not None and w.model_extra["fetch_over_recompute"] == 3.48
+    ok = d | {"hits_not_paying": 0, "offload_fetch_over_recompute": 0.4}
+    assert not_paying_warnings(ok) == []
 
 
 @pytest.mark.parametrize(
