@@ -68,9 +68,17 @@ def prefix_chunk_hashes(token_ids: Sequence[int], chunk_size: int, include_parti
     return hashes
 
 
-def _slug(text: str) -> str:
+def _slug(text: str, most: int = 40, empty: str = "model") -> str:
     s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:40] or "model"
+    return s[:most].strip("-") or empty
+
+
+def key_prefix(model_name: str, revision: str | None = None) -> str:
+    """What every key of ``model_name`` starts with (of one ``revision`` of it, when given): how ``kvtier cache-server
+    flush`` finds a model's blocks, or one weights generation's, among the others'. By the names' slugs: two models
+    whose names reduce to the same slug share a prefix."""
+    rev = f"r-{_slug(revision, 24, 'rev')}_" if revision else ""
+    return f"kvt{KEY_VERSION}_{_slug(model_name)}_{rev}"
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ class KeyScope:
             _field(h, name)
             _field(h, value)
         _field(h, chunk)
-        return f"kvt{KEY_VERSION}_{_slug(self.model_name)}_{h.hexdigest()}"
+        return f"{key_prefix(self.model_name, self.model_revision or None)}{h.hexdigest()}"
 
     def tag(self) -> str:
         """This scope as one name (model slug and a hash of every field): what a shared namespace hashes into

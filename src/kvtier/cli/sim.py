@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kvtier.cli.args import add_config_arguments, config_from_args
-from kvtier.config.sim import CacheServerConfig, SimConfig
+from kvtier.config.sim import CacheFlushConfig, CacheServerConfig, SimConfig
 from kvtier.errors import ConfigError
 
 
@@ -31,6 +31,40 @@ def add_cache_server_parser(sub: argparse._SubParsersAction) -> None:  # type: i
     )
     add_config_arguments(p, CacheServerConfig)
     p.set_defaults(func=run_cache_server)
+    actions = p.add_subparsers(dest="cache_server_action", metavar="{flush}")
+    f = actions.add_parser(
+        "flush",
+        help="drop one model's blocks (or one weights generation's, --revision) from a running cache server",
+    )
+    add_config_arguments(f, CacheFlushConfig)
+    f.set_defaults(func=run_cache_flush)
+
+
+def run_cache_flush(args: argparse.Namespace) -> int:
+    """Ask a running cache server to drop the idle blocks of --model (of --revision only, when given) and say how many;
+    blocks in flight are left and counted (run it again once the engines of that generation have stopped)."""
+    from kvtier.keys import key_prefix
+    from kvtier.vllm import messages as m
+    from kvtier.vllm.client import ServerDown, ServerLink
+    from kvtier.vllm.settings import VllmOffloadSettings
+
+    cfg = config_from_args(args, CacheFlushConfig)
+    where = VllmOffloadSettings.from_extra(
+        {"cache_server": cfg.cache_server, "cache_server_token_file": cfg.cache_server_token_file}
+    )  # the engines' own checks of the address and the token file
+    prefix = key_prefix(cfg.model, cfg.revision)
+    link = ServerLink(cfg.cache_server, m.Hello(role="admin", engine="kvtier cache-server flush"), 30.0,
+                      token=where.cache_server_token())  # fmt: skip
+    try:
+        link.open()
+        r = link.call(m.Flush(prefix=prefix), m.FlushReply)
+    except (OSError, ServerDown) as e:
+        raise ConfigError(f"--cache-server {cfg.cache_server}: {e}") from None
+    finally:
+        link.close()
+    gen = f" revision {cfg.revision!r}" if cfg.revision else " (every revision)"
+    print(f"flushed {r.dropped} blocks of {cfg.model!r}{gen} (keys {prefix}*); {r.busy} in flight left")
+    return 0
 
 
 def run_cache_server(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from kvtier.config.base import flag
+from kvtier.config.base import StrictModel, flag
 from kvtier.config.replay import EventLoopKind
 from kvtier.config.tiers import OffloadKind, SimOffloadKind, TierFlags
 
@@ -144,6 +144,20 @@ class CacheServerConfig(OffloadTierConfig):
     port_file: str | None = flag(None, "write the TCP port here once the server accepts requests")
 
 
+class CacheFlushConfig(StrictModel):
+    """``kvtier cache-server flush``: drop one model's blocks, or one weights generation's, from a running cache
+    server (a rollout's old KV, which the new generation's keys never meet but which holds the tiers' room)."""
+
+    cache_server: str = flag(..., "the server: its Unix socket, or tcp://HOST:PORT")
+    cache_server_token_file: str | None = flag(
+        None, "file (mode 0600) holding the server's shared token: required for a tcp:// --cache-server"
+    )
+    model: str = flag(..., "the model as the engines name it (vLLM's model name or path)", max_length=512)
+    revision: str | None = flag(
+        None, "only this generation of it (the engines' model_revision setting); default: every one", max_length=128
+    )
+
+
 def load_presets() -> dict[str, dict[str, Any]]:
     """The sim's latency presets (kvtier/sim/presets.yaml), read without importing the sim."""
     import yaml
@@ -153,4 +167,4 @@ def load_presets() -> dict[str, dict[str, Any]]:
     return presets
 
 
-__all__ = ["load_presets", "OffloadTierConfig", "SimConfig", "CacheServerConfig", "DEFAULT_PRESET"]
+__all__ = ["load_presets", "OffloadTierConfig", "SimConfig", "CacheServerConfig", "CacheFlushConfig", "DEFAULT_PRESET"]

@@ -68,6 +68,7 @@ class BlockGeometry:
 
     @classmethod
     def of(cls, hello: m.Hello) -> BlockGeometry:
+        assert hello.block_bytes and hello.block_tokens and hello.world_size  # every role but admin has them
         return cls(hello.block_bytes, hello.block_tokens, hello.world_size)
 
 
@@ -175,6 +176,10 @@ class BlockServer:
                 return
             try:
                 hello = m.Hello.model_validate(msg)
+                if hello.role == "admin":
+                    kind = "admin"
+                    self._control(c, "admin", admin=True)
+                    return
                 geometry = self._join(BlockGeometry.of(hello))
             except ValidationError as e:
                 c.send({"ok": False, "error": f"hello: {m.refusal(e)}"})
@@ -240,25 +245,41 @@ class BlockServer:
         c.send(body.model_dump(mode="json"))
 
     def _tiers(self) -> m.TiersReply:
-        assert self.index is not None
-        return m.TiersReply(tiers=[(t.name, t.slots, t.source) for t in self.index.tiers])
+        """The tiers (none before the first engine's hello opened them)."""
+        return m.TiersReply(
+            tiers=[(t.name, t.slots, t.source) for t in (self.index.tiers if self.index is not None else [])]
+        )
 
     # -- control --------------------------------------------------------------------------------
-    def _control(self, c: Conn, engine: str) -> None:
-        assert self.index is not None
+    def _control(self, c: Conn, engine: str, admin: bool = False) -> None:
+        """A manager's connection (the tiers, then its requests), or an operator's (``admin``: ``kvtier cache-server
+        flush``; flushes and usage only, before any engine's hello too)."""
         lease = Lease(engine)
         self._reply(c, self._tiers())
+        adapter, role = (m.ADMIN, "admin") if admin else (m.CONTROL, "control")
         try:
             while True:
                 try:
-                    req = m.CONTROL.validate_python(c.recv())
+                    req = adapter.validate_python(c.recv())
                 except ValidationError as e:
-                    c.send({"ok": False, "error": f"control: {m.refusal(e)}"})
+                    c.send({"ok": False, "error": f"{role}: {m.refusal(e)}"})
                     continue
                 self.metrics.requests.labels(req.op).inc()
                 self._reply(c, self._CONTROL[type(req)](self, lease, req))
         finally:
             self._release(lease)
+
+    def _flush(self, prefix: str) -> m.FlushReply:
+        """Drop every idle block whose key starts with ``prefix`` (a model's, or one revision's: keys.key_prefix; ""
+        for all); blocks being loaded or stored are left and counted (busy)."""
+        if self.index is None:
+            return m.FlushReply(dropped=0, busy=0)
+        with self._lock:
+            idle = [str(k) for t in self.index.tiers for k in list(t.lru) if str(k).startswith(prefix)]
+            busy = sum(1 for k in self.index.keys() if str(k).startswith(prefix)) - len(idle)
+            self.index.forget(idle, lost=False)
+            self._drop_shards(idle)
+        return m.FlushReply(dropped=len(idle), busy=busy)
 
     def _lookup(self, lease: Lease, req: m.Lookup) -> m.LookupReply:
         assert self.index is not None
@@ -368,17 +389,11 @@ class BlockServer:
     def _reset(self, lease: Lease, req: m.Reset) -> m.ResetReply:
         """vLLM's reset_prefix_cache: forget every block no one is loading or storing (other replicas' loads and
         stores in flight keep theirs)."""
-        assert self.index is not None
-        with self._lock:
-            idle = [str(k) for t in self.index.tiers for k in list(t.lru)]
-            self.index.forget(idle, lost=False)
-            self._drop_shards(idle)
-        return m.ResetReply(dropped=len(idle))
+        return m.ResetReply(dropped=self._flush("").dropped)
 
     def _usage(self, lease: Lease, req: m.Usage) -> m.UsageReply:
-        assert self.index is not None
         with self._lock:
-            return m.UsageReply(usage=dict(self.index.usage()))
+            return m.UsageReply(usage=dict(self.index.usage()) if self.index is not None else {})
 
     _CONTROL: dict[type, Callable[[BlockServer, Lease, Any], BaseModel]] = {
         m.Lookup: _lookup,
@@ -390,6 +405,7 @@ class BlockServer:
         m.Forget: _forget,
         m.Reset: _reset,
         m.Usage: _usage,
+        m.Flush: lambda self, lease, req: self._flush(req.prefix),
     }
 
     def _settle(self, keys: list[str], lease: Lease | None) -> None:
@@ -415,7 +431,8 @@ class BlockServer:
 
     def _release(self, lease: Lease) -> None:
         """A manager's connection closed: its pins end, its pending blocks are dropped."""
-        assert self.index is not None
+        if self.index is None:  # an operator's connection before any engine's
+            return
         with self._lock:
             for k, n in lease.pins.items():
                 for _ in range(n):
@@ -563,16 +580,8 @@ class BlockServer:
             return
         with self._lock:
             usage, pending = self.index.usage(), self.index.pending
-        for name, (held, _) in usage.items():
-            self.metrics.held.labels(name).set(held)
-        self.metrics.pending.set(pending)
         assert self.geometry is not None
-        block = self.geometry.block_bytes * self.geometry.world_size
-        (l1_held, l1_slots), *below = usage.values()
-        self.metrics.lm_l1.set(l1_held * block)
-        self.metrics.lm_l1_ratio.set(l1_held / l1_slots if l1_slots else 0.0)
-        self.metrics.lm_l2.set(sum(h for h, _ in below) * block)
-        self.metrics.lm_evicted.set(self._l1_evicted)
+        self.metrics.refresh(usage, pending, self.geometry.block_bytes * self.geometry.world_size, self._l1_evicted)
 
 
 def shard_key(key: str, rank: int) -> str:

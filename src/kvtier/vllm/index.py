@@ -93,6 +93,10 @@ class BlockIndex(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._where
 
+    def keys(self) -> list[K]:
+        """Every block in the index (pinned and pending ones too)."""
+        return list(self._where)
+
     def usage(self) -> dict[str, tuple[int, int]]:
         """tier -> (blocks held, slots)."""
         return {t.name: (t.held, t.slots) for t in self.tiers}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, model_validator
 
 from kvtier.vllm.protocol import MAX_KEYS
 
@@ -25,16 +25,23 @@ class _Message(BaseModel):
 
 
 class Hello(_Message):
-    """The first message of every connection: its role, the engine's name and its block geometry."""
+    """The first message of every connection: its role, the engine's name and its block geometry (an ``admin``
+    connection, ``kvtier cache-server flush``, has none: it moves no block)."""
 
     op: Literal["hello"] = "hello"
-    role: Literal["control", "probe", "data"]
+    role: Literal["control", "probe", "data", "admin"]
     engine: Annotated[str, StringConstraints(max_length=256)] = "?"
-    block_bytes: int = Field(gt=0, le=1 << 32)  # one worker's share of a block: at most 4 GiB
-    block_tokens: int = Field(gt=0)
-    world_size: int = Field(gt=0, le=1024)
+    block_bytes: int | None = Field(None, gt=0, le=1 << 32)  # one worker's share of a block: at most 4 GiB
+    block_tokens: int | None = Field(None, gt=0)
+    world_size: int | None = Field(None, gt=0, le=1024)
     rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
     proof: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None  # TCP: HMAC of the challenge
+
+    @model_validator(mode="after")
+    def _geometry(self) -> Hello:
+        if self.role != "admin" and None in (self.block_bytes, self.block_tokens, self.world_size):
+            raise ValueError(f"role {self.role} needs block_bytes, block_tokens and world_size")
+        return self
 
 
 class _OnKeys(_Message):
@@ -81,6 +88,13 @@ class Usage(_Message):
     op: Literal["usage"] = "usage"
 
 
+class Flush(_Message):
+    """Drop the idle blocks whose key starts with ``prefix`` (``keys.key_prefix``: a model, or one revision of it)."""
+
+    op: Literal["flush"] = "flush"
+    prefix: Annotated[str, StringConstraints(pattern=r"^kvt[0-9]+_[a-z0-9-]+_(r-[a-z0-9-]+_)?$", max_length=128)]
+
+
 class Put(_Message):
     op: Literal["put"] = "put"
     key: Key
@@ -95,6 +109,8 @@ Control = Annotated[
     Lookup | Pin | Unpin | Touch | PlanStore | Complete | Forget | Reset | Usage, Field(discriminator="op")
 ]
 Data = Annotated[Put | Get, Field(discriminator="op")]
+Admin = Annotated[Flush | Usage, Field(discriminator="op")]
+ADMIN: TypeAdapter[Admin] = TypeAdapter(Admin)
 CONTROL: TypeAdapter[Control] = TypeAdapter(Control)
 DATA: TypeAdapter[Data] = TypeAdapter(Data)
 
@@ -142,6 +158,11 @@ class ResetReply(_Reply):
     dropped: Count
 
 
+class FlushReply(_Reply):
+    dropped: Count  # blocks dropped from the index and the tiers
+    busy: Count  # matching blocks left because a load or a store of theirs is in flight (flush again later)
+
+
 class UsageReply(_Reply):
     usage: dict[str, tuple[Count, Count]]  # tier: (blocks held, slots)
 
@@ -169,7 +190,10 @@ def refusal(e: ValidationError) -> str:
 
 
 __all__ = [
+    "ADMIN",
     "CONTROL",
+    "Flush",
+    "FlushReply",
     "DATA",
     "Complete",
     "CompleteReply",

@@ -71,6 +71,18 @@ class ServerMetrics:
             "lmcache_mp_l1_evicted_chunks", "blocks demoted or evicted from the first tier", registry=r
         )
 
+    def refresh(self, usage: dict[str, tuple[int, int]], pending: int, block_bytes: int, l1_evicted: int) -> None:
+        """The gauges from the index's usage (tier: blocks held, slots), fastest first; ``block_bytes``: a whole
+        block (every worker's share)."""
+        for name, (held, _) in usage.items():
+            self.held.labels(name).set(held)
+        self.pending.set(pending)
+        (l1_held, l1_slots), *below = usage.values()
+        self.lm_l1.set(l1_held * block_bytes)
+        self.lm_l1_ratio.set(l1_held / l1_slots if l1_slots else 0.0)
+        self.lm_l2.set(sum(h for h, _ in below) * block_bytes)
+        self.lm_evicted.set(l1_evicted)
+
 
 def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
     """/health (the server's socket and geometry) and /metrics for a BlockServer."""

@@ -65,6 +65,13 @@ class VllmOffloadSettings(OffloadTierConfig):
         None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// cache_server"
     )
 
+    model_revision: str = flag(
+        "",
+        "the weights' version (a commit, a checksum, a release name): hashed into every block's key and shown in it, "
+        "so engines of another generation of the same model never read these blocks (kvtier cache-server flush "
+        "--model M --revision R drops one generation's)",
+        max_length=128,
+    )
     request_log: str | None = flag(
         None,
         "file the engine appends one JSON line per request to (kvtier/vllm/reqlog.py: its prompt by tier, its loads "
@@ -92,7 +99,10 @@ class VllmOffloadSettings(OffloadTierConfig):
                 raise ValueError(f"cache_server: {e}") from None
             if tcp is not None and self.cache_server_token_file is None:
                 raise ValueError("cache_server: a tcp:// cache server needs cache_server_token_file (its shared token)")
-            mine = {"cache_server", "cache_server_token_file", "gate", "io_threads", "request_log", "request_log_mb"}
+            mine = {
+                *("cache_server", "cache_server_token_file", "gate", "io_threads", "model_revision"),
+                *("request_log", "request_log_mb"),
+            }
             own = sorted(self.model_fields_set - mine)
             if own:
                 raise ValueError(

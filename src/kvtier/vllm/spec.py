@@ -161,6 +161,7 @@ def _scope(config: OffloadingConfig, rank: int) -> KeyScope:
     layout = f"vllm:{config.kv_cache_layout or 'default'}:tp{p.tp_size}:pp{p.pp_size}:pcp{p.pcp_size}:dcp{p.dcp_size}"
     return KeyScope(
         model_name=config.model.name,
+        model_revision=str(config.extra_config.get("model_revision") or ""),  # checked by the settings
         kv_dtype=str(config.model.dtype),
         attention_layout=layout,
         world_size=max(1, p.world_size),

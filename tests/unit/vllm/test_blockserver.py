@@ -36,7 +36,8 @@ def key_of(k: bytes) -> str:
 class Page:
     """A worker I/O thread's side of a data connection: a memfd page the server maps, and put/get through it."""
 
-    def __init__(self, path: str, engine: str, geometry: dict | None = None) -> None:
+    def __init__(self, path: str, engine: str, geometry: dict | None = None, name=key_of) -> None:  # type: ignore[no-untyped-def]
+        self.name = name  # a block's key on the server
         self.size = round_up((geometry or GEOMETRY)["block_bytes"])
         self.fd = sealed_page("test-page", self.size)
         self.mm = mmap.mmap(self.fd, self.size)
@@ -46,11 +47,11 @@ class Page:
 
     def put(self, key: bytes, data: bytes) -> dict:
         self.mm[: len(data)] = data
-        return self.conn.call({"op": "put", "key": key_of(key)})
+        return self.conn.call({"op": "put", "key": self.name(key)})
 
     def get(self, key: bytes) -> bytes | None:
         self.mm[:BLOCK] = b"\0" * BLOCK
-        r = self.conn.call({"op": "get", "key": key_of(key)})
+        r = self.conn.call({"op": "get", "key": self.name(key)})
         return bytes(self.mm[:BLOCK]) if r["hit"] else None
 
     def close(self) -> None:
@@ -390,3 +391,31 @@ def test_a_first_hello_no_tier_can_hold_is_refused_before_any_tier_opens(tmp_pat
         assert s.store is not None
     finally:
         s.close()
+
+
+def test_flush_drops_one_weights_generation_and_leaves_the_other_and_blocks_in_flight(server: BlockServer, capsys):  # type: ignore[no-untyped-def]
+    """#55 item 6: two generations of one model share a server; keys carry the revision (hashed, and shown), so v2
+    never reads v1's blocks, and kvtier cache-server flush --revision v1 drops v1's idle blocks only (a pinned one
+    is left, counted busy); without --revision every generation of the model goes."""
+    from kvtier.cli.main import main
+    from kvtier.keys import KeyScope
+
+    gens = {r: KeyScope(model_name="org/Model-7B", model_revision=r).key for r in ("v1", "v2")}
+    ix = {r: ServerIndex(server.path, name, {"engine": r, **GEOMETRY}) for r, name in gens.items()}
+    pages = {r: Page(server.path, r, name=name) for r, name in gens.items()}
+    keys = [bytes([i]) * 8 for i in range(2)]
+    for r in gens:
+        store(ix[r], pages[r], keys)  # the same prompt blocks, computed by each generation
+    assert all(ix[r].lookup(k) == "hit" for r in gens for k in keys)
+    assert len(server.index) == 4  # type: ignore[arg-type]  # one key per generation: v2 never meets v1's KV
+    ix["v1"].pin(keys[:1])
+    flush = ["cache-server", "flush", "--cache-server", server.path, "--model", "org/Model-7B"]
+    assert main([*flush, "--revision", "v1"]) == 0
+    assert "flushed 1 blocks of 'org/Model-7B' revision 'v1'" in capsys.readouterr().out
+    assert server.index is not None and len(server.index) == 3  # v1's pinned block is left (busy), v2's both kept
+    assert [ix["v2"].lookup(k) for k in keys] == ["hit", "hit"] and ix["v1"].lookup(keys[1]) == "miss"
+    ix["v1"].unpin(keys[:1])
+    assert main(flush) == 0
+    assert "flushed 3 blocks" in capsys.readouterr().out and len(server.index) == 0
+    for p in pages.values():
+        p.close()
