@@ -284,6 +284,17 @@ def show_retention(cfg: RetentionConfig, r: RetentionReport) -> Screen:
             f"{t.hit_fraction:.1%} of the tokens ({t.cumulative_hit_fraction:.1%} with the tiers above); "
             f"down to it the waterfall {held}"
         )
+    if r.policies:
+        lines.append(
+            "fanout protection against LRU, on the same accesses (blocks two or more continuations followed kept over "
+            f"the others, up to {r.protect_share:.0%} of the capacity; kvtier's vLLM index with eviction fanout):"
+        )
+    for p in r.policies:
+        gain = (p.fanout_hit_fraction - p.lru_hit_fraction) * 100
+        lines.append(
+            f"  at {_h_bytes(p.capacity_bytes)} ({p.capacity_tokens:,} tokens): LRU serves {p.lru_hit_fraction:.1%}, "
+            f"fanout {p.fanout_hit_fraction:.1%} ({gain:+.1f} points)"
+        )
     table = _table("hit rate against LRU capacity (exact stack distances)", ["capacity", "tokens", "hit", "of reuse"])
     for c in r.curve:
         table.add_row(

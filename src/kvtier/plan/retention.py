@@ -23,6 +23,13 @@ top (``promotion="on-read"``), the last tier's evictions dropped. With blocks fa
 one LRU of their summed capacity; with blocks near a tier's size the tiers' leftover space makes it hold less,
 which the simulation counts.
 
+Fanout protection, beside LRU: a block more than one continuation followed in the requests seen so far (a shared
+system prompt's, a shared document's; engine/policy.py FanoutMarks, from each request's chain of keys, no session
+identity needed) is *protected*: the cache evicts the least recent unprotected block first, and a protected one
+only while protected blocks hold more than FANOUT_PROTECT_SHARE of the capacity, or nothing else is left (segmented
+LRU, the segments chosen by fanout). It is simulated at a few capacities beside the exact LRU figure there
+(``policies``), on the same accesses: the policy kvtier's vLLM index runs with ``eviction: fanout``.
+
 The retention window: at a moment t, the tiers down to tier ``i`` hold the most recently touched blocks (each
 tier's blocks are more recent than the next tier's); the oldest, tier ``i``'s least recent, was last touched at
 some s, and t - s is the history held then (in seconds, or requests). It is sampled at request boundaries once
@@ -33,15 +40,16 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from kvtier.engine.policy import FANOUT_PROTECT_SHARE, FanoutMarks
 from kvtier.errors import DatasetError
-from kvtier.results.plan import CurvePoint, RetentionReport, TierRetention, Window, WorkingSetPoint
+from kvtier.results.plan import CurvePoint, PolicyPoint, RetentionReport, TierRetention, Window, WorkingSetPoint
 from kvtier.stats import Fenwick, percentile
 
 if TYPE_CHECKING:
@@ -142,6 +150,52 @@ def stream_from_users(
         hashes = prefix_chunk_hashes(turn_tokens(users[u].turns[t], encode, cache), block_tokens)
         s.add_request([(h, block_tokens) for h in hashes], float(i) if times is None else times[i])
     return s
+
+
+POLICY_POINTS = (0.05, 0.1, 0.25, 0.5)
+"""The capacities, as shares of the stream's distinct tokens, the policies are compared at (and the tiers' sum)."""
+
+
+def fanout_served(s: AccessStream, cap: int, protect_share: float = FANOUT_PROTECT_SHARE) -> int:
+    """The tokens a cache of ``cap`` tokens serves over ``s`` under fanout protection (module docstring): each
+    request's chain is noted first (engine/policy.py FanoutMarks, as kvtier's vLLM index notes it), then its blocks
+    are accessed; the cache evicts until a new block fits, the least recent unshared block first, a shared one only
+    while shared blocks hold more than ``protect_share`` of ``cap`` or no unshared block is left."""
+    marks = FanoutMarks()
+    segments: tuple[OrderedDict[object, int], OrderedDict[object, int]] = (OrderedDict(), OrderedDict())
+    used = [0, 0]  # tokens held: unshared, shared
+
+    def now_shared(key: Hashable) -> None:
+        size = segments[0].pop(key, None)
+        if size is not None:
+            used[0] -= size
+            segments[1][key] = size
+            used[1] += size
+
+    marks.on_shared = now_shared
+    served = 0
+    keys, toks, req = s.keys, s.tokens, s.request
+    start = 0
+    while start < len(keys):
+        end = start
+        while end < len(keys) and req[end] == req[start]:
+            end += 1
+        marks.note(keys[start:end])
+        for k, size in zip(keys[start:end], toks[start:end], strict=True):
+            for i in (0, 1):
+                held = segments[i].pop(k, None)
+                if held is not None:
+                    served += size
+                    used[i] -= held
+                    break
+            j = int(k in marks.shared)
+            segments[j][k] = size
+            used[j] += size
+            while used[0] + used[1] > cap:
+                i = 1 if segments[1] and (used[1] > protect_share * cap or not segments[0]) else 0
+                used[i] -= segments[i].popitem(last=False)[1]
+        start = end
+    return served
 
 
 class _Waterfall:
@@ -329,6 +383,16 @@ def retention_report(
             )
         )
     needs = sorted_need.astype(np.float64)
+    policies = []
+    for c in sorted({max(s.block_tokens, int(p * live)) for p in POLICY_POINTS} | set(cum_tokens[-1:])):
+        policies.append(
+            PolicyPoint(
+                capacity_tokens=c,
+                capacity_bytes=c * bpt,
+                lru_hit_fraction=round(served(c) / total, 6),
+                fanout_hit_fraction=round(fanout_served(s, c) / total, 6),
+            )
+        )
     return RetentionReport(
         source=s.source,
         order=s.order,
@@ -347,6 +411,8 @@ def retention_report(
         tiers=out_tiers,
         curve=curve,
         working_set=ws,
+        policies=policies,
+        protect_share=FANOUT_PROTECT_SHARE,
     )
 
 
@@ -394,6 +460,7 @@ def stream_from_replay(path: str) -> AccessStream:
 
 __all__ = [
     "AccessStream",
+    "fanout_served",
     "RetentionReport",
     "closed_loop_order",
     "retention_report",

@@ -269,6 +269,16 @@ class WorkingSetPoint(Section):
     interval_bytes: int
 
 
+class PolicyPoint(Section):
+    """At one capacity, the share of accessed tokens an exact LRU serves and the share fanout protection does
+    (plan/retention.py: blocks two or more continuations followed kept over the others, up to protect_share)."""
+
+    capacity_tokens: int
+    capacity_bytes: int
+    lru_hit_fraction: float
+    fanout_hit_fraction: float
+
+
 class RetentionReport(Section):
     source: str
     order: str
@@ -287,6 +297,8 @@ class RetentionReport(Section):
     tiers: list[TierRetention]
     curve: list[CurvePoint]
     working_set: list[WorkingSetPoint]
+    policies: list[PolicyPoint] = []  # LRU against fanout protection, on the same accesses
+    protect_share: float | None = None
 
 
 # -- recommend (plan/recommend.py) ---------------------------------------------------------------------------------

@@ -122,4 +122,10 @@ def following(req_context: Any, key: Any) -> list[Any]:
     return sorted((k for k, p in positions.items() if p >= at), key=positions.__getitem__)
 
 
-__all__ = ["LiveGate", "PROBE_EVERY", "PROBE_S", "WINDOW", "following"]
+def chain(req_context: Any) -> list[Any]:
+    """Every key of the request, in prompt order (empty where vLLM records no positions)."""
+    positions: dict[Any, int] = getattr(req_context, "_offload_key_positions", None) or {}
+    return sorted(positions, key=positions.__getitem__)
+
+
+__all__ = ["LiveGate", "PROBE_EVERY", "PROBE_S", "WINDOW", "chain", "following"]

@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar, cast
 
+from kvtier.engine.policy import FANOUT_PROTECT_SHARE, FanoutMarks
 from kvtier.errors import StorageError
 
 K = TypeVar("K", bound=Hashable)
@@ -43,6 +44,7 @@ class TierSlots:
     source: str  # where vLLM's by-source counters put a hit from this tier: host, disk, external_unspecified
     lru: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)  # evictable blocks, next victim first
     held: int = 0  # blocks in the tier, pinned ones included
+    unshared: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)  # eviction fanout: lru's unshared
 
 
 @dataclass
@@ -68,7 +70,10 @@ class IndexCounters:
 class BlockIndex(Generic[K]):
     """Waterfall LRU over equal-size slots; not thread-safe (vLLM's scheduler calls it from one thread)."""
 
-    def __init__(self, tiers: Iterable[tuple[str, int, str]]) -> None:
+    def __init__(self, tiers: Iterable[tuple[str, int, str]], eviction: Literal["lru", "fanout"] = "lru") -> None:
+        """``eviction`` fanout: a tier's victim is its least recent block that no two continuations followed
+        (``note_chain``), a shared one only while shared blocks are more than FANOUT_PROTECT_SHARE of its slots or
+        nothing else is evictable (plan/retention.py measures it against LRU on a trace)."""
         self.tiers = [TierSlots(name, slots, source) for name, slots, source in tiers if slots > 0]
         if not self.tiers:
             raise ValueError("no offload tier has room for one block")
@@ -76,6 +81,19 @@ class BlockIndex(Generic[K]):
         self._pending: set[K] = set()  # stored by a plan, not yet completed
         self._pins: dict[K, int] = {}  # load pins
         self.counters = IndexCounters()
+        self.marks = FanoutMarks(4 * sum(t.slots for t in self.tiers)) if eviction == "fanout" else None
+        if self.marks is not None:
+            self.marks.on_shared = self._now_shared
+
+    def note_chain(self, keys: Sequence[K]) -> None:
+        """A request's block keys in prompt order (eviction fanout learns which blocks are shared from them)."""
+        if self.marks is not None:
+            self.marks.note(keys)
+
+    def _now_shared(self, key: Hashable) -> None:
+        i = self._where.get(cast(K, key))
+        if i is not None:
+            self.tiers[i].unshared.pop(key, None)
 
     # -- what vLLM asks -------------------------------------------------------------------
     def lookup(self, key: K) -> Literal["hit", "pending", "miss"]:
@@ -111,6 +129,8 @@ class BlockIndex(Generic[K]):
             i = self._where.get(k)
             if i is not None and k in self.tiers[i].lru:
                 self.tiers[i].lru.move_to_end(k)
+                if k in self.tiers[i].unshared:
+                    self.tiers[i].unshared.move_to_end(k)
 
     def pin(self, keys: Iterable[K]) -> None:
         """Protect blocks being loaded from eviction and moves (until ``unpin``)."""
@@ -120,6 +140,7 @@ class BlockIndex(Generic[K]):
                 continue
             self._pins[k] = self._pins.get(k, 0) + 1
             self.tiers[i].lru.pop(k, None)
+            self.tiers[i].unshared.pop(k, None)
 
     def unpin(self, keys: Iterable[K]) -> None:
         for k in keys:
@@ -189,6 +210,7 @@ class BlockIndex(Generic[K]):
         keys = list(self._where)
         for t in self.tiers:
             t.lru.clear()
+            t.unshared.clear()
             t.held = 0
         self._where.clear()
         self._pending.clear()
@@ -196,18 +218,31 @@ class BlockIndex(Generic[K]):
         return keys
 
     # -- the waterfall ----------------------------------------------------------------------
-    def _evictable(self, k: K) -> None:
-        i = self._where.get(k)
+    def _evictable(self, k: K, i: int | None = None) -> None:
+        i = self._where.get(k) if i is None else i
         if i is not None and k not in self._pending and k not in self._pins:
             self.tiers[i].lru[k] = None
             self.tiers[i].lru.move_to_end(k)
+            if self.marks is not None and k not in self.marks.shared:
+                self.tiers[i].unshared[k] = None
+                self.tiers[i].unshared.move_to_end(k)
 
     def _drop(self, k: K) -> None:
         i = self._where.pop(k)
         t = self.tiers[i]
         t.held -= 1
         t.lru.pop(k, None)
+        t.unshared.pop(k, None)
         self._pins.pop(k, None)
+        if self.marks is not None:
+            self.marks.forget(k)
+
+    def _victim(self, t: TierSlots) -> K:
+        """The tier's next victim: its least recent block, or under eviction fanout its least recent unshared one
+        while the shared ones are at most FANOUT_PROTECT_SHARE of its slots."""
+        if t.unshared and len(t.lru) - len(t.unshared) <= FANOUT_PROTECT_SHARE * t.slots:
+            return cast(K, next(iter(t.unshared)))
+        return cast(K, next(iter(t.lru)))
 
     def _make_room(self, i: int, plan: StorePlan[K]) -> bool:
         """One free slot in tier i, by demoting its LRU block to tier i+1 (or dropping it at the bottom or
@@ -217,18 +252,21 @@ class BlockIndex(Generic[K]):
             return True
         if not t.lru:
             return False
-        victim = cast(K, next(iter(t.lru)))
+        victim = self._victim(t)
         del t.lru[victim]
+        t.unshared.pop(victim, None)
         t.held -= 1
         below = i + 1
         if below < len(self.tiers) and self._make_room(below, plan):
             self._where[victim] = below
             self.tiers[below].held += 1
-            self.tiers[below].lru[victim] = None  # the newest there: it was just written
+            self._evictable(victim, below)  # the newest there: it was just written
             plan.actions.append(("move", victim, below))
             self.counters.demoted[t.name] = self.counters.demoted.get(t.name, 0) + 1
         else:
             del self._where[victim]
+            if self.marks is not None:
+                self.marks.forget(victim)
             plan.actions.append(("evict", victim, i))
             plan.evicted.append(victim)
             self.counters.evicted[t.name] = self.counters.evicted.get(t.name, 0) + 1
@@ -247,9 +285,12 @@ class SharedIndex(BlockIndex[K]):
     BACKOFF_S = 5.0
 
     def __init__(
-        self, tiers: Iterable[tuple[str, int, str]], present: Callable[[Sequence[K]], list[bool | None]]
+        self,
+        tiers: Iterable[tuple[str, int, str]],
+        present: Callable[[Sequence[K]], list[bool | None]],
+        eviction: Literal["lru", "fanout"] = "lru",
     ) -> None:
-        super().__init__(tiers)
+        super().__init__(tiers, eviction)
         self._present = present
         self._found: dict[K, bool | None] = {}
         self._down_until = 0.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError, model_validator
 
@@ -65,6 +65,12 @@ class VllmOffloadSettings(OffloadTierConfig):
         None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// cache_server"
     )
 
+    eviction: Literal["lru", "fanout"] = flag(
+        "lru",
+        "the index's victim: the least recent block (lru), or the least recent one no two requests' continuations "
+        "shared, keeping a shared prefix (a system prompt) over private history (fanout; kvtier plan retention "
+        "compares the two on a trace)",
+    )
     model_revision: str = flag(
         "",
         "the weights' version (a commit, a checksum, a release name): hashed into every block's key and shown in it, "
@@ -97,6 +103,8 @@ class VllmOffloadSettings(OffloadTierConfig):
                 tcp = tcp_address(self.cache_server)
             except ValueError as e:
                 raise ValueError(f"cache_server: {e}") from None
+            if self.eviction != "lru":
+                raise ValueError("eviction: fanout is the engine's own index's; a cache server's is LRU")
             if tcp is not None and self.cache_server_token_file is None:
                 raise ValueError("cache_server: a tcp:// cache server needs cache_server_token_file (its shared token)")
             mine = {

@@ -62,29 +62,11 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.tiers import open_tiers
+from kvtier.vllm import series as sr
 from kvtier.vllm.client import ServerBlockWorker, ServerIndex
-from kvtier.vllm.gate import LiveGate, following
+from kvtier.vllm.gate import LiveGate, chain, following
 from kvtier.vllm.index import BlockIndex, SharedIndex, StorePlan
 from kvtier.vllm.reqlog import RequestLog
-from kvtier.vllm.series import (
-    M_CAPACITY_BLOCKS,
-    M_DEMOTED_BLOCKS,
-    M_EVICTED_BLOCKS,
-    M_FAILED_LOADS,
-    M_FAILED_STORES,
-    M_GATE,
-    M_HELD_BLOCKS,
-    M_HIT_TOKENS,
-    M_INFO,
-    M_LOAD_IO_SECONDS,
-    M_LOADED_BLOCKS,
-    M_MOVES,
-    M_REJECTED_BLOCKS,
-    M_SERVER_ERRORS,
-    M_SHARED_FOUND,
-    M_STORED_BLOCKS,
-    SERIES,
-)
 from kvtier.vllm.settings import VllmOffloadSettings
 from kvtier.vllm.worker import BlockLayout, BlockWorker, RequestIO
 
@@ -200,8 +182,10 @@ class KvtierManager(OffloadingManager):
     ) -> None:
         self.settings = settings
         self.block_tokens = block_tokens
-        # the engine's own index (BlockIndex), or a shared cache server's (client.ServerIndex: the same calls)
-        self.index: Any = index if index is not None else BlockIndex(settings.slots(block_bytes, world_size))
+        # the engine's own index (BlockIndex), a shared cache server's (client.ServerIndex: the same calls), SharedIndex
+        self.index: Any = index
+        if index is None:
+            self.index = BlockIndex(settings.slots(block_bytes, world_size), settings.eviction)
         # a hit's source in the request log: the tier's name, on a shared cache server prefixed "shared-"
         self._prefix = "shared-" if settings.cache_server else ""
         if isinstance(self.index, ServerIndex) and settings.gate:
@@ -221,14 +205,15 @@ class KvtierManager(OffloadingManager):
                 settings.request_log, cap, header, block_tokens, block_bytes * world_size, tier_prefix=self._prefix
             )
         self._load_tiers: dict[str, dict[OffloadKey, str]] = {}  # the blocks of each admitted load, by request
+        self._noted: set[str] = set()  # requests whose chain the index has seen
         self._hit_tokens: dict[str, int] = {}
         self._reported: dict[str, dict[str, int]] = {}
         self._worker_counts: dict[str, dict[str, int]] = {
-            M_LOADED_BLOCKS: {},
-            M_FAILED_LOADS: {},
-            M_FAILED_STORES: {},
-            M_MOVES: {},
-            M_LOAD_IO_SECONDS: {},
+            sr.M_LOADED_BLOCKS: {},
+            sr.M_FAILED_LOADS: {},
+            sr.M_FAILED_STORES: {},
+            sr.M_MOVES: {},
+            sr.M_LOAD_IO_SECONDS: {},
         }
         log.info(
             "kvtier offload tiers%s: %s (blocks of %d bytes per worker)",
@@ -273,6 +258,9 @@ class KvtierManager(OffloadingManager):
         self.index.unpin(keys)
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        if isinstance(self.index, BlockIndex) and req_context.req_id not in self._noted:
+            self._noted.add(req_context.req_id)  # eviction fanout learns which blocks two continuations share
+            self.index.note_chain(chain(req_context))
         plan = self.index.plan_store(keys)
         if plan is None:
             return None
@@ -296,6 +284,7 @@ class KvtierManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """vLLM issues nothing more for the request: its record is complete (its last stores were started)."""
+        self._noted.discard(req_context.req_id)
         if self.requests is not None:
             self._load_tiers.pop(req_context.req_id, None)
             self.requests.closed(req_context.req_id)
@@ -312,11 +301,11 @@ class KvtierManager(OffloadingManager):
         for name, n in counts.items():
             what, _, tier = name.partition(":")
             metric = {
-                "loaded": M_LOADED_BLOCKS,
-                "failed_loads": M_FAILED_LOADS,
-                "failed_stores": M_FAILED_STORES,
-                "moves": M_MOVES,
-                "load_ns": M_LOAD_IO_SECONDS,
+                "loaded": sr.M_LOADED_BLOCKS,
+                "failed_loads": sr.M_FAILED_LOADS,
+                "failed_stores": sr.M_FAILED_STORES,
+                "moves": sr.M_MOVES,
+                "load_ns": sr.M_LOAD_IO_SECONDS,
             }.get(what)
             if metric is not None:
                 d = self._worker_counts[metric]
@@ -329,26 +318,26 @@ class KvtierManager(OffloadingManager):
         stats = OffloadingConnectorStats()
         c = self.index.counters
         for name, now in (
-            (M_HIT_TOKENS, self._hit_tokens),
-            (M_STORED_BLOCKS, c.placed),
-            (M_DEMOTED_BLOCKS, c.demoted),
-            (M_EVICTED_BLOCKS, c.evicted),
-            (M_REJECTED_BLOCKS, {"": c.rejected}),
+            (sr.M_HIT_TOKENS, self._hit_tokens),
+            (sr.M_STORED_BLOCKS, c.placed),
+            (sr.M_DEMOTED_BLOCKS, c.demoted),
+            (sr.M_EVICTED_BLOCKS, c.evicted),
+            (sr.M_REJECTED_BLOCKS, {"": c.rejected}),
             *self._worker_counts.items(),
-            (M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
-            (M_SHARED_FOUND, {"": getattr(self.index, "shared_found", 0)}),
-            (M_GATE, dict(self.index.gate.counts) if getattr(self.index, "gate", None) else {}),
+            (sr.M_SERVER_ERRORS, {"": getattr(self.index, "server_errors", 0)}),
+            (sr.M_SHARED_FOUND, {"": getattr(self.index, "shared_found", 0)}),
+            (sr.M_GATE, dict(self.index.gate.counts) if getattr(self.index, "gate", None) else {}),
         ):
             before = self._reported.setdefault(name, {})
-            scale = 1e-9 if name == M_LOAD_IO_SECONDS else 1  # kept in ns, exported in seconds
+            scale = 1e-9 if name == sr.M_LOAD_IO_SECONDS else 1  # kept in ns, exported in seconds
             for tier, n in now.items():
                 if n != before.get(tier, 0):
                     stats.increase_counter(name, (n - before.get(tier, 0)) * scale, (tier,) if tier else ())
                     before[tier] = n
         for tier, (held, slots) in self.index.usage().items():
-            stats.set_gauge(M_HELD_BLOCKS, held, (tier,))
-            stats.set_gauge(M_CAPACITY_BLOCKS, slots, (tier,))
-            stats.set_gauge(M_INFO, 1, (tier, next(t.source for t in self.index.tiers if t.name == tier)))
+            stats.set_gauge(sr.M_HELD_BLOCKS, held, (tier,))
+            stats.set_gauge(sr.M_CAPACITY_BLOCKS, slots, (tier,))
+            stats.set_gauge(sr.M_INFO, 1, (tier, next(t.source for t in self.index.tiers if t.name == tier)))
         return stats
 
 
@@ -409,7 +398,7 @@ class KvtierOffloadingSpec(OffloadingSpec):
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
         kinds = {"counter": OffloadingCounterMetadata, "gauge": OffloadingGaugeMetadata}
-        return {name: kinds[kind](help_, labels) for name, (kind, help_, labels) in SERIES.items()}
+        return {name: kinds[kind](help_, labels) for name, (kind, help_, labels) in sr.SERIES.items()}
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
@@ -427,7 +416,7 @@ class KvtierOffloadingSpec(OffloadingSpec):
                 )
             elif self.settings.shared_namespace:  # another replica's blocks are found by asking the store
                 slots = self.settings.slots(c.worker_kv_bytes_per_block, max(1, c.parallel.world_size))
-                index = SharedIndex(slots, self.settings.shared_presence(_shared_key(c)))
+                index = SharedIndex(slots, self.settings.shared_presence(_shared_key(c)), self.settings.eviction)
             self._manager = KvtierManager(
                 self.settings,
                 c.worker_kv_bytes_per_block,

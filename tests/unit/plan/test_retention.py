@@ -188,3 +188,39 @@ def test_cli_retention_needs_exactly_one_source():
         kvtier_cmd() + ["plan", "retention", "--model", "llama3.1-8b"], capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 2 and "give exactly one" in p.stderr
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fanout_protection_is_lru_where_no_block_is_shared(seed):
+    """Chains that never branch (each request its own blocks) mark nothing shared: the fanout-protected cache is
+    then exactly the LRU the stack distances describe, at every capacity."""
+    from kvtier.plan.retention import fanout_served
+
+    rng = random.Random(seed)
+    s = AccessStream(unit="requests", block_tokens=64)
+    for i in range(150):  # one growing chain per conversation, revisited in random order: no block has two successors
+        conv = rng.randrange(12)
+        s.add_request([((conv, j), 64) for j in range(rng.randint(1, 8))], float(i))
+    r = retention_report(s, "m", 1, curve_points=8)
+    for p in r.policies:
+        assert p.fanout_hit_fraction == p.lru_hit_fraction
+    for cap in (64, 200, 640):
+        points = retention_report(s, "m", 1, tiers=[("t", cap / 1e9)]).policies
+        lru = next(c for c in points if c.capacity_tokens == cap)
+        assert fanout_served(s, cap) / sum(s.tokens) == pytest.approx(lru.lru_hit_fraction, abs=1e-6)
+
+
+def test_fanout_protection_keeps_a_shared_prefix_that_lru_lets_go():
+    """Two conversations share a 2-block system prompt; each turn adds a block of its own. In a 6-block cache LRU
+    evicts the prompt while a long private history streams past; fanout protection keeps it (both continuations
+    followed it), so every later turn hits it."""
+    from kvtier.plan.retention import fanout_served
+
+    s = AccessStream(unit="requests", block_tokens=1)
+    for turn in range(1, 8):
+        for conv in ("a", "b"):
+            own = [((conv, j), 1) for j in range(turn * 3)]  # a private history growing 3 blocks a turn
+            s.add_request([("sys0", 1), ("sys1", 1), *own], float(turn))
+    lru = next(p for p in retention_report(s, "m", 1, tiers=[("t", 6 / 1e9)]).policies if p.capacity_tokens == 6)
+    assert fanout_served(s, 6) / sum(s.tokens) > lru.lru_hit_fraction  # the prompt's blocks hit every turn
+    assert fanout_served(s, 6) >= 2 * 12  # from the second turn on: 2 prompt blocks x 13 of the 14 requests

@@ -4,7 +4,7 @@ benchmarks/fabric.py --gate."""
 
 from __future__ import annotations
 
-from kvtier.vllm.gate import PROBE_EVERY, LiveGate, following
+from kvtier.vllm.gate import PROBE_EVERY, LiveGate, chain, following
 
 BLOCK_TOKENS, BLOCK_BYTES = 128, 128 * 1024  # 1 KiB of KV a token, as kvtier model make's model
 
@@ -56,3 +56,4 @@ def test_following_is_this_key_and_the_requests_next_keys_in_prompt_order():
 
     assert following(Ctx(), "b") == ["b", "c", "z"]
     assert following(Ctx(), "nope") == ["nope"] and following(object(), "k") == ["k"]
+    assert chain(Ctx()) == ["a", "b", "c", "z"] and chain(object()) == []  # the whole request, for eviction fanout

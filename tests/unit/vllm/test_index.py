@@ -164,3 +164,46 @@ def test_a_shared_namespace_is_for_redis_or_s3_and_puts_blocks_straight_on_the_s
     assert [kind for kind, _, _ in s.plan(4096)] == ["redis"]  # no staging tier the other replicas cannot see
     with pytest.raises(ConfigError, match="remote_namespace shared:t: needs offload redis or s3"):
         VllmOffloadSettings.from_extra({"offload": "cpu", "remote_namespace": "shared:t"})
+
+
+def test_fanout_eviction_keeps_the_block_two_requests_continued_and_lru_does_not():
+    """eviction fanout: the system prompt's block s, followed by a's and by b's own, is shared; when room is needed
+    the least recent unshared block goes, where LRU would take s (the oldest)."""
+
+    def run(eviction: str) -> list[str]:
+        ix: BlockIndex[str] = BlockIndex([("cpu", 3, "host")], eviction)  # type: ignore[arg-type]
+        ix.note_chain(["s", "a1"])
+        _stored(ix, ["s", "a1"])
+        ix.note_chain(["s", "b1"])  # a second continuation of s: s is shared
+        _stored(ix, ["b1"])
+        ix.note_chain(["c0", "c1"])
+        plan = ix.plan_store(["c0"])
+        assert plan is not None
+        return plan.evicted
+
+    assert run("lru") == ["s"]
+    assert run("fanout") == ["a1"]
+
+
+def test_fanout_eviction_lets_shared_blocks_go_past_their_share_and_keeps_the_index_whole():
+    """Shared blocks keep at most FANOUT_PROTECT_SHARE of a tier: past it the oldest shared one is a victim too; the
+    index never holds more than its slots and every block it holds is in exactly one tier."""
+    ix: BlockIndex[str] = BlockIndex([("cpu", 4, "host"), ("storage", 4, "disk")], "fanout")
+    rnd = random.Random(5)
+    for n in range(300):
+        root = f"p{rnd.randrange(6)}"
+        chain = [root, f"{root}-{rnd.randrange(3)}", f"x{n}"]
+        ix.note_chain(chain)
+        plan = ix.plan_store(chain)
+        if plan is not None:
+            ix.complete_store(plan.keys_to_store)
+        assert len(ix) <= 8 and sum(t.held for t in ix.tiers) == len(ix)
+        for t in ix.tiers:
+            assert set(t.unshared) <= set(t.lru) and not (set(t.unshared) & ix.marks.shared)  # type: ignore[union-attr]
+    assert ix.counters.evicted
+
+
+def test_fanout_eviction_is_the_engines_own_index_not_a_cache_servers():
+    with pytest.raises(ConfigError, match="eviction: fanout is the engine's own index's"):
+        VllmOffloadSettings.from_extra({"cache_server": "/tmp/x.sock", "eviction": "fanout"})
+    assert VllmOffloadSettings.from_extra({"eviction": "fanout"}).eviction == "fanout"
