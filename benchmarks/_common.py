@@ -43,6 +43,19 @@ def wait_port_file(path: Path, peer: Child, timeout_s: float = 60.0) -> int:
     raise SystemExit(f"{peer.name} did not listen within {timeout_s:.0f} s")
 
 
+def prior_queries(url: str) -> float:
+    """The prompt tokens a server (vLLM, or kvtier sim, which keeps vLLM's names) has looked up in its prefix cache
+    so far: 0 on a fresh one. A side-by-side run checks it before each replay, so neither side meets a cache an
+    earlier run warmed."""
+    import urllib.request
+
+    from kvtier.replay.scrape import parse_snapshot
+
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
+        m = parse_snapshot(r.read().decode())
+    return float(m.get("vllm:prefix_cache_queries_total") or 0.0)
+
+
 def ensure_tool(name: str) -> str:
     """Path of ``name``, installing it with the project's own script when it is missing."""
     path = shutil.which(name)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -404,6 +405,46 @@ class World:
             self.fab.unshape(self.links[host])
         else:
             self.fab.shape(self.links[host], rate_mbit)
+
+    def stored_blocks(self) -> int:
+        """Whole blocks the store holds, asked of the store itself: the cache server's placed and not pending, a
+        Redis Cluster's entry descriptions (written after the parts) on every master, the S3 namespace's objects."""
+        from kvtier.replay.scrape import parse_snapshot
+
+        s = self.mgmt["s"]
+        if self.kind == "cache-server":
+            with urllib.request.urlopen(self.urls["s"] + "/metrics", timeout=10) as r:
+                m = parse_snapshot(r.read().decode())
+            placed = m.get("kvtier_block_server_stored_blocks_total") or 0.0
+            return int(placed - (m.get("kvtier_block_server_pending_blocks") or 0.0))
+        if self.kind == "s3":
+            import boto3
+
+            s3 = boto3.client("s3", endpoint_url=f"http://{s}:{S3_PORT}", region_name="us-east-1",
+                              aws_access_key_id=self.secrets["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=self.secrets["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+            pages = s3.get_paginator("list_objects_v2").paginate(Bucket="kvtier-fabric", Prefix="kvtier/shared/fabric/")
+            return sum(int(p.get("KeyCount", 0)) for p in pages)
+        from kvtier.engine.resp import RespConnection
+
+        n = 0
+        for i in range(MASTERS):
+            try:
+                c = RespConnection(f"redis://{s}:{REDIS_PORT + i}", self.secrets["KVTIER_REDIS_PASSWORD"], 10.0)
+            except OSError:
+                continue  # a master the test killed
+            try:
+                cursor: object = b"0"
+                while True:
+                    reply = c.call("SCAN", cursor, "MATCH", "kvtier:shared:fabric:*:m", "COUNT", 1000)
+                    assert isinstance(reply, list)
+                    cursor, keys = reply
+                    n += len(keys)
+                    if cursor == b"0":
+                        break
+            finally:
+                c.close()
+        return n
 
 
 def start_world(fab: Fabric, work: Path, engine_python: str, model_dir: str, kv_tokens: int, max_len: int,

@@ -7,8 +7,9 @@ build's), model length and tokenizer (``--tokenizer hf:DIR``: the folder's token
 the sim's prompt ids are the server's). One replica, no gaps (``--gap-scale 0``), ``--max-tokens-cap``
 (decode on 2 cores would take the run's time, and the replay sends the recorded history, not the replies),
 ``--skip-too-long`` (this small tokenizer counts the longest prompts past 16,384 tokens: a user stops before
-its first such turn), concurrency 1 then 4. Each server is started fresh per concurrency, so no run meets
-another's cache.
+its first such turn), concurrency 1 then 4. Each server is started fresh per run (every concurrency and trial;
+in ``--ttft`` mode the ladder has an engine of its own), so no run meets another's cache: before each replay the
+server's prefix-cache queries counter must read 0 (``_common.prior_queries``), or the run stops.
 
 With ``--offload-gb G`` both servers offload: the vLLM runs kvtier's CPU tier of G GB inside it (kvtier/vllm), the
 sim an in-process CPU tier holding as many tokens (G x its model's KV bytes per token over the dummy model's) with
@@ -43,7 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, start_peer
+from _common import REPO, prior_queries, start_peer
 
 sys.path.insert(0, str(REPO / "src"))
 from kvtier.child import Child
@@ -118,6 +119,16 @@ def wait_http(url: str, proc: Child, timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
+def fresh_replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurrency: int) -> dict:
+    """``replay`` on a server whose prefix cache has seen nothing (checked, not assumed), with the per-turn TTFTs."""
+    seen = prior_queries(url)
+    if seen:
+        raise SystemExit(f"{url}: {seen:.0f} prompt tokens already looked up before the replay: not a fresh server")
+    got = replay(url, out, a, model_dir, concurrency)
+    got["ttft"] = turn_ttfts(out)
+    return got
+
+
 def turn_ttfts(folder: Path) -> dict[int, list[float]]:
     """The ok requests' TTFT by turn of a virtual user, from a replay's requests.jsonl."""
     out: dict[int, list[float]] = defaultdict(list)
@@ -139,7 +150,7 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
     (port,) = free_ports(1)
     srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
                            name="vllm-ladder")  # fmt: skip
-    try:
+    try:  # the ladder's own engine: its cache never meets a replay
         srv.wait_healthy()
         cmd = [sys.executable, "-m", "kvtier", "ladder", "--base-url", srv.url + "/v1", "--model", "tiny",
                "--tokenizer", f"hf:{model_dir}", "--new-tokens", a.ladder_new_tokens,
@@ -150,19 +161,23 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
         print(p.stdout, flush=True)
         if p.returncode not in (0, 1) or not ladder.exists():
             raise SystemExit(f"kvtier ladder against vLLM failed ({p.returncode}):\n{p.stderr[-3000:]}")
-        got = {"vllm": {}, "sim": {}}
-        for conc in a.concurrency:
-            got["vllm"][conc] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
-            got["vllm"][conc]["ttft"] = turn_ttfts(work / f"vllm-{conc}")
     finally:
         srv.stop()
-    for conc in a.concurrency:
+    got: dict[str, dict] = {"vllm": {}, "sim": {}}
+    for conc in a.concurrency:  # a fresh server of each kind per run: both sides start from an empty cache
+        (port,) = free_ports(1)
+        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
+                               name=f"vllm-{conc}")  # fmt: skip
+        try:
+            srv.wait_healthy()
+            got["vllm"][conc] = fresh_replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+        finally:
+            srv.stop()
         (port,) = free_ports(1)
         sim = start_sim(a, model_dir, port, work, calibration=ladder)
         try:
             wait_http(f"http://127.0.0.1:{port}", sim)
-            got["sim"][conc] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
-            got["sim"][conc]["ttft"] = turn_ttfts(work / f"sim-{conc}")
+            got["sim"][conc] = fresh_replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
         finally:
             sim.stop(grace_s=30)
     for conc in a.concurrency:
@@ -264,7 +279,7 @@ def main() -> None:
                                    name=f"vllm-{conc}", extra=extra, env=env)  # fmt: skip
             try:
                 srv.wait_healthy()
-                got["vllm"] = replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+                got["vllm"] = fresh_replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
             finally:
                 srv.stop()
             saved[tag] = got["vllm"]
@@ -274,7 +289,7 @@ def main() -> None:
         sim = start_sim(a, model_dir, port, work)
         try:
             wait_http(f"http://127.0.0.1:{port}", sim)
-            got["sim"] = replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
+            got["sim"] = fresh_replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
         finally:
             sim.stop(grace_s=30)
         for who, r in got.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _fabric import MASTERS, REDIS_PORT, S3_PORT, Fabric, World, start_world, stop_world, why_not
+from _fabric import Fabric, World, start_world, stop_world, why_not
 
 WHY = why_not()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=WHY or ""), pytest.mark.serial, pytest.mark.slow,
@@ -46,33 +46,6 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             stop_world(w)
 
 
-def held(w: World) -> int:
-    """Whole blocks the store holds in the shared namespace, asked of the store itself (a Redis entry's description
-    is written after its parts; an S3 object appears whole)."""
-    if w.kind == "s3":
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=f"http://{w.mgmt['s']}:{S3_PORT}", region_name="us-east-1",
-                          aws_access_key_id=w.secrets["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=w.secrets["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
-        return int(s3.list_objects_v2(Bucket="kvtier-fabric", Prefix="kvtier/shared/fabric/").get("KeyCount", 0))
-    from kvtier.engine.resp import RespConnection
-
-    n = 0
-    for i in range(MASTERS):
-        c = RespConnection(f"redis://{w.mgmt['s']}:{REDIS_PORT + i}", w.secrets["KVTIER_REDIS_PASSWORD"], 10.0)
-        try:
-            cursor = b"0"
-            while True:
-                cursor, keys = c.call("SCAN", cursor, "MATCH", "kvtier:shared:fabric:*:m", "COUNT", 1000)  # type: ignore[misc]
-                n += len(keys)
-                if cursor == b"0":
-                    break
-        finally:
-            c.close()
-    return n
-
-
 def test_a_prefix_replica_a_computed_is_loaded_by_replica_b_from_the_shared_store(world: World):
     from kvtier.results.engine_log import EngineLogTail
     from tests.integration.test_vllm_shared_offload import ask
@@ -84,9 +57,9 @@ def test_a_prefix_replica_a_computed_is_loaded_by_replica_b_from_the_shared_stor
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
     blocks = usage["prompt_tokens"] // 128
     deadline = time.monotonic() + 60
-    while held(world) < blocks and time.monotonic() < deadline:
+    while world.stored_blocks() < blocks and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert held(world) >= blocks, "A's blocks reached the shared store"
+    assert world.stored_blocks() >= blocks, "A's blocks reached the shared store"
     world.shape(50)  # B's link to the store: 50 Mbit/s
     try:
         before = scrape(world.urls["b"])
@@ -124,11 +97,11 @@ def test_a_lost_master_costs_only_its_blocks_which_are_recomputed_never_served_w
 
     rnd = random.Random(11)
     words = [f"m{rnd.randrange(100000)}" for _ in range(2000)]  # some 30 blocks: each master holds some of them
-    had = held(world)
+    had = world.stored_blocks()
     usage, answer = ask(world.urls["a"], words, "lost-a")
     blocks = usage["prompt_tokens"] // 128
     deadline = time.monotonic() + 60
-    while held(world) < had + blocks and time.monotonic() < deadline:
+    while world.stored_blocks() < had + blocks and time.monotonic() < deadline:
         time.sleep(0.2)
     world.store.popen.kill()  # the first master
     world.store.popen.wait(10)

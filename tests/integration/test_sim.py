@@ -404,3 +404,16 @@ def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
             stop_sim(first)
         cache.send_signal(signal.SIGTERM)
         cache.wait(timeout=20)
+
+
+def test_a_side_by_side_run_can_tell_a_fresh_server_from_a_warmed_one(sim: Sim):
+    """#56 item 1: benchmarks/sim_vs_vllm.py replays only against a server whose prefix cache has looked nothing up
+    (vLLM's counter, which the sim keeps); the check reads 0 on a fresh sim and not after one request."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from _common import prior_queries
+
+    assert prior_queries(sim.base) == 0
+    code, _, _ = sim.post("/v1/chat/completions", chat("a prompt the cache looks up " * 40))
+    assert code == 200 and prior_queries(sim.base) > 0

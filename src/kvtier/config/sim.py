@@ -49,6 +49,11 @@ class SimConfig(OffloadTierConfig):
         "cost and decode come from the ladder's fit instead of the preset; prompts longer than it measured are "
         "timed by extrapolation, and responses say so (kvtier.timing)",
     )
+    accept_unreliable: bool = flag(
+        False,
+        "use a --calibration whose fit the ladder marked unreliable (its errors past their bounds: the twin then "
+        "carries them); refused without it",
+    )
     model: str | None = flag(None, "catalog model whose KV bytes per token size the caches (default: the preset's)")
     served_model_name: str | None = flag(None, "name clients send as 'model' (default: --model, or the preset's)")
     gpu_kv_gb: float | None = flag(None, "GPU memory for KV cache, GB (default: the preset's)", gt=0)

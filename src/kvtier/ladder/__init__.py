@@ -15,6 +15,7 @@ measure.py sends the points, server.py reads the counters that verify them, fit.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import statistics
 import sys
@@ -28,7 +29,7 @@ import numpy as np
 from kvtier.errors import ConfigError
 from kvtier.results.engine_log import check_engine_logs
 from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
-from kvtier.results.ladder import CellStats, LadderPoint, LadderResult, ServerFacts
+from kvtier.results.ladder import CellStats, HostLoad, LadderPoint, LadderResult, ServerFacts
 from kvtier.results.outcome import judge, tally
 
 if TYPE_CHECKING:
@@ -70,9 +71,13 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
     from kvtier.replay.client import ClientConfig
     from kvtier.replay.driver import server_identity
     from kvtier.replay.scrape import scrape_snapshot
+    from kvtier.telemetry.diskstats import DeviceSampler
 
     started = utc_now()
     t0 = time.monotonic()
+    cpu = DeviceSampler([], 1.0)  # the machine's load over the run: a ladder measured on a busy host says so
+    cpu.start()
+    load_start = os.getloadavg()[0]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if handle_signals:
@@ -124,10 +129,17 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
                     tpot.append(await sess.tpot(m, cfg.tpot_tokens))
             stop_code = stop_code or sess.bounded()
     finally:
+        cpu.stop()
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    return _result(cfg, server, prompter, points, tpot, plan, sess, stop_code, started, time.monotonic() - t0)
+    load = HostLoad(
+        cpus=os.cpu_count() or 0,
+        cpu_busy_share=cpu.totals().get("cpu_utilization"),
+        load1_start=round(load_start, 2),
+        load1_end=round(os.getloadavg()[0], 2),
+    )
+    return _result(cfg, server, prompter, points, tpot, plan, sess, stop_code, started, time.monotonic() - t0, load)
 
 
 @dataclass
@@ -138,6 +150,7 @@ class _Plan:
     skipped: dict[str, str] = field(default_factory=dict)
     floods: dict[str, int] = field(default_factory=dict)
     cells: int = 0
+    remeasured: dict[str, int] = field(default_factory=dict)  # noisy cells measured again: how many extra rounds
 
 
 async def _measure(
@@ -177,8 +190,10 @@ async def _measure(
     plan.cells = len(cells)
     points: list[LadderPoint] = []
     seq = 0
-    for g, idx in enumerate(order):
-        c, n, rep = cells[idx]
+
+    async def group(c: int, n: int, rep: int, g: int) -> str | None:
+        """One (context, new tokens) repeat: a fresh prefix measured from every source in turn; why it stopped."""
+        nonlocal seq
         hb = (c, n) in held
         prefix = p.text(c)  # the template's leading tokens come before it: the first c tokens are all prefix
         for src in ["cold", "gpu", *ordered]:
@@ -186,7 +201,7 @@ async def _measure(
                 continue
             why = sess.bounded()
             if why is not None:
-                return points, why, plan
+                return why
             flood = 0
             if src not in ("cold", "gpu"):
                 if src in plan.skipped:
@@ -205,7 +220,41 @@ async def _measure(
                 points.append(pt)
                 if progress is not None:
                     progress(pt)
+        return None
+
+    for g, idx in enumerate(order):
+        c, n, rep = cells[idx]
+        why = await group(c, n, rep, g)
+        if why is not None:
+            return points, why, plan
+    # a cell whose repeats spread past CELL_CV_BOUND is measured again (up to --repeats more), while it stays so
+    for extra in range(cfg.repeats):
+        noisy = sorted({(x.context_tokens, x.new_tokens) for x in cell_stats(points) if _noisy(x)})
+        for c, n in noisy:
+            plan.remeasured[f"context {c} + {n}"] = extra + 1
+            why = await group(c, n, cfg.repeats + extra, len(order) + extra * len(pairs) + pairs.index((c, n)))
+            if why is not None:
+                return points, why, plan
+        if not noisy:
+            break
     return points, None, plan
+
+
+CELL_CV_BOUND = 0.2
+"""A cell whose verified repeats' TTFTs spread more than this (their coefficient of variation) is measured again."""
+
+
+def _noisy(x: CellStats) -> bool:
+    return x.ttft_s_cv is not None and x.ttft_s_cv > CELL_CV_BOUND
+
+
+def _load_words(load: HostLoad | None) -> str:
+    if load is None or load.cpu_busy_share is None:
+        return ""
+    return (
+        f" (the host's CPUs were {load.cpu_busy_share:.0%} busy over the run, load average {load.load1_start:g} "
+        f"-> {load.load1_end:g} on {load.cpus} CPUs)"
+    )
 
 
 def cell_stats(points: list[LadderPoint]) -> list[CellStats]:
@@ -243,6 +292,7 @@ def _result(
     stop_code: str | None,
     started: Any,
     wall_s: float,
+    load: HostLoad | None = None,
 ) -> LadderResult:
     from kvtier.ladder.fit import fit_ladder
 
@@ -272,6 +322,28 @@ def _result(
                 WarningCode.ladder_source_unverified, f"no verified point for {', '.join(missing)}", sources=missing
             )
         )
+    cells = cell_stats(points)
+    still = [f"{x.source} {x.context_tokens}+{x.new_tokens}" for x in cells if _noisy(x)]
+    if still:
+        warnings.append(
+            warning(
+                WarningCode.ladder_noisy_cells,
+                f"{len(still)} cells' repeats still spread more than {CELL_CV_BOUND:.0%} after "
+                f"{max(plan.remeasured.values(), default=0)} extra rounds (e.g. {', '.join(still[:3])}): the machine "
+                f"was busy{_load_words(load)}",
+                cells=still,
+                remeasured=plan.remeasured,
+            )
+        )
+    if fit is not None and fit.unreliable:
+        warnings.append(
+            warning(
+                WarningCode.ladder_fit_unreliable,
+                f"the fit is unreliable: {'; '.join(fit.unreliable)}{_load_words(load)}; kvtier sim --calibration "
+                "refuses it without --accept-unreliable",
+                reasons=fit.unreliable,
+            )
+        )
     if stop_code is None:
         status, code, msg = Status.complete, StopCode.grid_finished, f"{len(points)} points measured"
     elif stop_code in ("duration", "max-requests"):
@@ -285,6 +357,9 @@ def _result(
     elif status == Status.complete and missing:
         status = Status.partial
         msg += f"; no verified point for {', '.join(missing)}"
+    elif status == Status.complete and fit is not None and fit.unreliable:
+        status = Status.partial
+        msg += "; the fit is unreliable (warning ladder-fit-unreliable)"
     failures = tally(sess.failures)
     ok = sess.sent - len(sess.failures)
     status, stop, more = judge(status, StopReason(code=code, message=msg), ok, failures, cfg.max_failure_rate)
@@ -313,9 +388,11 @@ def _result(
         config=cfg,
         server=facts,
         points=points,
-        cells=cell_stats(points),
+        cells=cells,
         tpot=tpot,
         fit=fit,
+        host_load=load,
+        remeasured=plan.remeasured,
         failures=failures,
         requests_sent=sess.sent,
         wall_s=round(wall_s, 3),

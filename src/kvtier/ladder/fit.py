@@ -178,16 +178,39 @@ def fit_ladder(
             "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier",
         },
     )
+    fit_med, hold_med = _median_abs(fit_err), _median_abs(hold_err)
     return LadderFit(
         timing=timing,
         prefill_points=len(train),
-        prefill_fit_median_abs_rel_err=_median_abs(fit_err),
-        prefill_holdout_median_abs_rel_err=_median_abs(hold_err),
+        prefill_fit_median_abs_rel_err=fit_med,
+        prefill_holdout_median_abs_rel_err=hold_med,
         prefill_holdout_points=len(held),
         tpot_median_abs_rel_err=tpot_err,
         superlinear=k > 0,
         residuals=residuals,
+        unreliable=unreliable(fit_med, hold_med, tpot_err),
     )
 
 
-__all__ = ["fit_ladder", "nonneg_relative_lstsq"]
+FIT_ERR_BOUND = 0.15
+"""The largest median error of the prefill fit on its own points for a fit to be used as calibration."""
+HOLDOUT_ERR_BOUND = 0.25
+"""The same on the cells held back from it (what it predicts; #56's aim for a twin's p95 error)."""
+TPOT_ERR_BOUND = 0.25
+"""The largest median error of the TPOT fit over the running-sequence levels it was fitted to."""
+
+
+def unreliable(fit_err: float | None, holdout_err: float | None, tpot_err: float | None) -> list[str]:
+    """Why a fit is not fit to calibrate a twin: each of its errors past its bound, in words (empty: reliable)."""
+    out = []
+    for err, bound, what in (
+        (fit_err, FIT_ERR_BOUND, "the prefill fit's median error on its own points"),
+        (holdout_err, HOLDOUT_ERR_BOUND, "its median error on the held-back cells"),
+        (tpot_err, TPOT_ERR_BOUND, "the TPOT fit's median error over its levels"),
+    ):
+        if err is not None and err > bound:
+            out.append(f"{what} is {err:.1%} (bound {bound:.0%})")
+    return out
+
+
+__all__ = ["fit_ladder", "nonneg_relative_lstsq", "unreliable", "FIT_ERR_BOUND", "HOLDOUT_ERR_BOUND", "TPOT_ERR_BOUND"]

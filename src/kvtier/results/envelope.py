@@ -137,6 +137,8 @@ class WarningCode(enum.StrEnum):
     fault_not_injected = "fault-not-injected"  # launch --fault: the replay ended before the fault's time
     ladder_unverified = "ladder-unverified"  # ladder: points whose counters did not show the intended source
     ladder_source_unverified = "ladder-source-unverified"  # ladder: a source asked for has no verified point
+    ladder_noisy_cells = "ladder-noisy-cells"  # ladder: cells whose repeats spread past the bound, measured again
+    ladder_fit_unreliable = "ladder-fit-unreliable"  # ladder: the fit's errors past their bounds (status partial)
     ladder_tier_unreachable = "ladder-tier-unreachable"  # ladder: no flood size pushes a prefix down to the tier
     decomposition_dropped = "decomposition-dropped"  # replay: a server's TTFT decomposition failed its schema/bounds
     sim_timing_assumed = "sim-timing-assumed"  # replay: the sim's latency model is a preset's assumed figures

@@ -195,6 +195,16 @@ class LadderFit(Section):
     tpot_median_abs_rel_err: float | None
     superlinear: bool  # the attention term is positive: a long prompt's prefill grows faster than its length
     residuals: list[FitResidual]
+    unreliable: list[str] = []  # why the fit is not fit to calibrate a twin (ladder/fit.py bounds); empty: reliable
+
+
+class HostLoad(Section):
+    """The machine while the ladder ran (the engine under test included, where it shares the host)."""
+
+    cpus: int
+    cpu_busy_share: float | None  # /proc/stat over the run: not idle, not iowait
+    load1_start: float
+    load1_end: float
 
 
 class LadderResult(Envelope):
@@ -210,11 +220,14 @@ class LadderResult(Envelope):
     failures: dict[str, Failure]  # failed requests (measured, flood, probe) by cause
     requests_sent: int  # measured, flood and probe requests
     wall_s: float
+    host_load: HostLoad | None = None
+    remeasured: dict[str, int] = {}  # cells measured again for their spread: extra rounds each
 
 
-def load_fitted(path: str, flag: str) -> tuple[LadderResult, LadderFit]:
+def load_fitted(path: str, flag: str, refuse_unreliable: str | None = None) -> tuple[LadderResult, LadderFit]:
     """A kvtier ladder result that has a fit (what ``sim --calibration``, ``plan gate --from`` and ``plan
-    value|views --ladder`` read); a ConfigError naming ``flag`` otherwise."""
+    value|views --ladder`` read); a ConfigError naming ``flag`` otherwise. ``refuse_unreliable``: the flag that
+    would accept a fit whose errors are past their bounds (``--accept-unreliable``), which is refused without it."""
     from kvtier.errors import ConfigError
     from kvtier.results import load
 
@@ -223,6 +236,12 @@ def load_fitted(path: str, flag: str) -> tuple[LadderResult, LadderFit]:
         raise ConfigError(f"{flag} {path}: a {r.benchmark} result, not a kvtier ladder result")
     if r.fit is None:
         raise ConfigError(f"{flag} {path}: the ladder has no fit (status {r.status.value}: {r.stop_reason.message})")
+    if refuse_unreliable and r.fit.unreliable:
+        raise ConfigError(
+            f"{flag} {path}: the ladder's fit is unreliable — {'; '.join(r.fit.unreliable)} — so a twin calibrated "
+            f"from it would carry that error; measure again on a quieter machine (kvtier ladder), or give "
+            f"{refuse_unreliable} to use it anyway"
+        )
     return r, r.fit
 
 

@@ -36,11 +36,12 @@ TIMED_FIELDS = ("prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown
 """The latency-model fields a --calibration supplies (a flag that sets one as well is refused)."""
 
 
-def calibration_values(path: str) -> tuple[dict[str, float], Timing]:
-    """The latency-model fields from a ladder's fit (results/ladder.py Timing) and the Timing itself."""
+def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict[str, float], Timing]:
+    """The latency-model fields from a ladder's fit (results/ladder.py Timing) and the Timing itself; an unreliable
+    fit is refused unless ``accept_unreliable``."""
     from kvtier.results.ladder import load_fitted
 
-    _, fit = load_fitted(path, "--calibration")
+    _, fit = load_fitted(path, "--calibration", None if accept_unreliable else "--accept-unreliable")
     t = fit.timing
     values = {
         "prefill_tps": 1.0 / t.prefill.s_per_token if t.prefill.s_per_token > 0 else 1e12,
@@ -67,7 +68,7 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
             raise ConfigError(
                 f"--calibration: {', '.join(both)} would override the measured figures; give one or the other"
             )
-        measured, timing = calibration_values(cfg.calibration)
+        measured, timing = calibration_values(cfg.calibration, cfg.accept_unreliable)
         pr.update(measured)
     model = resolve_model(cfg.model or pr["model"], build_catalog())
     values: dict[str, float] = {}

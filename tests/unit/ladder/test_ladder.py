@@ -179,3 +179,39 @@ def test_a_tier_no_counter_names_is_verified_by_the_requests_own_engine_record()
     assert not ok and why is not None and "no counter" in why
     ok, why, _, _ = verify("disk", 2048, 2073, record, 2048, s, engine=True)  # a source the record does not name
     assert not ok and why is not None and "no counter" in why
+
+
+def test_a_fit_past_its_error_bounds_is_unreliable_and_the_sim_refuses_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """#56 item 4: a quiet ladder's fit is reliable; one measured on a busy machine (a third of noise) is marked
+    unreliable with each reason, and kvtier sim --calibration refuses it unless told --accept-unreliable."""
+    from kvtier.results.io import write_json
+    from kvtier.results.ladder import LadderFit, load_fitted
+    from kvtier.sim.servers import calibration_values
+
+    quiet = fit_ladder(_synthetic(0.01), [], ["cpu"], None, "x.json")
+    assert quiet is not None and quiet.unreliable == []
+    busy = fit_ladder(_synthetic(0.6, seed=3), [], ["cpu"], None, "x.json")
+    assert busy is not None and busy.unreliable
+    assert any(r.startswith("the prefill fit's median error on its own points is ") for r in busy.unreliable)
+
+    def ladder_file(fit: LadderFit, name: str) -> str:
+        from kvtier.results.envelope import Status, StopCode, StopReason, collect_host
+        from kvtier.results.ladder import LadderResult, ServerFacts
+
+        facts = ServerFacts(base_url="http://127.0.0.1:1/v1", model="m", kind="vllm", max_model_len=None,
+                            block_tokens=None, gpu_kv_tokens=None, kv_bytes_per_token=None, tiers=[], counters=[],
+                            prompt_overhead_tokens=0, tokens_per_word=1.0)  # fmt: skip
+        result = LadderResult(status=Status.complete, stop_reason=StopReason(code=StopCode.grid_finished, message=""),
+                              started_at="", finished_at="", host=collect_host(),
+                              config=LadderConfig(base_url="http://127.0.0.1:1/v1", model="m"), server=facts,
+                              points=[], cells=[], tpot=[], fit=fit, failures={}, requests_sent=0,
+                              wall_s=1.0)  # fmt: skip
+        path = tmp_path / name
+        write_json(result, str(path))
+        return str(path)
+
+    with pytest.raises(ConfigError, match="--calibration .*: the ladder's fit is unreliable — the prefill fit's"):
+        calibration_values(ladder_file(busy, "busy.json"))
+    assert calibration_values(ladder_file(busy, "busy2.json"), accept_unreliable=True)[0]["prefill_tps"] > 0
+    assert load_fitted(ladder_file(busy, "busy3.json"), "--ladder")[1].unreliable  # plan answers read it, said
+    assert calibration_values(ladder_file(quiet, "quiet.json"))[0]["prefill_tps"] > 0
