@@ -524,7 +524,10 @@ class BlockServer:
                         c.send_bytes(view[: g.block_bytes])
         finally:
             view.release()
-            page.close()
+            try:
+                page.close()
+            except BufferError:  # a slice of it is still held by the traceback of a connection lost mid-block:
+                pass  # the mapping goes when that is collected (closing it here raised and killed the thread's log)
 
     def _put(self, key: str, rank: int, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
         assert self.store is not None

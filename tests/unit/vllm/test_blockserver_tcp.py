@@ -221,3 +221,31 @@ def test_posted_requests_are_acted_on_in_order_and_a_refused_one_is_counted(serv
     assert a.lookup(k) == "hit"  # the connection is in step after the refusal
     a.close()
     da.close()
+
+
+def test_a_replica_lost_inside_a_block_ends_its_connection_quietly_and_the_server_serves_on(
+    server: BlockServer, monkeypatch: pytest.MonkeyPatch
+):
+    """Found on the shaped testbed: a worker whose connection closed in the middle of a put's bytes left the server's
+    connection thread dying with BufferError (the page still had a slice in the traceback). Now the connection ends
+    as any lost peer's does, and the next replica is served."""
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    a = ServerIndex(address(server), key_of, {"engine": "A", **GEOMETRY}, TOKEN)
+    plan = a.plan_store([b"k" * 8])
+    assert plan is not None
+    link = data_link(server, "A")
+    assert link.conn is not None
+    open_now = len(server._conns)  # A's control connection and this data one
+    link.conn.send(m.Put(key=key_of(b"k" * 8)).model_dump())
+    link.conn.sock.sendall(b"\0" * (BLOCK // 3))  # a third of the block, then the peer is gone
+    link.conn.sock.close()
+    import time
+
+    deadline = time.monotonic() + 20
+    while len(server._conns) == open_now and time.monotonic() < deadline:  # the lost connection's thread ended
+        time.sleep(0.02)
+    assert len(server._conns) == open_now - 1
+    b = data_link(server, "B")
+    assert b.conn is not None and b.call(m.Get(key=key_of(b"nothing" * 2)), m.GetReply).hit is False
+    assert died == []
