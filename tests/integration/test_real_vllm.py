@@ -144,11 +144,17 @@ def test_ladder_of_the_real_vllm_is_verified_by_its_counters_and_superlinear(rea
          "--tpot-concurrency", "1,2", "--tpot-tokens", "64", "--output", str(out), "--quiet"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())
-    assert r["status"] == "complete" and r["server"]["kind"] == "vllm" and r["server"]["tiers"] == []
+    # complete; or partial for one reason only: the machine was noisy enough that the fit's errors passed their
+    # bounds (said, with the host's load: #56), which is not what this test is about
+    unreliable = r["fit"] is not None and bool(r["fit"]["unreliable"])
+    assert (p.returncode, r["status"]) == (0, "complete") or (p.returncode, r["status"], unreliable) == (
+        1, "partial", True), p.stdout + p.stderr + json.dumps(r["warnings"])  # fmt: skip
+    assert r["server"]["kind"] == "vllm" and r["server"]["tiers"] == []
     assert r["server"]["block_tokens"] == 128 and r["server"]["gpu_kv_tokens"] == KV_TOKENS
-    assert {pt["source"] for pt in r["points"]} == {"cold", "gpu"} and len(r["points"]) == 3 * 2 * 2 * 2
+    # the grid, and a cell whose repeats spread past 20 % measured again (cold and gpu: 2 points a round)
+    assert {pt["source"] for pt in r["points"]} == {"cold", "gpu"}
+    assert len(r["points"]) == 3 * 2 * 2 * 2 + 2 * sum(r["remeasured"].values())
     assert all(pt["verified"] for pt in r["points"]), [pt["why"] for pt in r["points"] if not pt["verified"]]
     for pt in r["points"]:  # the counters' deltas, not usage, verified each one
         assert pt["shown"]["basis"] == "counters"
