@@ -174,12 +174,18 @@ def test_bench_with_a_master_lost_mid_run_stops_partial_and_counts_the_failures(
     from kvtier.bench import run
     from kvtier.results.envelope import Status, StopCode
 
-    killer = threading.Timer(1.5, cluster.nodes[2].kill)
+    def kill_once_written() -> None:  # the master goes mid-run: after the run's first entries reached the cluster
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(_ask(n.url, "DBSIZE") for n in cluster.nodes):
+            time.sleep(0.05)
+        cluster.nodes[2].kill()
+
+    killer = threading.Thread(target=kill_once_written, daemon=True)
     killer.start()
-    try:
-        result = run(_bench_cfg(tmp_path, cluster.url, 30), handle_signals=False)
-    finally:
-        killer.cancel()
+    result = run(_bench_cfg(tmp_path, cluster.url, 30), handle_signals=False)
+    killer.join(5)
     assert result.status == Status.partial
     assert result.stop_reason.code == StopCode.tier_unavailable
     assert str(cluster.nodes[2].port) in result.stop_reason.message  # names the master that went
