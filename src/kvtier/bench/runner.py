@@ -384,6 +384,8 @@ class BenchRunner:
         io_before = proc_io()
         self.start_ns = self.clock.now_ns()
         self.start_unix_s = time.time()
+        if self.duration_s:
+            self.service.deadline_ns = self.start_ns + int(self.duration_s * 1e9)
         workers = [
             threading.Thread(target=self._worker, name=f"kvtier-io-{i}", daemon=True) for i in range(self.plan.io_slots)
         ]

@@ -117,6 +117,9 @@ class RequestService:
         self.clock = clock
         self.stop = stop  # no new operation starts once set
         self.hard_stop = hard_stop  # also cuts simulated generation short
+        # --duration's end on the run's clock: a request a worker takes past it does no I/O, whether or not the
+        # runner's loop has noticed the deadline yet (on a loaded host it wakes late)
+        self.deadline_ns: int | None = None
 
     # -- one operation each ------------------------------------------------------------------
     def _put(self, t: _Tally, key: str, tokens: int, buf: memoryview, hold: bool = False) -> int:
@@ -246,6 +249,8 @@ class RequestService:
         t = _Tally()
         ok, err, device_full = True, "", False
         try:
+            if self.deadline_ns is not None and start >= self.deadline_ns:
+                raise _Cut
             self._rag_burst(t, req, buf)
             self._prefill(t, req, buf)
             self._decode(t, req, buf)
