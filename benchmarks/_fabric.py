@@ -17,6 +17,7 @@ tests/integration/test_fabric.py. Needs root (``ip netns``); ``why_not()`` says 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -151,18 +152,28 @@ class Fabric:
         return self.mgmt[host]
 
     def shape(self, ln: Link, rate_mbit: float) -> None:
-        """Both directions of ``ln`` at ``rate_mbit`` (a token bucket on each end's egress). The bucket holds 4 ms
-        of the rate (at least 64 KiB: a GSO burst). The queue holds 32 MiB: more than a fetch of the largest
-        context puts in flight, so the link queues rather than drops (a lossless fabric's behaviour; a drop at
-        the tail of a pipelined run would cost TCP a 200 ms retransmission timeout, which would be the testbed's,
-        not the store's)."""
+        """Both directions of ``ln`` at ``rate_mbit`` (a token bucket on each end's egress), at once or while traffic
+        flows. The bucket holds 4 ms of the rate, and never less than the largest packet the device queues
+        (``bucket_floor``). The queue holds 32 MiB: more than a fetch of the largest context puts in flight, so the
+        link queues rather than drops (a lossless fabric's behaviour; a drop at the tail of a pipelined run would
+        cost TCP a 200 ms retransmission timeout, which would be the testbed's, not the store's)."""
         rate_bytes = rate_mbit * 1e6 / 8
-        burst = max(64 * 1024, int(rate_bytes * 0.004))
         limit = 32 << 20
         for host, dev in ((ln.a, ln.dev_a), (ln.b, ln.dev_b)):
+            burst = max(self.bucket_floor(host, dev), int(rate_bytes * 0.004))
             self.run(host, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
                      "burst", str(burst), "limit", str(limit))  # fmt: skip
         ln.rate_mbit = rate_mbit
+
+    def bucket_floor(self, host: str, dev: str) -> int:
+        """The least bucket, in bytes, that sends every packet ``dev`` can queue: 5/4 of its largest GSO packet
+        (``gso_max_size``, 64 KiB on a veth), for the queue counts a GSO packet's length with the headers of each of
+        its segments (about 68 KB for 64 KiB). A packet longer than the bucket is cut into segments when it
+        arrives, but one queued before the rate was lowered is not: it can never be sent, and the link stops for
+        good behind it (the kernel's tbf; seen as a 200 to 100 Mbit/s change stalling a replica's stores)."""
+        out = self.run(host, "ip", "-d", "-j", "link", "show", "dev", dev)
+        gso = json.loads(out)[0].get("gso_max_size", 65536)
+        return max(64 * 1024, int(gso) * 5 // 4)
 
     def unshape(self, ln: Link) -> None:
         for host, dev in ((ln.a, ln.dev_a), (ln.b, ln.dev_b)):

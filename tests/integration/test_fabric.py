@@ -81,6 +81,49 @@ def test_links_run_at_the_shaped_rate_the_relay_adds_its_round_trip_and_nothing_
     assert namespaces(mine(f)) == []
 
 
+SINK = """
+import socket
+s = socket.create_server(("0.0.0.0", 47001))
+print("ready", flush=True)
+c, _ = s.accept()
+n = 0
+while d := c.recv(1 << 20):
+    n += len(d)
+print(n, flush=True)
+"""
+FLOOD = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], 47001))
+chunk = bytes(1 << 20)
+for i in range(32):
+    c.sendall(chunk)
+    if i == 8:
+        print("flowing", flush=True)
+c.close()
+"""
+
+
+def test_a_rate_lowered_while_a_bulk_flow_fills_the_queue_keeps_the_link_moving():
+    """The kernel's token bucket cannot send a queued packet longer than its bucket: lowered from 200 to 100 Mbit/s
+    with 64 KiB GSO packets queued (about 68 KB each as the queue counts them), a bucket of 64 KiB stopped the link
+    for good. Every byte arrives after the change."""
+    with Fabric(["s", "b"]) as f:
+        ln = f.link("b", "s", rate_mbit=200)
+        sink = subprocess.Popen(f.argv("s", [sys.executable, "-c", SINK]), stdout=subprocess.PIPE, text=True)
+        flood = subprocess.Popen(f.argv("b", [sys.executable, "-c", FLOOD, ln.addr("s")]), stdout=subprocess.PIPE,
+                                 text=True)  # fmt: skip
+        try:
+            assert sink.stdout is not None and flood.stdout is not None
+            assert sink.stdout.readline().strip() == "ready"
+            assert flood.stdout.readline().strip() == "flowing"
+            f.shape(ln, 100)
+            got, _ = sink.communicate(timeout=120)  # 24 MiB left: 2 s at 100 Mbit/s; a stalled link never ends
+        finally:
+            flood.kill()
+            sink.kill()
+        assert int(got) == 32 << 20
+
+
 def test_a_dead_runs_namespaces_are_removed_by_the_next_run_and_a_live_runs_are_not():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
