@@ -38,7 +38,6 @@ from collections import Counter as Tally
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -51,7 +50,7 @@ from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
 from kvtier.vllm.listen import Listeners
 from kvtier.vllm.protocol import Conn, ProtocolError, is_sealed
-from kvtier.vllm.server_http import ServerMetrics, http_handler
+from kvtier.vllm.server_http import BoundedHTTPServer, ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
 
 log = logging.getLogger("kvtier.vllm.server")
@@ -116,7 +115,7 @@ class BlockServer:
         self._closing = False
         self._conns: set[Conn] = set()
         self._threads: list[threading.Thread] = []
-        self._http: ThreadingHTTPServer | None = None
+        self._http: BoundedHTTPServer | None = None
         self._local = threading.local()
 
     # -- life ---------------------------------------------------------------------------------
@@ -124,13 +123,12 @@ class BlockServer:
         """Listen on the socket, the TCP data port and the health port; returns the health port."""
         self.listeners.open()
         try:
-            self._http = ThreadingHTTPServer((self.host, self.port), http_handler(self))
+            self._http = BoundedHTTPServer((self.host, self.port), http_handler(self))
         except OSError as e:
             self.listeners.close()
             raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
-        self._http.daemon_threads = True
         self._threads = [
-            *self.listeners.threads(self._serve_conn),
+            *self.listeners.threads(self._serve_conn, lambda why: self.metrics.not_taken.labels(why).inc()),
             threading.Thread(target=self._action_loop, name="kvtier-blocks-actions", daemon=True),
             threading.Thread(target=self._http.serve_forever, name="kvtier-blocks-http", daemon=True),
         ]

@@ -4,7 +4,8 @@ Prometheus series (``kvtier_block_server_*``) and /health. The data and control 
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -45,6 +46,13 @@ class ServerMetrics:
         self.refused = Counter(
             p + "refused_connections", "connections refused before their hello, by reason", ["reason"], registry=r
         )
+        self.not_taken = Counter(
+            p + "connections_not_taken",
+            "connections closed before their hello because the server could not take them, by reason (full: at the "
+            "bound its descriptor limit sets; EMFILE, ENFILE, ...: the kernel's; thread: no thread to serve it)",
+            ["reason"],
+            registry=r,
+        )
         self.abandoned = Counter(
             p + "abandoned_blocks", "pending blocks dropped because their writer disconnected", registry=r
         )
@@ -84,18 +92,58 @@ class ServerMetrics:
         self.lm_evicted.set(l1_evicted)
 
 
+HTTP_CONNS = 32
+"""Most health/metrics connections served at once; more are closed as they come."""
+HTTP_TIMEOUT_S = 10.0
+"""Longest a health/metrics connection may sit between reads."""
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most HTTP_CONNS at once: an idle scraper cannot hold the port's threads and the
+    process's descriptors (its connections also time out: the handler's ``timeout``)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(HTTP_CONNS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
-    """/health (the server's socket and geometry) and /metrics for a BlockServer."""
+    """/health (the server's socket and geometry; 503 while the data path could not take a connection) and /metrics
+    for a BlockServer."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = HTTP_TIMEOUT_S
+
         def do_GET(self) -> None:
+            code = 200
             if self.path == "/health":
+                trouble = server.listeners.trouble()
+                code = 200 if trouble is None else 503
                 body = json.dumps(
                     {
-                        "status": "ok",
+                        "status": "ok" if trouble is None else "degraded",
                         "server": "kvtier cache-server",
                         "socket": server.path,
                         "geometry": None if server.geometry is None else server.geometry.__dict__,
+                        "trouble": trouble,
                     }
                 ).encode()
                 kind = "application/json"
@@ -105,7 +153,7 @@ def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_error(404)
                 return
-            self.send_response(200)
+            self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -117,4 +165,4 @@ def http_handler(server: Any) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["ServerMetrics", "http_handler"]
+__all__ = ["BoundedHTTPServer", "ServerMetrics", "http_handler"]
