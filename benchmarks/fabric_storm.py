@@ -1,11 +1,13 @@
 """The miss storm, measured on a real engine: the shared store restarts (a crash: its tiers come back empty)
-in the middle of a multi-turn replay, and the replica that leaned on it recomputes.
+in the middle of a multi-turn replay, and the replica that leaned on it recomputes. Or (``--fault silent``) the
+store's link goes silent for ``--silent-for`` seconds (the store's end of b's link set down: connections stay
+open, nothing answers, new ones get no reply) and comes back, the store's blocks intact.
 
 The testbed of benchmarks/fabric.py (benchmarks/_fabric.py, root): ``kvtier cache-server`` on host s, a real
 vLLM replica on host b (its own KV cache small, ``--kv-tokens``, so later turns come back from the store over
 b's link), ``kvtier replay`` from the root namespace against b with b's own per-request log joined
 (``--engine-log``: each request's prompt by source, from inside the engine). At ``--restart-at`` seconds the
-cache server is killed and started again.
+cache server is killed and started again (``--fault restart``), or the link falls silent.
 
 Reported, from the replay's records: TTFT p50/p95 and the share of prompt tokens served by the store before the
 restart, in the storm (from the restart until the store served a request again, at least ``--storm`` seconds)
@@ -55,6 +57,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=150.0, help="replay seconds")
     ap.add_argument("--restart-at", type=float, default=60.0, help="seconds into the replay")
+    ap.add_argument("--fault", choices=("restart", "silent"), default="restart")
+    ap.add_argument("--silent-for", type=float, default=40.0, help="seconds the link is silent (--fault silent)")
     ap.add_argument("--storm", type=float, default=10.0, help="least seconds counted as the storm")
     ap.add_argument("--window", type=int, default=8, help="requests in the rolling store share")
     ap.add_argument("--traces", type=int, default=8, help="LMCache miniswe agent runs replayed side by side")
@@ -87,6 +91,14 @@ def main() -> int:
                 if ended.wait(a.restart_at):
                     return
                 restarted.append(time.time())
+                if a.fault == "silent":
+                    end = w.links["b"].dev_b  # the store's end: b's packets to s go nowhere, s sends nothing
+                    fab.run("s", "ip", "link", "set", end, "down")
+                    print(f"b's link silent at {restarted[0] - t0:.1f} s of the replay", flush=True)
+                    ended.wait(a.silent_for)
+                    fab.run("s", "ip", "link", "set", end, "up")
+                    print(f"b's link back at {time.time() - t0:.1f} s", flush=True)
+                    return
                 took = w.restart_store()
                 print(f"store restarted at {restarted[0] - t0:.1f} s of the replay (answering after {took:.2f} s)",
                       flush=True)  # fmt: skip
@@ -118,7 +130,7 @@ def main() -> int:
     level = statistics.mean(store_share(r) for r in pre[-4 * a.window :]) if pre else 0.0
     post = [r for r in ok if r["start_unix_s"] >= t_restart]
     first_hit = next((r["start_unix_s"] for r in post if store_share(r) > 0), None)
-    storm_end = max(t_restart + a.storm, first_hit or t_restart)
+    storm_end = max(t_restart + max(a.storm, a.silent_for if a.fault == "silent" else 0.0), first_hit or t_restart)
     recover = None
     for i in range(a.window, len(post) + 1):
         win = post[i - a.window : i]

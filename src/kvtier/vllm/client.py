@@ -8,8 +8,10 @@ server to store it, or asks for a block and scatters it back.
 
 The server going away is never an engine failure: a lookup it cannot answer is a miss, a store is not offered, a
 load is a failed load (vLLM recomputes those blocks); each is counted (``server_errors``; the workers' failed loads
-and stores), and the next call after a second reconnects. Only the first connection, when the engine starts, must
-succeed: an engine pointed at no server says so and does not start.
+and stores), and the next call after a second reconnects — after 2, 4, ... up to 30 s while the server stays
+unreachable, each attempt bounded by OPEN_S, so a store whose link went silent costs the scheduler one timeout per
+wait rather than one per call. Only the first connection, when the engine starts, must succeed: an engine
+pointed at no server says so and does not start.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ log = logging.getLogger("kvtier.vllm")
 K = TypeVar("K", bound=Hashable)
 
 RECONNECT_S = 1.0
-"""Least time between two attempts to reach a server that went away."""
+"""Least time between two attempts to reach a server that went away; doubled for each failure in a row."""
+RECONNECT_MAX_S = 30.0
+"""Longest wait between two attempts to reach a server that stays unreachable."""
+OPEN_S = 3.0
+"""Longest a connection's opening (connect, challenge, hello) may take: a live server answers in a round trip."""
 CONTROL_TIMEOUT_S = 10.0
 AHEAD_S = 1.0
 """How long a prefetched lookup answer is used (vLLM asks for the rest of a request's blocks in the same step)."""
@@ -70,6 +76,7 @@ class ServerLink:
         self.conn: Conn | None = None
         self._owed: list[tuple[type[BaseModel], Callable[[Any], None] | None]] = []  # posted, answer not yet read
         self._tried = 0.0
+        self._down = 0  # failures in a row: the wait before the next attempt doubles with each
         self.errors = 0
         self.last_error = ""
 
@@ -80,13 +87,14 @@ class ServerLink:
 
     def open(self) -> m.TiersReply:
         self._owed = []  # what a closed connection owed is not coming
-        c = connect(self.path, self.timeout_s, self.token)
+        c = connect(self.path, min(self.timeout_s, OPEN_S), self.token)
         hello = self.hello.model_dump()
         if c.proof is not None:
             hello["proof"] = c.proof
         try:
             answer = c.call(hello, None if c.inline or not self.fds else self.fds())
             tiers = m.TiersReply.model_validate(answer)
+            c.sock.settimeout(self.timeout_s)
         except ValidationError as e:
             c.close()
             raise ProtocolError(f"a hello answer that is not one: {m.refusal(e)}") from None
@@ -94,6 +102,7 @@ class ServerLink:
             c.close()
             raise
         self.conn = c
+        self._down = 0
         return tiers
 
     def call(
@@ -137,6 +146,7 @@ class ServerLink:
             answer = c.call(msg, payload=payload if c.inline else None)
             if c.inline and into is not None:
                 _read_block(c, answer, into)
+            self._down = 0
             return answer
         except Refused as e:
             self.errors += 1
@@ -150,10 +160,11 @@ class ServerLink:
             raise self._failed(e) from None  # a timeout: the server may be busy; not sent again
 
     def _connected(self) -> Conn:
-        """The open connection, or a new one (at most one attempt per RECONNECT_S); ServerDown otherwise."""
+        """The open connection, or a new one (an attempt after RECONNECT_S, doubled for each failure in a row up to
+        RECONNECT_MAX_S); ServerDown otherwise."""
         if self.conn is None:
             now = time.monotonic()
-            if now - self._tried < RECONNECT_S:
+            if now - self._tried < self.wait_s:
                 raise ServerDown(self.last_error or "the cache server is not connected")
             self._tried = now
             try:
@@ -162,6 +173,11 @@ class ServerLink:
                 raise self._failed(e) from None
         assert self.conn is not None
         return self.conn
+
+    @property
+    def wait_s(self) -> float:
+        """How long after the last attempt the next may be made."""
+        return float(min(RECONNECT_MAX_S, RECONNECT_S * 2.0 ** max(0, self._down - 1)))
 
     def post(self, msg: BaseModel, reply: type[R], on_reply: Callable[[R], None] | None = None) -> None:
         """Send ``msg`` and go on: its answer is read before the next request's, or by ``settle`` (the server acts on
@@ -228,6 +244,7 @@ class ServerLink:
 
     def _failed(self, e: BaseException) -> ServerDown:
         self.errors += 1
+        self._down += 1
         self.last_error = f"kvtier cache-server {self.path}: {e}"[:300]
         return ServerDown(self.last_error)
 

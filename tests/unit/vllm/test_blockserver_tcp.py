@@ -249,3 +249,40 @@ def test_a_replica_lost_inside_a_block_ends_its_connection_quietly_and_the_serve
     b = data_link(server, "B")
     assert b.conn is not None and b.call(m.Get(key=key_of(b"nothing" * 2)), m.GetReply).hit is False
     assert died == []
+
+
+def test_a_silent_server_is_tried_less_and_less_often_and_each_try_is_bounded(monkeypatch: pytest.MonkeyPatch):
+    """A store whose link went silent (connections open, nothing answers): each attempt to reach it gives up after
+    OPEN_S, and the wait before the next doubles from 1 s up to 30 s, so the engine's scheduler pays one bounded
+    timeout per wait instead of CONTROL_TIMEOUT_S on every call."""
+    from kvtier.vllm import client
+
+    monkeypatch.setattr(client, "OPEN_S", 0.2)
+    lst = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                accepted.append(lst.accept()[0])  # held, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    link = ServerLink(f"tcp://127.0.0.1:{lst.getsockname()[1]}", m.Hello(role="control", engine="A", **GEOMETRY),
+                      10.0, token=b"t" * 16)  # fmt: skip
+    waits = []
+    try:
+        for _ in range(7):
+            link._tried = float("-inf")  # the wait is over: the next call tries
+            with pytest.raises(ServerDown, match="timed out"):
+                link.call(m.Usage(), m.UsageReply)
+            waits.append(link.wait_s)
+            with pytest.raises(ServerDown):  # inside the wait: refused at once, the server not tried
+                link.call(m.Usage(), m.UsageReply)
+        assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+        assert len(accepted) == 7 and link.errors == 7
+    finally:
+        lst.close()
+        for s in accepted:
+            s.close()
