@@ -32,7 +32,7 @@ from fabric import BLOCK, REPO, Prompts, ask
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stores", default=",".join(STORES))
-    ap.add_argument("--rates", default="1000,200,100", help="b's link, Mbit/s")
+    ap.add_argument("--rates", default="1000,200,100,50", help="b's link, Mbit/s")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quiet", type=float, default=1.0, help="seconds between requests (stores settle)")
