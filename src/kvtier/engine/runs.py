@@ -18,6 +18,7 @@ import os
 import platform
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,6 +212,18 @@ def wait_runs_released(base: str | os.PathLike[str], timeout_s: float = 15.0) ->
         time.sleep(0.1)
 
 
+def remove_stale_runs(base: str | os.PathLike[str] | None, say: Callable[[str], None]) -> int:
+    """Remove the run folders killed kvtier runs left in ``base`` (None: nothing to do), each said through ``say``
+    with its size and any file left; returns how many were found. For a server or a sim about to open a file tier
+    there; ``kvtier bench`` reports its own (results.json's ``stale_runs``), and ``kvtier clean`` does it by hand."""
+    found = find_stale_runs(base) if base else []
+    for r in found:
+        problems = remove_stale_run(r.path)
+        say(f"kvtier: removed the run folder of a killed kvtier run: {r.path} ({r.bytes} bytes)"
+            + (f"; {problems[0]}" if problems else ""))  # fmt: skip
+    return len(found)
+
+
 def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
     """Remove a stale run folder's own files and, if then empty, the folder. The folder is opened once (never
     through a symlink), its marker is proven and locked through that descriptor, and every unlink goes through
@@ -265,5 +278,6 @@ __all__ = [
     "exposed_cache_dir",
     "find_stale_runs",
     "remove_stale_run",
+    "remove_stale_runs",
     "StaleRun",
 ]

@@ -114,16 +114,10 @@ def make_offload(kind: str, tier: OffloadTierConfig, model: ModelSpec, seed: int
     """The in-process offload tier for ``kind`` cpu or nvme; engine errors name the flags here."""
     if kind == "nvme" and (not tier.nvme_dir or not Path(tier.nvme_dir).is_dir()):
         raise ConfigError(f"--nvme-dir: give an existing directory for --offload nvme (got {tier.nvme_dir!r})")
-    if kind == "nvme" and tier.nvme_dir:  # what killed runs left behind, before the tier sizes itself
-        from kvtier.engine.runs import find_stale_runs, remove_stale_run
+    if kind == "nvme":  # what killed runs left behind, before the tier sizes itself
+        from kvtier.engine.runs import remove_stale_runs
 
-        for r in find_stale_runs(tier.nvme_dir):
-            problems = remove_stale_run(r.path)
-            print(
-                f"kvtier: removed the run folder of a killed kvtier run: {r.path} ({r.bytes} bytes)"
-                + (f"; {problems[0]}" if problems else ""),
-                file=sys.stderr,
-            )
+        remove_stale_runs(tier.nvme_dir, lambda line: print(line, file=sys.stderr))
     cfg = OffloadConfig(kind, chunk_tokens, tier)
     tiers = offload_tiers(cfg, model.kv_bytes_per_token, REMOTE_CONNECTIONS)
     return Offload(cfg, scope_for(model, chunk_tokens), model.kv_bytes_per_token, seed, tiers)

@@ -43,6 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kvtier.engine.backend import aligned_buffer, round_up
+from kvtier.engine.runs import remove_stale_runs
 from kvtier.engine.tiered import StoreConfig, TieredStore
 from kvtier.errors import ConfigError, StorageError
 from kvtier.tiers import open_tiers
@@ -215,6 +216,8 @@ class BlockServer:
                 index: BlockIndex[str] = BlockIndex(
                     self.settings.slots(g.block_bytes, g.world_size)
                 )  # refused before a tier opens
+                if self.settings.offload == "nvme":  # what killed servers left there, before the tier sizes itself
+                    remove_stale_runs(self.settings.nvme_dir, log.warning)
                 tiers = open_tiers(self.settings.plan(g.block_bytes, 1))
                 self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
                 self._names = [t.name for t in tiers]

@@ -362,6 +362,10 @@ class KvtierWorker(OffloadingWorker):
             )
         else:
             scope = _scope(cfg, cfg.parallel.rank)
+            if spec.settings.offload == "nvme":  # what killed engines left there, before the tier sizes itself
+                from kvtier.engine.runs import remove_stale_runs
+
+                remove_stale_runs(spec.settings.nvme_dir, log.warning)
             tiers = open_tiers(spec.settings.plan(layout.nbytes, cfg.parallel.world_size))
             self.io = BlockWorker(tiers, layout, lambda k: scope.key(bytes(k)), spec.settings.io_threads)
         self.tag_loads = bool(spec.settings.request_log)  # each load's timing by request, for the request log

@@ -419,3 +419,49 @@ def test_flush_drops_one_weights_generation_and_leaves_the_other_and_blocks_in_f
     assert "flushed 3 blocks" in capsys.readouterr().out and len(server.index) == 0
     for p in pages.values():
         p.close()
+
+
+def test_a_killed_servers_nvme_folder_is_removed_by_the_next_server_and_a_live_ones_is_not(tmp_path: Path):
+    """Before: every killed server left its run folder (and its blocks' files) in nvme_dir for good. Now the next
+    server removes what a killed one left before its tier sizes itself; a live server's folder (its lock held)
+    and a folder without kvtier's marker are never touched."""
+    import signal
+    import subprocess
+    import sys
+
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    (nvme / "kvtier-run-not-ours").mkdir()  # no marker: never touched
+    code = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from kvtier.engine.runs import create_marker, make_run_dir\n"
+        "base_fd, run_fd = make_run_dir(Path(sys.argv[1]), 'kvtier-run-%d-killed' % os.getpid())\n"
+        "lock = create_marker(run_fd)\n"
+        "fd = os.open('entry.kv', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=run_fd)\n"
+        "os.write(fd, b'x' * 65536)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    killed = subprocess.Popen([sys.executable, "-c", code, str(nvme)], stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None and killed.stdout.readline() == "up\n"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    settings = VllmOffloadSettings(offload="nvme", staging_gb=2 * BLOCK / 2**30, nvme_dir=str(nvme),
+                                   nvme_offload_gb=6 * BLOCK / 2**30, direct_io="off")  # fmt: skip
+    live = BlockServer(settings, str(tmp_path / "live.sock"))
+    live.start()
+    try:
+        replica(live, "A").close()  # the first hello opens its tiers: its own run folder, locked
+        held = {p.name for p in nvme.iterdir()}
+        assert f"kvtier-run-{killed.pid}-killed" not in held  # removed, its entry file with it
+        assert "kvtier-run-not-ours" in held and len(held) == 2
+        s2 = BlockServer(settings, str(tmp_path / "next.sock"))
+        s2.start()
+        try:
+            replica(s2, "B").close()
+            assert held < {p.name for p in nvme.iterdir()}  # the live server's folder is still there
+        finally:
+            s2.close()
+    finally:
+        live.close()
