@@ -34,6 +34,7 @@ def add_mlperf_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     s = actions.add_parser("shim", help=text, description=text)
     s.add_argument("dir", metavar="DIR", help=MlperfShimConfig.model_fields["dir"].description)
+    add_config_arguments(s, MlperfShimConfig)
     s.set_defaults(func=run_shim)
     text = "a run summary (mlpstorage's or kvtier's kvcache_run_summary) beside the published MLPerf v3.0 KV rows"
     c = actions.add_parser("compare", help=text, description=text)
@@ -48,9 +49,10 @@ def run_shim(a: argparse.Namespace) -> int:
     from kvtier.errors import ConfigError
     from kvtier.mlperf.shim import write_shim
 
-    folder = Path(config_from_args(a, MlperfShimConfig, dir=a.dir).dir)
+    cfg = config_from_args(a, MlperfShimConfig, dir=a.dir)
+    folder = Path(cfg.dir)
     try:
-        written = write_shim(folder)
+        written = write_shim(folder, force=cfg.force)
     except OSError as e:
         raise ConfigError(f"DIR: cannot write into {folder}: {e.strerror}") from e
     for path in written:

@@ -33,6 +33,7 @@ class MlperfShimConfig(StrictModel):
     """``kvtier mlperf shim DIR``."""
 
     dir: str = flag(..., "the folder mlpstorage is pointed at (created if missing)", cli=False)
+    force: bool = flag(False, "replace the files the folder already holds (the old ones are kept as NAME.bak)")
 
 
 class MlperfCompareConfig(StrictModel):

@@ -11,10 +11,18 @@ the reference's own ``kv-cache-wrapper.sh`` runs ``python3 kv-cache.py``. So the
 
 The two scripts re-execute the Python that kvtier is installed in, whichever Python starts them (mlpstorage starts
 the wrapper with its own interpreter).
+
+The scripts run as whoever runs mlpstorage (often root), so nobody else may be able to change them: the folder
+is refused when it is a symlink, or when it or a folder above it belongs to another user (not root) or is
+writable by its group or others — a parent with the sticky bit (``/tmp``) excepted, since others cannot rename
+what is ours there. Files already in the folder are replaced only with ``--force``, the old ones kept as
+``NAME.bak``.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,7 @@ from typing import Any
 import yaml
 
 from kvtier.config.tuning import Tuning
+from kvtier.errors import ConfigError
 from kvtier.modelspec import BUILTIN_MODELS
 from kvtier.results.io import atomic_file
 
@@ -100,9 +109,28 @@ def config_text(version: str) -> str:
     return head + yaml.safe_dump(settings, sort_keys=False, default_flow_style=None, width=110)
 
 
-def write_shim(folder: Path, python: str | None = None) -> list[Path]:
-    """Write the three files into ``folder`` (created if missing); each through the atomic writer, so a file or
-    link planted at a name is replaced, never written through."""
+def folder_problem(folder: Path) -> str | None:
+    """Why another user could change what ``folder`` (which exists) holds, or None."""
+    if folder.is_symlink():
+        return f"{folder} is a symbolic link (give the folder it points to)"
+    me = os.geteuid()
+    real = Path(os.path.realpath(folder))
+    for i, q in enumerate([real, *real.parents]):
+        st = os.stat(q)
+        if st.st_uid not in (me, 0):
+            return f"{q} belongs to uid {st.st_uid}, not to this user or root"
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not (i > 0 and st.st_mode & stat.S_ISVTX):  # a sticky parent: others cannot rename ours
+            who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+            return f"{q} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def write_shim(folder: Path, python: str | None = None, force: bool = False) -> list[Path]:
+    """Write the three files into ``folder`` (created if missing, mode 0755), refused where another user could change
+    them (``folder_problem``) and, unless ``force``, where any of them is already there (``force``: the old ones are
+    kept as ``NAME.bak``). Each goes through the atomic writer, so a file or link planted at a name is replaced,
+    never written through."""
     from kvtier import __version__
 
     py = python or sys.executable
@@ -117,7 +145,18 @@ def write_shim(folder: Path, python: str | None = None) -> list[Path]:
         ),
         "config.yaml": (config_text(__version__), 0o644),
     }
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_symlink():
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    why = folder_problem(folder)
+    if why is not None:
+        raise ConfigError(f"DIR: {folder}: {why}; its scripts run as whoever runs mlpstorage, so another user could "
+                          "run code as them: choose a folder only this user can write")  # fmt: skip
+    there = [name for name in files if os.path.lexists(folder / name)]
+    if there and not force:
+        raise ConfigError(f"DIR: {folder} already holds {', '.join(there)}: give --force to replace them (the old "
+                          "ones are kept as NAME.bak)")  # fmt: skip
+    for name in there:
+        os.replace(folder / name, folder / f"{name}.bak")
     written = []
     for name, (text, perm) in files.items():
         with atomic_file(folder / name, "w", "DIR", perm=perm) as f:

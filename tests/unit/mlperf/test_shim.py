@@ -152,3 +152,54 @@ def test_system_directories_are_whole_path_components(path: str, system: str | N
 def test_a_link_into_a_system_directory_is_refused(tmp_path: Path):
     (tmp_path / "kv").symlink_to("/etc")
     assert system_directory(tmp_path / "kv" / "cache") == "/etc"
+
+
+def test_a_folder_another_user_could_change_is_refused_and_nothing_is_written(tmp_path: Path):
+    """#58 item 3: the scripts run as whoever runs mlpstorage (root, often); a folder another user owns, or one that
+    others (or a group) can write, or under such a parent, let them swap the scripts. A sticky parent (/tmp) is
+    fine: others cannot rename what is ours there."""
+    from kvtier.errors import ConfigError
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ConfigError, match="belongs to uid 65534"):
+        write_shim(theirs)
+    open_ = tmp_path / "open"
+    open_.mkdir()
+    open_.chmod(0o777)  # no sticky bit
+    with pytest.raises(ConfigError, match=r"writable by others \(mode 777\)"):
+        write_shim(open_ / "bin")  # the parent is the problem; the folder is made first, then refused
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o775)
+    with pytest.raises(ConfigError, match="writable by its group"):
+        write_shim(group)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_shim(link)
+    for folder in (theirs, open_ / "bin", group):
+        assert list(folder.iterdir()) == []
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert len(write_shim(sticky / "bin")) == 3
+
+
+def test_files_already_there_are_replaced_only_with_force_and_kept_as_backups(tmp_path: Path):
+    from kvtier.errors import ConfigError
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("# the user's own settings\n")
+    with pytest.raises(ConfigError, match=r"already holds config.yaml: give --force"):
+        write_shim(folder)
+    assert (folder / "config.yaml").read_text() == "# the user's own settings\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml"]
+    write_shim(folder, force=True)
+    assert (folder / "config.yaml.bak").read_text() == "# the user's own settings\n"
+    assert "model_configs" in (folder / "config.yaml").read_text()
+    assert (folder / "kv-cache.py").exists() and not (folder / "kv-cache.py.bak").exists()
