@@ -259,3 +259,54 @@ def test_two_ranks_on_a_shared_redis_namespace_hit_each_others_entries(tmp_path:
     cross = [r["summary"]["cache_stats"]["remote_cross_writer_hits"] for r in ranks]
     assert agg["totals"]["remote_cross_writer_hits"] == sum(cross) > 0, cross
     assert left > 0  # the run left the namespace to its TTL
+
+
+RANK_WAITS = """
+import os, sys, time
+from mpi4py import MPI
+MPI.COMM_WORLD.barrier()
+with open(os.path.join(sys.argv[2], "rank%d.pid" % MPI.COMM_WORLD.Get_rank()), "w") as f:
+    f.write(str(os.getpid()))  # a file each: the ranks' stdout interleaves
+for _ in range(600):
+    if os.path.exists(sys.argv[1]):
+        break
+    time.sleep(0.05)
+MPI.COMM_WORLD.barrier()
+"""
+
+
+def _listening() -> list[tuple[str, int]]:
+    """(local address, pid) of every listening TCP socket, from ``ss -ltnp``."""
+    import re
+
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        parts = line.split()
+        for pid in re.findall(r"pid=(\d+)", line):
+            found.append((parts[3], int(pid)))
+    return found
+
+
+def test_ranks_on_one_host_listen_on_no_port(tmp_path: Path):
+    """#58 item 5: every rank mpirun started on one host listened on 0.0.0.0 and [::] (Open MPI's TCP transport).
+    On one host the ranks talk through shared memory now: none of them listens on anything (ss -ltnp, while they
+    run). mpirun's own out-of-band listener is Open MPI 4.1's, on every address whatever it is told
+    (docs/security.md)."""
+    from kvtier.mpi import mpirun_argv
+
+    script, go = tmp_path / "rank.py", tmp_path / "go"
+    script.write_text(RANK_WAITS)
+    p = subprocess.Popen(mpirun_argv([sys.executable, str(script), str(go), str(tmp_path)], 2))
+    try:
+        pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pids) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = {int(f.read_text()) for f in pids}  # both past the first barrier: wired up
+        assert len(ranks) == 2
+        held = [(addr, pid) for addr, pid in _listening() if pid in ranks]
+        assert held == []
+    finally:
+        go.write_text("")
+        assert p.wait(timeout=60) == 0
