@@ -401,3 +401,36 @@ def test_a_replay_surfaces_the_offload_tiers_silent_degradation(tmp_path: Path):
     assert d["degraded_rate"] == round((d["fetch_gate_recomputes"] + d["failed_loads"] + d["bypassed_lookups"])
                                        / s["summary"]["requests_ok"], 6)  # fmt: skip
     assert d["degraded_rate"] > 0.05 and "offload-degraded" in {w["code"] for w in s["warnings"]}, d
+
+
+def test_large_bodies_sent_fast_then_stalled_release_the_budget_and_never_turn_small_requests_away(tmp_path: Path):
+    """#58 item 4: four 64 MiB bodies sent fast and then stalled held the whole 256 MiB body budget until the body
+    deadline (their average rate stayed over the floor), and 81 of 82 small requests got 429. Now small bodies are
+    counted in a pool of their own, and a body that sends nothing for 5 s is cut (408) and gives its bytes back."""
+    sim = start_sim(tmp_path, "--body-timeout", "60")
+    socks = []
+    try:
+        size = 64 * 1024 * 1024
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", sim.port), timeout=30)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(size).encode() + b"\r\n\r\n" + b" " * (size - 1))  # fmt: skip
+            socks.append(s)
+        wait_until(lambda: _health(sim)["body_bytes_buffered"] >= 4 * (size - 1), "the four bodies to be held")
+        small = [post(sim, json.dumps(chat(f"small {i}", max_tokens=2)).encode(), {}, timeout=30)[0]
+                 for i in range(20)]  # fmt: skip
+        assert small == [200] * 20
+        heads = [s.recv(4096) for s in socks]  # cut by the stall rule, long before the 60 s deadline
+        assert all(h.startswith(b"HTTP/1.1 408") for h in heads), {h[:80] for h in heads}
+        assert b"stopped arriving" in heads[0]
+        health = _health(sim)
+        assert health["refused"]["body-stalled"] == 4 and health["body_bytes_buffered"] == 0, health
+    finally:
+        for s in socks:
+            s.close()
+        stop_sim(sim)
+
+
+def _health(sim: Sim) -> dict[str, Any]:
+    with urllib.request.urlopen(sim.base + "/health", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]

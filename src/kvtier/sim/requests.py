@@ -65,8 +65,14 @@ class RequestTimeout(ApiError):
 
 MAX_BUFFERED_BODY_BYTES = 256 * 1024 * 1024
 """Bytes of request bodies the server holds at once, over all requests, counted as they arrive (not as declared):
-a body that would pass it gets 429. Small bodies pass at once whatever else is being received, and the memory a
-client can make the server hold is bytes it really sent."""
+a body that would pass it gets 429. The memory a client can make the server hold is bytes it really sent."""
+SMALL_BODY_BYTES = 1024 * 1024
+SMALL_POOL_BYTES = 32 * 1024 * 1024
+"""Bodies of at most SMALL_BODY_BYTES are counted in a pool of their own, so large bodies holding the shared budget
+never turn a small request away (a body that grows past the size moves its bytes to the shared budget)."""
+BODY_STALL_S = 5.0
+"""A body that sends nothing for this long is cut (408) and gives its bytes back: bodies sent fast and then stalled
+keep the average rate above the floor, and would hold their bytes until the body deadline."""
 MIN_BODY_RATE = 16 * 1024
 """Bytes a second a body must average once BODY_GRACE_S have passed (408 otherwise): a client dribbling a byte
 every few seconds is cut within seconds, not at the body deadline."""
@@ -81,9 +87,11 @@ class Refusals:
     """Work the server turned away, by cause, and when it last did (what /health reports); and the body bytes it
     holds now against MAX_BUFFERED_BODY_BYTES. One event loop: no lock."""
 
-    def __init__(self, max_body_bytes: int = MAX_BUFFERED_BODY_BYTES) -> None:
+    def __init__(self, max_body_bytes: int = MAX_BUFFERED_BODY_BYTES, small_pool: int = SMALL_POOL_BYTES) -> None:
         self.max_body_bytes = max_body_bytes
         self.body_bytes = 0
+        self.small_pool = small_pool
+        self.small_bytes = 0  # small bodies' bytes, apart
         self.by_cause: dict[str, int] = {}
         self.last: float | None = None  # time.monotonic() of the last refusal
 
@@ -91,14 +99,22 @@ class Refusals:
         self.by_cause[cause] = self.by_cause.get(cause, 0) + 1
         self.last = time.monotonic()
 
-    def take(self, n: int) -> bool:
+    def take(self, n: int, small: bool = False) -> bool:
+        if small:
+            if self.small_bytes + n > self.small_pool:
+                return False
+            self.small_bytes += n
+            return True
         if self.body_bytes + n > self.max_body_bytes:
             return False
         self.body_bytes += n
         return True
 
-    def give(self, n: int) -> None:
-        self.body_bytes -= n
+    def give(self, n: int, small: bool = False) -> None:
+        if small:
+            self.small_bytes -= n
+        else:
+            self.body_bytes -= n
 
     @property
     def refusing(self) -> bool:
@@ -108,7 +124,7 @@ class Refusals:
         return {
             "refusing": self.refusing,
             "refused": dict(self.by_cause),
-            "body_bytes_buffered": self.body_bytes,
+            "body_bytes_buffered": self.body_bytes + self.small_bytes,
             "body_bytes_limit": self.max_body_bytes,
         }
 
@@ -141,63 +157,82 @@ def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-async def _read_body(request: web.Request, limit: int, refusals: Refusals | None, deadline: float) -> tuple[bytes, int]:
+async def _read_body(
+    request: web.Request, limit: int, refusals: Refusals | None, deadline: float
+) -> tuple[bytes, int, bool]:
     """The body as sent, read as it arrives: bounded by ``limit`` (413), by the bytes all bodies may hold at once
-    (429), by the deadline (408) and, after BODY_GRACE_S, by MIN_BODY_RATE (408). Returns the body and the bytes it
-    holds of the shared budget (the caller gives them back)."""
+    (429; small bodies in a pool of their own), by the deadline (408), after BODY_GRACE_S by MIN_BODY_RATE (408), and
+    by BODY_STALL_S without a byte (408). Returns the body, the bytes it holds of the budget and whether they are in
+    the small pool (the caller gives them back)."""
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    t0 = last = loop.time()
     parts: list[bytes] = []
     got = 0
+    small = True  # counted in the small bodies' pool until it grows past SMALL_BODY_BYTES
     declared = request.content_length
     if declared is not None and declared > limit:
         raise TooLarge(f"request body exceeds {limit} bytes")
     try:
         while True:
-            elapsed = loop.time() - t0
+            now = loop.time()
+            elapsed = now - t0
             if elapsed >= deadline:
-                if refusals is not None:
-                    refusals.refused("body-timeout")
+                _refused(refusals, "body-timeout")
                 raise RequestTimeout(f"the request body did not arrive within {deadline:g} s (--body-timeout)")
             if elapsed > BODY_GRACE_S and got < MIN_BODY_RATE * elapsed:
-                if refusals is not None:
-                    refusals.refused("body-too-slow")
+                _refused(refusals, "body-too-slow")
                 raise RequestTimeout(
                     f"the request body arrived at {got / elapsed:.0f} bytes/s, under the server's floor of "
                     f"{MIN_BODY_RATE} bytes/s"
                 )
+            if now - last >= BODY_STALL_S:
+                _refused(refusals, "body-stalled")
+                raise RequestTimeout(f"the request body stopped arriving for {BODY_STALL_S:g} s")
             try:
                 chunk = await asyncio.wait_for(request.content.readany(), min(BODY_POLL_S, deadline - elapsed))
             except TimeoutError:
                 continue
             if not chunk:
                 break  # the whole body
+            last = loop.time()
             if got + len(chunk) > limit:
                 raise TooLarge(f"request body exceeds {limit} bytes")
-            if refusals is not None and not refusals.take(len(chunk)):
-                raise Busy(
-                    f"the server holds {refusals.max_body_bytes} bytes of request bodies already; try again",
-                    cause="body-bytes",
-                )
+            if refusals is not None:
+                if small and got + len(chunk) > SMALL_BODY_BYTES:  # no longer small: its bytes move to the budget
+                    if not refusals.take(got + len(chunk)):
+                        raise Busy(
+                            f"the server holds {refusals.max_body_bytes} bytes of request bodies already; try again",
+                            cause="body-bytes",
+                        )
+                    refusals.give(got, small=True)
+                    small = False
+                elif not refusals.take(len(chunk), small):
+                    raise Busy("the server holds as many request bodies as it can already; try again",
+                               cause="body-bytes")  # fmt: skip
             got += len(chunk)
             parts.append(chunk)
     except BaseException:
         if refusals is not None:
-            refusals.give(got)
+            refusals.give(got, small)
         raise
-    return b"".join(parts), got
+    return b"".join(parts), got, small
+
+
+def _refused(refusals: Refusals | None, cause: str) -> None:
+    if refusals is not None:
+        refusals.refused(cause)
 
 
 async def read_json(request: web.Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """The body as a JSON object. The server runs with auto_decompress off, so the bytes are as sent (read by
     ``_read_body``, bounded); decompression and decoding happen here, bounded."""
     refusals, deadline = request.app.get(REFUSALS), request.app.get(BODY_TIMEOUT, 30.0)
-    raw, held = await _read_body(request, limit, refusals, deadline)
+    raw, held, small = await _read_body(request, limit, refusals, deadline)
     try:
         return _decode(request, raw, limit)
     finally:
         if refusals is not None:
-            refusals.give(held)
+            refusals.give(held, small)
 
 
 def _decode(request: web.Request, raw: bytes, limit: int) -> dict[str, Any]:
