@@ -288,6 +288,7 @@ def _rank_row(k: int, contribution: dict[str, Any], res: BenchResult) -> dict[st
         "load_end_unix_s": end,
         "storage_throughput_tokens_per_sec": res.summary.storage_throughput_tokens_per_sec,
         "storage_read_p95_ms": c.percentile_ms("storage_read", "p95"),
+        "storage_io_p95_ms": res.summary.storage_io_latency_ms.p95,
         "avg_throughput_tokens_per_sec": res.summary.avg_throughput_tokens_per_sec,
         "tier_storage_read_bandwidth_gbps": c.tier_storage_read_bandwidth_gbps,
         "tier_storage_write_bandwidth_gbps": c.tier_storage_write_bandwidth_gbps,

@@ -35,6 +35,7 @@ class RankSummary(Section):
     storage_read_device_p95_ms: float | None = None
     storage_write_device_p95_ms: float | None = None
     decode_bytes_read_gb: float | None = None  # the figure the spec leads with at --cpu-mem-gb 0
+    storage_io_p95_ms: float | None = None  # summary.storage_io_latency_ms.p95: the published "P95" is their max
 
 
 class Totals(Section):

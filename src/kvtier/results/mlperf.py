@@ -111,6 +111,7 @@ class OptionSummary(BaseModel):
     aggregated_storage_throughput_tokens_per_sec: float
     aggregated_device_read_p95_ms: float | None = None
     aggregated_device_write_p95_ms: float | None = None
+    aggregated_p95_latency_ms: float | None = None  # mlpstorage v3.0's: max over ranks and trials of storage I/O p95
     rank_count: int
     trial_count: int
     partial_failure: bool = False

@@ -1,13 +1,16 @@
 """A run's MLPerf table beside the published v3.0 KV cache rows (``kvtier mlperf compare``, ``kvtier report``).
 
-A run summary in the MLPerf wrapper's layout — mlpstorage's ``kvcache_run_summary_<time>.json`` or kvtier's
-``kvcache_run_summary.json`` (``kvtier mlperf run``) — holds ``options.<o>.aggregated_*`` and ``rank_count``
-(``RunOption``). The published rows come from ``published_v3.yaml`` (``Published``; each row names its source). Per
-option the run's storage throughput and read bandwidth sit beside each row's, as a ratio of the totals and per rank
-(the rows differ in scale: 1 to 32 ranks). The published "P95 read latency" is the total storage time per request
-(the highest instance's ``storage_read_p95_ms``): kvtier's summaries carry it (``kvtier.storage_read_p95_ms``) and
-it is put beside the row's; mlpstorage's summaries carry only the storage *device* p95, another figure, shown beside
-it and never divided by it. An option the run lacks is named: a CLOSED submission has all three.
+A run summary in the MLPerf wrapper's layout — mlpstorage's ``kvcache_run_summary_<time>.json``, a published run's
+``summary.json``, or kvtier's ``kvcache_run_summary.json`` (``kvtier mlperf run``) — holds
+``options.<o>.aggregated_*`` and ``rank_count`` (``RunOption``). The published rows come from
+``published_v3.yaml`` (``Published``; each row names its source). Each published column is one key of the
+submitter's ``summary.json`` (mlpstorage's report generator maps them so; published_v3.yaml says which, and
+tests/unit/results/test_mlperf_compare.py feeds a published run's own summary and gets x1 against its own row):
+tok/s is ``aggregated_avg_throughput_tokens_per_sec``, read GiB/s ``aggregated_read_bandwidth_gbps``, and "P95"
+``aggregated_p95_latency_ms`` (the highest rank's ``summary.storage_io_latency_ms.p95``, max over the trials: storage
+time per request, queueing included). Per option the run's figures sit beside each row's, as a ratio of the
+totals and per rank (the rows differ in scale: 1 to 32 ranks). The storage device p95 is another figure, shown
+and never divided. An option the run lacks is named: a CLOSED submission has all three.
 """
 
 from __future__ import annotations
@@ -52,10 +55,12 @@ class RunOption(BaseModel):
     """One option of a run summary, mlpstorage's or kvtier's: the figures compared (others are kept, unread)."""
 
     model_config = ConfigDict(extra="allow")
-    aggregated_storage_throughput_tokens_per_sec: float = Field(ge=0, allow_inf_nan=False)
+    aggregated_avg_throughput_tokens_per_sec: float = Field(ge=0, allow_inf_nan=False)
     aggregated_read_bandwidth_gbps: float = Field(ge=0, allow_inf_nan=False)
     rank_count: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
+    aggregated_storage_throughput_tokens_per_sec: float | None = None
     aggregated_write_bandwidth_gbps: float | None = None
+    aggregated_p95_latency_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     aggregated_device_read_p95_ms: float | None = None
     partial_failure: bool = False
     missing_files: list[str] = Field(default_factory=list)
@@ -63,14 +68,15 @@ class RunOption(BaseModel):
 
 
 class RunFigures(_Fixed):
-    tokens_per_sec: float
+    tokens_per_sec: float  # aggregated_avg_throughput_tokens_per_sec: the published tok/s
     read_gbps: float
     ranks: int
     tokens_per_sec_per_rank: float
     read_gbps_per_rank: float
     write_gbps: float | None
     device_read_p95_ms: float | None
-    storage_read_p95_ms: float | None  # kvtier mlperf run's summaries: the published figure (per request)
+    p95_latency_ms: float | None  # aggregated_p95_latency_ms: the published "P95" (storage time per request)
+    storage_tokens_per_sec: float | None  # aggregated_storage_throughput_tokens_per_sec: shown, not compared
 
 
 class RowComparison(_Fixed):
@@ -115,7 +121,7 @@ def run_options(options: dict[str, object], where: str = "") -> dict[str, RunOpt
     for o, s in options.items():
         if not isinstance(s, dict):
             raise DatasetError(f"{where}options.{o}: expected an object")
-        for k in ("aggregated_storage_throughput_tokens_per_sec", "aggregated_read_bandwidth_gbps", "rank_count"):
+        for k in ("aggregated_avg_throughput_tokens_per_sec", "aggregated_read_bandwidth_gbps", "rank_count"):
             v = s.get(k)
             if not _number(v) or not 0 <= v < float("inf"):  # type: ignore[operator]  # a number, checked first
                 raise DatasetError(f"{where}options.{o}.{k}: expected a number >= 0, got {v!r}")
@@ -159,7 +165,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 def _row(run: RunFigures, row: PublishedRow, fig: PublishedFigure) -> RowComparison:
     tok, read, ranks, n = run.tokens_per_sec, run.read_gbps, run.ranks, row.ranks
-    p95 = run.storage_read_p95_ms
+    p95 = run.p95_latency_ms
     return RowComparison(
         submitter=row.submitter,
         system=row.system,
@@ -188,7 +194,7 @@ def compare(options: dict[str, RunOption], rows: Published | None = None) -> Pub
             notes.append(f"option {o} is not in this run: a CLOSED submission has all three options")
             continue
         ranks = int(s.rank_count) or 1
-        tok, read = s.aggregated_storage_throughput_tokens_per_sec, s.aggregated_read_bandwidth_gbps
+        tok, read = s.aggregated_avg_throughput_tokens_per_sec, s.aggregated_read_bandwidth_gbps
         if s.partial_failure:
             notes.append(
                 f"option {o}: partial_failure ({len(s.missing_files)} rank results missing): its sums leave those "
@@ -202,7 +208,8 @@ def compare(options: dict[str, RunOption], rows: Published | None = None) -> Pub
             read_gbps_per_rank=round(read / ranks, 6),
             write_gbps=s.aggregated_write_bandwidth_gbps,
             device_read_p95_ms=s.aggregated_device_read_p95_ms,
-            storage_read_p95_ms=s.kvtier.storage_read_p95_ms if s.kvtier else None,
+            p95_latency_ms=s.aggregated_p95_latency_ms,
+            storage_tokens_per_sec=s.aggregated_storage_throughput_tokens_per_sec,
         )
         figs = [(row, row.options.get(int(o))) for row in pub.rows]
         out[o] = OptionComparison(run=run, rows=[_row(run, row, fig) for row, fig in figs if fig is not None])
@@ -221,17 +228,17 @@ def render(c: PublishedComparison) -> list[str]:
     lines = []
     for o, e in c.options.items():
         r = e.run
-        p95, req = r.device_read_p95_ms, r.storage_read_p95_ms
+        p95, req = r.device_read_p95_ms, r.p95_latency_ms
         lines.append(
             f"option {o}: this run {r.tokens_per_sec:,.1f} tok/s, read {r.read_gbps:.3f} GiB/s over {r.ranks} ranks "
             f"({r.tokens_per_sec_per_rank:,.1f} tok/s, {r.read_gbps_per_rank:.3f} GiB/s per rank); device read p95 "
             f"{'—' if p95 is None else f'{p95:,.1f}'} ms"
-            + ("" if req is None else f"; P95 read latency {req:,.1f} ms (per request, as published)")
+            + ("" if req is None else f"; P95 latency {req:,.1f} ms (storage time per request, as published)")
         )
         for w in e.rows:
             lines.append(
                 f"  {w.submitter} {w.system} ({w.ranks} rank{'s' if w.ranks != 1 else ''}): {_n(w.tokens_per_sec)} "
-                f"tok/s, read {_n(w.read_gbps)} GiB/s, P95 read latency {_n(w.p95_read_latency_ms)} ms (per request) | "
+                f"tok/s, read {_n(w.read_gbps)} GiB/s, P95 latency {_n(w.p95_read_latency_ms)} ms (per request) | "
                 f"this run x{_fmt(w.run_over_row_tokens)} tok/s, x{_fmt(w.run_over_row_read)} read; per rank "
                 f"x{_fmt(w.run_over_row_tokens_per_rank)}, x{_fmt(w.run_over_row_read_per_rank)}"
                 + ("" if w.run_over_row_p95 is None else f"; P95 x{_fmt(w.run_over_row_p95)}")
@@ -242,8 +249,9 @@ def render(c: PublishedComparison) -> list[str]:
         "is placed beside them, not ranked among them"
     )
     lines.append(
-        "the published P95 read latency is the total storage time per request (it includes queueing); the device "
-        "p95 is the drive's own time: side by side, never divided"
+        "the published tok/s is aggregated_avg_throughput_tokens_per_sec and its P95 aggregated_p95_latency_ms (the "
+        "highest rank's storage I/O time per request, queueing included); the device p95 is the drive's own time: "
+        "side by side, never divided"
     )
     return lines
 

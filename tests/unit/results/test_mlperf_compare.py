@@ -19,7 +19,7 @@ def summary(tmp_path: Path, options: dict[str, dict[str, object]]) -> Path:
 
 
 def option(tok: float, read: float, ranks: int, **extra: object) -> dict[str, object]:
-    return {"aggregated_storage_throughput_tokens_per_sec": tok, "aggregated_read_bandwidth_gbps": read,
+    return {"aggregated_avg_throughput_tokens_per_sec": tok, "aggregated_read_bandwidth_gbps": read,
             "aggregated_write_bandwidth_gbps": 0.4, "aggregated_device_read_p95_ms": 395.1, "rank_count": ranks,
             "trial_count": 3, "partial_failure": False, "missing_files": [], **extra}  # fmt: skip
 
@@ -56,7 +56,7 @@ def test_an_option_the_run_lacks_is_named_and_a_partial_option_said(tmp_path: Pa
 
 @pytest.mark.parametrize(
     "body,needle",
-    [("[]", "no 'options'"), ('{"options": {"1": {"rank_count": 2}}}', "options.1.aggregated_storage_throughput"),
+    [("[]", "no 'options'"), ('{"options": {"1": {"rank_count": 2}}}', "options.1.aggregated_avg_throughput"),
      ('{"options": {"1": 5}}', "options.1: expected an object"), ("{", "not JSON")],
 )  # fmt: skip
 def test_a_file_that_is_not_a_run_summary_is_named(tmp_path: Path, body: str, needle: str):
@@ -66,13 +66,33 @@ def test_a_file_that_is_not_a_run_summary_is_named(tmp_path: Path, body: str, ne
         load_summary(p)
 
 
-def test_kvtiers_summary_carries_the_published_p95_and_it_is_put_beside_the_rows(tmp_path: Path):
-    with_p95 = option(813.0, 13.5, 1, kvtier={"storage_read_p95_ms": 133183.0})
+def test_the_summarys_p95_is_put_beside_the_rows_and_a_summary_without_it_gets_no_ratio(tmp_path: Path):
+    with_p95 = option(813.0, 13.5, 1, aggregated_p95_latency_ms=133183.0)
     c = compare(load_summary(summary(tmp_path, {"1": with_p95, "2": option(1.0, 1.0, 1)})))
     sam = next(r for r in c.options["1"].rows if r.submitter == "SAMSUNG")
-    assert sam.run_over_row_p95 == 1.0 and c.options["1"].run.storage_read_p95_ms == 133183.0
-    assert all(r.run_over_row_p95 is None for r in c.options["2"].rows)  # mlpstorage's: device p95 only
-    assert "P95 read latency 133,183.0 ms (per request, as published)" in "\n".join(render(c))
+    assert sam.run_over_row_p95 == 1.0 and c.options["1"].run.p95_latency_ms == 133183.0
+    assert all(r.run_over_row_p95 is None for r in c.options["2"].rows)  # no aggregated_p95_latency_ms: no ratio
+    assert "P95 latency 133,183.0 ms (storage time per request, as published)" in "\n".join(render(c))
+
+
+PUBLISHED = Path(__file__).resolve().parents[2] / "fixtures" / "mlperf_published" / "HPE_K3000-kvcache_summary.json"
+
+
+def test_a_published_runs_own_summary_is_x1_against_its_own_row():
+    """#57: fed a published run's own summary.json, compare put it at x0.0098 of SAMSUNG's tok/s while its read was
+    x0.59: it divided aggregated_storage_throughput_tokens_per_sec (40.2 for HPE's option 1) by a column that is
+    aggregated_avg_throughput_tokens_per_sec (8,749), and read no P95 from it. Against its own row every figure is
+    now the published one, to the row's rounding (tok/s and P95 to the unit, GiB/s to 0.1)."""
+    c = compare(load_summary(PUBLISHED))
+    assert c.missing_options == []
+    for o in ("1", "2", "3"):
+        run = c.options[o].run
+        hpe = next(r for r in c.options[o].rows if r.submitter == "HPE")
+        assert abs(run.tokens_per_sec - hpe.tokens_per_sec) <= 0.5, (o, run.tokens_per_sec, hpe.tokens_per_sec)
+        assert abs(run.read_gbps - hpe.read_gbps) <= 0.05, (o, run.read_gbps, hpe.read_gbps)
+        assert run.p95_latency_ms is not None and abs(run.p95_latency_ms - hpe.p95_read_latency_ms) <= 0.5
+        assert hpe.run_over_row_tokens_per_rank == hpe.run_over_row_tokens  # 32 ranks on both sides
+    assert c.options["1"].run.storage_tokens_per_sec == pytest.approx(40.2077, abs=1e-4)  # shown, not compared
 
 
 def test_kvtier_report_puts_an_mlperf_run_beside_the_published_rows():
