@@ -110,16 +110,19 @@ def test_a_rate_lowered_while_a_bulk_flow_fills_the_queue_keeps_the_link_moving(
     with Fabric(["s", "b"]) as f:
         ln = f.link("b", "s", rate_mbit=200)
         sink = subprocess.Popen(f.argv("s", [sys.executable, "-c", SINK]), stdout=subprocess.PIPE, text=True)
-        flood = subprocess.Popen(f.argv("b", [sys.executable, "-c", FLOOD, ln.addr("s")]), stdout=subprocess.PIPE,
-                                 text=True)  # fmt: skip
+        flood: subprocess.Popen[str] | None = None
         try:
-            assert sink.stdout is not None and flood.stdout is not None
-            assert sink.stdout.readline().strip() == "ready"
+            assert sink.stdout is not None
+            assert sink.stdout.readline().strip() == "ready"  # listening: the flood may connect
+            flood = subprocess.Popen(f.argv("b", [sys.executable, "-c", FLOOD, ln.addr("s")]),
+                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+            assert flood.stdout is not None
             assert flood.stdout.readline().strip() == "flowing"
             f.shape(ln, 100)
             got, _ = sink.communicate(timeout=120)  # 24 MiB left: 2 s at 100 Mbit/s; a stalled link never ends
         finally:
-            flood.kill()
+            if flood is not None:
+                flood.kill()
             sink.kill()
         assert int(got) == 32 << 20
 
