@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from pathlib import Path
@@ -34,7 +35,96 @@ def mem_total_bytes() -> int:
 
 
 def mem_available_bytes() -> int:
-    return _meminfo_bytes("MemAvailable")
+    """What this process may still take: the host's MemAvailable, or less where a memory cgroup (a container's
+    limit) leaves less (``cgroup_room_bytes``)."""
+    host = _meminfo_bytes("MemAvailable")
+    room = cgroup_room_bytes()
+    return host if room is None else min(host, room) if host else room
+
+
+UNLIMITED = 1 << 60
+"""A cgroup v1 limit at or above this is "no limit" (the kernel writes 2^63 rounded down to a page)."""
+
+
+def cgroup_room_bytes(proc: str = "/proc/self") -> int | None:
+    """Bytes this process's memory cgroups leave it (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``, less what is
+    used and not reclaimable: usage minus inactive file pages), the tightest over the cgroup and every one above it
+    that the mount shows; None where none limits memory (or cgroups cannot be read). ``proc`` is for tests. The
+    folders are found once; their figures are read on every call (a CPU tier asks at most 20 times a second)."""
+    rooms = [r for d, v2 in _cgroup_dirs(proc) if (r := _room_v2(d) if v2 else _room_v1(d)) is not None]
+    return max(0, min(rooms)) if rooms else None
+
+
+@functools.lru_cache(maxsize=8)
+def _cgroup_dirs(proc: str) -> tuple[tuple[Path, bool], ...]:
+    """(folder, cgroup2) of this process's memory cgroup and of every one above it that a mount shows."""
+    try:
+        lines = Path(proc, "cgroup").read_text().splitlines()
+        mounts = Path(proc, "mountinfo").read_text().splitlines()
+    except OSError:
+        return ()
+    out: list[tuple[Path, bool]] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        for mount, root in _cgroup_mounts(mounts, v2):
+            rel = path[len(root) :] if path.startswith(root) else path
+            d = Path(mount, rel.lstrip("/"))
+            while True:
+                out.append((d, v2))
+                if d == Path(mount) or Path(mount) not in d.parents:
+                    break
+                d = d.parent
+    return tuple(out)
+
+
+def _cgroup_mounts(mountinfo: list[str], v2: bool) -> list[tuple[str, str]]:
+    """(mount point, the cgroup root it shows) of the cgroup2 mounts, or of the v1 mounts with the memory
+    controller."""
+    out = []
+    for line in mountinfo:
+        head, sep, tail = line.partition(" - ")
+        f, t = head.split(), tail.split()
+        if not sep or len(f) < 5 or len(t) < 3:
+            continue
+        if (v2 and t[0] == "cgroup2") or (not v2 and t[0] == "cgroup" and "memory" in t[2].split(",")):
+            out.append((f[4], f[3]))
+    return out
+
+
+def _read_int(p: Path) -> int | None:
+    try:
+        text = p.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(d: Path, key: str) -> int:
+    try:
+        for line in (d / "memory.stat").read_text().splitlines():
+            name, _, v = line.partition(" ")
+            if name == key and v.strip().isdigit():
+                return int(v)
+    except OSError:
+        pass
+    return 0
+
+
+def _room_v2(d: Path) -> int | None:
+    limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")  # "max": no limit (None)
+    if limit is None or used is None:
+        return None
+    return limit - (used - _inactive_file(d, "inactive_file"))
+
+
+def _room_v1(d: Path) -> int | None:
+    limit, used = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
+    if limit is None or used is None or limit >= UNLIMITED:
+        return None
+    return limit - (used - _inactive_file(d, "total_inactive_file"))
 
 
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -1,0 +1,89 @@
+"""#58 item 6: the memory a run may take is the smaller of the host's MemAvailable and what its memory cgroup (a
+container's limit) leaves it (kvtier/telemetry/host.py). Before, a bench with a 4 GB CPU tier in a 1.5 GiB cgroup saw
+the host's 20+ GiB, grew its tier and was OOM-killed with no result."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtier.telemetry.host import cgroup_room_bytes
+
+GiB = 1 << 30
+
+
+def _v2_tree(tmp_path: Path) -> Path:
+    """A process in cgroup2 /a/b, the hierarchy mounted at tmp_path/sys: b limited to 3 GiB, a (above) to 2 GiB."""
+    proc, sys_ = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+    (proc / "cgroup").write_text("0::/a/b\n")
+    (proc / "mountinfo").write_text(f"30 25 0:26 / {sys_} rw,nosuid - cgroup2 cgroup2 rw\n")
+    for d, limit, used, inactive in ((sys_ / "a", 2 * GiB, GiB, GiB // 4), (sys_ / "a" / "b", 3 * GiB, GiB, 0)):
+        d.mkdir(parents=True)
+        (d / "memory.max").write_text(f"{limit}\n")
+        (d / "memory.current").write_text(f"{used}\n")
+        (d / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file 2\n")
+    (sys_ / "memory.max").write_text("max\n")  # the root: no limit
+    (sys_ / "memory.current").write_text("1\n")
+    return proc
+
+
+def test_the_tightest_cgroup_on_the_path_sets_the_room_and_reclaimable_cache_counts_as_room(tmp_path: Path):
+    proc = _v2_tree(tmp_path)
+    assert cgroup_room_bytes(str(proc)) == 2 * GiB - (GiB - GiB // 4)  # a's: 1.25 GiB, not b's 2 GiB
+    (tmp_path / "sys" / "a" / "memory.max").write_text("max\n")
+    assert cgroup_room_bytes(str(proc)) == 2 * GiB  # b's, once a is unlimited
+
+
+def test_no_limit_and_no_cgroup_mean_none(tmp_path: Path):
+    proc = _v2_tree(tmp_path)
+    for d in (tmp_path / "sys" / "a", tmp_path / "sys" / "a" / "b"):
+        (d / "memory.max").write_text("max\n")
+    assert cgroup_room_bytes(str(proc)) is None
+    assert cgroup_room_bytes(str(tmp_path / "nowhere")) is None
+
+
+def _memory_cgroup_dir() -> tuple[Path, bool] | None:
+    """This process's memory cgroup folder and whether it is cgroup2, where it can be written (root)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for mline in Path("/proc/self/mountinfo").read_text().splitlines():
+            head, _, tail = mline.partition(" - ")
+            f, t = head.split(), tail.split()
+            v2 = ctrls == "" and t[0] == "cgroup2"
+            v1 = "memory" in ctrls.split(",") and t[0] == "cgroup" and "memory" in t[2].split(",")
+            if v2 or v1:
+                root = f[3]
+                rel = path[len(root) :] if path.startswith(root) else path
+                d = Path(f[4], rel.lstrip("/"))
+                if d.is_dir() and os.access(d, os.W_OK):
+                    return d, v2
+    return None
+
+
+def test_a_process_in_a_real_child_cgroup_sees_its_limit_not_the_hosts(tmp_path: Path):
+    where = _memory_cgroup_dir() if os.geteuid() == 0 else None
+    if where is None:
+        pytest.skip("needs root and a writable memory cgroup (v1 or v2) to make a child one")
+    parent, v2 = where
+    child = parent / f"kvtier-test-{os.getpid()}"
+    try:
+        child.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot make a child memory cgroup here: {e}")
+    try:
+        (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(3 * GiB // 2))
+        code = "from kvtier.telemetry.host import mem_available_bytes; print(mem_available_bytes())"
+
+        def join() -> None:
+            (child / "cgroup.procs").write_text(str(os.getpid()))
+
+        out = subprocess.run([sys.executable, "-c", code], preexec_fn=join, capture_output=True, text=True, check=True)
+        avail = int(out.stdout)
+        assert 0 < avail <= 3 * GiB // 2, avail  # the cgroup's room, not the host's MemAvailable
+    finally:
+        child.rmdir()
