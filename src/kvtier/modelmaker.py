@@ -161,11 +161,16 @@ def make_model(out: str | os.PathLike[str], geometry: Geometry, like: str | None
     ``out`` (created; an existing folder is refused unless it is empty, a folder this made, or ``force``)."""
     geometry.check()
     d = Path(out)
+    if d.is_symlink() and not d.exists():
+        raise ConfigError(f"{d}: a symbolic link to {os.readlink(d)}, which does not exist: give a folder")
     if d.exists() and not d.is_dir():
         raise ConfigError(f"{d}: exists and is not a folder")
     if d.is_dir() and any(d.iterdir()) and not (d / MARKER).exists() and not force:
         raise ConfigError(f"{d}: not empty and not a folder kvtier model make wrote (--force to write into it)")
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{d}: cannot make the folder: {e.strerror}") from None
     tok = train_tokenizer(geometry.vocab_size)
     vocab = tok.get_vocab_size()  # type: ignore[attr-defined]
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)  # type: ignore[attr-defined]

@@ -65,3 +65,9 @@ def test_bad_input_is_refused_with_the_flag_named(tmp_path):
         geometry_like(resolve_model("deepseek-v3", build_catalog()))
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         load_tokenizer(f"hf:{tmp_path}")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")  # #58 item 14: a FileExistsError traceback before
+    with pytest.raises(ConfigError, match="a symbolic link to .*gone, which does not exist: give a folder"):
+        make_model(tmp_path / "dangling", Geometry())
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot make the folder"):
+        make_model(tmp_path / "file" / "inside", Geometry())
