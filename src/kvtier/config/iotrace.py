@@ -83,7 +83,7 @@ class TraceReplayConfig(TraceInput):
 __all__ = ["TraceStatsConfig", "TraceFioConfig", "TraceReplayConfig"]
 
 
-COMM = re.compile(r"^[A-Za-z0-9._:+-]{1,15}$")
+COMM = re.compile(r"[A-Za-z0-9._:+-]{1,15}")
 
 
 class TraceAttachConfig(StrictModel):
@@ -99,7 +99,7 @@ class TraceAttachConfig(StrictModel):
     @classmethod
     def _comm(cls, v: str | None) -> str | None:
         # it goes into the bpftrace program: nothing but a command name's own characters
-        if v is not None and not COMM.match(v):
+        if v is not None and not COMM.fullmatch(v):  # not match with $: that lets a trailing newline in
             raise ValueError(f"{v!r}: a command name is 1-15 letters, digits or ._:+-")
         return v
 

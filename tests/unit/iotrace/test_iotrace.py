@@ -387,3 +387,15 @@ def test_sizes_of_a_whole_trace_always_sum_within_int64(tmp_path: Path):
     )
     t = read_trace(str(p), max_rows=2)
     assert int(t.size.sum()) == 2 * MAX_OBJECT_BYTES
+
+
+@pytest.mark.parametrize("comm", ["vllm\n", "x" * 16, "", "a b", 'x"; system("id")'])
+def test_a_command_name_with_a_trailing_newline_or_any_other_character_is_refused(comm: str):
+    """#58 item 9: ``^...$`` with ``match`` let ``--comm 'vllm\\n'`` through into the bpftrace program."""
+    from pydantic import ValidationError
+
+    from kvtier.config.iotrace import TraceAttachConfig
+
+    with pytest.raises(ValidationError, match="a command name is 1-15"):
+        TraceAttachConfig(comm=comm, duration=1)
+    assert TraceAttachConfig(comm="python3.11", duration=1).comm == "python3.11"
