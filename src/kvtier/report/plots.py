@@ -476,10 +476,10 @@ def working_set(items: Sequence[Loaded]) -> Plot | None:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for i, (it, ro) in enumerate(have):
         ws = ro.working_set
-        byte = ws[0].get("bytes") is not None
+        byte = ws[0].bytes is not None
         ax.plot(
-            [p["requests"] for p in ws],
-            [(p["bytes"] or 0) / 2**30 if byte else p["tokens"] for p in ws],
+            [p.requests for p in ws],
+            [(p.bytes or 0) / 2**30 if byte else p.tokens for p in ws],
             color=f"C{i}",
             label=f"{it.label}: history {ro.history_reuse_fraction or 0:.0%}, cross-session "
             f"{ro.cross_session_reuse_fraction or 0:.0%}, new {ro.new_fraction or 0:.0%}",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from kvtier.config.launch import LaunchConfig
 from kvtier.results.envelope import Envelope, Section
 from kvtier.results.replay import Hardware
@@ -64,6 +66,10 @@ class LaunchPolicies(Section):
     lb_policy: str | None
 
 
+MAX_RUN_S = 1e7
+"""No run lasts longer (116 days): a time beyond it in a result file is not one (a plot cannot draw 1e308)."""
+
+
 class StormWindow(Section):
     """Requests started in one window of a fault (launch/faults.py): before it, or in its zero-hit window."""
 
@@ -76,10 +82,10 @@ class StormWindow(Section):
 
 
 class StormPoint(Section):
-    t: float  # seconds after the replay started: the bin's start
-    requests: int
-    offload_hit_rate: float | None
-    ttft_s_p95: float | None
+    t: float = Field(ge=0, le=MAX_RUN_S)  # seconds after the replay started: the bin's start
+    requests: int = Field(ge=0)
+    offload_hit_rate: float | None = Field(ge=0, le=1)
+    ttft_s_p95: float | None = Field(ge=0, le=MAX_RUN_S)
 
 
 class FaultOutcome(Section):

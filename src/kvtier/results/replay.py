@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from pydantic import TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from kvtier.config.replay import ReplayConfig
 from kvtier.errors import DatasetError
@@ -348,6 +348,14 @@ class ServerIdentity(Section):
     launch: dict[str, Any] | None = None  # set by kvtier launch: profile, engine versions, devices, sizes, policies
 
 
+class ReuseWorkingSetPoint(Section):
+    """The distinct KV the dataset's first ``requests`` requests hold (replay/reuse.py)."""
+
+    requests: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+    bytes: int | None = Field(default=None, ge=0)
+
+
 class ReuseOpportunity(Section):
     """What the dataset's prompts share, before any request (replay/reuse.py; docs/metrics.md)."""
 
@@ -364,7 +372,7 @@ class ReuseOpportunity(Section):
     kv_model: str | None = None
     session_max_prompt_tokens: dict[str, float | int | None]
     kv_bytes_per_session: dict[str, int] | None
-    working_set: list[dict[str, int | None]]
+    working_set: list[ReuseWorkingSetPoint]
 
 
 class HostCpu(Section):

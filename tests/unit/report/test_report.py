@@ -151,3 +151,20 @@ def test_result_files_are_written_atomically_and_never_through_a_planted_link(tm
     write_text_atomic(link, "<html></html>", "--html")
     assert victim.read_text() == "keep me" and not link.is_symlink() and link.read_text() == "<html></html>"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()) == []
+
+
+def test_a_working_set_point_without_requests_and_a_storm_time_of_1e308_are_named_not_crashed_on():
+    """#58 item 13: `kvtier report` crashed with a KeyError on a reuse working-set point missing `requests`, and a
+    storm timeline at t=1e308 broke the plot. Both are now refused as the file is read, the key named."""
+    from pydantic import ValidationError
+
+    from kvtier.results.launch import StormPoint
+    from kvtier.results.replay import ReuseWorkingSetPoint
+
+    with pytest.raises(ValidationError, match="requests"):
+        ReuseWorkingSetPoint.model_validate({"tokens": 3584, "bytes": None})
+    assert ReuseWorkingSetPoint.model_validate({"requests": 3, "tokens": 3584, "bytes": None}).requests == 3
+    with pytest.raises(ValidationError, match="t\n.*less than or equal to 10000000"):
+        StormPoint.model_validate({"t": 1e308, "requests": 1, "offload_hit_rate": 0.5, "ttft_s_p95": 0.1})
+    with pytest.raises(ValidationError, match="offload_hit_rate"):
+        StormPoint.model_validate({"t": 1.0, "requests": 1, "offload_hit_rate": 1e308, "ttft_s_p95": 0.1})
