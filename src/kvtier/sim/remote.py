@@ -34,8 +34,8 @@ from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.sim.model import OffloadConfig, _Measured
 from kvtier.vllm import messages as m
-from kvtier.vllm.client import ServerDown, ServerLink, data_page, page_fds
-from kvtier.vllm.protocol import ProtocolError, Refused
+from kvtier.vllm.client import ServerDown, ServerLink
+from kvtier.vllm.protocol import ProtocolError, Refused, data_page, page_fds
 
 R = TypeVar("R", bound=BaseModel)
 DATA_LINKS = 4

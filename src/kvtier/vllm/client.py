@@ -33,7 +33,7 @@ from kvtier.errors import ConfigError
 from kvtier.vllm import messages as m
 from kvtier.vllm.gate import LiveGate
 from kvtier.vllm.index import IndexCounters, StorePlan, TierSlots
-from kvtier.vllm.protocol import MAX_KEYS, Conn, ProtocolError, Refused, connect, sealed_page, tcp_address
+from kvtier.vllm.protocol import MAX_KEYS, Conn, ProtocolError, Refused, connect, data_page, page_fds, tcp_address
 from kvtier.vllm.worker import BlockLayout, BlockLoad, BlockWorker, pin_host_buffer
 
 log = logging.getLogger("kvtier.vllm")
@@ -590,18 +590,4 @@ def _read_block(c: Conn, answer: dict[str, Any], into: memoryview) -> None:
         c.recv_bytes(into[:n])
 
 
-def data_page(name: str, padded: int, inline: bool) -> tuple[int | None, mmap.mmap]:
-    """One I/O thread's page: a sealed memfd the server maps too (a Unix socket), or this process's own memory that
-    a block's bytes are sent from and received into (TCP)."""
-    if inline:
-        return None, mmap.mmap(-1, padded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE)
-    fd = sealed_page(name, padded)
-    return fd, mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def page_fds(fd: int) -> Callable[[], list[int]]:
-    """What a data connection's hello sends again on every reconnect: its page's descriptor."""
-    return lambda: [fd]
-
-
-__all__ = ["ServerLink", "ServerIndex", "ServerBlockWorker", "ServerDown", "data_page", "page_fds"]
+__all__ = ["ServerLink", "ServerIndex", "ServerBlockWorker", "ServerDown"]

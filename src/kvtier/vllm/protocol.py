@@ -28,11 +28,13 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import mmap
 import os
 import secrets
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +258,20 @@ def is_sealed(fd: int) -> bool:
     return seals & (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) == fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
+def data_page(name: str, padded: int, inline: bool) -> tuple[int | None, mmap.mmap]:
+    """One I/O thread's page: a sealed memfd the server maps too (a Unix socket), or this process's own memory that
+    a block's bytes are sent from and received into (TCP)."""
+    if inline:
+        return None, mmap.mmap(-1, padded, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE)
+    fd = sealed_page(name, padded)
+    return fd, mmap.mmap(fd, padded, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def page_fds(fd: int) -> Callable[[], list[int]]:
+    """What a data connection's hello sends again on every reconnect: its page's descriptor."""
+    return lambda: [fd]
+
+
 __all__ = [
     "Conn",
     "ProtocolError",
@@ -269,6 +285,8 @@ __all__ = [
     "is_sealed",
     "peer_uid",
     "sealed_page",
+    "data_page",
+    "page_fds",
     "MAX_FRAME",
     "MAX_HELLO",
     "MAX_KEYS",
