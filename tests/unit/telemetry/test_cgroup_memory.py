@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.telemetry.host import cgroup_room_bytes
+from kvtier.telemetry.host import _cgroup_dirs, cgroup_room_bytes
 
 GiB = 1 << 30
 
@@ -48,21 +48,12 @@ def test_no_limit_and_no_cgroup_mean_none(tmp_path: Path):
 
 
 def _memory_cgroup_dir() -> tuple[Path, bool] | None:
-    """This process's memory cgroup folder and whether it is cgroup2, where it can be written (root)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, ctrls, path = line.split(":", 2)
-        for mline in Path("/proc/self/mountinfo").read_text().splitlines():
-            head, _, tail = mline.partition(" - ")
-            f, t = head.split(), tail.split()
-            v2 = ctrls == "" and t[0] == "cgroup2"
-            v1 = "memory" in ctrls.split(",") and t[0] == "cgroup" and "memory" in t[2].split(",")
-            if v2 or v1:
-                root = f[3]
-                rel = path[len(root) :] if path.startswith(root) else path
-                d = Path(f[4], rel.lstrip("/"))
-                if d.is_dir() and os.access(d, os.W_OK):
-                    return d, v2
-    return None
+    """This process's own memory cgroup folder (the first that host.py finds) and whether it is cgroup2, where it
+    can be written (root)."""
+    dirs = _cgroup_dirs("/proc/self")
+    if not dirs or not os.access(dirs[0][0], os.W_OK):
+        return None
+    return dirs[0]
 
 
 def test_a_process_in_a_real_child_cgroup_sees_its_limit_not_the_hosts(tmp_path: Path):
