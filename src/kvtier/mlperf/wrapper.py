@@ -14,13 +14,14 @@ rank: ``summary.cache_stats`` (storage read/write bandwidth, storage device read
 
 This module takes the same arguments. Each rank is one independent ``kvtier bench`` (as each reference rank is one
 independent ``kv-cache.py``): its seed is the base plus the rank, its cache folder ``CACHE/rank_<r>``, its result
-``rank_<r>/kvcache_results_<YYYYmmdd_HHMMSS>.json`` (with kvtier's own, untouched, beside it as
-``kvtier_result_<stamp>.json``: see ``for_mlpstorage``); every other argument goes to ``kvtier bench`` as given, with
+``rank_<r>/kvtier_result_<YYYYmmdd_HHMMSS>.json`` as the bench writes it (the file its closing ``result:`` and
+``next:`` lines name, and ``kvtier report`` reads) and, for a complete run, mlpstorage's copy beside it as
+``kvcache_results_<stamp>.json`` (see ``for_mlpstorage``); every other argument goes to ``kvtier bench`` as given, with
 the per-rank three last. The launcher's rank variables are taken away from the bench's environment, so it does not
 join the launch as an MPI rank of its own.
 
 Where it differs from the reference's wrapper, on purpose: a rank whose run is not ``complete`` (it failed, was
-interrupted, lost requests or stores to errors) keeps its result under ``kvcache_<status>_<stamp>.json``, a name
+interrupted, lost requests or stores to errors) keeps only its own ``kvtier_result_<stamp>.json``, a name
 mlpstorage's aggregation does not read, and exits non-zero. mlpstorage then lists the rank under
 ``missing_files`` and marks the option ``partial_failure``, instead of adding zeros or a cut-short run into the
 published figures. The 90 s pauses before and after the run are the reference's defaults (``--start-delay``,
@@ -154,25 +155,19 @@ def for_mlpstorage(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def settle(staged: Path, folder: Path, stamp: str, rc: int) -> tuple[Path | None, int]:
-    """A complete run: its result, as mlpstorage reads it, under the name mlpstorage reads, and kvtier's own beside
-    it (``kvtier_result_<stamp>.json``). Any other run: kvtier's result under a name mlpstorage does not read. The
-    wrapper's exit status (non-zero unless complete)."""
-    result = read_result(staged)  # read once: its status decides, its copy is what mlpstorage reads
+def settle(own: Path, folder: Path, stamp: str, rc: int) -> tuple[Path | None, int]:
+    """After the bench: a complete run's result is copied, as mlpstorage reads it, under the name mlpstorage reads
+    (``kvcache_results_<stamp>.json``) beside kvtier's own (``own``, as the bench wrote it); any other run keeps only
+    its own. The file the rank leaves for the user (None: no result) and the wrapper's exit status (non-zero unless
+    complete)."""
+    result = read_result(own)  # read once: its status decides, its copy is what mlpstorage reads
     status = result.get("status") if result is not None else None
-    if not isinstance(status, str):
-        status = None
-    if result is not None and status == "complete" and rc == 0:
-        final = folder / f"kvcache_results_{stamp}.json"
-        own = folder / f"kvtier_result_{stamp}.json"  # kvtier's result as written (kvtier report reads it)
-        write_text_atomic(final, json.dumps(for_mlpstorage(result), indent=2))
-        os.replace(staged, own)
-        return final, 0
-    if status is None:
+    if result is None or not isinstance(status, str):
         return None, rc or 1
-    final = folder / f"kvcache_{status}_{stamp}.json"
-    os.replace(staged, final)
-    return final, rc or 1
+    if status == "complete" and rc == 0:
+        write_text_atomic(folder / f"kvcache_results_{stamp}.json", json.dumps(for_mlpstorage(result), indent=2))
+        return own, 0
+    return own, rc or 1
 
 
 def sleep(seconds: int, what: str, rank: int) -> None:
@@ -201,8 +196,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"mlperf_wrapper.py: error: cannot make {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
     stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-    staged = folder / f".kvcache_run_{stamp}.json"
-    cmd = bench_command(forwarded, args.seed_base + rank, staged, cache)
+    own = folder / f"kvtier_result_{stamp}.json"  # the bench's own result: its closing lines name this file
+    cmd = bench_command(forwarded, args.seed_base + rank, own, cache)
 
     stopping: list[int] = []
 
@@ -221,7 +216,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             for s in list(stopping):  # one that came between the start delay and the start
                 child.send(s)
             rc = child.popen.wait()
-        final, code = settle(staged, folder, stamp, rc)
+        final, code = settle(own, folder, stamp, rc)
         if final is None:
             print(f"kvtier mlperf_wrapper rank {rank}: kvtier bench exited {rc} without a result", file=sys.stderr)
         elif code:
@@ -231,7 +226,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 file=sys.stderr,
             )
         else:
-            print(f"kvtier mlperf_wrapper rank {rank}: result {final}", flush=True)
+            print(
+                f"kvtier mlperf_wrapper rank {rank}: result {final}; mlpstorage reads its copy, "
+                f"{folder / f'kvcache_results_{stamp}.json'}",
+                flush=True,
+            )
         if not stopping:
             sleep(args.end_delay, "end", rank)
         return code

@@ -103,17 +103,14 @@ def test_the_per_rank_arguments_come_last_so_they_win():
 
 
 @pytest.mark.parametrize(
-    "status,rc,name,code",
-    [("complete", 0, "kvcache_results_S.json", 0), ("partial", 130, "kvcache_partial_S.json", 130),
-     ("failed", 1, "kvcache_failed_S.json", 1), ("complete", 5, "kvcache_complete_S.json", 5)],
-)  # fmt: skip
-def test_only_a_complete_run_is_left_where_mlpstorage_reads(tmp_path: Path, status, rc, name, code):
-    staged = tmp_path / ".kvcache_staged_S.json"
-    staged.write_text(json.dumps({"status": status}))
-    final, exit_code = wrapper.settle(staged, tmp_path, "S", rc)
-    assert final == tmp_path / name and exit_code == code and not staged.exists()
-    assert [p.name for p in tmp_path.glob(wrapper.RESULT_GLOB)] == ([name] if code == 0 else [])
-    assert (tmp_path / "kvtier_result_S.json").exists() == (code == 0)  # kvtier's own, beside mlpstorage's copy
+    "status,rc,code", [("complete", 0, 0), ("partial", 130, 130), ("failed", 1, 1), ("complete", 5, 5)]
+)
+def test_only_a_complete_run_is_left_where_mlpstorage_reads(tmp_path: Path, status, rc, code):
+    own = tmp_path / "kvtier_result_S.json"  # where the bench wrote it: the file its closing lines name
+    own.write_text(json.dumps({"status": status}))
+    final, exit_code = wrapper.settle(own, tmp_path, "S", rc)
+    assert final == own and exit_code == code and own.exists()  # the file the bench named is still there
+    assert [p.name for p in tmp_path.glob(wrapper.RESULT_GLOB)] == (["kvcache_results_S.json"] if code == 0 else [])
 
 
 def test_null_percentiles_are_left_out_as_the_reference_does(tmp_path: Path):
@@ -122,11 +119,11 @@ def test_null_percentiles_are_left_out_as_the_reference_does(tmp_path: Path):
     kvtier_result = {"status": "complete", "summary": {"cache_stats": {
         "storage_read_device_p95_ms": None, "storage_write_device_p95_ms": 3.5, "cpu_read_p50_ms": None,
         "tier_storage_read_bandwidth_gbps": 0.0, "storage_entries": 0, "storage_health": None}}}  # fmt: skip
-    staged = tmp_path / ".kvcache_staged_S.json"
-    staged.write_text(json.dumps(kvtier_result))
-    final, code = wrapper.settle(staged, tmp_path, "S", 0)
-    assert code == 0 and final is not None
-    seen = json.loads(final.read_text())
+    own = tmp_path / "kvtier_result_S.json"
+    own.write_text(json.dumps(kvtier_result))
+    final, code = wrapper.settle(own, tmp_path, "S", 0)
+    assert code == 0 and final == own
+    seen = json.loads((tmp_path / "kvcache_results_S.json").read_text())
     c = seen["summary"]["cache_stats"]
     assert c.get("storage_read_device_p95_ms", 0.0) == 0.0 and c["storage_write_device_p95_ms"] == 3.5
     assert "cpu_read_p50_ms" not in c and c["storage_health"] is None and c["tier_storage_read_bandwidth_gbps"] == 0
