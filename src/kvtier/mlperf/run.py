@@ -43,6 +43,7 @@ from kvtier.results.mlperf import (
     TrialFigures,
     TrialSpread,
 )
+from kvtier.results.ranks import Instance, option_figures
 from kvtier.telemetry.host import mem_total_bytes
 from kvtier.units import GiB
 
@@ -228,22 +229,6 @@ def _spread(xs: list[float]) -> TrialSpread:
     return TrialSpread(median=statistics.median(xs), min=min(xs), max=max(xs), cv=round(cv, 4))
 
 
-@dataclass(frozen=True)
-class Instance:
-    """One instance's figures for the wrapper's table."""
-
-    read_bandwidth_gbps: float
-    write_bandwidth_gbps: float
-    read_device_p95_ms: float | None
-    write_device_p95_ms: float | None
-    avg_throughput_tokens_per_sec: float
-    storage_throughput_tokens_per_sec: float
-    status: str
-    decode_bytes_read_gb: float = 0.0
-    read_p95_ms: float | None = None  # storage_read_p95_ms: the storage read time per request
-    io_p95_ms: float | None = None  # summary.storage_io_latency_ms.p95: the published "P95" is the max of these
-
-
 def _instances(t: Trial) -> list[Instance]:
     """Each instance's figures: from rank 0's aggregate (every rank's, as sent to rank 0: no file of
     another host needed), else from the result files."""
@@ -285,45 +270,40 @@ def _instances(t: Trial) -> list[Instance]:
 
 def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
     """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
-    names = ("read", "write", "avg", "storage", "rp95", "wp95", "decode", "req95", "io95")
-    per: dict[str, list[float]] = {k: [] for k in names}
+    per: dict[str, list[float]] = {"read": [], "write": [], "avg": [], "storage": [], "decode": [], "req95": []}
     missing: list[str] = []
     partial: list[str] = []
+    per_trial = []
     for i, t in enumerate(trials):
         inst = _instances(t)
+        per_trial.append(inst)
         missing += t.missing
         per["read"].append(sum(x.read_bandwidth_gbps for x in inst))
         per["write"].append(sum(x.write_bandwidth_gbps for x in inst))
         per["avg"].append(sum(x.avg_throughput_tokens_per_sec for x in inst))
         per["storage"].append(sum(x.storage_throughput_tokens_per_sec for x in inst))
-        rp = [x.read_device_p95_ms for x in inst if x.read_device_p95_ms is not None]
-        wp = [x.write_device_p95_ms for x in inst if x.write_device_p95_ms is not None]
-        per["rp95"].append(max(rp) if rp else 0.0)
-        per["wp95"].append(max(wp) if wp else 0.0)
         per["decode"].append(sum(x.decode_bytes_read_gb for x in inst))
         req = [x.read_p95_ms for x in inst if x.read_p95_ms is not None]
         if req:
             per["req95"].append(max(req))
-        io = [x.io_p95_ms for x in inst if x.io_p95_ms is not None]
-        if io:
-            per["io95"].append(max(io))
         states = [x.status for x in inst] + ([t.aggregate.status.value] if t.aggregate is not None else [])
         if t.missing or any(s != "complete" for s in states) or t.returncode not in (0, None):
             partial.append(f"trial {i}")
-    mean = statistics.fmean
+    table = option_figures(per_trial)  # mlpstorage's keys and formulas, as over the rank files
+    read, write = table["aggregated_read_bandwidth_gbps"] or 0.0, table["aggregated_write_bandwidth_gbps"] or 0.0
 
     def avg(k: str) -> float:
-        return mean(per[k]) if per[k] else 0.0
+        return statistics.fmean(per[k]) if per[k] else 0.0
 
     return OptionSummary(
         option=option,
-        aggregated_read_bandwidth_gbps=avg("read"),
-        aggregated_write_bandwidth_gbps=avg("write"),
-        aggregated_avg_throughput_tokens_per_sec=avg("avg"),
-        aggregated_storage_throughput_tokens_per_sec=avg("storage"),
-        aggregated_device_read_p95_ms=max(per["rp95"]) if per["rp95"] else None,
-        aggregated_device_write_p95_ms=max(per["wp95"]) if per["wp95"] else None,
-        aggregated_p95_latency_ms=max(per["io95"]) if per["io95"] else None,
+        aggregated_read_bandwidth_gbps=read,
+        aggregated_write_bandwidth_gbps=write,
+        aggregated_avg_throughput_tokens_per_sec=table["aggregated_avg_throughput_tokens_per_sec"] or 0.0,
+        aggregated_storage_throughput_tokens_per_sec=table["aggregated_storage_throughput_tokens_per_sec"] or 0.0,
+        aggregated_device_read_p95_ms=table["aggregated_device_read_p95_ms"],
+        aggregated_device_write_p95_ms=table["aggregated_device_write_p95_ms"],
+        aggregated_p95_latency_ms=table["aggregated_p95_latency_ms"],
         rank_count=n,
         trial_count=len(trials),
         partial_failure=bool(missing or partial),
@@ -332,8 +312,8 @@ def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
             partial_trials=partial,
             decode_bytes_read_gb=avg("decode"),
             storage_read_p95_ms=max(per["req95"]) if per["req95"] else None,
-            read_bandwidth_gbps_per_rank=avg("read") / n if n else 0.0,
-            write_bandwidth_gbps_per_rank=avg("write") / n if n else 0.0,
+            read_bandwidth_gbps_per_rank=read / n if n else 0.0,
+            write_bandwidth_gbps_per_rank=write / n if n else 0.0,
             spread={
                 "read_bandwidth_gbps": _spread(per["read"]),
                 "write_bandwidth_gbps": _spread(per["write"]),

@@ -30,7 +30,7 @@ from kvtier.results.bench import BenchResult
 from kvtier.results.io import write_bytes_atomic
 from kvtier.results.ladder import LadderResult
 from kvtier.results.launch import LaunchResult
-from kvtier.results.mlperf import MlperfRunSummary
+from kvtier.results.mlperf import MlperfRunSummary, MlpstorageRunSummary
 from kvtier.results.outcome import label as cause_label
 from kvtier.results.records import ReplayRecords
 from kvtier.results.replay import ReplayResult
@@ -41,6 +41,7 @@ KINDS = {
     "kvtier replay": "replay",
     "kvtier bench mpi": "bench-mpi",
     "kvtier mlperf run": "mlperf",
+    "mlpstorage kvcache run": "mlperf",
     "kvtier launch": "launch",
     "kvtier plan sweep": "sweep",
     "kvtier ladder": "ladder",
@@ -83,6 +84,57 @@ def _published(options: dict[str, Any]) -> str:
     if not ok:
         return "no option with the figures the published rows have"
     return "\n".join(render(compare(ok)))
+
+
+def _rank_rows(path: Path) -> list[tuple[str, Any]]:
+    """A run folder's rank files (mlpstorage's layout), per option: each rank's device p95s, requests and run length
+    as the rank files say, with kvtier's aggregation of them beside the summary's (``kvtier.mlperf.ranks``)."""
+    from kvtier.errors import DatasetError
+    from kvtier.results.ranks import parity, read_run_folder
+
+    folder = path if path.is_dir() else path.parent
+    if not any(folder.glob("option_*/trial_*/rank_*")):
+        return [("rank files", "none beside the summary (its figures are the summary's alone)")]
+    try:
+        run = read_run_folder(folder)
+        checks = parity(run) if run.summary is not None else []
+    except DatasetError as e:
+        return [("rank files", f"not read: {e}")]
+    rows: list[tuple[str, Any]] = []
+    for o in run.options():
+        mine = [r for r in run.ranks if r.option == o]
+        rd = [x.file.summary.cache_stats.storage_read_device_p95_ms for x in mine]
+        wd = [x.file.summary.cache_stats.storage_write_device_p95_ms for x in mine]
+        req = [x.file.summary.total_requests for x in mine]
+        secs = [x.file.summary.elapsed_time for x in mine]
+        rows.append(
+            (
+                f"option {o}: {len(mine)} rank files",
+                f"device read p95 {_span(rd)} ms, write p95 {_span(wd)} ms; requests {_span(req)}; "
+                f"run length {_span(secs)} s (lowest to highest rank file)",
+            )
+        )
+    if checks:
+        exact = sum(c.exact for c in checks)
+        worst = max((c.rel_err or 0.0) for c in checks)
+        rows.append(
+            (
+                "the summary from its rank files",
+                f"{exact} of {len(checks)} figures reproduced exactly by kvtier's aggregation (worst relative "
+                f"difference {worst:.2g})",
+            )
+        )
+    if run.missing:
+        rows.append(("rank folders without a result", ", ".join(run.missing)))
+    return rows
+
+
+def _span(xs: Sequence[float | int | None]) -> str:
+    got = [x for x in xs if x is not None]
+    if not got:
+        return "—"
+    lo, hi = min(got), max(got)
+    return f"{lo:,.4g}" if lo == hi else f"{lo:,.4g}–{hi:,.4g}"
 
 
 def _label_for(path: Path, taken: set[str]) -> str:
@@ -199,7 +251,7 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
     """What each kind's verdict is, in rows: status, why it stopped, counts and causes, its key flags."""
     r = it.result
     rows: list[tuple[str, Any]] = [("file", it.path)]
-    if not isinstance(r, MlperfRunSummary):  # the wrapper's layout has no envelope
+    if not isinstance(r, (MlperfRunSummary, MlpstorageRunSummary)):  # the wrapper's layout has no envelope
         rows += [("status", r.status.value), ("stop", f"{r.stop_reason.code.value}: {r.stop_reason.message}")]
     if isinstance(r, BenchResult):
         h = r.summary.cache_stats.storage_health
@@ -237,6 +289,18 @@ def status_rows(it: Loaded) -> list[tuple[str, Any]]:
             ("verdict", "; ".join(r.verdict) if r.verdict else "no submission rule broken"),
             ("partial", "yes: a trial lost a rank, failed or stopped early" if r.partial_failure else "no"),
             ("submission table", r.system.get("submission_table_text")),
+            ("beside the published v3.0 KV rows", _published({o: s.model_dump() for o, s in r.options.items()})),
+        ]
+    elif isinstance(r, MlpstorageRunSummary):
+        rows += [
+            ("written by", f"mlpstorage (its run summary, schema {r.schema_version}; no kvtier envelope)"),
+            (
+                "ranks",
+                f"{r.total_ranks} ({r.host_count or '?'} hosts x {r.npernode or '?'} per node), "
+                f"{r.trials_per_option} trials per option",
+            ),
+            ("partial", "yes: a rank's result was missing" if r.partial_failure else "no"),
+            *_rank_rows(Path(it.path)),
             ("beside the published v3.0 KV rows", _published({o: s.model_dump() for o, s in r.options.items()})),
         ]
     elif isinstance(r, LaunchResult):

@@ -2,7 +2,9 @@
 
 ``load(path)`` reads any file kvtier writes — a bench result JSON, an MPI bench aggregate, a replay
 ``summary.json`` (or its folder), a ``launch.json`` (or its folder), a ``kvtier plan`` answer written with
-``--output`` — back into its typed model, validating every key; an error names the file and the key path.
+``--output`` — back into its typed model, validating every key; an error names the file and the key path. It also
+reads mlpstorage's own KV cache run summary (a published run folder's ``summary.json``, or the
+``kvcache_run_summary_<time>.json`` of a run mlpstorage drove), which has no ``benchmark`` key: known by its shape.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from kvtier.results.bench import BenchResult
     from kvtier.results.ladder import LadderResult
     from kvtier.results.launch import LaunchResult
-    from kvtier.results.mlperf import MlperfRunSummary
+    from kvtier.results.mlperf import MlperfRunSummary, MlpstorageRunSummary
     from kvtier.results.plan import PlanResult
     from kvtier.results.replay import ReplayResult
     from kvtier.results.sweep import SweepResult
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
         | LaunchResult
         | BenchAggregate
         | MlperfRunSummary
+        | MlpstorageRunSummary
         | SweepResult
         | LadderResult
         | ArmsResult
@@ -49,7 +52,10 @@ MODELS = {
     "kvtier ladder": "ladder:LadderResult",
     "kvtier plan sweep": "sweep:SweepResult",
     "kvtier mlperf run": "mlperf:MlperfRunSummary",  # the MLPerf wrapper's own layout, not an envelope
+    "mlpstorage kvcache run": "mlperf:MlpstorageRunSummary",  # mlpstorage's own summary: no envelope, no benchmark
 }
+MLPSTORAGE_KEYS = ("schema_version", "run_datetime", "total_ranks", "trials_per_option", "options")
+"""What mlpstorage's run summary has (and no ``benchmark``): ``load`` reads such a file as ``MlpstorageRunSummary``."""
 """The result union, discriminated by ``benchmark``: its model's module under results/ (imported when read); the
 plan answers (``kvtier plan NAME``) are results/plan.py's ``PLAN_RESULTS``."""
 
@@ -79,6 +85,9 @@ def _file(path: Path) -> Path:
         ):
             if (path / name).is_file():
                 return path / name
+        theirs = sorted(path.glob("kvcache_run_summary_*.json"))  # mlpstorage's, in a run folder it wrote
+        if theirs:
+            return theirs[-1]
         raise DatasetError(f"{path}: a folder without summary.json, launch.json or kvcache_run_summary.json")
     return path
 
@@ -100,11 +109,13 @@ def load(path: str | Path) -> AnyResult:
         raise DatasetError(f"{p}: JSON nested too deep to be a kvtier result") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{p}: not a kvtier result (expected a JSON object)")
+    if "benchmark" not in raw and all(k in raw for k in MLPSTORAGE_KEYS):
+        raw = {**raw, "benchmark": "mlpstorage kvcache run"}
     model = _model_for(raw.get("benchmark"))
     if model is None:
         raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
     version = raw.get("result_schema_version")
-    if raw.get("benchmark") != "kvtier mlperf run" and version != SCHEMA_VERSION:
+    if raw["benchmark"] not in ("kvtier mlperf run", "mlpstorage kvcache run") and version != SCHEMA_VERSION:
         raise DatasetError(
             f"{p}: result_schema_version: {version!r}; this kvtier reads version {SCHEMA_VERSION} "
             "(re-run with this kvtier to get a file it can read)"

@@ -144,8 +144,27 @@ class MlperfRunSummary(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)  # kvtier mlperf's flags (MlperfConfig)
 
 
+class MlpstorageRunSummary(BaseModel):
+    """mlpstorage's own run summary, read as it is: a published run folder's ``summary.json`` or the
+    ``kvcache_run_summary_<time>.json`` of a run it drove (kvtier's drop-in or the reference). It has no ``benchmark``
+    key (``results.load`` knows it by its shape and names it so); its options are the table kvtier's summary keeps
+    under the same names (``OptionSummary``, without kvtier's figures)."""
+
+    model_config = ConfigDict(extra="allow")
+    benchmark: Literal["mlpstorage kvcache run"] = "mlpstorage kvcache run"
+    schema_version: str
+    run_datetime: str
+    total_ranks: int
+    trials_per_option: int
+    options: dict[str, OptionSummary]
+    partial_failure: bool = False
+    npernode: int | None = None
+    host_count: int | None = None
+
+
 __all__ = [
     "ClosedRules",
+    "MlpstorageRunSummary",
     "KvtierOptionFigures",
     "MLPerfFigures",
     "MlperfRunSummary",
