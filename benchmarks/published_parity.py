@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "mlpe
 
 
 def run_folders(root: Path) -> list[Path]:
-    return sorted({p.parent for p in root.rglob("summary.json") if any(p.parent.glob("option_*"))})
+    return sorted({p.parent for p in root.rglob("option_1")})
 
 
 def main(argv: list[str] | None = None) -> int:

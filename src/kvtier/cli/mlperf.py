@@ -66,10 +66,10 @@ def run_shim(a: argparse.Namespace) -> int:
 
 
 def run_compare(a: argparse.Namespace) -> int:
-    from kvtier.results.published import compare, load_summary, render
+    from kvtier.results.published import compare, load_summary, render, run_model
 
     cfg = config_from_args(a, MlperfCompareConfig, summary=a.summary)
-    result = compare(load_summary(cfg.summary))
+    result = compare(load_summary(cfg.summary), model=cfg.model or run_model(cfg.summary))
     for line in render(result):
         print(line)
     if cfg.json_output:

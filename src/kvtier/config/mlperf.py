@@ -41,3 +41,8 @@ class MlperfCompareConfig(StrictModel):
 
     summary: str = flag(..., "kvcache_run_summary*.json of mlpstorage or kvtier mlperf run", cli=False)
     json_output: str | None = flag(None, "also write the comparison as JSON here", aliases=("--json",))
+    model: str | None = flag(
+        None,
+        "the run's model as mlpstorage names its folder, for which published rows are comparable (default: from the "
+        "summary's path .../kv_cache/MODEL/run/..., or kvtier's summary; else llama3.1-8b, every CLOSED run's)",
+    )

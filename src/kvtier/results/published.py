@@ -31,24 +31,60 @@ class _Fixed(BaseModel):
 
 
 class PublishedFigure(_Fixed):
-    tokens_per_sec: float
+    """One option of a published run: its summary's keys (published_v3.yaml says which is which)."""
+
+    tokens_per_sec: float  # aggregated_avg_throughput_tokens_per_sec: the published tok/s
     read_gbps: float
-    p95_read_latency_ms: float
+    storage_tokens_per_sec: float | None = None
+    write_gbps: float | None = None
+    p95_latency_ms: float | None = None  # aggregated_p95_latency_ms: the published "P95" (storage time per request)
+    partial_failure: bool = False
+    missing_rank_results: int = 0
+    device_read_p95_ms: float | None = None  # from the rank files, where all were read
+    device_write_p95_ms: float | None = None
 
 
-class PublishedRow(_Fixed):
+RankFigures = tuple[int, int, int, int, float, float | None, float | None, str]
+"""A rank file's figures: option, trial, rank, requests, run length s, device read and write p95 ms, file name."""
+
+
+class PublishedRun(_Fixed):
     submitter: str
     system: str
     division: str
+    model: str
+    path: str  # the run folder in mlcommons/storage_results_v3.0
+    summary: str
+    published: bool  # the run a published row comes from (false: superseded by a later one, or withheld)
     ranks: int = Field(ge=1)
     hosts: int = Field(ge=1)
-    source: str
+    trials: int = Field(ge=1)
     options: dict[int, PublishedFigure]
+    rank_files: list[RankFigures] = Field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def source(self) -> str:
+        return f"mlcommons/storage_results_v3.0@068d91f:{self.path}{self.summary}"
+
+    @property
+    def scale(self) -> str:
+        return scale_class(self.ranks)
 
 
 class Published(_Fixed):
     version: str
-    rows: list[PublishedRow]
+    runs: list[PublishedRun]
+
+    @property
+    def rows(self) -> list[PublishedRun]:
+        """The runs the published rows come from."""
+        return [r for r in self.runs if r.published]
+
+
+def scale_class(ranks: int) -> str:
+    """Runs compared as peers: by the number of instances that load the storage."""
+    return "1 rank" if ranks <= 1 else "2-8 ranks" if ranks <= 8 else "9-64 ranks" if ranks <= 64 else "65+ ranks"
 
 
 class RunOption(BaseModel):
@@ -82,25 +118,46 @@ class RunFigures(_Fixed):
 class RowComparison(_Fixed):
     submitter: str
     system: str
+    model: str
+    division: str
     ranks: int
     source: str
     tokens_per_sec: float
     read_gbps: float
-    p95_read_latency_ms: float
+    write_gbps: float | None
+    p95_latency_ms: float | None  # the published "P95" (storage time per request)
+    device_read_p95_ms: float | None  # the drive's own, from the rank files where read: never divided by the P95
+    partial_failure: bool
+    comparable: bool  # same model and scale class as the run
+    why_not: str | None  # what differs, when not comparable
     run_over_row_tokens: float | None
     run_over_row_read: float | None
+    run_over_row_write: float | None
     run_over_row_tokens_per_rank: float | None
     run_over_row_read_per_rank: float | None
     run_over_row_p95: float | None
 
 
+class Placement(_Fixed):
+    """Where the run's figure falls among the published rows' (1: the highest; ``of``: the rows and the run)."""
+
+    figure: str
+    place: int
+    of: int
+    among_comparable: int | None  # the place among the comparable rows only (None: none is comparable)
+    of_comparable: int
+
+
 class OptionComparison(_Fixed):
     run: RunFigures
     rows: list[RowComparison]
+    placements: list[Placement]
 
 
 class PublishedComparison(_Fixed):
     published_version: str
+    model: str
+    scale: str
     options: dict[str, OptionComparison]
     missing_options: list[int]
     notes: list[str]
@@ -159,34 +216,88 @@ def load_summary(path: str | Path) -> dict[str, RunOption]:
     return run_options(options, f"{p}: ")
 
 
+def run_model(path: str | Path) -> str:
+    """The model a run summary's run used, as mlpstorage names its folder: from the path (``…/kv_cache/MODEL/run/…``,
+    as mlpstorage and the published tree lay a run out), else kvtier's summary's ``overrides.model``, else
+    llama3.1-8b (every CLOSED run's)."""
+    parts = Path(path).resolve().parts
+    for i, part in enumerate(parts[:-2]):
+        if part == "kv_cache" and parts[i + 2] == "run":
+            return parts[i + 1]
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
+        data = None
+    over = data.get("overrides") if isinstance(data, dict) else None
+    model = over.get("model") if isinstance(over, dict) else None
+    return model if isinstance(model, str) and model else "llama3.1-8b"
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
 
-def _row(run: RunFigures, row: PublishedRow, fig: PublishedFigure) -> RowComparison:
+def _row(run: RunFigures, row: PublishedRun, fig: PublishedFigure, model: str) -> RowComparison:
     tok, read, ranks, n = run.tokens_per_sec, run.read_gbps, run.ranks, row.ranks
-    p95 = run.p95_latency_ms
+    differs = [
+        what
+        for what, mine, theirs in (("model", model, row.model), ("scale", scale_class(ranks), row.scale))
+        if mine != theirs
+    ]
     return RowComparison(
         submitter=row.submitter,
         system=row.system,
+        model=row.model,
+        division=row.division,
         ranks=n,
         source=row.source,
         tokens_per_sec=fig.tokens_per_sec,
         read_gbps=fig.read_gbps,
-        p95_read_latency_ms=fig.p95_read_latency_ms,
+        write_gbps=fig.write_gbps,
+        p95_latency_ms=fig.p95_latency_ms,
+        device_read_p95_ms=fig.device_read_p95_ms,
+        partial_failure=fig.partial_failure,
+        comparable=not differs,
+        why_not=None
+        if not differs
+        else "; ".join(
+            f"model {row.model}" if d == "model" else f"{row.scale} ({n}), this run {scale_class(ranks)}"
+            for d in differs
+        ),
         run_over_row_tokens=_ratio(tok, fig.tokens_per_sec),
         run_over_row_read=_ratio(read, fig.read_gbps),
+        run_over_row_write=None
+        if run.write_gbps is None or fig.write_gbps is None
+        else _ratio(run.write_gbps, fig.write_gbps),
         run_over_row_tokens_per_rank=_ratio(tok / ranks, fig.tokens_per_sec / n),
         run_over_row_read_per_rank=_ratio(read / ranks, fig.read_gbps / n),
-        run_over_row_p95=None if p95 is None else _ratio(p95, fig.p95_read_latency_ms),
+        run_over_row_p95=None
+        if run.p95_latency_ms is None or fig.p95_latency_ms is None
+        else _ratio(run.p95_latency_ms, fig.p95_latency_ms),
     )
 
 
-def compare(options: dict[str, RunOption], rows: Published | None = None) -> PublishedComparison:
+def _place(figure: str, mine: float, rows: list[tuple[float, bool]]) -> Placement:
+    """The run's place by ``figure`` (higher is better) among the rows' values, and among the comparable ones."""
+    comp = [v for v, ok in rows if ok]
+    return Placement(
+        figure=figure,
+        place=1 + sum(v > mine for v, _ in rows),
+        of=len(rows) + 1,
+        among_comparable=1 + sum(v > mine for v in comp) if comp else None,
+        of_comparable=len(comp) + 1,
+    )
+
+
+def compare(
+    options: dict[str, RunOption], rows: Published | None = None, model: str = "llama3.1-8b"
+) -> PublishedComparison:
+    """The run (``model``: its folder's model, as mlpstorage names it) beside every published row, per option."""
     pub = rows or published()
     out: dict[str, OptionComparison] = {}
     missing: list[int] = []
     notes: list[str] = []
+    scale = "?"
     for o in ("1", "2", "3"):
         s = options.get(o)
         if s is None:
@@ -194,6 +305,7 @@ def compare(options: dict[str, RunOption], rows: Published | None = None) -> Pub
             notes.append(f"option {o} is not in this run: a CLOSED submission has all three options")
             continue
         ranks = int(s.rank_count) or 1
+        scale = scale_class(ranks)
         tok, read = s.aggregated_avg_throughput_tokens_per_sec, s.aggregated_read_bandwidth_gbps
         if s.partial_failure:
             notes.append(
@@ -211,47 +323,67 @@ def compare(options: dict[str, RunOption], rows: Published | None = None) -> Pub
             p95_latency_ms=s.aggregated_p95_latency_ms,
             storage_tokens_per_sec=s.aggregated_storage_throughput_tokens_per_sec,
         )
-        figs = [(row, row.options.get(int(o))) for row in pub.rows]
-        out[o] = OptionComparison(run=run, rows=[_row(run, row, fig) for row, fig in figs if fig is not None])
-    return PublishedComparison(published_version=pub.version, options=out, missing_options=missing, notes=notes)
-
-
-def _n(x: float) -> str:
-    return f"{int(x):,}" if x == int(x) else f"{x:,}"
+        found = [(row, row.options.get(int(o))) for row in pub.rows]
+        compared = [_row(run, row, fig, model) for row, fig in found if fig is not None]
+        placements = [
+            _place("tok/s", tok, [(w.tokens_per_sec, w.comparable) for w in compared]),
+            _place("tok/s per rank", tok / ranks, [(w.tokens_per_sec / w.ranks, w.comparable) for w in compared]),
+            _place("read GiB/s", read, [(w.read_gbps, w.comparable) for w in compared]),
+            _place("read GiB/s per rank", read / ranks, [(w.read_gbps / w.ranks, w.comparable) for w in compared]),
+        ]
+        out[o] = OptionComparison(run=run, rows=compared, placements=placements)
+    return PublishedComparison(
+        published_version=pub.version, model=model, scale=scale, options=out, missing_options=missing, notes=notes
+    )
 
 
 def _fmt(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}"
 
 
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
 def render(c: PublishedComparison) -> list[str]:
-    lines = []
+    lines = [
+        f"this run: {c.model}, {c.scale}; comparable rows (*): the same model and scale class "
+        f"({len(published().rows)} published runs read, published_v3.yaml says which rows are missing and why)"
+    ]
     for o, e in c.options.items():
         r = e.run
         p95, req = r.device_read_p95_ms, r.p95_latency_ms
         lines.append(
             f"option {o}: this run {r.tokens_per_sec:,.1f} tok/s, read {r.read_gbps:.3f} GiB/s over {r.ranks} ranks "
-            f"({r.tokens_per_sec_per_rank:,.1f} tok/s, {r.read_gbps_per_rank:.3f} GiB/s per rank); device read p95 "
-            f"{'—' if p95 is None else f'{p95:,.1f}'} ms"
-            + ("" if req is None else f"; P95 latency {req:,.1f} ms (storage time per request, as published)")
+            f"({r.tokens_per_sec_per_rank:,.1f} tok/s, {r.read_gbps_per_rank:.3f} GiB/s per rank); P95 "
+            f"{_ms(req)} ms (storage time per request, as published), device read p95 {_ms(p95)} ms"
         )
-        for w in e.rows:
+        lines.append(
+            "  place among the published rows (1 = highest): "
+            + ", ".join(
+                f"{p.figure} {p.place} of {p.of}"
+                + ("" if p.among_comparable is None else f" ({p.among_comparable} of {p.of_comparable} comparable)")
+                for p in e.placements
+            )
+        )
+        for w in sorted(e.rows, key=lambda w: (not w.comparable, -w.tokens_per_sec)):
             lines.append(
-                f"  {w.submitter} {w.system} ({w.ranks} rank{'s' if w.ranks != 1 else ''}): {_n(w.tokens_per_sec)} "
-                f"tok/s, read {_n(w.read_gbps)} GiB/s, P95 latency {_n(w.p95_read_latency_ms)} ms (per request) | "
-                f"this run x{_fmt(w.run_over_row_tokens)} tok/s, x{_fmt(w.run_over_row_read)} read; per rank "
-                f"x{_fmt(w.run_over_row_tokens_per_rank)}, x{_fmt(w.run_over_row_read_per_rank)}"
+                f"  {'*' if w.comparable else ' '} {w.submitter} {w.system[:40]} ({w.ranks} rank"
+                f"{'s' if w.ranks != 1 else ''}"
+                f"{', ' + w.division if w.division != 'closed' else ''}"
+                f"{', partial' if w.partial_failure else ''}): {w.tokens_per_sec:,.0f} tok/s, read "
+                f"{w.read_gbps:,.2f} GiB/s, P95 {_ms(w.p95_latency_ms)} ms, device read p95 "
+                f"{_ms(w.device_read_p95_ms)} ms | this run x{_fmt(w.run_over_row_tokens)} tok/s, "
+                f"x{_fmt(w.run_over_row_read)} read; per rank x{_fmt(w.run_over_row_tokens_per_rank)}, "
+                f"x{_fmt(w.run_over_row_read_per_rank)}"
                 + ("" if w.run_over_row_p95 is None else f"; P95 x{_fmt(w.run_over_row_p95)}")
+                + ("" if w.comparable else f" [not comparable: {w.why_not}]")
             )
     lines += [f"note: {n}" for n in c.notes]
     lines.append(
-        "the published rows are CLOSED runs (the options' fixed models, users and 300 s): a run on other parameters "
-        "is placed beside them, not ranked among them"
-    )
-    lines.append(
         "the published tok/s is aggregated_avg_throughput_tokens_per_sec and its P95 aggregated_p95_latency_ms (the "
-        "highest rank's storage I/O time per request, queueing included); the device p95 is the drive's own time: "
-        "side by side, never divided"
+        "highest rank's storage I/O time per request, queueing included); the device p95 is the drive's own time "
+        "(from the rank files, where read): side by side, never divided"
     )
     return lines
 
@@ -259,10 +391,13 @@ def render(c: PublishedComparison) -> list[str]:
 __all__ = [
     "PublishedComparison",
     "Published",
+    "PublishedRun",
+    "scale_class",
     "RunOption",
     "comparable",
     "compare",
     "load_summary",
     "published",
     "render",
+    "run_model",
 ]

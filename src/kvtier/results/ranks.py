@@ -150,6 +150,7 @@ class RunFolder:
 
     path: Path
     summary: dict[str, object] | None
+    summary_name: str | None = None
     ranks: list[RankRecord] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # rank folders without a result file
 
@@ -190,12 +191,13 @@ def read_rank_file(path: Path) -> RankFile:
 
 
 def read_run_folder(folder: str | Path) -> RunFolder:
-    """A run folder: ``summary.json`` (if any) and every ``option_<o>/trial_<t>/rank_<r>/kvcache_results_*.json``; a
+    """A run folder: its summary (``summary.json``, else mlpstorage's ``kvcache_run_summary_<time>.json``) and every ``option_<o>/trial_<t>/rank_<r>/kvcache_results_*.json``; a
     rank folder without one is named in ``missing``, one with two is refused (which mlpstorage read is unknown)."""
     root = Path(folder)
     if not root.is_dir():
         raise DatasetError(f"{root}: not a folder (expected an MLPerf KV cache run folder)")
-    summary_path = root / "summary.json"
+    named = sorted(root.glob("kvcache_run_summary_*.json"))  # mlpstorage's own name; the published tree renames it
+    summary_path = root / "summary.json" if (root / "summary.json").is_file() or not named else named[-1]
     summary = None
     if summary_path.is_file():
         try:
@@ -203,7 +205,7 @@ def read_run_folder(folder: str | Path) -> RunFolder:
         except (OSError, ValueError) as e:
             raise DatasetError(f"{summary_path}: cannot read as JSON: {e}") from None
         summary = loaded if isinstance(loaded, dict) else None
-    run = RunFolder(root, summary)
+    run = RunFolder(root, summary, summary_path.name if summary is not None else None)
     for rank_dir in sorted(root.glob("option_*/trial_*/rank_*")):
         o, t, r = (_number(p, n) for p, n in zip(rank_dir.parts[-3:], ("option", "trial", "rank"), strict=True))
         if o is None or t is None or r is None or not rank_dir.is_dir():
@@ -235,15 +237,15 @@ class ParityFigure:
 def parity(run: RunFolder) -> list[ParityFigure]:
     """Each figure of the run's summary that the aggregation makes, beside the aggregation over its rank files."""
     if run.summary is None:
-        raise DatasetError(f"{run.path}: no summary.json to reproduce")
+        raise DatasetError(f"{run.path}: no summary.json or kvcache_run_summary_*.json to reproduce")
     options = run.summary.get("options")
     if not isinstance(options, dict):
-        raise DatasetError(f"{run.path / 'summary.json'}: options: expected an object")
+        raise DatasetError(f"{run.path / str(run.summary_name)}: options: expected an object")
     out = []
     for o in run.options():
         published = options.get(str(o))
         if not isinstance(published, dict):
-            raise DatasetError(f"{run.path / 'summary.json'}: options.{o}: missing, though the run has its ranks")
+            raise DatasetError(f"{run.path / str(run.summary_name)}: options.{o}: missing, though the run has its ranks")
         mine = option_figures(run.trials(o))
         for key in FIGURES:
             want = published.get(key)
