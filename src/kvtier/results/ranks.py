@@ -191,8 +191,9 @@ def read_rank_file(path: Path) -> RankFile:
 
 
 def read_run_folder(folder: str | Path) -> RunFolder:
-    """A run folder: its summary (``summary.json``, else mlpstorage's ``kvcache_run_summary_<time>.json``) and every ``option_<o>/trial_<t>/rank_<r>/kvcache_results_*.json``; a
-    rank folder without one is named in ``missing``, one with two is refused (which mlpstorage read is unknown)."""
+    """A run folder: its summary (``summary.json``, else mlpstorage's ``kvcache_run_summary_<time>.json``) and every
+    ``option_<o>/trial_<t>/rank_<r>/kvcache_results_*.json``; a rank folder without one is named in ``missing``, one
+    with two is refused (which one mlpstorage read is unknown)."""
     root = Path(folder)
     if not root.is_dir():
         raise DatasetError(f"{root}: not a folder (expected an MLPerf KV cache run folder)")
@@ -245,7 +246,8 @@ def parity(run: RunFolder) -> list[ParityFigure]:
     for o in run.options():
         published = options.get(str(o))
         if not isinstance(published, dict):
-            raise DatasetError(f"{run.path / str(run.summary_name)}: options.{o}: missing, though the run has its ranks")
+            where = run.path / str(run.summary_name)
+            raise DatasetError(f"{where}: options.{o}: missing, though the run has its ranks")
         mine = option_figures(run.trials(o))
         for key in FIGURES:
             want = published.get(key)
