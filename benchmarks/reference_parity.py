@@ -44,12 +44,13 @@ kvtier's tier operations), and each one's peak RSS from its own rusage, whole an
 tier both are given. The reference runs its own CLI with
 its request queue and cache methods wrapped from outside (its logic untouched). Then
 ``reference_parity_load_detail max_submitted_deviation=<max |kvtier/reference - 1| of submitted/offered>
-<per workload>``, and last the figure of #42's restated aims:
-``reference_parity_load submitted_over_offered_min=<kvtier's lowest submitted/offered>
-deviation_where_reference_keeps_up=<max |kvtier/reference - 1| of submitted/offered where the reference submits
->= 0.95 of its own offer; none where it never does> reads_per_s_deviation=<max |kvtier/reference - 1| of reads per
-second that found their entry> reads_per_s_deviation_where_reference_keeps_up=<the same where the reference keeps
-up> <per workload>`` (aims: >= 0.95, <= 0.10, <= 0.15).
+<per workload>``, and last the figures of #57's restated aims:
+``reference_parity_load reads_per_request_deviation=<max |kvtier/reference - 1| of the reads that found their
+entry per completed request, each over its whole run> submitted_over_offered_min=<kvtier's lowest
+submitted/offered> deviation_where_reference_keeps_up=<max |kvtier/reference - 1| of submitted/offered where the
+reference submits >= 0.95 of its own offer; none where it never does> reads_per_s_deviation=<the same of reads per
+second> <per workload>`` (aims: reads per request <= 0.15, submitted/offered >= 0.95; #42's earlier aims on the
+other two, <= 0.10 and <= 0.15, conflicted with kvtier serving the same offer faster).
 
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
@@ -302,7 +303,7 @@ sys.path.insert(0, {ref!r})
 lock = threading.Lock()
 stats = {{"submitted": 0, "submitted_in_window": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0,
           "first_put": None, "last_put": None, "load_start": None, "load_stop": None, "think_times_s": [],
-          "reads_in_window": 0}}
+          "reads_in_window": 0, "reads_total": 0}}
 from kv_cache import benchmark, cache, workload
 from kv_cache.cli import main
 mixed = workload.UserSimulator.generate_mixed_users.__func__
@@ -363,7 +364,9 @@ acc = cache.MultiTierCache.access_cache
 def access(self, *a, **k):  # reads that found their entry (a miss moves no bytes), inside the load window
     res = acc(self, *a, **k)
     with lock:
-        if stats["load_start"] is not None and stats["load_stop"] is None and res and res[0] is not None:
+        found = bool(res) and res[0] is not None
+        stats["reads_total"] += found  # the whole run's: over the requests it completed
+        if stats["load_start"] is not None and stats["load_stop"] is None and found:
             stats["reads_in_window"] += 1
     return res
 cache.MultiTierCache.access_cache = access
@@ -416,6 +419,7 @@ def kvtier_load(r: dict, config: Path) -> dict[str, float]:
     busy = {op: sum(t[op]["ops"] * (t[op]["latency_ms"]["mean"] or 0) / 1e3 for t in r["tiers"].values())
             for op in ("read", "write")}  # fmt: skip
     q = r["summary"]["queue_wait_ms"]
+    reads = sum(t["read"]["by_cause"].get("request", {}).get("ops", 0) for t in r["tiers"].values())
     return {
         "submitted_per_user_s": submitted / users / wall,
         "offered_per_user_s": kvtier_offered(r, config),
@@ -426,7 +430,8 @@ def kvtier_load(r: dict, config: Path) -> dict[str, float]:
         "read_concurrency": busy["read"] / wall,
         "write_concurrency": busy["write"] / wall,
         # reads requests made that found their entry, any tier (demotion reads are the store's own, not counted)
-        "reads_per_s": sum(t["read"]["by_cause"].get("request", {}).get("ops", 0) for t in r["tiers"].values()) / wall,
+        "reads_per_s": reads / wall,
+        "reads_per_request": reads / max(r["requests_completed"], 1),  # the whole run's, per completed request
     }
 
 
@@ -449,6 +454,7 @@ def reference_load(r: dict, stats: dict, users: int, duration: float) -> dict[st
         "read_concurrency": stats["read_busy_s"] / max(window, 1e-9),
         "write_concurrency": stats["write_busy_s"] / max(window, 1e-9),
         "reads_per_s": stats.get("reads_in_window", 0) / max(window, 1e-9),
+        "reads_per_request": stats.get("reads_total", 0) / max(r["summary"]["total_requests"], 1),
     }
 
 
@@ -507,27 +513,30 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
             (model, ratio, raw, kv["read_concurrency"], ref["read_concurrency"], rss, beyond),
         ]
         reads = kv["reads_per_s"] / ref["reads_per_s"] if ref["reads_per_s"] else float("nan")
-        a.aims = [*getattr(a, "aims", []), (f"opt{i + 1}", eff["kvtier"], eff["reference"], reads)]
+        per_req = kv["reads_per_request"] / ref["reads_per_request"] if ref["reads_per_request"] else float("nan")
+        a.aims = [*getattr(a, "aims", []), (f"opt{i + 1}", eff["kvtier"], eff["reference"], reads, per_req)]
     return worst
 
 
-def aims_line(aims: list[tuple[str, float, float, float]]) -> str:
-    """#42's restated aims for #26: kvtier submits >= 0.95 of what its users offer on every workload; within 10 %
-    of the reference's submitted/offered wherever the reference keeps up (>= 0.95 of its own offer); reads per
-    second (not reads in flight, which grow with how long a read takes) within 15 %."""
-    kept = [abs(k / r - 1) for _, k, r, _ in aims if r >= 0.95]
-    reads = [abs(x - 1) for *_, x in aims if x == x]
-    # the same reads-per-second figure only where the reference keeps up with its own offer: where it falls
-    # behind, kvtier reading more per second is kvtier keeping up, not a deviation to remove
-    reads_kept = [abs(x - 1) for _, _, r, x in aims if x == x and r >= 0.95]
-    per = " ".join(f"{m}:kvtier={k:.3f},reference={r:.3f},reads_ratio={x:.3f}" for m, k, r, x in aims)
+def aims_line(aims: list[tuple[str, float, float, float, float]]) -> str:
+    """#57's restated load aims: kvtier submits >= 0.95 of what its users offer on every workload, and its reads
+    that found their entry per *completed* request are within 15 % of the reference's (reads per second follow how
+    fast each serves the same offer: kvtier serving faster is not a different workload). Beside them, #42's: within
+    10 % of the reference's submitted/offered wherever the reference keeps up, and reads per second."""
+    kept = [abs(k / r - 1) for _, k, r, _, _ in aims if r >= 0.95]
+    reads = [abs(x - 1) for _, _, _, x, _ in aims if x == x]
+    per_req = [abs(x - 1) for *_, x in aims if x == x]
+    per = " ".join(
+        f"{m}:kvtier={k:.3f},reference={r:.3f},reads_per_request_ratio={q:.3f},reads_per_s_ratio={x:.3f}"
+        for m, k, r, x, q in aims
+    )
     kept_s = f"{max(kept):.3f}" if kept else "none"
     reads_s = f"{max(reads):.3f}" if reads else "nan"
-    reads_kept_s = f"{max(reads_kept):.3f}" if reads_kept else "none"
-    lowest = min(k for _, k, _, _ in aims)
+    per_req_s = f"{max(per_req):.3f}" if per_req else "nan"
+    lowest = min(k for _, k, *_ in aims)
     return (
-        f"reference_parity_load submitted_over_offered_min={lowest:.3f} deviation_where_reference_keeps_up={kept_s} "
-        f"reads_per_s_deviation={reads_s} reads_per_s_deviation_where_reference_keeps_up={reads_kept_s} {per}"
+        f"reference_parity_load reads_per_request_deviation={per_req_s} submitted_over_offered_min={lowest:.3f} "
+        f"deviation_where_reference_keeps_up={kept_s} reads_per_s_deviation={reads_s} {per}"
     )
 
 
@@ -559,7 +568,7 @@ def main() -> None:
                 for m, r, w, kc, rc, x, b in a.load_rows
             )
             print(f"reference_parity_load_detail max_submitted_deviation={max(worst):.3f} {rows}")
-            print(aims_line(a.aims))  # last: the figure #42 asks for
+            print(aims_line(a.aims))  # last: the figures #57 asks for
             return
         keys = keys_part(a, config, work) if a.part in ("keys", "both") else []
         deviations = work_part(a, config, work) if a.part in ("work", "both") else keys

@@ -27,7 +27,10 @@ def test_every_published_figure_is_reproduced_from_the_rank_files(folder: Path):
         assert [len(t) for t in run.trials(o)] == [run.summary["total_ranks"]] * 3  # every rank of three trials
     checks = parity(run)
     assert len(checks) == 15  # 5 figures x 3 options: the v3.0 summaries' aggregated_* keys
-    assert [(c.option, c.key) for c in checks if not c.exact] == []
+    # to the last bit; where not, the same double when a trial's ranks are summed in another order (the
+    # submitter's mlpstorage read its rank files in another order: GalaxSphere-3Tier0 and -4Tier0, one figure each)
+    assert [(c.option, c.key) for c in checks if not (c.exact or c.order_only)] == []
+    assert all(c.rel_err is not None and c.rel_err < 1e-15 for c in checks)
 
 
 def test_the_rank_files_read_are_the_published_ones():
@@ -37,6 +40,14 @@ def test_the_rank_files_read_are_the_published_ones():
         assert source == f"{SAMSUNG.relative_to(PUBLISHED)}/{r.path}"
 
 
+def test_a_sum_in_another_rank_order_is_told_from_a_different_figure():
+    run = read_run_folder(PUBLISHED / "closed/Suzhou_Zishan_Longlin/results/GalaxSphere-3Tier0/kv_cache/llama3.1-8b/run"
+                          / "20260724_084036")  # fmt: skip
+    (odd,) = [c for c in parity(run) if not c.exact]
+    assert (odd.option, odd.key, odd.order_only) == (1, "aggregated_write_bandwidth_gbps", True)
+    assert odd.published == 40.543301706958324 and odd.recomputed == 40.54330170695832  # one unit in the last place
+
+
 def test_a_changed_rank_figure_is_caught(tmp_path: Path):
     run_dir = tmp_path / "run"
     shutil.copytree(SAMSUNG, run_dir)
@@ -44,8 +55,8 @@ def test_a_changed_rank_figure_is_caught(tmp_path: Path):
     data = json.loads(f.read_text())
     data["summary"]["avg_throughput_tokens_per_sec"] += 0.001
     f.write_text(json.dumps(data))
-    bad = [(c.option, c.key) for c in parity(read_run_folder(run_dir)) if not c.exact]
-    assert bad == [(2, "aggregated_avg_throughput_tokens_per_sec")]
+    bad = [(c.option, c.key, c.order_only) for c in parity(read_run_folder(run_dir)) if not c.exact]
+    assert bad == [(2, "aggregated_avg_throughput_tokens_per_sec", False)]
 
 
 def test_ranks_are_summed_within_a_trial_and_their_p95s_maxed_across_trials():
