@@ -134,7 +134,11 @@ def _span(xs: Sequence[float | int | None]) -> str:
     if not got:
         return "—"
     lo, hi = min(got), max(got)
-    return f"{lo:,.4g}" if lo == hi else f"{lo:,.4g}–{hi:,.4g}"
+
+    def f(x: float | int) -> str:
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+    return f(lo) if f(lo) == f(hi) else f"{f(lo)}–{f(hi)}"
 
 
 def _label_for(path: Path, taken: set[str]) -> str:

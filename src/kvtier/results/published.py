@@ -202,8 +202,26 @@ def comparable(options: dict[str, object]) -> dict[str, RunOption]:
 
 
 def load_summary(path: str | Path) -> dict[str, RunOption]:
-    """The options of a run summary file, checked: every option has the figures compared (named when not)."""
+    """The options of a run summary file, checked: every option has the figures compared (named when not). Where
+    the summary has no device read p95 (every v3.0 summary) and its folder holds the run's rank files, it is taken
+    from them (the max over ranks and trials, as mlpstorage's aggregation takes it)."""
     p = Path(path)
+    options = _summary_options(p)
+    out = run_options(options, f"{p}: ")
+    missing = [o for o, s in out.items() if s.aggregated_device_read_p95_ms is None]
+    if missing and any(p.parent.glob("option_*/trial_*/rank_*")):
+        from kvtier.results.ranks import option_figures, read_run_folder
+
+        run = read_run_folder(p.parent)
+        for o in missing:
+            fig = option_figures(run.trials(int(o))) if o.isdigit() and int(o) in run.options() else {}
+            out[o] = out[o].model_copy(
+                update={"aggregated_device_read_p95_ms": fig.get("aggregated_device_read_p95_ms")}
+            )
+    return out
+
+
+def _summary_options(p: Path) -> dict[str, object]:
     try:
         data = json.loads(p.read_text())
     except OSError as e:
@@ -213,7 +231,7 @@ def load_summary(path: str | Path) -> dict[str, RunOption]:
     options = data.get("options") if isinstance(data, dict) else None
     if not isinstance(options, dict) or not options:
         raise DatasetError(f"{p}: no 'options' (expected a kvcache_run_summary from mlpstorage or kvtier mlperf run)")
-    return run_options(options, f"{p}: ")
+    return options
 
 
 def run_model(path: str | Path) -> str:

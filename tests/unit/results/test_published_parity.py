@@ -104,3 +104,20 @@ def test_the_published_summary_loads_as_mlpstorage_wrote_it():
     r = load(SAMSUNG)  # the folder: its summary.json
     assert isinstance(r, MlpstorageRunSummary) and r.total_ranks == 1 and r.trials_per_option == 3
     assert r.options["1"].aggregated_p95_latency_ms == 133183.2481597113
+
+
+def test_compare_takes_the_device_p95_from_the_rank_files_beside_a_summary_without_it():
+    from kvtier.results.published import load_summary
+
+    opts = load_summary(SAMSUNG / "summary.json")  # a v3.0 summary: no device p95 key
+    assert opts["1"].aggregated_device_read_p95_ms == 13585.38871474957  # the highest rank file's, of 3 trials
+
+
+def test_kvtier_report_shows_a_published_run_folder_with_its_rank_files():
+    from kvtier.report.html import load_all, status_rows
+
+    (item,) = load_all([str(SAMSUNG)])
+    rows = dict(status_rows(item))
+    assert item.kind == "mlperf" and rows["written by"].startswith("mlpstorage")
+    assert rows["the summary from its rank files"].startswith("15 of 15 figures reproduced exactly")
+    assert "device read p95 13,349–13,585 ms" in rows["option 1: 3 rank files"]
