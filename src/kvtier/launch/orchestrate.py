@@ -202,7 +202,10 @@ def plan(cfg: LaunchConfig) -> LaunchPlan:
     elif cfg.engine == "vllm":  # devices from the host (never from the replica index); too few: refused now
         inventory = discover(cfg.build, cfg.gpus, os.environ)
         need = cfg.replicas * cfg.gpus_per_replica
-        if cfg.dry_run and len(inventory.devices) < need:  # plan with placeholders, and say so
+        # plan with placeholders, and say so, only where the host shows no device at all: an allocation the user
+        # gave (--gpus, CUDA/HIP_VISIBLE_DEVICES) is never overridden by assumed devices, a dry run included
+        given = inventory.source in ("--gpus", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+        if cfg.dry_run and not inventory.devices and not given:
             names = [f"GPU{i}" for i in range(need)]
             assumed.append(
                 f"devices {','.join(names)} ({inventory.describe()} here; a real run needs them: "

@@ -387,3 +387,22 @@ def test_a_dry_run_on_a_host_without_gpus_or_nvme_dir_plans_with_placeholders_an
     with pytest.raises(LaunchError, match="need 2 device"):
         plan(LaunchConfig(**base, nvme_dir=str(tmp_path)))
     assert plan(LaunchConfig(**base, nvme_dir=str(tmp_path), gpus="0,1", dry_run=True)).assumed == []
+
+
+@pytest.mark.parametrize("given", [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": ""}, {"gpus": "0"}])
+def test_a_dry_run_never_overrides_an_allocation_the_user_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given):
+    """#58 item 15: with CUDA_VISIBLE_DEVICES=0 (or an empty one, or --gpus 0) and --replicas 2, a dry run assumed
+    "GPU0,GPU1" and planned; the devices the user gave are the devices, so it refuses as a real run does."""
+    from kvtier.errors import LaunchError
+
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for k, v in given.items():
+        if k.isupper():
+            monkeypatch.setenv(k, v)
+    gpus = {"gpus": given["gpus"]} if "gpus" in given else {}
+    cfg = LaunchConfig(tier="cpu", engine="vllm", build="nvidia", replicas=2, output=str(tmp_path / "out"),
+                       replay=ReplayConfig(model=MODEL, dataset="d"), dry_run=True, **gpus)  # fmt: skip
+    with pytest.raises(LaunchError, match="need 2 device"):
+        plan(cfg)
