@@ -52,6 +52,11 @@ def test_datasize_from_the_request_stream(tmp_path: Path):
         assert o["working_set_fits_free_space"] in (True, False)
     assert o3["kv_bytes_per_token"] == 327680 and o1["kv_bytes_per_token"] == 131072
     assert "option 1: llama3.1-8b, 4 users" in p.stdout
+    free = est["cache_dir_free_bytes"] / 2**30  # what was compared, and what would fit (#58 item 20)
+    assert f"--cache-dir {tmp_path}: " in p.stdout and "GiB free, compared with the working sets of all 2" in p.stdout
+    assert abs(float(p.stdout.split("GiB free")[0].rsplit(": ", 1)[1]) - free) < 0.1
+    n1 = int(est["cache_dir_free_bytes"] // o1["working_set_bytes"])
+    assert f"instances whose working sets would fit: option 1 {n1} (storage minimum: " in p.stdout
 
 
 @pytest.mark.slow

@@ -98,6 +98,20 @@ def run_mlperf(a: argparse.Namespace) -> int:
                 f"largest entry {row['largest_entry_bytes'] / gib:.2f} GiB"
             )
         looked = est["cache_dir_looked_at"]
+        free = est["cache_dir_free_bytes"]
+        if free is not None:  # what was compared, and what would fit (#58 item 20)
+
+            def fit(need: int) -> int:
+                return int(free // need) if need else est["num_processes"]
+
+            fits = "; ".join(
+                f"option {o} {fit(row['working_set_bytes'])} (storage minimum: {fit(row['storage_min_bytes'])})"
+                for o, row in est["options"].items()
+            )
+            print(
+                f"--cache-dir {looked}: {free / gib:.1f} GiB free, compared with the working sets of all "
+                f"{est['num_processes']} instances; instances whose working sets would fit: {fits}"
+            )
         if looked is None:
             print("no --cache-dir: whether the working set fits the free space was not checked", file=sys.stderr)
         elif est["cache_dir_free_bytes"] is None:
