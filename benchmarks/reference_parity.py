@@ -46,7 +46,9 @@ its request queue and cache methods wrapped from outside (its logic untouched). 
 ``reference_parity_load_detail max_submitted_deviation=<max |kvtier/reference - 1| of submitted/offered>
 <per workload>``, and last the figures of #57's restated aims:
 ``reference_parity_load reads_per_request_deviation=<max |kvtier/reference - 1| of the reads that found their
-entry per completed request, each over its whole run> submitted_over_offered_min=<kvtier's lowest
+entry per completed request, over the completed requests only: kvtier's from its --request-log, the reference's
+counted per worker thread from the request it took off its queue to the one its QoS monitor records as done>
+submitted_over_offered_min=<kvtier's lowest
 submitted/offered> deviation_where_reference_keeps_up=<max |kvtier/reference - 1| of submitted/offered where the
 reference submits >= 0.95 of its own offer; none where it never does> reads_per_s_deviation=<the same of reads per
 second> <per workload>`` (aims: reads per request <= 0.15, submitted/offered >= 0.95; #42's earlier aims on the
@@ -303,7 +305,8 @@ sys.path.insert(0, {ref!r})
 lock = threading.Lock()
 stats = {{"submitted": 0, "submitted_in_window": 0, "waits_s": [], "read_busy_s": 0.0, "write_busy_s": 0.0,
           "first_put": None, "last_put": None, "load_start": None, "load_stop": None, "think_times_s": [],
-          "reads_in_window": 0, "reads_total": 0}}
+          "reads_in_window": 0, "reads_of_completed": 0, "completed_seen": 0}}
+local = threading.local()  # per worker thread: the reads of the request it is serving
 from kv_cache import benchmark, cache, workload
 from kv_cache.cli import main
 mixed = workload.UserSimulator.generate_mixed_users.__func__
@@ -338,6 +341,7 @@ class Q(queue.PriorityQueue):
         return super().put(item, *a, **k)
     def get(self, *a, **k):
         item = super().get(*a, **k)
+        local.reads = 0  # a worker took a request: its reads start here
         t = getattr(item[1], "_kvtier_put", None)
         if t is not None:
             with lock:
@@ -365,11 +369,19 @@ def access(self, *a, **k):  # reads that found their entry (a miss moves no byte
     res = acc(self, *a, **k)
     with lock:
         found = bool(res) and res[0] is not None
-        stats["reads_total"] += found  # the whole run's: over the requests it completed
+        local.reads = getattr(local, "reads", 0) + found
         if stats["load_start"] is not None and stats["load_stop"] is None and found:
             stats["reads_in_window"] += 1
     return res
 cache.MultiTierCache.access_cache = access
+from kv_cache import monitoring
+record = monitoring.QoSMonitor.record_request
+def completed(self, request):  # called once a request is done: its worker's reads are that request's
+    with lock:
+        stats["completed_seen"] += 1
+        stats["reads_of_completed"] += getattr(local, "reads", 0)
+    return record(self, request)
+monitoring.QoSMonitor.record_request = completed
 timed("access_cache", "read_busy_s")
 timed("_allocate_cache_inner", "write_busy_s")  # inside the allocation semaphore: the write itself
 atexit.register(lambda: open(os.environ["KVTIER_REF_STATS"], "w").write(json.dumps(stats)))
@@ -411,7 +423,14 @@ def kvtier_offered(r: dict, config: Path) -> float:
     return sum(THINK_FACTOR / u.think_time_s for u in users) / len(users)
 
 
-def kvtier_load(r: dict, config: Path) -> dict[str, float]:
+def kvtier_reads_per_completed(log: Path) -> float:
+    """Reads that found their entry per completed request, over the completed requests only (its request log)."""
+    ok = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    done = [x for x in ok if x["status"] == "ok"]
+    return sum(x["hits"] for x in done) / max(len(done), 1)
+
+
+def kvtier_load(r: dict, config: Path, log: Path) -> dict[str, float]:
     users, wall = r["config"]["num_users"], r["load_duration_s"]
     load = r.get("load") or {}
     submitted = (r["requests_completed"] + r["requests_failed"] + r["requests_cut_at_stop"] + r["requests_abandoned"]
@@ -431,7 +450,7 @@ def kvtier_load(r: dict, config: Path) -> dict[str, float]:
         "write_concurrency": busy["write"] / wall,
         # reads requests made that found their entry, any tier (demotion reads are the store's own, not counted)
         "reads_per_s": reads / wall,
-        "reads_per_request": reads / max(r["requests_completed"], 1),  # the whole run's, per completed request
+        "reads_per_request": kvtier_reads_per_completed(log),
     }
 
 
@@ -454,7 +473,7 @@ def reference_load(r: dict, stats: dict, users: int, duration: float) -> dict[st
         "read_concurrency": stats["read_busy_s"] / max(window, 1e-9),
         "write_concurrency": stats["write_busy_s"] / max(window, 1e-9),
         "reads_per_s": stats.get("reads_in_window", 0) / max(window, 1e-9),
-        "reads_per_request": stats.get("reads_total", 0) / max(r["summary"]["total_requests"], 1),
+        "reads_per_request": stats["reads_of_completed"] / max(stats["completed_seen"], 1),
     }
 
 
@@ -484,9 +503,11 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
                     doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
                     one = reference_load(doc, json.loads(stats_path.read_text()), users, a.duration)
                 else:
-                    cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", *args]
+                    log = work / f"load-requests-{i}-{seed}.jsonl"
+                    cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", "--request-log", str(log),
+                           *args]  # fmt: skip
                     doc, rss = run_measured(cmd, REPO, timeout)
-                    one = kvtier_load(doc, config)
+                    one = kvtier_load(doc, config, log)
                 runs[who].append({**one, "rss_gib": rss})
                 shutil.rmtree(cache, ignore_errors=True)
         # pooled over the seeds: means (each seed's users draw their think times and contexts anew)
