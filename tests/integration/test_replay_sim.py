@@ -264,6 +264,12 @@ def test_an_offload_tier_the_gpu_cache_left_unused_is_named_and_plan_value_says_
     assert m["external_prefix_cache_hits"] == 0 and m["prompt_tokens_by_source"]["local_cache_hit"] > 0
     (w,) = [w for w in s["warnings"] if w["code"] == "offload-never-used"]
     assert "--gpu-kv-gb" in w["message"] and w["gpu_cache_hit_tokens"] > 0
+    # #58 item 16: the console shows it (the README says "the replay warns"), and the tail beside the median
+    assert f"warning [offload-never-used]: {w['message']}" in p.stdout, p.stdout
+    line = next(x for x in p.stdout.splitlines() if x.startswith("replay ("))
+    t = s["summary"]["ttft_s"]
+    assert all(f"{q} {t[q]:.3g} s" in line for q in ("p50", "p95", "p99")), line
+    assert "of TTFT queued (the server's TTFT decomposition)" in line and "//" not in line
     pv = subprocess.run(kvtier_cmd() + ["plan", "value", "--from", str(tmp_path / "out")],
                         capture_output=True, text=True, timeout=60)  # fmt: skip
     assert pv.returncode == 3 and "no offload tier served any" in pv.stderr and "--gpu-kv-gb" in pv.stderr

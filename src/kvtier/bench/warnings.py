@@ -182,6 +182,51 @@ def _stores_dropped(f: Finished) -> Iterable[ResultWarning]:
         )
 
 
+def _nothing_completed(f: Finished) -> Iterable[ResultWarning]:
+    """A run that completed no request says why (#58 item 17: a Mooncake-trace bench whose first prompts needed
+    about 5 GB of KV each ran 15 s and said only ``run failed (duration)``): what its requests waited for, how much
+    the largest needed, and the tier size that would hold one."""
+    started = f.rec.requests
+    if f.rec.ok_requests or not started:
+        return
+    need = max(f.plan.entry_bytes(r.context_tokens) for r in started)
+    room_s = f.rec.counters.get("reserve_wait_ns", 0) / 1e9
+    expired = f.rec.counters.get("reserve_waits_expired", 0)
+    slot_s = sum(r.alloc_wait_ns for r in started) / 1e9
+    sizes = {name: u["capacity_bytes"] for name, u in f.comp.store.usage().items()}
+    allocs = f.plan.config.max_concurrent_allocs
+    tiers = ", ".join(f"{n} {c / GiB:.1f} GiB" for n, c in sizes.items()) or "none"
+    waited = (
+        f"requests waited {room_s:.1f} s in all for room in a tier ({expired} waits gave up: the room was held by "
+        "writes in flight or entries in use)"
+        if room_s
+        else "no request waited for room in a tier"
+    )
+    hold = max(sizes.values(), default=0) >= need
+    yield warning(
+        WarningCode.nothing_completed,
+        f"no request completed ({len(started)} started): {waited}; the largest needed {need / GiB:.2f} GiB of KV "
+        f"for its prompt of {max(r.context_tokens for r in started):,} tokens; the tiers hold {tiers}"
+        + (
+            f"; a tier of at least {need / GiB:.1f} GiB holds one such entry"
+            + (
+                f", {allocs * need / GiB:.1f} GiB the {allocs} written at once (--max-concurrent-allocs)"
+                if allocs
+                else ""
+            )
+            + " (--cpu-mem-gb, --storage-capacity-gb), or fewer --num-users, or a longer --duration"
+            if not hold or room_s
+            else "; a longer --duration, or fewer --num-users"
+        ),
+        requests_started=len(started),
+        largest_entry_bytes=need,
+        reserve_wait_s=round(room_s, 3),
+        reserve_waits_expired=expired,
+        alloc_wait_s=round(slot_s, 3),
+        tier_capacity_bytes=sizes,
+    )
+
+
 def _not_complete(f: Finished) -> Iterable[ResultWarning]:
     status, stop, _ = f.verdict
     if status != Status.complete:
@@ -206,6 +251,7 @@ RULES: tuple[Rule, ...] = (
     _failures,
     _requests_dropped,
     _stores_dropped,
+    _nothing_completed,
     _not_complete,
 )
 """The rules over a finished run, in the order their warnings are listed."""

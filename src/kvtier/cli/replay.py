@@ -57,6 +57,8 @@ def replay(cfg: ReplayConfig) -> int:
             print_outcome(pooled, str(cfg.output))
         return env.exit(exit_code(pooled.status, pooled.stop_reason.code))
 
+    shown: set[str] = set()
+
     def on_start(plan: ReplayPlan) -> None:
         print(
             f"kvtier replay: {len(plan.dataset.sessions)} sessions in {cfg.dataset or 'synthetic'} "
@@ -75,6 +77,7 @@ def replay(cfg: ReplayConfig) -> int:
             )
         for w in plan.warnings:
             print(f"kvtier: warning: {w.message}", file=sys.stderr)
+            shown.add(w.message)
 
     from kvtier.errors import Interrupted
 
@@ -82,21 +85,49 @@ def replay(cfg: ReplayConfig) -> int:
         result = run(cfg, on_start=on_start)
     except Interrupted as e:  # the library raises so scripts stop; the CLI prints the partial result and exits 130
         result = e.result  # type: ignore[assignment]
-    print_outcome(result, str(cfg.output))
+    print_outcome(result, str(cfg.output), frozenset(shown))
     return exit_code(result.status, result.stop_reason.code)
 
 
-def print_outcome(result: ReplayResult, folder: str) -> None:
-    """The replay's result line, then what failed by cause and why it is not complete, in words."""
+def queue_share(result: ReplayResult) -> tuple[float, str] | None:
+    """The share of TTFT spent queued, and whose figure it is: the server's decomposition (the sim's, or vLLM's
+    joined engine log), else a scraped vLLM's queue time over its own TTFT; None when nothing says."""
+    d = result.summary.ttft_decomposition
+    if d is not None and d.requests:
+        ttft = sum(t.requests * t.ttft_s_mean for t in d.by_turn)
+        queued = sum(t.requests * t.seconds_mean.get("queue", 0.0) for t in d.by_turn)
+        if ttft > 0:
+            return queued / ttft, "the server's TTFT decomposition"
+    for m in result.server_metrics:
+        if m.queue_time_s_mean is not None and m.ttft_server_s_mean:
+            return m.queue_time_s_mean / m.ttft_server_s_mean, "the server's queue time over its TTFT"
+    return None
+
+
+def _s(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def print_outcome(result: ReplayResult, folder: str, shown: frozenset[str] = frozenset()) -> None:
+    """The replay's result line (TTFT p50/p95/p99 and the share queued: the tail, not only the median), every
+    coded warning, then what failed by cause and why it is not complete, in words."""
+    from pathlib import Path
+
     from kvtier.results.outcome import closing_lines
 
     s = result.summary
-    sessions = s.sessions.model_dump()
+    t, ss = s.ttft_s, s.sessions
+    q = queue_share(result)
+    queued = "" if q is None else f"; {q[0]:.0%} of TTFT queued ({q[1]})"
     print(
         f"replay ({result.status.value}, {result.stop_reason.code.value}): {s.requests_ok}/{s.requests_total} "
-        f"requests ok, TTFT p50 {s.ttft_s.p50} s, degradation median {s.ttft_degradation.median_pct} %, "
-        f"sessions {sessions}; {folder}/summary.json"
+        f"requests ok; TTFT p50 {_s(t.p50)} s, p95 {_s(t.p95)} s, p99 {_s(t.p99)} s{queued}; degradation median "
+        f"{s.ttft_degradation.median_pct} %; sessions {ss.complete}/{ss.total} complete ({ss.incomplete} "
+        f"incomplete, {ss.error} with errors); {Path(folder) / 'summary.json'}"
     )
+    for w in result.warnings:
+        if w.message not in shown:  # the plan's were printed when the run started
+            print(f"warning [{w.code}]: {w.message}")
     for line in closing_lines(result.status, result.stop_reason, s.failures, s.requests_ok):
         print(line)
 

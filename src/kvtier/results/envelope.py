@@ -112,6 +112,7 @@ class WarningCode(enum.StrEnum):
     requests_failed = "requests-failed"  # some requests failed: counts by cause (results/outcome.py)
     prompts_exceed_context = "prompts-exceed-context"  # replay: prompts longer than the server's max_model_len
     run_not_complete = "run-not-complete"
+    nothing_completed = "nothing-completed"
     concurrency_capped = "concurrency-capped"
     concurrency_not_reached = "concurrency-not-reached"
     offload_never_exercised = "offload-never-exercised"

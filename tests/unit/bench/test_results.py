@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +254,25 @@ def test_requests_cut_at_the_end_alone_are_said_in_a_sentence_of_their_own():
     both = {**cut, "tier-full": Failure(count=2, first_message="x")}
     want = "2 of 16 requests failed: tier-full 2 (and 10 cut at the run's end, not counted as failed)"
     assert in_words(both, 14) == want
+
+
+def test_a_run_that_completes_nothing_says_what_its_requests_needed(tmp_path):
+    """#58 item 17: a Mooncake-trace bench whose first prompts needed ~3 GiB of KV each (llama3.1-8b) ran and said
+    only `run failed (duration)`. It now names what the requests needed, the tiers' sizes, and what to change."""
+    from kvtier.bench import run
+    from kvtier.config.bench import BenchConfig
+
+    trace = Path(__file__).resolve().parents[3].parent / "shared/data/mooncake_fast25/conversation_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip(f"{trace}: the shared Mooncake trace is not on this machine")
+    cfg = BenchConfig(model="llama3.1-8b", trace_path=str(trace), trace_format="mooncake", duration=1,
+                      gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=20, generation_mode="none",
+                      cache_dir=str(tmp_path), output=str(tmp_path / "r.json"))  # fmt: skip
+    r = run(cfg)
+    assert r.requests_completed == 0
+    (w,) = [w for w in r.warnings if w.code == "nothing-completed"]
+    extra = w.model_extra or {}
+    assert extra["requests_started"] > 0 and extra["largest_entry_bytes"] > 2**30  # a prompt of 8k+ tokens
+    assert extra["tier_capacity_bytes"]["storage"] > 0
+    assert "no request completed" in w.message and "GiB of KV for its prompt of" in w.message
+    assert "--duration" in w.message
