@@ -310,3 +310,48 @@ def test_ranks_on_one_host_listen_on_no_port(tmp_path: Path):
     finally:
         go.write_text("")
         assert p.wait(timeout=60) == 0
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_mpirun_and_its_ranks_end_when_kvtier_is_killed(tmp_path: Path):
+    """#58 item 8: after SIGKILL of `kvtier bench --num-clients 2`, mpirun and both ranks ran on to the end of
+    their duration (and `mlperf run` left its trials running). mpirun now gets SIGTERM when kvtier dies, and
+    passes it to its ranks."""
+    cmd = [*kvtier_cmd(), "bench", *BENCH, "--num-users", "2", "--duration", "120", "--num-clients", "2"]
+    cmd += ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "out.json")]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        runner: list[int] = []
+        while time.monotonic() < deadline and len([c for r in runner for c in _children(r)]) < 2:
+            runner = _children(p.pid)  # mpirun, once started; then its two ranks
+            time.sleep(0.2)
+        ranks = [c for r in runner for c in _children(r)]
+        assert runner and len(ranks) >= 2, "mpirun and its ranks did not start"
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(x) for x in runner + ranks):
+            time.sleep(0.2)
+        assert not [x for x in runner + ranks if _alive(x)], "mpirun or a rank outlived kvtier"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # whatever is left of its session: kvtier, mpirun, the ranks
+        except ProcessLookupError:
+            pass

@@ -114,7 +114,7 @@ def launch_clients(cfg: BenchConfig, output: str) -> int:
     print(f"kvtier bench: {n} clients: {' '.join(cmd)}", file=sys.stderr)
     t0 = time.time()
     # in the terminal's group: Ctrl+C reaches the ranks, which write their partial results before the aggregate
-    rc = start(cmd, name="mpirun", stdout=None, group=False, die_with_parent=False).finish(cfg.mpi_timeout + 30)
+    rc = start(cmd, name="mpirun", stdout=None, group=False).finish(cfg.mpi_timeout + 30)
     try:
         if os.path.getmtime(output) < t0:
             return rc or 1  # no aggregate from this run

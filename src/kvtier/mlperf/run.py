@@ -503,7 +503,7 @@ def run(cfg: MlperfConfig) -> MlperfRunSummary:
             cmd = bench_argv(cfg, ["kvtier", "bench", *config_argv(bc)])
             print(f"kvtier mlperf: option {option} trial {trial + 1}/{eff.trials}: {' '.join(cmd)}", file=sys.stderr)
             t0 = time.monotonic()
-            ranks = start(cmd, name="mpirun", stdout=None, group=False, die_with_parent=False)
+            ranks = start(cmd, name="mpirun", stdout=None, group=False)
             try:
                 rc: int | None = ranks.finish(cfg.mpi_timeout + 60)
             except KeyboardInterrupt:  # the ranks got SIGINT too and had the time to write their partial results
