@@ -114,3 +114,14 @@ def test_trace_attach_refuses_what_it_cannot_trace_safely(args: list[str], needl
     p = subprocess.run([*kvtier_cmd(), "trace", "attach", *args, "--duration", "1"], capture_output=True,
                        text=True, timeout=30)  # fmt: skip
     assert p.returncode == 2 and needle in p.stderr, p.stderr
+
+
+def test_the_block_layer_only_fallback_loads_in_the_real_bpftrace(traceable: None):
+    """#58 item 9: where the system-call probes cannot attach, kvtier falls back to the block-layer program alone;
+    on bpftrace 0.17 that program did not load ("Undefined map: @s_read": its END cleared the system-call maps it
+    no longer had). Both programs now load and attach."""
+    from kvtier.telemetry.blocktrace import ATTACHED, program
+
+    for text in (program([8 << 20]), program([8 << 20], f"pid == {os.getpid()}")):
+        p = subprocess.run(["bpftrace", "-e", text, "-c", "/bin/true"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and ATTACHED in p.stdout, p.stderr[-2000:]

@@ -97,6 +97,11 @@ def syscall_program(who: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SYSCALL_MAPS = " clear(@s_read); clear(@s_write); clear(@s_fd); clear(@s_sync); clear(@lastw); clear(@fadv);"
+"""The system-call program's scratch maps, cleared at END only where it runs: bpftrace refuses a program that names
+a map it never sets (0.17: "Undefined map: @s_read" stopped the block-layer-only fallback from loading)."""
+
+
 def program(devs: list[int], who: str | None = None) -> str:
     """The bpftrace program for these kernel dev_t numbers ((major << 20) | minor), and with ``who`` (a
     predicate on pid or comm) the system calls of those processes."""
@@ -133,8 +138,7 @@ tracepoint:block:block_rq_complete /{cond}/ {{
   delete(@iss[args->dev, args->sector]);
   delete(@ins[args->dev, args->sector]);
 }}
-END {{ clear(@ins); clear(@iss); clear(@inflight); clear(@s_read); clear(@s_write); clear(@s_fd); clear(@s_sync);
-  clear(@lastw); clear(@fadv); }}
+END {{ clear(@ins); clear(@iss); clear(@inflight);{SYSCALL_MAPS if who else ""} }}
 """ + (syscall_program(who) if who else "")
 
 
