@@ -63,6 +63,14 @@ def test_redis_reads_another_writers_entry_only_when_it_is_the_entry_the_key_nam
         got = reader.read_shared("k-honest", buf, ENTRY)
         assert got is not None and got[0] == ENTRY and got[2], got  # an honest entry of another writer: a hit
 
+        # #58 item 14: the same entry made permanent by another client (PERSIST) is not served
+        _write(writer, "k-kept", ENTRY, noise)
+        assert client.persist(f"{writer._base('k-kept')}:m")
+        before = _gets(client)
+        with pytest.raises(ForeignEntry, match="without an expiry"):
+            reader.read_shared("k-kept", buf, ENTRY)
+        assert _gets(client) == before  # refused before any part is read
+
         # 8 MiB expected, 1 byte there: a miss by cause, not a full hit
         _write(writer, "k-short", ENTRY, noise)
         meta = f"{writer._base('k-short')}:m"

@@ -288,8 +288,9 @@ class RedisTier:
         the server has no such entry (or its TTL ended). Outside a shared namespace: None.
 
         Nothing of a writer's is believed before it is checked: the description is read with a bound on its
-        length (GETRANGE), and its total size and part count must be those of the ``expect``-byte entry the key
-        names before any part is asked for; anything else raises ForeignEntry (a miss by cause, never a hit)."""
+        length (GETRANGE), its total size and part count must be those of the ``expect``-byte entry the key names,
+        and it must carry an expiry (an entry some client made permanent with PERSIST would outlive every writer's
+        TTL) before any part is asked for; anything else raises ForeignEntry (a miss by cause, never a hit)."""
         if not self.namespace:
             return None
         t0 = time.perf_counter_ns()
@@ -297,7 +298,8 @@ class RedisTier:
         try:
             base = self._base(key)
             with self._conn(base) as c:
-                meta = c.call("GETRANGE", f"{base}:m", 0, cap)  # at most cap + 1 bytes
+                c.send([("GETRANGE", f"{base}:m", 0, cap), ("PTTL", f"{base}:m")])  # at most cap + 1 bytes
+                meta, pttl = c.reply(), c.reply()
         except (RespError, RespConnectionError) as e:
             raise self._fail(f"lookup of {key!r}", e) from e
         if not isinstance(meta, bytes) or not meta:  # GETRANGE of a missing key is the empty string
@@ -314,6 +316,11 @@ class RedisTier:
         problem = expected_size_problem(sum(lengths), len(lengths), expect)
         if problem is not None:
             raise ForeignEntry(f"{self.name} tier: {key!r}: {problem}")
+        if pttl == -1:  # every writer of a shared namespace sets PX: one without has been made permanent (PERSIST)
+            raise ForeignEntry(
+                f"{self.name} tier: {key!r}: an entry without an expiry in a shared namespace (made permanent by "
+                "another client; kvtier's writers set one)"
+            )
         timing = IOTiming()
         for _ in self._export_parts(key, lengths, buf, timing, cancel):
             pass
