@@ -186,9 +186,17 @@ def flood_sizes(
             continue
         need = int(math.ceil(FLOOD_MARGIN * max(gpu, sum(c for c in above if c))))
         if holds is not None and need >= holds:
+            past = max(gpu, sum(c for c in above if c))
             why = (
                 f"a flood of {need:,} tokens (past the GPU's {gpu:,} and the tiers above) would also push the "
-                f"prefix out of {name}, which holds {holds:,} with them"
+                f"prefix out of {name}, which holds {holds:,} with them: give {name} more than {need:,} tokens of "
+                "room, or the server a smaller GPU KV cache (the sim's --gpu-kv-gb, vLLM's "
+                "--num-gpu-blocks-override)"
+                + (
+                    f", or --flood-tokens {name}=N with {past:,} < N < {holds:,} (no margin: the prefix may stay)"
+                    if holds > past
+                    else ""
+                )
             )
             out[name] = (None, holds, why)
             continue

@@ -301,7 +301,7 @@ def views_report(
     turns = _by_turn(rows, b, c_pred)
     eb = [abs(t.ttft_error) for t in turns if t.ttft_error is not None]
     ec = [abs(t.storage_ttft_error) for t in turns if t.storage_ttft_error is not None]
-    findings = _findings(rows, turns)
+    findings = _findings(rows, turns, result.config.max_tokens_cap)
     return ViewsReport(
         source=str(folder),
         requests=len(rows),
@@ -379,15 +379,32 @@ def _ladder_views(
         median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None,
         median_abs_storage_ttft_error=None,
         storage_result=None,
-        findings=_findings(rows, turns),
+        findings=_findings(rows, turns, result.config.max_tokens_cap),
     )
 
 
-def _findings(rows: list[RequestRecord], turns: list[TurnView]) -> list[str]:
-    """What the errors come from, in words: the parts the model leaves out, as measured."""
-    out = []
+UNCAPPED_ERROR = 1.0  # a turn predicted off by more than this (100 %) on an uncapped replay: the replies' decode
+
+
+def _uncapped(turns: list[TurnView], cap: int | None) -> list[str]:
+    """An uncapped replay whose predictions miss by more than 100 % says why and names the flag (#58 item 18: a
+    replay of long replies printed errors of +82,209 % and nothing else)."""
+    worst = max((abs(t.ttft_error) for t in turns if t.ttft_error is not None), default=0.0)
+    if cap is not None or worst <= UNCAPPED_ERROR:
+        return []
+    return [
+        f"the replay's replies were not capped (--max-tokens-cap): errors up to {worst:+.0%} are later turns queued "
+        "behind earlier turns' long decodes, which the prediction leaves to the preset's decode time; replay with "
+        "--max-tokens-cap 16 to compare the prefill and fetch views (docs/plan.md)"
+    ]
+
+
+def _findings(rows: list[RequestRecord], turns: list[TurnView], cap: int | None = 0) -> list[str]:
+    """What the errors come from, in words: the parts the model leaves out, as measured (``cap``: the replay's
+    --max-tokens-cap, None when uncapped)."""
+    out = _uncapped(turns, cap)
     if not all(r.server_ttft_parts for r in rows):
-        return [
+        return out + [
             f"turn {t.turn}: predicted {t.predicted_ttft_s:.4f} s vs measured {t.measured_ttft_s:.4f} s "
             f"({t.ttft_error:+.0%})"
             for t in turns

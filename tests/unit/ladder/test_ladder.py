@@ -148,6 +148,11 @@ def test_flood_sizes_push_past_the_tiers_above_or_say_why_they_cannot() -> None:
     small = [TierFacts(name="cpu", capacity_tokens=10000, counter="x")]
     n, _, why = flood_sizes(_server(small), ["cpu"], {})["cpu"]
     assert n is None and why is not None and "would also push the prefix out of cpu" in why
+    assert "--gpu-kv-gb" in why and "--num-gpu-blocks-override" in why  # #58 item 18: the flags that change it
+    assert "--flood-tokens" not in why  # the tier (10,000) holds less than the GPU (16,000): no flood fits between
+    roomy = [TierFacts(name="cpu", capacity_tokens=18000, counter="x")]
+    n, holds, why = flood_sizes(_server(roomy), ["cpu"], {})["cpu"]
+    assert n is None and why is not None and "--flood-tokens cpu=N with 16,000 < N < 18,000" in why
     unknown = [TierFacts(name="l1", capacity_tokens=None, counter="x")]
     assert flood_sizes(_server(unknown), ["l1"], {"l1": 5000})["l1"][0] == 5000
 

@@ -63,3 +63,19 @@ def test_a_ladders_prefill_keeps_its_fixed_cost_off_the_gpu_fifo():
     second = 1000 * 1e-4 + 1e-8 * 1000 * (3000 + 500)  # its new tokens attend over its 3000 cached ones
     assert pred[0] == pytest.approx((first + 0.02, 0.0))
     assert pred[1] == pytest.approx((first + second + 0.02, 0.0))  # behind the first's compute, not its fixed cost
+
+
+def test_an_uncapped_replay_that_misses_by_far_names_max_tokens_cap():
+    """#58 item 18: `plan views` on an uncapped replay printed errors of +82,209 % and did not say why."""
+    from kvtier.plan.views import _uncapped
+    from kvtier.results.plan import TurnView
+
+    def turn(err: float) -> TurnView:
+        return TurnView(turn=2, requests=5, measured_ttft_s=0.05, measured_fetch_s=None,
+                        predicted_ttft_s=0.05 * (1 + err), predicted_fetch_s=None, ttft_error=err,
+                        storage_ttft_s=None, storage_fetch_s=None, storage_ttft_error=None)  # fmt: skip
+
+    (said,) = _uncapped([turn(0.1), turn(822.09)], None)
+    assert "--max-tokens-cap" in said and "+82209%" in said
+    assert _uncapped([turn(822.09)], 16) == []  # capped: the errors are the model's, said turn by turn
+    assert _uncapped([turn(0.4)], None) == []  # uncapped but close: nothing to explain
