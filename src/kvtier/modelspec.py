@@ -367,4 +367,9 @@ def resolve_model(name: str, catalog: Mapping[str, ModelSpec]) -> ModelSpec:
     try:
         return catalog[name]
     except KeyError:
-        raise ConfigError(f"--model: unknown model {name!r} (known: {', '.join(sorted(catalog))})") from None
+        import difflib
+
+        within = sorted((k for k in catalog if name.lower() in k.lower()), key=len)  # a name cut short first
+        near = list(dict.fromkeys([*within, *difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)]))[:3]
+        hint = f"; did you mean {' or '.join(repr(x) for x in near)}?" if near else ""
+        raise ConfigError(f"--model: unknown model {name!r}{hint} (known: {', '.join(sorted(catalog))})") from None

@@ -22,6 +22,16 @@ def test_a_misspelt_flag_or_command_suggests_the_closest():
     assert p.returncode == 2 and "bnech: did you mean bench?" in p.stderr
 
 
+def test_a_flag_cut_short_is_refused_except_by_the_reference_drop_in():
+    """#58 item 21: `kvtier plan bytes --mod X` was silently `--model X`. A flag cut short is now an error with the
+    suggestion; kvtier bench keeps argparse's abbreviations (the MLPerf reference's command lines may use them)."""
+    p = run("plan", "bytes", "--mod", "llama3.1-8b")
+    assert p.returncode == 2 and "--mod: did you mean --model?" in p.stderr
+    assert run("plan", "bytes", "--model", "llama3.1-8b").returncode == 0
+    p = run("bench", "--num-use", "2", "--help")
+    assert p.returncode == 0, p.stderr
+
+
 def test_mlperf_datasize_says_where_it_looked(tmp_path: Path):
     p = run("mlperf", "datasize", "--cache-dir", str(tmp_path / "absent"))
     assert p.returncode == 0 and f"no directory at {tmp_path / 'absent'}" in p.stderr
@@ -58,3 +68,19 @@ def test_the_mlperf_shim_runs_kvtier_bench_as_python3_kv_cache_py(tmp_path: Path
     r = json.loads(out.read_text())  # a 1 s run may complete no request (then failed, exit 1): the argv is the point
     assert r["benchmark"] == "kvtier bench" and r["config"]["num_users"] == 2 and r["config"]["cpu_mem_gb"] == 0.01
     assert q.returncode == (0 if r["status"] == "complete" else 1), q.stderr
+
+
+def test_a_replay_against_nothing_says_connection_refused_and_leaves_no_folder(tmp_path):
+    """#58 item 21: it said `ClientConnectorError` and left an empty output folder."""
+    import socket
+    from pathlib import Path
+
+    with socket.socket() as s:  # a loopback port nothing listens on (bound, read, let go)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = Path(__file__).resolve().parents[2].parent / "shared/data/lmcache_agent_trace/miniswe"
+    out = tmp_path / "out"
+    p = run("replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--dataset", str(data),
+            "--max-requests", "2", "--output", str(out))  # fmt: skip
+    assert p.returncode == 2 and "connection refused: is the server running?" in p.stderr, p.stderr
+    assert not out.exists()

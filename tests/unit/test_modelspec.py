@@ -107,3 +107,14 @@ def test_bench_entry_size_is_the_per_rank_rule():
     (w,) = plan.warnings  # MLA at TP 8 differs from the reference's 1/TP: said, with both figures
     assert w.code == "tp-sharding-differs-from-reference"
     assert (w.kv_bytes_per_token_per_rank, w.reference_kv_bytes_per_token_per_rank) == (70_272, 70_272 / 8)
+
+
+def test_a_near_miss_model_name_gets_a_suggestion():
+    """#58 item 21: "did you mean" for model names (a name cut short first, then the closest spellings)."""
+    with pytest.raises(ConfigError, match="'llama3.1-70b'; did you mean 'llama3.1-70b-instruct'"):
+        resolve_model("llama3.1-70b", build_catalog())
+    with pytest.raises(ConfigError, match="did you mean 'llama3.1-8b'"):
+        resolve_model("llama3-8b", build_catalog())
+    with pytest.raises(ConfigError) as e:
+        resolve_model("zzzz", build_catalog())
+    assert "did you mean" not in str(e.value)

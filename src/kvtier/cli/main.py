@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_clean_parser(sub)
     for child in _all_parsers(p):
         child._kvtier_root = p  # type: ignore[attr-defined]  # suggestions look through every command's flags
+        # a flag cut short is an error with a suggestion, not silently another flag; kvtier bench alone keeps
+        # argparse's abbreviations: it is a drop-in for the MLPerf reference, whose command lines may use them
+        child.allow_abbrev = child.prog == "kvtier bench"
     return p
 
 

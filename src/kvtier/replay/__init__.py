@@ -42,14 +42,25 @@ def run(
         from kvtier.replay.mpi import run_rank
 
         return run_rank(config, env, handle_signals)
-    from kvtier.errors import Interrupted
+    from pathlib import Path
+
+    from kvtier.errors import ConfigError, Interrupted
     from kvtier.replay.driver import execute, prepare, write_outputs
     from kvtier.results.envelope import StopCode
 
+    fresh = bool(config.output) and not Path(str(config.output)).exists()
     plan = prepare(config)
     if on_start is not None:
         on_start(plan)
-    result, records = execute(plan, handle_signals)
+    try:
+        result, records = execute(plan, handle_signals)
+    except ConfigError:  # refused before any request (the server does not answer, serves another model)
+        if fresh:  # leave no empty result folder behind (prepare made it to check it can be written)
+            try:
+                Path(str(config.output)).rmdir()
+            except OSError:
+                pass  # something was written there after all: kept
+        raise
     if config.output:
         write_outputs(result, records, config.output)
     if handle_signals and result.stop_reason.code in (StopCode.interrupted, StopCode.terminated):

@@ -202,6 +202,8 @@ async def server_identity(s: Any, base: str, model: str) -> dict[str, Any]:
                         f"the OpenAI API is under /v1 (--base-url {base}/v1)"
                     )
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        if isinstance(getattr(e, "os_error", e), ConnectionRefusedError):
+            raise ConfigError(f"--base-url: {base}: connection refused: is the server running?") from None
         raise ConfigError(f"--base-url: {base} does not answer GET /models ({type(e).__name__})") from None
     if status != 200:
         raise ConfigError(
