@@ -315,7 +315,7 @@ def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Screen:
         return f"{i.mean:{f}} [{i.low:{f}}-{i.high:{f}}{'*' if i.clipped else ''}]"
 
     t = _table(
-        f"sweep {r.source} ({r.sweep_status}): mean [95 % CI across trials; * clipped at 0 or 1]",
+        f"the sweep in {r.source} ({r.sweep_status}): mean [95 % CI across trials; * clipped at 0 or 1]",
         ["point", "trials", "TTFT p95 s", "TTFT p50 s", "GPU hit", "offload hit", "req/s", "$/h", "meets SLO"],
     )
     for p in r.points:

@@ -82,7 +82,8 @@ def summarize(records: list[ReplayRecord], users_total: int, turns_per_user: int
     for r in records:
         per_user[r["user"]].append(r)
     complete = sum(1 for rs in per_user.values() if len(rs) == turns_per_user and all(r["status"] == "ok" for r in rs))
-    error = sum(1 for rs in per_user.values() if any(r["status"] != "ok" for r in rs))
+    # a session whose request the run's own end cut is incomplete, not in error (cut is not failed: outcome.py)
+    error = sum(1 for rs in per_user.values() if any(r["status"] not in ("ok", "cut") for r in rs))
     incomplete = users_total - complete - error
     in_tok = sum(r.get("prompt_tokens") or 0 for r in ok)
     out_tok = sum(r.get("completion_tokens") or 0 for r in ok)

@@ -104,7 +104,7 @@ def load(path: str | Path) -> AnyResult:
     except UnicodeDecodeError:
         raise DatasetError(f"{p}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise DatasetError(f"{p}:{e.lineno}: not valid JSON ({e.msg}): expected a result file kvtier wrote") from None
     except RecursionError:
         raise DatasetError(f"{p}: JSON nested too deep to be a kvtier result") from None
     if not isinstance(raw, dict):
@@ -113,7 +113,11 @@ def load(path: str | Path) -> AnyResult:
         raw = {**raw, "benchmark": "mlpstorage kvcache run"}
     model = _model_for(raw.get("benchmark"))
     if model is None:
-        raise DatasetError(f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r})")
+        raise DatasetError(
+            f"{p}: benchmark: not a kvtier result ({raw.get('benchmark')!r}); expected a result kvtier wrote (a bench "
+            "result JSON, an MPI aggregate, a replay or launch folder or its summary.json/launch.json, a ladder, "
+            "sweep or arms file, a plan answer written with --output, kvtier's or mlpstorage's kvcache run summary)"
+        )
     version = raw.get("result_schema_version")
     if raw["benchmark"] not in ("kvtier mlperf run", "mlpstorage kvcache run") and version != SCHEMA_VERSION:
         raise DatasetError(

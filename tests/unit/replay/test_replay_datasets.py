@@ -116,6 +116,9 @@ def test_summary_degradation_and_sessions():
     assert s["ttft_degradation"]["median_pct"] == 75.0
     assert s["sessions"] == {"total": 4, "complete": 2, "incomplete": 1, "error": 1}
     assert s["requests_failed"] == 1 and s["requests_by_replica"] == {"r1": 6}
+    # #58 item 21: a session whose turn the run's own end cut is incomplete, not an error
+    s = summarize([*recs[:5], rec("c", 1, 0, "cut")], 4, 2, 10.0)
+    assert s["sessions"] == {"total": 4, "complete": 2, "incomplete": 2, "error": 0}
 
 
 def test_agentic_traces_rows_and_tools(tmp_path):

@@ -61,7 +61,8 @@ def test_replay_compare_of_hostile_files_says_one_line(tmp_path):
 
     (tmp_path / "empty.json").write_text("{}")
     (tmp_path / "cut.json").write_text('{"benchmark": "kvtier replay",\n')
-    for name, needle in (("empty.json", "not a kvtier result"), ("cut.json", "cut.json:2: not valid JSON")):
+    for name, needle in (("empty.json", "not a kvtier result (None); expected a result kvtier wrote (a bench result"),
+                         ("cut.json", "cut.json:2: not valid JSON")):  # fmt: skip
         p = subprocess.run(
             kvtier_cmd() + ["replay", "compare", str(tmp_path / name), str(tmp_path / "empty.json")],
             capture_output=True,
