@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from kvtier.engine.backend import round_up
 from kvtier.engine.noise import NoiseBuffer
 from kvtier.errors import ConfigError
-from kvtier.keys import KeyScope
+from kvtier.keys import KeyScope, key_prefix
 from kvtier.sim.model import OffloadConfig, _Measured
 from kvtier.vllm import messages as m
 from kvtier.vllm.client import ServerDown, ServerLink
@@ -71,7 +71,7 @@ class RemoteOffload(_Measured):
         self.timeout_s = timeout_s
         self.chunk_bytes = chunk_tokens * kv_bytes_per_token
         geometry = {"block_bytes": self.chunk_bytes, "block_tokens": chunk_tokens, "world_size": 1, "rank": 0}
-        self._hello: dict[str, Any] = {"engine": engine, **geometry}
+        self._hello: dict[str, Any] = {"engine": engine, "scope": key_prefix(scope.model_name), **geometry}
         self._control: ServerLink | None = None
         self._control_lock = threading.Lock()
         self._pages: queue.Queue[_Page] = queue.Queue()

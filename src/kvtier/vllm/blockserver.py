@@ -60,23 +60,12 @@ PUT_WAIT_S = 60.0
 """Longest a put waits for its plan's evictions and demotions to run before it is refused."""
 
 
-@dataclass(frozen=True)
-class BlockGeometry:
-    block_bytes: int  # one worker's share of a block
-    block_tokens: int
-    world_size: int
-
-    @classmethod
-    def of(cls, hello: m.Hello) -> BlockGeometry:
-        assert hello.block_bytes and hello.block_tokens and hello.world_size  # every role but admin has them
-        return cls(hello.block_bytes, hello.block_tokens, hello.world_size)
-
-
 @dataclass
 class Lease:
     """What one manager connection holds: load pins (counted) and blocks it planned and has not completed."""
 
     engine: str
+    scope: str = ""  # the prefix every key of this connection has (its hello's scope; "": any key)
     pins: Tally[str] = field(default_factory=Tally)
     pending: set[str] = field(default_factory=set)
 
@@ -98,7 +87,7 @@ class BlockServer:
         self.path = socket_path
         self.host, self.port = host, port
         self.metrics = ServerMetrics()
-        self.geometry: BlockGeometry | None = None
+        self.geometry: m.BlockGeometry | None = None
         self.index: BlockIndex[str] | None = None
         self.store: TieredStore | None = None
         self._names: list[str] = []
@@ -179,7 +168,7 @@ class BlockServer:
                     kind = "admin"
                     self._control(c, "admin", admin=True)
                     return
-                geometry = self._join(BlockGeometry.of(hello))
+                geometry = self._join(m.BlockGeometry.of(hello))
             except ValidationError as e:
                 c.send({"ok": False, "error": f"hello: {m.refusal(e)}"})
                 return
@@ -190,7 +179,7 @@ class BlockServer:
             self.metrics.clients.labels(kind).inc()
             try:
                 if kind == "control":
-                    self._control(c, engine)
+                    self._control(c, engine, scope=hello.scope or "")
                 elif kind == "probe":  # a worker checking the geometry and learning the tiers before its first I/O
                     assert self.index is not None
                     self._reply(c, self._tiers())
@@ -209,7 +198,7 @@ class BlockServer:
             self._conns.discard(c)
             c.close()
 
-    def _join(self, g: BlockGeometry) -> BlockGeometry:
+    def _join(self, g: m.BlockGeometry) -> m.BlockGeometry:
         """The first hello fixes the geometry and opens the tiers; later ones must match it."""
         with self._lock:
             if self.geometry is None:
@@ -252,10 +241,11 @@ class BlockServer:
         )
 
     # -- control --------------------------------------------------------------------------------
-    def _control(self, c: Conn, engine: str, admin: bool = False) -> None:
+    def _control(self, c: Conn, engine: str, admin: bool = False, scope: str = "") -> None:
         """A manager's connection (the tiers, then its requests), or an operator's (``admin``: ``kvtier cache-server
-        flush``; flushes and usage only, before any engine's hello too)."""
-        lease = Lease(engine)
+        flush``; flushes and usage only, before any engine's hello too). A request naming a key outside the
+        connection's ``scope`` is refused whole, and its reset drops only its scope's blocks."""
+        lease = Lease(engine, scope)
         self._reply(c, self._tiers())
         adapter, role = (m.ADMIN, "admin") if admin else (m.CONTROL, "control")
         try:
@@ -266,6 +256,11 @@ class BlockServer:
                     c.send({"ok": False, "error": f"{role}: {m.refusal(e)}"})
                     continue
                 self.metrics.requests.labels(req.op).inc()
+                outside = m.outside(lease.scope, getattr(req, "keys", ()))
+                if outside is not None:
+                    self.metrics.requests_refused.labels("scope").inc()
+                    c.send({"ok": False, "error": f"{req.op}: {outside}"})
+                    continue
                 self._reply(c, self._CONTROL[type(req)](self, lease, req))
         finally:
             self._release(lease)
@@ -388,9 +383,9 @@ class BlockServer:
         return m.ForgetReply(forgotten=n)
 
     def _reset(self, lease: Lease, req: m.Reset) -> m.ResetReply:
-        """vLLM's reset_prefix_cache: forget every block no one is loading or storing (other replicas' loads and
-        stores in flight keep theirs)."""
-        return m.ResetReply(dropped=self._flush("").dropped)
+        """vLLM's reset_prefix_cache: forget every block of the connection's scope (its model's) no one is loading
+        or storing (other replicas' loads and stores in flight keep theirs; other models' blocks stay)."""
+        return m.ResetReply(dropped=self._flush(lease.scope).dropped)
 
     def _usage(self, lease: Lease, req: m.Usage) -> m.UsageReply:
         with self._lock:
@@ -482,7 +477,7 @@ class BlockServer:
         return b
 
     # -- data -----------------------------------------------------------------------------------
-    def _data(self, c: Conn, engine: str, hello: m.Hello, fd: int | None, g: BlockGeometry) -> None:
+    def _data(self, c: Conn, engine: str, hello: m.Hello, fd: int | None, g: m.BlockGeometry) -> None:
         """A worker's data connection: puts and gets of one block at a time through its page — the worker's own,
         mapped here (a Unix socket), or this connection's, which the block's bytes are received into and sent from
         (TCP)."""
@@ -514,6 +509,13 @@ class BlockServer:
                     c.send({"ok": False, "error": f"data: expected put or get of one key: {m.refusal(e)}"})
                     continue
                 self.metrics.requests.labels(req.op).inc()
+                outside = m.outside(hello.scope or "", [req.key])
+                if outside is not None:
+                    self.metrics.requests_refused.labels("scope").inc()
+                    if c.inline:  # a put's bytes follow: no way to stay in step
+                        raise ProtocolError(f"data: {outside}")
+                    c.send({"ok": False, "error": f"{req.op}: {outside}"})
+                    continue
                 if isinstance(req, m.Put):
                     if c.inline:
                         c.recv_bytes(view[: g.block_bytes])
@@ -530,7 +532,7 @@ class BlockServer:
             except BufferError:  # a slice of it is still held by the traceback of a connection lost mid-block:
                 pass  # the mapping goes when that is collected (closing it here raised and killed the thread's log)
 
-    def _put(self, key: str, rank: int, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
+    def _put(self, key: str, rank: int, view: memoryview, g: m.BlockGeometry, padded: int) -> dict[str, Any]:
         assert self.store is not None
         with self._cv:
             tier, seq = self._placed.get(key), self._plan_seq.get(key)
@@ -555,7 +557,9 @@ class BlockServer:
             self.metrics.lm_stored.inc()
         return m.PutReply(tier=name, seconds=dt).model_dump()
 
-    def _get(self, key: str, rank: int, engine: str, view: memoryview, g: BlockGeometry, padded: int) -> dict[str, Any]:
+    def _get(
+        self, key: str, rank: int, engine: str, view: memoryview, g: m.BlockGeometry, padded: int
+    ) -> dict[str, Any]:
         assert self.store is not None
         t0 = time.perf_counter()
         try:
@@ -593,4 +597,4 @@ def shard_key(key: str, rank: int) -> str:
     return f"{key}.r{rank}"
 
 
-__all__ = ["BlockServer", "BlockGeometry", "shard_key"]
+__all__ = ["BlockServer", "shard_key"]

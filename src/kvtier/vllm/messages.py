@@ -8,6 +8,8 @@ engine a negative count or a tier index it does not have.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, model_validator
@@ -36,12 +38,35 @@ class Hello(_Message):
     world_size: int | None = Field(None, gt=0, le=1024)
     rank: int | None = Field(None, ge=0)  # data: the worker's rank (its share of each block)
     proof: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None  # TCP: HMAC of the challenge
+    # what every key of this connection starts with (keys.key_prefix: a model's): its lookups, stores, loads,
+    # forgets and resets stay within it, so one model's engine cannot drop another's blocks. None: every key
+    scope: Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")] | None = None
 
     @model_validator(mode="after")
     def _geometry(self) -> Hello:
         if self.role != "admin" and None in (self.block_bytes, self.block_tokens, self.world_size):
             raise ValueError(f"role {self.role} needs block_bytes, block_tokens and world_size")
         return self
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    block_bytes: int  # one worker's share of a block
+    block_tokens: int
+    world_size: int
+
+    @classmethod
+    def of(cls, hello: Hello) -> BlockGeometry:
+        assert hello.block_bytes and hello.block_tokens and hello.world_size  # every role but admin has them
+        return cls(hello.block_bytes, hello.block_tokens, hello.world_size)
+
+
+def outside(scope: str, keys: Iterable[object]) -> str | None:
+    """Why a request naming ``keys`` is refused on a connection scoped to ``scope`` (None: every key is in it)."""
+    if not scope:
+        return None
+    bad = next((k for k in keys if not str(k).startswith(scope)), None)
+    return None if bad is None else f"key {str(bad)[:80]!r} is outside this connection's scope {scope!r}"
 
 
 class _OnKeys(_Message):
@@ -190,6 +215,8 @@ def refusal(e: ValidationError) -> str:
 
 
 __all__ = [
+    "BlockGeometry",
+    "outside",
     "ADMIN",
     "CONTROL",
     "Flush",

@@ -46,6 +46,12 @@ class ServerMetrics:
         self.refused = Counter(
             p + "refused_connections", "connections refused before their hello, by reason", ["reason"], registry=r
         )
+        self.requests_refused = Counter(
+            p + "requests_refused",
+            "requests refused, by reason (scope: a key outside the prefix its connection's hello named)",
+            ["reason"],
+            registry=r,
+        )
         self.not_taken = Counter(
             p + "connections_not_taken",
             "connections closed before their hello because the server could not take them, by reason (full: at the "

@@ -60,7 +60,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.errors import ConfigError
-from kvtier.keys import KeyScope
+from kvtier.keys import KeyScope, key_prefix
 from kvtier.tiers import open_tiers
 from kvtier.vllm import series as sr
 from kvtier.vllm.client import ServerBlockWorker, ServerIndex
@@ -160,6 +160,7 @@ def _hello(config: OffloadingConfig) -> dict[str, Any]:
         "block_tokens": config.groups[0].tokens_per_block,
         "world_size": max(1, config.parallel.world_size),
         "rank": config.parallel.rank,
+        "scope": key_prefix(config.model.name),  # its keys stay this model's: another model's reset keeps them
     }
 
 

@@ -465,3 +465,34 @@ def test_a_killed_servers_nvme_folder_is_removed_by_the_next_server_and_a_live_o
             s2.close()
     finally:
         live.close()
+
+
+def test_a_connection_stays_within_its_models_keys(server: BlockServer):
+    """#58 item 11: one engine could read, forget or reset another model's blocks on a shared server. A hello now
+    names its scope (its model's key prefix, as kvtier's clients send it): a request naming a key outside it is
+    refused, counted, and a reset drops only its own model's blocks."""
+    from kvtier.keys import KeyScope, key_prefix
+
+    models = {n: KeyScope(model_name=n).key for n in ("org/Model-A", "org/Model-B")}
+    ix = {n: ServerIndex(server.path, name, {"engine": n, "scope": key_prefix(n), **GEOMETRY})
+          for n, name in models.items()}  # fmt: skip
+    pages = {n: Page(server.path, n, {**GEOMETRY, "scope": key_prefix(n)}, name=name) for n, name in models.items()}
+    keys = [bytes([i]) * 8 for i in range(2)]
+    data = {n: store(ix[n], pages[n], keys) for n in models}
+    a_key = models["org/Model-A"](keys[0])
+    b = connect(server.path, 10)
+    b.call({"op": "hello", "role": "control", "engine": "B", "scope": key_prefix("org/Model-B"), **GEOMETRY})
+    for op in ("lookup", "forget", "pin"):
+        with pytest.raises(Refused, match=f"{op}: key 'kvt1_org-model-a_.*outside this connection's scope 'kvt1_org"):
+            b.call({"op": op, "keys": [a_key]})
+    assert metrics(server)["kvtier_block_server_requests_refused_total"] == 3  # reason="scope"
+    b_page = Page(server.path, "B", {**GEOMETRY, "scope": key_prefix("org/Model-B")}, name=models["org/Model-A"])
+    with pytest.raises(Refused, match="get: key .* is outside"):  # its worker asking for A's block by A's key
+        b_page.conn.call({"op": "get", "key": a_key})
+    assert b.call({"op": "reset"})["ok"]  # B's engine resets its prefix cache: B's blocks go, A's stay
+    assert [ix["org/Model-B"].lookup(k) for k in keys] == ["miss", "miss"]
+    assert [ix["org/Model-A"].lookup(k) for k in keys] == ["hit", "hit"]
+    assert pages["org/Model-A"].get(keys[0]) == data["org/Model-A"][keys[0]]
+    for p in [*pages.values(), b_page]:
+        p.close()
+    b.close()
