@@ -109,8 +109,13 @@ def recommend_png(recommendations: Sequence[tuple[str, Any]]) -> bytes | None:
                 drew = True
                 label = (f"{name}: " if name else "") + f"NVMe {nvme:g} GB, c={conc}"
                 xs = [p.cpu_gb for p in line]
-                err = [(p.ttft_p95_s.high or p.ttft_p95_s.mean or 0) - (p.ttft_p95_s.mean or 0) for p in line]
-                ax.errorbar(xs, [p.ttft_p95_s.mean for p in line], yerr=err, marker="o", capsize=3, label=label)
+                mean = [p.ttft_p95_s.mean or 0.0 for p in line]
+                # the 95 % interval as the table gives it: its low end clipped at 0 (a TTFT is never below 0)
+                low = [
+                    m - max(0.0, p.ttft_p95_s.low if p.ttft_p95_s.low is not None else m) for p, m in zip(line, mean)
+                ]
+                high = [(p.ttft_p95_s.high if p.ttft_p95_s.high is not None else m) - m for p, m in zip(line, mean)]
+                ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, label=label)
                 bx.plot(xs, [(p.offload_hit_share.mean or 0) * 100 for p in line], marker="o", label=label)
         if r.slo_ttft_p95_s is not None:
             ax.axhline(r.slo_ttft_p95_s, ls="--", c="red", label=f"SLO {r.slo_ttft_p95_s:g} s")

@@ -80,11 +80,14 @@ def plain_log_ticks(fig: Any) -> None:
                 axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
-def _png(fig: Any) -> bytes:
-    """PNG bytes. Margins are set, not measured: bbox_inches="tight" draws every figure twice."""
+def _png(fig: Any, right_in: float = 0.0) -> bytes:
+    """PNG bytes. Margins are set, not measured: bbox_inches="tight" draws every figure twice. ``right_in``: inches
+    kept free at the right (a figure legend beside the panels)."""
     plain_log_ticks(fig)
-    left = max(0.08, LEFT_MARGIN_IN / fig.get_size_inches()[0])  # room for "10000" and the axis name, any width
-    fig.subplots_adjust(left=left, right=0.98, bottom=0.16, top=0.88, wspace=0.32, hspace=0.55)
+    width = fig.get_size_inches()[0]
+    left = max(0.08, LEFT_MARGIN_IN / width)  # room for "10000" and the axis name, any width
+    right = 0.98 - right_in / width
+    fig.subplots_adjust(left=left, right=right, bottom=0.16, top=0.88, wspace=0.32, hspace=0.55)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi_for(fig.get_size_inches()[0]))
     _plt().close(fig)
@@ -263,9 +266,16 @@ def qos(items: Sequence[Loaded]) -> Plot | None:
                 label=None if labelled else "target p95",
             )
             labelled = True
+    _log_y(ax)
+    floor = ax.get_ylim()[0]
+    for i, it in enumerate(items):  # a slot without a bar says why, rather than look like a missing result
+        for k, c in enumerate(classes):
+            q = it.bench.summary.qos_metrics.get(c)
+            if q is None or q.no_data or q.sla.actual_p95_ms is None:
+                ax.annotate("no requests", (k + i * width, floor), ha="center", va="bottom", fontsize=6,
+                            rotation=90, color="0.4")  # fmt: skip
     ax.set_xticks([k + (len(items) - 1) * width / 2 for k in range(len(classes))])
     ax.set_xticklabels(classes)
-    _log_y(ax)
     ax.set_ylabel("end-to-end p95, ms")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -367,9 +377,9 @@ def ttft_by_turn(items: Sequence[Loaded]) -> Plot | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_ylim(bottom=0)
+    _log_y(ax)  # a log axis: the medians stay readable beside a p95 orders of magnitude above them
     ax.xaxis.get_major_locator().set_params(integer=True)
-    _label(ax, "turn", "TTFT, s")
+    _label(ax, "turn", "TTFT, s (log)")
     return (
         "TTFT by turn",
         "Does TTFT grow as conversations get longer (no reuse), or stay flat (the cache serves the history)?",
@@ -390,7 +400,8 @@ def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
     plt = _plt()
     cols = min(2, len(have))  # at most two panels a row: side by side, n panels were too narrow to read
     rows = -(-len(have) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
+    # one y scale for every panel (results side by side read as they compare), one legend beside them, off the bars
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols + 1.6, 3.6 * rows), squeeze=False, sharey=True)
     flat = list(axes.flat)
     for ax in flat[len(have) :]:
         ax.set_visible(False)
@@ -409,11 +420,20 @@ def ttft_parts(items: Sequence[Loaded]) -> Plot | None:
             ax.annotate(f"{cached:.0%}", (xi, top), ha="center", va="bottom", fontsize=7)
         ax.set_title(f"{it.label} (% of prompt tokens from a cache)", fontsize=9)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        _label(ax, "turn", "mean TTFT, ms")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("mean TTFT, ms")
+        ax.grid(alpha=0.3)
+    top = max(ax.get_ylim()[1] for ax in flat[: len(have)])
+    flat[0].set_ylim(top=top * 1.1)  # room for the share above the tallest bar (the axes share it)
+    handles: dict[str, Any] = {}
+    for ax in flat[: len(have)]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center right")
     return (
         "Where TTFT went, by turn",
         "Did the offload tier cut later turns' TTFT, and where did the rest go (queue, fetch, recompute)?",
-        _png(fig),
+        _png(fig, right_in=1.5),
     )
 
 
