@@ -293,11 +293,14 @@ def load_tau2(p: Path, count: Counter) -> list[Session]:
     return sessions
 
 
-def load_sharegpt_sessions(p: Path, count: Counter) -> list[Session]:
+def load_sharegpt_sessions(p: Path, count: Counter, notes: list[str] | None = None) -> list[Session]:
     """Each record with a usable exchange is a session; each reply is a turn whose history is every
-    message before it (workload/sharegpt.py reads the records, for bench and replay alike)."""
+    message before it (workload/sharegpt.py reads the records, for bench and replay alike). Records without one
+    are left out and said in ``notes`` (how many, and the first's index)."""
     sessions = []
-    for i, rec in enumerate(read_sharegpt_records(p)):
+    dropped: list[int] = []
+    records = read_sharegpt_records(p)
+    for i, rec in enumerate(records):
         msgs = sharegpt_messages(rec)
         turns = [
             Turn(tuple(msgs[:k]), _max_tokens(count, m["content"]), 0.0)
@@ -306,6 +309,13 @@ def load_sharegpt_sessions(p: Path, count: Counter) -> list[Session]:
         ]
         if turns:
             sessions.append(Session(sharegpt_id(rec, i), tuple(turns), f"{p}[{i}]"))
+        else:
+            dropped.append(i)
+    if dropped and notes is not None:
+        notes.append(
+            f"{p.name}: {len(dropped)} of {len(records)} records left out: no usable exchange (no reply, or only "
+            f"empty texts); the first is record [{dropped[0]}]"
+        )
     return sessions
 
 
@@ -421,7 +431,7 @@ class LoadedDataset:
     sessions: list[Session]
     format: str  # the format read (the last file's, for a folder)
     warnings: list[ResultWarning]
-    notes: list[str] = field(default_factory=list)  # how each file's variant was read (agent traces)
+    notes: list[str] = field(default_factory=list)  # how each file's variant was read; ShareGPT records left out
     hit_plan: Any = None  # --target-hit-rate: the documents the requests share (replay/hitrate.py HitPlan)
 
 
@@ -449,7 +459,13 @@ def load_sessions(path: str | Path, fmt: str, count: Counter) -> LoadedDataset:
             warnings.append(warning(WarningCode.dataset_file_skipped, f"{f}: empty session file skipped", file=str(f)))
             continue
         used = kind
-        got = load_agent_trace(f, count, notes) if kind == "agent-trace" else LOADERS[kind](f, count)
+        got = (
+            load_agent_trace(f, count, notes)
+            if kind == "agent-trace"
+            else load_sharegpt_sessions(f, count, notes)
+            if kind == "sharegpt"
+            else LOADERS[kind](f, count)
+        )
         if not got:
             warnings.append(
                 warning(WarningCode.dataset_file_skipped, f"{f}: no session with a usable turn, skipped", file=str(f))

@@ -251,3 +251,17 @@ def test_hostile_dataset_files_get_one_line_naming_file_and_line(tmp_path, name,
     with pytest.raises(DatasetError) as e:
         load_sessions(tmp_path / name)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_sharegpt_record_without_an_exchange_is_said_in_the_notes(tmp_path):
+    """#58 item 21: ShareGPT records with no reply were dropped silently."""
+    recs = [
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},
+        {"id": "c", "conversations": []},
+    ]
+    (tmp_path / "sg.json").write_text(json.dumps(recs))
+    d = _load_sessions(tmp_path / "sg.json", "sharegpt", chars_tokenizer().count)
+    assert [s.session_id for s in d.sessions] == ["a"]
+    assert d.notes == ["sg.json: 2 of 3 records left out: no usable exchange (no reply, or only empty texts); the "
+                       "first is record [1]"]  # fmt: skip
