@@ -62,10 +62,14 @@ def ladder_gate_report(
     t = fit.timing
     tiers = [f.tier for f in t.fetch]
     if not tiers:
-        raise DatasetError(
-            f"{path}: the ladder measured no offload tier (only cold and GPU): nothing to gate; "
-            "measure one against a server with offloading"
+        has = [x.name for x in r.server.tiers]
+        why = "; ".join(w.message for w in r.warnings if w.code == "ladder-tier-unreachable") or "see its warnings"
+        hint = (
+            f"the server has {', '.join(has)}, which the ladder could not reach: {why}"
+            if has
+            else "measure one against a server with offloading"
         )
+        raise DatasetError(f"{path}: the ladder measured no offload tier (only cold and GPU): nothing to gate; {hint}")
     med = {(c.source, c.context_tokens, c.new_tokens): c.ttft_s_median for c in r.cells}
     cells = sorted({(c.context_tokens, c.new_tokens) for c in r.cells})
     if contexts or new_tokens:

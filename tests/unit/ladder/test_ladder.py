@@ -220,3 +220,25 @@ def test_a_fit_past_its_error_bounds_is_unreliable_and_the_sim_refuses_it(tmp_pa
     assert calibration_values(ladder_file(busy, "busy2.json"), accept_unreliable=True)[0]["prefill_tps"] > 0
     assert load_fitted(ladder_file(busy, "busy3.json"), "--ladder")[1].unreliable  # plan answers read it, said
     assert calibration_values(ladder_file(quiet, "quiet.json"))[0]["prefill_tps"] > 0
+
+
+def test_a_gate_on_a_ladder_that_could_not_reach_the_servers_tier_says_why_not_blames_the_server() -> None:
+    """#58 item 18: `plan gate --from` on a ladder whose flood could not reach the sim's CPU tier said "measure
+    one against a server with offloading", though the server had one."""
+    from types import SimpleNamespace
+
+    from kvtier.errors import DatasetError
+    from kvtier.plan.ladder_gate import ladder_gate_report
+    from kvtier.results.envelope import WarningCode, warning
+    from kvtier.results.ladder import TierFacts
+
+    fit = fit_ladder(_synthetic(0.01), [], [], None, "x.json")  # cold and GPU only: no fetch curve
+    assert fit is not None and not fit.timing.fetch
+    why = warning(WarningCode.ladder_tier_unreachable, "cpu: not measured: a flood of 20,000 tokens would also ...")
+    r = SimpleNamespace(server=SimpleNamespace(tiers=[TierFacts(name="cpu", capacity_tokens=10000, counter="x")]),
+                        warnings=[why], cells=[])  # fmt: skip
+    with pytest.raises(DatasetError, match="the server has cpu, which the ladder could not reach: cpu: not measured"):
+        ladder_gate_report(r, fit, "l.json")  # type: ignore[arg-type]
+    r.server.tiers = []
+    with pytest.raises(DatasetError, match="measure one against a server with offloading"):
+        ladder_gate_report(r, fit, "l.json")  # type: ignore[arg-type]
