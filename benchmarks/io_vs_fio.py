@@ -177,6 +177,11 @@ def stamp_cost(reps: int) -> tuple[float, float, float]:
 
 
 def main() -> None:
+    from kvtier.engine.backend import nt_copy_environ
+
+    env = nt_copy_environ(os.environ)  # as kvtier bench runs: copies of 1 MiB and more stream (engine/backend.py)
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", help="directory on the device under test (default: a temp dir in /var/tmp)")
     ap.add_argument("--entry-mb", default="64,1024", help="entry sizes, MiB, comma separated")

@@ -92,9 +92,26 @@ def _all_parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return out
 
 
+def _stream_large_copies() -> None:
+    """``kvtier bench`` from the command line: run again, at once, with glibc streaming copies of 1 MiB and more
+    (engine/backend.py NT_COPY_BYTES: the CPU tier's page copies then run at memory speed). The same process (its
+    PID, its MPI rank, its parent's signals), the same arguments; nothing has been started or printed yet."""
+    import os
+
+    from kvtier.engine.backend import nt_copy_environ
+
+    env = nt_copy_environ(os.environ)
+    if env is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "kvtier", *sys.argv[1:]], env)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and args.command == "bench":  # the command line itself, never a caller's own process
+        _stream_large_copies()
     try:
         if getattr(args, "plot", None):  # every --plot (plan, ladder): a missing matplotlib stops before any work
             from kvtier.report.plots import require_matplotlib

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -66,6 +67,27 @@ def advise_huge_pages(m: mmap.mmap) -> None:
             m.madvise(advice)
         except OSError:
             pass
+
+
+NT_COPY_TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
+NT_COPY_BYTES = 1 << 20
+"""glibc's memcpy streams a copy past the cache (non-temporal stores) only above a threshold it sets from the cache
+size: 114 MiB on this VM's reported 300 MiB L3. Every copy kvtier's CPU tier makes is a page (2-32 MiB) or a piece of
+one, so each ran with ordinary stores, at 0.52-0.59 of one ``np.copyto`` of a whole 256 MiB entry (which streams);
+with copies of 1 MiB and more streaming, 0.77-1.01 of it (benchmarks/cpu_tier_pages.py, both in one run). glibc reads
+the tunable once, at a process's start: ``kvtier bench`` re-executes itself under it (cli/main.py)."""
+
+
+def nt_copy_environ(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """``environ`` with glibc told to stream copies of NT_COPY_BYTES and more; None where that is already so (or
+    the user set the tunable) or cannot matter (not Linux on x86-64)."""
+    import platform
+
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64") or NT_COPY_TUNABLE in tunables:
+        return None
+    ours = f"{NT_COPY_TUNABLE}={NT_COPY_BYTES:#x}"
+    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{ours}" if tunables else ours}
 
 
 def aligned_buffer(nbytes: int) -> memoryview:

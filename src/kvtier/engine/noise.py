@@ -47,8 +47,12 @@ from kvtier.engine.backend import ALIGN, aligned_buffer, round_up
 
 DEFAULT_NOISE_BYTES = 256 * 1024 * 1024
 BLOCK = 4096  # the dedup unit the stamp defeats (arrays deduplicate at 4-16 KiB)
-PIECE = 1 << 19  # the copy and stamp run in pieces of this, so the stamp finds each piece in cache
-_BLOCKS_PER_PIECE = PIECE // BLOCK
+PIECE = 1 << 19  # the unit the payload sample picks its blocks by (one block of about one piece in 8)
+COPY_PIECE = 1 << 23  # the copy and stamp run in pieces of this: above glibc's streaming threshold as kvtier bench
+# sets it (engine/backend.py NT_COPY_BYTES), so the copy streams past the cache; the stamp then reads back one cache
+# line in 64 (each block's first). In 512 KiB pieces (the stamp finding its piece in cache) the copy could not stream:
+# 0.50-0.57 of np.copyto against 0.77-0.84 (benchmarks/cpu_tier_pages.py)
+_BLOCKS_PER_PIECE = COPY_PIECE // BLOCK
 _IDX = np.arange(_BLOCKS_PER_PIECE, dtype=np.uint64)
 Payload = Literal["unique", "realistic"]
 
@@ -337,12 +341,13 @@ class NoiseChunks:
         (off, block) after it."""
         noise = self.noise
         at = 0
-        while at < len(dst):  # pieces of PIECE, each within the noise buffer (it wraps)
-            m = min(len(dst) - at, PIECE, noise.nbytes - off)
+        while at < len(dst):  # pieces of COPY_PIECE, each within the noise buffer (it wraps)
+            m = min(len(dst) - at, COPY_PIECE, noise.nbytes - off)
             piece = dst[at : at + m]
             noise._fill(piece, off, block, h)
-            if sample:
-                noise.sample.add(self.key, block, piece, h)
+            if sample:  # the sample's own unit, as before: one block of about one PIECE in PIECES_PER_SAMPLE
+                for s in range(0, m, PIECE):
+                    noise.sample.add(self.key, block + s // BLOCK, piece[s : s + PIECE], h)
             block += m // BLOCK
             at += m
             off = (off + m) % noise.nbytes
