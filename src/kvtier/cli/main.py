@@ -92,7 +92,7 @@ def _all_parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return out
 
 
-def _stream_large_copies() -> None:
+def _stream_large_copies(args: list[str]) -> None:
     """``kvtier bench`` from the command line: run again, at once, with glibc streaming copies of 1 MiB and more
     (engine/backend.py NT_COPY_BYTES: the CPU tier's page copies then run at memory speed). The same process (its
     PID, its MPI rank, its parent's signals), the same arguments; nothing has been started or printed yet."""
@@ -104,14 +104,14 @@ def _stream_large_copies() -> None:
     if env is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "kvtier", *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", "kvtier", *args], env)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None and args.command == "bench":  # the command line itself, never a caller's own process
-        _stream_large_copies()
+        _stream_large_copies(sys.argv[1:])
     try:
         if getattr(args, "plot", None):  # every --plot (plan, ladder): a missing matplotlib stops before any work
             from kvtier.report.plots import require_matplotlib
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 def kv_cache(argv: list[str] | None = None) -> int:
     """The ``kv-cache`` console script: exactly ``kvtier bench``, under the name the MLPerf reference's
     wrappers call (``--kvcache-bin-path``, kv-cache-wrapper.sh), so they run kvtier unchanged."""
+    if argv is None:  # the console script itself: as `kvtier bench` from the command line
+        _stream_large_copies(["bench", *sys.argv[1:]])
     return main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 

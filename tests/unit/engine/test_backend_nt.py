@@ -44,3 +44,21 @@ def test_kvtier_bench_from_the_command_line_reexecutes_once_and_a_caller_never(m
     # a caller's own process (main(argv)) is never replaced: the bench runs (here: is refused) in it
     assert cli.main(["bench", "--model", "no-such-model", "--duration", "1"]) != 0
     assert calls == []
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="glibc's streaming threshold is an x86-64 tunable")
+def test_the_kv_cache_console_script_runs_as_kvtier_bench_does(monkeypatch: pytest.MonkeyPatch):
+    from kvtier.cli import main as cli
+
+    seen: list[list[str]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        seen.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execve", execve)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(sys, "argv", ["kv-cache", "--model", "tiny-1b"])
+    with pytest.raises(SystemExit):
+        cli.kv_cache()
+    assert seen == [[sys.executable, "-m", "kvtier", "bench", "--model", "tiny-1b"]]
