@@ -171,6 +171,15 @@ def max_parts(expect: int) -> int:
     return 2 * (round_up(expect) // ALIGN) + 1
 
 
+WRITER_MAX = 256
+"""The longest writer name a shared entry's description may start with (host-pid-id is well under it)."""
+
+
+def description_limit(expect: int) -> int:
+    """The longest description a shared entry of ``expect`` bytes has: its writer and one length per part."""
+    return WRITER_MAX + max_parts(expect) * (len(str(round_up(expect))) + 1)
+
+
 @dataclass
 class OwnKeys:
     """What a remote tier may delete is decided here, not by the server's listing: of the keys a server lists

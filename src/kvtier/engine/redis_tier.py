@@ -42,8 +42,8 @@ from urllib.parse import urlsplit
 from kvtier.engine.backend import (
     OwnKeys,
     check_cancel,
+    description_limit,
     expected_size_problem,
-    max_parts,
     read_through_export,
     round_up,
     shared_digest,
@@ -294,7 +294,7 @@ class RedisTier:
         if not self.namespace:
             return None
         t0 = time.perf_counter_ns()
-        cap = _meta_limit(expect)
+        cap = description_limit(expect)
         try:
             base = self._base(key)
             with self._conn(base) as c:
@@ -554,15 +554,6 @@ ABORT_CLEANUP_TIMEOUT_S = 1.0
 """Each cleanup call's deadline after an interrupt (a healthy server answers in milliseconds)."""
 MAX_SCAN_CALLS = 100_000
 """SCAN calls at most per listing (COUNT 1000 each: 10^8 keys) before giving up on a cursor that never ends."""
-
-
-WRITER_MAX = 256
-"""The longest writer name a shared entry's description may start with (host-pid-id is well under it)."""
-
-
-def _meta_limit(expect: int) -> int:
-    """The longest description an entry of ``expect`` bytes has: its writer and one length per part."""
-    return WRITER_MAX + max_parts(expect) * (len(str(round_up(expect))) + 1)
 
 
 _TEXT_MAX = 64
