@@ -24,18 +24,37 @@ from kvtier.launch.profiles import ProcPlan
 from kvtier.results.io import open_append
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free TCP ports (bound together, then released)."""
-    socks = []
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for a bind to port 0 (ip_local_port_range; 32768 where unreadable)."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free TCP ports (bound together, then released), drawn at random below the kernel's ephemeral
+    range: a server started on one a minute later (Caddy, after the replicas are healthy) cannot find it taken by
+    some other process's bind to port 0 meanwhile (CI once lost a launch so, to a test running beside it)."""
+    import random
+
+    high = _ephemeral_low() - 1
+    low = max(1024, high - 12287)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        socks: list[socket.socket] = []
+        try:
+            for port in rng.sample(range(low, high + 1), n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return [s.getsockname()[1] for s in socks]
+        except OSError:
+            continue  # one was taken: draw again
+        finally:
+            for s in socks:
+                s.close()
+    raise LaunchError(f"no {n} free ports on {host} in {low}-{high} after 64 draws")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
