@@ -367,8 +367,8 @@ def test_two_replicas_share_one_cache_server(tmp_path: Path):
 
 
 def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
-    """The one cache server serves one geometry: the first replica's (here the test model's chunks); a replica of a
-    model with other KV bytes per chunk is refused at start, both geometries named."""
+    """The cache server's slots are the first replica's chunks (here the test model's, no --block-bytes); a replica of
+    a model whose chunks do not fit them is refused at start, both geometries and the flags that size slots named."""
     cache, sock, _ = start_cache_server(tmp_path, "--cpu-offload-gb", "0.1")
     first = None
     try:
@@ -394,7 +394,7 @@ def test_remote_offload_refuses_a_cache_server_of_another_model(tmp_path: Path):
             text=True,
             timeout=60,
         )
-        assert p.returncode == 2 and "one cache server serves one model's replicas" in p.stderr
+        assert p.returncode == 2 and "the engine has 33554432 bytes" in p.stderr and "--block-bytes" in p.stderr
         p = subprocess.run(
             kvtier_cmd() + ["sim", "--port", "0", "--offload", "remote"], capture_output=True, text=True, timeout=60
         )

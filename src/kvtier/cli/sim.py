@@ -73,14 +73,18 @@ def run_cache_server(args: argparse.Namespace) -> int:
     import time
 
     from kvtier.results.io import write_text_atomic
+    from kvtier.vllm import messages as m
     from kvtier.vllm.blockserver import BlockServer
     from kvtier.vllm.settings import VllmOffloadSettings
 
     cfg = config_from_args(args, CacheServerConfig)
+    if cfg.world_size != 1 and cfg.block_bytes is None:
+        raise ConfigError("--world-size: sizes the slots with --block-bytes; give both or neither")
     listen, token = _listen_and_token(cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = VllmOffloadSettings.of_tier_config(cfg, cfg.offload)
-    server = BlockServer(settings, cfg.socket, cfg.host, cfg.port, listen, token)
+    slot = None if cfg.block_bytes is None else m.BlockGeometry(cfg.block_bytes, 1, cfg.world_size)
+    server = BlockServer(settings, cfg.socket, cfg.host, cfg.port, listen, token, slot, cfg.keys_per_s)
     bound = server.start()
     stopping: list[int] = []  # the handlers only append: no lock is taken inside a signal handler
     for sig in (signal.SIGINT, signal.SIGTERM):

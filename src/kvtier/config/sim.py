@@ -129,8 +129,8 @@ class SimConfig(OffloadTierConfig):
 class CacheServerConfig(OffloadTierConfig):
     """Every input of ``kvtier cache-server`` (vllm/blockserver.py): one set of offload tiers shared by sim replicas
     (``--offload remote --cache-server PATH``) and by vLLM replicas running kvtier's offloading spec
-    (kv_connector_extra_config ``cache_server``). The block geometry (bytes and tokens a block, the world size) comes
-    from the first replica's hello; a replica of another is refused."""
+    (kv_connector_extra_config ``cache_server``). The tiers hold slots of one block: ``--block-bytes`` per worker times
+    ``--world-size``, or the first replica's geometry; a replica whose blocks do not fit is refused."""
 
     offload: OffloadKind = flag(
         "cpu", "the tier: CPU RAM, or CPU staging in front of NVMe files, Redis (--redis-url) or S3 (--s3-bucket)"
@@ -147,6 +147,22 @@ class CacheServerConfig(OffloadTierConfig):
     host: str = flag("127.0.0.1", "address of /health and /metrics")
     port: int = flag(0, "TCP port of /health and /metrics (0 = any free port)", ge=0, le=65535)
     port_file: str | None = flag(None, "write the TCP port here once the server accepts requests")
+    block_bytes: int | None = flag(
+        None,
+        "slot size: the largest block's bytes per worker (vLLM's KV bytes per token x block size / TP) the server "
+        "serves; the tiers open at start (default: the first replica's block)",
+        gt=0,
+        le=1 << 32,
+    )
+    world_size: int = flag(
+        1, "slot size: the largest world size (TP x PP) among the replicas, with --block-bytes", gt=0, le=1024
+    )
+    keys_per_s: float = flag(
+        200_000.0,
+        "keys a second each replica's scheduler connection may name (lookups, pins, stores) before it is slowed; 0 = "
+        "unbounded",
+        ge=0,
+    )
 
 
 class CacheFlushConfig(StrictModel):

@@ -18,8 +18,11 @@ manager over one control connection, each I/O thread over a data connection of i
   plan that placed its block has made room, so the tiers hold what the index says (the per-replica worker's rule).
 * **Leases**: what a manager has pinned or has pending is released when its connection closes, so a replica that
   dies mid-store leaves no block pending forever (another replica's lookup turns from pending to miss).
-* **Geometry**: the first hello fixes the block's bytes per worker, tokens per block and the world size; a replica
-  of another geometry is refused with both named.
+* **Geometry**: the tiers hold slots of one block (``--block-bytes`` per worker times ``--world-size``, or the first
+  engine's). Each replica is checked against the slot on its own: a block that fits is served (a smaller one wastes
+  the rest of its slot), a larger one is refused with both named. Other geometries never share keys (vllm/spec.py).
+* **Fairness**: a control connection may name ``keys_per_s`` keys a second (listen.py KeyRate); beyond that it is
+  slowed, not refused, and the wait counted: one engine's lookup flood cannot starve another's lookups.
 
 Health and metrics (``kvtier_block_server_*``; ``…_cross_replica_loads_total`` counts blocks loaded by an engine
 other than the one that stored them) are served on a TCP port of ``--host`` (127.0.0.1 by default), apart from the
@@ -49,7 +52,7 @@ from kvtier.errors import ConfigError, StorageError
 from kvtier.tiers import open_tiers
 from kvtier.vllm import messages as m
 from kvtier.vllm.index import BlockIndex
-from kvtier.vllm.listen import Listeners
+from kvtier.vllm.listen import KEYS_PER_S, KeyRate, Listeners
 from kvtier.vllm.protocol import Conn, ProtocolError, is_sealed
 from kvtier.vllm.server_http import BoundedHTTPServer, ServerMetrics, http_handler
 from kvtier.vllm.settings import VllmOffloadSettings
@@ -66,6 +69,8 @@ class Lease:
 
     engine: str
     scope: str = ""  # the prefix every key of this connection has (its hello's scope; "": any key)
+    tokens: int = 0  # tokens per block of its engine
+    rate: KeyRate | None = None  # its allowance of keys a second (None: unbounded, an operator's connection)
     pins: Tally[str] = field(default_factory=Tally)
     pending: set[str] = field(default_factory=set)
 
@@ -81,13 +86,16 @@ class BlockServer:
         port: int = 0,
         listen: tuple[str, int] | None = None,
         token: bytes | None = None,
+        slot: m.BlockGeometry | None = None,
+        keys_per_s: float = KEYS_PER_S,
     ):
         self.listeners = Listeners(socket_path, listen, token)
         self.settings = settings
         self.path = socket_path
         self.host, self.port = host, port
         self.metrics = ServerMetrics()
-        self.geometry: m.BlockGeometry | None = None
+        self.geometry = slot  # the slot's geometry: --block-bytes/--world-size, or the first engine's
+        self.keys_per_s = keys_per_s
         self.index: BlockIndex[str] | None = None
         self.store: TieredStore | None = None
         self._names: list[str] = []
@@ -113,10 +121,15 @@ class BlockServer:
         """Listen on the socket, the TCP data port and the health port; returns the health port."""
         self.listeners.open()
         try:
+            if self.geometry is not None:
+                self._open(self.geometry)
             self._http = BoundedHTTPServer((self.host, self.port), http_handler(self))
         except OSError as e:
             self.listeners.close()
             raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
+        except ValueError as e:
+            self.listeners.close()
+            raise ConfigError(f"--block-bytes: {e}") from None
         self._threads = [
             *self.listeners.threads(self._serve_conn, lambda why: self.metrics.not_taken.labels(why).inc()),
             threading.Thread(target=self._action_loop, name="kvtier-blocks-actions", daemon=True),
@@ -166,22 +179,19 @@ class BlockServer:
                 hello = m.Hello.model_validate(msg)
                 if hello.role == "admin":
                     kind = "admin"
-                    self._control(c, "admin", admin=True)
+                    self._control(c, Lease("admin"), admin=True)
                     return
                 geometry = self._join(m.BlockGeometry.of(hello))
-            except ValidationError as e:
-                c.send({"ok": False, "error": f"hello: {m.refusal(e)}"})
-                return
-            except ValueError as e:
-                c.send({"ok": False, "error": str(e)})
+            except ValueError as e:  # pydantic's ValidationError among them
+                c.send({"ok": False, "error": f"hello: {m.refusal(e)}" if isinstance(e, ValidationError) else str(e)})
                 return
             kind, engine = hello.role, hello.engine
             self.metrics.clients.labels(kind).inc()
             try:
                 if kind == "control":
-                    self._control(c, engine, scope=hello.scope or "")
+                    lease = Lease(engine, hello.scope or "", geometry.block_tokens, KeyRate(self.keys_per_s))
+                    self._control(c, lease)
                 elif kind == "probe":  # a worker checking the geometry and learning the tiers before its first I/O
-                    assert self.index is not None
                     self._reply(c, self._tiers())
                 elif kind == "data" and (len(fds) == 1 or c.inline):
                     self._data(c, engine, hello, fds[0] if fds else None, geometry)  # closed below with the rest
@@ -199,37 +209,43 @@ class BlockServer:
             c.close()
 
     def _join(self, g: m.BlockGeometry) -> m.BlockGeometry:
-        """The first hello fixes the geometry and opens the tiers; later ones must match it."""
+        """A replica's geometry, checked against the slot (the first engine's opens the tiers when no slot was set)."""
         with self._lock:
             if self.geometry is None:
-                index: BlockIndex[str] = BlockIndex(
-                    self.settings.slots(g.block_bytes, g.world_size)
-                )  # refused before a tier opens
-                if self.settings.offload == "nvme":  # what killed servers left there, before the tier sizes itself
-                    remove_stale_runs(self.settings.nvme_dir, log.warning)
-                tiers = open_tiers(self.settings.plan(g.block_bytes, 1))
-                self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
-                self._names = [t.name for t in tiers]
-                self.index = index
-                self.geometry = g
-                for t in self.index.tiers:
-                    self.metrics.capacity.labels(t.name).set(t.slots)
-                    self.metrics.info.labels(t.name, t.source).set(1)
-                log.info(
-                    "kvtier block server: %s (blocks of %d bytes per worker, %d tokens, world size %d)",
-                    ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers),
-                    g.block_bytes,
-                    g.block_tokens,
-                    g.world_size,
-                )
-            elif g != self.geometry:
+                self._open(g)
+            elif g.block_bytes > self.geometry.block_bytes or g.world_size > self.geometry.world_size:
+                s = self.geometry
+                self.metrics.refused.labels("geometry").inc()
                 raise ValueError(
-                    f"hello: this server serves blocks of {self.geometry.block_bytes} bytes per worker, "
-                    f"{self.geometry.block_tokens} tokens, world size {self.geometry.world_size}; the engine has "
-                    f"{g.block_bytes} bytes, {g.block_tokens} tokens, world size {g.world_size} (one cache server "
-                    "serves one model's replicas)"
+                    f"hello: this server's slots hold blocks of at most {s.block_bytes} bytes per worker and world "
+                    f"size {s.world_size}; the engine has {g.block_bytes} bytes, {g.block_tokens} tokens, world size "
+                    f"{g.world_size} (start the server with --block-bytes and --world-size of the largest model)"
                 )
-            return self.geometry
+            return g
+
+    def _open(self, g: m.BlockGeometry) -> None:
+        """Cut the tiers in slots of ``g``'s blocks and open them (ValueError when no tier holds one)."""
+        index: BlockIndex[str] = BlockIndex(self.settings.slots(g.block_bytes, g.world_size))  # before a tier opens
+        if self.settings.offload == "nvme":  # what killed servers left there, before the tier sizes itself
+            remove_stale_runs(self.settings.nvme_dir, log.warning)
+        tiers = open_tiers(self.settings.plan(g.block_bytes, 1))
+        self.store = TieredStore(tiers, StoreConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0))
+        self._names = [t.name for t in tiers]
+        self.index, self.geometry = index, g
+        for t in self.index.tiers:
+            self.metrics.capacity.labels(t.name).set(t.slots)
+            self.metrics.info.labels(t.name, t.source).set(1)
+        log.info(
+            "kvtier block server: %s (slots of %d bytes per worker, world size %d)",
+            ", ".join(f"{t.name} {t.slots} blocks" for t in self.index.tiers),
+            g.block_bytes,
+            g.world_size,
+        )
+
+    @property
+    def ix(self) -> BlockIndex[str]:
+        assert self.index is not None  # an engine's hello opened the tiers before any request of its connection
+        return self.index
 
     def _reply(self, c: Conn, body: BaseModel) -> None:
         c.send(body.model_dump(mode="json"))
@@ -241,11 +257,11 @@ class BlockServer:
         )
 
     # -- control --------------------------------------------------------------------------------
-    def _control(self, c: Conn, engine: str, admin: bool = False, scope: str = "") -> None:
+    def _control(self, c: Conn, lease: Lease, admin: bool = False) -> None:
         """A manager's connection (the tiers, then its requests), or an operator's (``admin``: ``kvtier cache-server
         flush``; flushes and usage only, before any engine's hello too). A request naming a key outside the
-        connection's ``scope`` is refused whole, and its reset drops only its scope's blocks."""
-        lease = Lease(engine, scope)
+        connection's ``scope`` is refused whole, and its reset drops only its scope's blocks; its keys a second are
+        held to its ``rate``."""
         self._reply(c, self._tiers())
         adapter, role = (m.ADMIN, "admin") if admin else (m.CONTROL, "control")
         try:
@@ -256,6 +272,8 @@ class BlockServer:
                     c.send({"ok": False, "error": f"{role}: {m.refusal(e)}"})
                     continue
                 self.metrics.requests.labels(req.op).inc()
+                if lease.rate is not None:
+                    self.metrics.throttled.inc(lease.rate.take(len(getattr(req, "keys", ())) or 1))
                 outside = m.outside(lease.scope, getattr(req, "keys", ()))
                 if outside is not None:
                     self.metrics.requests_refused.labels("scope").inc()
@@ -278,53 +296,47 @@ class BlockServer:
         return m.FlushReply(dropped=len(idle), busy=busy)
 
     def _lookup(self, lease: Lease, req: m.Lookup) -> m.LookupReply:
-        assert self.index is not None
         out = []
         with self._lock:
             for k in req.keys:
-                r = self.index.lookup(k)
-                t = self.index.tier_of(k)
-                out.append((r, None if t is None else self.index.tiers.index(t)))
+                r = self.ix.lookup(k)
+                t = self.ix.tier_of(k)
+                out.append((r, None if t is None else self.ix.tiers.index(t)))
         self.metrics.lookups.inc(len(req.keys))
         self.metrics.lookup_hits.inc(sum(1 for r, _ in out if r != "miss"))
-        assert self.geometry is not None
-        self.metrics.lm_req.inc(len(req.keys) * self.geometry.block_tokens)
-        self.metrics.lm_hit.inc(sum(1 for r, _ in out if r == "hit") * self.geometry.block_tokens)
+        self.metrics.lm_req.inc(len(req.keys) * lease.tokens)
+        self.metrics.lm_hit.inc(sum(1 for r, _ in out if r == "hit") * lease.tokens)
         return m.LookupReply(found=out)
 
     def _pin(self, lease: Lease, req: m.Pin) -> m.PinReply:
-        assert self.index is not None
         with self._lock:
-            held = [k for k in req.keys if k in self.index]
-            self.index.pin(held)
+            held = [k for k in req.keys if k in self.ix]
+            self.ix.pin(held)
             lease.pins.update(held)
         return m.PinReply(pinned=len(held))
 
     def _unpin(self, lease: Lease, req: m.Unpin) -> m.Done:
-        assert self.index is not None
         with self._lock:
             asked = Tally(req.keys)  # a key named twice unpins at most what this connection pinned of it
             mine = [k for k, n in asked.items() for _ in range(min(n, lease.pins[k]))]
-            self.index.unpin(mine)
+            self.ix.unpin(mine)
             lease.pins.subtract(mine)
             lease.pins = +lease.pins
         return m.Done()
 
     def _touch(self, lease: Lease, req: m.Touch) -> m.Done:
-        assert self.index is not None
         with self._lock:
-            self.index.touch(req.keys)
+            self.ix.touch(req.keys)
         return m.Done()
 
     def _plan(self, lease: Lease, req: m.PlanStore) -> m.PlanReply:
-        assert self.index is not None
         keys = req.keys
         raw_of = dict(zip(keys, req.raw, strict=False))
-        names = [t.name for t in self.index.tiers]
+        names = [t.name for t in self.ix.tiers]
         with self._lock:
-            rejected_before = self.index.counters.rejected
-            plan = self.index.plan_store(keys)
-            rejected = self.index.counters.rejected - rejected_before
+            rejected_before = self.ix.counters.rejected
+            plan = self.ix.plan_store(keys)
+            rejected = self.ix.counters.rejected - rejected_before
             if plan is None:
                 self.metrics.rejected.inc(rejected)
                 return m.PlanReply(none=True, rejected=rejected)
@@ -341,18 +353,8 @@ class BlockServer:
                 self._writer.pop(k, None)
             self._actions.append((seq, [a for a in plan.actions if a[0] != "place"]))
             self._cv.notify_all()
-        # what the plan did, by tier: a move goes one tier down (from the tier above its target), an eviction is
-        # from the tier named
-        demoted = Tally(names[i - 1] for what, _, i in plan.actions if what == "move")
-        evicted = Tally(names[i] for what, _, i in plan.actions if what == "evict")
-        for k in plan.keys_to_store:
-            self.metrics.placed.labels(names[plan.placed[k]]).inc()
-        for t, n in demoted.items():
-            self.metrics.demoted.labels(t).inc(n)
-        for t, n in evicted.items():
-            self.metrics.evicted.labels(t).inc(n)
+        demoted, evicted = self.metrics.note_plan(names, plan, rejected)
         self._l1_evicted += demoted.get(names[0], 0) + evicted.get(names[0], 0)
-        self.metrics.rejected.inc(rejected)
         return m.PlanReply(
             store=plan.keys_to_store,
             placed=[plan.placed[k] for k in plan.keys_to_store],
@@ -363,22 +365,20 @@ class BlockServer:
         )
 
     def _complete(self, lease: Lease, req: m.Complete) -> m.CompleteReply:
-        assert self.index is not None
         success = req.success
         with self._lock:
             mine = [k for k in req.keys if k in lease.pending]
             ok = [k for k in mine if success and k not in self._put_failed]
             bad = [k for k in mine if k not in ok]
-            self.index.complete_store(ok, True)
-            self.index.complete_store(bad, False)
+            self.ix.complete_store(ok, True)
+            self.ix.complete_store(bad, False)
             self._settle(mine, lease)
             self._drop_shards(bad)
         return m.CompleteReply(failed=len(bad))
 
     def _forget(self, lease: Lease, req: m.Forget) -> m.ForgetReply:
-        assert self.index is not None
         with self._lock:
-            n = self.index.forget(req.keys)
+            n = self.ix.forget(req.keys)
             self._drop_shards(req.keys)
         return m.ForgetReply(forgotten=n)
 
@@ -389,7 +389,7 @@ class BlockServer:
 
     def _usage(self, lease: Lease, req: m.Usage) -> m.UsageReply:
         with self._lock:
-            return m.UsageReply(usage=dict(self.index.usage()) if self.index is not None else {})
+            return m.UsageReply(usage=dict(self.ix.usage()) if self.index is not None else {})
 
     _CONTROL: dict[type, Callable[[BlockServer, Lease, Any], BaseModel]] = {
         m.Lookup: _lookup,
@@ -415,8 +415,7 @@ class BlockServer:
 
     def _drop_shards(self, keys: list[str]) -> None:
         """Delete the shards of blocks that left the index outside a plan (lock held), in order with the plans."""
-        assert self.index is not None
-        gone = [k for k in keys if k not in self.index]
+        gone = [k for k in keys if k not in self.ix]
         for k in gone:
             self._writer.pop(k, None)
             self._raw.pop(k, None)
@@ -432,9 +431,9 @@ class BlockServer:
         with self._lock:
             for k, n in lease.pins.items():
                 for _ in range(n):
-                    self.index.unpin([k])
+                    self.ix.unpin([k])
             pending = sorted(lease.pending)
-            self.index.complete_store(pending, False)
+            self.ix.complete_store(pending, False)
             self._settle(pending, lease)
             self._drop_shards(pending)
         if pending:

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.unixsock import claim
-from kvtier.vllm.protocol import MAX_HELLO, Conn, challenge, peer_uid, proof
+from kvtier.vllm.protocol import MAX_HELLO, MAX_KEYS, Conn, challenge, peer_uid, proof
 
 log = logging.getLogger("kvtier.vllm.server")
 
@@ -38,6 +38,35 @@ HELLO_S = 10.0
 """Longest a peer may take to send its hello (after the challenge, over TCP)."""
 STARVED_S = 5.0
 """How long /health reports a connection the server could not take."""
+KEYS_PER_S = 200_000.0
+"""A control connection's allowance of keys named a second (lookups, pins, stores...): several times what one busy
+engine's scheduler names, a fraction of what the server can serve (``benchmarks/blockserver_flood.py``)."""
+
+
+class KeyRate:
+    """One connection's allowance of keys a second: a token bucket holding one second's worth (at least two
+    requests of MAX_KEYS). A request beyond it is held back until its keys are paid for, never refused."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self.burst = max(per_s, 2.0 * MAX_KEYS)
+        self.tokens = self.burst
+        self.at = time.monotonic()
+
+    def take(self, n: int) -> float:
+        """Pay for ``n`` keys, sleeping while the bucket is in debt; the seconds slept."""
+        if self.per_s <= 0:
+            return 0.0
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s) - n
+        self.at = now
+        if self.tokens >= 0:
+            return 0.0
+        wait = -self.tokens / self.per_s
+        time.sleep(wait)
+        return wait
+
+
 FD_RESERVE = 64
 """Descriptors kept back from connections: the tiers' files, the health port, logs."""
 BACKOFF_S = (0.01, 1.0)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter as Tally
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvtier.telemetry.prometheus import CONTENT_TYPE, exposition
+from kvtier.vllm.index import StorePlan
 
 
 class ServerMetrics:
@@ -44,7 +46,15 @@ class ServerMetrics:
         self.failed_loads = Counter(p + "failed_loads", "shard reads that failed or found nothing", registry=r)
         self.failed_stores = Counter(p + "failed_stores", "shard writes that failed (the block is dropped)", registry=r)
         self.refused = Counter(
-            p + "refused_connections", "connections refused before their hello, by reason", ["reason"], registry=r
+            p + "refused_connections",
+            "connections refused at their hello, by reason (geometry: blocks larger than the server's slots)",
+            ["reason"],
+            registry=r,
+        )
+        self.throttled = Counter(
+            p + "throttled_seconds",
+            "seconds control requests were held back because their connection named keys faster than its allowance",
+            registry=r,
         )
         self.requests_refused = Counter(
             p + "requests_refused",
@@ -84,6 +94,21 @@ class ServerMetrics:
         self.lm_evicted = Gauge(
             "lmcache_mp_l1_evicted_chunks", "blocks demoted or evicted from the first tier", registry=r
         )
+
+    def note_plan(self, names: list[str], plan: StorePlan[str], rejected: int) -> tuple[Tally[str], Tally[str]]:
+        """Count what a store plan did, by tier (``names``: the tiers, fastest first); (demoted, evicted) by the tier
+        the blocks left: a move goes one tier down, from the tier above its target; an eviction is from the tier
+        named."""
+        demoted = Tally(names[i - 1] for what, _, i in plan.actions if what == "move")
+        evicted = Tally(names[i] for what, _, i in plan.actions if what == "evict")
+        for k in plan.keys_to_store:
+            self.placed.labels(names[plan.placed[k]]).inc()
+        for t, n in demoted.items():
+            self.demoted.labels(t).inc(n)
+        for t, n in evicted.items():
+            self.evicted.labels(t).inc(n)
+        self.rejected.inc(rejected)
+        return demoted, evicted
 
     def refresh(self, usage: dict[str, tuple[int, int]], pending: int, block_bytes: int, l1_evicted: int) -> None:
         """The gauges from the index's usage (tier: blocks held, slots), fastest first; ``block_bytes``: a whole

@@ -167,13 +167,48 @@ def _broken(*args: object, **kwargs: object) -> object:
 def test_another_geometry_is_refused_with_both_named(server: BlockServer):
     replica(server, "A")
     other = {**GEOMETRY, "block_bytes": 2 * BLOCK}
-    with pytest.raises(ConfigError, match=f"blocks of {BLOCK} bytes.*the engine has {2 * BLOCK} bytes"):
+    with pytest.raises(ConfigError, match=f"blocks of at most {BLOCK} bytes.*the engine has {2 * BLOCK} bytes"):
         ServerIndex(server.path, key_of, {"engine": "B", **other})
     with pytest.raises(Refused, match="the page is"):
         c = connect(server.path, 10)
         fd = os.memfd_create("small")
         os.ftruncate(fd, 4096)
         c.call({"op": "hello", "role": "data", "engine": "C", "rank": 0, **GEOMETRY}, [fd])
+    assert metrics(server)["kvtier_block_server_refused_connections_total"] == 1  # reason="geometry"
+
+
+def test_the_first_engine_no_longer_fixes_the_block_for_every_other(tmp_path: Path):
+    """#58 item 11: the first hello fixed the block size for everyone, so an engine of a smaller model connecting first
+    locked out the real one. A geometry is now checked per client against the server's slot: a smaller block is
+    served beside a larger one (each reads back its own bytes), and ``--block-bytes`` sizes the slot before any
+    engine connects, so the order of arrival no longer matters."""
+    from kvtier.vllm import messages as m
+
+    settings = VllmOffloadSettings(offload="cpu", cpu_offload_gb=8 * BLOCK / 2**30)
+    s = BlockServer(settings, str(tmp_path / "c.sock"), slot=m.BlockGeometry(2 * BLOCK, 1, 1))
+    s.start()
+    try:
+        sizes = {"S": BLOCK // 4, "B": 2 * BLOCK}
+        geo = {e: {**GEOMETRY, "block_bytes": n} for e, n in sizes.items()}
+        ix = {e: ServerIndex(s.path, key_of, {"engine": e, **geo[e]}) for e in sizes}
+        pages = {e: Page(s.path, e, geo[e]) for e in sizes}
+        data = {e: os.urandom(n) for e, n in sizes.items()}
+        for e in sizes:  # the small engine stores first; the big one is served all the same
+            plan = ix[e].plan_store([e.encode() * 8])
+            assert plan is not None and plan.keys_to_store == [e.encode() * 8]
+            pages[e].mm[: sizes[e]] = data[e]
+            assert pages[e].conn.call({"op": "put", "key": key_of(e.encode() * 8)})["ok"]
+            ix[e].complete_store(plan.keys_to_store)
+        for e, n in sizes.items():
+            pages[e].mm[:n] = bytes(n)
+            r = pages[e].conn.call({"op": "get", "key": key_of(e.encode() * 8)})
+            assert r["hit"] and r["n"] == n and bytes(pages[e].mm[:n]) == data[e]
+        with pytest.raises(ConfigError, match="at most 131072 bytes per worker and world size 1.*--block-bytes"):
+            ServerIndex(s.path, key_of, {"engine": "T", **GEOMETRY, "world_size": 2})
+        for p in pages.values():
+            p.close()
+    finally:
+        s.close()
 
 
 def test_a_server_that_goes_away_is_a_miss_then_a_reconnect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
