@@ -8,8 +8,8 @@
 3. **a 2 x 2 sweep**: ``kvtier plan sweep`` over CPU {0, 2} GB x NVMe {0, 4} GB (``--trials`` each) and
    ``kvtier plan recommend`` at ``--slo-ttft-p95``: the cheapest placement meeting it.
 
-Every figure is measured here, now; the last line holds all three:
-``hit_pays closure=… views_b=… views_c=… recommend=…``.
+Every figure is measured here, now; each step prints its wall time, and the last line holds all three with the
+time ``plan views`` and the whole run took: ``hit_pays closure=… views_b=… views_c=… recommend=… views_s=… wall_s=…``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,8 +30,15 @@ MODEL = "gpt-oss-20b"  # 48 KiB/token: miniswe's prompts (up to 11k tokens) fit 
 KVTIER = [sys.executable, "-m", "kvtier"]
 
 
+WALL: dict[str, float] = {}
+"""Seconds each step took, by name (the README gives them, so a user knows what a run costs)."""
+
+
 def run(cmd: list[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
+    t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    WALL[what] = WALL.get(what, 0.0) + time.monotonic() - t0
+    print(f"{what}: {WALL[what]:.0f} s", flush=True)
     if p.returncode not in (0, 1):
         raise SystemExit(f"{what}: exit {p.returncode}:\n{p.stderr[-3000:]}")
     return p
@@ -62,6 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     if not MINISWE.exists():
         raise SystemExit(f"{MINISWE}: the held-in traces are not here")
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="kvtier-hit-pays-") as d:
         out = Path(d)
         replay_against_sim(out, a)
@@ -100,7 +109,8 @@ def main() -> None:
         print(f"recommend: {pick['sentence']}")
         print(f"hit_pays closure={dec['closure_within_5pct']:.3f} views_b={views['median_abs_ttft_error']:.3f} "
               f"views_c={views['median_abs_storage_ttft_error']:.3f} recommend={pick['point']} "
-              f"slo_ttft_p95={a.slo_ttft_p95:g}")  # fmt: skip
+              f"slo_ttft_p95={a.slo_ttft_p95:g} views_s={WALL['plan views']:.0f} "
+              f"wall_s={time.monotonic() - t0:.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":
