@@ -68,6 +68,52 @@ def ensure_tool(name: str) -> str:
     return path
 
 
+def device_of(path: Path) -> str | None:
+    """The block device (its name under /sys/block, e.g. ``vda``) holding ``path``; None when not a plain disk."""
+    import os
+
+    st = os.stat(path)
+    sysdev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    try:
+        real = sysdev.resolve(strict=True)
+    except OSError:
+        return None
+    disk = real.parent if (real / "partition").exists() else real  # a partition's disk
+    return disk.name if (Path("/sys/block") / disk.name / "stat").exists() else None
+
+
+def settle(path: Path, quiet_bytes_s: float = 2e6, quiet_s: int = 2, limit_s: float = 120.0) -> float:
+    """Between the runs of an A/B pair: write back dirty pages, drop the page cache, and wait until the disk holding
+    ``path`` has been quiet (under ``quiet_bytes_s`` read+written a second, nothing in flight, including the trims of
+    the run's deleted files a ``discard`` mount issues) for ``quiet_s`` seconds in a row, at most ``limit_s``.
+    Returns the seconds waited. Without root the cache drop is skipped; without a device, only the sync is done."""
+    import os
+    import time
+
+    t0 = time.monotonic()
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+    dev = device_of(path)
+    if dev is None:
+        return time.monotonic() - t0
+
+    def sample() -> tuple[int, int]:
+        f = Path(f"/sys/block/{dev}/stat").read_text().split()
+        sectors = int(f[2]) + int(f[6]) + (int(f[13]) if len(f) > 13 else 0)  # read, written, discarded
+        return sectors * 512, int(f[8])  # bytes, I/Os in flight
+
+    calm, (last, _) = 0, sample()
+    while calm < quiet_s and time.monotonic() - t0 < limit_s:
+        time.sleep(1.0)
+        now, in_flight = sample()
+        calm = calm + 1 if now - last < quiet_bytes_s and in_flight == 0 else 0
+        last = now
+    return time.monotonic() - t0
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

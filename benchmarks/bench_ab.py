@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO
+from _common import REPO, settle
 
 
 def flags(a: argparse.Namespace) -> list[str]:
@@ -32,6 +32,7 @@ def flags(a: argparse.Namespace) -> list[str]:
 
 
 def one(src: str, directory: str, duration: int, flag_list: list[str]) -> dict[str, float | str | None]:
+    settle(Path(directory))  # the last run's dirty pages, page cache and trims gone before this one starts
     with tempfile.TemporaryDirectory(dir=directory, prefix="kvtier-ab-") as d:
         out = Path(d) / "r.json"
         env = {**os.environ, "PYTHONPATH": src}

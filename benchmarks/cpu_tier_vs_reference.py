@@ -27,12 +27,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, median
+from _common import REPO, median, settle
 from reference_parity import flags, moved_bytes, run_one
 
 
 def one(who: str, a: argparse.Namespace, config: Path, work: Path, tag: str) -> dict[str, float]:
     cache, out = work / f"{who}-{tag}", work / f"{who}-{tag}.json"
+    waited = settle(work) if a.settle else 0.0  # the last run's writeback, page cache and trims gone first
     cache.mkdir()
     args = flags(a.model, a.users, a.cpu_mem_gb, a.max_concurrent_allocs, a.duration, config, cache, out, a.seed)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -54,6 +55,7 @@ def one(who: str, a: argparse.Namespace, config: Path, work: Path, tag: str) -> 
         "requests": float(r.get("requests_completed") or s.get("total_requests") or 0),
         "gb": gb,
         "cpu_s_per_gb": cpu_s / gb if gb else float("nan"),
+        "settled_s": waited,
     }
     if who == "kvtier":
         p = r["storage"]["payload"]
@@ -75,6 +77,12 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=45)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--dir", type=Path, default=None, help="where the cache folders go (default: a temp dir)")
+    ap.add_argument(
+        "--no-settle",
+        dest="settle",
+        action="store_false",
+        help="start each run at once, not after the disk has gone quiet (to measure the order effect)",
+    )
     a = ap.parse_args()
     config = a.reference / "config.yaml"
     if not (a.reference / "kv-cache.py").exists() or not config.exists():
@@ -99,7 +107,7 @@ def main() -> None:
                     extra += f"{row['cpu_tier_write_s']:.1f} s"
                 print(f"pair {i} {who:9s}: {row['tok_s']:8.1f} tok/s wall-clock, {row['storage_tok_s']:8.1f} storage "
                       f"tok/s, {row['requests']:.0f} requests, {row['gb']:.1f} GB moved at {row['cpu_s_per_gb']:.3f} "
-                      f"CPU s/GB{extra}", flush=True)  # fmt: skip
+                      f"CPU s/GB{extra}; settled {row['settled_s']:.0f} s before", flush=True)  # fmt: skip
             if len(pair) == 2:
                 for who, row in pair.items():
                     rows[who].append(row)

@@ -155,6 +155,7 @@ def start(
     text: bool = False,
     log: Path | None = None,
     cwd: Path | str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
     """A long-running child (see the module's text); LaunchError naming the program when it cannot start."""
     args = list(argv)
@@ -170,6 +171,7 @@ def start(
             preexec_fn=_die_with_parent if die_with_parent else None,
             text=text,
             cwd=cwd,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as e:
         raise LaunchError(f"{who}: cannot start {args[0]!r}: {e.strerror or e}") from e

@@ -65,7 +65,9 @@ def close_timed(comp: Components) -> tuple[dict[str, int], float, list[str]]:
     return held, time.perf_counter() - t0, problems
 
 
-def record_teardown(result: BenchResult, closed: tuple[dict[str, int], float, list[str]], kept: bool) -> None:
+def record_teardown(
+    result: BenchResult, closed: tuple[dict[str, int], float, list[str]], kept: bool, removal_pid: int | None = None
+) -> None:
     """The result's ``teardown``, and a ``cleanup-failed`` warning for what could not be removed (e.g. the
     folder became read-only mid-run): said in the result, never a traceback."""
     from kvtier.results.bench import TeardownStats
@@ -77,6 +79,8 @@ def record_teardown(result: BenchResult, closed: tuple[dict[str, int], float, li
         storage_entries=held.get("entries", 0),
         storage_bytes=held.get("used_bytes", 0),
         kept=kept,
+        removal="kept" if kept else "background" if removal_pid is not None else "done",
+        removal_pid=removal_pid,
     )
     if problems:
         result.warnings.append(
@@ -156,9 +160,11 @@ def run(
             write_json(result, config.output, flag="--output")
         if before_teardown is not None:
             before_teardown(result)
+        # the result is safe: a large run's files go in the background, not on the user's wait (engine/runs.py)
+        comp.file_tier.remove_in_background = not comp.owns_cache_dir and not comp.trace_mode
     finally:
         closed = close_timed(comp)
-    record_teardown(result, closed, config.keep_cache)
+    record_teardown(result, closed, config.keep_cache, comp.file_tier.removal_pid)
     if config.output:
         write_json(result, config.output, flag="--output")
     if config.request_log:

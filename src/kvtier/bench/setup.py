@@ -30,7 +30,7 @@ from kvtier.engine.device import DeviceMemory, DeviceNoise, native_memory
 from kvtier.engine.file import FileTier
 from kvtier.engine.memory import host_floor
 from kvtier.engine.noise import EntrySource, NoiseBuffer
-from kvtier.engine.runs import find_stale_runs, remove_stale_run, system_directory
+from kvtier.engine.runs import find_stale_runs, remove_stale_run, system_directory, wait_removals
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
@@ -330,11 +330,16 @@ def derive(cfg: BenchConfig) -> Plan:
 
 
 def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dict[str, object] | None:
-    """Run folders of killed kvtier runs in ``cache_dir``: removed (unless ``keep``), and said so.
-    Done before the file tier measures the free space, so it sizes itself from what is really free."""
+    """What earlier runs left in ``cache_dir``: their background removals, waited for (no run measures another's
+    deletion), and the folders of killed runs, removed (unless ``keep``) and said so. Done before the file tier
+    measures the free space, so it sizes itself from what is really free."""
+    under_way, waited = wait_removals(cache_dir)
+    wait = {"removals_under_way": under_way, "removal_wait_s": round(waited, 3)} if under_way else {}
+    if under_way:
+        log.info("waited %.1f s for %d earlier runs' files to be removed from %s", waited, under_way, cache_dir)
     found = find_stale_runs(cache_dir)
     if not found:
-        return None
+        return {"folders": [], "bytes": 0, "removed": False, "problems": [], **wait} if wait else None
     folders, nbytes = [r.path for r in found], sum(r.bytes for r in found)
     problems = [] if keep else [p for r in found for p in remove_stale_run(r.path)]
     if keep:
@@ -358,7 +363,7 @@ def stale_runs(cache_dir: str, keep: bool, warnings: list[ResultWarning]) -> dic
                 problems=problems,
             )
         )
-    return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems}
+    return {"folders": folders, "bytes": nbytes, "removed": not keep, "problems": problems, **wait}
 
 
 def build_components(plan: Plan, sink: EventSink) -> Components:

@@ -27,16 +27,18 @@ from typing import Literal
 
 from kvtier.engine.backend import ALIGN, aligned_buffer, check_cancel, read_through_export, round_up
 from kvtier.engine.runs import (
+    BACKGROUND_REMOVAL_BYTES,
     MARKER,
     PROBE_PREFIX,
     RUN_DIR_PREFIX,
     create_marker,
     exposed_cache_dir,
+    hand_off_removal,
     make_run_dir,
     remove_if_same,
     system_directory,
 )
-from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
+from kvtier.errors import EntryNotFound, LaunchError, StorageError, TierFullError, UnusableDirectory
 from kvtier.telemetry.clock import IOTiming
 
 MAGIC = b"KVTIER01"
@@ -137,6 +139,9 @@ class FileTier:
         self._local = threading.local()
         self._base_fd = self._dir_fd = self._marker_fd = -1
         self.cleanup_problems: list[str] = []
+        self.remove_in_background = False  # kvtier bench sets it once its result is written
+        self.removal_pid: int | None = None  # the background remover of this run's files
+        self.removal_bytes = 0
         try:
             self._base_fd, self._dir_fd = make_run_dir(base, folder)
             self._marker_fd = create_marker(self._dir_fd)  # proves the folder ours; locked while we run
@@ -332,7 +337,8 @@ class FileTier:
         """Remove the files this tier created and its run directory (only if then empty, and only if its name
         still names the folder this tier made). Every unlink goes through the folder's descriptor. A file that
         cannot be removed (a read-only or immutable folder) is noted in ``cleanup_problems`` and the rest are
-        still removed; nothing raises."""
+        still removed; nothing raises. With ``remove_in_background`` set, files of more than BACKGROUND_REMOVAL_BYTES
+        are handed to a remover of their own (engine/runs.py ``hand_off_removal``; ``removal_pid`` names it)."""
         if self._marker_fd < 0:
             self._close_fds()
             return
@@ -341,7 +347,10 @@ class FileTier:
             return
         with self._lock:
             keys = list(self._files)
+            held = sum(self._files.values())
             self._files.clear()
+        if self.remove_in_background and held > BACKGROUND_REMOVAL_BYTES and self._hand_off(held):
+            return
         for name in [*(self.name_for(k) for k in keys), MARKER]:
             try:
                 _unlink(name, self._dir_fd)
@@ -360,6 +369,17 @@ class FileTier:
                 self.cleanup_problems.append(f"{self.directory}: {e.strerror}")
         finally:
             self._close_fds()
+
+    def _hand_off(self, held: int) -> bool:
+        """Hand the run folder to a background remover; False (nothing changed) when one cannot be started."""
+        try:
+            self.removal_pid = hand_off_removal(self._base_fd, self._dir_fd, self._marker_fd, self.directory.name)
+        except (OSError, LaunchError) as e:
+            self.cleanup_problems.append(f"{self.directory}: no background remover ({e}); removed here instead")
+            return False
+        self.removal_bytes = held
+        self._close_fds()  # the remover holds the lock through its own copy of the marker's descriptor
+        return True
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:

@@ -287,21 +287,27 @@ class PreconditionStats(Section):
 
 
 class StaleRunsStats(Section):
-    """Run folders of killed kvtier runs found in the cache dir at start (marker present, lock free)."""
+    """What earlier runs left in the cache dir at start: folders of killed runs (marker present, lock free), and
+    background removals of finished runs' files, waited for before the load."""
 
     folders: list[str]
     bytes: int
     removed: bool
     problems: list[str]
+    removals_under_way: int = 0  # earlier runs' folders a background remover was still emptying
+    removal_wait_s: float = 0.0  # how long this run waited for them, before its load
 
 
 class TeardownStats(Section):
-    """The removal of the run's files after the result was first written (outside the load)."""
+    """The removal of the run's files after the result was first written (outside the load). Files of more than 4 GiB
+    are handed to a background remover (``removal_pid``) instead of waited for: ``seconds`` is then the hand-off."""
 
     seconds: float
     storage_entries: int
     storage_bytes: int
     kept: bool
+    removal: Literal["done", "background", "kept"] = "done"
+    removal_pid: int | None = None
 
 
 class SetupStats(Section):
