@@ -12,7 +12,10 @@ CPU tier's own write time.
 
 Last line: ``cpu_tier_vs_reference pairs=<n> throughput_ratio=<median kvtier/reference wall-clock tok/s>
 storage_throughput_ratio=<median, storage tok/s> cpu_s_per_gb_kvtier=<median> cpu_s_per_gb_reference=<median>
-copied_share=<kvtier's bytes copied / bytes made> pairs_lost=<n>`` (#45's aim: throughput >= 1.5). A pair one of
+copied_share=<kvtier's bytes copied / bytes made> second_over_first_kvtier=<its median tok/s when second over when
+first> second_over_first_reference=<the same> settled=<bool> pairs_lost=<n>`` (#45's aim: throughput >= 1.5). Before
+each run the disk is settled (``_common.settle``: writeback, the page cache dropped, the last run's trims done);
+``--no-settle`` starts each at once, to measure the order effect that leaves (#59 item 4). A pair one of
 whose runs failed (the reference is OOM-killed at 24 GiB now and then) is said, left out and counted in
 ``pairs_lost``; ``pairs`` counts the pairs the medians are over.
 """
@@ -100,6 +103,7 @@ def main() -> None:
                     print(f"pair {i} lost: {str(e).splitlines()[0]}", flush=True)
                     lost.append(who)
                     break
+                row["second"] = float(len(pair))  # 0: this pair's first run, 1: its second
                 pair[who] = row
                 extra = ""
                 if who == "kvtier":
@@ -119,13 +123,21 @@ def main() -> None:
     sratio = median(
         [k["storage_tok_s"] / r["storage_tok_s"] for k, r in zip(rows["kvtier"], rows["reference"], strict=True)]
     )
+
+    def order(who: str) -> float:
+        """The order effect on one program: its median tok/s when it ran second over when it ran first."""
+        firsts = [r["tok_s"] for r in rows[who] if not r["second"]]
+        seconds = [r["tok_s"] for r in rows[who] if r["second"]]
+        return median(seconds) / median(firsts) if firsts and seconds else float("nan")
+
     print(
         f"cpu_tier_vs_reference pairs={len(rows['kvtier'])} throughput_ratio={ratio:.2f} "
         f"storage_throughput_ratio={sratio:.2f} "
         f"cpu_s_per_gb_kvtier={median([k['cpu_s_per_gb'] for k in rows['kvtier']]):.3f} "
         f"cpu_s_per_gb_reference={median([r['cpu_s_per_gb'] for r in rows['reference']]):.3f} "
-        f"copied_share={median([k['copied_share'] for k in rows['kvtier']]):.2f} pairs_lost={len(lost)}"
-        + (f" ({', '.join(lost)} failed)" if lost else "")
+        f"copied_share={median([k['copied_share'] for k in rows['kvtier']]):.2f} "
+        f"second_over_first_kvtier={order('kvtier'):.2f} second_over_first_reference={order('reference'):.2f} "
+        f"settled={a.settle} pairs_lost={len(lost)}" + (f" ({', '.join(lost)} failed)" if lost else "")
     )
 
 
