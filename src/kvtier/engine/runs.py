@@ -24,10 +24,12 @@ import json
 import os
 import platform
 import stat
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RUN_DIR_PREFIX = "kvtier-run-"
 MARKER = ".kvtier-run"
@@ -256,7 +258,6 @@ def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
         parent = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         return [f"{d.parent}: {e.strerror}: left alone"]
-    problems: list[str] = []
     try:
         run_fd = _open_run_dir(parent, d.name)
         if run_fd is None:
@@ -265,24 +266,32 @@ def remove_stale_run(run_dir: str | os.PathLike[str]) -> list[str]:
             lock = _lock_marker(run_fd)
             if lock is None:
                 return [f"{d}: no marker, or in use by a live run: left alone"]
-            try:
-                for name, _ in _our_files(run_fd):
-                    try:
-                        os.unlink(name, dir_fd=run_fd)
-                    except OSError as e:
-                        problems.append(f"{d / name}: {e.strerror}")
-                _unlink_marker(run_fd, problems, d)
-            finally:
-                os.close(lock)
-            try:  # the folder itself, only if the name still names the folder we emptied
-                if not remove_if_same(parent, d.name, run_fd):
-                    return [*problems, f"{d}: another folder took its name meanwhile: left alone"]
-            except OSError as e:
-                problems.append(f"{d}: not removed ({e.strerror})")
+            problems = _empty(parent, run_fd, lock, d)
         finally:
             os.close(run_fd)
     finally:
         os.close(parent)
+    return problems
+
+
+def _empty(parent: int, run_fd: int, lock: int, d: Path) -> list[str]:
+    """Remove kvtier's files and the marker from a run folder whose lock ``lock`` holds (closed here, which drops it),
+    then the folder itself if ``d.name`` in ``parent`` still names it; what could not be removed."""
+    problems: list[str] = []
+    try:
+        for name, _ in _our_files(run_fd):
+            try:
+                os.unlink(name, dir_fd=run_fd)
+            except OSError as e:
+                problems.append(f"{d / name}: {e.strerror}")
+        _unlink_marker(run_fd, problems, d)
+    finally:
+        os.close(lock)
+    try:  # the folder itself, only if the name still names the folder we emptied
+        if not remove_if_same(parent, d.name, run_fd):
+            return [*problems, f"{d}: another folder took its name meanwhile: left alone"]
+    except OSError as e:
+        problems.append(f"{d}: not removed ({e.strerror})")
     return problems
 
 
@@ -300,13 +309,16 @@ def _unlink_marker(run_fd: int, problems: list[str], d: Path) -> None:
     problems.append(f"{d / MARKER}: missing")
 
 
+_REMOVERS: list[subprocess.Popen[Any]] = []
+"""The background removers this process started (their ``Popen``), reaped as later ones start."""
+
+
 def hand_off_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> int:
     """Hand a finished run's folder (``name`` in ``base_fd``) to a background remover: the marker is renamed
     ``REMOVING`` and a process in a session of its own, outliving this one, inherits the three descriptors (the
     lock with them), removes kvtier's files through ``run_fd`` and the folder if it is still the same one. Returns
     its pid; the caller closes its own copies. OSError (or LaunchError) when it cannot be started: the caller then
     removes the files itself."""
-    import subprocess
     import sys
 
     from kvtier.child import start
@@ -319,24 +331,9 @@ def hand_off_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> int:
     except BaseException:
         os.rename(REMOVING, MARKER, src_dir_fd=run_fd, dst_dir_fd=run_fd)
         raise
-    child.popen.returncode = 0  # never waited for here: it outlives this process by design
+    _REMOVERS[:] = [p for p in _REMOVERS if p.poll() is None]  # reap the finished ones (a long-lived caller)
+    _REMOVERS.append(child.popen)  # never waited for: it may outlive this process, by design
     return child.pid
-
-
-def _finish_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> None:
-    """The background remover's work (see ``hand_off_removal``)."""
-    problems: list[str] = []
-    for entry, _ in _our_files(run_fd):
-        try:
-            os.unlink(entry, dir_fd=run_fd)
-        except OSError:
-            pass
-    _unlink_marker(run_fd, problems, Path(name))
-    os.close(lock_fd)
-    try:
-        remove_if_same(base_fd, name, run_fd)
-    except OSError:
-        pass  # not empty (a file left): the next run finds it stale, or ``kvtier clean`` does
 
 
 def wait_removals(base: str | os.PathLike[str], timeout_s: float = 300.0) -> tuple[int, float]:
@@ -384,7 +381,8 @@ def wait_removals(base: str | os.PathLike[str], timeout_s: float = 300.0) -> tup
 if __name__ == "__main__":  # the background remover: python -m kvtier.engine.runs BASE_FD RUN_FD LOCK_FD NAME
     import sys
 
-    _finish_removal(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    # what it could not remove stays for the next run (stale once this exits) or ``kvtier clean``
+    _empty(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
 
 
 __all__ = [
