@@ -64,7 +64,7 @@ class RankCacheStats(_Open):
     storage_write_p95_ms: float | None = None
 
 
-class RankSummary(_Open):
+class RankFileSummary(_Open):
     total_requests: int | None = None
     elapsed_time: float | None = None
     avg_throughput_tokens_per_sec: float = 0.0
@@ -77,7 +77,7 @@ class RankSummary(_Open):
 class RankFile(_Open):
     """One instance's ``kvcache_results_*.json`` as the reference (or kvtier's drop-in) writes it."""
 
-    summary: RankSummary = RankSummary()
+    summary: RankFileSummary = RankFileSummary()
 
 
 @dataclass(frozen=True)
