@@ -43,7 +43,7 @@ from kvtier.results.mlperf import (
     TrialFigures,
     TrialSpread,
 )
-from kvtier.results.ranks import Instance, option_figures
+from kvtier.results.ranks import SUMMED, Instance, option_figures, trial_sums
 from kvtier.telemetry.host import mem_total_bytes
 from kvtier.units import GiB
 
@@ -270,7 +270,7 @@ def _instances(t: Trial) -> list[Instance]:
 
 def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
     """The wrapper's table (its key names and formulas) and kvtier's figures for one option."""
-    per: dict[str, list[float]] = {"read": [], "write": [], "avg": [], "storage": [], "decode": [], "req95": []}
+    per: dict[str, list[float]] = {"decode": [], "req95": []}
     missing: list[str] = []
     partial: list[str] = []
     per_trial = []
@@ -278,10 +278,6 @@ def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
         inst = _instances(t)
         per_trial.append(inst)
         missing += t.missing
-        per["read"].append(sum(x.read_bandwidth_gbps for x in inst))
-        per["write"].append(sum(x.write_bandwidth_gbps for x in inst))
-        per["avg"].append(sum(x.avg_throughput_tokens_per_sec for x in inst))
-        per["storage"].append(sum(x.storage_throughput_tokens_per_sec for x in inst))
         per["decode"].append(sum(x.decode_bytes_read_gb for x in inst))
         req = [x.read_p95_ms for x in inst if x.read_p95_ms is not None]
         if req:
@@ -314,11 +310,8 @@ def summarize_option(option: int, trials: list[Trial], n: int) -> OptionSummary:
             storage_read_p95_ms=max(per["req95"]) if per["req95"] else None,
             read_bandwidth_gbps_per_rank=read / n if n else 0.0,
             write_bandwidth_gbps_per_rank=write / n if n else 0.0,
-            spread={
-                "read_bandwidth_gbps": _spread(per["read"]),
-                "write_bandwidth_gbps": _spread(per["write"]),
-                "storage_throughput_tokens_per_sec": _spread(per["storage"]),
-                "avg_throughput_tokens_per_sec": _spread(per["avg"]),
+            spread={  # each trial's sum under mlpstorage's key, named without its "aggregated_"
+                **{k.removeprefix("aggregated_"): _spread([trial_sums(i)[k] for i in per_trial]) for k in SUMMED},
                 "decode_bytes_read_gb": _spread(per["decode"]),
             },
             trials=[

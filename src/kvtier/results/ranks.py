@@ -112,15 +112,25 @@ class Instance:
         )
 
 
+def trial_sums(inst: Sequence[Instance]) -> dict[str, float]:
+    """One trial's summed figures under mlpstorage's keys (SUMMED): its instances' sum, in rank order."""
+    sums = (
+        sum(x.read_bandwidth_gbps for x in inst),
+        sum(x.write_bandwidth_gbps for x in inst),
+        sum(x.avg_throughput_tokens_per_sec for x in inst),
+        sum(x.storage_throughput_tokens_per_sec for x in inst),
+    )
+    return dict(zip(SUMMED, sums, strict=True))
+
+
 def option_figures(trials: Sequence[Sequence[Instance]]) -> dict[str, float | None]:
-    """mlpstorage's per-option figures over each trial's instances (in rank order), under its key names; a p95 no
-    instance has is None."""
+    """mlpstorage's per-option figures over each trial's instances (in rank order), under its key names: the mean
+    over trials of each trial's sum (``trial_sums``), the max over trials of each trial's max p95; a p95 no instance
+    has is None."""
     per: dict[str, list[float]] = {k: [] for k in FIGURES}
     for inst in trials:
-        per[SUMMED[0]].append(sum(x.read_bandwidth_gbps for x in inst))
-        per[SUMMED[1]].append(sum(x.write_bandwidth_gbps for x in inst))
-        per[SUMMED[2]].append(sum(x.avg_throughput_tokens_per_sec for x in inst))
-        per[SUMMED[3]].append(sum(x.storage_throughput_tokens_per_sec for x in inst))
+        for k, v in trial_sums(inst).items():
+            per[k].append(v)
         for key, vals in zip(
             MAXED,
             (
@@ -293,6 +303,7 @@ __all__ = [
     "RankFile",
     "RunFolder",
     "option_figures",
+    "trial_sums",
     "parity",
     "read_rank_file",
     "read_run_folder",
