@@ -160,9 +160,16 @@ class CacheServerConfig(OffloadTierConfig):
     keys_per_s: float = flag(
         200_000.0,
         "keys a second each replica's scheduler connection may name (lookups, pins, stores) before it is slowed; 0 = "
-        "unbounded",
+        "unbounded, else at least 1000",
         ge=0,
     )
+
+    @model_validator(mode="after")
+    def _allowance(self) -> CacheServerConfig:
+        """A tiny allowance would hold one request for years (a reset counts 16,384 keys)."""
+        if 0 < self.keys_per_s < 1000:
+            raise ValueError(f"--keys-per-s {self.keys_per_s:g}: 0 (unbounded) or at least 1000")
+        return self
 
 
 class CacheFlushConfig(StrictModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import struct
 import threading
@@ -38,8 +39,10 @@ from kvtier.engine.runs import (
     remove_if_same,
     system_directory,
 )
-from kvtier.errors import EntryNotFound, LaunchError, StorageError, TierFullError, UnusableDirectory
+from kvtier.errors import EntryNotFound, StorageError, TierFullError, UnusableDirectory
 from kvtier.telemetry.clock import IOTiming
+
+log = logging.getLogger("kvtier.engine")
 
 MAGIC = b"KVTIER01"
 FORMAT_VERSION = 2
@@ -374,8 +377,8 @@ class FileTier:
         """Hand the run folder to a background remover; False (nothing changed) when one cannot be started."""
         try:
             self.removal_pid = hand_off_removal(self._base_fd, self._dir_fd, self._marker_fd, self.directory.name)
-        except (OSError, LaunchError) as e:
-            self.cleanup_problems.append(f"{self.directory}: no background remover ({e}); removed here instead")
+        except Exception as e:  # noqa: BLE001 - whatever kept the remover from starting, the files go here
+            log.warning("%s: no background remover (%s); removing the run's files before exiting", self.directory, e)
             return False
         self.removal_bytes = held
         self._close_fds()  # the remover holds the lock through its own copy of the marker's descriptor

@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import platform
+import select
 import stat
 import subprocess
 import time
@@ -146,11 +147,16 @@ class StaleRun:
 
 def _open_run_dir(parent_fd: int, name: str) -> int | None:
     """The run folder ``name`` in ``parent_fd``, opened as a directory and never through a symlink (a
-    ``kvtier-run-*`` symlink to a folder elsewhere is not a run folder: ELOOP / ENOTDIR -> None)."""
+    ``kvtier-run-*`` symlink to a folder elsewhere is not a run folder: ELOOP / ENOTDIR -> None), and only if this
+    user owns it (another user's folder in a shared cache dir is never waited for, locked or emptied)."""
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError:
         return None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
 
 
 def _our_files(run_fd: int) -> list[tuple[str, int]]:
@@ -180,13 +186,18 @@ def _lock_marker(run_fd: int) -> int | None:
     return fd
 
 
-def _open_marker(run_fd: int) -> int | None:
-    """The run folder's marker, under either name, opened read-only through the folder's descriptor."""
-    for name in MARKERS:
+def _open_marker(run_fd: int, names: tuple[str, ...] = MARKERS) -> int | None:
+    """The run folder's marker, under either name, opened read-only through the folder's descriptor: a regular
+    file of this user's, never a link, and without blocking (a FIFO under the marker's name would hold an open)."""
+    for name in names:
         try:
-            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=run_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=run_fd)
         except OSError:
             continue
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            return fd
+        os.close(fd)
     return None
 
 
@@ -309,6 +320,8 @@ def _unlink_marker(run_fd: int, problems: list[str], d: Path) -> None:
     problems.append(f"{d / MARKER}: missing")
 
 
+REMOVER_START_S = 15.0
+"""Longest a run waits for its remover to say it started (a Python start-up and this module's imports)."""
 _REMOVERS: list[subprocess.Popen[Any]] = []
 """The background removers this process started (their ``Popen``), reaped as later ones start."""
 
@@ -323,14 +336,26 @@ def hand_off_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> int:
 
     from kvtier.child import start
 
+    if not sys.executable:
+        raise OSError("no Python interpreter to run the remover (sys.executable is empty)")
     os.rename(MARKER, REMOVING, src_dir_fd=run_fd, dst_dir_fd=run_fd)
-    try:
-        argv = [sys.executable, "-m", "kvtier.engine.runs", str(base_fd), str(run_fd), str(lock_fd), name]
+    ready, told = os.pipe()
+    try:  # -P: nothing from the current folder on the child's path
+        argv = [sys.executable, "-P", "-m", "kvtier.engine.runs", *map(str, (base_fd, run_fd, lock_fd, told)), name]
         child = start(argv, name="kvtier-remove", stdout=subprocess.DEVNULL, die_with_parent=False,
-                      pass_fds=(base_fd, run_fd, lock_fd))  # fmt: skip
+                      pass_fds=(base_fd, run_fd, lock_fd, told))  # fmt: skip
+        os.close(told)
+        told = -1
+        if not select.select([ready], [], [], REMOVER_START_S)[0] or os.read(ready, 1) != b"1":
+            child.stop(grace_s=1)  # it could not start (kvtier not importable there): the caller removes the files
+            raise OSError(f"the remover did not start within {REMOVER_START_S:g} s")
     except BaseException:
         os.rename(REMOVING, MARKER, src_dir_fd=run_fd, dst_dir_fd=run_fd)
         raise
+    finally:
+        os.close(ready)
+        if told >= 0:
+            os.close(told)
     _REMOVERS[:] = [p for p in _REMOVERS if p.poll() is None]  # reap the finished ones (a long-lived caller)
     _REMOVERS.append(child.popen)  # never waited for: it may outlive this process, by design
     return child.pid
@@ -356,12 +381,10 @@ def wait_removals(base: str | os.PathLike[str], timeout_s: float = 300.0) -> tup
                 run_fd = _open_run_dir(parent, name)
                 if run_fd is None:
                     continue
-                try:
-                    fd = os.open(REMOVING, os.O_RDONLY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=run_fd)
-                except OSError:
+                fd = _open_marker(run_fd, (REMOVING,))
+                os.close(run_fd)
+                if fd is None:
                     continue
-                finally:
-                    os.close(run_fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except OSError:
@@ -378,11 +401,14 @@ def wait_removals(base: str | os.PathLike[str], timeout_s: float = 300.0) -> tup
     return first, time.monotonic() - t0
 
 
-if __name__ == "__main__":  # the background remover: python -m kvtier.engine.runs BASE_FD RUN_FD LOCK_FD NAME
+if __name__ == "__main__":  # the remover: python -P -m kvtier.engine.runs BASE_FD RUN_FD LOCK_FD READY_FD NAME
     import sys
 
+    base, run, lock, ready = (int(a) for a in sys.argv[1:5])
+    os.write(ready, b"1")  # started: the run may exit now
+    os.close(ready)
     # what it could not remove stays for the next run (stale once this exits) or ``kvtier clean``
-    _empty(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+    _empty(base, run, lock, Path(sys.argv[5]))
 
 
 __all__ = [

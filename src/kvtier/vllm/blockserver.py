@@ -70,7 +70,7 @@ class Lease:
     engine: str
     scope: str = ""  # the prefix every key of this connection has (its hello's scope; "": any key)
     tokens: int = 0  # tokens per block of its engine
-    rate: KeyRate | None = None  # its allowance of keys a second (None: unbounded, an operator's connection)
+    rate: KeyRate = field(default_factory=lambda: KeyRate(0))  # its allowance of keys a second (0: unbounded)
     pins: Tally[str] = field(default_factory=Tally)
     pending: set[str] = field(default_factory=set)
 
@@ -121,15 +121,18 @@ class BlockServer:
         """Listen on the socket, the TCP data port and the health port; returns the health port."""
         self.listeners.open()
         try:
-            if self.geometry is not None:
+            if self.geometry is not None:  # --block-bytes: the tiers open now (ValueError: no tier holds a block)
                 self._open(self.geometry)
+        except BaseException as e:
+            self.listeners.close()
+            if isinstance(e, ValueError):
+                raise ConfigError(f"--block-bytes: {e}") from None
+            raise
+        try:
             self._http = BoundedHTTPServer((self.host, self.port), http_handler(self))
         except OSError as e:
             self.listeners.close()
             raise ConfigError(f"--port: cannot listen on {self.host}:{self.port}: {e.strerror}") from e
-        except ValueError as e:
-            self.listeners.close()
-            raise ConfigError(f"--block-bytes: {e}") from None
         self._threads = [
             *self.listeners.threads(self._serve_conn, lambda why: self.metrics.not_taken.labels(why).inc()),
             threading.Thread(target=self._action_loop, name="kvtier-blocks-actions", daemon=True),
@@ -179,7 +182,7 @@ class BlockServer:
                 hello = m.Hello.model_validate(msg)
                 if hello.role == "admin":
                     kind = "admin"
-                    self._control(c, Lease("admin"), admin=True)
+                    self._control(c, Lease("admin", rate=KeyRate(self.keys_per_s)), admin=True)
                     return
                 geometry = self._join(m.BlockGeometry.of(hello))
             except ValueError as e:  # pydantic's ValidationError among them
@@ -252,9 +255,8 @@ class BlockServer:
 
     def _tiers(self) -> m.TiersReply:
         """The tiers (none before the first engine's hello opened them)."""
-        return m.TiersReply(
-            tiers=[(t.name, t.slots, t.source) for t in (self.index.tiers if self.index is not None else [])]
-        )
+        tiers = self.index.tiers if self.index is not None else []  # an index is falsy while it holds no block
+        return m.TiersReply(tiers=[(t.name, t.slots, t.source) for t in tiers])
 
     # -- control --------------------------------------------------------------------------------
     def _control(self, c: Conn, lease: Lease, admin: bool = False) -> None:
@@ -272,8 +274,7 @@ class BlockServer:
                     c.send({"ok": False, "error": f"{role}: {m.refusal(e)}"})
                     continue
                 self.metrics.requests.labels(req.op).inc()
-                if lease.rate is not None:
-                    self.metrics.throttled.inc(lease.rate.take(len(getattr(req, "keys", ())) or 1))
+                self.metrics.throttled.inc(lease.rate.take(m.cost(req)))
                 outside = m.outside(lease.scope, getattr(req, "keys", ()))
                 if outside is not None:
                     self.metrics.requests_refused.labels("scope").inc()

@@ -69,6 +69,14 @@ def outside(scope: str, keys: Iterable[object]) -> str | None:
     return None if bad is None else f"key {str(bad)[:80]!r} is outside this connection's scope {scope!r}"
 
 
+def cost(req: _Message) -> int:
+    """What a request counts against its connection's allowance of keys (vllm/listen.py KeyRate): its keys; a reset
+    or a flush, which scans the whole index, as a full request of MAX_KEYS; anything else, one."""
+    if isinstance(req, (Reset, Flush)):
+        return MAX_KEYS
+    return len(getattr(req, "keys", ())) or 1
+
+
 class _OnKeys(_Message):
     """A control request about some blocks, by key (each operation adds its ``op``)."""
 

@@ -59,9 +59,9 @@ def test_the_next_run_waits_for_a_removal_under_way_and_a_dead_removers_folder_i
     fd = os.open(run / REMOVING, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ...and the "remover" holds the folder
     assert find_stale_runs(tmp_path) == []  # a removal under way is not stale
-    threading.Timer(0.5, os.close, [fd]).start()  # the remover dies half a second in, its files left
+    threading.Timer(2.0, os.close, [fd]).start()  # the remover dies two seconds in, its files left
     under_way, waited = wait_removals(tmp_path)
-    assert under_way == 1 and waited >= 0.4
+    assert under_way == 1 and waited >= 1.5
     (stale,) = find_stale_runs(tmp_path)
     assert stale.files == 3 and remove_stale_run(stale.path) == [] and not _folders(tmp_path)
 
@@ -77,3 +77,38 @@ def test_a_bench_hands_off_its_files_after_the_result_and_says_so(tmp_path: Path
     on_disk = load(tmp_path / "r.json")
     assert on_disk.teardown is not None and on_disk.teardown.removal_pid == td.removal_pid  # written after
     assert _gone(tmp_path)
+
+
+def test_another_users_folder_or_a_fifo_marker_holds_no_run(tmp_path: Path):
+    """A shared cache dir: another user's ``kvtier-run-*`` folder with a locked marker is not waited for, and a FIFO
+    under the marker's name (an open of it would block until someone writes) is not opened as a marker."""
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user's takes root")
+    theirs = tmp_path / f"{RUN_DIR_PREFIX}1-theirs"
+    theirs.mkdir()
+    (theirs / REMOVING).write_text("{}")
+    held = os.open(theirs / REMOVING, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # "their" remover, at work for as long as this test lasts
+    os.chown(theirs, 65534, 65534)
+    os.chown(theirs / REMOVING, 65534, 65534)
+    fifo = tmp_path / f"{RUN_DIR_PREFIX}2-fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / REMOVING)
+    try:
+        assert wait_removals(tmp_path, timeout_s=30)[0] == 0  # before: 30 s for theirs, for ever on the FIFO
+        assert find_stale_runs(tmp_path) == []  # neither is a run folder of this user's
+    finally:
+        os.close(held)
+
+
+def test_a_remover_that_cannot_start_leaves_the_removal_to_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The remover's interpreter cannot run kvtier (here: it exits at once): the run removes its files itself, says
+    nothing is in the background, and leaves no folder."""
+    import sys
+
+    monkeypatch.setattr(file_mod, "BACKGROUND_REMOVAL_BYTES", 0)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    t = _tier_with_entries(tmp_path)
+    t.remove_in_background = True
+    t.close()
+    assert t.removal_pid is None and t.cleanup_problems == [] and not _folders(tmp_path)

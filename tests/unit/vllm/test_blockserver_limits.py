@@ -189,3 +189,22 @@ def test_a_lookup_flood_is_slowed_to_its_allowance_while_another_engine_is_serve
         flood.close()
     finally:
         s.close()
+
+
+def test_a_reset_costs_a_full_request_and_a_tiny_allowance_is_refused():
+    """A reset or a flush scans the whole index under the server's lock: counted as MAX_KEYS keys, not one, so a
+    connection cannot send them back to back for free; an allowance under 1000 keys a second would hold one such
+    request for longer than a run (``--keys-per-s 1e-5``: 52 years), so it is refused up front."""
+    import pytest
+    from pydantic import ValidationError
+
+    from kvtier.config.sim import CacheServerConfig
+    from kvtier.vllm import messages as m
+    from kvtier.vllm.protocol import MAX_KEYS
+
+    assert m.cost(m.Reset()) == MAX_KEYS
+    assert m.cost(m.Flush(prefix="kvt1_org-model_")) == MAX_KEYS
+    assert m.cost(m.Lookup(keys=["a", "b"])) == 2 and m.cost(m.Usage()) == 1
+    with pytest.raises(ValidationError, match="--keys-per-s 1e-05: 0 .unbounded. or at least 1000"):
+        CacheServerConfig(socket="/tmp/s", keys_per_s=1e-5)
+    assert CacheServerConfig(socket="/tmp/s", keys_per_s=0).keys_per_s == 0
