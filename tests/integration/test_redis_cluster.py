@@ -173,18 +173,22 @@ def test_bench_on_a_cluster_completes_names_its_masters_and_leaves_them_clean(cl
 def test_bench_with_a_master_lost_mid_run_stops_partial_and_counts_the_failures(cluster: LocalCluster, tmp_path):
     from kvtier.bench import run
     from kvtier.results.envelope import Status, StopCode
+    from kvtier.telemetry.recorder import Recorder
 
-    def kill_once_written() -> None:  # the master goes mid-run: after the run's first entries reached the cluster
+    rec = Recorder()
+
+    def kill_once_written() -> None:  # the master goes mid-run: after the run's first write to the cluster completed
         import time
 
+        # (a part of an entry on a node was not enough: killed then, the first write itself failed, 0 writes served)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(_ask(n.url, "DBSIZE") for n in cluster.nodes):
+        while time.monotonic() < deadline and not rec.ops.get(("redis", "write")):
             time.sleep(0.05)
         cluster.nodes[2].kill()
 
     killer = threading.Thread(target=kill_once_written, daemon=True)
     killer.start()
-    result = run(_bench_cfg(tmp_path, cluster.url, 30), handle_signals=False)
+    result = run(_bench_cfg(tmp_path, cluster.url, 30), handle_signals=False, recorder=rec)
     killer.join(5)
     assert result.status == Status.partial
     assert result.stop_reason.code == StopCode.tier_unavailable
