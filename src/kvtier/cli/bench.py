@@ -300,8 +300,13 @@ def print_summary(result: BenchResult, path: Path) -> None:
     c.print(Text(f"result: {path}"), highlight=False)
     td = result.teardown
     if td is not None and td.removal == "background":
-        c.print(Text(f"removing this run's {td.storage_bytes / 1e9:.1f} GB of entry files in the background (pid "
-                     f"{td.removal_pid}); the next run in this --cache-dir waits for it"), highlight=False)  # fmt: skip
+        c.print(
+            Text(
+                f"removing this run's {td.storage_bytes / 1e9:.1f} GB of entry files in the background (pid "
+                f"{td.removal_pid}); the next run in this --cache-dir waits for it"
+            ),
+            highlight=False,
+        )
     for line in closing_lines(result.status, result.stop_reason, result.errors.failures, result.requests_completed):
         c.print(Text(line), highlight=False)
     if result.io_trace is not None:

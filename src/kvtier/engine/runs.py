@@ -342,8 +342,13 @@ def hand_off_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> int:
     ready, told = os.pipe()
     try:  # -P: nothing from the current folder on the child's path
         argv = [sys.executable, "-P", "-m", "kvtier.engine.runs", *map(str, (base_fd, run_fd, lock_fd, told)), name]
-        child = start(argv, name="kvtier-remove", stdout=subprocess.DEVNULL, die_with_parent=False,
-                      pass_fds=(base_fd, run_fd, lock_fd, told))  # fmt: skip
+        child = start(
+            argv,
+            name="kvtier-remove",
+            stdout=subprocess.DEVNULL,
+            die_with_parent=False,
+            pass_fds=(base_fd, run_fd, lock_fd, told),
+        )
         os.close(told)
         told = -1
         if not select.select([ready], [], [], REMOVER_START_S)[0] or os.read(ready, 1) != b"1":
