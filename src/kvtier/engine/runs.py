@@ -234,8 +234,6 @@ def wait_runs_released(base: str | os.PathLike[str], timeout_s: float = 15.0) ->
     """Wait (bounded) until every run folder in ``base`` is stale: a process stopped with SIGKILL holds its folder's
     lock until the kernel has finished it, which on a busy host can be after its parent saw it go. Returns how many
     were still held at the deadline (0: all released)."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -369,8 +367,6 @@ def hand_off_removal(base_fd: int, run_fd: int, lock_fd: int, name: str) -> int:
 def wait_removals(base: str | os.PathLike[str], timeout_s: float = 300.0) -> tuple[int, float]:
     """Wait (bounded) for the background removals earlier runs left in ``base``: (how many were under way when
     this began, seconds waited). A removal still going at the deadline is left to go on."""
-    import time
-
     t0 = time.monotonic()
 
     def busy() -> int:
