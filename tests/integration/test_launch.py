@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from kvtier.launch.faults import RECOVERED_AT, RECOVERY_REQUESTS
 from kvtier.results import load
 from kvtier.results.launch import LaunchResult
 from kvtier.results.replay import ReplayResult
@@ -372,8 +373,7 @@ def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_ext
 def test_restarting_the_cache_sidecar_mid_replay_measures_the_miss_storm(tmp_path: Path):
     # One replica, an 8B model's KV in 0.5 GB of GPU (3.8k tokens: a few prompts), so later turns are served by the
     # sidecar's CPU tier; it is killed 6 s in and comes back empty. Enough conversations that the dataset
-    # outlasts --duration (the fault must land mid-replay), and 39 s after the fault for the hit rate to return (it
-    # returned 11.5 s after it alone here; beside the suite's other workers once not within 24 s: a CI failure).
+    # outlasts --duration (the fault must land mid-replay).
     data = conversations(tmp_path / "data", users=60, max_tokens=48)
     out = tmp_path / "run"
     p = launch(
@@ -406,7 +406,21 @@ def test_restarting_the_cache_sidecar_mid_replay_measures_the_miss_storm(tmp_pat
     assert f["storm"]["requests"] >= len(in_storm) and f["storm"]["offload_hit_rate"] == 0
     first = min((r for r in ok if r["start_unix_s"] >= end), key=lambda r: r["start_unix_s"])
     assert tier_tokens(first) > 0  # the window ends at a request the restarted (empty, refilled) tier served
-    assert f["recovered_after_s"] is not None and f["recovered_after_s"] >= zero
+    # Whether the hit rate comes back before --duration ends depends on how many turns the machine serves after the
+    # kill (11.5 s alone here; not within 24 s twice beside the suite's other workers): the figure is checked against
+    # the records, whichever way it went (tests/unit/launch/test_faults.py covers the rule on fixed records).
+    base_rate = f["baseline"]["offload_hit_rate"]
+    after = sorted((r for r in ok if r["start_unix_s"] >= down), key=lambda r: r["start_unix_s"])
+    back = next(
+        (
+            round(after[i - 1]["start_unix_s"] - down, 3)
+            for i in range(RECOVERY_REQUESTS, len(after) + 1)
+            if sum(map(tier_tokens, after[i - RECOVERY_REQUESTS : i]))
+            >= RECOVERED_AT * base_rate * sum(r["prompt_tokens"] for r in after[i - RECOVERY_REQUESTS : i])
+        ),
+        None,
+    )
+    assert f["recovered_after_s"] == back and (back is None or back >= zero)
     assert sum(pt["requests"] for pt in f["timeline"]) == len(ok)
     typed = load(out)
     assert isinstance(typed, LaunchResult) and typed.status == "complete" and typed.faults is not None
