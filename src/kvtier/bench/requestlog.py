@@ -1,12 +1,12 @@
 """``--request-log FILE``: one JSON line per request of a bench run, for analysis outside kvtier.
 
 Each line: ``rank`` (null outside MPI), ``user``, ``request_id`` (the request's own KV key), ``seq``
-(the user's request number), ``qos``, ``phase``, ``status`` (``ok``, ``cut`` = stopped by the end of
-the run, ``failed``) and ``error``, ``submit_unix_s`` (wall clock), ``queue_ms``, ``e2e_ms``,
-``storage_ms`` (the request's own tier operations), ``tier_ms`` (the same by tier), ``generation_ms``,
-``context_tokens``, ``generate_tokens``, ``tokens_read``, ``tokens_written``, ``bytes_read``,
-``bytes_written``, ``hits``, ``misses``. Requests abandoned in the queue at the end never ran and have
-no line. Written after the run, in completion order.
+(the user's request number), ``turn`` (its conversation's turn; turn 1 reads no history), ``qos``,
+``phase``, ``status`` (``ok``, ``cut`` = stopped by the end of the run, ``failed``) and ``error``,
+``submit_unix_s`` (wall clock), ``queue_ms``, ``e2e_ms``, ``storage_ms`` (the request's own tier
+operations), ``tier_ms`` (the same by tier), ``generation_ms``, ``context_tokens``, ``generate_tokens``,
+``tokens_read``, ``tokens_written``, ``bytes_read``, ``bytes_written``, ``hits``, ``misses``. Requests
+abandoned in the queue at the end never ran and have no line. Written after the run, in completion order.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def write_request_log(path: str | Path, rec: Recorder, rank: int | None = None) 
                 "user": r.user,
                 "request_id": r.key,
                 "seq": r.seq,
+                "turn": r.turn,
                 "qos": r.qos,
                 "phase": r.phase,
                 "status": status,

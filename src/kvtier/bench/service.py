@@ -7,7 +7,8 @@ A request (workload/users.py ``Request``) is served in this order:
    are recomputed (written); an evicted system prompt is stored again;
 3. its writes (the KV its prefill produced);
 4. decode (prefill+decode requests, unless ``--prefill-only``): the decode entry is read once and
-   once per decode batch of generated tokens; a miss re-writes it (unless ``--decode-only``);
+   once per decode batch of generated tokens; a miss re-writes it (unless ``--decode-only``) and ends the
+   decode, as the reference's does;
 5. simulated generation: generate_tokens x the per-token time, slept (cut short by a hard stop).
 
 Only completed operations count: a failed one ends the request with an error; the run's stop
@@ -240,6 +241,7 @@ class RequestService:
             t.count("lookup_decode_misses")
             if not s.decode_only:
                 t.storage_ns += self._put(t, key, req.decode_tokens, buf, hold=True)
+            return  # as the reference: a decode miss re-writes the entry and reads no batches
 
     # -- a whole request ---------------------------------------------------------------------
     def serve(self, req: Request, submit_ns: int, buf: memoryview) -> Served:

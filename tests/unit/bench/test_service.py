@@ -110,7 +110,17 @@ def test_prefill_only_never_decodes_and_decode_only_never_writes(noise):
     assert x.hits == 0 and x.bytes_read == 0 and x.bytes_written == 100 * BPT
     svc, store, *_ = make(noise, decode_only=True)
     x = svc.serve(req(decode_key="gone", decode_tokens=100), 0, buf).record
-    assert x.misses == 3 and x.bytes_written == 0 and store.location("gone") is None
+    # the reference's rule: a decode miss ends the decode (no batch reads of an entry that is not there)
+    assert x.misses == 1 and x.hits == 0 and x.bytes_written == 0 and store.location("gone") is None
+
+
+def test_a_decode_miss_rewrites_the_entry_and_reads_no_batches(noise):
+    svc, store, *_ = make(noise)
+    x = svc.serve(req(decode_key="lost", decode_tokens=100), 0, aligned_buffer(1 << 20)).record
+    # the reference (benchmark.py process_requests, step 5): on a miss, allocate and skip the batched reads;
+    # before, kvtier went on reading the rewritten entry 1 + ceil(64 / 32) - 1 more times
+    assert (x.hits, x.misses) == (0, 1) and x.bytes_read == 0 and x.bytes_written == 100 * BPT
+    assert store.location("lost") is not None
 
 
 def test_generation_time_is_slept_and_cut_by_a_hard_stop(noise):
