@@ -46,13 +46,24 @@ its request queue and cache methods wrapped from outside (its logic untouched). 
 ``reference_parity_load_detail max_submitted_deviation=<max |kvtier/reference - 1| of submitted/offered>
 <per workload>``, and last the figures of #57's restated aims:
 ``reference_parity_load reads_per_request_deviation=<max |kvtier/reference - 1| of the reads that found their
-entry per completed request, over the completed requests only: kvtier's from its --request-log, the reference's
-counted per worker thread from the request it took off its queue to the one its QoS monitor records as done>
-submitted_over_offered_min=<kvtier's lowest
-submitted/offered> deviation_where_reference_keeps_up=<max |kvtier/reference - 1| of submitted/offered where the
-reference submits >= 0.95 of its own offer; none where it never does> reads_per_s_deviation=<the same of reads per
-second> <per workload>`` (aims: reads per request <= 0.15, submitted/offered >= 0.95; #42's earlier aims on the
-other two, <= 0.10 and <= 0.15, conflicted with kvtier serving the same offer faster).
+entry per completed request> same_mix_deviation=<the same per read the reference's rule asks of each completed
+request> submitted_over_offered_min=<kvtier's lowest submitted/offered> deviation_where_reference_keeps_up=<max
+|kvtier/reference - 1| of submitted/offered where the reference submits >= 0.95 of its own offer; none where it
+never does> reads_per_s_deviation=<the same of reads per second> <per workload, each ratio with its 95 % interval>``
+(aims: reads per request <= 0.15, submitted/offered >= 0.95; #42's earlier aims on the other two, <= 0.10 and
+<= 0.15, conflicted with kvtier serving the same offer faster).
+
+Both queue without bound (the reference's queue has none; kvtier runs with ``--max-queued`` 1,000,000), and both
+serve the same users: kvtier's for the seed (``kvtier_plan``), handed to the reference in place of
+its own draw (which it still makes, so its random stream goes on as in a plain run); each request's context and
+generated tokens are then drawn per user by each program. Completed requests are those that ended inside the
+load window, on both sides, pooled over the seeds: kvtier's
+from its ``--request-log``; the reference's recorded from outside per worker thread, from the request it takes
+off its queue to the one its QoS monitor records as done, before its stop event (its workers finish what they
+hold after the stop, the long requests, which kvtier cuts). The rule's reads of a request (one per earlier turn,
+and for a prefill+decode request its entry once plus once per 32 generated tokens) grow with its turn and
+length, and which requests end inside the window follows each program's speed, so the reads found per read the
+rule asks (``same_mix``) compares the two on the same footing; the intervals are bootstrapped over requests.
 
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
@@ -67,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import shutil
@@ -311,7 +323,14 @@ from kv_cache import benchmark, cache, workload
 from kv_cache.cli import main
 mixed = workload.UserSimulator.generate_mixed_users.__func__
 def users(cls, n):  # the users the run draws: their think times give the rate its arrival process should offer
-    out = mixed(cls, n)
+    out = mixed(cls, n)  # drawn in any case, so its random stream goes on as in a plain run
+    path = os.environ.get("KVTIER_REF_USERS")
+    if path:  # kvtier's users for this seed instead: both programs serve the same users
+        from kv_cache.models import QoSLevel, UserProfile
+        out = [UserProfile(user_id=f"user_{{u['user_id']:04d}}", context_length=u["context_tokens"],
+                           generation_length=u["generation_tokens"], think_time=u["think_time_s"],
+                           priority=u["priority"], qos_level=QoSLevel(u["qos"])) for u in json.load(open(path))]
+        assert len(out) == n, (len(out), n)
     stats["think_times_s"] = [u.think_time for u in out]
     return out
 workload.UserSimulator.generate_mixed_users = classmethod(users)
@@ -443,6 +462,9 @@ def reference_requests(stats: dict) -> list[dict]:
     return [{k: v for k, v in x.items() if k != "in_window"} for x in stats["requests"] if x["in_window"]]
 
 
+UNBOUNDED_QUEUE = 1_000_000
+"""kvtier's --max-queued in the load part: the reference queues every request (at users x 0.1 these workloads
+offer ~70x what this disk serves, and kvtier's default bound dropped 1,000-2,900 requests a minute)."""
 DECODE_BATCH = 32  # the reference's config.yaml decode.batch_size
 
 
@@ -561,15 +583,20 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
                 args = flags(model, users, cpu_gb, mca, a.duration, config, cache, out, seed)
                 if who == "reference":
                     stats_path = work / f"load-stats-{i}-{seed}.json"
-                    env = {**os.environ, "KVTIER_REF_STATS": str(stats_path)}
+                    users_path = work / f"load-users-{i}-{seed}.json"  # kvtier's users for this seed, for both
+                    plan_users = kvtier_plan(config, model, users, a.duration, seed).workload.users
+                    users_path.write_text(json.dumps([dataclasses.asdict(u) for u in plan_users]))
+                    env = {**os.environ, "KVTIER_REF_STATS": str(stats_path), "KVTIER_REF_USERS": str(users_path)}
                     doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
                     stats = json.loads(stats_path.read_text())
                     one = reference_load(doc, stats, users, a.duration)
                     reqs[who] += reference_requests(stats)
                 else:
                     log = work / f"load-requests-{i}-{seed}.jsonl"
+                    # the reference's queue is unbounded: kvtier's bound (--max-queued, 4 x workers by default)
+                    # drops turns under this overload, whose KV the conversation's later turns then miss
                     cmd = [sys.executable, "-m", "kvtier", "bench", "--progress", "none", "--request-log", str(log),
-                           *args]  # fmt: skip
+                           "--max-queued", str(UNBOUNDED_QUEUE), *args]  # fmt: skip
                     doc, rss = run_measured(cmd, REPO, timeout)
                     one = kvtier_load(doc, config, log)
                     reqs[who] += kvtier_requests(log)
@@ -605,6 +632,15 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
             r = fig["kvtier"][key] / fig["reference"][key] if fig["reference"][key] else float("nan")
             print(f"{model:24s} per completed request {key:20s} reference {fig['reference'][key]:9.3f}  kvtier "
                   f"{fig['kvtier'][key]:9.3f}  ratio {r:.3f}", flush=True)  # fmt: skip
+        for w in reqs:  # by turn: the history a request reads, and how much of it was written by then
+            by_turn = {t: [x for x in reqs[w] if min(x["turn"], 4) == t] for t in (1, 2, 3, 4)}
+            row = "  ".join(
+                f"turn {t}{'+' if t == 4 else ''}: {len(xs)} req, found/rule "
+                f"{sum(x['found'] for x in xs) / max(sum(rule_reads(x) for x in xs), 1):.3f}, lookups/rule "
+                f"{sum(x['lookups'] for x in xs) / max(sum(rule_reads(x) for x in xs), 1):.3f}"
+                for t, xs in by_turn.items()
+            )
+            print(f"{model:24s} {w:9s} {row}", flush=True)
         ref_found = fig["reference"]["found_per_request"]
         per_req = fig["kvtier"]["found_per_request"] / ref_found if ref_found else float("nan")
         lo, hi = ratio_interval(reqs["kvtier"], reqs["reference"])
