@@ -63,7 +63,9 @@ off its queue to the one its QoS monitor records as done, before its stop event 
 hold after the stop, the long requests, which kvtier cuts). The rule's reads of a request (one per earlier turn,
 and for a prefill+decode request its entry once plus once per 32 generated tokens) grow with its turn and
 length, and which requests end inside the window follows each program's speed, so the reads found per read the
-rule asks (``same_mix``) compares the two on the same footing; the intervals are bootstrapped over requests.
+rule asks (``same_mix``) compares the two on the same footing; the intervals are bootstrapped over runs and the
+requests within them. System-prompt lookups are left out on both sides: the reference never writes its system
+prompts' KV, so each of its lookups of one misses, where kvtier's read a real entry (docs/mlperf.md).
 
 The reference is not shipped with kvtier: point ``--reference`` at a checkout of its kv_cache_benchmark
 folder (mlcommons/storage, or the hazemawadalla/storage fork), whose kv-cache.py runs with this venv's
@@ -386,10 +388,12 @@ def timed(name, key):
 acc = cache.MultiTierCache.access_cache
 def access(self, *a, **k):  # reads that found their entry (a miss moves no bytes), inside the load window
     res = acc(self, *a, **k)
+    key = a[0] if a else k.get("key", "")
     with lock:
         found = bool(res) and res[0] is not None
-        local.reads = getattr(local, "reads", 0) + found
-        local.lookups = getattr(local, "lookups", 0) + 1
+        if not str(key).startswith("kv_system_"):  # its system prompts are never written: compared apart
+            local.reads = getattr(local, "reads", 0) + found
+            local.lookups = getattr(local, "lookups", 0) + 1
         if stats["load_start"] is not None and stats["load_stop"] is None and found:
             stats["reads_in_window"] += 1
     return res
@@ -446,14 +450,21 @@ def kvtier_offered(r: dict, config: Path) -> float:
 
 
 def kvtier_requests(log: Path) -> list[dict]:
-    """The completed requests of a run's --request-log, each as ``request_shape`` (all end inside the window:
-    kvtier cuts what is in flight at the deadline)."""
+    """The completed requests of a run's --request-log (all end inside the window: kvtier cuts what is in flight
+    at the deadline), their system-prompt lookups left out: the reference's system prompts are never written, so
+    its lookups of them always miss, where kvtier's read a real entry (docs/mlperf.md), compared apart."""
     ok = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return [
-        {"turn": x["turn"], "generate_tokens": x["generate_tokens"], "decode": x["phase"] == "prefill_decode",
-         "found": x["hits"], "lookups": x["hits"] + x["misses"]}
-        for x in ok if x["status"] == "ok"
-    ]  # fmt: skip
+    out = []
+    for x in ok:
+        if x["status"] != "ok":
+            continue
+        by = x["lookups"]
+        found = x["hits"] - by.get("prefix_hits", 0)
+        decode = x["phase"] == "prefill_decode"
+        lookups = found + x["misses"] - by.get("prefix_misses", 0)
+        out.append({"turn": x["turn"], "generate_tokens": x["generate_tokens"], "decode": decode, "found": found,
+                    "lookups": lookups})  # fmt: skip
+    return out
 
 
 def reference_requests(stats: dict) -> list[dict]:
@@ -472,7 +483,7 @@ def rule_reads(x: dict) -> int:
     """The reads the reference's rule asks of a request, all found: one per earlier turn of its conversation, and
     for a prefill+decode request its entry once plus once per decode batch (benchmark.py process_requests, steps
     2 and 5; the system prompt's read, drawn per conversation, aside)."""
-    return x["turn"] - 1 + (1 + math.ceil(x["generate_tokens"] / DECODE_BATCH) if x["decode"] else 0)
+    return max(x["turn"] - 1, 0) + (1 + math.ceil(x["generate_tokens"] / DECODE_BATCH) if x["decode"] else 0)
 
 
 def request_figures(reqs: list[dict]) -> dict[str, float]:
@@ -493,23 +504,34 @@ def request_figures(reqs: list[dict]) -> dict[str, float]:
     }
 
 
-def ratio_interval(kv: list[dict], ref: list[dict], per_rule: bool = False, reps: int = 2000) -> tuple[float, float]:
+def ratio_interval(
+    kv: list[list[dict]], ref: list[list[dict]], per_rule: bool = False, reps: int = 2000
+) -> tuple[float, float]:
     """A 95 % bootstrap interval of kvtier's reads found per completed request over the reference's (``per_rule``:
-    per read the rule asks), requests resampled within each side: how far the figure moves with which requests
-    happened to complete."""
+    per read the rule asks). Each side's runs (one per seed) are resampled, then the requests within each run:
+    requests of one run share its cache state and its disk, so they are not independent of each other."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    if not kv or not ref:
+    if not any(kv) or not any(ref):
         return float("nan"), float("nan")
 
-    def means(reqs: list[dict]) -> Any:
-        found = np.array([x["found"] for x in reqs], float)
-        per = np.array([rule_reads(x) if per_rule else 1 for x in reqs], float)
-        pick = rng.integers(0, len(reqs), (reps, len(reqs)))
-        return found[pick].sum(axis=1) / np.maximum(per[pick].sum(axis=1), 1)
+    def sums(runs: list[list[dict]]) -> Any:
+        cols = [
+            (np.array([x["found"] for x in r], float), np.array([rule_reads(x) if per_rule else 1 for x in r], float))
+            for r in runs
+        ]
+        found, per = np.zeros(reps), np.zeros(reps)
+        for _ in cols:  # as many draws of a run as there are runs
+            for rep, pick in enumerate(rng.integers(0, len(cols), reps)):
+                f, n = cols[pick]
+                if len(f):
+                    idx = rng.integers(0, len(f), len(f))
+                    found[rep] += f[idx].sum()
+                    per[rep] += n[idx].sum()
+        return found / np.maximum(per, 1)
 
-    ra, rb = means(kv), means(ref)
+    ra, rb = sums(kv), sums(ref)
     r = ra / np.where(rb > 0, rb, np.nan)
     lo, hi = np.nanpercentile(r, [2.5, 97.5])
     return float(lo), float(hi)
@@ -573,7 +595,7 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
         users = max(1, round(full_users * a.users_scale))
         mca = min(full_mca, a.max_allocs) if a.max_allocs else full_mca
         runs: dict[str, list[dict[str, float]]] = {"reference": [], "kvtier": []}
-        reqs: dict[str, list[dict]] = {"reference": [], "kvtier": []}  # completed inside the window, all seeds
+        runs_reqs: dict[str, list[list[dict]]] = {"reference": [], "kvtier": []}  # completed in the window, per run
         for k, seed in enumerate(a.load_seeds):
             order = ["reference", "kvtier"] if (i + k) % 2 == 0 else ["kvtier", "reference"]
             for who in order:
@@ -590,7 +612,7 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
                     doc, rss = run_measured([sys.executable, str(script), *args], a.reference, timeout, env)
                     stats = json.loads(stats_path.read_text())
                     one = reference_load(doc, stats, users, a.duration)
-                    reqs[who] += reference_requests(stats)
+                    runs_reqs[who].append(reference_requests(stats))
                 else:
                     log = work / f"load-requests-{i}-{seed}.jsonl"
                     # the reference's queue is unbounded: kvtier's bound (--max-queued, 4 x workers by default)
@@ -599,7 +621,7 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
                            "--max-queued", str(UNBOUNDED_QUEUE), *args]  # fmt: skip
                     doc, rss = run_measured(cmd, REPO, timeout)
                     one = kvtier_load(doc, config, log)
-                    reqs[who] += kvtier_requests(log)
+                    runs_reqs[who].append(kvtier_requests(log))
                 runs[who].append({**one, "rss_gib": rss})
                 shutil.rmtree(cache, ignore_errors=True)
         # pooled over the seeds: means (each seed's users draw their think times and contexts anew)
@@ -627,6 +649,13 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
         ]
         reads = kv["reads_per_s"] / ref["reads_per_s"] if ref["reads_per_s"] else float("nan")
         # per completed request, pooled over the seeds' requests (not a mean of per-seed means)
+        reqs = {w: [x for run in runs_reqs[w] for x in run] for w in runs_reqs}
+        per_seed = " ".join(
+            f"{seed}:{request_figures(k)['found_per_rule_read'] / request_figures(r)['found_per_rule_read']:.3f}"
+            if request_figures(r)["found_per_rule_read"] else f"{seed}:nan"
+            for seed, k, r in zip(a.load_seeds, runs_reqs["kvtier"], runs_reqs["reference"])
+        )  # fmt: skip
+        print(f"{model:24s} per seed, found per rule read kvtier / reference: {per_seed}", flush=True)
         fig = {w: request_figures(reqs[w]) for w in reqs}
         for key in fig["reference"]:
             r = fig["kvtier"][key] / fig["reference"][key] if fig["reference"][key] else float("nan")
@@ -643,12 +672,12 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
             print(f"{model:24s} {w:9s} {row}", flush=True)
         ref_found = fig["reference"]["found_per_request"]
         per_req = fig["kvtier"]["found_per_request"] / ref_found if ref_found else float("nan")
-        lo, hi = ratio_interval(reqs["kvtier"], reqs["reference"])
+        lo, hi = ratio_interval(runs_reqs["kvtier"], runs_reqs["reference"])
         print(f"{model:24s} reads that found their entry per completed request, kvtier / reference {per_req:.3f} "
               f"(95 % interval over which requests completed: {lo:.3f}-{hi:.3f})", flush=True)  # fmt: skip
         ref_rule = fig["reference"]["found_per_rule_read"]
         same_mix = fig["kvtier"]["found_per_rule_read"] / ref_rule if ref_rule else float("nan")
-        slo, shi = ratio_interval(reqs["kvtier"], reqs["reference"], per_rule=True)
+        slo, shi = ratio_interval(runs_reqs["kvtier"], runs_reqs["reference"], per_rule=True)
         print(f"{model:24s} the same per read the rule asks of each completed request, kvtier / reference "
               f"{same_mix:.3f} ({slo:.3f}-{shi:.3f})", flush=True)  # fmt: skip
         a.aims = [

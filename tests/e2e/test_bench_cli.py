@@ -127,6 +127,10 @@ def test_short_run_writes_complete_result_and_xlsx(tmp_path, cache_dir, small_wo
     assert len(ok) == r["requests_completed"] and len(log) == len(ok) + r["requests_cut_at_stop"]
     assert all(x["rank"] is None and x["request_id"] for x in log) and len({x["request_id"] for x in log}) == len(log)
     assert all(isinstance(x["turn"], int) and x["turn"] >= 1 for x in log)
+    for x in log:  # the lookups by kind add up to the request's hits and misses
+        by = x["lookups"]
+        assert sum(n for k, n in by.items() if k.endswith("_hits")) == x["hits"], x
+        assert sum(n for k, n in by.items() if k.endswith("_misses")) == x["misses"], x
     assert max(x["e2e_ms"] for x in ok) == pytest.approx(r["summary"]["end_to_end_latency_ms"]["max"], abs=1e-3)
     assert sum(x["bytes_written"] for x in ok) > 0 and all(set(x["tier_ms"]) <= {"gpu", "cpu", "storage"} for x in ok)
     assert all(sum(x["tier_ms"].values()) == pytest.approx(x["storage_ms"], abs=1e-3) for x in ok)

@@ -5,8 +5,10 @@ Each line: ``rank`` (null outside MPI), ``user``, ``request_id`` (the request's 
 ``phase``, ``status`` (``ok``, ``cut`` = stopped by the end of the run, ``failed``) and ``error``,
 ``submit_unix_s`` (wall clock), ``queue_ms``, ``e2e_ms``, ``storage_ms`` (the request's own tier
 operations), ``tier_ms`` (the same by tier), ``generation_ms``, ``context_tokens``, ``generate_tokens``,
-``tokens_read``, ``tokens_written``, ``bytes_read``, ``bytes_written``, ``hits``, ``misses``. Requests
-abandoned in the queue at the end never ran and have no line. Written after the run, in completion order.
+``tokens_read``, ``tokens_written``, ``bytes_read``, ``bytes_written``, ``hits``, ``misses``, and the same
+by kind in ``lookups`` (``{"history_hits": 2, "prefix_misses": 1, ...}``; kinds prefix, history, trace,
+decode, rag). Requests abandoned in the queue at the end never ran and have no line. Written after the
+run, in completion order.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def write_request_log(path: str | Path, rec: Recorder, rank: int | None = None) 
                 "bytes_written": r.bytes_written,
                 "hits": r.hits,
                 "misses": r.misses,
+                "lookups": {k.removeprefix("lookup_"): n for k, n in r.lookups},
             }
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
             n += 1

@@ -7,8 +7,8 @@ A request (workload/users.py ``Request``) is served in this order:
    are recomputed (written); an evicted system prompt is stored again;
 3. its writes (the KV its prefill produced);
 4. decode (prefill+decode requests, unless ``--prefill-only``): the decode entry is read once and
-   once per decode batch of generated tokens; a miss re-writes it (unless ``--decode-only``) and ends the
-   decode, as the reference's does;
+   once per decode batch of generated tokens; a miss of the first read re-writes it (unless
+   ``--decode-only``) and ends the decode, as the reference's does (a batch read that misses is counted);
 5. simulated generation: generate_tokens x the per-token time, slept (cut short by a hard stop).
 
 Only completed operations count: a failed one ends the request with an error; the run's stop
@@ -239,9 +239,11 @@ class RequestService:
                 continue
             t.misses += 1
             t.count("lookup_decode_misses")
+            if i > 0:  # a batch read that missed: counted, the decode goes on (the reference's rule)
+                continue
             if not s.decode_only:
                 t.storage_ns += self._put(t, key, req.decode_tokens, buf, hold=True)
-            return  # as the reference: a decode miss re-writes the entry and reads no batches
+            return  # as the reference: a miss of the first read re-writes the entry and reads no batches
 
     # -- a whole request ---------------------------------------------------------------------
     def serve(self, req: Request, submit_ns: int, buf: memoryview) -> Served:
@@ -308,6 +310,7 @@ class RequestService:
             tier_ns=tuple(sorted(t.tier_ns.items())),
             stores_dropped=t.dropped,
             alloc_wait_ns=t.alloc_wait_ns,
+            lookups=tuple(sorted((k, n) for k, n in t.counts.items() if k.startswith("lookup_"))),
         )
         return Served(record, device_full)
 

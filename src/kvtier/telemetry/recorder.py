@@ -58,6 +58,7 @@ class BenchRequest(NamedTuple):
     tier_ns: tuple[tuple[str, int], ...] = ()  # the request's own operations' time by tier
     stores_dropped: int = 0  # its stores no tier could take (dropped, not failed)
     alloc_wait_ns: int = 0  # waiting for an allocation slot before its writes (--max-concurrent-allocs)
+    lookups: tuple[tuple[str, int], ...] = ()  # its lookups by kind and outcome ("lookup_history_hits": 2, ...)
 
 
 @dataclass
