@@ -35,8 +35,11 @@ needs_caddy = pytest.mark.skipif(
 )
 
 
-def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, words: int = 420) -> Path:
-    """Generic JSONL sessions whose prompts pass 256 tokens (so they are stored as offload chunks)."""
+def conversations(
+    path: Path, users: int, turns: int = 5, max_tokens: int = 8, words: int = 420, gap: float = 0.0
+) -> Path:
+    """Generic JSONL sessions whose prompts pass 256 tokens (so they are stored as offload chunks); ``gap`` is
+    each later turn's think time (``pre_gap``)."""
     path.mkdir(parents=True, exist_ok=True)
     with (path / "sessions.jsonl").open("w") as f:
         for u in range(users):
@@ -44,7 +47,7 @@ def conversations(path: Path, users: int, turns: int = 5, max_tokens: int = 8, w
             recorded = []
             for t in range(turns):
                 msgs = msgs + [{"role": "user", "content": f"user {u} asks question {t} " + "detail " * 20}]
-                recorded.append({"messages": list(msgs), "max_tokens": max_tokens, "pre_gap": 0.0})
+                recorded.append({"messages": list(msgs), "max_tokens": max_tokens, "pre_gap": gap if t else 0.0})
                 msgs = msgs + [{"role": "assistant", "content": f"answer {t} " + "words " * 30}]
             f.write(json.dumps({"session_id": f"conv{u}", "turns": recorded}) + "\n")
     return path
@@ -309,8 +312,10 @@ def test_gpu_tier_header_policy_keeps_each_user_on_one_replica(tmp_path: Path):
 def test_cpu_tier_least_conn_spreads_and_the_shared_sidecar_turns_moves_into_external_hits(tmp_path: Path):
     # With an odd number of streams in flight a user who finishes a round often finds both replicas
     # equally loaded and least_conn's random tie-break moves it; with 4 it mostly stayed (0 moves in
-    # 1 of 5 runs).
-    data = conversations(tmp_path / "data", users=8)
+    # 1 of 5 runs). A round's chunks reach the sidecar after it ends (stores are asynchronous, as LMCache's):
+    # with no think time a busy machine (four of these runs at once) sent the next round before they had
+    # landed, and every moved round missed; a second of think time leaves the store its time, as a user does.
+    data = conversations(tmp_path / "data", users=8, gap=1.0)
     out = tmp_path / "run"
     p = launch(
         out,
