@@ -48,10 +48,13 @@ from kvtier.engine.backend import ALIGN, aligned_buffer, round_up
 DEFAULT_NOISE_BYTES = 256 * 1024 * 1024
 BLOCK = 4096  # the dedup unit the stamp defeats (arrays deduplicate at 4-16 KiB)
 PIECE = 1 << 19  # the unit the payload sample picks its blocks by (one block of about one piece in 8)
-COPY_PIECE = 1 << 23  # the copy and stamp run in pieces of this: above glibc's streaming threshold as kvtier bench
-# sets it (engine/backend.py NT_COPY_BYTES), so the copy streams past the cache; the stamp then reads back one cache
-# line in 64 (each block's first). In 512 KiB pieces (the stamp finding its piece in cache) the copy could not stream:
-# 0.50-0.57 of np.copyto against 0.77-0.84 (benchmarks/cpu_tier_pages.py)
+COPY_PIECE = 1 << 25  # the copy and stamp run in pieces of this (a page of kvtier bench's CPU tier, at most): above
+# glibc's streaming threshold as kvtier bench sets it (engine/backend.py NT_COPY_BYTES), so the copy streams past the
+# cache, and above 16 times it, where glibc streams four pages at a time; the stamp then reads back one cache line in
+# 64 (each block's first). Of np.copyto's rate (benchmarks/cpu_tier_pages.py): 0.50-0.57 in 512 KiB pieces (the
+# stamp finding its piece in cache, the copy not streaming), 0.83-0.86 in 8 or 16 MiB pieces, 0.91 in 32 MiB. The
+# stamp's read-back of lines the copy just streamed to memory is the rest (~9 %): stamping on a helper thread while
+# the next piece copies gained 0.01 in 32 MiB pages and lost 0.05 in 2 MiB ones
 _BLOCKS_PER_PIECE = COPY_PIECE // BLOCK
 _IDX = np.arange(_BLOCKS_PER_PIECE, dtype=np.uint64)
 Payload = Literal["unique", "realistic"]
@@ -345,9 +348,8 @@ class NoiseChunks:
             m = min(len(dst) - at, COPY_PIECE, noise.nbytes - off)
             piece = dst[at : at + m]
             noise._fill(piece, off, block, h)
-            if sample:  # the sample's own unit, as before: one block of about one PIECE in PIECES_PER_SAMPLE
-                for s in range(0, m, PIECE):
-                    noise.sample.add(self.key, block + s // BLOCK, piece[s : s + PIECE], h)
+            if sample:  # one call: it picks one block of about one PIECE in PIECES_PER_SAMPLE, as a call per PIECE did
+                noise.sample.add(self.key, block, piece, h)
             block += m // BLOCK
             at += m
             off = (off + m) % noise.nbytes
