@@ -1,12 +1,35 @@
-"""A server's Unix socket path, claimed before it binds: the folder must exist, a file that is not a socket is
-refused, a socket someone answers on is refused, a socket nobody answers on (a killed run's) is removed."""
+"""Paths another user could change, and a server's Unix socket path claimed before it binds.
+
+``folder_problem``: why another user could change what a folder holds (a folder of theirs, or one they can write
+on the way to it): kvtier's shim refuses to write its scripts there, and a cache server's client refuses a socket
+there. ``claim``: the folder must exist, a file that is not a socket is refused, a socket someone answers on is
+refused, a socket nobody answers on (a killed run's) is removed."""
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 from pathlib import Path
 
 from kvtier.errors import ConfigError
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why another user could change what ``folder`` (which exists) holds, or None."""
+    if folder.is_symlink():
+        return f"{folder} is a symbolic link (give the folder it points to)"
+    me = os.geteuid()
+    real = Path(os.path.realpath(folder))
+    for i, q in enumerate([real, *real.parents]):
+        st = os.stat(q)
+        if st.st_uid not in (me, 0):
+            return f"{q} belongs to uid {st.st_uid}, not to this user or root"
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and not (i > 0 and st.st_mode & stat.S_ISVTX):  # a sticky parent: others cannot rename ours
+            who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+            return f"{q} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def answers(sock: Path) -> bool:
@@ -31,4 +54,4 @@ def claim(sock: Path, flag: str = "--socket") -> None:
         sock.unlink()  # a stale socket of an earlier run: nobody answers there
 
 
-__all__ = ["answers", "claim"]
+__all__ = ["answers", "claim", "folder_problem"]

@@ -22,7 +22,6 @@ what is ours there. Files already in the folder are replaced only with ``--force
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from kvtier.config.tuning import Tuning
 from kvtier.errors import ConfigError
 from kvtier.modelspec import BUILTIN_MODELS
 from kvtier.results.io import atomic_file
+from kvtier.unixsock import folder_problem
 
 # The models of the reference's config.yaml (kvtier's catalog holds them with the same geometry, and more).
 REFERENCE_MODELS = (
@@ -107,23 +107,6 @@ def config_text(version: str) -> str:
         "# them (docs/mlperf.md lists them). mlpstorage passes this file to every rank as --config.\n"
     )
     return head + yaml.safe_dump(settings, sort_keys=False, default_flow_style=None, width=110)
-
-
-def folder_problem(folder: Path) -> str | None:
-    """Why another user could change what ``folder`` (which exists) holds, or None."""
-    if folder.is_symlink():
-        return f"{folder} is a symbolic link (give the folder it points to)"
-    me = os.geteuid()
-    real = Path(os.path.realpath(folder))
-    for i, q in enumerate([real, *real.parents]):
-        st = os.stat(q)
-        if st.st_uid not in (me, 0):
-            return f"{q} belongs to uid {st.st_uid}, not to this user or root"
-        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable and not (i > 0 and st.st_mode & stat.S_ISVTX):  # a sticky parent: others cannot rename ours
-            who = "others" if st.st_mode & stat.S_IWOTH else "its group"
-            return f"{q} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
 
 
 def write_shim(folder: Path, python: str | None = None, force: bool = False) -> list[Path]:

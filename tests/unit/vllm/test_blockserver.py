@@ -328,37 +328,73 @@ def test_a_page_its_sender_could_shrink_is_refused_and_a_sealed_one_cannot_shrin
     os.close(sealed)
 
 
-def test_a_client_refuses_a_server_of_another_user(tmp_path: Path):
+def test_a_client_refuses_a_server_of_another_user_unless_its_uid_is_named(tmp_path: Path, monkeypatch):
     """The cache server checks its client's uid; the client checks the server's, before its first byte: a stranger's
-    server at the socket path would read the engine's pages and write its KV cache."""
-    import socket
+    server at the socket path would read the engine's pages and write its KV cache. A server run as a service
+    account is trusted once KVTIER_CACHE_SERVER_UIDS names it."""
     import subprocess
     import sys
 
     if os.getuid() != 0:
         pytest.skip("starting a server as another user needs root")
-    import shutil
-    import tempfile
-
-    folder = Path(tempfile.mkdtemp(prefix="kvtier-stranger-", dir="/tmp"))  # a folder the other user can bind in
-    folder.chmod(0o777)
-    path = folder / "stranger.sock"
+    path = tmp_path / "stranger.sock"  # in this user's 0700 folder: the socket is bound here, then the uid dropped
     code = (
-        "import os, socket, time; os.setgid(65534); os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
-        f"s.bind({str(path)!r}); s.listen(1); print('up', flush=True); time.sleep(30)"
+        "import os, socket, time; s = socket.socket(socket.AF_UNIX); "
+        f"s.bind({str(path)!r}); os.setgid(65534); os.setuid(65534); s.listen(4); print('up', flush=True); "
+        "time.sleep(30)"
     )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == "up\n"
-        with pytest.raises(Refused, match="runs as uid 65534, not this user's"):
+        monkeypatch.delenv("KVTIER_CACHE_SERVER_UIDS", raising=False)
+        with pytest.raises(Refused, match="runs as uid 65534, not this user's.*KVTIER_CACHE_SERVER_UIDS"):
             connect(str(path), 10)
         with pytest.raises(ConfigError, match="not ours"):
             ServerIndex(str(path), key_of, {"engine": "A", **GEOMETRY})
+        monkeypatch.setenv("KVTIER_CACHE_SERVER_UIDS", "1234, 65534")
+        connect(str(path), 10).close()  # named: trusted
+        monkeypatch.setenv("KVTIER_CACHE_SERVER_UIDS", "nobody")
+        with pytest.raises(ConfigError, match="KVTIER_CACHE_SERVER_UIDS: 'nobody' is not a uid"):
+            connect(str(path), 10)
     finally:
         p.kill()
         p.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-    del socket
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_client_refuses_a_socket_in_a_folder_others_can_write(tmp_path: Path, mode: int):
+    """Whoever can write the socket's folder can put their own server at the path (or rename ours away): the client
+    refuses such a path before it connects, sticky or not, naming the folder, even with our own server there."""
+    import socket
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = folder / "cache.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        s.listen(1)
+        connect(str(path), 10).close()  # the run's own 0700 folder: fine
+        folder.chmod(mode)
+        who = "its group" if mode == 0o770 else "others"
+        with pytest.raises(Refused, match=f"another user could put their own server.*{folder} is writable by {who}"):
+            connect(str(path), 10)
+        folder.chmod(0o700)
+
+
+def test_a_client_refuses_a_socket_in_a_folder_of_another_user(tmp_path: Path):
+    import socket
+
+    if os.getuid() != 0:
+        pytest.skip("a folder of another user needs root to make")
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o755)
+    path = folder / "cache.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        s.listen(1)
+        os.chown(folder, 65534, 65534)
+        with pytest.raises(Refused, match=f"{folder} belongs to uid 65534"):
+            connect(str(path), 10)
 
 
 def test_unpinning_a_key_twice_releases_only_this_connections_pins(server: BlockServer):
