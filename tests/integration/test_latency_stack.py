@@ -125,3 +125,66 @@ def test_the_block_layer_only_fallback_loads_in_the_real_bpftrace(traceable: Non
     for text in (program([8 << 20]), program([8 << 20], f"pid == {os.getpid()}")):
         p = subprocess.run(["bpftrace", "-e", text, "-c", "/bin/true"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and ATTACHED in p.stdout, p.stderr[-2000:]
+
+
+def _attached(p: subprocess.Popen[str], timeout_s: float = 60) -> bool:
+    """Whether bpftrace printed its ATTACHED marker within ``timeout_s``."""
+    import select
+    import time
+
+    from kvtier.telemetry.blocktrace import ATTACHED
+
+    assert p.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and p.poll() is None:
+        if select.select([p.stdout], [], [], 0.5)[0] and p.stdout.readline().strip() == ATTACHED:
+            return True
+    return False
+
+
+def test_bpftrace_ends_itself_once_kvtier_exits_and_after_its_bound(traceable: None):
+    """#58 item 8: started through sudo, bpftrace outlived a killed kvtier (the kernel clears the parent-death signal
+    when it executes a set-uid program). The program now ends itself once the watched thread exits, killed or not,
+    and after its bound. bpftrace is started here plainly (no parent-death signal) so only the program can end it."""
+    import time
+
+    from kvtier.telemetry.blocktrace import program
+
+    def bpftrace(text: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(["bpftrace", "-B", "line", "-e", text], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    watched = subprocess.Popen(["sleep", "120"])
+    bt = bpftrace(program([8 << 20], watch=watched.pid))
+    try:
+        assert _attached(bt)
+        time.sleep(1)
+        assert bt.poll() is None  # tracing while the watched process lives
+        watched.kill()  # SIGKILL: no handler of its own runs
+        watched.wait()
+        bt.wait(timeout=30)  # ended itself
+    finally:
+        watched.kill()
+        bt.kill()
+        bt.communicate()
+    t0 = time.monotonic()
+    bt = bpftrace(program([8 << 20], max_s=2))
+    try:
+        assert _attached(bt)
+        bt.wait(timeout=30)
+        assert time.monotonic() - t0 >= 2
+    finally:
+        bt.kill()
+        bt.communicate()
+
+
+def test_a_trace_that_ended_before_its_stop_says_it_covers_part(traceable: None):
+    import time
+
+    from kvtier.telemetry.blocktrace import whole_disks
+
+    t = BlockTracer.start(whole_disks()[:1], max_s=1)
+    assert t.reason is None, t.reason
+    time.sleep(4)
+    section = t.section(t.stop())
+    assert "bpftrace ended before it was stopped (exit 0): the trace covers part of it" in (section["degraded"] or "")

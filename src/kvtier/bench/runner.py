@@ -465,7 +465,10 @@ class BenchRunner:
         if self.c.trace_mode:
             return BlockTracer([], "I/O trace mode moves no bytes: nothing to trace")
         devices, _ = devices_under(self.c.file_tier.directory)
-        return BlockTracer.start(devices, who=f"pid == {os.getpid()}")  # this process's system calls too
+        # this process's system calls too; bpftrace ends itself once this process exits, and, in a timed run, after
+        # twice its duration and ten minutes (well past the run's own end: a bound only for a run that hangs)
+        bound = 2 * self.duration_s + 600 if self.duration_s else None
+        return BlockTracer.start(devices, who=f"pid == {os.getpid()}", max_s=bound)
 
     def _device_sampler(self) -> DeviceSampler | None:
         """A running sampler of the devices under the storage tier, with kvtier's own per-interval

@@ -58,7 +58,7 @@ def run_attach(a: argparse.Namespace) -> int:
     for d in cfg.device:
         if d not in disks:
             raise ConfigError(f"--device {d}: not a whole disk here ({', '.join(disks) or 'none found'})")
-    tracer = BlockTracer.start(cfg.device or disks, who=who)
+    tracer = BlockTracer.start(cfg.device or disks, who=who, max_s=cfg.duration + 60)  # ends itself if we cannot
     if tracer.reason is not None:
         print(f"kvtier trace attach: not traced: {tracer.reason}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ cannot attach (a container, a kernel without BTF/tracepoints), ``start`` returns
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -102,10 +103,19 @@ SYSCALL_MAPS = " clear(@s_read); clear(@s_write); clear(@s_fd); clear(@s_sync); 
 a map it never sets (0.17: "Undefined map: @s_read" stopped the block-layer-only fallback from loading)."""
 
 
-def program(devs: list[int], who: str | None = None) -> str:
+def program(devs: list[int], who: str | None = None, watch: int | None = None, max_s: int | None = None) -> str:
     """The bpftrace program for these kernel dev_t numbers ((major << 20) | minor), and with ``who`` (a
-    predicate on pid or comm) the system calls of those processes."""
+    predicate on pid or comm) the system calls of those processes.
+
+    It ends itself, whatever happens to whoever started it: once the thread ``watch`` (kvtier's main thread) exits,
+    killed or not, and after ``max_s`` seconds. bpftrace started through sudo outlives a killed kvtier otherwise: the
+    kernel clears the parent-death signal when it executes a set-uid program."""
     cond = " || ".join(f"args->dev == {d}" for d in devs) or "1"
+    ends = ""
+    if watch is not None:
+        ends += f"tracepoint:sched:sched_process_exit /tid == {int(watch)}/ {{ exit(); }}\n"
+    if max_s is not None:
+        ends += f"interval:s:{max(1, int(max_s))} {{ exit(); }}\n"
     # rwbs is a string ("R", "RA", "WS", "FWS", "FWFS"...): the direction is its first letter after a flush 'F'
     rd = '(strncmp(args->rwbs, "R", 1) == 0 || strncmp(args->rwbs, "FR", 2) == 0)'
     wr = '(strncmp(args->rwbs, "W", 1) == 0 || strncmp(args->rwbs, "FW", 2) == 0)'
@@ -139,7 +149,7 @@ tracepoint:block:block_rq_complete /{cond}/ {{
   delete(@ins[args->dev, args->sector]);
 }}
 END {{ clear(@ins); clear(@iss); clear(@inflight);{SYSCALL_MAPS if who else ""} }}
-""" + (syscall_program(who) if who else "")
+{ends}""" + (syscall_program(who) if who else "")
 
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -280,10 +290,16 @@ class BlockTracer:
 
     @classmethod
     def start(
-        cls, devices: list[str], attach_s: float = 60.0, bpftrace: str | None = None, who: str | None = None
+        cls,
+        devices: list[str],
+        attach_s: float = 60.0,
+        bpftrace: str | None = None,
+        who: str | None = None,
+        max_s: float | None = None,
     ) -> BlockTracer:
         """bpftrace on ``devices`` (and, with ``who``, the system calls of those processes). Where the system-call
-        probes cannot attach, the block-layer program alone, with ``degraded`` saying why."""
+        probes cannot attach, the block-layer program alone, with ``degraded`` saying why. bpftrace ends itself when
+        this process exits and, with ``max_s``, after that many seconds (``program``)."""
         exe = bpftrace or shutil.which("bpftrace")
         if exe is None:
             return cls(devices, "bpftrace is not installed (apt-get install bpftrace; scripts/install-tools.sh)")
@@ -297,13 +313,14 @@ class BlockTracer:
                 return cls(devices, "bpftrace needs root (run as root, or with password-less sudo)")
             prefix = [sudo, "-n", exe]
         devs = dev_numbers(devices)
-        proc, cmd, problem = _attach([*prefix, "-e", program(devs, who)], attach_s)
+        bound = {"watch": os.getpid(), "max_s": None if max_s is None else math.ceil(max_s)}
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs, who, **bound)], attach_s)
         if proc is not None:
             return cls(devices, None, proc, cmd, who)
         if who is None:
             return cls(devices, problem, command=cmd)
         degraded = f"the system-call probes did not attach ({problem}): block layer only"
-        proc, cmd, problem = _attach([*prefix, "-e", program(devs)], attach_s)
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs, **bound)], attach_s)
         if proc is not None:
             return cls(devices, None, proc, cmd, None, degraded)
         return cls(devices, problem, command=cmd, degraded=degraded)
@@ -313,6 +330,9 @@ class BlockTracer:
         if self.proc is None:
             return {}
         self.duration_s = round(time.monotonic() - self.started, 3)
+        if self.proc.poll() is not None:  # it ended itself (its max_s bound) or was killed: a partial trace
+            ended = f"bpftrace ended before it was stopped (exit {self.proc.returncode}): the trace covers part of it"
+            self.degraded = f"{self.degraded}; {ended}" if self.degraded else ended
         try:
             os.killpg(self.proc.pid, signal.SIGINT)
             out, err = self.proc.communicate(timeout=15)
