@@ -411,11 +411,9 @@ def test_large_bodies_sent_fast_then_stalled_release_the_budget_and_never_turn_s
     socks = []
     try:
         size = 64 * 1024 * 1024
-        for _ in range(4):
-            s = socket.create_connection(("127.0.0.1", sim.port), timeout=30)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: " + str(size).encode() + b"\r\n\r\n" + b" " * (size - 1))  # fmt: skip
-            socks.append(s)
+        for i in range(4):  # four clients (one holds at most half the budget), each a body of 64 MiB but a byte
+            socks.append(_body_head(sim, size, f"127.0.0.{i + 1}"))
+            socks[-1].sendall(b" " * (size - 1))
         wait_until(lambda: _health(sim)["body_bytes_buffered"] >= 4 * (size - 1), "the four bodies to be held")
         small = [post(sim, json.dumps(chat(f"small {i}", max_tokens=2)).encode(), {}, timeout=30)[0]
                  for i in range(20)]  # fmt: skip
@@ -428,6 +426,76 @@ def test_large_bodies_sent_fast_then_stalled_release_the_budget_and_never_turn_s
     finally:
         for s in socks:
             s.close()
+        stop_sim(sim)
+
+
+def _body_head(sim: Sim, size: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (any 127/8 address is this host) that has sent the head of a body of ``size``."""
+    s = socket.create_connection(("127.0.0.1", sim.port), timeout=30, source_address=(source, 0))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(size).encode() + b"\r\n\r\n")  # fmt: skip
+    return s
+
+
+def test_one_client_holds_at_most_half_the_body_budget(tmp_path: Path):
+    """#58 item 4: budget per client. Two 64 MiB bodies of one client held are half the 256 MiB budget: its third
+    large body gets 429 while another client's is still taken."""
+    sim = start_sim(tmp_path, "--body-timeout", "60")
+    socks = []
+    try:
+        size = 64 * 1024 * 1024
+        for _ in range(2):
+            socks.append(_body_head(sim, size))
+            socks[-1].sendall(b" " * (size - 1))
+        wait_until(lambda: _health(sim)["body_bytes_buffered"] >= 2 * (size - 1), "two bodies of one client held")
+        third = _body_head(sim, size)
+        try:
+            third.sendall(b" " * (4 * 1024 * 1024))  # past the small bodies' size: it needs the budget
+        except OSError:
+            pass  # refused while sending
+        assert third.recv(4096).startswith(b"HTTP/1.1 429"), "one client's third large body was taken"
+        third.close()
+        other = _body_head(sim, size, "127.0.0.2")
+        socks.append(other)
+        other.sendall(b" " * (size - 1))
+        wait_until(lambda: _health(sim)["body_bytes_buffered"] >= 3 * (size - 1), "another client's body held")
+        assert _health(sim)["refused"]["body-bytes"] == 1
+    finally:
+        for s in socks:
+            s.close()
+        stop_sim(sim)
+
+
+def test_a_body_sent_fast_then_dribbled_is_cut_within_the_window(tmp_path: Path):
+    """#58 item 4, per stall time: 8 MiB sent at once keeps the average rate over the floor for minutes, so a byte a
+    second afterwards held its bytes until the body deadline. Now every 5 s must bring the floor's bytes."""
+    import time
+
+    sim = start_sim(tmp_path, "--body-timeout", "60")
+    size = 8 * 1024 * 1024 + 100
+    s = _body_head(sim, size)
+    try:
+        s.sendall(b" " * (8 * 1024 * 1024))
+        t0 = time.monotonic()
+        s.settimeout(1.0)
+        head = b""
+        while not head and time.monotonic() - t0 < 30:
+            try:
+                s.sendall(b" ")
+                head = s.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        if not head:
+            s.settimeout(10)
+            head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 408") and b"in the last 5 s" in head, head[:300]
+        assert time.monotonic() - t0 < 10  # the window, not the 60 s deadline
+        health = _health(sim)
+        assert health["refused"]["body-too-slow"] == 1 and health["body_bytes_buffered"] == 0, health
+    finally:
+        s.close()
         stop_sim(sim)
 
 

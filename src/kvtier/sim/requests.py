@@ -14,6 +14,7 @@ import codecs
 import json
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +71,14 @@ SMALL_BODY_BYTES = 1024 * 1024
 SMALL_POOL_BYTES = 32 * 1024 * 1024
 """Bodies of at most SMALL_BODY_BYTES are counted in a pool of their own, so large bodies holding the shared budget
 never turn a small request away (a body that grows past the size moves its bytes to the shared budget)."""
+CLIENT_SHARE = 2
+"""A client (the peer's address) holds at most 1/CLIENT_SHARE of either budget at once (429 beyond): four bodies of
+one client sent fast and held could take the whole budget. Behind a proxy every request is the proxy's."""
 BODY_STALL_S = 5.0
 """A body that sends nothing for this long is cut (408) and gives its bytes back: bodies sent fast and then stalled
-keep the average rate above the floor, and would hold their bytes until the body deadline."""
+keep the average rate above the floor, and would hold their bytes until the body deadline. And over any such
+window a body must bring MIN_BODY_RATE on average (408 otherwise): sent fast, then a byte a second, it is cut at
+the window's end instead of at the deadline."""
 MIN_BODY_RATE = 16 * 1024
 """Bytes a second a body must average once BODY_GRACE_S have passed (408 otherwise): a client dribbling a byte
 every few seconds is cut within seconds, not at the body deadline."""
@@ -92,6 +98,7 @@ class Refusals:
         self.body_bytes = 0
         self.small_pool = small_pool
         self.small_bytes = 0  # small bodies' bytes, apart
+        self.held: dict[tuple[str, bool], int] = {}  # (client, small) -> the bytes that client holds in that pool
         self.by_cause: dict[str, int] = {}
         self.last: float | None = None  # time.monotonic() of the last refusal
 
@@ -99,18 +106,26 @@ class Refusals:
         self.by_cause[cause] = self.by_cause.get(cause, 0) + 1
         self.last = time.monotonic()
 
-    def take(self, n: int, small: bool = False) -> bool:
-        if small:
-            if self.small_bytes + n > self.small_pool:
-                return False
-            self.small_bytes += n
-            return True
-        if self.body_bytes + n > self.max_body_bytes:
+    def take(self, n: int, small: bool = False, client: str = "") -> bool:
+        """Whether ``n`` more bytes fit the pool and the client's share of it (then they are counted)."""
+        pool = self.small_pool if small else self.max_body_bytes
+        used = self.small_bytes if small else self.body_bytes
+        mine = self.held.get((client, small), 0)
+        if used + n > pool or mine + n > pool // CLIENT_SHARE:
             return False
-        self.body_bytes += n
+        self.held[(client, small)] = mine + n
+        if small:
+            self.small_bytes += n
+        else:
+            self.body_bytes += n
         return True
 
-    def give(self, n: int, small: bool = False) -> None:
+    def give(self, n: int, small: bool = False, client: str = "") -> None:
+        left = self.held.get((client, small), 0) - n
+        if left > 0:
+            self.held[(client, small)] = left
+        else:
+            self.held.pop((client, small), None)
         if small:
             self.small_bytes -= n
         else:
@@ -160,14 +175,16 @@ def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
 async def _read_body(
     request: web.Request, limit: int, refusals: Refusals | None, deadline: float
 ) -> tuple[bytes, int, bool]:
-    """The body as sent, read as it arrives: bounded by ``limit`` (413), by the bytes all bodies may hold at once
-    (429; small bodies in a pool of their own), by the deadline (408), after BODY_GRACE_S by MIN_BODY_RATE (408), and
-    by BODY_STALL_S without a byte (408). Returns the body, the bytes it holds of the budget and whether they are in
-    the small pool (the caller gives them back)."""
+    """The body as sent, read as it arrives: bounded by ``limit`` (413), by the bytes all bodies may hold at once and
+    a client's share of them (429; small bodies in a pool of their own), by the deadline (408), after BODY_GRACE_S by
+    MIN_BODY_RATE on average and over every BODY_STALL_S (408), and by BODY_STALL_S without a byte (408). Returns
+    the body, the bytes it holds of the budget and whether they are in the small pool (the caller gives them back)."""
     loop = asyncio.get_running_loop()
     t0 = last = loop.time()
     parts: list[bytes] = []
     got = 0
+    client = request.remote or ""
+    marks: deque[tuple[float, int]] = deque([(t0, 0)])  # (when, bytes so far) after each chunk: the recent rate
     small = True  # counted in the small bodies' pool until it grows past SMALL_BODY_BYTES
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -188,6 +205,14 @@ async def _read_body(
             if now - last >= BODY_STALL_S:
                 _refused(refusals, "body-stalled")
                 raise RequestTimeout(f"the request body stopped arriving for {BODY_STALL_S:g} s")
+            while len(marks) > 1 and marks[1][0] <= now - BODY_STALL_S:
+                marks.popleft()  # marks[0]: the last mark a window ago or earlier
+            if marks[0][0] <= now - BODY_STALL_S and got - marks[0][1] < MIN_BODY_RATE * BODY_STALL_S:
+                _refused(refusals, "body-too-slow")
+                raise RequestTimeout(
+                    f"the request body brought {got - marks[0][1]} bytes in the last {BODY_STALL_S:g} s, under the "
+                    f"server's floor of {MIN_BODY_RATE} bytes/s"
+                )
             try:
                 chunk = await asyncio.wait_for(request.content.readany(), min(BODY_POLL_S, deadline - elapsed))
             except TimeoutError:
@@ -195,25 +220,27 @@ async def _read_body(
             if not chunk:
                 break  # the whole body
             last = loop.time()
+            marks.append((last, got + len(chunk)))
             if got + len(chunk) > limit:
                 raise TooLarge(f"request body exceeds {limit} bytes")
             if refusals is not None:
                 if small and got + len(chunk) > SMALL_BODY_BYTES:  # no longer small: its bytes move to the budget
-                    if not refusals.take(got + len(chunk)):
+                    if not refusals.take(got + len(chunk), client=client):
                         raise Busy(
-                            f"the server holds {refusals.max_body_bytes} bytes of request bodies already; try again",
+                            f"the server holds as many request body bytes as it can ({refusals.max_body_bytes} in "
+                            f"all, half of them for one client); try again",
                             cause="body-bytes",
                         )
-                    refusals.give(got, small=True)
+                    refusals.give(got, small=True, client=client)
                     small = False
-                elif not refusals.take(len(chunk), small):
-                    raise Busy("the server holds as many request bodies as it can already; try again",
-                               cause="body-bytes")  # fmt: skip
+                elif not refusals.take(len(chunk), small, client):
+                    raise Busy("the server holds as many request bodies as it can (half of them for one client); "
+                               "try again", cause="body-bytes")  # fmt: skip
             got += len(chunk)
             parts.append(chunk)
     except BaseException:
         if refusals is not None:
-            refusals.give(got, small)
+            refusals.give(got, small, client)
         raise
     return b"".join(parts), got, small
 
@@ -232,7 +259,7 @@ async def read_json(request: web.Request, limit: int = MAX_BODY_BYTES) -> dict[s
         return _decode(request, raw, limit)
     finally:
         if refusals is not None:
-            refusals.give(held, small)
+            refusals.give(held, small, request.remote or "")
 
 
 def _decode(request: web.Request, raw: bytes, limit: int) -> dict[str, Any]:
