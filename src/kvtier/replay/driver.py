@@ -351,7 +351,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     total = min(in_dataset, cfg.max_requests) if cfg.max_requests else in_dataset
 
     async def report_progress(bar: ReplayProgress) -> None:
-        tally = Tally()
+        tally = Tally([(u.user_id, len(u.turns)) for u in users])
         while not scrape_stop.is_set():
             try:
                 await asyncio.wait_for(scrape_stop.wait(), cfg.progress_interval)

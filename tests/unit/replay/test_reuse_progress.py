@@ -7,7 +7,7 @@ import io
 import pytest
 
 from kvtier.replay.datasets import Turn, VirtualUser
-from kvtier.replay.progress import ReplayProgress, eta_s, snapshot
+from kvtier.replay.progress import ReplayProgress, Tally, eta_s, snapshot
 from kvtier.replay.reuse import reuse_opportunity
 
 IDS: dict[str, int] = {}
@@ -53,8 +53,9 @@ def test_reuse_without_a_known_model_has_token_figures_only():
 
 def test_progress_lines_say_where_the_run_is():
     recs = [
-        {"user": "u0", "status": "ok", "ttft_s": 0.1}, {"user": "u0", "status": "ok", "ttft_s": 0.3},
-        {"user": "u1", "status": "http_500", "ttft_s": None},
+        {"user": "u0", "turn": 0, "status": "ok", "ttft_s": 0.1, "e2e_s": 1.0},
+        {"user": "u0", "turn": 1, "status": "ok", "ttft_s": 0.3, "e2e_s": 1.0},
+        {"user": "u1", "turn": 0, "status": "http_500", "ttft_s": None, "e2e_s": None},
     ]  # fmt: skip
     s = snapshot(recs, total=6, turns=2, users=3, in_flight=2, rates={"prefix_cache_hit_rate": 0.5})
     assert (s["done"], s["failed"], s["sessions_complete"], s["sessions_error"], s["sessions_open"]) == (3, 1, 1, 1, 1)
@@ -139,3 +140,26 @@ def test_an_offload_tier_that_held_tokens_but_never_served_one_is_named_with_the
     assert not offload_never_served(vllm)  # LMCache loaded chunks: served, whatever vLLM's counter says
     assert not offload_never_served(m(external_prefix_cache_queries=10, external_prefix_cache_hits=0))  # found none
     assert not offload_never_served(m())
+
+
+def test_the_eta_weighs_the_requests_left_by_what_their_turns_have_cost():
+    """#58 item 16: later turns of a conversation (longer prompts) take longer than first ones, which counting
+    requests alike misses. Users a and b (3 turns each) start first; turn 0 took 1 s, turn 1 took 5 s."""
+
+    def rec(user: str, turn: int, e2e: float) -> dict[str, object]:
+        return {"user": user, "turn": turn, "status": "ok", "ttft_s": 0.1, "e2e_s": e2e}
+
+    plan = [("a", 3), ("b", 3), ("c", 3)]
+    t = Tally(plan)
+    s = snapshot([rec("a", 0, 1.0), rec("b", 0, 1.0)], total=6, turns=3, users=3, in_flight=2, rates={}, tally=t)
+    # nothing past turn 0 seen: the four left weigh 1 s each, as counting requests does
+    assert s["work"] == (4.0, 2.0) and eta_s(10.0, 2, 6, work=s["work"]) == pytest.approx(20.0)
+    recs = [rec("a", 0, 1.0), rec("b", 0, 1.0), rec("a", 1, 5.0)]
+    s = snapshot(recs, total=6, turns=3, users=3, in_flight=2, rates={}, tally=t)
+    # left: a's turn 2 (not reached: as turn 1, 5 s), b's turns 1 and 2 (5 s each); 7 s of e2e ended so far
+    assert s["work"] == (15.0, 7.0)
+    assert eta_s(10.0, 3, 6, work=s["work"]) == pytest.approx(10.0 * 15 / 7)
+    assert eta_s(10.0, 3, 6) == pytest.approx(10.0)  # requests counted alike
+    # a --max-requests bound of 5 leaves two: a's turn 2 and b's turn 1, in the order users start
+    assert Tally(plan).work_left(5) is None  # nothing ended: no weights yet
+    assert t.work_left(5) == pytest.approx(10.0)
