@@ -225,3 +225,32 @@ def test_a_synthetic_replay_and_hostile_labels_make_a_report(results: dict[str, 
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "$\\frac$" in html.read_text()
+
+
+def test_the_plots_read_as_they_were_asked_to(results: dict[str, Path], monkeypatch):
+    """#58 item 19: "where TTFT went" panels of several results share one y scale, with one legend beside them
+    (none on the bars); TTFT by turn is on a log axis; a QoS class without requests says so in its slot."""
+    import matplotlib.pyplot as plt
+
+    from kvtier.report import plots
+    from kvtier.report.html import load_all
+
+    figs: list[Any] = []
+    monkeypatch.setattr(plots, "_png", lambda fig, right_in=0.0: figs.append(fig) or b"")
+    try:
+        replays = load_all([str(results["none"]), str(results["cpu"])])
+        assert plots.ttft_parts(replays) is not None
+        axes = [a for a in figs[-1].axes if a.get_visible()]
+        assert len(axes) == 2 and axes[0].get_shared_y_axes().joined(axes[0], axes[1])
+        assert axes[0].get_ylim() == axes[1].get_ylim()
+        assert figs[-1].legends and all(a.get_legend() is None for a in axes)
+        assert plots.ttft_by_turn(replays) is not None and figs[-1].axes[0].get_yscale() == "log"
+        bench = load_all([str(results["small"])])
+        q = bench[0].bench.summary.qos_metrics
+        empty = [c for c in ("interactive", "responsive", "batch") if c not in q or q[c].no_data]
+        assert empty and len(empty) < 3, q  # one class served, the others not: their slots say so
+        assert plots.qos(bench) is not None
+        assert [t.get_text() for t in figs[-1].axes[0].texts].count("no requests") == len(empty)
+    finally:
+        for f in figs:
+            plt.close(f)
