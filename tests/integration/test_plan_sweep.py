@@ -94,6 +94,7 @@ def test_sweep_budget_resume_and_recommend(tmp_path: Path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert rc.returncode == 0 and "no placement swept meets" in rc.stdout, rc.stdout + rc.stderr
+    assert "the sweep in" in rc.stdout and "sweep sweep" not in rc.stdout  # #58 item 21: the table's title
     # #41 item 5: the same folder swept with another GPU size keeps nothing of the first grid's trials
     p = sweep(out, data, "--budget", "1", "--gpu-kv-gb", "0.4")
     r = load(out)

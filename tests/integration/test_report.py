@@ -254,3 +254,17 @@ def test_the_plots_read_as_they_were_asked_to(results: dict[str, Path], monkeypa
     finally:
         for f in figs:
             plt.close(f)
+
+
+def test_the_replay_line_says_a_missing_degradation_in_words(results: dict[str, Path], capsys):
+    """#58 item 21: a run with no later turn printed "degradation median None %"."""
+    from kvtier.cli.replay import print_outcome
+    from kvtier.results import load
+
+    r = load(results["none"])
+    print_outcome(r, "out")  # type: ignore[arg-type]
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "degradation median " in line and " %;" in line and "None" not in line
+    r.summary.ttft_degradation.median_pct = None  # type: ignore[union-attr]
+    print_outcome(r, "out")  # type: ignore[arg-type]
+    assert "degradation median — (no later turn); sessions" in capsys.readouterr().out

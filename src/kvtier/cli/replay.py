@@ -119,10 +119,12 @@ def print_outcome(result: ReplayResult, folder: str, shown: frozenset[str] = fro
     t, ss = s.ttft_s, s.sessions
     q = queue_share(result)
     queued = "" if q is None else f"; {q[0]:.0%} of TTFT queued ({q[1]})"
+    d = s.ttft_degradation.median_pct
+    degradation = "— (no later turn)" if d is None else f"{d:.1f} %"
     print(
         f"replay ({result.status.value}, {result.stop_reason.code.value}): {s.requests_ok}/{s.requests_total} "
         f"requests ok; TTFT p50 {_s(t.p50)} s, p95 {_s(t.p95)} s, p99 {_s(t.p99)} s{queued}; degradation median "
-        f"{s.ttft_degradation.median_pct} %; sessions {ss.complete}/{ss.total} complete ({ss.incomplete} "
+        f"{degradation}; sessions {ss.complete}/{ss.total} complete ({ss.incomplete} "
         f"incomplete, {ss.error} with errors); {Path(folder) / 'summary.json'}"
     )
     for w in result.warnings:
