@@ -28,7 +28,7 @@ from kvtier.config.tiers import parse_tier_order
 from kvtier.engine.backend import Backend
 from kvtier.engine.device import DeviceMemory, DeviceNoise, native_memory
 from kvtier.engine.file import FileTier
-from kvtier.engine.memory import host_floor
+from kvtier.engine.memory import default_floor
 from kvtier.engine.noise import EntrySource, NoiseBuffer
 from kvtier.engine.runs import find_stale_runs, remove_stale_run, system_directory, wait_removals
 from kvtier.engine.tiered import EventSink, StoreConfig, TieredStore
@@ -36,7 +36,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
 from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
 from kvtier.results.envelope import ResultWarning, WarningCode, warning
-from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
+from kvtier.telemetry.host import mem_available_bytes
 from kvtier.tiers import is_remote
 from kvtier.tokenizer import load_tokenizer
 from kvtier.tracefile import IOTraceWriter
@@ -259,7 +259,7 @@ def derive(cfg: BenchConfig) -> Plan:
     cpu_tier, flags = host_tier_bytes(plan)  # the memory tiers that take host RAM
     if avail and cpu_tier + buffers > avail:
         # The tier's pages are taken as entries arrive (engine/memory.py): the size is a bound, not a claim.
-        floor = host_floor(mem_total_bytes()) + buffers  # what engine/memory.py keeps for the host
+        floor = default_floor() + buffers  # what engine/memory.py keeps for the host
         plan.warnings.append(
             warning(
                 WarningCode.cpu_tier_exceeds_host,

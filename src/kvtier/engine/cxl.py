@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 
 from kvtier.engine.backend import HUGE_PAGE, advise_huge_pages
-from kvtier.engine.memory import DEFAULT_PAGE_BYTES, MemoryTier, host_floor
+from kvtier.engine.memory import DEFAULT_PAGE_BYTES, MemoryTier, default_floor
 from kvtier.errors import StorageError, UnusableDirectory
-from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
+from kvtier.telemetry.host import mem_available_bytes
 
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
 """Filesystems whose files are host RAM (a tmpfs may be bound to a CXL memory node: see the module's text)."""
@@ -182,7 +182,7 @@ class CxlTier(MemoryTier):
         return arena
 
     def _check_host(self, nbytes: int) -> None:
-        avail, floor = mem_available_bytes(), host_floor(mem_total_bytes())
+        avail, floor = mem_available_bytes(), default_floor()
         if avail and avail - nbytes < floor:
             raise StorageError(
                 f"{self.path}: a {nbytes / 2**30:.2f} GiB tier on host RAM would leave {(avail - nbytes) / 2**30:.2f}"

@@ -32,7 +32,7 @@ import numpy as np
 from kvtier.engine.backend import ALIGN, HUGE_PAGE, advise_huge_pages, check_cancel, round_up
 from kvtier.errors import EntryNotFound, HostMemoryShort, TierFullError
 from kvtier.telemetry.clock import IOTiming
-from kvtier.telemetry.host import mem_available_bytes, mem_total_bytes
+from kvtier.telemetry.host import mem_available_bytes, mem_limit_bytes
 
 if TYPE_CHECKING:
     from kvtier.engine.device import Chunk
@@ -45,13 +45,22 @@ MIN_PAGES = 16
 """A tier holds at least this many pages: a page its capacity cannot hold 16 times is cut down."""
 FLOOR_MIN_BYTES = 2 * 2**30
 FLOOR_FRACTION = 0.05
+CGROUP_FLOOR_MIN_BYTES = 256 * 2**20
+"""Inside a memory cgroup (a container) the floor is of its limit, at least this: the kernel's own needs are the
+host's, and 2 GiB kept in a 1.5 GiB container left a CPU tier no room at all."""
 RECHECK_S = 0.05  # /proc/meminfo is read again after this long; in between, what the tier took is subtracted
 
 
-def host_floor(total_bytes: int) -> int:
+def host_floor(total_bytes: int, in_cgroup: bool = False) -> int:
     """Memory a RAM tier leaves the host: 2 GiB or 5 % of RAM, the larger (a run that kept 1.2 GiB on a 24 GiB
-    host was killed for memory: buffers touched later, the kernel's own needs)."""
-    return max(FLOOR_MIN_BYTES, int(total_bytes * FLOOR_FRACTION))
+    host was killed for memory: buffers touched later, the kernel's own needs); in a memory cgroup of
+    ``total_bytes``, 256 MiB or 5 % of it."""
+    return max(CGROUP_FLOOR_MIN_BYTES if in_cgroup else FLOOR_MIN_BYTES, int(total_bytes * FLOOR_FRACTION))
+
+
+def default_floor() -> int:
+    """``host_floor`` of the memory this process's world has: the host's, or its container's limit."""
+    return host_floor(*mem_limit_bytes())
 
 
 def page_size(capacity_bytes: int, wanted: int) -> int:
@@ -83,7 +92,7 @@ class MemoryTier:
     ) -> None:
         self.name = name
         self._available = host_available or mem_available_bytes
-        floor = host_floor(mem_total_bytes()) if host_floor_bytes is None else host_floor_bytes
+        floor = default_floor() if host_floor_bytes is None else host_floor_bytes
         self.host_floor_bytes = floor + max(host_reserved_bytes, 0)  # buffers touched later count against the host
         self.configured_bytes = 0  # the size asked for; capacity_bytes drops below it when the host runs short
         self.host_short: dict[str, Any] | None = None

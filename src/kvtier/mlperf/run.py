@@ -44,7 +44,7 @@ from kvtier.results.mlperf import (
     TrialSpread,
 )
 from kvtier.results.ranks import SUMMED, Instance, option_figures, trial_sums
-from kvtier.telemetry.host import mem_total_bytes
+from kvtier.telemetry.host import mem_limit_bytes
 from kvtier.units import GiB
 
 WORKLOADS: dict[int, MlperfWorkload] = {
@@ -128,7 +128,7 @@ def datasize(cfg: MlperfConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"num_processes": cfg.num_processes, "duration_s": eff.duration, "options": {}}
     free = shutil.disk_usage(cfg.cache_dir).free if cfg.cache_dir and Path(cfg.cache_dir).is_dir() else None
     out["cache_dir_looked_at"] = str(Path(cfg.cache_dir).resolve()) if cfg.cache_dir else None
-    host_mem = mem_total_bytes()
+    host_mem, _ = mem_limit_bytes()  # a container's page cache is its limit's, not the host's MemTotal
     for option in options(cfg):
         bc = bench_config(cfg, option, eff, None).model_copy(update={"cache_dir": None})
         plan = derive(bc)

@@ -55,6 +55,26 @@ def cgroup_room_bytes(proc: str = "/proc/self") -> int | None:
     return max(0, min(rooms)) if rooms else None
 
 
+def cgroup_limit_bytes(proc: str = "/proc/self") -> int | None:
+    """The tightest memory limit of this process's cgroups (v2 ``memory.max``, v1 ``memory.limit_in_bytes``): the
+    memory a container has in all, where the host's MemTotal is not; None where none limits it."""
+    limits = [
+        v
+        for d, v2 in _cgroup_dirs(proc)
+        if (v := _read_int(d / ("memory.max" if v2 else "memory.limit_in_bytes"))) is not None and v < UNLIMITED
+    ]
+    return min(limits) if limits else None
+
+
+def mem_limit_bytes() -> tuple[int, bool]:
+    """(the memory this process's world has in all, whether a cgroup's limit set it): the smaller of MemTotal and
+    the tightest cgroup limit."""
+    total, limit = mem_total_bytes(), cgroup_limit_bytes()
+    if limit is not None and (not total or limit < total):
+        return limit, True
+    return total, False
+
+
 @functools.lru_cache(maxsize=8)
 def _cgroup_dirs(proc: str) -> tuple[tuple[Path, bool], ...]:
     """(folder, cgroup2) of this process's memory cgroup and of every one above it that a mount shows."""

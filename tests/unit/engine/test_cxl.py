@@ -60,7 +60,7 @@ def test_the_arena_is_claimed_whole_at_start_so_the_tier_never_stops_growing():
 
 def test_a_tier_on_host_ram_that_would_leave_the_host_short_is_refused_with_the_figures(monkeypatch):
     monkeypatch.setattr(cxl, "mem_available_bytes", lambda: 3 * 2**30)
-    monkeypatch.setattr(cxl, "mem_total_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr(cxl, "default_floor", lambda: 2 * 2**30)  # a 24 GiB host's
     with pytest.raises(StorageError, match=r"would leave 1\.00 GiB of the 3\.00 GiB available; the host keeps 2\.00"):
         CxlTier(2 * 2**30, SHM)
     with pytest.raises(ConfigError, match="^--cxl-path: /dev/shm: a 2.00 GiB tier on host RAM"):

@@ -68,13 +68,41 @@ def test_a_process_in_a_real_child_cgroup_sees_its_limit_not_the_hosts(tmp_path:
         pytest.skip(f"cannot make a child memory cgroup here: {e}")
     try:
         (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(3 * GiB // 2))
-        code = "from kvtier.telemetry.host import mem_available_bytes; print(mem_available_bytes())"
+        code = (
+            "from kvtier.telemetry.host import mem_available_bytes; from kvtier.engine.memory import MemoryTier\n"
+            "print(mem_available_bytes())\n"
+            "t = MemoryTier(1 << 30, page_bytes=32 << 20)  # a CPU tier grows in the container (the host's 2 GiB "
+            "floor left it none)\n"
+            "t.write('k', [memoryview(bytearray(256 << 20))], 256 << 20); print(t.stored_bytes()); t.close()\n"
+        )
 
         def join() -> None:
             (child / "cgroup.procs").write_text(str(os.getpid()))
 
         out = subprocess.run([sys.executable, "-c", code], preexec_fn=join, capture_output=True, text=True, check=True)
-        avail = int(out.stdout)
+        avail, stored = (int(x) for x in out.stdout.split())
         assert 0 < avail <= 3 * GiB // 2, avail  # the cgroup's room, not the host's MemAvailable
+        assert stored == 256 << 20
     finally:
         child.rmdir()
+
+
+def test_the_tightest_limit_is_the_containers_memory_and_its_floor_is_of_it(tmp_path: Path, monkeypatch):
+    """#58 item 6, the floor: the host's 2 GiB (or 5 % of its RAM) kept in a 1.5 GiB container left a CPU tier no room
+    at all; inside a limit the floor is 5 % of it, at least 256 MiB."""
+    from kvtier.engine import memory
+    from kvtier.telemetry import host
+    from kvtier.telemetry.host import cgroup_limit_bytes
+
+    proc = _v2_tree(tmp_path)
+    assert cgroup_limit_bytes(str(proc)) == 2 * GiB  # a's, above b's 3 GiB
+    for d in (tmp_path / "sys" / "a", tmp_path / "sys" / "a" / "b"):
+        (d / "memory.max").write_text("max\n")
+    assert cgroup_limit_bytes(str(proc)) is None
+    monkeypatch.setattr(host, "mem_total_bytes", lambda: 24 * GiB)
+    monkeypatch.setattr(host, "cgroup_limit_bytes", lambda: 3 * GiB // 2)
+    assert host.mem_limit_bytes() == (3 * GiB // 2, True)
+    monkeypatch.setattr(memory, "mem_limit_bytes", host.mem_limit_bytes)
+    assert memory.default_floor() == 256 << 20
+    monkeypatch.setattr(host, "cgroup_limit_bytes", lambda: 64 * GiB)  # a limit above the host's RAM: the host's
+    assert host.mem_limit_bytes() == (24 * GiB, False) and memory.default_floor() == 2 * GiB
