@@ -279,13 +279,15 @@ def require_mpi(what: str) -> str:
     return mpirun
 
 
-def mpirun_argv(command: Sequence[str], ranks: int, *, hosts: Sequence[str] = (), mpirun: str = "mpirun") -> list[str]:
+def mpirun_argv(
+    command: Sequence[str], ranks: int, *, hosts: Sequence[str] = (), mpirun: str = "mpirun", interface: str = ""
+) -> list[str]:
     """The one ``mpirun`` command line (Open MPI) kvtier starts ranks with: ``--allow-run-as-root`` as root; every
     rank on this host (``--oversubscribe``: more ranks than cores is a load test's choice) or ``ranks`` spread evenly
     over ``hosts`` (``--host h:n,…``, ConfigError when they do not divide); ``--enable-recovery``, so a rank that
     dies does not take the others down (they finish and rank 0 reports it lost); on one host, ``ONE_HOST``. A command
     of ``kvtier …`` runs with this interpreter, as this installation. ``command`` alone when one rank on no named
-    host."""
+    host. ``interface`` (with ``hosts``): the interfaces or CIDRs the ranks' TCP transport and the wire-up use."""
     import sys
 
     argv = [sys.executable, "-m", "kvtier", *command[1:]] if command and command[0] == "kvtier" else list(command)
@@ -296,6 +298,8 @@ def mpirun_argv(command: Sequence[str], ranks: int, *, hosts: Sequence[str] = ()
         if ranks % len(hosts):
             raise ConfigError(f"{ranks} ranks do not divide over {len(hosts)} hosts")
         placement = ["--host", ",".join(f"{h}:{ranks // len(hosts)}" for h in hosts)]
+        if interface:
+            placement += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     return [mpirun, *root, *placement, "--enable-recovery", "-np", str(ranks), *argv]
 
@@ -304,7 +308,7 @@ ONE_HOST = ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
 """Open MPI on one host: the ranks talk through shared memory (no TCP transport, so no rank listens on a port) and
 mpirun advertises only loopback to them. Open MPI 4.1's mpirun still listens on every address for its out-of-band
 wire-up whatever it advertises (docs/security.md); with ``--hosts`` the interfaces are the user's to name
-(``OMPI_MCA_btl_tcp_if_include``, ``OMPI_MCA_oob_tcp_if_include`` in the environment)."""
+(``kvtier mlperf run --mpi-interface``, or ``OMPI_MCA_btl_tcp_if_include``/``OMPI_MCA_oob_tcp_if_include``)."""
 
 
 __all__ = [

@@ -33,3 +33,27 @@ def test_ranks_over_named_hosts_are_spread_evenly_or_refused():
     assert mpirun_argv(["kvtier", "bench"], 1, hosts=["a"])[: 3 + len(ROOT)][-2:] == ["--host", "a:1"]
     with pytest.raises(ConfigError, match="3 ranks do not divide over 2 hosts"):
         mpirun_argv(["kvtier", "bench"], 3, hosts=["a", "b"])
+
+
+def test_over_named_hosts_the_user_names_the_interface_and_only_there():
+    """#58 item 5: with --hosts the ranks need TCP between hosts; kvtier mlperf run --mpi-interface names the
+    interfaces (or CIDRs) their transport and mpirun's wire-up use, instead of OMPI_MCA_* variables."""
+    from pydantic import ValidationError
+
+    from kvtier.config.mlperf import MlperfConfig
+    from kvtier.mlperf.run import bench_argv
+
+    argv = mpirun_argv(["kvtier", "bench"], 4, hosts=["a", "b"], interface="eth1,10.0.0.0/24")
+    at = argv.index("btl_tcp_if_include")
+    assert argv[at - 1 : at + 5] == ["--mca", "btl_tcp_if_include", "eth1,10.0.0.0/24", "--mca",
+                                     "oob_tcp_if_include", "eth1,10.0.0.0/24"]  # fmt: skip
+    cfg = MlperfConfig(num_processes=2, hosts="a,b", mpi_interface="eth1")
+    try:
+        argv = bench_argv(cfg, ["kvtier", "bench"])
+    except ConfigError as e:  # no mpirun or mpi4py here: the builder above is what it would call
+        pytest.skip(f"mlperf run's own argv needs Open MPI here: {e}")
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "eth1"
+    with pytest.raises(ValidationError, match="--mpi-interface: only with --hosts"):
+        MlperfConfig(num_processes=2, mpi_interface="eth1")
+    with pytest.raises(ValidationError, match="interface names or CIDRs"):
+        MlperfConfig(num_processes=2, hosts="a,b", mpi_interface="eth1 --mca x")

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+from pydantic import model_validator
+
 from kvtier.config.base import StrictModel, flag
+
+_INTERFACES = re.compile(r"[A-Za-z0-9_.:/-]+(,[A-Za-z0-9_.:/-]+)*")
 
 
 class MlperfConfig(StrictModel):
@@ -12,6 +18,11 @@ class MlperfConfig(StrictModel):
     workloads: str = flag("1,2,3", "options to run: 1 (llama3.1-8b, 200 users), 2 (8b, 100 users, 4 GB CPU), 3 (70b)")
     num_processes: int = flag(1, "instances (MPI ranks) in all; with --hosts, dealt evenly over them", ge=1, le=4096)
     hosts: str | None = flag(None, "comma-separated hosts for mpirun --host (default: this host)")
+    mpi_interface: str | None = flag(
+        None,
+        "with --hosts: the network interfaces or CIDRs Open MPI's ranks and wire-up use, comma-separated (eth1 or "
+        "10.0.0.0/24; btl_tcp_if_include and oob_tcp_if_include). On one host they use loopback and shared memory",
+    )
     cache_dir: str | None = flag(None, "storage tier directory on the device under test (rank_<r>/ per instance)")
     results_dir: str | None = flag(None, "where option_<o>/trial_<t>/ and kvcache_run_summary.json go (run)")
     open: bool = flag(False, "an OPEN submission: the overrides below are allowed, and the summary says so")
@@ -24,6 +35,15 @@ class MlperfConfig(StrictModel):
     config: str | None = flag(None, "YAML in the reference config.yaml layout (OPEN only; CLOSED uses the defaults)")
     mpi_timeout: float = flag(600.0, "seconds a rank waits for the others (see kvtier bench --mpi-timeout)", gt=0)
     output: str | None = flag(None, "datasize: also write the estimate as JSON here")
+
+    @model_validator(mode="after")
+    def _interface_with_hosts(self) -> MlperfConfig:
+        if self.mpi_interface is not None:
+            if not self.hosts:
+                raise ValueError("--mpi-interface: only with --hosts (on one host the ranks use loopback)")
+            if not _INTERFACES.fullmatch(self.mpi_interface):
+                raise ValueError(f"--mpi-interface {self.mpi_interface!r}: interface names or CIDRs, comma-separated")
+        return self
 
 
 __all__ = ["MlperfConfig"]

@@ -182,7 +182,7 @@ def bench_argv(cfg: MlperfConfig, command: list[str]) -> list[str]:
     n = cfg.num_processes
     mpirun = require_mpi(f"--num-processes {n}") if n > 1 or hosts else "mpirun"
     try:
-        return mpirun_argv(command, n, hosts=hosts, mpirun=mpirun)
+        return mpirun_argv(command, n, hosts=hosts, mpirun=mpirun, interface=cfg.mpi_interface or "")
     except ConfigError as e:
         raise ConfigError(f"--num-processes {n}, --hosts {cfg.hosts}: {e}") from None
 
