@@ -68,6 +68,8 @@ class LaunchPolicies(Section):
 
 MAX_RUN_S = 1e7
 """No run lasts longer (116 days): a time beyond it in a result file is not one (a plot cannot draw 1e308)."""
+MAX_UNIX_S = 1e11
+"""A Unix time past this (the year 5138) in a result file is not one."""
 
 
 class StormWindow(Section):
@@ -92,19 +94,22 @@ class FaultOutcome(Section):
     """One injected fault and the miss storm it caused (``kvtier launch --fault``; docs/metrics.md)."""
 
     kind: str
-    at_s: float  # after the replay started
-    down_unix_s: float  # when the part was killed
-    up_unix_s: float | None  # when it answered its health check again (None: never)
-    downtime_s: float | None
+    at_s: float = Field(ge=0, le=MAX_RUN_S)  # after the replay started
+    down_unix_s: float = Field(ge=0, le=MAX_UNIX_S)  # when the part was killed
+    up_unix_s: float | None = Field(ge=0, le=MAX_UNIX_S)  # when it answered its health check again (None: never)
+    downtime_s: float | None = Field(ge=0, le=MAX_RUN_S)
     error: str | None  # why it did not come back
     basis: Literal["prompt_sources", "cached_tokens"]  # what says a token came from the offload tier
     baseline: StormWindow
-    zero_hit_s: float | None  # the kill to the first request an offload tier served again (None: none did)
+    # the kill to the first request an offload tier served again (None: none did)
+    zero_hit_s: float | None = Field(ge=0, le=MAX_RUN_S)
     storm: StormWindow  # the requests started in the zero-hit window
-    recovered_after_s: float | None  # the kill to the hit rate back at recovered_at x the baseline's (None: not)
-    recovered_at: float
+    # the kill to the hit rate back at recovered_at x the baseline's (None: not)
+    recovered_after_s: float | None = Field(ge=0, le=MAX_RUN_S)
+    recovered_at: float = Field(ge=0, le=1)
     timeline: list[StormPoint]
-    timeline_start_unix_s: float | None = None  # the replay's first request: the timeline's t = 0
+    # the replay's first request: the timeline's t = 0
+    timeline_start_unix_s: float | None = Field(default=None, ge=0, le=MAX_UNIX_S)
 
     def sentence(self) -> str:
         """The miss storm in words (``kvtier launch`` prints it; ``kvtier report`` shows it)."""

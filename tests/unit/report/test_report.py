@@ -169,3 +169,14 @@ def test_a_working_set_point_without_requests_and_a_storm_time_of_1e308_are_name
         StormPoint.model_validate({"t": 1e308, "requests": 1, "offload_hit_rate": 0.5, "ttft_s_p95": 0.1})
     with pytest.raises(ValidationError, match="offload_hit_rate"):
         StormPoint.model_validate({"t": 1.0, "requests": 1, "offload_hit_rate": 1e308, "ttft_s_p95": 0.1})
+    from kvtier.results.launch import FaultOutcome
+
+    window = {"requests": 4, "failed": 0, "offload_hit_rate": 0.5, "ttft_s_p95": 0.1, "queue_s_mean": None,
+              "queue_s_p95": None}  # fmt: skip
+    fault = {"kind": "sidecar", "at_s": 5.0, "down_unix_s": 1.8e9, "up_unix_s": 1.8e9 + 2, "downtime_s": 2.0,
+             "error": None, "basis": "prompt_sources", "baseline": window, "zero_hit_s": 3.0, "storm": window,
+             "recovered_after_s": 6.0, "recovered_at": 0.9, "timeline": []}  # fmt: skip
+    assert FaultOutcome.model_validate(fault).zero_hit_s == 3.0
+    for key in ("zero_hit_s", "recovered_after_s", "downtime_s", "at_s", "down_unix_s", "up_unix_s"):
+        with pytest.raises(ValidationError, match=key):  # every time of a fault is bounded, not only the timeline's
+            FaultOutcome.model_validate({**fault, key: 1e308})
