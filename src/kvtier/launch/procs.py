@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,26 +35,103 @@ def _ephemeral_low() -> int:
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n distinct free TCP ports (bound together, then released), drawn at random below the kernel's ephemeral
     range: a server started on one a minute later (Caddy, after the replicas are healthy) cannot find it taken by
-    some other process's bind to port 0 meanwhile (CI once lost a launch so, to a test running beside it)."""
+    some other process's bind to port 0 meanwhile (CI once lost a launch so, to a test running beside it). Two kvtier
+    processes of this user never draw the same port while both live: each draw is recorded (``_Reservations``)."""
     import random
 
     high = _ephemeral_low() - 1
     low = max(1024, high - 12287)
     rng = random.SystemRandom()
-    for _ in range(64):
-        socks: list[socket.socket] = []
-        try:
-            for port in rng.sample(range(low, high + 1), n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, port))
-            return [s.getsockname()[1] for s in socks]
-        except OSError:
-            continue  # one was taken: draw again
-        finally:
-            for s in socks:
-                s.close()
+    with _Reservations() as held:
+        for _ in range(64):
+            socks: list[socket.socket] = []
+            try:
+                # never one another live kvtier process drew (it may not have started its server yet)
+                picks = rng.sample(held.free(range(low, high + 1)), n)
+                for port in picks:
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind((host, port))
+                held.add(picks)
+                return picks
+            except OSError:
+                continue  # one was taken: draw again
+            finally:
+                for s in socks:
+                    s.close()
     raise LaunchError(f"no {n} free ports on {host} in {low}-{high} after 64 draws")
+
+
+class _Reservations:
+    """The ports this user's live kvtier processes have drawn, as files ``PORT`` holding the drawer's pid in a
+    folder of this user's under the temp folder, read and written under a lock: a port drawn by one launch is not
+    drawn by another before the first binds it (two launches started together drew the same port once in 12 runs
+    of four at a time). A file whose process has ended is removed. Where the folder cannot be this user's own, the
+    draw goes on without it (as before: a collision is then refused at start, naming the port)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.folder = Path(tempfile.gettempdir()) / f"kvtier-ports-{os.getuid()}"
+        self.lock_fd: int | None = None
+        self.live: set[int] = set()
+
+    def __enter__(self) -> _Reservations:
+        import fcntl
+        import stat
+
+        try:
+            self.folder.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(self.folder)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                return self  # not a folder only this user can change: no reservations
+            fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.lock_fd = fd
+            for f in self.folder.iterdir():
+                if f.name.isdigit():
+                    if _alive(f):
+                        self.live.add(int(f.name))
+                    else:
+                        f.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return self
+
+    def free(self, ports: range) -> Sequence[int]:
+        return [p for p in ports if p not in self.live] if self.live else ports
+
+    def add(self, ports: list[int]) -> None:
+        if self.lock_fd is None:
+            return
+        for p in ports:
+            try:
+                fd = os.open(self.folder / str(p), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # the lock goes with it
+
+
+def _alive(f: Path) -> bool:
+    """Whether the process whose pid ``f`` holds is running."""
+    try:
+        pid = int(f.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # running, as another user
+    except OSError:
+        return False
+    return True
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
