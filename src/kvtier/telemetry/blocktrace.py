@@ -313,14 +313,14 @@ class BlockTracer:
                 return cls(devices, "bpftrace needs root (run as root, or with password-less sudo)")
             prefix = [sudo, "-n", exe]
         devs = dev_numbers(devices)
-        bound = {"watch": os.getpid(), "max_s": None if max_s is None else math.ceil(max_s)}
-        proc, cmd, problem = _attach([*prefix, "-e", program(devs, who, **bound)], attach_s)
+        watch, bound = os.getpid(), None if max_s is None else math.ceil(max_s)
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs, who, watch, bound)], attach_s)
         if proc is not None:
             return cls(devices, None, proc, cmd, who)
         if who is None:
             return cls(devices, problem, command=cmd)
         degraded = f"the system-call probes did not attach ({problem}): block layer only"
-        proc, cmd, problem = _attach([*prefix, "-e", program(devs, **bound)], attach_s)
+        proc, cmd, problem = _attach([*prefix, "-e", program(devs, None, watch, bound)], attach_s)
         if proc is not None:
             return cls(devices, None, proc, cmd, None, degraded)
         return cls(devices, problem, command=cmd, degraded=degraded)
