@@ -395,13 +395,17 @@ async def run_users(
     records: list[ReplayRecord] | None = None,
     gauge: dict[str, int] | None = None,
     bounds: Bounds | None = None,
+    started: dict[int, int] | None = None,
 ) -> UsersOutcome:
     """Run every virtual user, ``cfg.concurrency`` at a time, until done, until a bound stops dispatch,
     or until ``stop`` is set; then requests in flight are cancelled and recorded as cut (at once for
     ``stop``, after the bound's grace otherwise). Records are appended to ``records`` as they finish, so
-    a caller keeps them whatever happens; ``gauge["in_flight"]`` counts the requests under way."""
+    a caller keeps them whatever happens; ``gauge["in_flight"]`` counts the requests under way and ``started``
+    holds when each began (``clock`` ns; the progress line's ETA weighs them)."""
     records = [] if records is None else records
     gauge = {} if gauge is None else gauge
+    started = {} if started is None else started
+    ids = itertools.count()
     bounds = Bounds() if bounds is None else bounds
     gauge["in_flight"] = 0
     queue: asyncio.Queue[VirtualUser] = asyncio.Queue()
@@ -461,10 +465,13 @@ async def run_users(
                         if cfg.history == "runtime" and i:
                             msgs = live + [m for m in turn.messages if m.get("role") != "assistant"][-1:]
                         gauge["in_flight"] += 1
+                        key = next(ids)
+                        started[key] = clock.now_ns()
                         try:
                             rec, reply = await stream_request(session, cfg, user, i, msgs, turn.max_tokens, clock)
                         finally:
                             gauge["in_flight"] -= 1
+                            started.pop(key, None)
                         records.append(rec)
                         prev_e2e = rec["e2e_s"] or 0.0
                         live = msgs + [{"role": "assistant", "content": reply}]

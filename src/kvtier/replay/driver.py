@@ -346,6 +346,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     records: list[ReplayRecord] = []  # filled as requests finish: kept whatever happens below
     achieved, failure = 0, ""
     gauge: dict[str, int] = {"in_flight": 0}
+    flying: dict[int, int] = {}  # the requests in flight: when each began (ns)
     bounds = Bounds(cfg.max_requests, cfg.duration, cfg.read_timeout)
     in_dataset = sum(len(u.turns) for u in users)
     total = min(in_dataset, cfg.max_requests) if cfg.max_requests else in_dataset
@@ -357,7 +358,9 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
                 await asyncio.wait_for(scrape_stop.wait(), cfg.progress_interval)
             except TimeoutError:
                 rates = scrapers[0].hit_rates_so_far() if scrapers else {}
-                snap = snapshot(records, total, cfg.num_rounds, len(users), gauge["in_flight"], rates, tally)
+                now = clock.now_ns()
+                ages = [(now - t) / 1e9 for t in list(flying.values())]
+                snap = snapshot(records, total, cfg.num_rounds, len(users), gauge["in_flight"], rates, tally, ages)
                 bar.tick((clock.now_ns() - t0) / 1e9, snap, in_dataset, cfg.duration)
 
     hardware = HardwareSampler()
@@ -365,7 +368,8 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
     with ReplayProgress(cfg.progress) as bar:
         progress_task = asyncio.create_task(report_progress(bar))
         try:
-            achieved = (await run_users(client, users, stop.event, clock, records, gauge, bounds)).achieved_concurrency
+            ran = await run_users(client, users, stop.event, clock, records, gauge, bounds, flying)
+            achieved = ran.achieved_concurrency
         except Exception as e:  # noqa: BLE001 - a bug must not lose the records: they are written, marked partial
             failure = f"internal error in the client: {type(e).__name__}: {e}"
         finally:

@@ -6,6 +6,7 @@ TTFT p50/p95 so far, failures, and the server's hit rates from the latest scrape
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from kvtier.progress import ProgressOutput
@@ -46,15 +47,19 @@ class Tally:
                 u[1] += 1
                 self.failed += 1
 
-    def work_left(self, total: int) -> float | None:
+    def work_left(self, total: int, ages: Sequence[float] = ()) -> float | None:
         """Seconds of requests (each at the mean e2e its turn has had so far; a turn not reached yet, as the latest
         turn reached) of the next ``total - seen`` requests, taking each user's turns left in the order users start;
-        None without a plan or before a request ended."""
+        None without a plan or before a request ended. ``ages``: how long each request in flight has run; one that
+        has run past its turn's mean is taken to need as long again (a request held in a queue tends to stay)."""
         if not self.plan or not self.e2e_by_turn:
             return None
         reached = sorted(self.e2e_by_turn)
         mean = {t: s / n for t, (s, n) in self.e2e_by_turn.items()}
         left, need = 0.0, total - self.seen
+        typical = self.e2e_done / max(1, self.seen)
+        for age in ages[:need]:  # in flight: the first of the requests left
+            left += max(typical - age, age) - typical  # added to the typical cost counted below
         for user, turns in self.plan:
             if need <= 0:
                 break
@@ -76,18 +81,19 @@ def snapshot(
     in_flight: int,
     rates: dict[str, float | None],
     tally: Tally | None = None,
+    ages: Sequence[float] = (),
 ) -> dict[str, Any]:
     """The figures of one progress line, from the records finished so far (``tally`` keeps the counts
-    between calls; without one they are counted afresh)."""
+    between calls; without one they are counted afresh; ``ages``: how long each request in flight has run)."""
     t = tally if tally is not None else Tally()
     t.update(records)
     complete = sum(1 for n, bad in t.per_user.values() if n == turns and not bad)
     error = sum(1 for _, bad in t.per_user.values() if bad)
-    left = t.work_left(total)
+    left = t.work_left(total, ages)
     return {
         "done": t.seen,
         "total": total,
-        "work": None if left is None else (left, t.e2e_done),
+        "work": None if left is None else (left, t.e2e_done + sum(ages)),
         "in_flight": in_flight,
         "failed": t.failed,
         "sessions_complete": complete,

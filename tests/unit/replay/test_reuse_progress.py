@@ -163,3 +163,20 @@ def test_the_eta_weighs_the_requests_left_by_what_their_turns_have_cost():
     # a --max-requests bound of 5 leaves two: a's turn 2 and b's turn 1, in the order users start
     assert Tally(plan).work_left(5) is None  # nothing ended: no weights yet
     assert t.work_left(5) == pytest.approx(10.0)
+
+
+def test_a_request_long_in_flight_is_taken_to_need_as_long_again():
+    """The README's replay said eta=1s for its last 30 s: its last requests waited in the server's queue. A request
+    in flight longer than requests have taken is counted as needing as long again, and its time so far as work
+    done; a young one as the rest of a typical request."""
+
+    def rec(user: str, turn: int, e2e: float) -> dict[str, object]:
+        return {"user": user, "turn": turn, "status": "ok", "ttft_s": 0.1, "e2e_s": e2e}
+
+    t = Tally([("a", 2), ("b", 2)])
+    recs = [rec("a", 0, 2.0), rec("b", 0, 2.0)]
+    # a and b's turn 1 in flight, one for 10 s and one for 0.5 s: 10 more and 1.5 more
+    s = snapshot(recs, total=4, turns=2, users=2, in_flight=2, rates={}, tally=t, ages=[10.0, 0.5])
+    assert s["work"] == (pytest.approx(11.5), pytest.approx(14.5))
+    assert eta_s(20.0, 2, 4, work=s["work"]) == pytest.approx(20.0 * 11.5 / 14.5)
+    assert eta_s(20.0, 2, 4) == pytest.approx(20.0)  # requests counted alike: 20 s, whatever waits
