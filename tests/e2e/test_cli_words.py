@@ -47,6 +47,15 @@ def test_a_dry_run_line_reproduces_the_process_and_launch_sizes_are_the_commands
     assert "# cache sidecar L1 2 GB (the profile's sidecar command (--cpu-offload-gb))" in p.stderr
 
 
+def test_the_shims_hint_names_the_folder_absolute(tmp_path: Path):
+    """Given a relative folder, the printed mlpstorage command named it relative (a newcomer's trial): mlpstorage
+    runs from its own folder, so the hint gives the absolute path."""
+    p = subprocess.run([*kvtier_cmd(), "mlperf", "shim", "bin"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert f"--kvcache-bin-path {tmp_path.resolve() / 'bin' / 'kv-cache.py'} ..." in p.stdout, p.stdout
+
+
 def test_the_mlperf_shim_runs_kvtier_bench_as_python3_kv_cache_py(tmp_path: Path):
     """The wrappers call `python3 kv-cache.py ARGS` by path: the shim runs kvtier bench with that argv, under
     the system python3 too (it re-executes kvtier's own interpreter)."""

@@ -57,6 +57,7 @@ def run_shim(a: argparse.Namespace) -> int:
         raise ConfigError(f"DIR: cannot write into {folder}: {e.strerror}") from e
     for path in written:
         print(path)
+    folder = folder.resolve()  # the hint works from any folder (mlpstorage runs it from its own)
     print(
         f"mlpstorage: `mlpstorage open|closed kvcache run --kvcache-bin-path {folder / 'kv-cache.py'} ...` runs "
         f"{folder / 'mlperf_wrapper.py'} on every rank (one kvtier bench each, {sys.executable} -m kvtier); "
