@@ -55,7 +55,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
                 held.add(picks)
                 return picks
             except OSError:
-                continue  # one was taken: draw again
+                time.sleep(rng.uniform(0.001, 0.02))  # one was taken: draw again, out of step with whoever took it
+                continue
             finally:
                 for s in socks:
                     s.close()

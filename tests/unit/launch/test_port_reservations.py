@@ -18,11 +18,11 @@ DRAW = (
 
 
 def test_processes_drawing_at_once_never_share_a_port(tmp_path: Path):
-    # 4 x 300 ports from ~12,000: drawn independently about 58 would be shared (never none)
+    # 4 x 150 ports from ~12,000: drawn independently about 15 would be shared (none once in 2.7 million)
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     kids = [
         subprocess.Popen(
-            [sys.executable, "-c", DRAW, "300"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-c", DRAW, "150"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )  # fmt: skip
         for _ in range(4)
     ]
@@ -31,11 +31,11 @@ def test_processes_drawing_at_once_never_share_a_port(tmp_path: Path):
     finally:
         for k in kids:
             k.communicate("", timeout=30)  # each lived until every draw was made
-    assert [len(d) for d in drawn] == [300] * 4
+    assert [len(d) for d in drawn] == [150] * 4
     every = [p for d in drawn for p in d]
     assert len(set(every)) == len(every), len(every) - len(set(every))
     folder = tmp_path / f"kvtier-ports-{os.getuid()}"
-    assert len([f for f in folder.iterdir() if f.name.isdigit()]) == 1200
+    assert len([f for f in folder.iterdir() if f.name.isdigit()]) == 600
 
 
 def test_the_reservations_of_ended_processes_are_dropped(tmp_path: Path, monkeypatch):
