@@ -32,6 +32,25 @@ def folder_problem(folder: Path) -> str | None:
     return None
 
 
+def socket_folder_problem(path: str) -> str | None:
+    """Why another user could replace the server at the Unix socket ``path``, or None: its folder, resolved, and every
+    folder above it (``folder_problem``), and the folder each link on the way sits in (``/var/run`` -> ``/run`` is
+    fine; a link in a folder others can write is not). None for a folder that does not exist (yet): the connection
+    fails, and the next attempt checks again."""
+    folder = Path(os.path.abspath(path)).parent
+    if not folder.is_dir():
+        return None
+    why = folder_problem(Path(os.path.realpath(folder)))
+    if why is not None:
+        return why
+    for q in [folder, *folder.parents]:
+        if q.is_symlink():
+            why = folder_problem(Path(os.path.realpath(q.parent)))
+            if why is not None:
+                return f"{q} is a link in a folder another user could change: {why}"
+    return None
+
+
 def answers(sock: Path) -> bool:
     """Whether a server accepts connections on the Unix socket ``sock``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -54,4 +73,4 @@ def claim(sock: Path, flag: str = "--socket") -> None:
         sock.unlink()  # a stale socket of an earlier run: nobody answers there
 
 
-__all__ = ["answers", "claim", "folder_problem"]
+__all__ = ["answers", "claim", "folder_problem", "socket_folder_problem"]

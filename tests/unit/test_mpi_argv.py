@@ -57,3 +57,7 @@ def test_over_named_hosts_the_user_names_the_interface_and_only_there():
         MlperfConfig(num_processes=2, mpi_interface="eth1")
     with pytest.raises(ValidationError, match="interface names or CIDRs"):
         MlperfConfig(num_processes=2, hosts="a,b", mpi_interface="eth1 --mca x")
+    with pytest.raises(ValidationError, match="interface names or CIDRs"):
+        MlperfConfig(num_processes=2, hosts="a,b", mpi_interface="-np")  # never read as an mpirun option
+    with pytest.raises(ValidationError, match="only with --hosts"):
+        MlperfConfig(num_processes=2, hosts=" , ", mpi_interface="eth1")  # no host named

@@ -8,7 +8,7 @@ from pydantic import model_validator
 
 from kvtier.config.base import StrictModel, flag
 
-_INTERFACES = re.compile(r"[A-Za-z0-9_.:/-]+(,[A-Za-z0-9_.:/-]+)*")
+_INTERFACES = re.compile(r"[A-Za-z0-9_.:/][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_.:/][A-Za-z0-9_.:/-]*)*")
 
 
 class MlperfConfig(StrictModel):
@@ -39,7 +39,7 @@ class MlperfConfig(StrictModel):
     @model_validator(mode="after")
     def _interface_with_hosts(self) -> MlperfConfig:
         if self.mpi_interface is not None:
-            if not self.hosts:
+            if not (self.hosts or "").replace(",", "").strip():
                 raise ValueError("--mpi-interface: only with --hosts (on one host the ranks use loopback)")
             if not _INTERFACES.fullmatch(self.mpi_interface):
                 raise ValueError(f"--mpi-interface {self.mpi_interface!r}: interface names or CIDRs, comma-separated")

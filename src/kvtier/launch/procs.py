@@ -47,7 +47,10 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             socks: list[socket.socket] = []
             try:
                 # never one another live kvtier process drew (it may not have started its server yet)
-                picks = rng.sample(held.free(range(low, high + 1)), n)
+                pool = held.free(range(low, high + 1))
+                if len(pool) < n:
+                    break
+                picks = rng.sample(pool, n)
                 for port in picks:
                     s = socket.socket()
                     socks.append(s)
@@ -87,7 +90,11 @@ class _Reservations:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
                 return self  # not a folder only this user can change: no reservations
             fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                raise
             self.lock_fd = fd
             for f in self.folder.iterdir():
                 if f.name.isdigit():
@@ -109,7 +116,7 @@ class _Reservations:
             try:
                 fd = os.open(self.folder / str(p), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "w") as f:
-                    f.write(str(os.getpid()))
+                    f.write(f"{os.getpid()} {_started(os.getpid())}")
             except OSError:
                 pass
 
@@ -118,21 +125,25 @@ class _Reservations:
             os.close(self.lock_fd)  # the lock goes with it
 
 
-def _alive(f: Path) -> bool:
-    """Whether the process whose pid ``f`` holds is running."""
+def _started(pid: int) -> str:
+    """When process ``pid`` started (``/proc/PID/stat`` field 22, clock ticks since boot); "" where unreadable. With
+    the pid it names one process: a pid reused by another is not the drawer."""
     try:
-        pid = int(f.read_text().strip())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _alive(f: Path) -> bool:
+    """Whether the process ``f`` names (its pid and start time) is running."""
+    try:
+        pid_text, _, when = f.read_text().strip().partition(" ")
+        pid = int(pid_text)
     except (OSError, ValueError):
         return False
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # running, as another user
-    except OSError:
-        return False
-    return True
+    return pid > 0 and bool(when) and _started(pid) == when
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -50,8 +50,9 @@ class Tally:
     def work_left(self, total: int, ages: Sequence[float] = ()) -> float | None:
         """Seconds of requests (each at the mean e2e its turn has had so far; a turn not reached yet, as the latest
         turn reached) of the next ``total - seen`` requests, taking each user's turns left in the order users start;
-        None without a plan or before a request ended. ``ages``: how long each request in flight has run; one that
-        has run past its turn's mean is taken to need as long again (a request held in a queue tends to stay)."""
+        None without a plan or before a request ended. ``ages``: how long each request in flight has run; it is
+        taken to need the rest of a typical request (the mean e2e so far) or, once past half of one, as long again
+        as it has run (a request held in a queue tends to stay): the larger, so the estimate never jumps."""
         if not self.plan or not self.e2e_by_turn:
             return None
         reached = sorted(self.e2e_by_turn)

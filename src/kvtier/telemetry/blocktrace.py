@@ -112,7 +112,7 @@ def program(devs: list[int], who: str | None = None, watch: int | None = None, m
     kernel clears the parent-death signal when it executes a set-uid program."""
     cond = " || ".join(f"args->dev == {d}" for d in devs) or "1"
     ends = ""
-    if watch is not None:
+    if watch is not None and not _in_pid_namespace():  # bpftrace's tid is the host's: a namespace's pid is not
         ends += f"tracepoint:sched:sched_process_exit /tid == {int(watch)}/ {{ exit(); }}\n"
     if max_s is not None:
         ends += f"interval:s:{max(1, int(max_s))} {{ exit(); }}\n"
@@ -150,6 +150,17 @@ tracepoint:block:block_rq_complete /{cond}/ {{
 }}
 END {{ clear(@ins); clear(@iss); clear(@inflight);{SYSCALL_MAPS if who else ""} }}
 {ends}""" + (syscall_program(who) if who else "")
+
+
+def _in_pid_namespace() -> bool:
+    """Whether this process's pid is a PID namespace's, not the host's (``NSpid`` lists more than one)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) > 2
+    except OSError:
+        pass
+    return False
 
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -330,11 +341,13 @@ class BlockTracer:
         if self.proc is None:
             return {}
         self.duration_s = round(time.monotonic() - self.started, 3)
-        if self.proc.poll() is not None:  # it ended itself (its max_s bound) or was killed: a partial trace
+        ended_itself = self.proc.poll() is not None
+        if ended_itself:  # it ended itself (its max_s bound) or was killed: a partial trace
             ended = f"bpftrace ended before it was stopped (exit {self.proc.returncode}): the trace covers part of it"
             self.degraded = f"{self.degraded}; {ended}" if self.degraded else ended
         try:
-            os.killpg(self.proc.pid, signal.SIGINT)
+            if not ended_itself:  # reaped already: its group id may be another's now
+                os.killpg(self.proc.pid, signal.SIGINT)
             out, err = self.proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)

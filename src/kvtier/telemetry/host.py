@@ -67,11 +67,14 @@ def cgroup_limit_bytes(proc: str = "/proc/self") -> int | None:
 
 
 def mem_limit_bytes() -> tuple[int, bool]:
-    """(the memory this process's world has in all, whether a cgroup's limit set it): the smaller of MemTotal and
-    the tightest cgroup limit."""
+    """(the memory this process's world has in all, whether a cgroup binds it now): the tightest cgroup limit where
+    the room it leaves is less than the host's MemAvailable (a container's memory), else MemTotal (a limit just under
+    the host's RAM leaves the host's memory the one that runs out, and the host's floor the one to keep)."""
     total, limit = mem_total_bytes(), cgroup_limit_bytes()
     if limit is not None and (not total or limit < total):
-        return limit, True
+        room, host = cgroup_room_bytes(), _meminfo_bytes("MemAvailable")
+        if room is not None and (not host or room < host):
+            return limit, True
     return total, False
 
 

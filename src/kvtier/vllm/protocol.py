@@ -39,8 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import ConfigError
-from kvtier.unixsock import folder_problem
+from kvtier.unixsock import socket_folder_problem
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 8 * 1024 * 1024
@@ -202,11 +201,11 @@ def challenge() -> dict[str, Any]:
 def connect(path: str, timeout_s: float, token: bytes | None = None) -> Conn:
     """A connection to the cache server at ``path``, a socket path or tcp://HOST:PORT.
 
-    A Unix socket is refused (Refused) unless the process listening there runs as this user, root, or a uid named in
-    ``KVTIER_CACHE_SERVER_UIDS`` (a comma list: a server run as a service account), and unless its folder and every
-    one above it are this user's or root's and writable by nobody else (a sticky parent aside): a stranger's server
-    at that path would read the pages and write the engine's KV cache. Both are checked before the first byte. Over
-    TCP the server speaks first (its
+    A Unix socket is refused (Refused) unless the process listening there runs as this user (the server admits only
+    its own user's engines too), and unless its folder, every one above it and any link on the way are this user's
+    or root's and writable by nobody else (a sticky parent aside; ``unixsock.socket_folder_problem``): a stranger's
+    server at that path would read the pages and write the engine's KV cache. Both are checked before the first
+    byte. Over TCP the server speaks first (its
     challenge), and ``Conn.proof`` is what the hello must carry; a client with no token is refused before it
     connects."""
     tcp = tcp_address(path)
@@ -226,11 +225,9 @@ def connect(path: str, timeout_s: float, token: bytes | None = None) -> Conn:
             raise ProtocolError(f"{path}: the server did not open with a challenge: not a kvtier cache server")
         c.proof = proof(token, hi["nonce"])
         return c
-    folder = Path(os.path.abspath(path)).parent
-    why = folder_problem(folder) if folder.is_dir() else None
+    why = socket_folder_problem(path)
     if why is not None:
         raise Refused(f"{path}: another user could put their own server at this path: {why}")
-    trusted = trusted_uids()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
@@ -239,30 +236,13 @@ def connect(path: str, timeout_s: float, token: bytes | None = None) -> Conn:
         s.close()
         raise
     uid = peer_uid(s)
-    if uid not in trusted:
+    if uid != os.getuid():
         s.close()
         raise Refused(
-            f"{path}: the server there runs as uid {uid}, not this user's ({os.getuid()}): not ours (a server run "
-            f"as another user is trusted only when {TRUST_ENV} names its uid)"
+            f"{path}: the server there runs as uid {uid}, not this user's ({os.getuid()}): not ours (a cache server "
+            "serves engines of its own user, and they use only such a server)"
         )
     return Conn(s)
-
-
-TRUST_ENV = "KVTIER_CACHE_SERVER_UIDS"
-
-
-def trusted_uids() -> set[int]:
-    """This user's uid, root's, and those ``KVTIER_CACHE_SERVER_UIDS`` names; ConfigError for a bad entry."""
-    uids = {os.getuid(), 0}
-    for part in os.environ.get(TRUST_ENV, "").split(","):
-        if part.strip():
-            try:
-                uids.add(int(part))
-            except ValueError:
-                raise ConfigError(
-                    f"{TRUST_ENV}: {part.strip()!r} is not a uid (give numbers, comma separated)"
-                ) from None
-    return uids
 
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL

@@ -42,12 +42,13 @@ def test_the_reservations_of_ended_processes_are_dropped(tmp_path: Path, monkeyp
     folder = tmp_path / f"kvtier-ports-{os.getuid()}"
     folder.mkdir(mode=0o700)
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    for port in (21000, 21001):
-        (folder / str(port)).write_text(ended.stdout.strip())  # drawn by a process that has ended
+    (folder / "21000").write_text(f"{ended.stdout.strip()} 12345")  # drawn by a process that has ended
+    (folder / "21001").write_text(f"{os.getpid()} 0")  # a live pid, but not the process that drew (its start differs)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     mine = procs.free_ports(2)
     left = sorted(int(f.name) for f in folder.iterdir() if f.name.isdigit())
-    assert left == sorted(mine) and (folder / str(mine[0])).read_text() == str(os.getpid())
+    assert left == sorted(mine) and (folder / str(mine[0])).read_text().startswith(f"{os.getpid()} ")
+    assert procs._alive(folder / str(mine[0]))
 
 
 def test_a_folder_another_could_change_is_not_used(tmp_path: Path, monkeypatch):

@@ -104,3 +104,16 @@ def test_gpu_sampling_per_device():
     a, b = s["gpus"]
     assert a["mean_power_w"] == 350.0 and a["mean_utilization_pct"] == 40 and a["max_memory_used_bytes"] == 2**30
     assert b["mean_power_w"] is None and b["max_power_w"] is None and b["memory_total_bytes"] == 141 * 2**30
+
+
+def test_the_program_watches_kvtiers_thread_only_where_its_pid_is_the_hosts(monkeypatch):
+    """bpftrace's tid is the host's: inside a PID namespace kvtier's own pid could name an unrelated host thread, whose
+    exit would end the trace early. There only the time bound (and the parent-death signal) ends it."""
+    from kvtier.telemetry import blocktrace
+
+    monkeypatch.setattr(blocktrace, "_in_pid_namespace", lambda: False)
+    text = blocktrace.program([8 << 20], watch=1234, max_s=90)
+    assert "sched_process_exit /tid == 1234/ { exit(); }" in text and "interval:s:90 { exit(); }" in text
+    monkeypatch.setattr(blocktrace, "_in_pid_namespace", lambda: True)
+    text = blocktrace.program([8 << 20], watch=1234, max_s=90)
+    assert "sched_process_exit" not in text and "interval:s:90 { exit(); }" in text

@@ -100,9 +100,16 @@ def test_the_tightest_limit_is_the_containers_memory_and_its_floor_is_of_it(tmp_
         (d / "memory.max").write_text("max\n")
     assert cgroup_limit_bytes(str(proc)) is None
     monkeypatch.setattr(host, "mem_total_bytes", lambda: 24 * GiB)
+    monkeypatch.setattr(host, "_meminfo_bytes", lambda key: 20 * GiB)  # the host's MemAvailable
     monkeypatch.setattr(host, "cgroup_limit_bytes", lambda: 3 * GiB // 2)
+    monkeypatch.setattr(host, "cgroup_room_bytes", lambda: GiB)
     assert host.mem_limit_bytes() == (3 * GiB // 2, True)
     monkeypatch.setattr(memory, "mem_limit_bytes", host.mem_limit_bytes)
     assert memory.default_floor() == 256 << 20
     monkeypatch.setattr(host, "cgroup_limit_bytes", lambda: 64 * GiB)  # a limit above the host's RAM: the host's
+    assert host.mem_limit_bytes() == (24 * GiB, False) and memory.default_floor() == 2 * GiB
+    # a limit just under the host's RAM, its room more than the host has available: the host's memory binds, and
+    # its floor is kept (5 % of 23 GiB would keep 1.15 GiB of a 24 GiB host)
+    monkeypatch.setattr(host, "cgroup_limit_bytes", lambda: 23 * GiB)
+    monkeypatch.setattr(host, "cgroup_room_bytes", lambda: 22 * GiB)
     assert host.mem_limit_bytes() == (24 * GiB, False) and memory.default_floor() == 2 * GiB
