@@ -491,9 +491,8 @@ def test_a_body_sent_fast_then_dribbled_is_cut_within_the_window(tmp_path: Path)
             s.settimeout(10)
             head = s.recv(4096)
         assert head.startswith(b"HTTP/1.1 408") and b"in the last 5 s" in head, head[:300]
-        assert time.monotonic() - t0 < 10  # the window, not the 60 s deadline
-        health = _health(sim)
-        assert health["refused"]["body-too-slow"] == 1 and health["body_bytes_buffered"] == 0, health
+        health = _health(sim)  # cut by the window's floor, not by the 60 s deadline (that one is body-timeout)
+        assert health["refused"] == {"body-too-slow": 1} and health["body_bytes_buffered"] == 0, health
     finally:
         s.close()
         stop_sim(sim)
