@@ -91,14 +91,15 @@ def offloading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offloading]
         yield Offloading(srv.url, srv.log, nvme, random.Random(11), model, request_log)
     finally:
         srv.stop()
-        # the worker's file tier kept the run-folder rules: one folder, its lock released with the engine, so it is
-        # stale and removable (kvtier launch does this after its teardown: remove_replica_runs)
+        # the worker's file tier kept the run-folder rules: one folder, its lock released with the engine. A worker
+        # killed in the stop leaves it stale and removable (kvtier launch does this after its teardown:
+        # remove_replica_runs); one that closed its tier in time removed it itself (CI once saw that: 0 folders)
         from kvtier.engine.runs import find_stale_runs, remove_stale_run, wait_runs_released
 
         assert wait_runs_released(nvme, timeout_s=60) == 0  # a killed worker releases its lock when it is gone
         runs = find_stale_runs(nvme)
-        assert len(runs) == 1 and all(not remove_stale_run(r.path) for r in runs)
-        assert not any(nvme.iterdir())
+        assert len(runs) <= 1 and all(not remove_stale_run(r.path) for r in runs)
+        assert not any(nvme.iterdir())  # either way nothing is left
 
 
 def test_a_prefix_pushed_out_of_vllms_cache_comes_back_from_kvtiers_nvme_tier(offloading: Offloading):
