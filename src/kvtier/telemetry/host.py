@@ -51,18 +51,14 @@ def cgroup_room_bytes(proc: str = "/proc/self") -> int | None:
     used and not reclaimable: usage minus inactive file pages), the tightest over the cgroup and every one above it
     that the mount shows; None where none limits memory (or cgroups cannot be read). ``proc`` is for tests. The
     folders are found once; their figures are read on every call (a CPU tier asks at most 20 times a second)."""
-    rooms = [r for d, v2 in _cgroup_dirs(proc) if (r := _room_v2(d) if v2 else _room_v1(d)) is not None]
+    rooms = [r for d, v2 in _cgroup_dirs(proc) if (r := _room(d, v2)) is not None]
     return max(0, min(rooms)) if rooms else None
 
 
 def cgroup_limit_bytes(proc: str = "/proc/self") -> int | None:
     """The tightest memory limit of this process's cgroups (v2 ``memory.max``, v1 ``memory.limit_in_bytes``): the
     memory a container has in all, where the host's MemTotal is not; None where none limits it."""
-    limits = [
-        v
-        for d, v2 in _cgroup_dirs(proc)
-        if (v := _read_int(d / ("memory.max" if v2 else "memory.limit_in_bytes"))) is not None and v < UNLIMITED
-    ]
+    limits = [v for d, v2 in _cgroup_dirs(proc) if (v := _limit(d, v2)) is not None]
     return min(limits) if limits else None
 
 
@@ -136,18 +132,19 @@ def _inactive_file(d: Path, key: str) -> int:
     return 0
 
 
-def _room_v2(d: Path) -> int | None:
-    limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")  # "max": no limit (None)
+def _limit(d: Path, v2: bool) -> int | None:
+    """A cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None for no limit."""
+    limit = _read_int(d / ("memory.max" if v2 else "memory.limit_in_bytes"))  # v2 "max": None
+    return None if limit is None or limit >= UNLIMITED else limit
+
+
+def _room(d: Path, v2: bool) -> int | None:
+    """The limit less what is used and not reclaimable (usage minus inactive file pages); None without a limit."""
+    limit = _limit(d, v2)
+    used = _read_int(d / ("memory.current" if v2 else "memory.usage_in_bytes"))
     if limit is None or used is None:
         return None
-    return limit - (used - _inactive_file(d, "inactive_file"))
-
-
-def _room_v1(d: Path) -> int | None:
-    limit, used = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
-    if limit is None or used is None or limit >= UNLIMITED:
-        return None
-    return limit - (used - _inactive_file(d, "total_inactive_file"))
+    return limit - (used - _inactive_file(d, "inactive_file" if v2 else "total_inactive_file"))
 
 
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, str]:
