@@ -46,8 +46,10 @@ its request queue and cache methods wrapped from outside (its logic untouched). 
 ``reference_parity_load_detail max_submitted_deviation=<max |kvtier/reference - 1| of submitted/offered>
 <per workload>``, and last the figures of #57's restated aims:
 ``reference_parity_load reads_per_request_deviation=<max |kvtier/reference - 1| of the reads that found their
-entry per completed request> same_mix_deviation=<the same per read the reference's rule asks of each completed
-request> submitted_over_offered_min=<kvtier's lowest submitted/offered> deviation_where_reference_keeps_up=<max
+entry per completed request> same_requests_deviation=<the same on the requests both completed: per seed, user and
+turn of a conversation, the first min(kvtier's, the reference's) of each side> same_mix_deviation=<the same per
+read the reference's rule asks of each completed request> submitted_over_offered_min=<kvtier's lowest
+submitted/offered> deviation_where_reference_keeps_up=<max
 |kvtier/reference - 1| of submitted/offered where the reference submits >= 0.95 of its own offer; none where it
 never does> reads_per_s_deviation=<the same of reads per second> <per workload, each ratio with its 95 % interval>``
 (aims: reads per request <= 0.15, submitted/offered >= 0.95; #42's earlier aims on the other two, <= 0.10 and
@@ -403,7 +405,8 @@ record = monitoring.QoSMonitor.record_request
 def completed(self, request):  # called once a request is done: its worker's reads are that request's
     with lock:
         # in_window: done before the stop event (its workers finish what they hold after it; kvtier cuts those)
-        stats["requests"].append({{"turn": request.turn_number, "generate_tokens": request.generate_tokens,
+        stats["requests"].append({{"user": int(str(request.user_id).rsplit("_", 1)[-1]),
+                                  "turn": request.turn_number, "generate_tokens": request.generate_tokens,
                                   "decode": request.phase.value == "both", "found": getattr(local, "reads", 0),
                                   "lookups": getattr(local, "lookups", 0), "in_window": stats["load_stop"] is None}})
     return record(self, request)
@@ -462,8 +465,8 @@ def kvtier_requests(log: Path) -> list[dict]:
         found = x["hits"] - by.get("prefix_hits", 0)
         decode = x["phase"] == "prefill_decode"
         lookups = found + x["misses"] - by.get("prefix_misses", 0)
-        out.append({"turn": x["turn"], "generate_tokens": x["generate_tokens"], "decode": decode, "found": found,
-                    "lookups": lookups})  # fmt: skip
+        out.append({"user": int(x["user"]), "turn": x["turn"], "generate_tokens": x["generate_tokens"],
+                    "decode": decode, "found": found, "lookups": lookups})  # fmt: skip
     return out
 
 
@@ -535,6 +538,44 @@ def ratio_interval(
     r = ra / np.where(rb > 0, rb, np.nan)
     lo, hi = np.nanpercentile(r, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def same_requests(kv: list[dict], ref: list[dict]) -> list[tuple[list[dict], list[dict]]]:
+    """The requests both programs completed in one run (one seed, so the same users): per user and turn of a
+    conversation, the first min(kvtier's, the reference's) of each side. A stratum's requests are the same user's
+    (its context and reply lengths) at the same point of a conversation (its history reads), so the two sides
+    hold the same mix of requests whichever ones each program's speed let complete in the window."""
+    by: dict[tuple[int, int], tuple[list[dict], list[dict]]] = {}
+    for side, reqs in ((0, kv), (1, ref)):
+        for x in reqs:
+            by.setdefault((x["user"], x["turn"]), ([], []))[side].append(x)
+    return [(a[: len(b)], b[: len(a)]) for a, b in by.values() if a and b]
+
+
+def same_requests_ratio(runs: list[list[tuple[list[dict], list[dict]]]], reps: int = 2000) -> tuple[float, ...]:
+    """kvtier's reads that found their entry per request over the reference's, on the requests both completed
+    (``same_requests``, per run), with its 95 % paired bootstrap interval: runs resampled, then the strata within
+    each run, both sides together. Returns (ratio, low, high, matched requests)."""
+    import numpy as np
+
+    def found(strata: list[list[dict]]) -> Any:
+        return np.array([sum(x["found"] for x in s) for s in strata], float)
+
+    cols = [(found([a for a, _ in r]), found([b for _, b in r])) for r in runs if r]
+    n = sum(len(a) for r in runs for a, _ in r)
+    kv_sum, ref_sum = sum(k.sum() for k, _ in cols), sum(f.sum() for _, f in cols)
+    if not cols or not ref_sum:
+        return float("nan"), float("nan"), float("nan"), n
+    rng = np.random.default_rng(0)
+    num, den = np.zeros(reps), np.zeros(reps)
+    for _ in cols:
+        for rep, pick in enumerate(rng.integers(0, len(cols), reps)):
+            k, f = cols[pick]
+            idx = rng.integers(0, len(k), len(k))
+            num[rep] += k[idx].sum()
+            den[rep] += f[idx].sum()
+    lo, hi = np.nanpercentile(num / np.where(den > 0, den, np.nan), [2.5, 97.5])
+    return float(kv_sum / ref_sum), float(lo), float(hi), n
 
 
 def kvtier_load(r: dict, config: Path, log: Path) -> dict[str, float]:
@@ -680,10 +721,15 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
         slo, shi = ratio_interval(runs_reqs["kvtier"], runs_reqs["reference"], per_rule=True)
         print(f"{model:24s} the same per read the rule asks of each completed request, kvtier / reference "
               f"{same_mix:.3f} ({slo:.3f}-{shi:.3f})", flush=True)  # fmt: skip
+        matched = [same_requests(k, r) for k, r in zip(runs_reqs["kvtier"], runs_reqs["reference"])]
+        same, mlo, mhi, n_same = same_requests_ratio(matched)
+        print(f"{model:24s} the same on the requests both completed ({n_same} a side: same user, same turn), "
+              f"kvtier / reference {same:.3f} ({mlo:.3f}-{mhi:.3f})", flush=True)  # fmt: skip
         a.aims = [
             *getattr(a, "aims", []),
-            (f"opt{i + 1}", eff["kvtier"], eff["reference"], reads, per_req, lo, hi, same_mix, slo, shi),
-        ]
+            (f"opt{i + 1}", eff["kvtier"], eff["reference"], reads, per_req, lo, hi, same_mix, slo, shi,
+             same, mlo, mhi, n_same),
+        ]  # fmt: skip
     return worst
 
 
@@ -705,14 +751,16 @@ def aims_line(aims: list[tuple[Any, ...]]) -> str:
 
     per = " ".join(
         f"{m}:kvtier={k:.3f},reference={r:.3f},reads_per_request_ratio={q:.3f}[{lo:.3f},{hi:.3f}],"
+        f"same_requests_ratio={sr:.3f}[{rlo:.3f},{rhi:.3f}]n={n},"
         f"same_mix_ratio={sm:.3f}[{slo:.3f},{shi:.3f}],reads_per_s_ratio={x:.3f}"
-        for m, k, r, x, q, lo, hi, sm, slo, shi in aims
+        for m, k, r, x, q, lo, hi, sm, slo, shi, sr, rlo, rhi, n in aims
     )
     kept_s = f"{max(kept):.3f}" if kept else "none"
     reads_s = f"{max(reads):.3f}" if reads else "nan"
     lowest = min(x[1] for x in aims)
     return (
-        f"reference_parity_load reads_per_request_deviation={worst(4)} same_mix_deviation={worst(7)} "
+        f"reference_parity_load reads_per_request_deviation={worst(4)} "
+        f"same_requests_deviation={worst(10)} same_mix_deviation={worst(7)} "
         f"submitted_over_offered_min={lowest:.3f} deviation_where_reference_keeps_up={kept_s} "
         f"reads_per_s_deviation={reads_s} {per}"
     )
