@@ -22,7 +22,9 @@ With ``--ttft [--dataset DIR]`` it compares time, not only hits: it measures the
 ladder``: cold and GPU TTFT by context, TPOT by running sequences; never fitted to the replayed trace), starts the sim
 with ``--calibration`` from it, replays the trace against both and prints per turn the TTFT p50 and p95 of each, and
 last ``sim_vs_vllm_ttft p50_err=… p95_err=… hit_diff=…`` (the worst turn's relative error of the sim's p50 and p95
-against vLLM's, the largest hit-rate difference, over the concurrencies).
+against vLLM's, the largest hit-rate difference, over the concurrencies). The per-turn table is written beside
+the ladder as ``ladder.twin-check.json`` (results/ladder.py ``TwinCheck``): every twin calibrated from that ladder
+then carries it in the error it reports (``twin_error``).
 
 Printed per concurrency: each server's overall prefix hit rate from its own counters (the replay's scrape:
 hits / queries over the run, no warm-up) and the hit rate per turn of a virtual user (Σ cached / Σ prompt
@@ -36,6 +38,8 @@ survive, and it varies from run to run on both servers: ``--trials 3`` prints ea
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import hashlib
 import json
 import subprocess
 import sys
@@ -54,6 +58,7 @@ from kvtier.launch.devices import cpu_inventory
 from kvtier.launch.procs import free_ports, http_ok
 from kvtier.modelmaker import Geometry, make_model
 from kvtier.modelspec import build_catalog, resolve_model
+from kvtier.results.ladder import TwinCheck, TwinCheckRow, twin_check_path
 
 SHARED = REPO.parent / "shared" / "data"
 CPU_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM 0.32's prefill chunk on its CPU build (the sim is given the same)
@@ -180,6 +185,7 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
             got["sim"][conc] = fresh_replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
         finally:
             sim.stop(grace_s=30)
+    check: list[TwinCheckRow] = []
     for conc in a.concurrency:
         v, s_ = got["vllm"][conc], got["sim"][conc]
         for t in sorted(set(v["ttft"]) & set(s_["ttft"])):
@@ -189,10 +195,21 @@ def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[st
                 err = abs(ps - pv) / pv
                 worst[name] = max(worst[name], err)
                 row.append(f"{name} vllm {pv:.4f} sim {ps:.4f} ({(ps - pv) / pv:+.1%})")
+                if pv > 0 and ps > 0:
+                    check.append(TwinCheckRow(trace=f"{a.trace.name} turn {t}", concurrency=conc,
+                                              offload=f"cpu {a.offload_gb:g} GB" if a.offload_gb else "none",
+                                              quantile=name, real_s=pv, twin_s=ps))  # fmt: skip
             print(f"concurrency {conc} turn {t} (n={len(v['ttft'][t])}/{len(s_['ttft'][t])}): " + ", ".join(row))
         hv, hs = v["cached"] / v["prompt"], s_["cached"] / s_["prompt"]
         worst["hit"] = max(worst["hit"], abs(hv - hs))
         print(f"concurrency {conc}: hit rate vllm {hv:.4f} sim {hs:.4f}; status vllm {v['status']} sim {s_['status']}")
+    if check:  # the latest sim-vs-real table of this ladder: every twin calibrated from it carries it (#56 item 5)
+        digest = hashlib.sha256(ladder.read_bytes()).hexdigest()
+        written = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        twin_check_path(ladder).write_text(
+            TwinCheck(ladder_sha256=digest, written=written, rows=check).model_dump_json()
+        )
+        print(f"twin check: {twin_check_path(ladder)} ({len(check)} rows)")
     print(f"ladder: {ladder}, plot: {work / 'ladder.png'}")
     print(f"sim_vs_vllm_ttft p50_err={worst['p50']:.3f} p95_err={worst['p95']:.3f} hit_diff={worst['hit']:.4f}")
 

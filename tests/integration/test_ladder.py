@@ -115,6 +115,11 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
         assert 'source="measured"' in text and "kvtier_sim:timing_info" in text
         status, body, _ = sim.post("/v1/chat/completions", chat("a short prompt " * 20, max_tokens=2))
         assert status == 200 and body["kvtier"]["timing"] == "measured"
+        # #56 item 5: the twin says how far its times may stray, measured on the ladder's own points
+        (item,) = json.loads(urllib.request.urlopen(sim.base + "/v1/models", timeout=10).read())["data"]
+        err = item["kvtier_timing"]["error"]
+        assert item["kvtier_timing"]["origin"] == str(d / "ladder.json")
+        assert 0 < err["ratio_low"] <= 1 <= err["ratio_high"] and err["points"] == len(r.fit.residuals)
         p = ladder(sim, d / "again.json", "--contexts", "256,768,1536", "--new-tokens", "16,256", "--repeats", "2",
                    "--tpot-concurrency", "")  # fmt: skip
         assert p.returncode == 0, p.stdout + p.stderr
@@ -129,8 +134,12 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
         stop_sim(sim)
     recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and {r["sim_timing"] for r in recs} == {"measured"}
-    codes = {w["code"] for w in json.loads((out / "summary.json").read_text())["warnings"]}
+    summary = json.loads((out / "summary.json").read_text())
+    codes = {w["code"] for w in summary["warnings"]}
     assert "sim-timing-assumed" not in codes and "sim-timing-extrapolated" not in codes
+    twin, ttft = summary["summary"]["twin"], summary["summary"]["ttft_s"]  # the TTFT it measured, as the error allows
+    assert twin["error"] == err and twin["ttft_s"]["p95"] == [round(ttft["p95"] * err["ratio_low"], 6),
+                                                               round(ttft["p95"] * err["ratio_high"], 6)]  # fmt: skip
     # what the replay's cache hits saved, priced by the ladder's curve (any server: usage.cached_tokens only)
     v = subprocess.run(kvtier_cmd() + ["plan", "value", "--from", str(out), "--ladder", str(d / "ladder.json"),
                                        "--gpu-cost", "2", "--json"],
@@ -140,6 +149,8 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
     (row,) = rep["tiers"]
     assert row["tier"] == "cache" and row["requests_hit"] >= 2 and row["prefill_s_avoided_per_hour"] > 0
     assert {i["source"] for i in rep["inputs"] if i["name"] == "prefill"} == {"derived"}
+    lo, hi = row["gpu_s_saved_per_hour_band"]  # the saving carries the ladder's error
+    assert rep["twin_error"] == err and lo <= row["gpu_s_saved_per_hour"] <= hi and lo < hi
     # plan views from the ladder, on the same replay as a real vLLM would have recorded it (no kvtier extension)
     plain = d / "as-vllm"
     shutil.copytree(out, plain)
@@ -156,6 +167,25 @@ def test_a_sim_calibrated_from_the_ladder_times_as_it_measured(measured: tuple[L
     views = json.loads(vw.stdout)
     assert views["requests"] == 6 and len(views["turns"]) == 3
     assert all(t["predicted_ttft_s"] and t["measured_fetch_s"] is None for t in views["turns"])
+    for t in views["turns"]:  # each prediction with the interval the ladder's error allows, and whether it held
+        lo, hi = t["predicted_ttft_s_band"]
+        assert lo <= t["predicted_ttft_s"] <= hi and t["within_band"] == (lo <= t["measured_ttft_s"] <= hi)
+    assert views["twin_error"] == err and "turns' measured TTFT lies within the ladder's error" in views["findings"][0]
+    # a sweep whose sims are calibrated from the ladder: recommend decides the SLO on the twin's error too
+    from tests.integration.test_plan_sweep import sessions
+
+    sweep = d / "sweep"
+    sw = subprocess.run(kvtier_cmd() + ["plan", "sweep", "--dataset", str(sessions(d / "data", users=2, turns=5)),
+                                        "--cpu-gb", "0", "--trials", "1", "--concurrency", "2", "--gpu-kv-gb", "0.3",
+                                        "--calibration", str(d / "ladder.json"), "--output", str(sweep)],
+                        capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert sw.returncode == 0, sw.stderr
+    rc = subprocess.run(kvtier_cmd() + ["plan", "recommend", "--from", str(sweep), "--slo-ttft-p95", "60", "--json"],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert rc.returncode == 0, rc.stderr
+    (point,) = json.loads(rc.stdout)["points"]
+    wide, p95 = point["ttft_p95_s_with_twin"], point["ttft_p95_s"]["mean"]
+    assert point["twin_error"] == err and wide["low"] <= p95 <= wide["high"] and point["meets_slo"] is True
     # the calibrated sim runs the ladder's model: the prediction from that model lands near what it measured
     assert views["median_abs_ttft_error"] is not None and views["median_abs_ttft_error"] < 0.5
     again = load(d / "again.json")

@@ -229,6 +229,17 @@ def show_value(cfg: ValueConfig, r: ValueReport) -> Screen:
         f"{i.name}: {_dash(i.value, 'g')} {i.unit} ({i.source}{'; ' + i.note if i.note else ''})" for i in r.inputs
     ]
     lines += [f"{x.tier}: {x.in_time}" for x in r.tiers if x.in_time]
+    if r.twin_error is not None:
+        e = r.twin_error
+        lines.append(f"the twin's times carry its measured error: real / predicted x{e.ratio_low:.2f}-x"
+                     f"{e.ratio_high:.2f} ({e.basis})")  # fmt: skip
+        for x in r.tiers:
+            if x.gpu_s_saved_per_hour_band is not None:
+                lo, hi = x.gpu_s_saved_per_hour_band
+                usd = x.value_usd_per_hour_band
+                worth = f", value ${usd[0]:.4f}-${usd[1]:.4f}/h" if usd else ""
+                tie = "; a tie: within that error the tier may or may not pay" if x.pays_tie else ""
+                lines.append(f"{x.tier}: GPU s saved/h {lo:,.1f}-{hi:,.1f}{worth}{tie}")
     if r.decomposition == "measured-in-engine":
         lines.append("each request's prompt by tier and its fetch and recompute: measured in the engine (--engine-log)")
     for c in r.ladder_check:
@@ -314,15 +325,19 @@ def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Screen:
             return format(i.mean, f)
         return f"{i.mean:{f}} [{i.low:{f}}-{i.high:{f}}{'*' if i.clipped else ''}]"
 
+    def twin(w: Any) -> str:  # a calibrated sweep: the interval widened by the twin's error, which decides
+        return f" ~{w.low:.3f}-{w.high:.3f}"
+
     t = _table(
-        f"the sweep in {r.source} ({r.sweep_status}): mean [95 % CI across trials; * clipped at 0 or 1]",
+        f"the sweep in {r.source} ({r.sweep_status}): mean [95 % CI across trials; * clipped at 0 or 1]"
+        + ("; ~ with the twin's calibration error" if any(p.twin_error for p in r.points) else ""),
         ["point", "trials", "TTFT p95 s", "TTFT p50 s", "GPU hit", "offload hit", "req/s", "$/h", "meets SLO"],
     )
     for p in r.points:
         t.add_row(
             p.point,
             f"{p.trials}" + (f" (+{p.trials_not_complete} not complete)" if p.trials_not_complete else ""),
-            iv(p.ttft_p95_s),
+            iv(p.ttft_p95_s) + (twin(p.ttft_p95_s_with_twin) if p.ttft_p95_s_with_twin else ""),
             iv(p.ttft_p50_s),
             iv(p.gpu_hit_share, ".1%"),
             iv(p.offload_hit_share, ".1%"),
@@ -343,6 +358,9 @@ def show_recommend(cfg: RecommendConfig, r: Recommendation) -> Screen:
 def show_views(cfg: ViewsConfig, r: ViewsReport) -> Screen:
     def ms(x: float | None) -> str:
         return "—" if x is None else f"{x * 1e3:,.2f}"
+
+    def band(b: tuple[float, float] | None) -> str:  # (b) from a ladder: the interval its error allows
+        return f" ({ms(b[0])}-{ms(b[1])})" if b else ""
 
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{x:+.0%}"
@@ -368,7 +386,7 @@ def show_views(cfg: ViewsConfig, r: ViewsReport) -> Screen:
             str(x.requests),
             ms(x.measured_ttft_s),
             ms(x.measured_fetch_s),
-            ms(x.predicted_ttft_s),
+            ms(x.predicted_ttft_s) + band(x.predicted_ttft_s_band),
             ms(x.predicted_fetch_s),
             pct(x.ttft_error),
             ms(x.storage_ttft_s),

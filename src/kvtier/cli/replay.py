@@ -127,6 +127,11 @@ def print_outcome(result: ReplayResult, folder: str, shown: frozenset[str] = fro
         f"{degradation}; sessions {ss.complete}/{ss.total} complete ({ss.incomplete} "
         f"incomplete, {ss.error} with errors); {Path(folder) / 'summary.json'}"
     )
+    if s.twin is not None:  # a calibrated sim's times, as its measured error allows on the real server
+        b, e = s.twin.ttft_s, s.twin.error
+        quantiles = ", ".join(f"{q} {lo:.4g}-{hi:.4g} s" for q, (lo, hi) in b.items())
+        print(f"on the real server (the twin's error, real / predicted x{e.ratio_low:.2f}-x{e.ratio_high:.2f}): "
+              f"TTFT {quantiles}")  # fmt: skip
     for w in result.warnings:
         if w.message not in shown:  # the plan's were printed when the run started
             print(f"warning [{w.code}]: {w.message}")

@@ -325,6 +325,12 @@ class SweepConfig(StrictModel):
     replay_args: str | None = flag(
         None, 'more kvtier replay flags for every trial, one string (--replay-args="--skip-too-long")'
     )
+    calibration: str | None = flag(
+        None,
+        "a kvtier ladder of the real server: every trial's sim is calibrated from it (kvtier sim --calibration), "
+        "and plan recommend carries its measured error",
+    )
+    accept_unreliable: bool = flag(False, "as kvtier sim: use a --calibration whose fit the ladder marked unreliable")
 
     @model_validator(mode="after")
     def _grid(self) -> SweepConfig:

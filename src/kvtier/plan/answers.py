@@ -240,6 +240,10 @@ def sweep_grid(cfg: SweepConfig) -> SweepGrid:
     if not Path(cfg.dataset).exists():
         raise ConfigError(f"--dataset {cfg.dataset}: no such file or folder")
     resolve_model(cfg.sim_model, build_catalog())  # an unknown model fails now, not in the first trial
+    if cfg.calibration:  # a ladder without a fit, or an unreliable one not accepted, fails now too
+        from kvtier.results.ladder import load_fitted
+
+        load_fitted(cfg.calibration, "--calibration", None if cfg.accept_unreliable else "--accept-unreliable")
     out = Path(cfg.output)
     return SweepGrid(
         dataset=str(Path(cfg.dataset).resolve()),
@@ -257,6 +261,8 @@ def sweep_grid(cfg: SweepConfig) -> SweepGrid:
         duration_s=cfg.duration,
         nvme_dir=str(Path(cfg.nvme_dir or out / "nvme").resolve()),
         replay_args=shlex.split(cfg.replay_args or ""),
+        calibration=str(Path(cfg.calibration).resolve()) if cfg.calibration else None,
+        accept_unreliable=cfg.accept_unreliable,
     )
 
 

@@ -15,7 +15,10 @@ the cheapest point that meets it: by cost when every tier used has a cost, else 
 GB). A cheaper point whose interval reaches below the SLO without meeting it may meet it too: the pick is then **a
 tie, not a winner**, and the report says how many trials that point would need for its interval to leave the SLO
 at its spread now. Intervals are clipped at what the quantity can be (a time at 0 s, a share at 0 and 1) and say
-so. The knees, along CPU GB at each NVMe size and load: the smallest size whose offload hit rate has reached
+so. Trials against a calibrated sim (``plan sweep --calibration``) carry the twin's measured error: the p95 interval is
+widened by it (results/ladder.py ``TwinError``) and the verdict and ties are decided on the widened one; where the
+twin's error alone reaches the SLO from a point's mean, no number of trials would tell. The knees, along CPU GB at
+each NVMe size and load: the smallest size whose offload hit rate has reached
 ``KNEE`` of the line's whole rise (more CPU buys little hit rate beyond it), and the smallest whose TTFT p95 has
 fallen ``KNEE`` of the line's whole fall.
 """
@@ -24,10 +27,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.value import HOURS_PER_MONTH
+from kvtier.results.ladder import TwinError
 from kvtier.results.plan import Interval, Knee, Pick, PointStats, Recommendation
+
+if TYPE_CHECKING:
+    from kvtier.results.replay import ReplayResult
 
 KNEE = 0.9
 _T975 = {
@@ -97,18 +105,64 @@ def seconds_of(xs: list[float | None]) -> tuple[list[float], int]:
     return good, sum(1 for x in xs if x is not None) - len(good)
 
 
-def slo_verdict(p95s: list[float | None], slo_s: float | None) -> tuple[Interval, bool | None, str]:
+def with_twin(i: Interval, err: TwinError | None) -> Interval | None:
+    """A trials' interval widened by a calibrated twin's error (results/ladder.py ``TwinError``): its low end times
+    the smallest real-over-predicted ratio, its high end times the largest (one trial: its value, so banded)."""
+    if err is None or i.mean is None:
+        return None
+    lo, hi = i.low if i.low is not None else i.mean, i.high if i.high is not None else i.mean
+    return i.model_copy(update={"low": err.band(lo)[0], "high": err.band(hi)[1]})
+
+
+def reach(p: PointStats) -> Interval:
+    """The interval a point's SLO verdict is decided on: widened by the twin's error where its trials had one."""
+    return p.ttft_p95_s_with_twin or p.ttft_p95_s
+
+
+def slo_verdict(
+    p95s: list[float | None], slo_s: float | None, twin: TwinError | None = None
+) -> tuple[Interval, bool | None, str, Interval | None]:
     """A point's TTFT p95 interval over its trials, whether it meets ``slo_s`` (the interval's upper end, or the one
-    trial's p95), and a note; impossible p95s (negative, not finite) are left out and said."""
+    trial's p95; widened by ``twin``, a calibrated sim's error, where there is one), a note, and the widened
+    interval; impossible p95s (negative, not finite) are left out and said."""
     good, bad = seconds_of(p95s)
     p95 = interval(good, lo=0.0)
+    wide = with_twin(p95, twin)
     notes = [f"{bad} trial(s) with an impossible TTFT p95 left out"] if bad else []
     meets = None
     if slo_s is not None and p95.mean is not None:
-        meets = (p95.high if p95.high is not None else p95.mean) <= slo_s
+        decided = wide or p95
+        meets = (decided.high if decided.high is not None else p95.mean) <= slo_s
         if p95.high is None:
-            notes.append("one trial: no interval")
-    return p95, meets, "; ".join(notes)
+            notes.append("one trial: no interval" + (", the twin's error only" if wide else ""))
+    return p95, meets, "; ".join(notes), wide
+
+
+def _twin_of(rs: list[ReplayResult], latest: TwinError | None) -> TwinError | None:
+    """The twin error a point's trials carry: ``latest`` (the sweep's ladder read now, with its latest sim-vs-real
+    check: every point then carries the same error) where the trials ran on a twin, else the widest their replays
+    recorded (summary.twin); None where none ran on a twin."""
+    errs = [r.summary.twin.error for r in rs if r.summary.twin is not None]
+    if not errs:
+        return None
+    if latest is not None:
+        return latest
+    low, high = min(e.ratio_low for e in errs), max(e.ratio_high for e in errs)
+    basis = f"the widest of the errors its {len(errs)} trials recorded; the first: {errs[0].basis}"
+    return errs[0].model_copy(update={"ratio_low": low, "ratio_high": high, "basis": basis[:4000]})
+
+
+def _latest_twin(calibration: str | None) -> TwinError | None:
+    """The sweep's ladder's twin error as it stands now (None without one, or where it no longer loads)."""
+    if not calibration:
+        return None
+    from kvtier.errors import KvtierError
+    from kvtier.results.ladder import load_fitted, twin_error
+
+    try:
+        return twin_error(load_fitted(calibration, "--calibration")[1], calibration)
+    except (KvtierError, OSError):
+        return None
 
 
 def _cost(cpu: float, nvme: float, costs: dict[str, float]) -> float | None:
@@ -158,12 +212,14 @@ def recommend(
             raise DatasetError(f"{root / t.path}: not a replay result")
         by_point[t.point].append(r)
     points = []
+    latest = _latest_twin(sweep.grid.calibration)
     for name, rs in by_point.items():
         cpu, nvme, conc = meta[name]
         if concurrency is not None and conc != concurrency:
             continue
         shares = [r.summary.ttft_decomposition.token_share if r.summary.ttft_decomposition else None for r in rs]
-        p95, meets, note = slo_verdict([r.summary.ttft_s.p95 for r in rs], slo_ttft_p95_s)
+        twin = _twin_of(rs, latest)
+        p95, meets, note, wide = slo_verdict([r.summary.ttft_s.p95 for r in rs], slo_ttft_p95_s, twin)
         points.append(
             PointStats(
                 point=name,
@@ -184,6 +240,8 @@ def recommend(
                 cost_usd_per_hour=_cost(cpu, nvme, store_cost),
                 meets_slo=meets,
                 note=note,
+                twin_error=twin,
+                ttft_p95_s_with_twin=wide,
             )
         )
     if not points:
@@ -235,8 +293,8 @@ def picks_of(points: list[PointStats], slo: float) -> list[Pick]:
                 p
                 for p in here
                 if not p.meets_slo
-                and p.ttft_p95_s.low is not None
-                and p.ttft_p95_s.low <= slo
+                and reach(p).low is not None
+                and (reach(p).low or 0.0) <= slo
                 and (pick is None or rank(p) < rank(pick))
             ),
             key=rank,
@@ -253,17 +311,36 @@ def _ci(i: Interval) -> str:
 
 def _tie(p: PointStats, slo: float, others: list[str] | None) -> tuple[str, int | None]:
     """The sentence for a cheaper point (and ``others``, dearer than it) that may meet the SLO too, and the trials
-    that would tell for the cheapest."""
-    n = trials_to_separate(p.ttft_p95_s, slo)
-    more = (
-        f"about {n} trials of it would tell"
-        if n is not None
-        else "its mean is at the SLO: no number of trials would tell"
-    )
+    that would tell for the cheapest. On a twin, the trials' interval must leave the SLO over the twin's ratio; where
+    the twin's error alone reaches the SLO from the point's mean, no number of trials would tell."""
+    i, err, w = p.ttft_p95_s, p.twin_error, p.ttft_p95_s_with_twin
     also = f" (and {', '.join(others)})" if others else ""
+    if err is None or w is None or i.mean is None:
+        n = trials_to_separate(i, slo)
+        more = (
+            f"about {n} trials of it would tell"
+            if n is not None
+            else "its mean is at the SLO: no number of trials would tell"
+        )
+        return (
+            f"{p.point}{also} may meet it too (TTFT p95 {i.mean:.3f} s{_ci(i)}: its interval reaches below {slo:g} "
+            f"s); {more}"
+        ), n
+    lo, hi = err.band(i.mean)
+    alone = lo <= slo <= hi
+    n = None if alone else trials_to_separate(i, slo / (err.ratio_low if lo > slo else err.ratio_high))
+    if n is not None:
+        more = f"about {n} trials of it would tell (the twin's error kept)"
+    elif alone:
+        more = (
+            f"the twin's calibration error alone (real / predicted x{err.ratio_low:.2f}-x{err.ratio_high:.2f}) "
+            f"reaches {slo:g} s, which no number of trials narrows: measure it on the real server"
+        )
+    else:
+        more = "with the twin's error kept, no number of trials up to 1,000 would tell at its spread now"
     return (
-        f"{p.point}{also} may meet it too (TTFT p95 {p.ttft_p95_s.mean:.3f} s{_ci(p.ttft_p95_s)}: its interval "
-        f"reaches below {slo:g} s); {more}"
+        f"{p.point}{also} may meet it too (TTFT p95 {i.mean:.3f} s{_ci(i)}, {w.low:.3f}-{w.high:.3f} s with the "
+        f"twin's error: it reaches below {slo:g} s); {more}"
     ), n
 
 
@@ -291,6 +368,9 @@ def _pick(
         )
     i = p.ttft_p95_s
     ci = _ci(i)
+    if p.ttft_p95_s_with_twin is not None and p.twin_error is not None:
+        w = p.ttft_p95_s_with_twin
+        ci += f", {w.low:.3f}-{w.high:.3f} s with the twin's error"
     cost = f", ${p.cost_usd_per_hour:.4f}/h of store" if p.cost_usd_per_hour is not None else ""
     hit = (
         f"; {p.offload_hit_share.mean:.0%} of prompt tokens from offload"

@@ -13,7 +13,8 @@ the sim and removes its files. sweep.json (a ``SweepResult``) is rewritten after
 ``--budget`` (no trial starts that the mean trial time so far says would end past it), Ctrl+C or a crash
 resumes: a trial is kept (``reused``) only when its folder holds a complete replay result *and* its
 ``trial.json`` — what defined the trial: the point, the sim's preset, model and GPU size, the dataset (its
-resolved path, and the size and mtime of its files), the replay's settings — equals this sweep's for that trial;
+resolved path, and the size and mtime of its files), the replay's settings, a ``--calibration`` ladder's SHA-256 —
+equals this sweep's for that trial;
 any other is run again. The sweep's folders are handled through descriptors: the point and trial folders are
 made 0700 and opened without following links; a point or trial that is a symlink (or not a folder) is refused
 (``ConfigError``), and a stale trial folder is removed through its point folder's descriptor (``rmtree`` with
@@ -146,7 +147,16 @@ def trial_descriptor(g: SweepGrid, p: Point, trial: int) -> dict[str, Any]:
         "max_tokens_cap": g.max_tokens_cap,
         "duration_s": g.duration_s,
         "replay_args": list(g.replay_args),
+        # a calibrated sweep's trials hold for that ladder's bytes only (absent for an uncalibrated one, as before)
+        **({"calibration": _file_digest(Path(g.calibration))} if g.calibration else {}),
     }
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as e:
+        raise ConfigError(f"--calibration {path}: {e.strerror}") from None
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -258,6 +268,8 @@ def run_trial(g: SweepGrid, p: Point, trial: int, out: Path) -> SweepTrial:
         "--port",
         str(port),
         *p.offload_args(nvme),
+        *(["--calibration", g.calibration] if g.calibration else []),
+        *(["--accept-unreliable"] if g.calibration and g.accept_unreliable else []),
     ]
     base = {
         "point": p.name,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import DatasetError
+from kvtier.results.ladder import TwinError
 from kvtier.results.plan import Input, LadderCheckRow, TierValue, ValueReport
 from kvtier.results.records import RequestRecord, read_records
 from kvtier.results.replay import ReplayResult, offload_sources
@@ -76,6 +77,55 @@ def gpu_value(gpu_cost: float | None, saved_s_per_hour: float | None) -> float |
     if not gpu_cost or saved_s_per_hour is None:
         return None
     return gpu_cost * saved_s_per_hour / 3600.0
+
+
+Term = tuple[float, bool]
+"""One of the two times a saving is the difference of, per hour, and whether the twin predicted it (else it came
+from elsewhere: a given prefill rate, a bench's bandwidth, and carries no band)."""
+
+
+def with_twin(
+    row: TierValue,
+    err: TwinError | None,
+    avoided: Term | None,
+    fetch: Term | None,
+    hits_per_hour: float,
+    gpu_cost: float | None,
+    cost: float | None,
+    terms_are_columns: bool = True,
+) -> TierValue:
+    """``row`` with the times a calibrated twin predicted as the intervals its measured error allows (results/ladder.py
+    ``TwinError``). The saving avoided - fetch is bounded as a difference of two times each off by its own ratio —
+    [avoided x low - fetch x high, avoided x high - fetch x low], a term the twin did not predict held as it is — so a
+    tier whose fetch nearly equals the prefill it replaces gets an interval that holds zero; then the latency saved
+    per hit and the value; ``pays_tie`` where the value's interval holds the store's cost (zero without one): the
+    twin cannot tell whether the tier pays. ``terms_are_columns``: the two terms are the row's prefill-avoided and
+    fetch columns (a ladder's saving is a difference of two prefills instead, shown only as the saving)."""
+    if err is None or avoided is None or fetch is None or not (avoided[1] or fetch[1]):
+        return row
+
+    def band(t: Term) -> tuple[float, float]:
+        return err.band(t[0]) if t[1] else (t[0], t[0])
+
+    ab, fb = band(avoided), band(fetch)
+    saved = (ab[0] - fb[1], ab[1] - fb[0])
+    value = None if not gpu_cost else (gpu_cost * saved[0] / 3600.0, gpu_cost * saved[1] / 3600.0)
+
+    def r6(b: tuple[float, float] | None) -> tuple[float, float] | None:
+        return None if b is None else (round(b[0], 6), round(b[1], 6))
+
+    return row.model_copy(
+        update={
+            "prefill_s_avoided_per_hour_band": r6(ab) if terms_are_columns and avoided[1] else None,
+            "fetch_s_per_hour_band": r6(fb) if terms_are_columns and fetch[1] else None,
+            "gpu_s_saved_per_hour_band": r6(saved),
+            "latency_saved_per_hit_s_band": r6((saved[0] / hits_per_hour, saved[1] / hits_per_hour))
+            if hits_per_hour
+            else None,
+            "value_usd_per_hour_band": r6(value),
+            "pays_tie": value is not None and value[0] < (cost if cost is not None else 0.0) <= value[1],
+        }
+    )
 
 
 def fetch_shares(r: RequestRecord, served_by: dict[str, int]) -> dict[str, float]:
@@ -138,6 +188,7 @@ def value_report(
     ``fetch_bw``: bytes/s per tier measured by a bench (with ``kv_bytes_per_token``), else the replay's own."""
     folder = Path(replay)
     rows, result = decomposed_records(folder)
+    twin = result.summary.twin  # against a calibrated sim: its times carry the calibration's error
     wall = float(result.wall_s)
     store_gb = store_gb or {}
     tokens: dict[str, int] = {}
@@ -213,18 +264,26 @@ def value_report(
         cost = store_cost * gb / HOURS_PER_MONTH if store_cost and gb else None
         hit_rate = n / prompt if prompt else 0.0
         out.append(
-            TierValue(
-                tier=tier,
-                tokens_served=n,
-                hit_rate=round(hit_rate, 6),
-                requests_hit=hits[tier],
-                tokens_per_hour=round(per_hour, 1),
-                prefill_s_avoided_per_hour=None if avoided is None else round(avoided, 3),
-                fetch_s_per_hour=None if fetch is None else round(fetch, 3),
-                gpu_s_saved_per_hour=None if saved is None else round(saved, 3),
-                latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
-                in_time=in_time(hit_rate, avoided, fetch),
-                **economics(hit_rate, value, cost),
+            with_twin(
+                TierValue(
+                    tier=tier,
+                    tokens_served=n,
+                    hit_rate=round(hit_rate, 6),
+                    requests_hit=hits[tier],
+                    tokens_per_hour=round(per_hour, 1),
+                    prefill_s_avoided_per_hour=None if avoided is None else round(avoided, 3),
+                    fetch_s_per_hour=None if fetch is None else round(fetch, 3),
+                    gpu_s_saved_per_hour=None if saved is None else round(saved, 3),
+                    latency_saved_per_hit_s=None if per_hit is None else round(per_hit, 6),
+                    in_time=in_time(hit_rate, avoided, fetch),
+                    **economics(hit_rate, value, cost),
+                ),
+                twin.error if twin else None,
+                None if avoided is None else (avoided, prefill_tps is None),  # the twin's recompute rate, not given
+                None if fetch is None else (fetch, not fetch_bw),  # the twin's fetch seconds, not a bench's bandwidth
+                hits[tier] * hour,
+                gpu_cost,
+                cost,
             )
         )
     return ValueReport(
@@ -235,6 +294,7 @@ def value_report(
         inputs=inputs,
         tiers=out,
         decomposition="measured-in-engine" if measured_in_engine == len(rows) else "sim",
+        twin_error=twin.error if twin else None,
     )
 
 
@@ -333,10 +393,11 @@ def ladder_value_report(
     cannot be told apart by tier from usage, so they are one row, ``cache``; a fetch from an offload tier is not
     charged (the ladder's fetch curves say what it costs where the server's counters split the hits). Every
     derived figure is marked ``derived``, not measured per request."""
-    from kvtier.results.ladder import load_fitted
+    from kvtier.results.ladder import load_fitted, twin_error
 
     folder = Path(replay)
     _, fit = load_fitted(str(ladder), "--ladder")
+    err = twin_error(fit, ladder)
     pm = fit.timing.prefill
     usable, result = usage_records(folder)
     wall = float(result.wall_s)
@@ -351,7 +412,8 @@ def ladder_value_report(
             "see the replay's reuse_opportunity)"
         )
     hit = [(r.prompt_tokens or 0, c) for r, c in zip(usable, cached_of) if c]
-    saved = sum(pm.seconds(p) - pm.seconds(p - c, c) for p, c in hit)
+    cold, rest = sum(pm.seconds(p) for p, _ in hit), sum(pm.seconds(p - c, c) for p, c in hit)
+    saved = cold - rest
     longest = fit.timing.range.max_prompt_tokens if fit.timing.range else None
     extrapolated = sum(1 for r in usable if longest is not None and (r.prompt_tokens or 0) > longest)
     note = f"the ladder's fitted prefill ({ladder}); {extrapolated} prompts longer than it measured (extrapolated)"
@@ -395,7 +457,9 @@ def ladder_value_report(
         wall_s=round(wall, 3),
         prompt_tokens=prompt,
         inputs=inputs,
-        tiers=[row],
+        # the saving as a difference of the fit's two prefills: the whole prompt's and the rest after the hit
+        tiers=[with_twin(row, err, (cold * hour, True), (rest * hour, True), len(hit) * hour, gpu_cost, cost, False)],
+        twin_error=err,
     )
 
 

@@ -33,7 +33,7 @@ from kvtier.errors import ConfigError, DatasetError
 from kvtier.plan.measured import TierReadCost, load_read_costs, read_costs
 from kvtier.plan.value import decomposed_records, usage_records
 from kvtier.results.io import atomic_file
-from kvtier.results.ladder import LadderFit, LadderResult, Timing
+from kvtier.results.ladder import LadderFit, LadderResult, Timing, TwinError, twin_error
 from kvtier.results.plan import TurnView, ViewInput, ViewsReport
 from kvtier.results.records import RequestRecord
 from kvtier.results.replay import offload_sources
@@ -368,8 +368,14 @@ def _ladder_views(
     if not all(r.server_ttft_parts for r in rows):
         split = "usage.cached_tokens (the server sends no per-tier split: cached = gpu)"
         inputs.append(ViewInput(name="prompt split", value=None, unit="", source=split))
-    turns = _by_turn(rows, b, None)
+    err = twin_error(fit, path)
+    turns = [_banded(x, err) for x in _by_turn(rows, b, None)]
     eb = [abs(x.ttft_error) for x in turns if x.ttft_error is not None]
+    inside = [x.within_band for x in turns if x.within_band is not None]
+    band = (
+        f"{sum(inside)} of {len(inside)} turns' measured TTFT lies within the ladder's error (real / predicted "
+        f"x{err.ratio_low:.2f}-x{err.ratio_high:.2f}: {err.basis})"
+    )
     return ViewsReport(
         source=str(folder),
         requests=len(rows),
@@ -379,8 +385,17 @@ def _ladder_views(
         median_abs_ttft_error=round(statistics.median(eb), 4) if eb else None,
         median_abs_storage_ttft_error=None,
         storage_result=None,
-        findings=_findings(rows, turns, result.config.max_tokens_cap),
+        findings=[band, *_findings(rows, turns, result.config.max_tokens_cap)],
+        twin_error=err,
     )
+
+
+def _banded(t: TurnView, err: TwinError) -> TurnView:
+    """A turn's (b) TTFT with the interval the ladder's error allows, and whether the measured TTFT lies in it."""
+    if t.predicted_ttft_s is None:
+        return t
+    lo, hi = err.band(t.predicted_ttft_s)
+    return t.model_copy(update={"predicted_ttft_s_band": (lo, hi), "within_band": lo <= t.measured_ttft_s <= hi})
 
 
 UNCAPPED_ERROR = 1.0  # a turn predicted off by more than this (100 %) on an uncapped replay: the replies' decode

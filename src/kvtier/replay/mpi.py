@@ -40,7 +40,7 @@ def rank_plan(plan: ReplayPlan, r: RunEnvironment) -> ReplayPlan:
 
 def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) -> ReplayResult:
     """This rank's share of the replay; rank 0 returns (and writes) the pooled result."""
-    from kvtier.replay.results import degradation_warnings, offload_degradation
+    from kvtier.replay.results import degradation_warnings, offload_degradation, twin_band
     from kvtier.replay.summary import summarize
 
     plan: ReplayPlan | None = None
@@ -99,6 +99,7 @@ def run_rank(cfg: ReplayConfig, r: RunEnvironment, handle_signals: bool = True) 
     warnings = [w for w in warnings if w.code not in again]
     summary["offload_degradation"] = degraded = offload_degradation(result.server_metrics, summary["requests_ok"])
     warnings += degradation_warnings(degraded)
+    summary["twin"] = twin_band(result.server.model_dump(), cfg.model, dict(summary["ttft_s"]))  # over the union's TTFT
     if cfg.engine_log:  # every rank joined its own records; the engines' logs joined again over the union
         from kvtier.replay.engine_join import engine_checks, join, join_warnings
         from kvtier.results.engine_log import read_engine_log

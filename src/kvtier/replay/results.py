@@ -77,6 +77,27 @@ def timing_warnings(records: list[ReplayRecord]) -> list[ResultWarning]:
     return out
 
 
+def twin_band(server: dict[str, Any], model: str | None, ttft: dict[str, Any]) -> dict[str, Any] | None:
+    """The TTFT quantiles as the interval a calibrated sim's error allows (results/replay.py ``TwinBand``), from the
+    ``kvtier_timing`` its /v1/models entry for ``model`` gives; None for any other server, or one whose error is not
+    a TwinError (a malformed extension is left out, not trusted)."""
+    from pydantic import ValidationError
+
+    from kvtier.results.ladder import TwinError
+
+    entries = (server.get("models") or {}).get("data") if isinstance(server.get("models"), dict) else None
+    mine = [m for m in entries or [] if isinstance(m, dict) and (model is None or m.get("id") == model)]
+    timing = mine[0].get("kvtier_timing") if mine else None
+    if not isinstance(timing, dict):
+        return None
+    try:
+        err = TwinError.model_validate(timing.get("error"))
+    except ValidationError:
+        return None
+    quantiles = {q: err.band(v) for q in ("p50", "p95", "p99") if isinstance(v := ttft.get(q), float | int)}
+    return {"error": err, "origin": str(timing.get("origin", ""))[:1000], "ttft_s": quantiles}
+
+
 NOT_PAYING_WARN = 0.05
 """Warn when more than this share of the requests an offload tier served fetched for longer than the recompute."""
 DEGRADED_WARN = 0.05
@@ -228,6 +249,7 @@ def build_result(
             )
         )
     warnings += timing_warnings(records)
+    summary["twin"] = twin_band(run.server, cfg.model, dict(summary["ttft_s"]))
     if run.engine_join is not None:
         summary["engine_join"] = joined = engine_checks(run.engine_join, records, metrics)
         warnings += join_warnings(joined)

@@ -14,6 +14,7 @@ they show the intended source. The fit (``LadderFit``) is the server's timing mo
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -224,6 +225,93 @@ class LadderResult(Envelope):
     remeasured: dict[str, int] = {}  # cells measured again for their spread: extra rounds each
 
 
+class TwinCheckRow(Section):
+    """One row of a sim-vs-real check (``benchmarks/sim_vs_vllm.py --ttft``): a TTFT quantile of a trace replayed
+    against the real server and against the sim calibrated from the ladder, same trace, same load."""
+
+    trace: str = Field(max_length=300)
+    concurrency: int = Field(ge=1)
+    offload: str = Field(max_length=100)  # the tier both ran with: none, or its kind
+    quantile: Literal["p50", "p95"]
+    real_s: float = Field(gt=0, lt=1e6, allow_inf_nan=False)
+    twin_s: float = Field(gt=0, lt=1e6, allow_inf_nan=False)
+
+
+class TwinCheck(Section):
+    """``<ladder>.twin-check.json``: the latest sim-vs-real table of one ladder (``ladder_sha256``: of its file)."""
+
+    ladder_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    written: str = Field(max_length=64)
+    rows: list[TwinCheckRow] = Field(min_length=1, max_length=10_000)
+
+
+TWIN_BAND = (5.0, 95.0)
+"""The percentiles of the ladder's real-over-predicted ratios that bound a twin's time (its central 90 %); a check's
+rows, few and each a whole replay's quantile, widen it by their extremes."""
+TWIN_RATIO_BOUNDS = (1e-3, 999.0)
+"""A twin error's ratios are kept within these (a point or check row past them is a broken measurement, not a
+band: the ratios say it in ``basis``)."""
+MAX_TWIN_CHECK_BYTES = 4 << 20
+
+
+class TwinError(Section):
+    """How far a twin calibrated from a ladder strays from the real server, as measured: the real time over the
+    twin's lies between ``ratio_low`` and ``ratio_high`` — the central 90 % of the ratios over the ladder's own
+    verified points (held-back cells and fetch points included), widened by every row of a sim-vs-real check of
+    the same ladder where there is one. A time the twin predicts, t, is carried as [t x ratio_low, t x ratio_high]
+    (a saving too: the fit's error is shared by the two prompts it is the difference of)."""
+
+    ratio_low: float = Field(ge=TWIN_RATIO_BOUNDS[0], le=1)
+    ratio_high: float = Field(ge=1, le=TWIN_RATIO_BOUNDS[1])
+    points: int = Field(ge=0)  # ladder points behind it
+    checked_rows: int = Field(0, ge=0)  # rows of a sim-vs-real check that widened it
+    basis: str = Field(max_length=4000)
+
+    def band(self, seconds: float) -> tuple[float, float]:
+        return round(seconds * self.ratio_low, 6), round(seconds * self.ratio_high, 6)
+
+
+def twin_check_path(ladder: str | Path) -> Path:
+    p = Path(ladder)
+    return p.with_name(p.name.removesuffix(".json") + ".twin-check.json")
+
+
+def twin_error(fit: LadderFit, ladder: str | Path) -> TwinError:
+    """The error a twin calibrated from ``fit`` (the ladder file ``ladder``) carries into every time it predicts
+    (``TwinError``). A check beside the ladder (``twin_check_path``) is used only if it names this ladder's bytes."""
+    import hashlib
+
+    import numpy as np
+    from pydantic import ValidationError
+
+    ratios = [r.measured_s / r.predicted_s for r in fit.residuals if r.predicted_s > 0 and r.measured_s > 0]
+    lo, hi = (float(v) for v in np.percentile(ratios, TWIN_BAND)) if ratios else (1.0, 1.0)
+    basis = [f"the {TWIN_BAND[0]:g}th-{TWIN_BAND[1]:g}th percentiles of real/predicted over the ladder's {len(ratios)} "
+             f"fitted, held-back and fetch points"]  # fmt: skip
+    rows = 0
+    check = twin_check_path(ladder)
+    if check.is_file():
+        try:
+            if check.stat().st_size > MAX_TWIN_CHECK_BYTES:
+                raise ValueError(f"larger than {MAX_TWIN_CHECK_BYTES} bytes")
+            tc = TwinCheck.model_validate_json(check.read_bytes())
+        except (ValidationError, ValueError, OSError) as e:
+            basis.append(f"{check.name} is not a twin check ({str(e).splitlines()[0][:120]}): not used")
+        else:
+            if tc.ladder_sha256 != hashlib.sha256(Path(ladder).read_bytes()).hexdigest():
+                basis.append(f"{check.name} checked another ladder than this file: not used")
+            else:
+                got = [r.real_s / r.twin_s for r in tc.rows]
+                lo, hi, rows = min(lo, *got), max(hi, *got), len(got)
+                basis.append(f"widened to the extremes of the {rows} rows of its sim-vs-real check {check.name} "
+                             f"({tc.written})")  # fmt: skip
+    low, high = max(round(min(lo, 1.0), 4), TWIN_RATIO_BOUNDS[0]), min(round(max(hi, 1.0), 4), TWIN_RATIO_BOUNDS[1])
+    if (low, high) != (round(min(lo, 1.0), 4), round(max(hi, 1.0), 4)):
+        basis.append(f"ratios {lo:.3g}-{hi:.3g} held within {TWIN_RATIO_BOUNDS[0]:g}-{TWIN_RATIO_BOUNDS[1]:g}")
+    return TwinError(ratio_low=low, ratio_high=high, points=len(ratios), checked_rows=rows,
+                     basis="; ".join(basis)[:4000])  # fmt: skip
+
+
 def load_fitted(path: str, flag: str, refuse_unreliable: str | None = None) -> tuple[LadderResult, LadderFit]:
     """A kvtier ladder result that has a fit (what ``sim --calibration``, ``plan gate --from`` and ``plan
     value|views --ladder`` read); a ConfigError naming ``flag`` otherwise. ``refuse_unreliable``: the flag that
@@ -261,4 +349,9 @@ __all__ = [
     "TierFacts",
     "Timing",
     "TpotPoint",
+    "TwinCheck",
+    "TwinCheckRow",
+    "TwinError",
+    "twin_check_path",
+    "twin_error",
 ]

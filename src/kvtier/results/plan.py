@@ -22,6 +22,7 @@ from kvtier.config.plan import (
     ViewsConfig,
 )
 from kvtier.results.envelope import Envelope, Section
+from kvtier.results.ladder import TwinError
 
 
 # -- bytes, breakeven, gate, capacity, fetch (plan/reports.py builds them) -----------------------------------------
@@ -208,6 +209,15 @@ class TierValue(Section):
     cost_usd_per_hour: float | None  # store_cost x GB / 730
     pays: bool | None
     breakeven_hit_rate: float | None
+    # a calibrated twin's times (plan/value.py with_twin): the intervals its measured error allows (None where the
+    # time was not the twin's); pays_tie: the value's interval holds the store's cost (or zero), so the twin cannot
+    # tell whether the tier pays
+    prefill_s_avoided_per_hour_band: tuple[float, float] | None = None
+    fetch_s_per_hour_band: tuple[float, float] | None = None
+    gpu_s_saved_per_hour_band: tuple[float, float] | None = None
+    latency_saved_per_hit_s_band: tuple[float, float] | None = None
+    value_usd_per_hour_band: tuple[float, float] | None = None
+    pays_tie: bool = False
 
 
 class LadderCheckRow(Section):
@@ -231,6 +241,7 @@ class ValueReport(Section):
     decomposition: str = "sim"  # where the requests' parts came from: the sim's responses, or measured-in-engine
     ladder: str | None = None  # --ladder beside an engine-measured replay
     ladder_check: list[LadderCheckRow] = []
+    twin_error: TwinError | None = None  # the error every derived time carries (a ladder, or a calibrated sim's)
 
 
 # -- retention (plan/retention.py) ---------------------------------------------------------------------------------
@@ -326,6 +337,10 @@ class PointStats(Section):
     cost_usd_per_hour: float | None
     meets_slo: bool | None  # None: no complete trial, or no --slo-ttft-p95
     note: str = ""
+    # trials against a calibrated sim: the TTFT p95 interval widened by the twin's measured error (meets_slo and ties
+    # are decided on it: more trials narrow the trials' spread, never the calibration's error)
+    twin_error: TwinError | None = None
+    ttft_p95_s_with_twin: Interval | None = None
 
 
 class Knee(Section):
@@ -369,6 +384,10 @@ class TurnView(Section):
     storage_ttft_s: float | None  # (c): the storage run's bandwidth
     storage_fetch_s: float | None
     storage_ttft_error: float | None
+    # (b) from a ladder: the interval its measured error allows (results/ladder.py TwinError), and whether the
+    # measured TTFT lies in it
+    predicted_ttft_s_band: tuple[float, float] | None = None
+    within_band: bool | None = None
 
 
 class ViewInput(Section):
@@ -388,6 +407,7 @@ class ViewsReport(Section):
     median_abs_storage_ttft_error: float | None  # (c)
     storage_result: str | None  # the storage run's bench result file
     findings: list[str]
+    twin_error: TwinError | None = None  # --ladder: the error (b)'s predictions carry
 
 
 # -- the result files ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from kvtier.config.replay import ReplayConfig
 from kvtier.errors import DatasetError
 from kvtier.results.bench import GpuTelemetry
 from kvtier.results.envelope import Distribution, Envelope, Section
+from kvtier.results.ladder import TwinError
 from kvtier.results.outcome import Failure
 
 
@@ -240,6 +241,15 @@ class HitRateControl(Section):
     within: bool | None = None  # the measured rate within the tolerance (None: no counters)
 
 
+class TwinBand(Section):
+    """A replay against a calibrated sim (``kvtier sim --calibration``): the error the twin carries (results/ladder.py
+    ``TwinError``, as its /v1/models said) and the TTFT quantiles it measured as the interval that error allows."""
+
+    error: TwinError
+    origin: str  # the ladder the twin was calibrated from
+    ttft_s: dict[str, tuple[float, float]]  # p50, p95, p99 -> (low, high)
+
+
 class ReplaySummary(Section):
     requests_total: int
     requests_ok: int
@@ -260,6 +270,7 @@ class ReplaySummary(Section):
     offload_degradation: OffloadDegradation | None = None  # None: no scraped server counts any of it
     engine_join: EngineJoin | None = None  # --engine-log: the engine's own records joined
     hit_rate_control: HitRateControl | None = None  # --target-hit-rate
+    twin: TwinBand | None = None  # against a calibrated sim: its error carried onto the TTFT
 
 
 class RatePoint(Section):

@@ -28,6 +28,8 @@ class SweepGrid(Section):
     duration_s: float  # per trial (0: the whole dataset)
     nvme_dir: str
     replay_args: list[str]  # passed to every trial's kvtier replay as given
+    calibration: str | None = None  # every trial's sim calibrated from this ladder (kvtier sim --calibration)
+    accept_unreliable: bool = False
 
 
 class SweepTrial(Section):

@@ -239,6 +239,9 @@ class Handlers:
             "owned_by": "kvtier-sim",
             "max_model_len": self.engine.max_model_len,
         }
+        st = self.engine.s
+        if st.timing_error is not None:  # a calibrated twin says how far its times may stray (a replay records it)
+            item["kvtier_timing"] = {"source": st.timing_source, "origin": st.timing_origin, "error": st.timing_error}
         return web.json_response({"object": "list", "data": [item]})
 
     async def health(self, request: web.Request) -> web.Response:

@@ -74,6 +74,7 @@ class SimSettings:
     timing_origin: str = ""  # the preset's name or the calibration file
     measured_prompt_tokens: int | None = None  # the calibration's range: longer prompts are extrapolated
     measured_running: int | None = None  # ... and more running sequences
+    timing_error: dict[str, Any] | None = None  # the calibration's error (results/ladder.py TwinError), as JSON
 
 
 class _Req:

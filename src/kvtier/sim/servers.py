@@ -36,13 +36,15 @@ TIMED_FIELDS = ("prefill_tps", "tpot_ms", "prefill_overhead_ms", "batch_slowdown
 """The latency-model fields a --calibration supplies (a flag that sets one as well is refused)."""
 
 
-def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict[str, float], Timing]:
-    """The latency-model fields from a ladder's fit (results/ladder.py Timing) and the Timing itself; an unreliable
-    fit is refused unless ``accept_unreliable``."""
-    from kvtier.results.ladder import load_fitted
+def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict[str, float], Timing, dict[str, Any]]:
+    """The latency-model fields from a ladder's fit (results/ladder.py Timing), the Timing itself and the error the
+    twin carries (results/ladder.py ``twin_error``, as JSON); an unreliable fit is refused unless
+    ``accept_unreliable``."""
+    from kvtier.results.ladder import load_fitted, twin_error
 
     _, fit = load_fitted(path, "--calibration", None if accept_unreliable else "--accept-unreliable")
     t = fit.timing
+    err = twin_error(fit, path).model_dump(mode="json")
     values = {
         "prefill_tps": 1.0 / t.prefill.s_per_token if t.prefill.s_per_token > 0 else 1e12,
         "prefill_overhead_ms": t.prefill.overhead_s * 1e3,
@@ -51,7 +53,7 @@ def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict
     if t.decode.tpot_s > 0:  # a ladder without a TPOT sweep leaves decode to the preset (assumed)
         values["tpot_ms"] = t.decode.tpot_s * 1e3
         values["batch_slowdown"] = t.decode.s_per_extra_seq / t.decode.tpot_s
-    return values, t
+    return values, t, err
 
 
 def resolve_settings(cfg: SimConfig) -> SimSettings:
@@ -62,13 +64,14 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         raise ConfigError(f"--preset: unknown preset {cfg.preset!r} (known: {', '.join(sorted(presets))})")
     pr = dict(presets[cfg.preset])
     timing: Timing | None = None
+    error: dict[str, Any] | None = None
     if cfg.calibration:
         both = [f"--{n.replace('_', '-')}" for n in TIMED_FIELDS if getattr(cfg, n) is not None]
         if both:
             raise ConfigError(
                 f"--calibration: {', '.join(both)} would override the measured figures; give one or the other"
             )
-        measured, timing = calibration_values(cfg.calibration, cfg.accept_unreliable)
+        measured, timing, error = calibration_values(cfg.calibration, cfg.accept_unreliable)
         pr.update(measured)
     model = resolve_model(cfg.model or pr["model"], build_catalog())
     values: dict[str, float] = {}
@@ -101,6 +104,7 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         timing_origin=cfg.calibration if cfg.calibration and timing is not None else f"preset {cfg.preset}",
         measured_prompt_tokens=timing.range.max_prompt_tokens if timing and timing.range else None,
         measured_running=timing.range.max_running if timing and timing.range else None,
+        timing_error=error,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -186,10 +188,73 @@ def test_a_tier_no_counter_names_is_verified_by_the_requests_own_engine_record()
     assert not ok and why is not None and "no counter" in why
 
 
+def _ladder_file(fit, path: Path) -> str:  # type: ignore[no-untyped-def]
+    """A ladder result holding ``fit`` (no points), written to ``path``."""
+    from kvtier.results.envelope import Status, StopCode, StopReason, collect_host
+    from kvtier.results.io import write_json
+    from kvtier.results.ladder import LadderResult, ServerFacts
+
+    facts = ServerFacts(base_url="http://127.0.0.1:1/v1", model="m", kind="vllm", max_model_len=None,
+                        block_tokens=None, gpu_kv_tokens=None, kv_bytes_per_token=None, tiers=[], counters=[],
+                        prompt_overhead_tokens=0, tokens_per_word=1.0)  # fmt: skip
+    result = LadderResult(status=Status.complete, stop_reason=StopReason(code=StopCode.grid_finished, message=""),
+                          started_at="", finished_at="", host=collect_host(),
+                          config=LadderConfig(base_url="http://127.0.0.1:1/v1", model="m"), server=facts,
+                          points=[], cells=[], tpot=[], fit=fit, failures={}, requests_sent=0,
+                          wall_s=1.0)  # fmt: skip
+    write_json(result, str(path))
+    return str(path)
+
+
+def test_a_twins_error_is_the_spread_of_its_ladders_points_widened_by_its_own_check(tmp_path: Path) -> None:
+    """#56 item 5: the error a calibrated twin carries is measured: the central 90 % of real / predicted over the
+    ladder's points (always holding 1), widened by a sim-vs-real check written beside the ladder for that ladder's
+    bytes; a check of another ladder, or a file that is not one, is said and not used."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    from kvtier.results.ladder import TwinCheck, TwinCheckRow, twin_check_path, twin_error
+
+    fit = fit_ladder(_synthetic(0.05, seed=2), [], ["cpu"], None, "x.json")
+    assert fit is not None
+    path = _ladder_file(fit, tmp_path / "ladder.json")
+    ratios = [r.measured_s / r.predicted_s for r in fit.residuals]
+    err = twin_error(fit, path)
+    assert err.points == len(ratios) and err.checked_rows == 0
+    assert err.ratio_low == pytest.approx(min(1.0, float(np.percentile(ratios, 5))), abs=1e-4)
+    assert err.ratio_high == pytest.approx(max(1.0, float(np.percentile(ratios, 95))), abs=1e-4)
+    assert err.ratio_low < 1 < err.ratio_high and err.band(2.0) == (
+        round(2 * err.ratio_low, 6),
+        round(2 * err.ratio_high, 6),
+    )
+    check = twin_check_path(path)
+    assert check.name == "ladder.twin-check.json"
+    rows = [TwinCheckRow(trace="t", concurrency=4, offload="none", quantile="p95", real_s=0.2, twin_s=0.1)]
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    check.write_text(TwinCheck(ladder_sha256=digest, written="2026-12-07", rows=rows).model_dump_json())
+    wide = twin_error(fit, path)  # the twin read half of the real p95: real / predicted 2.0
+    assert wide.ratio_high == 2.0 and wide.ratio_low == err.ratio_low and wide.checked_rows == 1
+    assert check.name in wide.basis
+    check.write_text(TwinCheck(ladder_sha256="0" * 64, written="x", rows=rows).model_dump_json())
+    other = twin_error(fit, path)
+    assert other.ratio_high == err.ratio_high and "checked another ladder" in other.basis
+    check.write_text("{not json")
+    assert "is not a twin check" in twin_error(fit, path).basis
+    bad = TwinCheck(ladder_sha256=digest, written="x", rows=rows).model_dump()
+    bad["rows"][0]["twin_s"] = float("inf")  # a broken row is refused with the file, never a crash or a 0 ratio
+    check.write_text(json.dumps(bad))
+    assert "is not a twin check" in twin_error(fit, path).basis
+    tiny = TwinCheckRow(trace="t", concurrency=1, offload="none", quantile="p50", real_s=1e-5, twin_s=100.0)
+    check.write_text(TwinCheck(ladder_sha256=digest, written="x", rows=[tiny]).model_dump_json())
+    held = twin_error(fit, path)  # a ratio of 1e-7 is held at the bound and said
+    assert held.ratio_low == 1e-3 and "held within" in held.basis
+
+
 def test_a_fit_past_its_error_bounds_is_unreliable_and_the_sim_refuses_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """#56 item 4: a quiet ladder's fit is reliable; one measured on a busy machine (a third of noise) is marked
     unreliable with each reason, and kvtier sim --calibration refuses it unless told --accept-unreliable."""
-    from kvtier.results.io import write_json
     from kvtier.results.ladder import LadderFit, load_fitted
     from kvtier.sim.servers import calibration_values
 
@@ -200,20 +265,7 @@ def test_a_fit_past_its_error_bounds_is_unreliable_and_the_sim_refuses_it(tmp_pa
     assert any(r.startswith("the prefill fit's median error on its own points is ") for r in busy.unreliable)
 
     def ladder_file(fit: LadderFit, name: str) -> str:
-        from kvtier.results.envelope import Status, StopCode, StopReason, collect_host
-        from kvtier.results.ladder import LadderResult, ServerFacts
-
-        facts = ServerFacts(base_url="http://127.0.0.1:1/v1", model="m", kind="vllm", max_model_len=None,
-                            block_tokens=None, gpu_kv_tokens=None, kv_bytes_per_token=None, tiers=[], counters=[],
-                            prompt_overhead_tokens=0, tokens_per_word=1.0)  # fmt: skip
-        result = LadderResult(status=Status.complete, stop_reason=StopReason(code=StopCode.grid_finished, message=""),
-                              started_at="", finished_at="", host=collect_host(),
-                              config=LadderConfig(base_url="http://127.0.0.1:1/v1", model="m"), server=facts,
-                              points=[], cells=[], tpot=[], fit=fit, failures={}, requests_sent=0,
-                              wall_s=1.0)  # fmt: skip
-        path = tmp_path / name
-        write_json(result, str(path))
-        return str(path)
+        return _ladder_file(fit, tmp_path / name)
 
     with pytest.raises(ConfigError, match="--calibration .*: the ladder's fit is unreliable — the prefill fit's"):
         calibration_values(ladder_file(busy, "busy.json"))

@@ -14,12 +14,17 @@ from kvtier.plan.value import economics, value_report
 from kvtier.results.records import RequestRecord
 
 
+def _result(wall_s: float, twin=None):  # type: ignore[no-untyped-def]
+    """What value_report reads of a replay's result beside its records."""
+    return SimpleNamespace(wall_s=wall_s, summary=SimpleNamespace(twin=twin))
+
+
 def _report(monkeypatch: pytest.MonkeyPatch, fetch_s: float, store_gb: float):  # type: ignore[no-untyped-def]
     """One hour of replay: 1,000 tokens recomputed in 1 s (1,000 tokens/s measured) and 1,000 served from ``cpu``,
     whose fetch took ``fetch_s``; $2 per GPU-hour, $0.5 per GB-month."""
     rows = [RequestRecord(status="ok", prompt_sources={"cpu": 1000, "recomputed": 1000},
                           server_ttft_parts={"fetch": fetch_s, "recompute": 1.0})]  # fmt: skip
-    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, _result(3600.0)))
     (t,) = value_report(Path("replay"), gpu_cost=2.0, store_cost=0.5, store_gb={"cpu": store_gb}).tiers
     return t
 
@@ -98,7 +103,7 @@ def test_a_replay_no_offload_tier_served_is_refused_with_the_reason(
     from kvtier.errors import DatasetError
 
     rows = [RequestRecord(status="ok", prompt_sources=sources, server_ttft_parts={"recompute": 0.1})]
-    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=60.0)))
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, _result(60.0)))
     with pytest.raises(DatasetError, match="no offload tier served any of the 1 ok requests") as e:
         value_report(Path("replay"))
     assert says in str(e.value)
@@ -120,7 +125,7 @@ def test_an_engine_measured_replay_charges_each_tier_its_own_measured_loads(monk
     """#53 item 3: a hit's fetch is what the engine measured for it, divided among its tiers by their reads' time
     (not by tokens): the storage tier's reads took 3x the CPU's in the first request, so it bears 3/4 of its 0.4 s."""
     rows = _engine_rows()
-    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, _result(3600.0)))
     r = value_report(Path("replay"))
     assert r.decomposition == "measured-in-engine"
     by = {t.tier: t for t in r.tiers}
@@ -135,7 +140,7 @@ def test_a_ladder_beside_an_engine_measured_replay_is_its_error_on_it(monkeypatc
     from kvtier.results.ladder import FetchModel, PrefillModel
 
     rows = _engine_rows()
-    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, SimpleNamespace(wall_s=3600.0)))
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows, _result(3600.0)))
     timing = SimpleNamespace(
         prefill=PrefillModel(overhead_s=0.5, s_per_token=0.001),  # compute only: 1,000 new tokens -> 1 s
         fetch_for=lambda t: FetchModel(tier="cpu", overhead_s=0.0, s_per_token=0.0001) if t == "cpu" else None,
@@ -148,3 +153,43 @@ def test_a_ladder_beside_an_engine_measured_replay_is_its_error_on_it(monkeypatc
     assert (cpu.requests, cpu.measured_s, cpu.ladder_s) == (2, pytest.approx(0.2), pytest.approx(0.15))
     assert cpu.error == pytest.approx(-0.25)
     assert check["fetch:storage"].ladder_s is None and check["fetch:storage"].error is None
+
+
+def test_a_calibrated_twins_replay_values_each_tier_within_its_measured_error(monkeypatch: pytest.MonkeyPatch):
+    """#56 item 5: against a calibrated sim the prefill avoided and the fetch are the twin's times, each off by the
+    twin's measured ratio, so the saving between them is bounded as a difference: [avoided x low - fetch x high,
+    avoided x high - fetch x low]; a tier whose value's interval holds the store's cost (or zero) is a tie; a time the
+    twin did not predict (a given prefill rate) carries no band; a replay of a real server has none."""
+    from kvtier.results.ladder import TwinError
+    from kvtier.results.replay import TwinBand
+
+    err = TwinError(ratio_low=0.8, ratio_high=1.25, points=20, basis="test")
+    twin = TwinBand(error=err, origin="ladder.json", ttft_s={})
+
+    def rows(fetch_s: float) -> list[RequestRecord]:  # 1,000 tokens recomputed in 1 s, 1,000 served from cpu
+        return [RequestRecord(status="ok", prompt_sources={"cpu": 1000, "recomputed": 1000},
+                              server_ttft_parts={"fetch": fetch_s, "recompute": 1.0})]  # fmt: skip
+
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows(0.1), _result(3600.0, twin)))
+    value = 2.0 * 0.9 / 3600  # 0.9 GPU s saved an hour at $2/GPU-hour
+    rep = value_report(Path("replay"), gpu_cost=2.0, store_cost=1.0, store_gb={"cpu": 730 * value * 0.99})
+    (t,) = rep.tiers
+    assert rep.twin_error == err and t.pays is True and t.pays_tie is True  # 0.99 of the value: within the error
+    assert t.prefill_s_avoided_per_hour_band == pytest.approx((0.8, 1.25))
+    assert t.fetch_s_per_hour_band == pytest.approx((0.08, 0.125))
+    assert t.gpu_s_saved_per_hour_band == pytest.approx((0.8 - 0.125, 1.25 - 0.08))
+    assert t.latency_saved_per_hit_s_band == pytest.approx((0.675, 1.17))
+    assert t.value_usd_per_hour_band == pytest.approx((2 * 0.675 / 3600, 2 * 1.17 / 3600), rel=1e-3)
+    (cheap,) = value_report(Path("replay"), gpu_cost=2.0, store_cost=1.0, store_gb={"cpu": 730 * value / 2}).tiers
+    assert cheap.pays is True and cheap.pays_tie is False  # half the value: it pays across the whole interval
+    # a fetch nearly as long as the prefill it replaces: 0.05 s saved, but within the error anything -0.39 to 0.49
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows(0.95), _result(3600.0, twin)))
+    (close,) = value_report(Path("replay"), gpu_cost=2.0).tiers
+    assert close.gpu_s_saved_per_hour == pytest.approx(0.05) and close.pays is None and close.pays_tie is True
+    assert close.gpu_s_saved_per_hour_band == pytest.approx((0.8 - 0.95 * 1.25, 1.25 - 0.95 * 0.8))
+    (given,) = value_report(Path("replay"), prefill_tps=1000.0, gpu_cost=2.0).tiers  # the rate is not the twin's
+    assert given.prefill_s_avoided_per_hour_band is None
+    assert given.gpu_s_saved_per_hour_band == pytest.approx((1.0 - 0.95 * 1.25, 1.0 - 0.95 * 0.8))
+    monkeypatch.setattr("kvtier.plan.value.decomposed_records", lambda folder: (rows(0.1), _result(3600.0)))
+    (real,) = value_report(Path("replay"), gpu_cost=2.0).tiers
+    assert real.gpu_s_saved_per_hour_band is None and real.pays_tie is False
