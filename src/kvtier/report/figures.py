@@ -128,6 +128,10 @@ def replay_figures(r: Any, rec: ReplayRecords | None) -> list[Figure]:
         Figure("TTFT p50 s", s.ttft_s.p50, "s", LOWER, n),
         Figure("TTFT p95 s", s.ttft_s.p95, "s", LOWER, n),
     ]
+    if s.twin is not None and "p95" in s.twin.ttft_s:  # a calibrated sim's: what its measured error allows
+        lo, hi = s.twin.ttft_s["p95"]
+        out += [Figure("TTFT p95 s within the twin's error, low", lo, "s", ""),
+                Figure("TTFT p95 s within the twin's error, high", hi, "s", "")]  # fmt: skip
     if rec is not None:
         later = rec.ttft_ok(later=True)
         out += [

@@ -41,3 +41,25 @@ def test_the_band_is_the_served_models() -> None:
     timing = {"source": "measured", "origin": "l.json", "error": ERR}
     assert twin_band(_server(timing, model="other"), "m", {"p50": 0.1}) is None
     assert twin_band({"models": None}, "m", {"p50": 0.1}) is None
+
+
+def test_the_report_shows_a_twins_p95_as_its_error_allows() -> None:
+    """kvtier report puts the band beside the twin's own p95, so a reader sees both on one page."""
+    from types import SimpleNamespace
+
+    from kvtier.report.figures import replay_figures
+    from kvtier.results.envelope import Distribution
+    from kvtier.results.replay import TwinBand
+
+    dist = Distribution(count=10, mean=0.2, p50=0.1, p90=0.3, p95=0.4, p99=0.5, p999=0.5, p9999=0.5, max=0.5)
+    twin = TwinBand.model_validate({"error": ERR, "origin": "l.json", "ttft_s": {"p95": (0.32, 0.6)}})
+    s = SimpleNamespace(ttft_s=dist, requests_ok=10, twin=twin, ttft_degradation=SimpleNamespace(median_pct=None),
+                        tpot_s_mean=None, e2e_s=dist, requests_per_s=1.0, output_tokens_per_s=1.0,
+                        sessions=SimpleNamespace(complete=1), requests_failed=0)  # fmt: skip
+    r = SimpleNamespace(summary=s, reuse_opportunity=None, server_metrics=[])
+    figs = {f.name: f.value for f in replay_figures(r, None)}
+    assert figs["TTFT p95 s"] == 0.4
+    assert figs["TTFT p95 s within the twin's error, low"] == 0.32
+    assert figs["TTFT p95 s within the twin's error, high"] == 0.6
+    s.twin = None
+    assert not any("twin" in f.name for f in replay_figures(r, None))
