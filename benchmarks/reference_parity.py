@@ -437,7 +437,9 @@ def run_measured(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] 
     out = Path(cmd[cmd.index("--output") + 1])
     if not out.exists():
         err = p.stderr.read().decode(errors="replace")[-2000:] if p.stderr else ""
-        raise SystemExit(f"{' '.join(cmd[:4])} failed ({status}):\n{err}")
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+        why = " (SIGKILL: the reference holds whole entries in memory; see dmesg for the OOM killer)" if killed else ""
+        raise SystemExit(f"{' '.join(cmd[:4])} failed ({status}){why}:\n{err}")
     return json.loads(out.read_text()), usage.ru_maxrss / 2**20  # KiB -> GiB
 
 
@@ -633,6 +635,8 @@ def load_part(a: argparse.Namespace, config: Path, work: Path) -> list[float]:
     timeout = a.duration * 10 + 300
     worst = []
     for i, (model, full_users, cpu_gb, full_mca) in enumerate(WORKLOADS):
+        if i + 1 not in a.workloads:
+            continue
         users = max(1, round(full_users * a.users_scale))
         mca = min(full_mca, a.max_allocs) if a.max_allocs else full_mca
         runs: dict[str, list[dict[str, float]]] = {"reference": [], "kvtier": []}
@@ -780,6 +784,8 @@ def main() -> None:
     ap.add_argument("--max-allocs", type=int, default=0, help="keys part: cap --max-concurrent-allocs (0 = none)")
     ap.add_argument("--load-seeds", type=lambda s: [int(x) for x in s.split(",")], default=[42, 7, 13],
                     help="load part: seeds pooled per workload (means over them)")  # fmt: skip
+    ap.add_argument("--workloads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3],
+                    help="load part: which of the three CLOSED workloads (1-3) to run")  # fmt: skip
     a = ap.parse_args()
     a.reference = a.reference.resolve()
     config = a.reference / "config.yaml"
