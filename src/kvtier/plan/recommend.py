@@ -105,7 +105,7 @@ def seconds_of(xs: list[float | None]) -> tuple[list[float], int]:
     return good, sum(1 for x in xs if x is not None) - len(good)
 
 
-def with_twin(i: Interval, err: TwinError | None) -> Interval | None:
+def widened(i: Interval, err: TwinError | None) -> Interval | None:
     """A trials' interval widened by a calibrated twin's error (results/ladder.py ``TwinError``): its low end times
     the smallest real-over-predicted ratio, its high end times the largest (one trial: its value, so banded)."""
     if err is None or i.mean is None:
@@ -127,7 +127,7 @@ def slo_verdict(
     interval; impossible p95s (negative, not finite) are left out and said."""
     good, bad = seconds_of(p95s)
     p95 = interval(good, lo=0.0)
-    wide = with_twin(p95, twin)
+    wide = widened(p95, twin)
     notes = [f"{bad} trial(s) with an impossible TTFT p95 left out"] if bad else []
     meets = None
     if slo_s is not None and p95.mean is not None:
@@ -293,8 +293,8 @@ def picks_of(points: list[PointStats], slo: float) -> list[Pick]:
                 p
                 for p in here
                 if not p.meets_slo
-                and reach(p).low is not None
-                and (reach(p).low or 0.0) <= slo
+                and (low := reach(p).low) is not None
+                and low <= slo
                 and (pick is None or rank(p) < rank(pick))
             ),
             key=rank,
