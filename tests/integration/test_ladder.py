@@ -91,6 +91,31 @@ def test_the_ladder_recovers_the_sims_own_timing(measured: tuple[LadderResult, P
     at = 1536  # the files cost more to read back than the staging tier's RAM
     assert storage.seconds(at) > cpu.seconds(at)
     assert r.fit.prefill_fit_median_abs_rel_err is not None and r.fit.prefill_fit_median_abs_rel_err < 0.10
+    # the interference sweep: a preset's decode steps cost a prefill nothing (it starts beside them at once)
+    assert t.step is not None and t.step.points >= 15 and t.step.share <= 0.5
+    assert sum(p.valid for p in r.loaded) >= 15
+
+
+def test_a_twin_calibrated_with_interference_reproduces_it(measured: tuple[LadderResult, Path]) -> None:
+    """#56 item 3: a ladder whose steps add (share 1, a 20 ms decode step) calibrates a sim; the same ladder run
+    against that sim measures the interference back: the twin's prefill pays for the batch beside it."""
+    r, d = measured
+    assert r.fit is not None
+    doc = json.loads((d / "ladder.json").read_text())
+    doc["fit"]["timing"]["decode"] = {"tpot_s": 0.02, "s_per_extra_seq": 0.0}
+    doc["fit"]["timing"]["step"] = {"share": 1.0, "points": 27, "median_abs_rel_err": 0.05}
+    (d / "steps.json").write_text(json.dumps(doc))
+    sim = start_sim(d, "--model", "tiny-1b", "--gpu-kv-tokens", "2064", "--calibration", str(d / "steps.json"))
+    try:
+        p = ladder(sim, d / "steps-again.json", "--contexts", "256,768", "--new-tokens", "16", "--repeats", "2",
+                   "--tpot-concurrency", "1,2", "--tpot-tokens", "12", "--handling-contexts", "")  # fmt: skip
+    finally:
+        stop_sim(sim)
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    again = load(d / "steps-again.json")
+    assert isinstance(again, LadderResult) and again.fit is not None and again.fit.timing.step is not None
+    assert again.fit.timing.decode.tpot_s == pytest.approx(0.02, rel=0.15)
+    assert again.fit.timing.step.share == pytest.approx(1.0, abs=0.35)
 
 
 def test_plan_gate_from_the_ladder_agrees_with_its_points(measured: tuple[LadderResult, Path]) -> None:

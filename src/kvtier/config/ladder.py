@@ -64,6 +64,21 @@ class LadderConfig(StrictModel):
         [1, 2, 4, 8], "running sequences of the TPOT sweep, comma separated (empty: no sweep)", group=GRID
     )
     tpot_tokens: int = flag(32, "tokens each TPOT-sweep request decodes", ge=2, le=4096, group=GRID)
+    loaded_prompts: list[int] = flag(
+        [64, 512, 1024],
+        "cold prompts (tokens, each <= 1024: one prefill chunk) timed while the TPOT sweep's levels of sequences "
+        "decode, --repeats each: how a prefill and a decode batch share the engine's steps (empty: no sweep)",
+        group=GRID,
+    )
+    handling_contexts: list[int] = flag(
+        [2048, 8192],
+        "cached prompts (tokens) timed in two kinds of text, --repeats each: what a request's handling costs per "
+        "token and per character (empty: no sweep; longer than the server takes: left out)",
+        group=GRID,
+    )
+    loaded_tokens: int = flag(
+        512, "tokens each stream decodes while the loaded prompts are timed", ge=16, le=8192, group=GRID
+    )
     holdout: float = flag(
         0.2, "share of the (context, new tokens) cells held back from the fit to check it", ge=0, lt=1, group=GRID
     )
@@ -83,7 +98,7 @@ class LadderConfig(StrictModel):
     plot: str | None = flag(None, "also draw TTFT against context per source (log-log, with the spread) to this PNG")
     quiet: bool = flag(False, "no line per measured point on stderr")
 
-    @field_validator("contexts", "new_tokens", "tpot_concurrency", mode="before")
+    @field_validator("contexts", "new_tokens", "tpot_concurrency", "loaded_prompts", "handling_contexts", mode="before")
     @classmethod
     def _lists(cls, v: object) -> object:
         return _int_list(v)
@@ -99,11 +114,13 @@ class LadderConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> LadderConfig:
-        for name in ("contexts", "new_tokens", "tpot_concurrency"):
+        for name in ("contexts", "new_tokens", "tpot_concurrency", "loaded_prompts", "handling_contexts"):
             vals = getattr(self, name) or []
             bad = [x for x in vals if x < 1]
             if bad:
                 raise ValueError(f"{name}: every value must be >= 1, got {bad}")
+        if any(x > 1024 for x in self.loaded_prompts):
+            raise ValueError(f"loaded_prompts: each must be <= 1024 tokens (one chunk), got {self.loaded_prompts}")
         if self.contexts is not None and not self.contexts:
             raise ValueError("contexts: give at least one length")
         if not self.new_tokens:

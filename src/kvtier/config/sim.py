@@ -55,6 +55,12 @@ class SimConfig(OffloadTierConfig):
         "carries them); refused without it",
     )
     model: str | None = flag(None, "catalog model whose KV bytes per token size the caches (default: the preset's)")
+    hf_config: str | None = flag(
+        None,
+        "a Hugging Face config.json (or its model folder, e.g. a kvtier model make folder) whose KV geometry sizes "
+        "the caches, instead of --model: the twin of a server serving that model holds as many bytes per token",
+        metavar="FILE",
+    )
     served_model_name: str | None = flag(None, "name clients send as 'model' (default: --model, or the preset's)")
     gpu_kv_gb: float | None = flag(None, "GPU memory for KV cache, GB (default: the preset's)", gt=0)
     prefill_tps: float | None = flag(None, "prefill throughput, tokens/s (default: the preset's)", gt=0)

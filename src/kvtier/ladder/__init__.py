@@ -29,7 +29,16 @@ import numpy as np
 from kvtier.errors import ConfigError
 from kvtier.results.engine_log import check_engine_logs
 from kvtier.results.envelope import Status, StopCode, StopReason, WarningCode, collect_host, iso, utc_now, warning
-from kvtier.results.ladder import CellStats, HostLoad, LadderPoint, LadderResult, ServerFacts
+from kvtier.results.ladder import (
+    CellStats,
+    HandlingPoint,
+    HostLoad,
+    LadderPoint,
+    LadderResult,
+    LoadedPoint,
+    ServerFacts,
+    TpotPoint,
+)
 from kvtier.results.outcome import judge, tally
 
 if TYPE_CHECKING:
@@ -121,12 +130,17 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
                 raise ConfigError("--contexts: /models gives no max_model_len for this model: give the contexts")
             contexts = cfg.contexts or default_contexts(server.max_model_len or 0, largest_new, prompter.overhead)
             points, stop_code, plan = await _measure(cfg, sess, contexts, progress)
-            tpot = []
+            tpot, loaded, handling = [], [], []
             if stop_code is None:
-                for m in cfg.tpot_concurrency:
+                tpot = await _tpot_sweep(cfg, sess, plan)
+                fits = (server.max_model_len or 10**9) - prompter.overhead - 8
+                probes = [n for n in cfg.loaded_prompts if n < fits]
+                for m in cfg.tpot_concurrency if probes else []:
                     if sess.bounded():
                         break
-                    tpot.append(await sess.tpot(m, cfg.tpot_tokens))
+                    loaded += await sess.loaded(m, probes * cfg.repeats, cfg.loaded_tokens)
+                sizes = [n for n in cfg.handling_contexts if n < fits]
+                handling = await sess.handling(sizes, cfg.repeats) if sizes and not sess.bounded() else []
             stop_code = stop_code or sess.bounded()
     finally:
         cpu.stop()
@@ -139,7 +153,53 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
         load1_start=round(load_start, 2),
         load1_end=round(os.getloadavg()[0], 2),
     )
-    return _result(cfg, server, prompter, points, tpot, plan, sess, stop_code, started, time.monotonic() - t0, load)
+    return _result(
+        cfg,
+        server,
+        prompter,
+        points,
+        tpot,
+        plan,
+        sess,
+        stop_code,
+        started,
+        time.monotonic() - t0,
+        load,
+        loaded,
+        handling,
+    )
+
+
+TPOT_STREAMS = 8
+"""Streams each level of the TPOT sweep rests on at least (rounds of ``running`` at once, at least 3)."""
+
+
+async def _tpot_sweep(cfg: LadderConfig, sess: LadderSession, plan: _Plan) -> list[TpotPoint]:
+    """The TPOT sweep, its levels interleaved round by round (a load that drifts over the sweep then moves every
+    level alike, not the last one), each resting on at least ``TPOT_STREAMS`` streams. One that is implausible
+    (ladder/fit.py ``tpot_implausible``: bursty streams, time per token falling as sequences are added) is measured
+    once more with twice the rounds and four times the tokens, and the second is kept (the fit refuses it if it is
+    still implausible)."""
+    from kvtier.ladder.fit import tpot_implausible
+
+    async def sweep(tokens: int, scale: int) -> list[TpotPoint] | None:
+        levels = cfg.tpot_concurrency
+        rounds = {m: scale * max(3, -(-TPOT_STREAMS // m)) for m in levels}
+        recs: dict[int, list[dict[str, Any]]] = {m: [] for m in levels}
+        for i in range(max(rounds.values(), default=0)):
+            for m in levels:
+                if i >= rounds[m]:
+                    continue
+                if sess.bounded():
+                    return None
+                recs[m] += await sess.tpot_round(m, tokens)
+        return [sess.tpot_point(m, recs[m]) for m in levels]
+
+    first = await sweep(cfg.tpot_tokens, 1)
+    if first is None or tpot_implausible(first) is None:
+        return first or []
+    plan.remeasured["tpot sweep"] = 1
+    return await sweep(min(4096, cfg.tpot_tokens * 4), 2) or first
 
 
 @dataclass
@@ -293,12 +353,14 @@ def _result(
     started: Any,
     wall_s: float,
     load: HostLoad | None = None,
+    loaded: list[LoadedPoint] | None = None,
+    handling: list[HandlingPoint] | None = None,
 ) -> LadderResult:
     from kvtier.ladder.fit import fit_ladder
 
-    fit = fit_ladder(
-        points, tpot, [x for x in plan.sources if x not in ("cold", "gpu")], server.kv_bytes_per_token, cfg.output
-    )
+    loaded, handling = loaded or [], handling or []
+    tiers = [x for x in plan.sources if x not in ("cold", "gpu")]
+    fit = fit_ladder(points, tpot, tiers, server.kv_bytes_per_token, cfg.output, loaded, handling)
     warnings = []
     bad = [p for p in points if not p.verified]
     if bad:
@@ -390,6 +452,8 @@ def _result(
         points=points,
         cells=cells,
         tpot=tpot,
+        loaded=loaded,
+        handling=handling,
         fit=fit,
         host_load=load,
         remeasured=plan.remeasured,

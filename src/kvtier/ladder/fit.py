@@ -22,12 +22,16 @@ from kvtier.results.ladder import (
     DecodeModel,
     FetchModel,
     FitResidual,
+    HandlingPoint,
     LadderFit,
     LadderPoint,
+    LoadedPoint,
     MeasuredRange,
     PrefillModel,
+    StepModel,
     Timing,
     TpotPoint,
+    loaded_ttft,
 )
 
 MIN_PREFILL_POINTS = 3
@@ -75,6 +79,8 @@ def fit_ladder(
     tiers: Sequence[str],
     kv_bytes_per_token: int | None,
     origin: str,
+    loaded: Sequence[LoadedPoint] = (),
+    handling: Sequence[HandlingPoint] = (),
 ) -> LadderFit | None:
     """The timing model from the verified points (None: too few verified cold/GPU points to fit prefill)."""
     ok = [p for p in points if p.verified and p.ttft_s is not None and p.prompt_tokens is not None]
@@ -85,7 +91,9 @@ def fit_ladder(
         return None
     x, y, _ = _prefill_rows(train)
     a, b, k, h = (float(v) for v in nonneg_relative_lstsq(x, y))
-    prefill = PrefillModel(overhead_s=a, s_per_token=b, s_per_token_pair=k, s_per_prompt_token=h)
+    prefill, handling_err = split_handling(
+        PrefillModel(overhead_s=a, s_per_token=b, s_per_token_pair=k, s_per_prompt_token=h), handling
+    )
     residuals: list[FitResidual] = []
 
     def residual(p: LadderPoint, predicted: float) -> FitResidual:
@@ -178,7 +186,15 @@ def fit_ladder(
             "fetch": ", ".join(f"{f.tier}: {f.points} verified points" for f in fetch) or "no offload tier",
         },
     )
+    timing.step = fit_step(timing, loaded)
+    if timing.step is not None:
+        timing.figures["step"] = f"fitted to {timing.step.points} cold prompts timed while sequences decode"
+    if prefill.s_per_prompt_char > 0 or prefill.prompt_chars_per_token:
+        used = sum(x.valid for x in handling)
+        timing.figures["handling"] = f"split into tokens and characters by {used} cached prompts of two kinds of text"
+    odd = tpot_implausible(tpot)
     fit_med, hold_med = _median_abs(fit_err), _median_abs(hold_err)
+    loaded_err = timing.step.median_abs_rel_err if timing.step is not None else None
     return LadderFit(
         timing=timing,
         prefill_points=len(train),
@@ -186,10 +202,101 @@ def fit_ladder(
         prefill_holdout_median_abs_rel_err=hold_med,
         prefill_holdout_points=len(held),
         tpot_median_abs_rel_err=tpot_err,
+        loaded_median_abs_rel_err=loaded_err,
+        handling_median_abs_rel_err=handling_err,
         superlinear=k > 0,
         residuals=residuals,
-        unreliable=unreliable(fit_med, hold_med, tpot_err),
+        unreliable=unreliable(fit_med, hold_med, tpot_err, loaded_err) + ([odd] if odd else []),
     )
+
+
+def split_handling(pm: PrefillModel, handling: Sequence[HandlingPoint]) -> tuple[PrefillModel, float | None]:
+    """The fitted handling per prompt token of the ladder's word text, split into a part per token and a part per
+    character by the handling sweep (results/ladder.py ``HandlingPoint``): with the word text's characters per
+    token ``rho``, handling = (h - rho x theta) x tokens + theta x characters, theta (0..h/rho) by least squares on
+    relative error over the sweep's cached prompts; the word text's points are kept as the main fit has them, the
+    dense ones move theta. With no valid point of either kind the model stays per token. Also the split model's
+    median error on the sweep's points."""
+    words = [x for x in handling if x.valid and x.style == "words" and x.ttft_s and x.prompt_tokens]
+    dense = [x for x in handling if x.valid and x.style == "dense" and x.ttft_s and x.prompt_tokens]
+    if not words or not dense or pm.s_per_prompt_token <= 0:
+        return pm, None
+    rho = float(np.median([x.chars / (x.prompt_tokens or 1) for x in words]))
+    rows = words + dense
+    base = [
+        pm.overhead_s
+        + pm.compute_s((x.prompt_tokens or 0) - (x.cached_tokens or 0), x.cached_tokens or 0)
+        + pm.s_per_prompt_token * (x.prompt_tokens or 0)
+        for x in rows
+    ]
+    ttft = np.array([x.ttft_s for x in rows], dtype=np.float64)
+    xr = np.array([x.chars - rho * (x.prompt_tokens or 0) for x in rows]) / ttft
+    yr = (ttft - np.array(base)) / ttft
+    theta = float(np.dot(xr, yr) / np.dot(xr, xr)) if np.dot(xr, xr) > 0 else 0.0
+    theta = min(pm.s_per_prompt_token / rho, max(0.0, theta))
+    split = pm.model_copy(
+        update={
+            "s_per_prompt_token": pm.s_per_prompt_token - rho * theta,
+            "s_per_prompt_char": theta,
+            "prompt_chars_per_token": round(rho, 4),
+        }
+    )
+    errs = [
+        split.seconds((x.prompt_tokens or 0) - (x.cached_tokens or 0), x.cached_tokens or 0, x.chars)
+        / (x.ttft_s or 1.0)
+        - 1.0
+        for x in rows
+    ]
+    return split, _median_abs(errs)
+
+
+ONE_CHUNK = 10**9
+"""The interference sweep's probes are at most 1,024 tokens: one chunk under any engine's step budget."""
+
+
+def fit_step(timing: Timing, loaded: Sequence[LoadedPoint]) -> StepModel | None:
+    """The step model's share from the interference sweep (results/ladder.py ``loaded_ttft``, with the fitted
+    prefill and decode): the share in 0..MAX_SHARE, by steps of 0.01, with the least squared relative error over
+    the valid probes. None: no valid probe, or no measured decode to share steps with."""
+    rows = [p for p in loaded if p.valid and p.ttft_s and p.prompt_tokens]
+    if not rows or timing.decode.tpot_s <= 0:
+        return None
+
+    def errors(share: float) -> list[float]:
+        return [
+            loaded_ttft(timing, p.prompt_tokens or 0, p.running, ONE_CHUNK, share) / (p.ttft_s or 1.0) - 1.0
+            for p in rows
+        ]
+
+    grid = np.arange(0.0, MAX_SHARE + 1e-9, 0.01)
+    share = float(grid[int(np.argmin([sum(e * e for e in errors(float(x))) for x in grid]))])
+    return StepModel(share=round(share, 2), points=len(rows), median_abs_rel_err=_median_abs(errors(share)))
+
+
+MAX_SHARE = 3.0
+"""The largest step share fitted: past it the sweep measures something other than steps shared."""
+TPOT_FALL_BOUND = 0.25
+"""A TPOT sweep whose time per token falls by more than this from one running sequence to more is implausible (a
+batch step costs at least what a smaller one does): the ladder measures it again, then refuses it."""
+
+
+def tpot_implausible(tpot: Sequence[TpotPoint]) -> str | None:
+    """Why the TPOT sweep cannot be believed (None: it can): most of a level's streams came in bursts, or the time
+    per token falls as sequences are added."""
+    for t in tpot:
+        ok = t.requests - t.failed
+        if ok and t.bursty * 2 > ok:
+            return f"the TPOT sweep is implausible: {t.bursty} of {ok} streams at {t.running} running came in bursts"
+    tv = sorted((t.running, t.tpot_s) for t in tpot if t.tpot_s)
+    if len(tv) >= 2:
+        first = tv[0][1]
+        low = min(tv[1:], key=lambda x: x[1])
+        if (first - low[1]) / first > TPOT_FALL_BOUND:
+            return (
+                f"the TPOT sweep is implausible: time per token falls from {first * 1e3:.2f} ms at {tv[0][0]} "
+                f"running to {low[1] * 1e3:.2f} ms at {low[0]}"
+            )
+    return None
 
 
 FIT_ERR_BOUND = 0.15
@@ -198,19 +305,35 @@ HOLDOUT_ERR_BOUND = 0.25
 """The same on the cells held back from it (what it predicts; #56's aim for a twin's p95 error)."""
 TPOT_ERR_BOUND = 0.25
 """The largest median error of the TPOT fit over the running-sequence levels it was fitted to."""
+LOADED_ERR_BOUND = 0.25
+"""The same for the step model on the interference sweep's probes (TTFT with sequences decoding)."""
 
 
-def unreliable(fit_err: float | None, holdout_err: float | None, tpot_err: float | None) -> list[str]:
+def unreliable(
+    fit_err: float | None, holdout_err: float | None, tpot_err: float | None, loaded_err: float | None = None
+) -> list[str]:
     """Why a fit is not fit to calibrate a twin: each of its errors past its bound, in words (empty: reliable)."""
     out = []
     for err, bound, what in (
         (fit_err, FIT_ERR_BOUND, "the prefill fit's median error on its own points"),
         (holdout_err, HOLDOUT_ERR_BOUND, "its median error on the held-back cells"),
         (tpot_err, TPOT_ERR_BOUND, "the TPOT fit's median error over its levels"),
+        (loaded_err, LOADED_ERR_BOUND, "the step model's median error on TTFTs with sequences decoding"),
     ):
         if err is not None and err > bound:
             out.append(f"{what} is {err:.1%} (bound {bound:.0%})")
     return out
 
 
-__all__ = ["fit_ladder", "nonneg_relative_lstsq", "unreliable", "FIT_ERR_BOUND", "HOLDOUT_ERR_BOUND", "TPOT_ERR_BOUND"]
+__all__ = [
+    "fit_ladder",
+    "fit_step",
+    "split_handling",
+    "nonneg_relative_lstsq",
+    "tpot_implausible",
+    "unreliable",
+    "FIT_ERR_BOUND",
+    "HOLDOUT_ERR_BOUND",
+    "TPOT_ERR_BOUND",
+    "LOADED_ERR_BOUND",
+]

@@ -31,7 +31,7 @@ from kvtier.replay.client import ClientConfig, stream_request
 from kvtier.replay.datasets import VirtualUser
 from kvtier.replay.scrape import scrape_snapshot as scrape
 from kvtier.results.engine_log import EngineLogTail
-from kvtier.results.ladder import LadderPoint, Shown, TpotPoint
+from kvtier.results.ladder import HANDLING_HIT_SHARE, HandlingPoint, LadderPoint, LoadedPoint, Shown, TpotPoint
 from kvtier.tokenizer import Tokenizer
 
 CHUNK_TOKENS = 256
@@ -76,6 +76,23 @@ class Prompter:
             else:
                 hi = mid - 1
         return head + " ".join(words[:lo])
+
+    def dense(self, tokens: int) -> str:
+        """About ``tokens`` tokens of single letters apart (far fewer characters per token than words: the
+        handling sweep's second kind of text), starting with a nonce; exact with a tokenizer."""
+        self._n += 1
+        head = f"ladder {self.tag} {self._n}: "
+        letters = self.rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=int(tokens * 1.2) + 8).tolist()
+        if self.tokenizer is None:
+            return head + " ".join(letters[: max(0, tokens - 6)])
+        lo, hi = 0, len(letters)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.tokenizer.count(head + " ".join(letters[:mid])) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return head + " ".join(letters[:lo])
 
 
 def first_token_s(rec: dict[str, Any]) -> float | None:
@@ -371,14 +388,14 @@ class LadderSession:
             await asyncio.sleep(0.05)
         await asyncio.sleep(settle_s)
 
-    async def tpot(self, running: int, tokens: int, rounds: int = 3) -> TpotPoint:
-        """``running`` requests at once, each decoding ``tokens``, ``rounds`` times: the median over all of them of
-        their time per token (one request alone is one sample: rounds keep a level from resting on it)."""
-        recs = []
-        for _ in range(rounds):
-            if self.bounded():
-                break
-            recs += await asyncio.gather(*(self.send(self.prompter.text(64), tokens) for _ in range(running)))
+    async def tpot_round(self, running: int, tokens: int) -> list[dict[str, Any]]:
+        """One round of the TPOT sweep at one level: ``running`` requests at once, each decoding ``tokens``."""
+        return list(await asyncio.gather(*(self.send(self.prompter.text(64), tokens) for _ in range(running))))
+
+    @staticmethod
+    def tpot_point(running: int, recs: Sequence[dict[str, Any]]) -> TpotPoint:
+        """A level's rounds: the median over all its requests of their time per token (one request alone is one
+        sample: rounds keep a level from resting on it)."""
         # each request's decode time per token after its first, (e2e - first token) / (completion tokens - 1): a
         # server that coalesces tokens into one network chunk (vLLM's API server under load does) shows gaps of 0 and
         # of two tokens, which move a median of gaps but not this mean; an early EOS counts its own tokens. A stream
@@ -397,6 +414,81 @@ class LadderSession:
             bursty=sum(r["status"] == "ok" for r in recs) - len(per),
             failed=sum(r["status"] != "ok" for r in recs),
         )
+
+    async def loaded(self, running: int, prompts: Sequence[int], decode_tokens: int) -> list[LoadedPoint]:
+        """The interference sweep at one level: ``running`` streams decode ``decode_tokens`` each while cold prompts
+        of ``prompts`` tokens (each a fresh text, one at a time) are timed to their first token. A probe counts
+        (``valid``) only when every stream was still decoding as its first token came: the streams are started
+        again (up to three times) for the probes left when they end first."""
+        out: list[LoadedPoint] = []
+        left = list(prompts)
+        for _ in range(3):
+            if not left or self.bounded():
+                break
+            streams = [asyncio.create_task(self.send(self.prompter.text(64), decode_tokens)) for _ in range(running)]
+            try:
+                await self._until_running(running, streams)
+                await asyncio.sleep(0.1)  # past the streams' own prefills: they decode
+                while left and self.bounded() is None and not any(t.done() for t in streams):
+                    n = left[0]
+                    rec = await self.send(self.prompter.text(n))
+                    ended = [t for t in streams if t.done()]
+                    ttft = first_token_s(rec)
+                    why = None
+                    if rec["status"] != "ok" or ttft is None:
+                        why = f"request failed: {rec['cause']}: {rec['error']}"
+                    elif ended:
+                        continue  # a stream ended while it waited: measured again with fresh streams
+                    out.append(LoadedPoint(running=running, prompt_tokens=rec["prompt_tokens"],
+                                           ttft_s=round(ttft, 6) if ttft is not None else None,
+                                           valid=why is None, why=why))  # fmt: skip
+                    left.pop(0)
+            finally:
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                await self._until_running(0, [])
+        for n in left:
+            why = f"not measured: the {running} streams kept ending before a {n}-token probe"
+            out.append(LoadedPoint(running=running, prompt_tokens=None, ttft_s=None, valid=False, why=why))
+        return out
+
+    async def handling(self, contexts: Sequence[int], repeats: int) -> list[HandlingPoint]:
+        """The handling sweep: for each context and kind of text (words, dense), ``repeats`` times, a fresh
+        prefix sent once to be cached, then again with another ending: the second's TTFT is mostly the request's
+        handling (its compute is a few tokens), so text with fewer characters per token tells what handling costs
+        per token from what it costs per character."""
+        out: list[HandlingPoint] = []
+        for c in contexts:
+            for style in ("words", "dense"):
+                for _ in range(repeats):
+                    if self.bounded():
+                        return out
+                    prefix = self.prompter.text(c) if style == "words" else self.prompter.dense(c)
+                    await self.send(prefix + " end")
+                    text = prefix + " again"
+                    rec = await self.send(text)
+                    ttft, total, hit = first_token_s(rec), rec["prompt_tokens"], rec["cached_tokens"]
+                    valid = rec["status"] == "ok" and ttft is not None and bool(total) and hit is not None
+                    valid = valid and (hit or 0) >= HANDLING_HIT_SHARE * (total or 0)
+                    t = round(ttft, 6) if ttft is not None else None
+                    out.append(HandlingPoint(style=style, prompt_tokens=total, cached_tokens=hit, chars=len(text),
+                                             ttft_s=t, valid=valid))  # fmt: skip
+        return out
+
+    async def _until_running(self, count: int, streams: Sequence[asyncio.Task[Any]], limit_s: float = 10.0) -> None:
+        """Wait until the server's running batch holds ``count`` requests (vllm:num_requests_running; a server
+        without it: a fixed 0.5 s), at most ``limit_s``, or one of ``streams`` ended."""
+        t_end = time.monotonic() + limit_s
+        while time.monotonic() < t_end and not any(t.done() for t in streams):
+            snap = await scrape(self.http, self.metrics_url)
+            now = snap.get("vllm:num_requests_running") if snap is not None else None
+            if now is None:
+                await asyncio.sleep(0.5)
+                return
+            if (now >= count) if count else (now == 0):
+                return
+            await asyncio.sleep(0.02)
 
 
 Progress = Callable[[LadderPoint], None]

@@ -59,7 +59,7 @@ def ladder_prefill(t: Timing) -> Prefill:
     """A ladder's measured model, as a calibrated sim runs it: the compute on the GPU, the fixed cost and the
     per-prompt-token handling as latency beside it."""
     p = t.prefill
-    return lambda new, cached: (p.compute_s(max(1, new), cached), p.overhead_s + p.s_per_prompt_token * (new + cached))
+    return lambda new, cached: (p.compute_s(max(1, new), cached), p.overhead_s + p.handling_s(new + cached))
 
 
 def bandwidth_fetch(bw: dict[str, float], kvpt: int) -> Fetch:

@@ -25,23 +25,34 @@ from kvtier.results.outcome import Failure
 
 
 class PrefillModel(Section):
-    """prefill_s(new, cached) = overhead_s + s_per_prompt_token x (new + cached) + s_per_token x new
-    + s_per_token_pair x new x (cached + new / 2).
+    """prefill_s(new, cached) = overhead_s + handling + s_per_token x new + s_per_token_pair x new x (cached + new/2),
+    handling = s_per_prompt_token x (new + cached) + s_per_prompt_char x the prompt's characters.
 
-    The second term is the request's handling per prompt token, cached or not (its body, tokenization, block
-    hashing); the third is compute per new token; the last is attention: each new token attends over the cached
-    context and the new tokens before it, so a fresh prompt's prefill grows with the square of its length and a
-    prefix hit's remaining prefill is not that of a fresh prompt of the same length. ``s_per_token_pair`` 0 is a
-    linear model (the presets')."""
+    Handling is the request's own work before any compute, cached or not: its body, the chat template, tokenizing,
+    block hashing; it grows with both tokens and characters, which a prompt mixes in its own proportion (the
+    ladder's word text has ``prompt_chars_per_token``; an agent trace's code far fewer), so the ladder's handling
+    sweep times cached prompts of two kinds of text to tell the two apart. The third term is compute per new
+    token; the last is attention: each new token attends over the cached context and the new tokens before it, so
+    a fresh prompt's prefill grows with the square of its length and a prefix hit's remaining prefill is not that
+    of a fresh prompt of the same length. ``s_per_token_pair`` 0 is a linear model (the presets')."""
 
     overhead_s: float = Field(ge=0)
     s_per_token: float = Field(ge=0)
     s_per_token_pair: float = Field(0.0, ge=0)
     s_per_prompt_token: float = Field(0.0, ge=0)
+    s_per_prompt_char: float = Field(0.0, ge=0)
+    prompt_chars_per_token: float | None = Field(None, gt=0)  # the ladder's text: characters where none are given
 
-    def seconds(self, new_tokens: float, cached_tokens: float = 0.0) -> float:
+    def seconds(self, new_tokens: float, cached_tokens: float = 0.0, chars: float | None = None) -> float:
         n, c = max(0.0, new_tokens), max(0.0, cached_tokens)
-        return self.overhead_s + self.s_per_prompt_token * (n + c) + self.compute_s(n, c)
+        return self.overhead_s + self.handling_s(n + c, chars) + self.compute_s(n, c)
+
+    def handling_s(self, prompt_tokens: float, chars: float | None = None) -> float:
+        """The handling of a prompt of ``prompt_tokens`` tokens and ``chars`` characters (None: as many as the
+        ladder's own text has for that many tokens)."""
+        if chars is None:
+            chars = prompt_tokens * (self.prompt_chars_per_token or 0.0)
+        return self.s_per_prompt_token * prompt_tokens + self.s_per_prompt_char * chars
 
     def compute_s(self, new_tokens: float, cached_tokens: float = 0.0) -> float:
         """The per-token part alone (no overhead): what one prefill chunk costs. Chunks add up exactly: the
@@ -76,6 +87,31 @@ class FetchModel(Section):
         return self.overhead_s + self.s_per_token * max(0.0, tokens)
 
 
+class StepModel(Section):
+    """How a prefill and the running batch share the engine's steps, fitted to cold prompts' TTFTs measured while
+    sequences decode (the ladder's interference sweep): a step that computes a prefill chunk lasts the chunk's
+    compute plus ``share`` of the batch's decode step; a decode-only step keeps the engine busy for ``share`` of
+    its length (the rest is the tokens' way out: detokenizing, streaming), and a prefill that arrives after that
+    starts at once. 1: decode and prefill add, one forward pass computing both; near 0: the running streams cost a
+    prefill nothing; above 1: the host's work for those streams slows the engine further."""
+
+    share: float = Field(ge=0)
+    points: int
+    median_abs_rel_err: float | None = None
+
+
+def loaded_ttft(timing: Timing, prompt_tokens: float, running: int, budget: int, share: float) -> float:
+    """A cold prompt's TTFT while ``running`` sequences decode, by the step model (the sim's engine,
+    sim/server.py ``_steps``, follows the same rule): as alone, plus ``share`` of a decode step for each of its
+    chunks (``budget`` less the decode tokens each), plus the wait for a decode-only step's busy part when it
+    arrives inside one (``share``² x half a step on average, a step being busy for ``share`` of it)."""
+    pm, d = timing.prefill, timing.decode.at(running) if running > 0 else 0.0
+    n = max(1.0, prompt_tokens)
+    chunks = -(-n // max(1, budget - running))
+    busy = min(1.0, share)
+    return pm.seconds(n, 0.0) + share * chunks * d + busy * busy * d / 2
+
+
 class MeasuredRange(Section):
     """Where a measured model holds: outside it a consumer extrapolates and says so."""
 
@@ -94,6 +130,7 @@ class Timing(Section):
     decode: DecodeModel
     fetch: list[FetchModel] = Field(default_factory=list)
     range: MeasuredRange | None = None
+    step: StepModel | None = None  # None: the interference was not measured (the sim then adds nothing: share 0)
     figures: dict[str, str] = Field(default_factory=dict)  # figure -> its source, in words
 
     def fetch_for(self, tier: str) -> FetchModel | None:
@@ -165,6 +202,33 @@ class TpotPoint(Section):
     bursty: int = 0  # ok requests left out: their tokens came in a few bursts, not one by one
 
 
+class LoadedPoint(Section):
+    """A cold prompt's TTFT measured while ``running`` other sequences decode (the interference sweep); ``valid``
+    when every one of them was still decoding as its first token came."""
+
+    running: int
+    prompt_tokens: int | None
+    ttft_s: float | None
+    valid: bool
+    why: str | None = None
+
+
+class HandlingPoint(Section):
+    """A cached prompt's TTFT from the handling sweep: ``style`` words (the ladder's usual text) or dense (single
+    letters: far fewer characters per token), ``chars`` the characters of its text; ``valid`` when the server said
+    it found at least ``HANDLING_HIT_SHARE`` of it cached."""
+
+    style: Literal["words", "dense"]
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    chars: int
+    ttft_s: float | None
+    valid: bool
+
+
+HANDLING_HIT_SHARE = 0.9
+
+
 class CellStats(Section):
     source: str
     context_tokens: int
@@ -194,6 +258,8 @@ class LadderFit(Section):
     prefill_holdout_median_abs_rel_err: float | None
     prefill_holdout_points: int
     tpot_median_abs_rel_err: float | None
+    loaded_median_abs_rel_err: float | None = None  # the step model's error on the interference sweep's points
+    handling_median_abs_rel_err: float | None = None  # the prefill model's error on the handling sweep's points
     superlinear: bool  # the attention term is positive: a long prompt's prefill grows faster than its length
     residuals: list[FitResidual]
     unreliable: list[str] = []  # why the fit is not fit to calibrate a twin (ladder/fit.py bounds); empty: reliable
@@ -217,6 +283,8 @@ class LadderResult(Envelope):
     points: list[LadderPoint]
     cells: list[CellStats]
     tpot: list[TpotPoint]
+    loaded: list[LoadedPoint] = []  # the interference sweep: TTFT with sequences decoding
+    handling: list[HandlingPoint] = []  # the handling sweep: cached prompts of two kinds of text
     fit: LadderFit | None
     failures: dict[str, Failure]  # failed requests (measured, flood, probe) by cause
     requests_sent: int  # measured, flood and probe requests
@@ -335,6 +403,11 @@ def load_fitted(path: str, flag: str, refuse_unreliable: str | None = None) -> t
 
 __all__ = [
     "load_fitted",
+    "loaded_ttft",
+    "HandlingPoint",
+    "HANDLING_HIT_SHARE",
+    "LoadedPoint",
+    "StepModel",
     "CellStats",
     "DecodeModel",
     "FetchModel",

@@ -164,7 +164,7 @@ class Handlers:
         prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, req.text)  # off the loop
         if not prompt_ids:
             raise BadRequest("the prompt renders to no tokens", "messages" if chat else "prompt")
-        gen = engine.generate(prompt_ids, req.max_tokens, received)
+        gen = engine.generate(prompt_ids, req.max_tokens, received, len(req.text))
         try:  # from here on, every path closes the generator: it holds a slot and KV blocks
             _, info = await gen.__anext__()  # admission and prefill; raises BadRequest/Busy before any byte is sent
             head = {

@@ -6,16 +6,17 @@ Latency model per request:
          docs/architecture.md "The simulator against a real vLLM": first come first served, the whole
          sequence must fit to start, no blocks reserved for output, recompute preemption)
        + offload load time                                   (real reads, measured)
-       + wait for the GPU's prefill compute                  (modelled: one FIFO, see below)
-       + prefill_overhead + uncached tokens / prefill_tps   (modelled, slept; in chunks of
-         --max-num-batched-tokens, each chunk's blocks taken when it is queued; with --calibration also
-         + prefill_pair_s x new x (cached + new/2), and the overhead is latency only, off the modelled GPU)
-  then one token every tpot_ms x (1 + batch_slowdown x (running - 1)) (modelled, slept; one
-  batch step hands a token to every decoding sequence).
-Prefill compute is one shared resource: the GPU runs one forward pass at a time, so concurrent
-prefills queue behind each other at prefill_tps in total (a recompute delays everyone), while
-offload loads of different requests overlap (they are I/O). Decode steps are not charged against
-prefill compute (an approximation: vLLM interleaves them).
+       + the engine's steps that compute its prefill         (modelled, slept: see below)
+       + with --calibration, the measured fixed cost and handling per prompt token (latency, off the engine)
+  then one token per engine step.
+The engine runs one step at a time, as vLLM's does: a step decodes one token of every decoding sequence and
+computes prefill chunks in what is left of --max-num-batched-tokens (the running requests in the order they
+started). A chunk of n new tokens over c held ones costs n / prefill_tps + prefill_pair_s x n x (c + n/2) (a
+preset's prefill_overhead with a request's first chunk); a decode batch of k costs tpot_ms x (1 +
+batch_slowdown x (k - 1)); a step lasts the longer of the two plus step_share of the shorter (a calibration's
+measured interference: 1 on a CPU, where they add). So concurrent prefills queue behind each other (a
+recompute delays everyone), a prefill pays for the decode batch it shares its steps with, and decoding
+sequences stall while a chunk runs; offload loads of different requests overlap (they are I/O).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from kvtier.sim.requests import (
     BadRequest,
     Busy,
 )
+from kvtier.sim.tokens import chat_renderer
 from kvtier.tokenizer import Tokenizer, load_tokenizer
 from kvtier.units import GiB
 
@@ -70,6 +72,10 @@ class SimSettings:
     body_timeout_s: float = 30.0  # a request body must arrive within this (HTTP 408 otherwise)
     max_num_batched_tokens: int = 8192  # a prefill chunk, tokens (vLLM's chunked prefill)
     prefill_pair_s: float = 0.0  # attention: s per new token per token it attends over (0: the linear presets)
+    prefill_prompt_s: float = 0.0  # handling per prompt token, cached or not (a calibration's; latency, off the GPU)
+    prefill_char_s: float = 0.0  # ... and per character of the prompt's text
+    prompt_chars_per_token: float = 0.0  # the calibration text's: characters of a prompt whose text is not known
+    step_share: float = 0.0  # how much of the shorter of a step's decode and prefill work adds to the longer
     timing_source: str = "assumed"  # assumed (a preset's figures) | measured (a ladder's fit: --calibration)
     timing_origin: str = ""  # the preset's name or the calibration file
     measured_prompt_tokens: int | None = None  # the calibration's range: longer prompts are extrapolated
@@ -92,6 +98,8 @@ class _Req:
         "preemptions",
         "seq",
         "keys_base",
+        "pending",
+        "overhead_s",
     )
     _ids = 0
 
@@ -105,6 +113,8 @@ class _Req:
         self.computed = 0
         self.preemptions = 0
         self.seq: _Seq | None = None
+        self.pending: asyncio.Future[bool] | None = None  # its prefill, while the engine's steps compute it
+        self.overhead_s = 0.0  # a preset's fixed cost, paid with its first chunk
         _Req._ids += 1
         self.keys_base = _Req._ids
 
@@ -131,20 +141,6 @@ class _Seq:
         self.stamps = [t_first]
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.req = req
-
-
-def chat_renderer(tokenizer: str) -> Callable[[Sequence[dict[str, Any]]], str]:
-    """How messages become the prompt text: the chat template of a ``kvtier model make`` folder when the sim
-    counts with that folder's tokenizer (so its prompt ids are the ids vLLM serving that folder computes),
-    else the sim's own rendering (sim/tokens.py)."""
-    from pathlib import Path
-
-    from kvtier.modelmaker import MARKER
-    from kvtier.sim.tokens import render_chat, render_kvtier_model_chat
-
-    if tokenizer.startswith("hf:") and (Path(tokenizer[3:]) / MARKER).exists():
-        return render_kvtier_model_chat
-    return render_chat
 
 
 class SimEngine:
@@ -176,7 +172,7 @@ class SimEngine:
         self._waiting: deque[_Req] = deque()  # first come, first served; a preempted request at the front
         self._seqs: set[_Seq] = set()
         self._ticker: asyncio.Task[None] | None = None
-        self._prefill_free_at = 0.0  # when the modelled GPU finishes the prefill work queued so far
+        self._arrived = asyncio.Event()  # a prefill joined: it may cut a decode-only step's idle part short
         self._describe_metrics()
 
     def _describe_metrics(self) -> None:
@@ -189,6 +185,21 @@ class SimEngine:
         usage = self.offload.store.usage() if isinstance(self.offload, Offload) else {}
         for tier, u in usage.items():
             m.tier_capacity.labels(m.model_name, tier).set(u["capacity_bytes"] // self.kvpt)
+
+    def handling_s(self, prompt_tokens: int, own_s: float, chars: int | None = None) -> float:
+        """A calibrated sim's measured fixed cost and handling per prompt token, as latency off the modelled engine:
+        the ladder measures them one request at a time, where they are mostly the API server's own work (HTTP,
+        the chat template, tokenizing, hashing every prompt token, cached or not), which a real engine overlaps
+        with other requests' compute. Less what this process already spent for real on the request (parsing,
+        tokenizing and hashing it: ``own_s``), so the same work is not counted twice. ``chars``: the prompt's
+        characters (None: as many as the calibration's text has for that many tokens). 0 for a preset (its fixed
+        cost is engine time)."""
+        s = self.s
+        if s.timing_source != "measured":
+            return 0.0
+        n = prompt_tokens * s.prompt_chars_per_token if chars is None else chars
+        own = s.prefill_overhead_ms / 1e3 + s.prefill_prompt_s * prompt_tokens + s.prefill_char_s * n
+        return max(0.0, own - own_s)
 
     def timing_of(self, prompt_tokens: int) -> str:
         """How this request is timed: ``assumed`` (a preset), ``measured`` (inside the calibration's range) or
@@ -260,6 +271,8 @@ class SimEngine:
         victim.ready = asyncio.get_running_loop().create_future()
         self._waiting.appendleft(victim)
         self.metrics.preemptions.inc()
+        if victim.pending is not None and not victim.pending.done():
+            victim.pending.set_result(False)  # its chunk in flight, if any, is lost
         if victim.seq is not None:
             self._seqs.discard(victim.seq)
             if not victim.seq.done.done():
@@ -304,37 +317,19 @@ class SimEngine:
             raise Busy(f"waited {self.s.queue_timeout_s:g} s for a slot (--queue-timeout)") from None
 
     async def _prefill(self, r: _Req, loaded: int = 0) -> bool:
-        """Compute ``r``'s sequence from what it holds, chunk by chunk (``--max-num-batched-tokens``), each chunk's
-        blocks allocated as it is scheduled and its compute queued on the one modelled GPU; ``loaded`` tokens past
-        the GPU hit came from the offload tier (blocks, no compute). False when ``r`` was preempted meanwhile."""
+        """Compute ``r``'s sequence from what it holds: the engine's steps take it chunk by chunk
+        (``--max-num-batched-tokens`` less the step's decode tokens), each chunk's blocks allocated as it is
+        scheduled; ``loaded`` tokens past the GPU hit came from the offload tier (blocks, no compute). False when
+        ``r`` was preempted meanwhile."""
         s = self.s
-        epoch = r.preemptions
         r.computed += loaded
-        overhead = s.prefill_overhead_ms / 1e3
-        # a calibrated sim's fixed cost is latency, not GPU time: the ladder measures it one request at a time, where
-        # it is mostly the API server's own work (HTTP, scheduling, detokenizing), which a real engine overlaps with
-        # the compute of other requests; a preset's stays on the modelled GPU, as it always was
-        after = overhead if s.timing_source == "measured" else 0.0
-        overhead -= after
-        while r.computed < r.num_tokens:
-            n = min(s.max_num_batched_tokens, r.num_tokens - r.computed)
-            if not self._grow(r, r.computed + n):
-                return False
-            now = time.perf_counter()
-            # a chunk's compute: linear in its tokens, plus attention over what is already computed (the
-            # calibration's pair term; chunks add up to the whole prompt's cost exactly)
-            work = n / s.prefill_tps + s.prefill_pair_s * n * (r.computed + n / 2)
-            self._prefill_free_at = max(now, self._prefill_free_at) + overhead + work
-            overhead = 0.0
-            await asyncio.sleep(self._prefill_free_at - now)
-            if r.preemptions != epoch:  # preempted while its chunk ran: that work is lost
-                return False
-            r.computed += n
-            if self._waiting:
-                self._schedule()  # what this chunk leaves of the step's budget may start the next request
-        if after > 0:
-            await asyncio.sleep(after)
-        return True
+        r.pending = asyncio.get_running_loop().create_future()
+        # a preset's fixed cost is GPU time, paid in the request's first chunk; a calibrated sim's is latency
+        # (generate: ``handling_s``)
+        r.overhead_s = 0.0 if s.timing_source == "measured" else s.prefill_overhead_ms / 1e3
+        self._arrived.set()
+        self._wake()
+        return await r.pending
 
     async def _compute(self, r: _Req, loaded: int = 0) -> None:
         """Until ``r``'s whole sequence is computed: started again (and computed anew) each time it is preempted."""
@@ -348,30 +343,84 @@ class SimEngine:
 
     def _join(self, seq: _Seq) -> None:
         self._seqs.add(seq)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+            self._ticker = asyncio.get_running_loop().create_task(self._steps())
 
-    async def _tick(self) -> None:
-        """Continuous-batching decode: one timer per step for the whole batch (not one per token).
+    def _prefilling(self) -> list[_Req]:
+        return [r for r in self._running if r.pending is not None and not r.pending.done()]
 
-        A step lasts tpot x (1 + batch_slowdown x (running - 1)); at its end every decoding sequence
-        gets its next token, in the order the requests started, each first taking a new block when its
-        sequence fills one (preempting the latest-started request when none is free, as vLLM does). Steps
-        are scheduled on absolute deadlines, so per-step work does not stretch the modelled time unless
-        the host cannot keep up."""
+    def _chunks(self, budget: int) -> tuple[list[tuple[_Req, int, int]], float]:
+        """This step's prefill chunks, vLLM's way: the running requests in the order they started, each taking
+        what is left of the token budget (its blocks allocated now, preempting as decoding does), and the
+        chunks' modelled compute, s (linear in their tokens plus attention over what each already holds:
+        chunks add up to the whole prompt's cost exactly)."""
+        s = self.s
+        chunks: list[tuple[_Req, int, int]] = []
+        work = 0.0
+        for r in self._prefilling():
+            if budget <= 0:
+                break
+            if r.pending is None or r.pending.done():
+                continue  # preempted by an earlier chunk's blocks in this step
+            n = min(budget, r.num_tokens - r.computed)
+            if not self._grow(r, r.computed + n):
+                continue
+            work += r.overhead_s + n / s.prefill_tps + s.prefill_pair_s * n * (r.computed + n / 2)
+            r.overhead_s = 0.0
+            chunks.append((r, n, r.preemptions))
+            budget -= n
+        return chunks, work
+
+    async def _steps(self) -> None:
+        """Continuous batching, one timer per engine step (not one per token): a step decodes one token of every
+        decoding sequence and computes prefill chunks in the rest of the step's token budget, as vLLM's
+        scheduler does.
+
+        A step with prefill chunks lasts their compute plus ``step_share`` of the decode batch's step (``tpot x
+        (1 + batch_slowdown x (decoding - 1))``); a decode-only step lasts the batch's step, the engine busy for
+        ``step_share`` of it: a prefill that arrives after that part starts its step at once, and the batch's
+        tokens ride with it (results/ladder.py ``StepModel``, fitted by the ladder's interference sweep). So a
+        prefill pays for the batch it shares its steps with, and decoding sequences stall while a chunk runs.
+        At a step's end every decoding sequence gets its next token, in the order the requests started, each
+        first taking a new block when its sequence fills one (preempting the latest-started request when
+        none is free, as vLLM does). Steps are scheduled on absolute deadlines, so per-step work does not
+        stretch the modelled time unless the host cannot keep up."""
         s, clock, sleep = self.s, time.perf_counter, asyncio.sleep
-        tpot, slow = s.tpot_ms / 1e3, s.batch_slowdown
+        tpot, slow, share = s.tpot_ms / 1e3, s.batch_slowdown, s.step_share
         due = clock()
-        while self._seqs:
-            due += tpot * (1 + slow * (self.running - 1))
+        while self._seqs or self._prefilling():
+            decoding = [r for r in self._running if r.seq in self._seqs]
+            self._arrived.clear()
+            chunks, work = self._chunks(s.max_num_batched_tokens - len(decoding))
+            step = tpot * (1 + slow * (len(decoding) - 1)) if decoding else 0.0
+            busy_until = due + (work + share * step if chunks else min(1.0, share) * step)
+            due = busy_until if chunks else due + step
             now = clock()
-            if due > now:
-                await sleep(due - now)
-                now = clock()
-            else:
+            if due <= now:
                 due = now  # behind schedule: do not try to catch up with a burst of steps
                 await sleep(0)
-            for r in [r for r in self._running if r.seq in self._seqs]:  # in the order they started
+            elif chunks:
+                await sleep(due - now)
+            else:  # a decode-only step: a prefill arriving after its busy part starts the next step at once
+                if busy_until > now:
+                    await sleep(busy_until - now)
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), max(0.0, due - clock()))
+                    due = clock()
+                    continue  # the batch's tokens ride with the prefill's step
+                except TimeoutError:
+                    pass
+            now = clock()
+            for r, n, epoch in chunks:
+                if r.preemptions != epoch:  # preempted while its chunk ran: that work is lost
+                    continue
+                r.computed += n
+                if r.computed >= r.num_tokens and r.pending is not None and not r.pending.done():
+                    r.pending.set_result(True)
+            for r in decoding:  # in the order they started
                 q = r.seq
                 if q is None or q not in self._seqs:
                     continue  # preempted earlier in this step
@@ -394,7 +443,7 @@ class SimEngine:
                     if not q.done.done():
                         q.done.set_result(None)
             if self._waiting:
-                self._schedule()
+                self._schedule()  # what this step left of the budget may start the next request
 
     def _count_sources(self, by_source: dict[str, int]) -> None:
         """A prompt's tokens by source into vLLM's prompt_tokens_by_source (local_cache_hit, external_kv_transfer,
@@ -442,7 +491,9 @@ class SimEngine:
         so an oversized prompt costs no tokenization."""
         return self.fewest_tokens(text) + max_tokens > self.max_model_len
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, received: float | None = None):  # type: ignore[no-untyped-def]
+    async def generate(
+        self, prompt_ids: list[int], max_tokens: int, received: float | None = None, chars: int | None = None
+    ) -> AsyncGenerator[tuple[str, Any], Any]:
         """Async generator: yields ('first', info) after prefill (the caller sends token 0); is then
         sent a plain function ``emit(i) -> bool | None`` (or None) that the decode ticker calls for
         tokens 1..max_tokens-1 (True sent; False the client is gone: decoding stops; None the client
@@ -456,7 +507,9 @@ class SimEngine:
         t_arrive = time.perf_counter()
         t_recv = received if received is not None else t_arrive
         self.check_fits(len(prompt_ids), max_tokens)
+        t_hash = time.perf_counter()
         hashes = await asyncio.to_thread(block_hashes, prompt_ids, self.block)  # a long prompt stays off the loop
+        own_s = (t_arrive - t_recv) + (time.perf_counter() - t_hash)  # this process's real handling so far
         if self.waiting >= s.max_waiting:
             raise Busy(f"{self.waiting} requests are already waiting (--max-waiting {s.max_waiting})")
         r = _Req(hashes, len(prompt_ids), asyncio.get_running_loop().create_future())
@@ -496,6 +549,7 @@ class SimEngine:
                 m.ext_hits.inc(ext)
             t_fetched = time.perf_counter()
             await self._compute(r, ext if r.preemptions == 0 else 0)
+            await asyncio.sleep(self.handling_s(len(prompt_ids), own_s, chars))
             epoch = r.preemptions
             t_first = time.perf_counter()
             m.prefill.observe(t_first - t_admit)

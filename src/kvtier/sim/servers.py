@@ -20,7 +20,7 @@ from aiohttp import web
 from kvtier.config.sim import OffloadTierConfig, SimConfig, load_presets
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyScope
-from kvtier.modelspec import ModelSpec, build_catalog, resolve_model
+from kvtier.modelspec import ModelSpec, build_catalog, resolve_model, spec_from_hf_config
 from kvtier.results.ladder import Timing
 from kvtier.sim.api import make_app
 from kvtier.sim.model import Offload, OffloadConfig, offload_tiers
@@ -49,6 +49,10 @@ def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict
         "prefill_tps": 1.0 / t.prefill.s_per_token if t.prefill.s_per_token > 0 else 1e12,
         "prefill_overhead_ms": t.prefill.overhead_s * 1e3,
         "prefill_pair_s": t.prefill.s_per_token_pair,
+        "prefill_prompt_s": t.prefill.s_per_prompt_token,
+        "prefill_char_s": t.prefill.s_per_prompt_char,
+        "prompt_chars_per_token": t.prefill.prompt_chars_per_token or 0.0,
+        "step_share": t.step.share if t.step is not None else 0.0,  # not measured: steps add nothing (a preset's)
     }
     if t.decode.tpot_s > 0:  # a ladder without a TPOT sweep leaves decode to the preset (assumed)
         values["tpot_ms"] = t.decode.tpot_s * 1e3
@@ -73,7 +77,13 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
             )
         measured, timing, error = calibration_values(cfg.calibration, cfg.accept_unreliable)
         pr.update(measured)
-    model = resolve_model(cfg.model or pr["model"], build_catalog())
+    if cfg.hf_config and cfg.model:
+        raise ConfigError("--hf-config: give it or --model, not both")
+    model = (
+        spec_from_hf_config(cfg.hf_config)
+        if cfg.hf_config
+        else resolve_model(cfg.model or pr["model"], build_catalog())
+    )
     values: dict[str, float] = {}
     for name in MODEL_FIELDS:
         v = getattr(cfg, name)
@@ -100,6 +110,10 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         body_timeout_s=cfg.body_timeout,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         prefill_pair_s=float(pr.get("prefill_pair_s", 0.0)),
+        prefill_prompt_s=float(pr.get("prefill_prompt_s", 0.0)),
+        prefill_char_s=float(pr.get("prefill_char_s", 0.0)),
+        prompt_chars_per_token=float(pr.get("prompt_chars_per_token", 0.0)),
+        step_share=float(pr.get("step_share", 0.0)),
         timing_source="measured" if timing is not None else "assumed",
         timing_origin=cfg.calibration if cfg.calibration and timing is not None else f"preset {cfg.preset}",
         measured_prompt_tokens=timing.range.max_prompt_tokens if timing and timing.range else None,

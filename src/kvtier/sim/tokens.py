@@ -9,7 +9,7 @@ the wrong shape is a ValueError naming the problem (the server answers 400).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -73,3 +73,16 @@ def render_kvtier_model_chat(messages: Sequence[dict[str, Any]]) -> str:
         parts.append(f"{IM_START}{m['role']}\n{content_text(m.get('content'))}{IM_END}\n")
     parts.append(f"{IM_START}assistant\n")
     return "".join(parts)
+
+
+def chat_renderer(tokenizer: str) -> Callable[[Sequence[dict[str, Any]]], str]:
+    """How messages become the prompt text: the chat template of a ``kvtier model make`` folder when the sim
+    counts with that folder's tokenizer (so its prompt ids are the ids vLLM serving that folder computes),
+    else the sim's own rendering (``render_chat``)."""
+    from pathlib import Path
+
+    from kvtier.modelmaker import MARKER
+
+    if tokenizer.startswith("hf:") and (Path(tokenizer[3:]) / MARKER).exists():
+        return render_kvtier_model_chat
+    return render_chat

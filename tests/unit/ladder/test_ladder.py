@@ -9,11 +9,30 @@ import pytest
 
 from kvtier.config.ladder import LadderConfig
 from kvtier.errors import ConfigError
-from kvtier.ladder.fit import fit_ladder, nonneg_relative_lstsq
+from kvtier.ladder.fit import (
+    ONE_CHUNK,
+    fit_ladder,
+    fit_step,
+    nonneg_relative_lstsq,
+    split_handling,
+    tpot_implausible,
+    unreliable,
+)
 from kvtier.ladder.measure import default_contexts, flood_sizes, verify
 from kvtier.ladder.server import Reading, Server, describe
 from kvtier.replay.scrape import parse_snapshot
-from kvtier.results.ladder import LadderPoint, PrefillModel, Shown, TierFacts, TpotPoint
+from kvtier.results.ladder import (
+    DecodeModel,
+    HandlingPoint,
+    LadderPoint,
+    LoadedPoint,
+    PrefillModel,
+    Shown,
+    TierFacts,
+    Timing,
+    TpotPoint,
+    loaded_ttft,
+)
 
 TRUE = PrefillModel(overhead_s=0.004, s_per_token=5e-5, s_per_token_pair=2e-9, s_per_prompt_token=1e-6)
 
@@ -294,3 +313,67 @@ def test_a_gate_on_a_ladder_that_could_not_reach_the_servers_tier_says_why_not_b
     r.server.tiers = []
     with pytest.raises(DatasetError, match="measure one against a server with offloading"):
         ladder_gate_report(r, fit, "l.json")  # type: ignore[arg-type]
+
+
+def _timing(tpot_s: float = 0.01) -> Timing:
+    return Timing(source="measured", origin="t", prefill=TRUE, decode=DecodeModel(tpot_s=tpot_s, s_per_extra_seq=0.001))
+
+
+def test_the_step_share_is_recovered_from_prompts_timed_beside_decoding_sequences():
+    """Probes made by the step model with share 0.6 (and 3 % noise) give back 0.6; no valid probe, or no measured
+    decode, gives no step model (the sim then adds nothing)."""
+    t, rng = _timing(), np.random.default_rng(3)
+    probes = [
+        LoadedPoint(
+            running=m,
+            prompt_tokens=n,
+            valid=True,
+            ttft_s=loaded_ttft(t, n, m, ONE_CHUNK, 0.6) * (1 + 0.03 * rng.standard_normal()),
+        )  # fmt: skip
+        for m in (1, 2, 4)
+        for n in (64, 512, 1024)
+        for _ in range(3)
+    ]
+    step = fit_step(t, probes)
+    assert step is not None and abs(step.share - 0.6) <= 0.05 and step.points == 27
+    assert fit_step(t, [p.model_copy(update={"valid": False}) for p in probes]) is None
+    assert fit_step(_timing(0.0), probes) is None
+
+
+def test_a_tpot_sweep_that_falls_with_more_sequences_or_comes_in_bursts_is_implausible():
+    def pt(m: int, s: float | None, bursty: int = 0) -> TpotPoint:
+        return TpotPoint(running=m, tpot_s=s, requests=8, failed=0, bursty=bursty)
+
+    assert tpot_implausible([pt(1, 0.005), pt(2, 0.0052), pt(4, 0.006)]) is None
+    assert tpot_implausible([pt(1, 0.005), pt(2, 0.0049), pt(4, 0.0048)]) is None  # flat within the bound
+    assert "falls from 5.36 ms" in (tpot_implausible([pt(1, 0.00536), pt(2, 0.0078), pt(4, 0.0036)]) or "")
+    assert "came in bursts" in (tpot_implausible([pt(1, 0.005), pt(2, None, bursty=5)]) or "")
+
+
+def test_handling_is_split_into_tokens_and_characters_by_two_kinds_of_text():
+    """Cached prompts of words (5 characters a token) and of dense letters (1.6): the main fit's handling per token of
+    word text (h) is split into its part per token and per character, and a prompt whose characters are given is
+    timed by them; with one kind of text only, nothing is split."""
+    true_tok, true_char, rho = 4e-7, 1.2e-7, 5.0
+    main = TRUE.model_copy(update={"s_per_prompt_token": true_tok + rho * true_char})
+
+    def hp(style: str, tokens: int, chars: int) -> HandlingPoint:
+        cached = tokens - 12
+        t = TRUE.overhead_s + TRUE.compute_s(12, cached) + true_tok * tokens + true_char * chars
+        return HandlingPoint(style=style, prompt_tokens=tokens, cached_tokens=cached, chars=chars, ttft_s=t, valid=True)
+
+    pts = [hp("words", n, int(n * rho)) for n in (2048, 8192)] + [hp("dense", n, int(n * 1.6)) for n in (2048, 8192)]
+    split, err = split_handling(main, pts)
+    assert abs(split.s_per_prompt_char - true_char) / true_char < 0.02
+    assert abs(split.s_per_prompt_token - true_tok) / true_tok < 0.05
+    assert split.prompt_chars_per_token == pytest.approx(rho, rel=0.01) and err is not None and err < 0.01
+    assert split.handling_s(1000) == pytest.approx(main.s_per_prompt_token * 1000, rel=0.02)  # the ladder's own text
+    words_only, none = split_handling(main, pts[:2])
+    assert words_only == main and none is None
+
+
+def test_a_step_model_that_misses_its_probes_makes_the_fit_unreliable():
+    assert unreliable(0.05, 0.05, 0.05, 0.30) == [
+        "the step model's median error on TTFTs with sequences decoding is 30.0% (bound 25%)"
+    ]
+    assert unreliable(0.05, 0.05, 0.05, 0.10) == []
