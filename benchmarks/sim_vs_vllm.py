@@ -26,6 +26,16 @@ against vLLM's, the largest hit-rate difference, over the concurrencies). The pe
 the ladder as ``ladder.twin-check.json`` (results/ladder.py ``TwinCheck``): every twin calibrated from that ladder
 then carries it in the error it reports (``twin_error``).
 
+With ``--all-families`` it does that on every trace family in ../shared/data (benchmarks/_families.py: the three
+LMCache agent-trace folders, tau2-bench, ShareGPT, a Mooncake slice given text by its block hashes), at each
+``--concurrency`` (1,4,8 by default there), with no offload tier and with kvtier's CPU tier of
+``--families-offload-gb`` inside vLLM (the sim calibrated from the same ladder, with the same tier and the served
+folder's own KV geometry, ``--hf-config``): one ladder for all (never fitted to a trace), a fresh server of each kind
+per run, and a table of the worst turn's TTFT p50 and p95 error and the prompt tokens' shares by source (GPU hit,
+offload tier, recompute) on each side per family, regime and concurrency; last
+``sim_vs_vllm_families rows=… worst_p50_err=… worst_p95_err=… worst_source_diff=…``. A ladder whose fit is
+unreliable is measured again (``--ladder-attempts``) and never used.
+
 Printed per concurrency: each server's overall prefix hit rate from its own counters (the replay's scrape:
 hits / queries over the run, no warm-up) and the hit rate per turn of a virtual user (Σ cached / Σ prompt
 tokens from usage.prompt_tokens_details), then the prompt tokens each counted (a template mismatch would
@@ -71,6 +81,7 @@ holds as many tokens as one of G x this on the sim (24: tiny-1b's 24 KiB against
 def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurrency: int) -> dict:
     cmd = [sys.executable, "-m", "kvtier", "replay", "--base-url", url + "/v1", "--model", "tiny",
            "--dataset", str(a.trace), "--tokenizer", f"hf:{model_dir}", "--num-rounds", str(a.num_rounds),
+           "--min-chunk-rounds", str(a.num_rounds),
            "--concurrency", str(concurrency), "--gap-scale", "0", "--warmup", "0", "--skip-too-long",
            "--max-tokens-cap", str(a.max_tokens_cap), "--metrics-url", url, "--scrape-interval", "2",
            "--progress", "none", "--output", str(out)]  # fmt: skip
@@ -95,13 +106,18 @@ def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurre
 
 
 def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path, calibration: Path | None = None) -> Child:
-    cmd = [sys.executable, "-m", "kvtier", "sim", "--model", SIM_MODEL, "--served-model-name", "tiny",
+    """A fresh sim; calibrated (``calibration``) it takes the served folder's own KV geometry (--hf-config), so its
+    offload tier holds and moves as many bytes per token as kvtier's tier inside vLLM; else the catalog's tiny-1b
+    with the offload tier scaled to hold as many tokens."""
+    geometry = ["--hf-config", str(model_dir)] if calibration is not None else ["--model", SIM_MODEL]
+    per = 1.0 if calibration is not None else SIM_KV_PER_VLLM_KV
+    cmd = [sys.executable, "-m", "kvtier", "sim", *geometry, "--served-model-name", "tiny",
            "--gpu-kv-tokens", str(a.kv_tokens), "--block-tokens", str(a.block_tokens),
            "--max-model-len", str(a.max_model_len), "--tokenizer", f"hf:{model_dir}",
            "--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS),
            "--port", str(port)]  # fmt: skip
     if a.offload_gb:  # the twin of kvtier's CPU tier inside vLLM: as many tokens, vLLM's block as the entry
-        gb = a.offload_gb * SIM_KV_PER_VLLM_KV
+        gb = a.offload_gb * per
         cmd += ["--offload", "cpu", "--cpu-offload-gb", str(gb), "--offload-chunk-tokens", str(a.block_tokens)]
     else:
         cmd += ["--offload", "none"]
@@ -144,74 +160,158 @@ def turn_ttfts(folder: Path) -> dict[int, list[float]]:
     return out
 
 
-def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str]) -> None:
-    """--ttft: the real vLLM's ladder (measured here, never fitted to the replayed trace), the sim calibrated from
-    it, and the same trace replayed against both at each concurrency: per-turn TTFT p50 and p95, hit rates."""
-    import numpy as np
-
+def measure_ladder(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str]) -> Path:
+    """The real vLLM's ladder on an engine of its own (its cache never meets a replay), measured again while its fit
+    is unreliable (--ladder-attempts): never fitted to a replayed trace."""
     kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
     ladder = work / "ladder.json"
-    worst = {"p50": 0.0, "p95": 0.0, "hit": 0.0}
     (port,) = free_ports(1)
     srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
                            name="vllm-ladder")  # fmt: skip
-    try:  # the ladder's own engine: its cache never meets a replay
+    try:
         srv.wait_healthy()
         cmd = [sys.executable, "-m", "kvtier", "ladder", "--base-url", srv.url + "/v1", "--model", "tiny",
                "--tokenizer", f"hf:{model_dir}", "--new-tokens", a.ladder_new_tokens,
                "--repeats", str(a.ladder_repeats),
                "--tpot-concurrency", "1,2,4", "--tpot-tokens", "32", "--output", str(ladder), "--plot",
                str(work / "ladder.png"), "--quiet"]  # fmt: skip
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-        print(p.stdout, flush=True)
-        if p.returncode not in (0, 1) or not ladder.exists():
-            raise SystemExit(f"kvtier ladder against vLLM failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        for attempt in range(1, a.ladder_attempts + 1):  # an unreliable fit is measured again, never used
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+            print(p.stdout, flush=True)
+            if p.returncode not in (0, 1) or not ladder.exists():
+                raise SystemExit(f"kvtier ladder against vLLM failed ({p.returncode}):\n{p.stderr[-3000:]}")
+            why = (json.loads(ladder.read_text()).get("fit") or {}).get("unreliable") or []
+            if not why:
+                return ladder
+            print(f"ladder attempt {attempt} of {a.ladder_attempts}: unreliable ({'; '.join(why)})", flush=True)
+        raise SystemExit(f"every ladder of {a.ladder_attempts} was unreliable: the twin is not calibrated")
     finally:
         srv.stop()
+
+
+def start_vllm(a: argparse.Namespace, model_dir: Path, work: Path, cores: list[str], name: str) -> cpu_engine.CpuVllm:
+    """A fresh vLLM for one run; with --offload-gb, kvtier's CPU tier of that size inside it (kvtier/vllm)."""
+    (port,) = free_ports(1)
+    extra = ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)] if a.vllm_max_num_batched_tokens else []
+    env = None
+    if a.offload_gb:  # kvtier's CPU tier inside vLLM (kvtier/vllm), what the sim's offload tier twins
+        from kvtier.vllm import engine_pythonpath, kv_transfer_arg
+
+        extra += ["--kv-transfer-config", kv_transfer_arg({"offload": "cpu", "cpu_offload_gb": a.offload_gb})]
+        env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
+    kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
+    return cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
+                            name=name, extra=extra, env=env)  # fmt: skip
+
+
+def compare_ttft(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str], ladder: Path,
+                 tag: str = "") -> dict:  # fmt: skip
+    """The trace replayed against a fresh vLLM and a fresh sim calibrated from ``ladder`` at each concurrency: per turn
+    the TTFT p50 and p95 of each (printed), the worst turn's errors, the hit rates and the prompt tokens by source
+    (GPU, offload tier, recompute) as shares of each side's, and the rows of the twin check."""
+    import numpy as np
+
     got: dict[str, dict] = {"vllm": {}, "sim": {}}
     for conc in a.concurrency:  # a fresh server of each kind per run: both sides start from an empty cache
-        (port,) = free_ports(1)
-        srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
-                               name=f"vllm-{conc}")  # fmt: skip
+        srv = start_vllm(a, model_dir, work, cores, f"vllm{tag}-{conc}")
         try:
             srv.wait_healthy()
-            got["vllm"][conc] = fresh_replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
+            got["vllm"][conc] = fresh_replay(srv.url, work / f"vllm{tag}-{conc}", a, model_dir, conc)
         finally:
             srv.stop()
         (port,) = free_ports(1)
         sim = start_sim(a, model_dir, port, work, calibration=ladder)
         try:
             wait_http(f"http://127.0.0.1:{port}", sim)
-            got["sim"][conc] = fresh_replay(f"http://127.0.0.1:{port}", work / f"sim-{conc}", a, model_dir, conc)
+            got["sim"][conc] = fresh_replay(f"http://127.0.0.1:{port}", work / f"sim{tag}-{conc}", a, model_dir, conc)
         finally:
             sim.stop(grace_s=30)
-    check: list[TwinCheckRow] = []
+    out = {"check": [], "rows": []}
+    offload = f"cpu {a.offload_gb:g} GB" if a.offload_gb else "none"
     for conc in a.concurrency:
         v, s_ = got["vllm"][conc], got["sim"][conc]
+        worst = {"p50": 0.0, "p95": 0.0}
         for t in sorted(set(v["ttft"]) & set(s_["ttft"])):
             row = []
             for q, name in ((50, "p50"), (95, "p95")):
                 pv, ps = float(np.percentile(v["ttft"][t], q)), float(np.percentile(s_["ttft"][t], q))
-                err = abs(ps - pv) / pv
-                worst[name] = max(worst[name], err)
+                worst[name] = max(worst[name], abs(ps - pv) / pv)
                 row.append(f"{name} vllm {pv:.4f} sim {ps:.4f} ({(ps - pv) / pv:+.1%})")
                 if pv > 0 and ps > 0:
-                    check.append(TwinCheckRow(trace=f"{a.trace.name} turn {t}", concurrency=conc,
-                                              offload=f"cpu {a.offload_gb:g} GB" if a.offload_gb else "none",
-                                              quantile=name, real_s=pv, twin_s=ps))  # fmt: skip
+                    out["check"].append(TwinCheckRow(trace=f"{a.trace.name} turn {t}", concurrency=conc,
+                                                     offload=offload, quantile=name, real_s=pv, twin_s=ps))  # fmt: skip
             print(f"concurrency {conc} turn {t} (n={len(v['ttft'][t])}/{len(s_['ttft'][t])}): " + ", ".join(row))
-        hv, hs = v["cached"] / v["prompt"], s_["cached"] / s_["prompt"]
-        worst["hit"] = max(worst["hit"], abs(hv - hs))
-        print(f"concurrency {conc}: hit rate vllm {hv:.4f} sim {hs:.4f}; status vllm {v['status']} sim {s_['status']}")
-    if check:  # the latest sim-vs-real table of this ladder: every twin calibrated from it carries it (#56 item 5)
-        digest = hashlib.sha256(ladder.read_bytes()).hexdigest()
-        written = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        twin_check_path(ladder).write_text(
-            TwinCheck(ladder_sha256=digest, written=written, rows=check).model_dump_json()
-        )
-        print(f"twin check: {twin_check_path(ladder)} ({len(check)} rows)")
+        hv, hs = v["cached"] / max(1, v["prompt"]), s_["cached"] / max(1, s_["prompt"])
+        sv, ss = _share(v["by_source"]), _share(s_["by_source"])
+        src = max([0.0, *(abs(sv.get(k, 0.0) - ss.get(k, 0.0)) for k in set(sv) | set(ss))])
+        print(f"concurrency {conc}: hit rate vllm {hv:.4f} sim {hs:.4f}; by source vllm {_shares(v['by_source'])}; "
+              f"sim {_shares(s_['by_source'])}; status vllm {v['status']} sim {s_['status']}", flush=True)  # fmt: skip
+        out["rows"].append({"concurrency": conc, "offload": offload, "p50_err": worst["p50"], "p95_err": worst["p95"],
+                            "hit_diff": abs(hv - hs), "source_diff": src, "vllm": sv, "sim": ss,
+                            "requests": (v["requests"], s_["requests"]),
+                            "status": (v["status"], s_["status"])})  # fmt: skip
+    return out
+
+
+def write_check(ladder: Path, rows: list[TwinCheckRow]) -> None:
+    """The latest sim-vs-real table of this ladder: every twin calibrated from it carries it (#56 item 5)."""
+    if not rows:
+        return
+    digest = hashlib.sha256(ladder.read_bytes()).hexdigest()
+    written = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    twin_check_path(ladder).write_text(TwinCheck(ladder_sha256=digest, written=written, rows=rows).model_dump_json())
+    print(f"twin check: {twin_check_path(ladder)} ({len(rows)} rows)")
+
+
+def ttft_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str]) -> None:
+    """--ttft: the real vLLM's ladder (measured here, never fitted to the replayed trace), the sim calibrated from
+    it, and the same trace replayed against both at each concurrency: per-turn TTFT p50 and p95, hit rates."""
+    ladder = measure_ladder(a, work, model_dir, cores)
+    got = compare_ttft(a, work, model_dir, cores, ladder)
+    write_check(ladder, got["check"])
     print(f"ladder: {ladder}, plot: {work / 'ladder.png'}")
-    print(f"sim_vs_vllm_ttft p50_err={worst['p50']:.3f} p95_err={worst['p95']:.3f} hit_diff={worst['hit']:.4f}")
+    rows = got["rows"]
+    print(f"sim_vs_vllm_ttft p50_err={max(r['p50_err'] for r in rows):.3f} "
+          f"p95_err={max(r['p95_err'] for r in rows):.3f} hit_diff={max(r['hit_diff'] for r in rows):.4f}")  # fmt: skip
+
+
+def families_main(a: argparse.Namespace, work: Path, model_dir: Path, cores: list[str]) -> None:
+    """--all-families: one ladder of the real vLLM, then every trace family in ../shared/data (benchmarks/_families.py)
+    at each concurrency, with no offload tier and with kvtier's CPU tier inside vLLM (the sim with the same tier, by
+    the same KV geometry): a row per family, regime and concurrency."""
+    from _families import families, prepare
+
+    ladder = measure_ladder(a, work, model_dir, cores)
+    wanted = set(a.families.split(",")) if a.families else None
+    rows, check = [], []
+    for fam in families(SHARED):
+        if wanted is not None and fam.name not in wanted:
+            continue
+        a.trace, a.num_rounds = prepare(fam, work), fam.num_rounds
+        for gb in (0.0, a.families_offload_gb):
+            a.offload_gb = gb
+            regime = f"cpu {gb:g} GB" if gb else "none"
+            print(f"== {fam.name} ({fam.source.name}), offload {regime}", flush=True)
+            got = compare_ttft(a, work, model_dir, cores, ladder, tag=f"-{fam.name}-{gb:g}")
+            check += got["check"]
+            rows += [{"family": fam.name, **r} for r in got["rows"]]
+    write_check(ladder, check)
+    print(
+        "\n| family | offload | concurrency | requests vLLM/sim | TTFT p50 err (worst turn) | p95 err | "
+        "GPU hit share vLLM/sim | offload share vLLM/sim | recompute share vLLM/sim | worst source diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    gpu, off, rec = "local_cache_hit", "external_kv_transfer", "local_compute"
+    for r in rows:
+        v, s_ = r["vllm"], r["sim"]
+        print(f"| {r['family']} | {r['offload']} | {r['concurrency']} | {r['requests'][0]}/{r['requests'][1]} | "
+              f"{r['p50_err']:.1%} | {r['p95_err']:.1%} | {v.get(gpu, 0):.3f}/{s_.get(gpu, 0):.3f} | "
+              f"{v.get(off, 0):.3f}/{s_.get(off, 0):.3f} | {v.get(rec, 0):.3f}/{s_.get(rec, 0):.3f} | "
+              f"{r['source_diff']:.3f} |")  # fmt: skip
+    print(f"ladder: {ladder}")
+    print(f"sim_vs_vllm_families rows={len(rows)} worst_p50_err={max(r['p50_err'] for r in rows):.3f} "
+          f"worst_p95_err={max(r['p95_err'] for r in rows):.3f} "
+          f"worst_source_diff={max(r['source_diff'] for r in rows):.3f}")  # fmt: skip
 
 
 def main() -> None:
@@ -247,6 +347,13 @@ def main() -> None:
     ap.add_argument("--dataset", type=Path, default=None, help="--ttft: any agent-trace folder (same as --trace)")
     ap.add_argument("--ladder-new-tokens", default="16,256", help="--ttft: the ladder's new-token counts")
     ap.add_argument("--ladder-repeats", type=int, default=3, help="--ttft: the ladder's repeats per point")
+    ap.add_argument("--ladder-attempts", type=int, default=3,
+                    help="--ttft: ladders measured until one's fit is reliable (each bad one says why)")  # fmt: skip
+    ap.add_argument("--all-families", action="store_true",
+                    help="--ttft on every trace family in ../shared/data, with and without kvtier's CPU tier in "
+                         "vLLM (benchmarks/_families.py); last line sim_vs_vllm_families ...")  # fmt: skip
+    ap.add_argument("--families", default="", help="--all-families: only these, comma separated")
+    ap.add_argument("--families-offload-gb", type=float, default=0.5, help="--all-families: the CPU tier's size")
     a = ap.parse_args()
     if a.dataset is not None:
         a.trace = a.dataset
@@ -262,8 +369,12 @@ def main() -> None:
             (work / "trace" / f.name).symlink_to(f.resolve())
         a.trace = work / "trace"
     model_dir = make_model(work / "tiny", Geometry())
-    kv_bytes = a.kv_tokens * Geometry().kv_bytes_per_token
     cores = cpu_inventory(None).devices
+    if a.all_families:
+        if a.concurrency == [1, 4]:  # the default: the issue's three levels here
+            a.concurrency = [1, 4, 8]
+        families_main(a, work, model_dir, cores)
+        return
     if a.ttft:
         ttft_main(a, work, model_dir, cores)
         return
@@ -280,20 +391,7 @@ def main() -> None:
             got["vllm"] = saved[tag]
             got["vllm"]["per_turn"] = {int(k): v for k, v in got["vllm"]["per_turn"].items()}
         else:
-            (port,) = free_ports(1)
-            extra = (
-                ["--max-num-batched-tokens", str(a.vllm_max_num_batched_tokens)]
-                if a.vllm_max_num_batched_tokens
-                else []
-            )
-            env = None
-            if a.offload_gb:  # kvtier's CPU tier inside vLLM (kvtier/vllm), what the sim's offload tier twins
-                from kvtier.vllm import engine_pythonpath, kv_transfer_arg
-
-                extra += ["--kv-transfer-config", kv_transfer_arg({"offload": "cpu", "cpu_offload_gb": a.offload_gb})]
-                env = {"PYTHONPATH": engine_pythonpath(str(work / "pylib"))}
-            srv = cpu_engine.start(a.engine_python, str(model_dir), port, work, kv_bytes, a.max_model_len, cores,
-                                   name=f"vllm-{conc}", extra=extra, env=env)  # fmt: skip
+            srv = start_vllm(a, model_dir, work, cores, f"vllm-{conc}")
             try:
                 srv.wait_healthy()
                 got["vllm"] = fresh_replay(srv.url, work / f"vllm-{conc}", a, model_dir, conc)
