@@ -13,10 +13,11 @@ The engine runs one step at a time, as vLLM's does: a step decodes one token of 
 computes prefill chunks in what is left of --max-num-batched-tokens (the running requests in the order they
 started). A chunk of n new tokens over c held ones costs n / prefill_tps + prefill_pair_s x n x (c + n/2) (a
 preset's prefill_overhead with a request's first chunk); a decode batch of k costs tpot_ms x (1 +
-batch_slowdown x (k - 1)); a step lasts the longer of the two plus step_share of the shorter (a calibration's
-measured interference: 1 on a CPU, where they add). So concurrent prefills queue behind each other (a
-recompute delays everyone), a prefill pays for the decode batch it shares its steps with, and decoding
-sequences stall while a chunk runs; offload loads of different requests overlap (they are I/O).
+batch_slowdown x (k - 1)). A step with chunks lasts their compute plus step_share of the batch's step; a
+decode-only step lasts the batch's, the engine busy for step_share of it (a calibration's measured interference,
+results/ladder.py StepModel; a preset's is 0). So concurrent prefills queue behind each other (a recompute
+delays everyone), a prefill pays for the decode batch it shares its steps with, and decoding sequences stall
+while a chunk runs; offload loads of different requests overlap (they are I/O).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class SimSettings:
     prefill_prompt_s: float = 0.0  # handling per prompt token, cached or not (a calibration's; latency, off the GPU)
     prefill_char_s: float = 0.0  # ... and per character of the prompt's text
     prompt_chars_per_token: float = 0.0  # the calibration text's: characters of a prompt whose text is not known
-    step_share: float = 0.0  # how much of the shorter of a step's decode and prefill work adds to the longer
+    step_share: float = 0.0  # the share of the decode batch's step a prefill chunk's step pays (results/ladder.py)
     timing_source: str = "assumed"  # assumed (a preset's figures) | measured (a ladder's fit: --calibration)
     timing_origin: str = ""  # the preset's name or the calibration file
     measured_prompt_tokens: int | None = None  # the calibration's range: longer prompts are extrapolated
@@ -144,7 +145,7 @@ class _Seq:
 
 
 class SimEngine:
-    """One replica's modelled GPU: admission, the prefix cache, the prefill FIFO and the decode batch.
+    """One replica's modelled GPU: admission, the prefix cache and the engine's steps (prefill chunks, decode batch).
 
     ``replica_id`` names the replica in the ``x-kvtier-replica`` header; the server sets it once
     it knows the port it listens on."""
