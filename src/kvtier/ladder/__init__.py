@@ -182,7 +182,8 @@ async def _tpot_sweep(cfg: LadderConfig, sess: LadderSession, plan: _Plan) -> li
     still implausible)."""
     from kvtier.ladder.fit import tpot_implausible
 
-    async def sweep(tokens: int, scale: int) -> list[TpotPoint] | None:
+    async def sweep(tokens: int, scale: int) -> tuple[list[TpotPoint], bool]:
+        """The levels measured (a bound keeps those with records) and whether the sweep was whole."""
         levels = cfg.tpot_concurrency
         rounds = {m: scale * max(3, -(-TPOT_STREAMS // m)) for m in levels}
         recs: dict[int, list[dict[str, Any]]] = {m: [] for m in levels}
@@ -191,15 +192,16 @@ async def _tpot_sweep(cfg: LadderConfig, sess: LadderSession, plan: _Plan) -> li
                 if i >= rounds[m]:
                     continue
                 if sess.bounded():
-                    return None
+                    return [sess.tpot_point(m, recs[m]) for m in levels if recs[m]], False
                 recs[m] += await sess.tpot_round(m, tokens)
-        return [sess.tpot_point(m, recs[m]) for m in levels]
+        return [sess.tpot_point(m, recs[m]) for m in levels], True
 
-    first = await sweep(cfg.tpot_tokens, 1)
-    if first is None or tpot_implausible(first) is None:
-        return first or []
+    first, whole = await sweep(cfg.tpot_tokens, 1)
+    if not whole or tpot_implausible(first) is None:
+        return first
     plan.remeasured["tpot sweep"] = 1
-    return await sweep(min(4096, cfg.tpot_tokens * 4), 2) or first
+    again, whole = await sweep(min(4096, cfg.tpot_tokens * 4), 2)
+    return again if whole else first
 
 
 @dataclass

@@ -448,8 +448,11 @@ class LadderSession:
                     t.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
                 await self._until_running(0, [])
+        stopped = self.bounded()
         for n in left:
-            why = f"not measured: the {running} streams kept ending before a {n}-token probe"
+            why = (
+                f"not measured: {stopped}" if stopped else f"the {running} streams kept ending before a {n}-token probe"
+            )
             out.append(LoadedPoint(running=running, prompt_tokens=None, ttft_s=None, valid=False, why=why))
         return out
 

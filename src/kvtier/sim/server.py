@@ -7,7 +7,7 @@ Latency model per request:
          sequence must fit to start, no blocks reserved for output, recompute preemption)
        + offload load time                                   (real reads, measured)
        + the engine's steps that compute its prefill         (modelled, slept: see below)
-       + with --calibration, the measured fixed cost and handling per prompt token (latency, off the engine)
+  (with --calibration, the measured fixed cost and handling first: latency before it queues, off the engine)
   then one token per engine step.
 The engine runs one step at a time, as vLLM's does: a step decodes one token of every decoding sequence and
 computes prefill chunks in what is left of --max-num-batched-tokens (the running requests in the order they
@@ -188,7 +188,7 @@ class SimEngine:
             m.tier_capacity.labels(m.model_name, tier).set(u["capacity_bytes"] // self.kvpt)
 
     def handling_s(self, prompt_tokens: int, own_s: float, chars: int | None = None) -> float:
-        """A calibrated sim's measured fixed cost and handling per prompt token, as latency off the modelled engine:
+        """A calibrated sim's measured fixed cost and handling per prompt token, as latency before the request queues:
         the ladder measures them one request at a time, where they are mostly the API server's own work (HTTP,
         the chat template, tokenizing, hashing every prompt token, cached or not), which a real engine overlaps
         with other requests' compute. Less what this process already spent for real on the request (parsing,
@@ -323,6 +323,8 @@ class SimEngine:
         scheduled; ``loaded`` tokens past the GPU hit came from the offload tier (blocks, no compute). False when
         ``r`` was preempted meanwhile."""
         s = self.s
+        if r not in self._running:
+            return False  # preempted between its admission and now: it queues again
         r.computed += loaded
         r.pending = asyncio.get_running_loop().create_future()
         # a preset's fixed cost is GPU time, paid in the request's first chunk; a calibrated sim's is latency
@@ -376,26 +378,27 @@ class SimEngine:
         return chunks, work
 
     async def _steps(self) -> None:
-        """Continuous batching, one timer per engine step (not one per token): a step decodes one token of every
-        decoding sequence and computes prefill chunks in the rest of the step's token budget, as vLLM's
-        scheduler does.
-
-        A step with prefill chunks lasts their compute plus ``step_share`` of the decode batch's step (``tpot x
-        (1 + batch_slowdown x (decoding - 1))``); a decode-only step lasts the batch's step, the engine busy for
-        ``step_share`` of it: a prefill that arrives after that part starts its step at once, and the batch's
-        tokens ride with it (results/ladder.py ``StepModel``, fitted by the ladder's interference sweep). So a
-        prefill pays for the batch it shares its steps with, and decoding sequences stall while a chunk runs.
-        At a step's end every decoding sequence gets its next token, in the order the requests started, each
-        first taking a new block when its sequence fills one (preempting the latest-started request when
-        none is free, as vLLM does). Steps are scheduled on absolute deadlines, so per-step work does not
-        stretch the modelled time unless the host cannot keep up."""
+        """Continuous batching, one timer per engine step (not one per token), timed as the module says: a chunk
+        step lasts the chunks' compute plus ``step_share`` of the batch's step; a decode-only step keeps the engine
+        busy for that share of it, and a prefill arriving after that part starts the next step at once (the
+        batch's tokens ride with it). At a step's end every decoding sequence gets its next token, in the order
+        the requests started, each first taking a new block when its sequence fills one (preempting the
+        latest-started request when none is free, as vLLM does). Steps run on absolute deadlines."""
         s, clock, sleep = self.s, time.perf_counter, asyncio.sleep
         tpot, slow, share = s.tpot_ms / 1e3, s.batch_slowdown, s.step_share
         due = clock()
         while self._seqs or self._prefilling():
             decoding = [r for r in self._running if r.seq in self._seqs]
             self._arrived.clear()
-            chunks, work = self._chunks(s.max_num_batched_tokens - len(decoding))
+            budget = s.max_num_batched_tokens - len(decoding)
+            chunks, work = self._chunks(budget)
+            if not chunks and not decoding:  # nothing the engine can run now: wait for a prefill, never spin
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), 0.05)
+                except TimeoutError:
+                    pass
+                due = clock()
+                continue
             step = tpot * (1 + slow * (len(decoding) - 1)) if decoding else 0.0
             busy_until = due + (work + share * step if chunks else min(1.0, share) * step)
             due = busy_until if chunks else due + step
@@ -403,7 +406,7 @@ class SimEngine:
             if due <= now:
                 due = now  # behind schedule: do not try to catch up with a burst of steps
                 await sleep(0)
-            elif chunks:
+            elif chunks or budget <= 0:  # no room for a prefill beside this batch: an arrival waits its turn
                 await sleep(due - now)
             else:  # a decode-only step: a prefill arriving after its busy part starts the next step at once
                 if busy_until > now:
@@ -511,6 +514,8 @@ class SimEngine:
         t_hash = time.perf_counter()
         hashes = await asyncio.to_thread(block_hashes, prompt_ids, self.block)  # a long prompt stays off the loop
         own_s = (t_arrive - t_recv) + (time.perf_counter() - t_hash)  # this process's real handling so far
+        await asyncio.sleep(self.handling_s(len(prompt_ids), own_s, chars))  # before it queues: no slot held
+        t_queued = time.perf_counter()  # the decomposition's "receive" ends here: the handling is in it
         if self.waiting >= s.max_waiting:
             raise Busy(f"{self.waiting} requests are already waiting (--max-waiting {s.max_waiting})")
         r = _Req(hashes, len(prompt_ids), asyncio.get_running_loop().create_future())
@@ -518,7 +523,7 @@ class SimEngine:
         try:
             await self._start(r)
             t_admit = time.perf_counter()
-            m.queue.observe(t_admit - t_arrive)
+            m.queue.observe(t_admit - t_queued)
             gpu_hit = r.hit_blocks * self.block
             m.pc_queries.inc(len(prompt_ids))
             m.pc_hits.inc(gpu_hit)
@@ -550,7 +555,6 @@ class SimEngine:
                 m.ext_hits.inc(ext)
             t_fetched = time.perf_counter()
             await self._compute(r, ext if r.preemptions == 0 else 0)
-            await asyncio.sleep(self.handling_s(len(prompt_ids), own_s, chars))
             epoch = r.preemptions
             t_first = time.perf_counter()
             m.prefill.observe(t_first - t_admit)
@@ -561,7 +565,7 @@ class SimEngine:
             ct = self.offload.cfg.chunk_tokens if self.offload is not None else self.block
             by_source = tokens_by_source(len(prompt_ids), gpu_hit, ext, sources, first_chunk, ct)
             self._count_sources(by_source)
-            times = (t_recv, t_arrive, t_admit, t_fetched, t_first)
+            times = (t_recv, t_queued, t_admit, t_fetched, t_first)
             info = first_info(gpu_hit, ext, load_s, by_source, times)
             info["timing"] = self.timing_of(len(prompt_ids))
             emit = yield "first", info
