@@ -182,5 +182,21 @@ class VllmMetrics:
         self.lm_loaded = c("lmcache_mp_num_chunks_loaded", "chunks loaded from the offload tier")
         self.lmcache = LMCacheGauges(r, names, labels)
 
+    def count_sources(self, by_source: dict[str, int]) -> None:
+        """A prompt's tokens by source into vLLM's prompt_tokens_by_source (local_cache_hit, external_kv_transfer,
+        local_compute) and kvtier's per-tier counter (the engine's tier names)."""
+        ext = 0
+        for src, n in by_source.items():
+            if src in ("gpu", "recomputed") or not n:
+                continue
+            self.by_tier.labels(self.model_name, src).inc(n)
+            ext += n
+        if by_source.get("gpu"):
+            self.by_source.labels(self.model_name, "local_cache_hit").inc(by_source["gpu"])
+        if ext:
+            self.by_source.labels(self.model_name, "external_kv_transfer").inc(ext)
+        if by_source.get("recomputed"):
+            self.by_source.labels(self.model_name, "local_compute").inc(by_source["recomputed"])
+
 
 __all__ = ["VllmMetrics", "LMCacheGauges", "LAT_BUCKETS"]

@@ -202,6 +202,13 @@ class SimEngine:
         own = s.prefill_overhead_ms / 1e3 + s.prefill_prompt_s * prompt_tokens + s.prefill_char_s * n
         return max(0.0, own - own_s)
 
+    def recompute_tps(self, tokens: int, cached: int) -> float:
+        """The rate at which this engine would recompute ``tokens`` after ``cached`` held ones, tokens/s, for the
+        fetch gate: its linear rate slowed by attention over the context (the calibration's pair term), which
+        makes a long prefix dear to recompute."""
+        s = self.s
+        return tokens / (tokens / s.prefill_tps + s.prefill_pair_s * tokens * (cached + tokens / 2))
+
     def timing_of(self, prompt_tokens: int) -> str:
         """How this request is timed: ``assumed`` (a preset), ``measured`` (inside the calibration's range) or
         ``extrapolated`` (a longer prompt, or more running sequences, than the ladder measured)."""
@@ -449,23 +456,6 @@ class SimEngine:
             if self._waiting:
                 self._schedule()  # what this step left of the budget may start the next request
 
-    def _count_sources(self, by_source: dict[str, int]) -> None:
-        """A prompt's tokens by source into vLLM's prompt_tokens_by_source (local_cache_hit, external_kv_transfer,
-        local_compute) and kvtier's per-tier counter (the engine's tier names)."""
-        m = self.metrics
-        ext = 0
-        for src, n in by_source.items():
-            if src in ("gpu", "recomputed") or not n:
-                continue
-            m.by_tier.labels(m.model_name, src).inc(n)
-            ext += n
-        if by_source.get("gpu"):
-            m.by_source.labels(m.model_name, "local_cache_hit").inc(by_source["gpu"])
-        if ext:
-            m.by_source.labels(m.model_name, "external_kv_transfer").inc(ext)
-        if by_source.get("recomputed"):
-            m.by_source.labels(m.model_name, "local_compute").inc(by_source["recomputed"])
-
     @property
     def max_model_len(self) -> int:
         """The longest prompt + max_tokens the simulated GPU can hold, tokens (vLLM's max_model_len is
@@ -542,7 +532,7 @@ class SimEngine:
                 first_chunk = gpu_hit // o.cfg.chunk_tokens
                 cand = max(0, n * o.cfg.chunk_tokens - gpu_hit)
                 if cand > 0:
-                    if o.gate(cand, s.prefill_tps):
+                    if o.gate(cand, self.recompute_tps(cand, gpu_hit)):
                         load_s, nbytes, found = await o.aload(keys[first_chunk:n], sources)
                         found = max(0, min(found, n - first_chunk))
                         if found < n - first_chunk:  # the tier promised more than it gave: recomputed
@@ -564,7 +554,7 @@ class SimEngine:
                 self.offload.store_later(keys)
             ct = self.offload.cfg.chunk_tokens if self.offload is not None else self.block
             by_source = tokens_by_source(len(prompt_ids), gpu_hit, ext, sources, first_chunk, ct)
-            self._count_sources(by_source)
+            self.metrics.count_sources(by_source)
             times = (t_recv, t_queued, t_admit, t_fetched, t_first)
             info = first_info(gpu_hit, ext, load_s, by_source, times)
             info["timing"] = self.timing_of(len(prompt_ids))

@@ -115,3 +115,14 @@ def test_the_twin_of_a_served_folder_holds_its_bytes_per_token(tmp_path: Path) -
     assert s.model.kv_bytes_per_token == Geometry().kv_bytes_per_token == 1024
     with pytest.raises(ConfigError, match="--hf-config"):
         resolve_settings(SimConfig(preset="cpu-test", hf_config=str(folder), model="tiny-1b"))
+
+
+def test_the_fetch_gate_prices_recompute_with_attention_over_the_prefix():
+    """The gate compares a fetch with recomputing the tokens after the GPU's hit at the engine's own rate: with the
+    calibration's attention term, recomputing 2,048 tokens after 12,288 held ones is far slower than its linear
+    rate (a gate on the linear rate recomputed prefixes kvtier's CPU tier in vLLM loads)."""
+    e = engine(0.0, 10.0, prefill_tps=100_000.0)
+    assert e.recompute_tps(2048, 12288) == pytest.approx(100_000.0)  # a preset: linear
+    m = SimEngine(dataclasses.replace(e.s, prefill_pair_s=3e-9), None)
+    slow = 2048 / (2048 / 100_000.0 + 3e-9 * 2048 * (12288 + 1024))
+    assert m.recompute_tps(2048, 12288) == pytest.approx(slow) and slow < 100_000.0 / 1.5
