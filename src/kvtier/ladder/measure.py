@@ -66,16 +66,7 @@ class Prompter:
             head = f"ladder {self.tag} {self._n}: "
         if self.tokenizer is None:
             return head + self.words(round(max(0, tokens - 6) / self.tokens_per_word))
-        words = self.words(int(tokens * 1.3) + 8).split(" ")
-        lo, hi = 0, len(words)
-        count = self.tokenizer.count
-        while lo < hi:  # the most words whose text is at most ``tokens`` tokens
-            mid = (lo + hi + 1) // 2
-            if count(head + " ".join(words[:mid])) <= tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return head + " ".join(words[:lo])
+        return self._fit(head, self.words(int(tokens * 1.3) + 8).split(" "), tokens)
 
     def dense(self, tokens: int) -> str:
         """About ``tokens`` tokens of single letters apart (far fewer characters per token than words: the
@@ -85,14 +76,20 @@ class Prompter:
         letters = self.rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=int(tokens * 1.2) + 8).tolist()
         if self.tokenizer is None:
             return head + " ".join(letters[: max(0, tokens - 6)])
-        lo, hi = 0, len(letters)
+        return self._fit(head, letters, tokens)
+
+    def _fit(self, head: str, items: list[str], tokens: int) -> str:
+        """``head`` and the most of ``items`` (space apart) whose text is at most ``tokens`` tokens (a tokenizer)."""
+        assert self.tokenizer is not None
+        count = self.tokenizer.count
+        lo, hi = 0, len(items)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.tokenizer.count(head + " ".join(letters[:mid])) <= tokens:
+            if count(head + " ".join(items[:mid])) <= tokens:
                 lo = mid
             else:
                 hi = mid - 1
-        return head + " ".join(letters[:lo])
+        return head + " ".join(items[:lo])
 
 
 def first_token_s(rec: dict[str, Any]) -> float | None:
