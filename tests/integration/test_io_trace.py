@@ -46,9 +46,10 @@ def _cfg(d: Path, **kw: object) -> BenchConfig:
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A trace-mode run: CPU 4 MB > storage 50 MB, so entries demote and the bottom tier deletes."""
+    """A trace-mode run: CPU 4 MB > storage 50 MB, so entries demote and the bottom tier deletes. It stops on
+    a request count, not a clock: a loaded machine once gave a 1 s window no request at all."""
     d = tmp_path_factory.mktemp("traced")
-    res = run(_cfg(d, io_trace_log=str(d / "t.csv")))
+    res = run(_cfg(d, duration=300.0, max_requests=80, io_trace_log=str(d / "t.csv")))
     return res, d
 
 
@@ -124,7 +125,8 @@ def test_replay_refuses_rows_of_remote_tiers(tmp_path: Path):
 
 def test_zstd_trace_mode(tmp_path: Path):
     pytest.importorskip("zstandard")
-    res = run(_cfg(tmp_path, duration=1.0, io_trace_log=str(tmp_path / "t.csv.zst")))
+    res = run(_cfg(tmp_path, duration=300.0, max_requests=30, io_trace_log=str(tmp_path / "t.csv.zst")))
+    assert res.status.value == "complete" and res.stop_reason.code.value == "max-requests"
     assert res.io_trace is not None and res.io_trace.compressed and res.io_trace.file_bytes < res.io_trace.csv_bytes
     assert len(read_trace(str(tmp_path / "t.csv.zst"))) == res.io_trace.rows
 
@@ -181,7 +183,8 @@ def test_fio_accepts_the_job_from_a_reference_trace(tmp_path: Path):
 
 
 def test_latency_tracing_degrades_and_the_run_completes(tmp_path: Path):
-    res = run(_cfg(tmp_path, duration=1.0, enable_latency_tracing=True, xlsx_output=str(tmp_path / "r.xlsx")))
+    xlsx = str(tmp_path / "r.xlsx")
+    res = run(_cfg(tmp_path, duration=300.0, max_requests=20, enable_latency_tracing=True, xlsx_output=xlsx))
     assert res.status.value == "complete" and res.latency_tracing is not None
     lt = res.latency_tracing
     if lt.traced:  # a host where bpftrace attaches: histograms of our device
@@ -194,7 +197,7 @@ def test_latency_tracing_degrades_and_the_run_completes(tmp_path: Path):
 
 def test_validation_against_a_real_trace(tmp_path: Path):
     trace = FIXTURES / "burstgpt_v2_fixture.csv"
-    res = run(_cfg(tmp_path, duration=1.5, validation_trace=str(trace)))
+    res = run(_cfg(tmp_path, duration=300.0, max_requests=30, validation_trace=str(trace)))
     v = res.validation
     assert v is not None and v.format == "burstgpt" and v.trace_requests > 0 and v.run_requests > 0
     for name in ("input_tokens", "output_tokens", "inter_arrival_s"):
