@@ -18,8 +18,12 @@ the pages): that isolates the pages' cost from the stamp's (engine/noise.py; ~15
 The speed test runs twice in one run, each in a fresh process: under glibc's own threshold for streaming copies
 (stock), and under the one ``kvtier bench`` sets for itself (engine/backend.py ``NT_COPY_BYTES``).
 
-Last line: ``cpu_tier_pages write_ratio=… write_unstamped_ratio=… read_ratio=… stock_write_ratio=…
-stock_write_unstamped_ratio=… stock_read_ratio=… refused_with_room_paged=… refused_with_room_extent=… waste=…``
+The write is timed a third way, on one thread: a lone write of 32 MiB or more is otherwise copied by two threads,
+a half each (engine/noise.py ``SPLIT_BYTES``).
+
+Last line: ``cpu_tier_pages write_ratio=… write_one_thread_ratio=… write_unstamped_ratio=… read_ratio=…
+stock_write_ratio=… stock_write_unstamped_ratio=… stock_read_ratio=… refused_with_room_paged=…
+refused_with_room_extent=… waste=…``
 (ratios: the lower of the two page sizes; unprefixed: as kvtier bench runs).
 """
 
@@ -39,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, median
 
 sys.path.insert(0, str(REPO / "src"))
+from kvtier.engine import noise as noise_mod
 from kvtier.engine.backend import aligned_buffer, round_up
 from kvtier.engine.memory import MemoryTier
 from kvtier.engine.noise import NoiseBuffer
@@ -65,7 +70,7 @@ def ratios(size: int, page: int, reps: int) -> tuple[float, float]:
         return time.perf_counter() - t
 
     plain_src = [memoryview(noise._view)[i : i + 64 * MiB] for i in range(0, size, 64 * MiB)]
-    p = []
+    p, one = [], []
     for _ in range(reps):  # the copy before and after ours, averaged: drift affects both sides alike
         before = ref()
         t = time.perf_counter()
@@ -79,16 +84,27 @@ def ratios(size: int, page: int, reps: int) -> tuple[float, float]:
         tier.write("y", plain_src, size)  # the same bytes unstamped: the pages' own cost, without the stamp's
         ours_p = time.perf_counter() - t
         tier.delete("y")
+        split, noise_mod.SPLIT_BYTES = noise_mod.SPLIT_BYTES, 1 << 62  # the same write, one thread only
+        try:
+            t = time.perf_counter()
+            tier.write("z", noise.chunks("z", size, size), size)
+            ours_1 = time.perf_counter() - t
+        finally:
+            noise_mod.SPLIT_BYTES = split
+        tier.delete("z")
         base = (before + ref()) / 2
         w.append(base / ours_w)
         r.append(base / ours_r)
         p.append(base / ours_p)
+        one.append(base / ours_1)
     tier.close()
     PLAIN.append(median(p))
+    ONE_THREAD.append(median(one))
     return median(w), median(r)
 
 
 PLAIN: list[float] = []  # the unstamped write's ratio, per page size
+ONE_THREAD: list[float] = []  # the write's ratio with a lone fill's pieces not split (engine/noise.py SPLIT_BYTES)
 
 
 class FirstFit:
@@ -159,26 +175,27 @@ def holes(writes: int, seed: int) -> tuple[int, int, float]:
     return paged_refused, extent_refused, waste
 
 
-def speed(size_mb: int, reps: int) -> tuple[float, float, float]:
-    """(write, unstamped write, read) ratios, the lower of the two page sizes, printed per page size."""
+def speed(size_mb: int, reps: int) -> tuple[float, float, float, float]:
+    """(write, unstamped write, read, write on one thread) ratios, the lower of the two page sizes, printed per
+    page size."""
     worst_w = worst_r = float("inf")
     for page in (2 * MiB, 32 * MiB):
         w, r = ratios(size_mb * MiB, page, reps)
-        print(f"  page {page // MiB} MiB, {size_mb} MiB entry: write {w:.2f} (unstamped bytes {PLAIN[-1]:.2f}), "
-              f"read {r:.2f} of np.copyto", flush=True)  # fmt: skip
+        print(f"  page {page // MiB} MiB, {size_mb} MiB entry: write {w:.2f} (on one thread {ONE_THREAD[-1]:.2f}, "
+              f"unstamped bytes {PLAIN[-1]:.2f}), read {r:.2f} of np.copyto", flush=True)  # fmt: skip
         worst_w, worst_r = min(worst_w, w), min(worst_r, r)
-    return worst_w, min(PLAIN), worst_r
+    return worst_w, min(PLAIN), worst_r, min(ONE_THREAD)
 
 
-def speed_in_child(a: argparse.Namespace, env: dict[str, str]) -> tuple[float, float, float]:
+def speed_in_child(a: argparse.Namespace, env: dict[str, str]) -> tuple[float, float, float, float]:
     """The speed test in a fresh process under ``env`` (glibc reads its tunables at a process's start)."""
     import subprocess
 
     cmd = [sys.executable, __file__, "--speed-only", "--size-mb", str(a.size_mb), "--reps", str(a.reps)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True)
     print(p.stdout.rstrip("\n").rsplit("\n", 1)[0], flush=True)
-    w, u, r = (float(x) for x in p.stdout.strip().splitlines()[-1].split())
-    return w, u, r
+    w, u, r, one = (float(x) for x in p.stdout.strip().splitlines()[-1].split())
+    return w, u, r, one
 
 
 def main() -> None:
@@ -198,14 +215,15 @@ def main() -> None:
     # side by side in one run: glibc's own threshold (stock), then kvtier bench's (it re-executes under it)
     stock_env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" or NT_COPY_TUNABLE not in v}
     print("stock glibc (copies stream above its own threshold):")
-    sw, su, sr = speed_in_child(a, stock_env)
+    sw, su, sr, _ = speed_in_child(a, stock_env)
     print("as kvtier bench runs (copies of 1 MiB and more stream):")
-    w, u, r = speed_in_child(a, nt_copy_environ(stock_env) or stock_env)
+    w, u, r, one = speed_in_child(a, nt_copy_environ(stock_env) or stock_env)
     paged, extent, waste = holes(a.writes, seed=7)
     print(f"{a.writes} writes of 100-250 MiB into 512 MiB (32 MiB pages): refused with room: paged {paged}, "
           f"first-fit extents {extent}; pages' internal waste {waste:.1%}")  # fmt: skip
     print(
-        f"cpu_tier_pages write_ratio={w:.2f} write_unstamped_ratio={u:.2f} read_ratio={r:.2f} "
+        f"cpu_tier_pages write_ratio={w:.2f} write_one_thread_ratio={one:.2f} write_unstamped_ratio={u:.2f} "
+        f"read_ratio={r:.2f} "
         f"stock_write_ratio={sw:.2f} stock_write_unstamped_ratio={su:.2f} stock_read_ratio={sr:.2f} "
         f"refused_with_room_paged={paged} refused_with_room_extent={extent} waste={waste:.3f}"
     )

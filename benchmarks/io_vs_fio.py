@@ -14,6 +14,8 @@ them with THP=always, and on these machines O_DIRECT runs ~2.5x faster from huge
 root, THP is set to 'always' for the run and restored after (--no-thp-always leaves it alone).
 CPU tier: MemoryTier write and read of one entry (in 32 MiB pages, kvtier bench's default for
 llama3.1-8b) vs np.copyto of the same size into a preallocated array (both warm), median of repetitions.
+A lone write's 32 MiB pieces are copied by two threads, a half each (engine/noise.py SPLIT_BYTES); the write is
+also timed with that off (``cpu_one_thread``), against the same one-thread np.copyto.
 
 Both write data no array can deduplicate or compress: kvtier's stamped noise (engine/noise.py: every 4 KiB
 block unique, each writer's buffer filled once and only its stamps rewritten per chunk), fio with
@@ -21,7 +23,8 @@ refill_buffers, randrepeat=0, dedupe_percentage=0, buffer_compress_percentage=0.
 costs a core is printed three ways: stamped in place (the writes), the stamped copy (the CPU tier's fill) and a
 plain memcpy of the same bytes.
 
-Last line: ``io_vs_fio write=<min over sizes> read=<min over sizes> cpu=<min of write, read>``.
+Last line: ``io_vs_fio write=<min over sizes> read=<min over sizes> cpu=<min of write, read>
+cpu_one_thread=<the same, the write on one thread>``.
 """
 
 from __future__ import annotations
@@ -145,9 +148,15 @@ CPU_S_PER_GB: dict[str, list[float]] = {}
 def cpu_ratios(size: int, reps: int) -> tuple[float, float]:
     """The CPU tier's write and read of one entry against np.copyto, in 32 MiB pages (kvtier bench's page for
     llama3.1-8b: 256 tokens of its KV); the measurement is benchmarks/cpu_tier_pages.py's."""
-    from cpu_tier_pages import ratios
+    from cpu_tier_pages import ONE_THREAD, ratios
 
-    return ratios(size, 32 * MiB, reps)
+    w, r = ratios(size, 32 * MiB, reps)
+    CPU_ONE_THREAD.append(ONE_THREAD[-1])
+    return w, r
+
+
+CPU_ONE_THREAD: list[float] = []
+"""The CPU tier's write ratio with its pieces copied on one thread (a lone write's are split in two otherwise)."""
 
 
 def stamp_cost(reps: int) -> tuple[float, float, float]:
@@ -254,7 +263,8 @@ def main() -> None:
         if not a.dir:
             shutil.rmtree(base, ignore_errors=True)
     cw, cr = cpu_ratios(a.cpu_mb * MiB, max(a.reps, 5))
-    print(f"cpu tier vs np.copyto ({a.cpu_mb} MiB): write={cw:.2f} read={cr:.2f}")
+    one = CPU_ONE_THREAD[-1]
+    print(f"cpu tier vs np.copyto ({a.cpu_mb} MiB): write={cw:.2f} (on one thread {one:.2f}) read={cr:.2f}")
     cpu = {op: median(v) * 1e3 for op, v in CPU_S_PER_GB.items()}
     print(f"kvtier host CPU per device GB: write {cpu.get('write', 0):.0f} ms, read {cpu.get('read', 0):.0f} ms")
     ip, st, pl = stamp_cost(max(a.reps, 5))
@@ -263,7 +273,7 @@ def main() -> None:
         f"({1 / st:.1f} GB/s) against a plain memcpy {pl * 1e3:.1f} ms/GB: the stamp costs {(st - pl) * 1e3:.1f} "
         "ms/GB on a copy"
     )
-    print(f"io_vs_fio write={worst_w:.2f} read={worst_r:.2f} cpu={min(cw, cr):.2f}")
+    print(f"io_vs_fio write={worst_w:.2f} read={worst_r:.2f} cpu={min(cw, cr):.2f} cpu_one_thread={min(one, cr):.2f}")
 
 
 if __name__ == "__main__":

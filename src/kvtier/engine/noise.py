@@ -55,7 +55,11 @@ COPY_PIECE = 1 << 25  # the copy and stamp run in pieces of this (a page of kvti
 # stamp finding its piece in cache, the copy not streaming), 0.83-0.86 in 8 or 16 MiB pieces, 0.91 in 32 MiB. The
 # stamp's read-back of lines the copy just streamed to memory is the rest (~9 %): stamping on a helper thread while
 # the next piece copies gained 0.01 in 32 MiB pages and lost 0.05 in 2 MiB ones
+SPLIT_BYTES = 1 << 24  # a lone fill of twice this or more is copied by two threads, a half each (NoiseChunks.fill):
+# numpy's copy releases the GIL, and one core's copy is bounded by its own outstanding misses, not by the memory
+# (two threads: 1.43 x np.copyto's rate against 0.91 for one, 256 MiB in 32 MiB pieces, on the 2-core dev VM)
 _BLOCKS_PER_PIECE = COPY_PIECE // BLOCK
+_MIX = 0x9E3779B97F4A7C15  # the sample's mixing constant (PayloadSample.picks)
 _IDX = np.arange(_BLOCKS_PER_PIECE, dtype=np.uint64)
 Payload = Literal["unique", "realistic"]
 
@@ -132,10 +136,17 @@ class PayloadSample:
         (relative to the span) sampled: about one piece in PIECES_PER_SAMPLE gives one, chosen by key and index
         (a rewrite of the key samples the same block); plain integer work per piece."""
         per = PIECE // BLOCK
-        for start in range(0, nblocks, per):
-            x = (((key_hash ^ (first_block + start)) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32  # mixed
-            if x % self.PIECES_PER_SAMPLE:
-                continue
+        if nblocks <= 8 * per:  # a few pieces: plain integers are quicker than arrays
+            for start in range(0, nblocks, per):
+                x = (((key_hash ^ (first_block + start)) * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 32  # mixed
+                if x % self.PIECES_PER_SAMPLE == 0:
+                    yield start + (x >> 8) % min(per, nblocks - start)
+            return
+        # a CPU-tier page (32 MiB: 64 pieces): the same integers as arrays (uint64 products wrap as the mask does)
+        starts = np.arange(0, nblocks, per, dtype=np.uint64)
+        xs = ((np.uint64(key_hash) ^ (np.uint64(first_block) + starts)) * np.uint64(_MIX)) >> np.uint64(32)
+        for i in np.flatnonzero(xs % np.uint64(self.PIECES_PER_SAMPLE) == 0).tolist():
+            start, x = int(starts[i]), int(xs[i])
             yield start + (x >> 8) % min(per, nblocks - start)
 
     def record(self, key: str, block: int, data: memoryview | bytes) -> None:
@@ -192,6 +203,7 @@ class NoiseBuffer:
         self._tls = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._fills = 0  # NoiseChunks.fill calls in flight (a lone one shares a large entry with a helper)
         self._writers: WriterPool[_Primed] = WriterPool(self.nbytes, lambda size, base: _Primed(self, size, base))
         self.writer_buffer_bytes = 0  # of which filled with noise (each is filled as far as its largest chunk)
         self.bytes_in_place = 0  # entry bytes handed out from writer buffers, stamps rewritten in place
@@ -423,19 +435,56 @@ class NoiseChunks:
         """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly, from the key's own noise
         offset: one view, or the tier's pages in order (each a multiple of 4 KiB; the bytes are those of one view
         of them all); ``check(done)`` is called between pieces of ``limit`` bytes (a cancel check raises there).
-        ``written=False``: a check's copy (``expected``), neither counted nor sampled."""
-        off, block, h = self.noise.offset_for(self.key), 0, self.noise.key_hash(self.key)
-        views = [dst] if isinstance(dst, memoryview) else list(dst)
-        done = 0
-        for v in views:
-            for at in range(0, min(len(v), self.padded - done), self.limit):
+        ``written=False``: a check's copy (``expected``), neither counted nor sampled.
+
+        An entry of 2 x SPLIT_BYTES or more, written while no other fill is in flight, is copied by two threads:
+        its second half (from a PIECE boundary) by a helper while this thread copies the first and checks."""
+        noise = self.noise
+        spans, done = [], 0  # (view, entry offset of its first byte)
+        for v in [dst] if isinstance(dst, memoryview) else dst:
+            if done >= self.padded:
+                break
+            n = min(len(v), self.padded - done)
+            spans.append((v[:n], done))
+            done += n
+        with noise._pool_lock:
+            noise._fills += 1
+            lone = noise._fills == 1
+        try:
+            cut = self.padded // 2 // PIECE * PIECE
+            if not (written and lone and cut >= SPLIT_BYTES):
+                self._spans(spans, check, written)
+                return
+            first, second = [], []
+            for v, at in spans:
+                if at + len(v) <= cut:
+                    first.append((v, at))
+                elif at >= cut:
+                    second.append((v, at))
+                else:
+                    first.append((v[: cut - at], at))
+                    second.append((v[cut - at :], cut))
+            rest = noise.helpers().submit(self._spans, second, None, written)
+            try:
+                self._spans(first, check, written)
+            finally:
+                rest.result()  # the helper never writes into the caller's memory after we return
+        finally:
+            with noise._pool_lock:
+                noise._fills -= 1
+
+    def _spans(self, spans: list[tuple[memoryview, int]], check: Callable[[int], None] | None, written: bool) -> None:
+        """Fill each (view, entry offset) in pieces of ``limit`` bytes."""
+        noise, h, origin = self.noise, self.noise.key_hash(self.key), self.noise.offset_for(self.key)
+        for v, start in spans:
+            for at in range(0, len(v), self.limit):
                 if check is not None:
-                    check(done)
-                n = min(self.limit, len(v) - at, self.padded - done)
-                off, block = self._pieces(v[at : at + n], off, block, h, sample=written)
+                    check(start + at)
+                n = min(self.limit, len(v) - at)
+                pos = start + at
+                self._pieces(v[at : at + n], (origin + pos) % noise.nbytes, pos // BLOCK, h, sample=written)
                 if written:
-                    self.noise._count(copied=n)
-                done += n
+                    noise._count(copied=n)
 
 
 class _Primed:

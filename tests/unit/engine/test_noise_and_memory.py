@@ -129,3 +129,40 @@ def test_a_fragmenting_pattern_never_refuses_a_write_the_free_pages_hold():
         assert t.waste_bytes() == sum(t.stored_size(v) - round_up(v) for v in held.values())
     assert refused_with_room == 0 and refused > 0  # the pattern did fill the tier
     t.close()
+
+
+def test_a_lone_large_fill_shares_its_copy_with_a_helper_and_writes_the_same_bytes(monkeypatch):
+    """#59 item 1: an entry of 2 x SPLIT_BYTES or more, written while no other fill runs, is copied by two
+    threads (its second half by a helper); the bytes, stamps, counts and cancel checks are as one thread's."""
+    import threading
+
+    from kvtier.engine import noise as noise_mod
+
+    monkeypatch.setattr(noise_mod, "SPLIT_BYTES", 1 << 20)  # small, so the test stays small
+    noise = NoiseBuffer(3 << 20, seed=4)  # entries wrap the noise: the halves start at the right offsets
+    n = (5 << 20) + 4096 * 3 + 7
+    pages = [aligned_buffer(1 << 20) for _ in range(6)]  # a tier's pages: the cut falls inside one
+    threads: set[str] = set()
+    fill = noise._fill
+
+    def tracked(dst, off, block, h):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        fill(dst, off, block, h)
+
+    monkeypatch.setattr(noise, "_fill", tracked)
+    checked: list[int] = []
+    noise.chunks("big", n, 1 << 19).fill(pages, check=checked.append)
+    assert len(threads) == 2 and any(t.startswith("kvtier-fill") for t in threads)
+    got = b"".join(bytes(p) for p in pages)[: round_up(n)]
+    assert got[:n] == noise.expected("big", n) and noise.verify("big", got) is None
+    assert noise.describe()["bytes_copied"] == round_up(n)
+    assert checked and max(checked) < (3 << 20) and checked == sorted(checked)  # the caller checks its own half
+
+    threads.clear()  # another fill in flight: this one copies alone
+    noise._fills += 1
+    try:
+        noise.chunks("big2", n, 1 << 19).fill(pages)
+    finally:
+        noise._fills -= 1
+    assert threads == {threading.current_thread().name}
+    assert b"".join(bytes(p) for p in pages)[:n] == noise.expected("big2", n)
