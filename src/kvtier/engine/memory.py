@@ -111,6 +111,7 @@ class MemoryTier:
         self._used_pages = 0
         self._payload = 0  # bytes of the entries themselves (padded to 4 KiB): used pages minus this is waste
         self._lock = threading.Lock()
+        self._copying = 0  # reads and writes in flight: a write alone shares a large copy (NoiseChunks.fill)
 
     def _map(self, nbytes: int) -> mmap.mmap:
         """The arena: anonymous host memory, reserved as address space only (a paged tier on another mapping,
@@ -164,21 +165,23 @@ class MemoryTier:
             self._index[key] = (pages, nbytes)
             self._used_pages += need
             self._payload += padded
+            self._copying += 1
+            alone = self._copying == 1
         views = self._views(pages, padded)
         t1 = time.perf_counter_ns()
         fill = getattr(chunks, "fill", None)  # a source that writes straight into our memory: one copy, not two
         try:
-            if fill is not None:
-                fill([memoryview(v.data) for v in views])
+            if fill is not None:  # the tier to itself: a large entry's copy is shared with a helper thread
+                fill([memoryview(v.data) for v in views], share=alone)
             else:
                 self._scatter(chunks, views)
         except BaseException:
             self.delete(key)
             raise
         finally:
-            if fresh:
-                with self._lock:  # written (or given back): the host's figure has it now
-                    self._pending -= fresh * self.page_bytes
+            with self._lock:  # written (or given back): the host's figure has the fresh pages now
+                self._pending -= fresh * self.page_bytes
+                self._copying -= 1
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 
@@ -220,18 +223,24 @@ class MemoryTier:
         step = len(buf) - len(buf) % ALIGN
         t1 = time.perf_counter_ns()
         at = done = 0
-        for v in views:
-            pos = 0
-            while pos < len(v):
-                if at == 0:
-                    check_cancel(cancel, f"{self.name} read", done)
-                n = min(len(v) - pos, step - at)
-                np.copyto(dst[at : at + n], v[pos : pos + n])
-                pos += n
-                at += n
-                done += n
-                if at == step:
-                    at = 0
+        with self._lock:
+            self._copying += 1
+        try:
+            for v in views:
+                pos = 0
+                while pos < len(v):
+                    if at == 0:
+                        check_cancel(cancel, f"{self.name} read", done)
+                    n = min(len(v) - pos, step - at)
+                    np.copyto(dst[at : at + n], v[pos : pos + n])
+                    pos += n
+                    at += n
+                    done += n
+                    if at == step:
+                        at = 0
+        finally:
+            with self._lock:
+                self._copying -= 1
         t2 = time.perf_counter_ns()
         return IOTiming(host_ns=t1 - t0, device_ns=t2 - t1)
 

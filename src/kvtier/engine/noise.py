@@ -203,11 +203,11 @@ class NoiseBuffer:
         self._tls = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._fills = 0  # NoiseChunks.fill calls in flight (a lone one shares a large entry with a helper)
         self._writers: WriterPool[_Primed] = WriterPool(self.nbytes, lambda size, base: _Primed(self, size, base))
         self.writer_buffer_bytes = 0  # of which filled with noise (each is filled as far as its largest chunk)
         self.bytes_in_place = 0  # entry bytes handed out from writer buffers, stamps rewritten in place
         self.bytes_copied = 0  # entry bytes copied from the noise (fill: the CPU tier; out=: the caller's buffer)
+        self.bytes_copied_by_helper = 0  # of which a helper thread copied (a shared fill's second half)
         self._blocks: tuple[np.ndarray, np.ndarray] | None = None  # verify's index (built on first use)
         self.sample = PayloadSample()
         rng = np.random.default_rng(seed)
@@ -238,6 +238,7 @@ class NoiseBuffer:
             counts = {
                 "bytes_stamped_in_place": self.bytes_in_place,
                 "bytes_copied": self.bytes_copied,
+                "bytes_copied_by_helper": self.bytes_copied_by_helper,
                 "writer_buffers": self._writers.made,
                 "writer_buffer_bytes": self.writer_buffer_bytes,
             }
@@ -252,10 +253,11 @@ class NoiseBuffer:
             "sample": self.sample.section(),
         }
 
-    def _count(self, in_place: int = 0, copied: int = 0) -> None:
+    def _count(self, in_place: int = 0, copied: int = 0, shared: int = 0) -> None:
         with self._pool_lock:
             self.bytes_in_place += in_place
             self.bytes_copied += copied
+            self.bytes_copied_by_helper += shared
 
     def key_hash(self, key: str) -> int:
         """The key's stamp, salted by the seed: 64 bits."""
@@ -430,15 +432,20 @@ class NoiseChunks:
             pending.result()  # never leave a helper writing into the caller's buffer after we return
 
     def fill(
-        self, dst: memoryview | Sequence[memoryview], check: Callable[[int], None] | None = None, written: bool = True
+        self,
+        dst: memoryview | Sequence[memoryview],
+        check: Callable[[int], None] | None = None,
+        written: bool = True,
+        share: bool = False,
     ) -> None:
         """Write the whole entry (``round_up(nbytes)`` bytes) into ``dst`` directly, from the key's own noise
         offset: one view, or the tier's pages in order (each a multiple of 4 KiB; the bytes are those of one view
         of them all); ``check(done)`` is called between pieces of ``limit`` bytes (a cancel check raises there).
         ``written=False``: a check's copy (``expected``), neither counted nor sampled.
 
-        An entry of 2 x SPLIT_BYTES or more, written while no other fill is in flight, is copied by two threads:
-        its second half (from a PIECE boundary) by a helper while this thread copies the first and checks."""
+        ``share``: the caller has the host's copying to itself (engine/memory.py: no other read or write of the
+        tier in flight); an entry of 2 x SPLIT_BYTES or more is then copied by two threads, its second half (from
+        a PIECE boundary) by a helper while this thread copies the first and checks."""
         noise = self.noise
         spans, done = [], 0  # (view, entry offset of its first byte)
         for v in [dst] if isinstance(dst, memoryview) else dst:
@@ -447,31 +454,25 @@ class NoiseChunks:
             n = min(len(v), self.padded - done)
             spans.append((v[:n], done))
             done += n
-        with noise._pool_lock:
-            noise._fills += 1
-            lone = noise._fills == 1
+        cut = self.padded // 2 // PIECE * PIECE
+        if not (share and written and cut >= SPLIT_BYTES):
+            self._spans(spans, check, written)
+            return
+        first, second = [], []
+        for v, at in spans:
+            if at + len(v) <= cut:
+                first.append((v, at))
+            elif at >= cut:
+                second.append((v, at))
+            else:
+                first.append((v[: cut - at], at))
+                second.append((v[cut - at :], cut))
+        rest = noise.helpers().submit(self._spans, second, None, written)
         try:
-            cut = self.padded // 2 // PIECE * PIECE
-            if not (written and lone and cut >= SPLIT_BYTES):
-                self._spans(spans, check, written)
-                return
-            first, second = [], []
-            for v, at in spans:
-                if at + len(v) <= cut:
-                    first.append((v, at))
-                elif at >= cut:
-                    second.append((v, at))
-                else:
-                    first.append((v[: cut - at], at))
-                    second.append((v[cut - at :], cut))
-            rest = noise.helpers().submit(self._spans, second, None, written)
-            try:
-                self._spans(first, check, written)
-            finally:
-                rest.result()  # the helper never writes into the caller's memory after we return
+            self._spans(first, check, written)
         finally:
-            with noise._pool_lock:
-                noise._fills -= 1
+            rest.result()  # the helper never writes into the caller's memory after we return
+        noise._count(shared=self.padded - cut)
 
     def _spans(self, spans: list[tuple[memoryview, int]], check: Callable[[int], None] | None, written: bool) -> None:
         """Fill each (view, entry offset) in pieces of ``limit`` bytes."""

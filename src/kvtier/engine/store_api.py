@@ -24,7 +24,9 @@ class CancellableChunks:
         self.chunks, self.cancel, self.what = chunks, cancel, what
         inner = getattr(chunks, "fill", None)
         if inner is not None:
-            self.fill = lambda dst: inner(dst, lambda done: check_cancel(self.cancel, self.what, done))
+            self.fill = lambda dst, share=False: inner(
+                dst, lambda done: check_cancel(self.cancel, self.what, done), share=share
+            )
 
     def __iter__(self) -> Iterator[memoryview]:
         done = 0

@@ -71,9 +71,11 @@ class PayloadFacts(Section):
     block_bytes: int
     # how the bytes were made (null in results from before stamping in place): entry bytes handed out from
     # writers' buffers with only their stamps rewritten, entry bytes copied from the noise (a memory tier's one
-    # copy), the writers' buffers made and the bytes of noise they hold
+    # copy; of them, those a helper thread copied, the second half of a write that had the tier to itself), the
+    # writers' buffers made and the bytes of noise they hold
     bytes_stamped_in_place: int | None = None
     bytes_copied: int | None = None
+    bytes_copied_by_helper: int | None = None
     writer_buffers: int | None = None
     writer_buffer_bytes: int | None = None
     sample: PayloadSampleStats

@@ -131,9 +131,10 @@ def test_a_fragmenting_pattern_never_refuses_a_write_the_free_pages_hold():
     t.close()
 
 
-def test_a_lone_large_fill_shares_its_copy_with_a_helper_and_writes_the_same_bytes(monkeypatch):
-    """#59 item 1: an entry of 2 x SPLIT_BYTES or more, written while no other fill runs, is copied by two
-    threads (its second half by a helper); the bytes, stamps, counts and cancel checks are as one thread's."""
+def test_a_large_write_alone_shares_its_copy_with_a_helper_and_writes_the_same_bytes(monkeypatch):
+    """#59 item 1: an entry of 2 x SPLIT_BYTES or more, written while the CPU tier has no other read or write in
+    flight, is copied by two threads (its second half by a helper); the bytes, stamps, counts and cancel checks
+    are as one thread's. With a read in flight, the write copies alone."""
     import threading
 
     from kvtier.engine import noise as noise_mod
@@ -141,7 +142,6 @@ def test_a_lone_large_fill_shares_its_copy_with_a_helper_and_writes_the_same_byt
     monkeypatch.setattr(noise_mod, "SPLIT_BYTES", 1 << 20)  # small, so the test stays small
     noise = NoiseBuffer(3 << 20, seed=4)  # entries wrap the noise: the halves start at the right offsets
     n = (5 << 20) + 4096 * 3 + 7
-    pages = [aligned_buffer(1 << 20) for _ in range(6)]  # a tier's pages: the cut falls inside one
     threads: set[str] = set()
     fill = noise._fill
 
@@ -150,19 +150,28 @@ def test_a_lone_large_fill_shares_its_copy_with_a_helper_and_writes_the_same_byt
         fill(dst, off, block, h)
 
     monkeypatch.setattr(noise, "_fill", tracked)
+    pages = [aligned_buffer(1 << 20) for _ in range(6)]  # the cut falls inside a page
     checked: list[int] = []
-    noise.chunks("big", n, 1 << 19).fill(pages, check=checked.append)
+    noise.chunks("big", n, 1 << 19).fill(pages, check=checked.append, share=True)
     assert len(threads) == 2 and any(t.startswith("kvtier-fill") for t in threads)
     got = b"".join(bytes(p) for p in pages)[: round_up(n)]
     assert got[:n] == noise.expected("big", n) and noise.verify("big", got) is None
-    assert noise.describe()["bytes_copied"] == round_up(n)
-    assert checked and max(checked) < (3 << 20) and checked == sorted(checked)  # the caller checks its own half
+    d, cut = noise.describe(), round_up(n) // 2 // noise_mod.PIECE * noise_mod.PIECE
+    assert d["bytes_copied"] == round_up(n) and d["bytes_copied_by_helper"] == round_up(n) - cut
+    assert checked and max(checked) < cut and checked == sorted(checked)  # the caller checks its own half
 
-    threads.clear()  # another fill in flight: this one copies alone
-    noise._fills += 1
+    tier = MemoryTier(16 << 20, page_bytes=1 << 20)
+    threads.clear()
+    tier.write("a", noise.chunks("a", n, n), n)  # the tier to itself: shared
+    assert len(threads) == 2
+    buf = aligned_buffer(round_up(n))
+    assert tier.read("a", buf).device_ns > 0 and bytes(buf[:n]) == noise.expected("a", n)
+    threads.clear()
+    tier._copying += 1  # as a read in flight: this write copies alone
     try:
-        noise.chunks("big2", n, 1 << 19).fill(pages)
+        tier.write("b", noise.chunks("b", n, n), n)
     finally:
-        noise._fills -= 1
-    assert threads == {threading.current_thread().name}
-    assert b"".join(bytes(p) for p in pages)[:n] == noise.expected("big2", n)
+        tier._copying -= 1
+    assert threads == {threading.current_thread().name} and tier._copying == 0
+    tier.read("b", buf)
+    assert bytes(buf[:n]) == noise.expected("b", n)
