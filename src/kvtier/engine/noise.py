@@ -445,7 +445,7 @@ class NoiseChunks:
 
         ``share``: the caller has the host's copying to itself (engine/memory.py: no other read or write of the
         tier in flight); an entry of 2 x SPLIT_BYTES or more is then copied by two threads, its second half (from
-        a PIECE boundary) by a helper while this thread copies the first and checks."""
+        a PIECE boundary) by a helper while this thread copies the first; both call ``check``."""
         noise = self.noise
         spans, done = [], 0  # (view, entry offset of its first byte)
         for v in [dst] if isinstance(dst, memoryview) else dst:
@@ -467,11 +467,13 @@ class NoiseChunks:
             else:
                 first.append((v[: cut - at], at))
                 second.append((v[cut - at :], cut))
-        rest = noise.helpers().submit(self._spans, second, None, written)
+        rest = noise.helpers().submit(self._spans, second, check, written)  # a cancel stops both halves
         try:
             self._spans(first, check, written)
-        finally:
-            rest.result()  # the helper never writes into the caller's memory after we return
+        except BaseException:
+            rest.exception()  # the helper never writes into the caller's memory after we return
+            raise  # this thread's error, whatever the helper's
+        rest.result()
         noise._count(shared=self.padded - cut)
 
     def _spans(self, spans: list[tuple[memoryview, int]], check: Callable[[int], None] | None, written: bool) -> None:

@@ -158,7 +158,14 @@ def test_a_large_write_alone_shares_its_copy_with_a_helper_and_writes_the_same_b
     assert got[:n] == noise.expected("big", n) and noise.verify("big", got) is None
     d, cut = noise.describe(), round_up(n) // 2 // noise_mod.PIECE * noise_mod.PIECE
     assert d["bytes_copied"] == round_up(n) and d["bytes_copied_by_helper"] == round_up(n) - cut
-    assert checked and max(checked) < cut and checked == sorted(checked)  # the caller checks its own half
+    assert min(checked) == 0 and max(checked) >= cut  # both halves check (a cancel stops both)
+
+    def cancel_in_second_half(done: int) -> None:
+        if done >= cut:
+            raise InterruptedError("cancelled")
+
+    with pytest.raises(InterruptedError):  # the helper's half is cancelled: the write fails whole
+        noise.chunks("c", n, 1 << 19).fill(pages, check=cancel_in_second_half, share=True)
 
     tier = MemoryTier(16 << 20, page_bytes=1 << 20)
     threads.clear()
