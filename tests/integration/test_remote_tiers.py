@@ -179,7 +179,8 @@ def test_bench_with_redis_and_s3_tiers_end_to_end(rserver, s3, tmp_path):
     cfg = BenchConfig(
         model="tiny-1b",
         num_users=3,
-        duration=3,
+        duration=300,  # bounded by work, not time: a short window on a loaded host may not reach every tier
+        max_requests=60,
         gpu_mem_gb=0,
         cpu_mem_gb=0.004,
         redis_url=rserver.url,
@@ -369,8 +370,8 @@ def _shared_cfg(tmp_path, name: str, **remote: object):  # type: ignore[no-untyp
     from kvtier.config.tuning import Tuning
 
     return BenchConfig(
-        model="tiny-1b", num_users=3, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,
-        remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5,
+        model="tiny-1b", num_users=3, duration=300, max_requests=40, gpu_mem_gb=0, cpu_mem_gb=0,
+        storage_capacity_gb=0.03, remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5,
         cache_dir=str(tmp_path), output=str(tmp_path / f"r-{name}-{len(list(tmp_path.iterdir()))}.json"),
         progress="none", noise_mb=16, io_chunk_mb=4,
         tuning=Tuning.model_validate({"user_templates": TINY_TEMPLATES}), **remote,
