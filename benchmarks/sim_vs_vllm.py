@@ -83,6 +83,7 @@ def replay(url: str, out: Path, a: argparse.Namespace, model_dir: Path, concurre
            "--dataset", str(a.trace), "--tokenizer", f"hf:{model_dir}", "--num-rounds", str(a.num_rounds),
            "--min-chunk-rounds", str(a.num_rounds),
            "--concurrency", str(concurrency), "--gap-scale", "0", "--warmup", "0", "--skip-too-long",
+           "--ignore-eos",  # the tiny random model stops early at random; the twin never does: like for like
            "--max-tokens-cap", str(a.max_tokens_cap), "--metrics-url", url, "--scrape-interval", "2",
            "--progress", "none", "--output", str(out)]  # fmt: skip
     if a.max_requests:

@@ -79,6 +79,12 @@ class LadderConfig(StrictModel):
     loaded_tokens: int = flag(
         512, "tokens each stream decodes while the loaded prompts are timed", ge=16, le=8192, group=GRID
     )
+    honor_eos: bool = flag(
+        False,
+        "let the sweeps' streams stop at the model's end of sequence (by default the ladder sends ignore_eos, as "
+        "vLLM and SGLang take it, so a stream decodes all its tokens; give this to a server that refuses the field)",
+        group=GRID,
+    )
     holdout: float = flag(
         0.2, "share of the (context, new tokens) cells held back from the fit to check it", ge=0, lt=1, group=GRID
     )

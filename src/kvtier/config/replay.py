@@ -93,6 +93,11 @@ class ReplayConfig(StrictModel):
     )
     event_loop: EventLoopKind = flag("auto", "client event loop: uvloop when installed (auto), or asyncio")
     cache_salt: str | None = flag(None, "sent as cache_salt so runs do not share cache entries")
+    ignore_eos: bool = flag(
+        False,
+        "send ignore_eos (vLLM, SGLang): every reply decodes its max_tokens, as the trace recorded them, instead of "
+        "stopping where the model emits its end of sequence (a small or random model stops early at random)",
+    )
     scrape_interval: float = flag(15.0, "seconds between /metrics scrapes", gt=0)
     progress: Literal["auto", "live", "plain", "none"] = flag(
         "auto", "progress while it runs: a live table on a terminal (auto), plain lines, or none"

@@ -112,6 +112,7 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
                     1,
                     request_timeout_s=cfg.request_timeout,
                     read_timeout_s=cfg.request_timeout,
+                    ignore_eos=not cfg.honor_eos,  # the sweeps' streams run their length (a random model stops early)
                 ),
                 cfg.metrics_root(),
                 server,

@@ -46,6 +46,7 @@ class ClientConfig:
     history: str = "recorded"  # recorded | runtime
     cache_salt: str | None = None
     tools: list[dict[str, Any]] | None = None
+    ignore_eos: bool = False  # sent as ignore_eos (vLLM, SGLang): every reply runs to its max_tokens
     # each request's X-Request-Id is this prefix and a number: vLLM makes its engine request id of it, so the engine's
     # own per-request record (kvtier/vllm/reqlog.py) joins this run's (kvtier/replay/engine_join.py)
     request_id_prefix: str = field(default_factory=lambda: f"kvt-{secrets.token_hex(4)}-")
@@ -321,6 +322,8 @@ async def stream_request(
         body["cache_salt"] = cfg.cache_salt
     if cfg.tools:
         body["tools"] = cfg.tools
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
     rec = new_record(user, turn_index, max_tokens)
     rid = rec["request_id"] = cfg.next_request_id()
 

@@ -342,6 +342,7 @@ async def _replay(plan: ReplayPlan, handle_signals: bool, clock: Clock) -> tuple
         history=cfg.history,
         cache_salt=cfg.cache_salt,
         tools=plan.tools,
+        ignore_eos=cfg.ignore_eos,
     )
     records: list[ReplayRecord] = []  # filled as requests finish: kept whatever happens below
     achieved, failure = 0, ""
