@@ -38,7 +38,8 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -470,9 +471,8 @@ class NoiseChunks:
         rest = noise.helpers().submit(self._spans, second, check, written)  # a cancel stops both halves
         try:
             self._spans(first, check, written)
-        except BaseException:
-            rest.exception()  # the helper never writes into the caller's memory after we return
-            raise  # this thread's error, whatever the helper's
+        finally:  # this thread's error, if any, goes on; the helper's only if this half went well
+            _settle(rest)  # the helper never writes into the caller's memory after we return
         rest.result()
         noise._count(shared=self.padded - cut)
 
@@ -488,6 +488,17 @@ class NoiseChunks:
                 self._pieces(v[at : at + n], (origin + pos) % noise.nbytes, pos // BLOCK, h, sample=written)
                 if written:
                     noise._count(copied=n)
+
+
+def _settle(job: Future[Any]) -> None:
+    """Wait until ``job`` has finished, through interrupts (a second Ctrl+C while waiting is dropped): its caller
+    is about to give back the memory the job writes into."""
+    while True:
+        try:
+            futures_wait([job])
+            return
+        except BaseException:  # noqa: BLE001 (any interrupt: the wait itself must finish)
+            continue
 
 
 class _Primed:

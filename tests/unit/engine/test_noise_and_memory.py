@@ -136,6 +136,7 @@ def test_a_large_write_alone_shares_its_copy_with_a_helper_and_writes_the_same_b
     flight, is copied by two threads (its second half by a helper); the bytes, stamps, counts and cancel checks
     are as one thread's. With a read in flight, the write copies alone."""
     import threading
+    import time
 
     from kvtier.engine import noise as noise_mod
 
@@ -166,6 +167,24 @@ def test_a_large_write_alone_shares_its_copy_with_a_helper_and_writes_the_same_b
 
     with pytest.raises(InterruptedError):  # the helper's half is cancelled: the write fails whole
         noise.chunks("c", n, 1 << 19).fill(pages, check=cancel_in_second_half, share=True)
+
+    main, helper_done = threading.current_thread(), threading.Event()
+
+    def slow(dst, off, block, h):  # type: ignore[no-untyped-def]
+        if threading.current_thread() is not main:
+            time.sleep(0.05)
+            fill(dst, off, block, h)
+            helper_done.set()
+
+    def interrupted(done: int) -> None:
+        if threading.current_thread() is main:
+            raise KeyboardInterrupt  # Ctrl+C in the caller: fill waits for the helper before it lets the pages go
+
+    monkeypatch.setattr(noise, "_fill", slow)
+    with pytest.raises(KeyboardInterrupt):
+        noise.chunks("d", n, 1 << 19).fill(pages, check=interrupted, share=True)
+    assert helper_done.is_set()
+    monkeypatch.setattr(noise, "_fill", tracked)
 
     tier = MemoryTier(16 << 20, page_bytes=1 << 20)
     threads.clear()
