@@ -18,8 +18,8 @@ the pages): that isolates the pages' cost from the stamp's (engine/noise.py; ~15
 The speed test runs twice in one run, each in a fresh process: under glibc's own threshold for streaming copies
 (stock), and under the one ``kvtier bench`` sets for itself (engine/backend.py ``NT_COPY_BYTES``).
 
-The write is timed a third way, on one thread: a lone write of 32 MiB or more is otherwise copied by two threads,
-a half each (engine/noise.py ``SPLIT_BYTES``).
+The write is timed a third way, on one thread: a write of 32 MiB or more that has the tier to itself is otherwise
+copied by two threads, a half each (engine/noise.py ``SPLIT_BYTES``).
 
 Last line: ``cpu_tier_pages write_ratio=… write_one_thread_ratio=… write_unstamped_ratio=… read_ratio=…
 stock_write_ratio=… stock_write_unstamped_ratio=… stock_read_ratio=… refused_with_room_paged=…
@@ -104,7 +104,7 @@ def ratios(size: int, page: int, reps: int) -> tuple[float, float]:
 
 
 PLAIN: list[float] = []  # the unstamped write's ratio, per page size
-ONE_THREAD: list[float] = []  # the write's ratio with a lone fill's pieces not split (engine/noise.py SPLIT_BYTES)
+ONE_THREAD: list[float] = []  # the write's ratio with its copy never shared (engine/noise.py SPLIT_BYTES)
 
 
 class FirstFit:

@@ -14,8 +14,8 @@ them with THP=always, and on these machines O_DIRECT runs ~2.5x faster from huge
 root, THP is set to 'always' for the run and restored after (--no-thp-always leaves it alone).
 CPU tier: MemoryTier write and read of one entry (in 32 MiB pages, kvtier bench's default for
 llama3.1-8b) vs np.copyto of the same size into a preallocated array (both warm), median of repetitions.
-A lone write's 32 MiB pieces are copied by two threads, a half each (engine/noise.py SPLIT_BYTES); the write is
-also timed with that off (``cpu_one_thread``), against the same one-thread np.copyto.
+A write of 32 MiB or more that has the CPU tier to itself is copied by two threads, a half each (engine/noise.py
+SPLIT_BYTES); the write is also timed with that off (``cpu_one_thread``), against the same one-thread np.copyto.
 
 Both write data no array can deduplicate or compress: kvtier's stamped noise (engine/noise.py: every 4 KiB
 block unique, each writer's buffer filled once and only its stamps rewritten per chunk), fio with

@@ -56,7 +56,7 @@ COPY_PIECE = 1 << 25  # the copy and stamp run in pieces of this (a page of kvti
 # stamp finding its piece in cache, the copy not streaming), 0.83-0.86 in 8 or 16 MiB pieces, 0.91 in 32 MiB. The
 # stamp's read-back of lines the copy just streamed to memory is the rest (~9 %): stamping on a helper thread while
 # the next piece copies gained 0.01 in 32 MiB pages and lost 0.05 in 2 MiB ones
-SPLIT_BYTES = 1 << 24  # a lone fill of twice this or more is copied by two threads, a half each (NoiseChunks.fill):
+SPLIT_BYTES = 1 << 24  # a shared fill of twice this or more is copied by two threads, a half each (NoiseChunks.fill):
 # numpy's copy releases the GIL, and one core's copy is bounded by its own outstanding misses, not by the memory
 # (two threads: 1.43 x np.copyto's rate against 0.91 for one, 256 MiB in 32 MiB pieces, on the 2-core dev VM)
 _BLOCKS_PER_PIECE = COPY_PIECE // BLOCK
