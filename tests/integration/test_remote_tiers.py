@@ -370,8 +370,8 @@ def _shared_cfg(tmp_path, name: str, **remote: object):  # type: ignore[no-untyp
     from kvtier.config.tuning import Tuning
 
     return BenchConfig(
-        model="tiny-1b", num_users=3, duration=300, max_requests=40, gpu_mem_gb=0, cpu_mem_gb=0,
-        storage_capacity_gb=0.03, remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5,
+        model="tiny-1b", num_users=3, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,
+        remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5,
         cache_dir=str(tmp_path), output=str(tmp_path / f"r-{name}-{len(list(tmp_path.iterdir()))}.json"),
         progress="none", noise_mb=16, io_chunk_mb=4,
         tuning=Tuning.model_validate({"user_templates": TINY_TEMPLATES}), **remote,

@@ -174,7 +174,7 @@ def _shared_cfg(tmp_path, model: str, name: str, url: str):  # type: ignore[no-u
     from kvtier.config.tuning import Tuning
 
     return BenchConfig(
-        model=model, num_users=2, duration=300, max_requests=40, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,
+        model=model, num_users=2, duration=3, gpu_mem_gb=0, cpu_mem_gb=0, storage_capacity_gb=0.03,
         remote_namespace=f"shared:{name}", remote_ttl=600, generation_mode="none", seed=5, redis_url=url,
         redis_mem_gb=0.5, cache_dir=str(tmp_path), output=str(tmp_path / f"r-{model}.json"), progress="none",
         noise_mb=16, io_chunk_mb=4, disable_multi_turn=False,
