@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import sim_vs_vllm as svv  # noqa: E402
+import sim_vs_vllm as svv
 
 
 def test_the_worst_turn_decides_and_each_quantile_is_kept():
