@@ -95,6 +95,11 @@ def test_sweep_budget_resume_and_recommend(tmp_path: Path):
     )  # fmt: skip
     assert rc.returncode == 0 and "no placement swept meets" in rc.stdout, rc.stdout + rc.stderr
     assert "the sweep in" in rc.stdout and "sweep sweep" not in rc.stdout  # #58 item 21: the table's title
+    # the report draws the sweep as plan recommend reads it (cli hands report/ the reader: report imports no runner)
+    html = tmp_path / "r.html"
+    rc = subprocess.run(kvtier_cmd() + ["report", str(out), "--html", str(html)], capture_output=True, text=True,
+                        timeout=120)  # fmt: skip
+    assert rc.returncode == 0 and "<h3>Placement sweep</h3>" in html.read_text(), rc.stderr
     # #41 item 5: the same folder swept with another GPU size keeps nothing of the first grid's trials
     p = sweep(out, data, "--budget", "1", "--gpu-kv-gb", "0.4")
     r = load(out)

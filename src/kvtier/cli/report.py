@@ -31,11 +31,12 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def run_report(a: argparse.Namespace) -> int:
+    from kvtier.plan.recommend import recommend
     from kvtier.report.html import write_report
 
     cfg = config_from_args(a, ReportConfig)
     labels = [x.strip() for x in cfg.labels.split(",")] if cfg.labels else None
-    info = write_report(cfg.results, cfg.html, cfg.png_dir, labels)
+    info = write_report(cfg.results, cfg.html, cfg.png_dir, labels, read_sweep=lambda p: recommend(p, None, {}))
     plots = f"{len(info['plots'])} plots" if info["matplotlib"] else "no plots (pip install 'kvtier[plot]')"
     print(f"{cfg.html}: {len(info['results'])} results, {plots}, {info['bytes']:,} bytes in {info['seconds']:.2f} s")
     return 0

@@ -13,17 +13,18 @@ missing. ``--png-dir`` also writes each plot as a PNG file.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvtier import __version__
 from kvtier.errors import ConfigError
 from kvtier.report.figures import FEW_SAMPLES, Loaded, figures_of, sentences, ttft_sentence
-from kvtier.report.plan import PLAN_KINDS, PLAN_PLOTS, PLAN_TITLES, SWEEP_PLOTS, plan_figures, plan_status_rows
+from kvtier.report.plan import PLAN_KINDS, PLAN_PLOTS, PLAN_TITLES, plan_figures, plan_status_rows, sweep_curves
 from kvtier.results.aggregate import BenchAggregate
 from kvtier.results.arms import ArmsResult
 from kvtier.results.bench import BenchResult
@@ -402,8 +403,11 @@ def _slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
-def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dict[str, Any]]:
-    """The HTML text, and what went into it (plots drawn, seconds)."""
+def build(
+    items: Sequence[Loaded], png_dir: str | None = None, read_sweep: Callable[[str], Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The HTML text, and what went into it (plots drawn, seconds). ``read_sweep``: a sweep folder's recommendation
+    (``kvtier plan recommend``), which its plot draws; without it a sweep gets its tables only."""
     t0 = time.perf_counter()
     from kvtier.report import plots, plots_serving  # matplotlib is imported inside each plot
 
@@ -450,7 +454,7 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
         makers = {
             "bench": plots.BENCH_PLOTS,
             "replay": plots.REPLAY_PLOTS,
-            "sweep": SWEEP_PLOTS,
+            "sweep": () if read_sweep is None else (functools.partial(sweep_curves, read=read_sweep),),
             "launch": plots_serving.LAUNCH_PLOTS,
             "ladder": plots_serving.LADDER_PLOTS,
             "arms": plots_serving.ARMS_PLOTS,
@@ -476,7 +480,11 @@ def build(items: Sequence[Loaded], png_dir: str | None = None) -> tuple[str, dic
 
 
 def write_report(
-    paths: Sequence[str], out: str, png_dir: str | None = None, labels: Sequence[str] | None = None
+    paths: Sequence[str],
+    out: str,
+    png_dir: str | None = None,
+    labels: Sequence[str] | None = None,
+    read_sweep: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Load, build and write; returns what went in (``plots``, ``seconds``, ``results``)."""
     from kvtier.results.io import check_output_path
@@ -484,7 +492,7 @@ def write_report(
     check_output_path("--html", out)
     t0 = time.perf_counter()
     items = load_all(paths, labels)
-    text, info = build(items, png_dir)
+    text, info = build(items, png_dir, read_sweep)
     from kvtier.results.io import write_text_atomic
 
     write_text_atomic(out, text, "--html")

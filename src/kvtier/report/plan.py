@@ -153,11 +153,10 @@ def _sweeps(items: Sequence[Loaded]) -> Plot | None:
     )
 
 
-def sweep_curves(items: Sequence[Loaded]) -> Plot | None:
-    """A sweep's measured curves (``kvtier plan sweep``), read as ``kvtier plan recommend`` reads them."""
-    from kvtier.plan.recommend import recommend
-
-    png = recommend_png([(it.label, recommend(it.path, None, {})) for it in items])
+def sweep_curves(items: Sequence[Loaded], read: Callable[[str], Any]) -> Plot | None:
+    """A sweep's measured curves (``kvtier plan sweep``), as ``read`` (the caller's ``kvtier plan recommend``: the
+    report draws what a runner computed and imports none) reads each one's folder."""
+    png = recommend_png([(it.label, read(it.path)) for it in items])
     return (
         None
         if png is None
@@ -165,7 +164,6 @@ def sweep_curves(items: Sequence[Loaded]) -> Plot | None:
     )
 
 
-SWEEP_PLOTS: tuple[Callable[[Sequence[Loaded]], Plot | None], ...] = (sweep_curves,)
 PLAN_PLOTS: dict[str, tuple[Callable[[Sequence[Loaded]], Plot | None], ...]] = {
     "plan-breakeven": (
         _first(
