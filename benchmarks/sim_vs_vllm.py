@@ -13,7 +13,8 @@ server's prefix-cache queries counter must read 0 (``_common.prior_queries``), o
 
 With ``--offload-gb G`` both servers offload: the vLLM runs kvtier's CPU tier of G GB inside it (kvtier/vllm), the
 sim an in-process CPU tier holding as many tokens (G x its model's KV bytes per token over the dummy model's) with
-vLLM's 128-token block as its entry (``--offload-chunk-tokens``); each prints its prompt tokens by source (vLLM's
+vLLM's 128-token block as its entry (``--offload-chunk-tokens``) and, as vLLM's tier, no fetch gate
+(``--no-fetch-gate``); each prints its prompt tokens by source (vLLM's
 ``prompt_tokens_by_source``: the GPU cache's hits, the offload tier's, recompute) and the last line is
 ``sim_vs_vllm_offload gpu_vllm=… gpu_sim=… offload_vllm=… offload_sim=… worst_source_abs_diff=…`` (the largest
 difference of one source's share at one concurrency).
@@ -119,7 +120,8 @@ def start_sim(a: argparse.Namespace, model_dir: Path, port: int, work: Path, cal
            "--port", str(port)]  # fmt: skip
     if a.offload_gb:  # the twin of kvtier's CPU tier inside vLLM: as many tokens, vLLM's block as the entry
         gb = a.offload_gb * per
-        cmd += ["--offload", "cpu", "--cpu-offload-gb", str(gb), "--offload-chunk-tokens", str(a.block_tokens)]
+        cmd += ["--offload", "cpu", "--cpu-offload-gb", str(gb), "--offload-chunk-tokens", str(a.block_tokens),
+                "--no-fetch-gate"]  # kvtier's CPU tier in vLLM loads every hit: no gate on that side  # fmt: skip
     else:
         cmd += ["--offload", "none"]
     if calibration is None:

@@ -117,6 +117,11 @@ class SimConfig(OffloadTierConfig):
     cache_server_token_file: str | None = flag(
         None, "file (mode 0600) holding the cache server's shared token: required for a tcp:// --cache-server"
     )
+    no_fetch_gate: bool = flag(
+        False,
+        "load every offload-tier hit, as kvtier's CPU tier inside vLLM and vLLM's own offloading do; by default a hit "
+        "is loaded only when that is expected to beat recomputing it (the fetch gate, on the tier's measured loads)",
+    )
     offload_chunk_tokens: int = flag(
         256,
         "tokens per entry of an in-process offload tier (cpu, nvme, redis, s3): LMCache's chunk is 256; kvtier's "
@@ -130,6 +135,12 @@ class SimConfig(OffloadTierConfig):
     port_file: str | None = flag(None, "write the bound port here once the server accepts requests")
     replica_id: str | None = flag(None, "value of the x-kvtier-replica header (default host:port)")
     seed: int = flag(0, "seed of the offload tier's data")
+
+    @model_validator(mode="after")
+    def _gate_needs_a_tier(self) -> SimConfig:
+        if self.no_fetch_gate and self.offload == "none":
+            raise ValueError("--no-fetch-gate: the fetch gate is the offload tier's; give --offload")
+        return self
 
 
 class CacheServerConfig(OffloadTierConfig):

@@ -163,6 +163,7 @@ class _Measured:
     """Load accounting and the fetch gate, shared by the in-process and the remote offload tier."""
 
     PROBE_S = 5.0  # re-measure the tier at least this often, even when the gate says recompute
+    gated = True  # False (--no-fetch-gate): every hit is loaded, as an engine without a gate does
     DEGRADED_S = 30.0  # /health says degraded while the last failure is this recent
     BREAK_AFTER = 3  # consecutive failed calls open the breaker: the tier is bypassed (recompute) ...
     BYPASS_S = 10.0  # ... this long, then one call probes it (a failed probe opens it again)
@@ -253,7 +254,7 @@ class _Measured:
         is older than PROBE_S, so the estimate follows the tier (a gate that only ever recomputes
         would never learn that the tier got faster)."""
         m = self.measured_fetch()
-        if m is None or time.monotonic() - self.last_load_at > self.PROBE_S:
+        if not self.gated or m is None or time.monotonic() - self.last_load_at > self.PROBE_S:
             return True
         bw, rtt = m
         return should_fetch(tokens, self.kvpt, bw, rtt, prefill_tps).fetch

@@ -199,6 +199,8 @@ async def start_sim(cfg: SimConfig) -> RunningSim:
         await offload.connect()
     elif cfg.offload != "none":
         offload = make_offload(cfg.offload, cfg, settings.model, cfg.seed, cfg.offload_chunk_tokens)
+    if offload is not None:
+        offload.gated = not cfg.no_fetch_gate
 
     async def cleanup() -> None:
         if offload is not None:

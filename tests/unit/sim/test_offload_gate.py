@@ -45,6 +45,23 @@ def test_gate_recomputes_on_slow_measurements_and_probes_again_later(tmp_path):
         o.close()
 
 
+def test_without_the_gate_every_hit_is_loaded_however_slow_the_tier(tmp_path):
+    """--no-fetch-gate: the twin of an engine that loads whatever its tier holds (kvtier's CPU tier in vLLM)."""
+    from kvtier.config.sim import SimConfig
+
+    o = make(tmp_path)
+    try:
+        o._bw_ewma, o.last_load_at = 1e6, __import__("time").monotonic()
+        assert not o.gate(10_000, prefill_tps=1e6)
+        o.gated = False
+        assert o.gate(10_000, prefill_tps=1e6)
+    finally:
+        o.close()
+    assert SimConfig(offload="cpu", no_fetch_gate=True).no_fetch_gate
+    with __import__("pytest").raises(ValueError, match="--no-fetch-gate"):
+        SimConfig(no_fetch_gate=True)  # no tier: nothing to gate
+
+
 def test_the_breaker_opens_after_three_failures_probes_once_and_closes_on_success(tmp_path, monkeypatch):
     import time
 
