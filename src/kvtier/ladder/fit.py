@@ -189,6 +189,11 @@ def fit_ladder(
     timing.step = fit_step(timing, loaded)
     if timing.step is not None:
         timing.figures["step"] = f"fitted to {timing.step.points} cold prompts timed while sequences decode"
+        if timing.step.handling_points:
+            timing.figures["step"] += (
+                f"; handling {1 + timing.step.handling_load:.2f}x as long with sequences running, by "
+                f"{timing.step.handling_points} long cached prompts timed alone and among them"
+            )
     if prefill.s_per_prompt_char > 0 or prefill.prompt_chars_per_token:
         used = sum(x.valid for x in handling)
         timing.figures["handling"] = f"split into tokens and characters by {used} cached prompts of two kinds of text"
@@ -258,7 +263,7 @@ def fit_step(timing: Timing, loaded: Sequence[LoadedPoint]) -> StepModel | None:
     """The step model's share from the interference sweep (results/ladder.py ``loaded_ttft``, with the fitted
     prefill and decode): the share in 0..MAX_SHARE, by steps of 0.01, with the least squared relative error over
     the valid probes. None: no valid probe, or no measured decode to share steps with."""
-    rows = [p for p in loaded if p.valid and p.ttft_s and p.prompt_tokens]
+    rows = [p for p in loaded if p.valid and p.ttft_s and p.prompt_tokens and p.cached_tokens is None]
     if not rows or timing.decode.tpot_s <= 0:
         return None
 
@@ -269,8 +274,35 @@ def fit_step(timing: Timing, loaded: Sequence[LoadedPoint]) -> StepModel | None:
         ]
 
     grid = np.arange(0.0, MAX_SHARE + 1e-9, 0.01)
-    share = float(grid[int(np.argmin([sum(e * e for e in errors(float(x))) for x in grid]))])
-    return StepModel(share=round(share, 2), points=len(rows), median_abs_rel_err=_median_abs(errors(share)))
+    share = round(float(grid[int(np.argmin([sum(e * e for e in errors(float(x))) for x in grid]))]), 2)
+    load, used = fit_handling_load(timing, loaded, share)
+    return StepModel(
+        share=share,
+        points=len(rows),
+        median_abs_rel_err=_median_abs(errors(share)),
+        handling_load=load,
+        handling_points=used,
+    )
+
+
+def fit_handling_load(timing: Timing, loaded: Sequence[LoadedPoint], share: float) -> tuple[float, int]:
+    """How much slower a request's handling runs while sequences decode (results/ladder.py ``StepModel``), from
+    the sweep's long cached prompts: each one's TTFT with sequences decoding less its own TTFT alone less what the
+    step model already adds (``share`` of a decode step and the wait for one), over its handling alone; the median,
+    0..MAX_SHARE. (0, 0) without such a probe or a handling to slow."""
+    pm, loads = timing.prefill, []
+    for p in loaded:
+        if not (p.valid and p.cached_tokens is not None and p.ttft_s and p.alone_s and p.prompt_tokens):
+            continue
+        handling = pm.handling_s(p.prompt_tokens)
+        if handling <= 0:
+            continue
+        new = max(1, p.prompt_tokens - p.cached_tokens)
+        steps = loaded_ttft(timing, new, p.running, ONE_CHUNK, share) - pm.seconds(new, 0.0)
+        loads.append((p.ttft_s - p.alone_s - steps) / handling)
+    if not loads:
+        return 0.0, 0
+    return round(min(MAX_SHARE, max(0.0, float(np.median(loads)))), 2), len(loads)
 
 
 MAX_SHARE = 3.0

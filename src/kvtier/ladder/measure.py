@@ -412,13 +412,25 @@ class LadderSession:
             failed=sum(r["status"] != "ok" for r in recs),
         )
 
-    async def loaded(self, running: int, prompts: Sequence[int], decode_tokens: int) -> list[LoadedPoint]:
+    async def loaded(
+        self, running: int, prompts: Sequence[int], decode_tokens: int, cached: int = 0, cached_repeats: int = 0
+    ) -> list[LoadedPoint]:
         """The interference sweep at one level: ``running`` streams decode ``decode_tokens`` each while cold prompts
-        of ``prompts`` tokens (each a fresh text, one at a time) are timed to their first token. A probe counts
-        (``valid``) only when every stream was still decoding as its first token came: the streams are started
-        again (up to three times) for the probes left when they end first."""
+        of ``prompts`` tokens (each a fresh text, one at a time) are timed to their first token; with ``cached``,
+        also ``cached_repeats`` prompts of a ``cached``-token prefix cached before the streams start, each timed
+        alone first (their median is every such probe's ``alone_s``). A probe counts (``valid``) only when every
+        stream was still decoding as its first token came: the streams are started again (up to three times) for
+        the probes left when they end first."""
         out: list[LoadedPoint] = []
-        left = list(prompts)
+        left: list[tuple[int, str | None]] = [(n, None) for n in prompts]
+        alone = None
+        if cached and cached_repeats and not self.bounded():
+            prefix = self.prompter.text(cached)
+            await self.send(prefix + " end")  # cached from here on
+            times = [first_token_s(r) for r in [await self.send(f"{prefix} alone {i}") for i in range(cached_repeats)]]
+            ok = [t for t in times if t is not None]
+            alone = float(np.median(ok)) if ok else None
+            left += [(cached, f"{prefix} among {running} {i}") for i in range(cached_repeats)] if alone else []
         for _ in range(3):
             if not left or self.bounded():
                 break
@@ -427,8 +439,8 @@ class LadderSession:
                 await self._until_running(running, streams)
                 await asyncio.sleep(0.1)  # past the streams' own prefills: they decode
                 while left and self.bounded() is None and not any(t.done() for t in streams):
-                    n = left[0]
-                    rec = await self.send(self.prompter.text(n))
+                    n, text = left[0]
+                    rec = await self.send(text if text is not None else self.prompter.text(n))
                     ended = [t for t in streams if t.done()]
                     ttft = first_token_s(rec)
                     why = None
@@ -436,9 +448,12 @@ class LadderSession:
                         why = f"request failed: {rec['cause']}: {rec['error']}"
                     elif ended:
                         continue  # a stream ended while it waited: measured again with fresh streams
+                    elif text is not None and (rec["cached_tokens"] or 0) < HANDLING_HIT_SHARE * rec["prompt_tokens"]:
+                        why = f"the cached prefix was not found: {rec['cached_tokens']} of {rec['prompt_tokens']}"
+                    hit = {"cached_tokens": rec["cached_tokens"] or 0, "alone_s": round(alone or 0, 6)} if text else {}
                     out.append(LoadedPoint(running=running, prompt_tokens=rec["prompt_tokens"],
                                            ttft_s=round(ttft, 6) if ttft is not None else None,
-                                           valid=why is None, why=why))  # fmt: skip
+                                           valid=why is None, why=why, **hit))  # fmt: skip
                     left.pop(0)
             finally:
                 for t in streams:
@@ -446,7 +461,7 @@ class LadderSession:
                 await asyncio.gather(*streams, return_exceptions=True)
                 await self._until_running(0, [])
         stopped = self.bounded()
-        for n in left:
+        for n, _ in left:
             why = (
                 f"not measured: {stopped}" if stopped else f"the {running} streams kept ending before a {n}-token probe"
             )

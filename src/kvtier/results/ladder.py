@@ -98,6 +98,11 @@ class StepModel(Section):
     share: float = Field(ge=0)
     points: int
     median_abs_rel_err: float | None = None
+    # the request's handling (results/ladder.py PrefillModel.handling_s) takes (1 + handling_load) of its time alone
+    # while sequences run: the API server tokenizes on the cores the engine computes on (a CPU engine, a host-bound
+    # one). Fitted to long cached prompts timed alone and while sequences decode; 0: not measured
+    handling_load: float = Field(0.0, ge=0)
+    handling_points: int = 0
 
 
 def loaded_ttft(timing: Timing, prompt_tokens: float, running: int, budget: int, share: float) -> float:
@@ -203,14 +208,17 @@ class TpotPoint(Section):
 
 
 class LoadedPoint(Section):
-    """A cold prompt's TTFT measured while ``running`` other sequences decode (the interference sweep); ``valid``
-    when every one of them was still decoding as its first token came."""
+    """A prompt's TTFT measured while ``running`` other sequences decode (the interference sweep); ``valid`` when
+    every one of them was still decoding as its first token came. A cold prompt, or (``cached_tokens`` set) a long
+    cached one, whose TTFT alone, measured just before on the same prefix, is ``alone_s``."""
 
     running: int
     prompt_tokens: int | None
     ttft_s: float | None
     valid: bool
     why: str | None = None
+    cached_tokens: int | None = None
+    alone_s: float | None = None
 
 
 class HandlingPoint(Section):

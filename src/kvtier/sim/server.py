@@ -77,6 +77,7 @@ class SimSettings:
     prefill_char_s: float = 0.0  # ... and per character of the prompt's text
     prompt_chars_per_token: float = 0.0  # the calibration text's: characters of a prompt whose text is not known
     step_share: float = 0.0  # the share of the decode batch's step a prefill chunk's step pays (results/ladder.py)
+    handling_load: float = 0.0  # handling takes (1 + this) as long while sequences run (results/ladder.py StepModel)
     timing_source: str = "assumed"  # assumed (a preset's figures) | measured (a ladder's fit: --calibration)
     timing_origin: str = ""  # the preset's name or the calibration file
     measured_prompt_tokens: int | None = None  # the calibration's range: longer prompts are extrapolated
@@ -193,13 +194,15 @@ class SimEngine:
         the chat template, tokenizing, hashing every prompt token, cached or not), which a real engine overlaps
         with other requests' compute. Less what this process already spent for real on the request (parsing,
         tokenizing and hashing it: ``own_s``), so the same work is not counted twice. ``chars``: the prompt's
-        characters (None: as many as the calibration's text has for that many tokens). 0 for a preset (its fixed
-        cost is engine time)."""
+        characters (None: as many as the calibration's text has for that many tokens). While sequences run, the
+        handling takes ``1 + handling_load`` as long (measured: a host-bound engine's API server shares its
+        cores). 0 for a preset (its fixed cost is engine time)."""
         s = self.s
         if s.timing_source != "measured":
             return 0.0
         n = prompt_tokens * s.prompt_chars_per_token if chars is None else chars
-        own = s.prefill_overhead_ms / 1e3 + s.prefill_prompt_s * prompt_tokens + s.prefill_char_s * n
+        slow = 1.0 + (s.handling_load if self.running > 0 else 0.0)
+        own = s.prefill_overhead_ms / 1e3 + slow * (s.prefill_prompt_s * prompt_tokens + s.prefill_char_s * n)
         return max(0.0, own - own_s)
 
     def recompute_tps(self, tokens: int, cached: int) -> float:

@@ -53,6 +53,7 @@ def calibration_values(path: str, accept_unreliable: bool = False) -> tuple[dict
         "prefill_char_s": t.prefill.s_per_prompt_char,
         "prompt_chars_per_token": t.prefill.prompt_chars_per_token or 0.0,
         "step_share": t.step.share if t.step is not None else 0.0,  # not measured: steps add nothing (a preset's)
+        "handling_load": t.step.handling_load if t.step is not None else 0.0,
     }
     if t.decode.tpot_s > 0:  # a ladder without a TPOT sweep leaves decode to the preset (assumed)
         values["tpot_ms"] = t.decode.tpot_s * 1e3
@@ -114,6 +115,7 @@ def resolve_settings(cfg: SimConfig) -> SimSettings:
         prefill_char_s=float(pr.get("prefill_char_s", 0.0)),
         prompt_chars_per_token=float(pr.get("prompt_chars_per_token", 0.0)),
         step_share=float(pr.get("step_share", 0.0)),
+        handling_load=float(pr.get("handling_load", 0.0)),
         timing_source="measured" if timing is not None else "assumed",
         timing_origin=cfg.calibration if cfg.calibration and timing is not None else f"preset {cfg.preset}",
         measured_prompt_tokens=timing.range.max_prompt_tokens if timing and timing.range else None,

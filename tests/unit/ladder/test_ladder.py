@@ -340,6 +340,34 @@ def test_the_step_share_is_recovered_from_prompts_timed_beside_decoding_sequence
     assert fit_step(_timing(0.0), probes) is None
 
 
+def test_how_much_slower_handling_runs_among_decoding_sequences_is_recovered_from_cached_prompts():
+    """Long cached prompts timed alone and beside decoding sequences, made with handling 1.8x as long among them
+    (and 3 % noise), give back a load of 0.8 beside the share; the cold probes alone fit the share as before."""
+    t, rng = _timing(), np.random.default_rng(5)
+    cold = [LoadedPoint(running=m, prompt_tokens=n, valid=True, ttft_s=loaded_ttft(t, n, m, ONE_CHUNK, 0.6))
+            for m in (1, 2, 4) for n in (64, 512, 1024)]  # fmt: skip
+    n, new = 8192, 3
+    alone = TRUE.seconds(new, n - new)
+    cached = [
+        LoadedPoint(
+            running=m,
+            prompt_tokens=n,
+            cached_tokens=n - new,
+            valid=True,
+            alone_s=alone,
+            ttft_s=(alone + loaded_ttft(t, new, m, ONE_CHUNK, 0.6) - TRUE.seconds(new) + 0.8 * TRUE.handling_s(n))
+            * (1 + 0.03 * rng.standard_normal()),
+        )  # fmt: skip
+        for m in (1, 2, 4)
+        for _ in range(3)
+    ]
+    step = fit_step(t, cold + cached)
+    assert step is not None and abs(step.share - 0.6) <= 0.01 and step.points == 9  # the cold probes only
+    assert abs(step.handling_load - 0.8) <= 0.15 and step.handling_points == 9
+    none = fit_step(t, cold)
+    assert none is not None and (none.handling_load, none.handling_points) == (0.0, 0)  # not measured: 0
+
+
 def test_a_tpot_sweep_that_falls_with_more_sequences_or_comes_in_bursts_is_implausible():
     def pt(m: int, s: float | None, bursty: int = 0) -> TpotPoint:
         return TpotPoint(running=m, tpot_s=s, requests=8, failed=0, bursty=bursty)

@@ -105,6 +105,11 @@ def test_a_calibrated_sim_counts_its_own_handling_against_the_measured_one():
     assert abs(m.handling_s(1000, 0.0) - (0.010 + 0.001 + 0.001)) < 1e-12  # characters as the calibration's text
     assert abs(m.handling_s(1000, 0.004, chars=2000) - 0.0074) < 1e-12
     assert m.handling_s(1000, 1.0, chars=2000) == 0.0
+    # handling twice as long while sequences run (a host-bound engine's API server shares its cores)
+    h = SimEngine(dataclasses.replace(s, handling_load=1.0), None)
+    assert abs(h.handling_s(1000, 0.0, chars=2000) - 0.0114) < 1e-12  # nothing running: as measured alone
+    h._running.append(object())  # type: ignore[arg-type]  # one sequence running
+    assert abs(h.handling_s(1000, 0.0, chars=2000) - (0.010 + 2 * 0.0014)) < 1e-12
 
 
 def test_the_twin_of_a_served_folder_holds_its_bytes_per_token(tmp_path: Path) -> None:
