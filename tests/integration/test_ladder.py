@@ -118,6 +118,35 @@ def test_a_twin_calibrated_with_interference_reproduces_it(measured: tuple[Ladde
     assert again.fit.timing.step.share == pytest.approx(1.0, abs=0.35)
 
 
+def test_a_twin_whose_handling_slows_among_running_sequences_is_measured_back(
+    measured: tuple[LadderResult, Path],
+) -> None:
+    """A calibration whose handling is 20 us a prompt token and twice as long while sequences run (handling_load 1)
+    makes a twin; the ladder's cached probes, timed alone and among its decoding streams, give the load back."""
+    r, d = measured
+    assert r.fit is not None
+    doc = json.loads((d / "ladder.json").read_text())
+    doc["fit"]["timing"]["prefill"].update(s_per_prompt_token=2e-5, s_per_prompt_char=0.0)
+    doc["fit"]["timing"]["decode"] = {"tpot_s": 0.01, "s_per_extra_seq": 0.0}
+    doc["fit"]["timing"]["step"] = {"share": 0.0, "points": 27, "handling_load": 1.0, "handling_points": 9}
+    (d / "handling.json").write_text(json.dumps(doc))
+    sim = start_sim(d, "--model", "tiny-1b", "--gpu-kv-tokens", "2064", "--calibration", str(d / "handling.json"))
+    try:
+        p = ladder(sim, d / "handling-again.json", "--contexts", "256,768", "--new-tokens", "16", "--repeats", "3",
+                   "--tpot-concurrency", "1,2", "--tpot-tokens", "12", "--loaded-prompts", "64",
+                   "--handling-contexts", "1024")  # fmt: skip
+    finally:
+        stop_sim(sim)
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    again = load(d / "handling-again.json")
+    assert isinstance(again, LadderResult) and again.fit is not None and again.fit.timing.step is not None
+    cached = [x for x in again.loaded if x.cached_tokens is not None]
+    assert len(cached) == 6 and all(x.valid for x in cached), [x.why for x in cached]
+    assert sum(bool(x.ttft_s and x.alone_s and x.ttft_s > x.alone_s) for x in cached) >= 5  # slower among them
+    assert again.fit.timing.step.handling_points == 6
+    assert again.fit.timing.step.handling_load == pytest.approx(1.0, abs=0.4)
+
+
 def test_plan_gate_from_the_ladder_agrees_with_its_points(measured: tuple[LadderResult, Path]) -> None:
     _, d = measured
     p = subprocess.run(kvtier_cmd() + ["plan", "gate", "--from", str(d / "ladder.json"), "--json"],

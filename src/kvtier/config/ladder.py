@@ -73,7 +73,8 @@ class LadderConfig(StrictModel):
     handling_contexts: list[int] = flag(
         [2048, 8192],
         "cached prompts (tokens) timed in two kinds of text, --repeats each: what a request's handling costs per "
-        "token and per character (empty: no sweep; longer than the server takes: left out)",
+        "token and per character; the longest is also timed alone and among the interference sweep's streams "
+        "(empty: neither; longer than the server takes: left out)",
         group=GRID,
     )
     loaded_tokens: int = flag(
