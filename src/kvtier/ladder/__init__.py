@@ -137,12 +137,11 @@ async def _run(cfg: LadderConfig, handle_signals: bool, progress: Progress | Non
                 fits = (server.max_model_len or 10**9) - prompter.overhead - 8
                 probes = [n for n in cfg.loaded_prompts if n < fits]
                 sizes = [n for n in cfg.handling_contexts if n < fits]
+                longest = max(sizes, default=0)  # cached, timed too: what handling costs among running sequences
                 for m in cfg.tpot_concurrency if probes else []:
                     if sess.bounded():
                         break
-                    # with the longest handling context cached: what handling costs with sequences running
-                    loaded += await sess.loaded(m, probes * cfg.repeats, cfg.loaded_tokens, max(sizes, default=0),
-                                                cfg.repeats)  # fmt: skip
+                    loaded += await sess.loaded(m, probes * cfg.repeats, cfg.loaded_tokens, longest, cfg.repeats)
                 handling = await sess.handling(sizes, cfg.repeats) if sizes and not sess.bounded() else []
             stop_code = stop_code or sess.bounded()
     finally:

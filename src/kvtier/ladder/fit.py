@@ -188,12 +188,7 @@ def fit_ladder(
     )
     timing.step = fit_step(timing, loaded)
     if timing.step is not None:
-        timing.figures["step"] = f"fitted to {timing.step.points} cold prompts timed while sequences decode"
-        if timing.step.handling_points:
-            timing.figures["step"] += (
-                f"; handling {1 + timing.step.handling_load:.2f}x as long with sequences running, by "
-                f"{timing.step.handling_points} long cached prompts timed alone and among them"
-            )
+        timing.figures["step"] = timing.step.described()
     if prefill.s_per_prompt_char > 0 or prefill.prompt_chars_per_token:
         used = sum(x.valid for x in handling)
         timing.figures["handling"] = f"split into tokens and characters by {used} cached prompts of two kinds of text"

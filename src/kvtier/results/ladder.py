@@ -104,6 +104,16 @@ class StepModel(Section):
     handling_load: float = Field(0.0, ge=0)
     handling_points: int = 0
 
+    def described(self) -> str:
+        """Where the model came from, in words (``Timing.figures["step"]``)."""
+        out = f"fitted to {self.points} cold prompts timed while sequences decode"
+        if self.handling_points:
+            out += (
+                f"; handling {1 + self.handling_load:.2f}x as long with sequences running, by {self.handling_points} "
+                "long cached prompts timed alone and among them"
+            )
+        return out
+
 
 def loaded_ttft(timing: Timing, prompt_tokens: float, running: int, budget: int, share: float) -> float:
     """A cold prompt's TTFT while ``running`` sequences decode, by the step model (the sim's engine,
